@@ -1,0 +1,174 @@
+//! Errors. Business rejections ([`Rejection`]) are definite answers: the request had no effect, and
+//! they can be stored as the first answer of an idempotency key. Fatal and transient conditions
+//! (storage failure, overload, not ready) are kept apart in [`EngineError`].
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::types::SeatId;
+
+/// A definite "no": the request was understood and refused, and nothing changed.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Error, Serialize, Deserialize)]
+pub enum Rejection {
+    /// A field is missing, malformed or out of range.
+    #[error("invalid request: {field}: {reason}")]
+    InvalidRequest {
+        /// The field, as the API names it (`sections[0].name`).
+        field: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// No such event.
+    #[error("event not found")]
+    EventNotFound,
+    /// No such section in the event.
+    #[error("section not found")]
+    SectionNotFound,
+    /// No such seat in the section.
+    #[error("seat not found: {0}")]
+    SeatNotFound(SeatId),
+    /// No such hold (or it belongs to another user).
+    #[error("hold not found")]
+    HoldNotFound,
+    /// No such order.
+    #[error("order not found")]
+    OrderNotFound,
+    /// The event id is taken.
+    #[error("event exists")]
+    EventExists,
+    /// Before the sale opens.
+    #[error("sale not open")]
+    SaleNotOpen,
+    /// Not enough places left in the requested section(s).
+    #[error("sold out")]
+    SoldOut,
+    /// An exact seat asked for is held or sold.
+    #[error("seat unavailable: {0}")]
+    SeatUnavailable(SeatId),
+    /// The hold's TTL ran out.
+    #[error("hold expired")]
+    HoldExpired,
+    /// The hold was released or confirmed already.
+    #[error("hold not active")]
+    HoldNotActive,
+    /// The payment provider refused.
+    #[error("payment declined")]
+    PaymentDeclined,
+    /// The idempotency key was used before with a different request.
+    #[error("idempotency key reused with a different request")]
+    IdempotencyKeyReused,
+    /// The idempotency key's first request is still running.
+    #[error("idempotency key in flight")]
+    IdempotencyKeyInFlight,
+    /// The user would hold or own more than the event's limit.
+    #[error("user limit: {limit} places per event, {used} already held or owned")]
+    UserLimit {
+        /// The event's per-user limit.
+        limit: u32,
+        /// Places the user held or owned when asking.
+        used: u32,
+    },
+}
+
+impl Rejection {
+    /// An `InvalidRequest` naming `field`.
+    pub fn invalid(field: &str, reason: impl Into<String>) -> Rejection {
+        Rejection::InvalidRequest {
+            field: field.to_owned(),
+            reason: reason.into(),
+        }
+    }
+
+    /// The field named by an `InvalidRequest`.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            Rejection::InvalidRequest { field, .. } => Some(field),
+            _ => None,
+        }
+    }
+
+    /// The API's reason code (`SOLD_OUT`, ...), as `google.rpc.ErrorInfo.reason` carries it.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Rejection::InvalidRequest { .. } => "INVALID_REQUEST",
+            Rejection::EventNotFound => "EVENT_NOT_FOUND",
+            Rejection::SectionNotFound => "SECTION_NOT_FOUND",
+            Rejection::SeatNotFound(_) => "SEAT_NOT_FOUND",
+            Rejection::HoldNotFound => "HOLD_NOT_FOUND",
+            Rejection::OrderNotFound => "ORDER_NOT_FOUND",
+            Rejection::EventExists => "EVENT_EXISTS",
+            Rejection::SaleNotOpen => "SALE_NOT_OPEN",
+            Rejection::SoldOut => "SOLD_OUT",
+            Rejection::SeatUnavailable(_) => "SEAT_UNAVAILABLE",
+            Rejection::HoldExpired => "HOLD_EXPIRED",
+            Rejection::HoldNotActive => "HOLD_NOT_ACTIVE",
+            Rejection::PaymentDeclined => "PAYMENT_DECLINED",
+            Rejection::IdempotencyKeyReused => "IDEMPOTENCY_KEY_REUSED",
+            Rejection::IdempotencyKeyInFlight => "IDEMPOTENCY_KEY_IN_FLIGHT",
+            Rejection::UserLimit { .. } => "USER_LIMIT",
+        }
+    }
+}
+
+/// Why the log could not be written or read. Storage errors stop the node (fail-stop): nothing
+/// is acknowledged after one.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum StorageError {
+    /// sled reported an IO error (write or flush).
+    #[error("log write failed: {0}")]
+    Io(String),
+    /// The engine stopped accepting writes after an earlier storage failure.
+    #[error("engine halted after an earlier storage failure: {0}")]
+    Halted(String),
+    /// The sold-seat backstop refused a second sale of one seat: an engine bug was caught.
+    #[error("backstop refused a second sale of {key}")]
+    BackstopRefused {
+        /// The sold-seat key (`event/section/seat`).
+        key: String,
+    },
+    /// A record in the middle of a log stream does not decode: the data dir is damaged.
+    #[error("corrupt log record in stream `{stream}` at sequence {seq}: {reason}")]
+    Corrupt {
+        /// The stream (sled tree) name.
+        stream: String,
+        /// The record's sequence number in that stream.
+        seq: u64,
+        /// What failed (checksum, version, decoding).
+        reason: String,
+    },
+    /// Opening the data dir failed.
+    #[error("cannot open data dir {path}: {reason}")]
+    Open {
+        /// The data dir.
+        path: String,
+        /// sled's message.
+        reason: String,
+    },
+}
+
+/// Anything the engine can answer instead of a result.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum EngineError {
+    /// A definite business rejection; nothing changed.
+    #[error(transparent)]
+    Rejected(#[from] Rejection),
+    /// Too much work in flight for that section (or the ledger); shed before doing anything.
+    #[error("overloaded: {0}")]
+    Overloaded(&'static str),
+    /// The engine is recovering or shutting down.
+    #[error("not ready")]
+    NotReady,
+    /// The log could not be made durable; nothing was acknowledged. Fatal.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+impl EngineError {
+    /// The rejection, if this is a definite business answer.
+    pub fn rejection(&self) -> Option<&Rejection> {
+        match self {
+            EngineError::Rejected(r) => Some(r),
+            _ => None,
+        }
+    }
+}
