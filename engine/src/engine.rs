@@ -646,24 +646,23 @@ impl Engine {
     pub async fn next_deadline_ms(&self) -> Result<Option<u64>, EngineError> {
         self.check_ready()?;
         let mut next: Option<u64> = None;
-        for actor in self.section_actors() {
-            let d = actor
-                .call(SectionMsg::NextDeadline, None)
-                .await
-                .map_err(|_| EngineError::NotReady)?
-                .success_or(EngineError::NotReady)?;
-            next = match (next, d) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+        for e in self.event_entries() {
+            for slot in &e.sections {
+                let d = self
+                    .ask(&e, &slot.section_id, SectionMsg::NextDeadline)
+                    .await?;
+                next = match (next, d) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+            }
         }
         Ok(next)
     }
 
-    fn section_actors(&self) -> Vec<ActorRef<SectionMsg>> {
+    fn event_entries(&self) -> Vec<Arc<EventEntry>> {
         self.inner
-            .router
-            .actors
+            .events
             .iter()
             .map(|e| e.value().clone())
             .collect()
@@ -687,17 +686,13 @@ impl Engine {
         event_id: &EventId,
         section_id: &SectionId,
     ) -> Result<SectionCore, EngineError> {
-        let actor = self
-            .inner
-            .router
-            .get(event_id, section_id)
-            .ok_or(Rejection::SectionNotFound)?;
-        let core = actor
-            .call(SectionMsg::Inspect, None)
-            .await
-            .map_err(|_| EngineError::NotReady)?
-            .success_or(EngineError::NotReady)?;
-        Ok(*core)
+        let e = self.entry(event_id)?;
+        Ok(*self.ask(&e, section_id, SectionMsg::Inspect).await?)
+    }
+
+    /// The live sled database, for tools and tests that inspect or damage the store on purpose.
+    pub fn raw_db(&self) -> sled::Db {
+        self.inner.store.db.clone()
     }
 
     /// Orderly stop: refuse new work, stop the actors, flush the log and close it.
@@ -717,7 +712,14 @@ impl Engine {
     }
 
     async fn stop_actors(&self) {
-        for actor in self.section_actors() {
+        let actors: Vec<ActorRef<SectionMsg>> = self
+            .inner
+            .router
+            .actors
+            .iter()
+            .map(|e| e.value().clone())
+            .collect();
+        for actor in actors {
             let _ = actor.stop_and_wait(None, None).await;
         }
         for shard in self.inner.ledger.actors() {

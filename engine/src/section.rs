@@ -41,9 +41,9 @@ pub(crate) enum SectionMsg {
     GetHold(HoldId, Reply<HoldView>),
     GetOrder(OrderId, Reply<OrderView>),
     /// A copy of the core, for invariant checks and tests.
-    Inspect(RpcReplyPort<Box<SectionCore>>),
+    Inspect(Reply<Box<SectionCore>>),
     /// The earliest deadline of an active hold.
-    NextDeadline(RpcReplyPort<Option<u64>>),
+    NextDeadline(Reply<Option<u64>>),
 }
 
 pub(crate) struct SectionArgs {
@@ -306,10 +306,10 @@ impl Actor for SectionActor {
                 st.commit(Vec::new(), Vec::new(), Vec::new(), after(reply, answer));
             }
             SectionMsg::Inspect(reply) => {
-                let _ = reply.send(Box::new(st.a.core.clone()));
+                send(reply, Ok(Box::new(st.a.core.clone())));
             }
             SectionMsg::NextDeadline(reply) => {
-                let _ = reply.send(st.a.core.next_deadline_ms());
+                send(reply, Ok(st.a.core.next_deadline_ms()));
             }
         }
         st.since_publish += 1;

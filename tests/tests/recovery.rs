@@ -1,0 +1,375 @@
+//! Recovery: what was acknowledged survives a crash, a torn last record is dropped, a corrupt
+//! record in the middle refuses to start, checkpoints bound replay, the backstop refuses a
+//! second sale.
+
+use std::sync::Arc;
+
+use boxoffice_engine::raw::{open_db, section_stream, sled};
+use boxoffice_engine::{
+    ConfirmRequest, Engine, EngineError, EventId, HoldRequest, HoldStatus, HoldView, ManualClock,
+    Rejection, SeatId, SectionId, Selection, StorageError, UserId,
+};
+use boxoffice_tests::{T0_MS, config, event, ga, open, reserved};
+
+fn best(event: &str, section: &str, q: u32, user: &str, key: &str) -> HoldRequest {
+    HoldRequest {
+        event_id: EventId::from(event),
+        user_id: UserId::from(user),
+        idempotency_key: key.into(),
+        selection: Selection::BestAvailable {
+            section: Some(SectionId::from(section)),
+            quantity: q,
+        },
+    }
+}
+
+fn confirm(hold: &HoldView, key: &str) -> ConfirmRequest {
+    ConfirmRequest {
+        hold_id: hold.hold_id.clone(),
+        user_id: hold.user_id.clone(),
+        payment_ref: "tok_visa".into(),
+        idempotency_key: key.into(),
+    }
+}
+
+/// Everything observable about the engine's state, for before/after comparisons.
+async fn state_of(engine: &Engine, users: &[&str]) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in engine.events() {
+        for s in &e.sections {
+            let core = engine
+                .inspect_section(&e.event_id, &s.spec.section_id)
+                .await
+                .unwrap();
+            core.check_invariants().unwrap();
+            out.push(format!(
+                "{}/{} {:?}",
+                e.event_id,
+                s.spec.section_id,
+                core.counts()
+            ));
+            let snap = core.snapshot(0);
+            out.push(format!("{:?}", snap.seats));
+            let mut holds: Vec<String> = core
+                .holds_for_ledger()
+                .map(|(v, _, order)| format!("{v:?} {:?}", order.map(|(_, o)| o)))
+                .collect();
+            holds.sort();
+            out.extend(holds);
+        }
+        for u in users {
+            let used = engine
+                .user_usage(&e.event_id, &UserId::from(*u))
+                .await
+                .unwrap();
+            out.push(format!("{} {u} uses {used}", e.event_id));
+        }
+    }
+    out
+}
+
+/// Builds a sale with holds in every state; returns the live holds for later checks.
+async fn build_state(engine: &Engine, clock: &ManualClock) -> Vec<HoldView> {
+    engine
+        .create_event(event(
+            "e1",
+            vec![reserved("orch", 4, 10, 9_000), ga("floor", 50, 4_000)],
+            60_000,
+            6,
+        ))
+        .await
+        .unwrap();
+    let mut live = Vec::new();
+    let a = engine
+        .hold(best("e1", "orch", 2, "ann", "k1"))
+        .await
+        .unwrap();
+    engine.confirm(confirm(&a, "c1")).await.unwrap();
+    let b = engine
+        .hold(best("e1", "floor", 3, "bob", "k2"))
+        .await
+        .unwrap();
+    engine.release(&b.hold_id, &b.user_id).await.unwrap();
+    clock.advance_ms(1_000);
+    let c = engine
+        .hold(best("e1", "orch", 4, "cat", "k3"))
+        .await
+        .unwrap();
+    live.push(c);
+    let d = engine
+        .hold(best("e1", "floor", 5, "dan", ""))
+        .await
+        .unwrap();
+    engine.confirm(confirm(&d, "")).await.unwrap();
+    // A rejection given as a first answer is recorded too.
+    let rejected = engine.hold(best("e1", "floor", 7, "eve", "k4")).await;
+    assert!(matches!(
+        rejected,
+        Err(EngineError::Rejected(Rejection::UserLimit { .. }))
+    ));
+    let x = engine
+        .hold(HoldRequest {
+            event_id: EventId::from("e1"),
+            user_id: UserId::from("eve"),
+            idempotency_key: "k5".into(),
+            selection: Selection::Seats(vec![SeatId::from("orch:D:1"), SeatId::from("orch:D:2")]),
+        })
+        .await
+        .unwrap();
+    live.push(x);
+    // One that expires: hold, then let its TTL pass and sweep.
+    let _e = engine
+        .hold(best("e1", "floor", 1, "fay", "k6"))
+        .await
+        .unwrap();
+    live
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_and_reopen_rebuilds_identical_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let users = ["ann", "bob", "cat", "dan", "eve", "fay"];
+    let engine = open(dir.path(), &clock).await;
+    let live = build_state(&engine, &clock).await;
+    let before = state_of(&engine, &users).await;
+    engine.crash().await;
+    drop(engine);
+
+    let engine = open(dir.path(), &clock).await;
+    assert_eq!(state_of(&engine, &users).await, before);
+    assert_eq!(engine.recovery_report().events, 1);
+    assert_eq!(engine.recovery_report().sections, 2);
+    // Holds keep their original deadlines.
+    for h in &live {
+        let now = engine.get_hold(&h.hold_id).await.unwrap();
+        assert_eq!(now.expires_at_ms, h.expires_at_ms);
+        assert_eq!(now.status, HoldStatus::Held);
+    }
+    // Idempotency survives: the same key and request replay the first answer (success and
+    // rejection alike); a different request with the key is refused.
+    let replay = engine
+        .hold(best("e1", "orch", 4, "cat", "k3"))
+        .await
+        .unwrap();
+    assert_eq!(replay, live[0]);
+    let replay = engine.hold(best("e1", "floor", 7, "eve", "k4")).await;
+    assert!(matches!(
+        replay,
+        Err(EngineError::Rejected(Rejection::UserLimit {
+            limit: 6,
+            used: 0
+        }))
+    ));
+    let reused = engine.hold(best("e1", "floor", 1, "cat", "k3")).await;
+    assert_eq!(reused, Err(Rejection::IdempotencyKeyReused.into()));
+    assert_eq!(
+        state_of(&engine, &users).await,
+        before,
+        "replays changed nothing"
+    );
+
+    // Past the deadline the recovered holds expire, and their quota comes back.
+    clock.advance_ms(60_000);
+    let expired = engine.expire_due(1_000).await.unwrap();
+    assert_eq!(expired.len(), 3);
+    assert_eq!(
+        engine
+            .user_usage(&EventId::from("e1"), &UserId::from("cat"))
+            .await
+            .unwrap(),
+        0
+    );
+    engine.shutdown().await;
+}
+
+/// Builds a little state, stops, and returns the section stream's record keys and values.
+async fn log_of_one_section(dir: &std::path::Path) -> (Vec<(sled::IVec, sled::IVec)>, String) {
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let engine = open(dir, &clock).await;
+    engine
+        .create_event(event("e2", vec![ga("floor", 100, 1)], 60_000, 4))
+        .await
+        .unwrap();
+    for u in 0..5 {
+        engine
+            .hold(best("e2", "floor", 1, &format!("u{u}"), ""))
+            .await
+            .unwrap();
+    }
+    engine.crash().await;
+    drop(engine);
+    let name = section_stream(&EventId::from("e2"), &SectionId::from("floor"));
+    let db = open_db(dir).unwrap();
+    let tree = db.open_tree(&name).unwrap();
+    let records = tree.iter().map(|r| r.unwrap()).collect();
+    (records, name)
+}
+
+fn rewrite(dir: &std::path::Path, name: &str, key: &[u8], value: &[u8]) {
+    let db = open_db(dir).unwrap();
+    let tree = db.open_tree(name).unwrap();
+    tree.insert(key, value).unwrap();
+    db.flush().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn torn_last_record_is_dropped_at_any_byte() {
+    let probe = tempfile::tempdir().unwrap();
+    let (records, _) = log_of_one_section(probe.path()).await;
+    assert_eq!(records.len(), 5);
+    let last_len = records[4].1.len();
+    for cut in [0, 1, 4, 5, last_len / 2, last_len - 1] {
+        let dir = tempfile::tempdir().unwrap();
+        let (records, name) = log_of_one_section(dir.path()).await;
+        let (key, value) = &records[4];
+        rewrite(dir.path(), &name, key, &value[..cut]);
+        let clock = Arc::new(ManualClock::new(T0_MS));
+        let engine = open(dir.path(), &clock).await;
+        let report = engine.recovery_report();
+        assert_eq!(report.torn_tails_dropped, 1, "cut at {cut}");
+        let s = &engine.event(&EventId::from("e2")).unwrap().sections[0];
+        assert_eq!(
+            (s.held, s.available),
+            (4, 96),
+            "the prefix survives, cut at {cut}"
+        );
+        // The engine goes on from there: the next record gets a fresh place in the log.
+        engine
+            .hold(best("e2", "floor", 1, "late", ""))
+            .await
+            .unwrap();
+        engine.crash().await;
+        drop(engine);
+        let engine = open(dir.path(), &clock).await;
+        assert_eq!(
+            engine.event(&EventId::from("e2")).unwrap().sections[0].held,
+            5
+        );
+        engine.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_middle_record_refuses_to_start_and_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (records, name) = log_of_one_section(dir.path()).await;
+    let (key, value) = &records[2];
+    let mut bad = value.to_vec();
+    let mid = bad.len() / 2;
+    bad[mid] ^= 0x40;
+    rewrite(dir.path(), &name, key, &bad);
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let err = Engine::open(config(dir.path(), &clock))
+        .await
+        .err()
+        .unwrap();
+    match &err {
+        EngineError::Storage(StorageError::Corrupt { stream, seq, .. }) => {
+            assert_eq!(stream, &name);
+            assert_eq!(*seq, 3, "the third record of the stream");
+        }
+        other => panic!("expected a corruption error, got {other:?}"),
+    }
+    let message = err.to_string();
+    assert!(
+        message.contains("section/e2/floor") && message.contains("sequence 3"),
+        "{message}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_bound_replay_and_keep_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let mut cfg = config(dir.path(), &clock);
+    cfg.checkpoint_every_records = 10;
+    let engine = Engine::open(cfg.clone()).await.unwrap();
+    engine
+        .create_event(event("e3", vec![reserved("orch", 5, 10, 100)], 60_000, 4))
+        .await
+        .unwrap();
+    let mut holds = Vec::new();
+    for u in 0..25 {
+        let h = engine
+            .hold(best("e3", "orch", 2, &format!("u{u}"), &format!("k{u}")))
+            .await
+            .unwrap();
+        if u % 3 == 0 {
+            engine.confirm(confirm(&h, "")).await.unwrap();
+        }
+        holds.push(h);
+    }
+    let users: Vec<String> = (0..25).map(|u| format!("u{u}")).collect();
+    let users: Vec<&str> = users.iter().map(String::as_str).collect();
+    let before = state_of(&engine, &users).await;
+    engine.crash().await;
+    drop(engine);
+
+    let engine = Engine::open(cfg).await.unwrap();
+    let report = engine.recovery_report();
+    assert!(report.checkpoints_loaded >= 1, "{report:?}");
+    assert!(
+        report.records_replayed < 10,
+        "replay starts at the last checkpoint: {report:?}"
+    );
+    assert_eq!(state_of(&engine, &users).await, before);
+    // Idempotency answers made before the checkpoint still replay.
+    let replay = engine
+        .hold(best("e3", "orch", 2, "u0", "k0"))
+        .await
+        .unwrap();
+    assert_eq!(replay, holds[0]);
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backstop_refuses_a_second_sale_and_the_engine_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let engine = open(dir.path(), &clock).await;
+    engine
+        .create_event(event("e4", vec![reserved("orch", 1, 4, 100)], 60_000, 4))
+        .await
+        .unwrap();
+    let h = engine
+        .hold(HoldRequest {
+            event_id: EventId::from("e4"),
+            user_id: UserId::from("ann"),
+            idempotency_key: String::new(),
+            selection: Selection::Seats(vec![SeatId::from("orch:A:1")]),
+        })
+        .await
+        .unwrap();
+    // Plant a sale of the same seat by another hold, as a buggy actor would have left it.
+    engine
+        .raw_db()
+        .open_tree("sold")
+        .unwrap()
+        .insert("e4/orch/orch:A:1", "e4.orch.hSOMEONEELSE")
+        .unwrap();
+    let refused = engine.confirm(confirm(&h, "")).await;
+    assert!(
+        matches!(
+            refused,
+            Err(EngineError::Storage(StorageError::BackstopRefused { ref key })) if key == "e4/orch/orch:A:1"
+        ),
+        "{refused:?}"
+    );
+    // Fail-stop: nothing more is acknowledged.
+    let after = engine.hold(best("e4", "orch", 1, "bob", "")).await;
+    assert!(matches!(after, Err(EngineError::Storage(_))), "{after:?}");
+    engine.crash().await;
+    drop(engine);
+    // The refused confirm never reached the log: on restart the hold is still held, the planted
+    // claim (no confirm behind it) is removed, and the seat can be confirmed once.
+    let engine = open(dir.path(), &clock).await;
+    assert_eq!(engine.recovery_report().orphan_claims_removed, 1);
+    assert_eq!(
+        engine.get_hold(&h.hold_id).await.unwrap().status,
+        HoldStatus::Held
+    );
+    let order = engine.confirm(confirm(&h, "")).await.unwrap();
+    assert_eq!(order.tickets[0].seat_id, Some(SeatId::from("orch:A:1")));
+    engine.shutdown().await;
+}
