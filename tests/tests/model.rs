@@ -1,0 +1,551 @@
+//! Model-based property test: random sequences of hold / confirm / release / expire / advance
+//! time / replay an idempotency key / crash and restart from the log, run against the real
+//! engine (actors, sled log, ledger) and a naive model, compared after every step.
+//!
+//! Checked: invariants 1 and 2 (the core's full check after every step), 5 (a key has one
+//! effect; replays return the first answer), 6 (no confirm succeeds on an expired hold), 7 (per
+//! user `held + sold <= limit`), and that every acknowledged change survives a restart.
+//!
+//! `PROPTEST_CASES` sets the number of cases (default 48; the slow tier `BOXOFFICE_SLOW=1`
+//! runs 400).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use boxoffice_engine::{
+    ConfirmRequest, Engine, EngineError, EventId, HoldId, HoldRequest, HoldStatus, HoldView,
+    ManualClock, Rejection, SeatId, SeatStatus, SectionId, Selection, UserId,
+};
+use boxoffice_tests::{T0_MS, event, ga, open, reserved};
+use proptest::prelude::*;
+
+const TTL_MS: u64 = 30_000;
+const LIMIT: u32 = 4;
+const USERS: usize = 4;
+
+/// The sections: a small GA, a 2x4 reserved, a 1x3 reserved.
+fn sections() -> Vec<boxoffice_engine::SectionSpec> {
+    vec![
+        ga("ga", 6, 100),
+        reserved("r1", 2, 4, 200),
+        reserved("r2", 1, 3, 300),
+    ]
+}
+
+/// Seat ids of the reserved sections in layout order, by section index (GA has none).
+fn seat_ids(section: usize) -> Vec<SeatId> {
+    match section {
+        1 => ["A", "B"]
+            .iter()
+            .flat_map(|r| (1..=4).map(move |n| SeatId::from(format!("r1:{r}:{n}"))))
+            .collect(),
+        2 => (1..=3).map(|n| SeatId::from(format!("r2:A:{n}"))).collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn section_name(i: usize) -> &'static str {
+    ["ga", "r1", "r2"][i]
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    HoldBest {
+        user: usize,
+        section: Option<usize>,
+        quantity: u32,
+        key: Option<u8>,
+    },
+    HoldSeats {
+        user: usize,
+        section: usize,
+        seats: Vec<usize>,
+        key: Option<u8>,
+    },
+    Confirm {
+        hold: usize,
+        wrong_user: bool,
+        key: Option<u8>,
+    },
+    Release {
+        hold: usize,
+    },
+    Advance(u64),
+    Expire,
+    Restart,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..USERS, proptest::option::of(0..3usize), 1..4u32, proptest::option::of(0..3u8))
+            .prop_map(|(user, section, quantity, key)| Op::HoldBest { user, section, quantity, key }),
+        3 => (0..USERS, 1..3usize, proptest::collection::vec(0..8usize, 1..3), proptest::option::of(0..3u8))
+            .prop_map(|(user, section, seats, key)| Op::HoldSeats { user, section, seats, key }),
+        3 => (0..64usize, proptest::bool::weighted(0.1), proptest::option::of(0..3u8))
+            .prop_map(|(hold, wrong_user, key)| Op::Confirm { hold, wrong_user, key }),
+        1 => (0..64usize).prop_map(|hold| Op::Release { hold }),
+        2 => prop_oneof![Just(1u64), 0..20_000u64, Just(TTL_MS)].prop_map(Op::Advance),
+        1 => Just(Op::Expire),
+        1 => Just(Op::Restart),
+    ]
+}
+
+#[derive(Clone, Debug)]
+struct MHold {
+    view: HoldView,
+    section: usize,
+    /// Seat indices (reserved) in layout order.
+    seats: Vec<usize>,
+    status: HoldStatus,
+}
+
+#[derive(Default)]
+struct Model {
+    now: u64,
+    /// Per section: capacity and per seat (reserved) the status; GA uses counts only.
+    seats: Vec<Vec<SeatStatus>>,
+    ga_held: u32,
+    ga_sold: u32,
+    holds: Vec<MHold>,
+    /// (user, rpc, key) -> (request fingerprint as debug text, first answer as debug text)
+    keys: HashMap<(usize, &'static str, u8), (String, String)>,
+}
+
+impl Model {
+    fn new() -> Model {
+        Model {
+            now: T0_MS,
+            seats: vec![
+                Vec::new(),
+                vec![SeatStatus::Available; 8],
+                vec![SeatStatus::Available; 3],
+            ],
+            ..Model::default()
+        }
+    }
+
+    fn available(&self, section: usize) -> u32 {
+        if section == 0 {
+            6 - self.ga_held - self.ga_sold
+        } else {
+            self.seats[section]
+                .iter()
+                .filter(|s| **s == SeatStatus::Available)
+                .count() as u32
+        }
+    }
+
+    fn usage(&self, user: usize) -> u32 {
+        self.holds
+            .iter()
+            .filter(|h| h.view.user_id.as_str() == user_name(user))
+            .filter(|h| matches!(h.status, HoldStatus::Held | HoldStatus::Confirmed))
+            .map(|h| h.view.quantity)
+            .sum()
+    }
+
+    fn set(&mut self, h: usize, status: HoldStatus) {
+        let hold = &self.holds[h];
+        let (section, q) = (hold.section, hold.view.quantity);
+        let seat_status = match status {
+            HoldStatus::Held => SeatStatus::Held,
+            HoldStatus::Confirmed => SeatStatus::Sold,
+            _ => SeatStatus::Available,
+        };
+        if section == 0 {
+            match (hold.status, status) {
+                (HoldStatus::Held, HoldStatus::Confirmed) => {
+                    self.ga_held -= q;
+                    self.ga_sold += q;
+                }
+                (HoldStatus::Held, _) => self.ga_held -= q,
+                _ => unreachable!(),
+            }
+        } else {
+            for &s in &hold.seats.clone() {
+                self.seats[section][s] = seat_status;
+            }
+        }
+        self.holds[h].status = status;
+    }
+}
+
+fn user_name(u: usize) -> String {
+    format!("user{u}")
+}
+
+fn key_name(k: Option<u8>) -> String {
+    k.map(|k| format!("key{k}")).unwrap_or_default()
+}
+
+fn rejection(r: &Result<impl std::fmt::Debug, EngineError>) -> Option<Rejection> {
+    match r {
+        Err(EngineError::Rejected(rej)) => Some(rej.clone()),
+        Ok(_) => None,
+        Err(e) => panic!("unexpected engine error {e:?}"),
+    }
+}
+
+/// Compares the engine with the model: counts, seats, holds, usage; full core invariants.
+async fn compare(engine: &Engine, m: &Model) {
+    let ev = EventId::from("m");
+    for i in 0..3 {
+        let core = engine
+            .inspect_section(&ev, &SectionId::from(section_name(i)))
+            .await
+            .unwrap();
+        core.check_invariants().unwrap();
+        let (cap, avail, held, sold) = core.counts();
+        if i == 0 {
+            assert_eq!((cap, held, sold), (6, m.ga_held, m.ga_sold), "ga counts");
+        } else {
+            assert_eq!(
+                core.snapshot(0).seats,
+                m.seats[i],
+                "seats of {}",
+                section_name(i)
+            );
+        }
+        assert_eq!(avail, m.available(i), "available in {}", section_name(i));
+    }
+    for h in &m.holds {
+        let now = engine.get_hold(&h.view.hold_id).await.unwrap();
+        assert_eq!(now.status, h.status, "status of {}", h.view.hold_id);
+        assert_eq!(now.expires_at_ms, h.view.expires_at_ms);
+    }
+    for u in 0..USERS {
+        let used = engine
+            .user_usage(&ev, &UserId::from(user_name(u)))
+            .await
+            .unwrap();
+        assert_eq!(used, m.usage(u), "usage of user{u}");
+        assert!(used <= LIMIT, "invariant 7");
+    }
+}
+
+async fn run(ops: Vec<Op>) {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let mut engine = open(dir.path(), &clock).await;
+    engine
+        .create_event(event("m", sections(), TTL_MS, LIMIT))
+        .await
+        .unwrap();
+    let mut m = Model::new();
+    let ev = EventId::from("m");
+    for op in ops {
+        match op {
+            Op::HoldBest {
+                user,
+                section,
+                quantity,
+                key,
+            } => {
+                let selection = Selection::BestAvailable {
+                    section: section.map(|s| SectionId::from(section_name(s))),
+                    quantity,
+                };
+                hold(&engine, &mut m, user, key, selection, |m| {
+                    let candidates: Vec<usize> = match section {
+                        Some(s) => vec![s],
+                        None => vec![0, 1, 2],
+                    };
+                    candidates.into_iter().find(|&s| m.available(s) >= quantity)
+                })
+                .await;
+            }
+            Op::HoldSeats {
+                user,
+                section,
+                seats,
+                key,
+            } => {
+                let ids = seat_ids(section);
+                let chosen: Vec<SeatId> =
+                    seats.iter().map(|&i| ids[i % ids.len()].clone()).collect();
+                let selection = Selection::Seats(chosen.clone());
+                let r = hold(&engine, &mut m, user, key, selection, |_| Some(section)).await;
+                if let Some(Rejection::InvalidRequest { field, .. }) = r {
+                    assert_eq!(field, "seat_ids");
+                    assert!(
+                        chosen.len()
+                            != chosen
+                                .iter()
+                                .collect::<std::collections::HashSet<_>>()
+                                .len(),
+                        "only duplicates are invalid here"
+                    );
+                }
+            }
+            Op::Confirm {
+                hold,
+                wrong_user,
+                key,
+            } => {
+                if m.holds.is_empty() {
+                    continue;
+                }
+                let h = hold % m.holds.len();
+                let mh = m.holds[h].clone();
+                let user = if wrong_user {
+                    UserId::from("intruder")
+                } else {
+                    mh.view.user_id.clone()
+                };
+                let req = ConfirmRequest {
+                    hold_id: mh.view.hold_id.clone(),
+                    user_id: user,
+                    payment_ref: "tok_visa".into(),
+                    idempotency_key: key_name(key),
+                };
+                let r = engine.confirm(req.clone()).await;
+                // Keys are per user: the intruder (index USERS) has keys of its own.
+                let caller = if wrong_user {
+                    USERS
+                } else {
+                    mh.view
+                        .user_id
+                        .as_str()
+                        .trim_start_matches("user")
+                        .parse::<usize>()
+                        .unwrap()
+                };
+                let first_key = key.map(|k| (caller, "confirm", k));
+                if let Some(k) = first_key
+                    && let Some((fp, answer)) = m.keys.get(&k)
+                {
+                    if fp == &format!("{:?}", mh.view.hold_id) {
+                        assert_eq!(&format!("{r:?}"), answer, "replay of confirm");
+                    } else {
+                        assert_eq!(rejection(&r), Some(Rejection::IdempotencyKeyReused));
+                    }
+                    continue;
+                }
+                let expected = if wrong_user {
+                    Some(Rejection::HoldNotFound)
+                } else {
+                    match mh.status {
+                        HoldStatus::Held if m.now < mh.view.expires_at_ms => None,
+                        HoldStatus::Held | HoldStatus::Expired => Some(Rejection::HoldExpired),
+                        _ => Some(Rejection::HoldNotActive),
+                    }
+                };
+                assert_eq!(rejection(&r), expected, "confirm of {:?} at {}", mh, m.now);
+                match (&expected, mh.status) {
+                    (None, _) => {
+                        let order = r.as_ref().unwrap();
+                        assert_eq!(order.tickets.len() as u32, mh.view.quantity);
+                        m.set(h, HoldStatus::Confirmed);
+                    }
+                    (Some(Rejection::HoldExpired), HoldStatus::Held) => {
+                        m.set(h, HoldStatus::Expired)
+                    }
+                    _ => {}
+                }
+                if let Some(k) = first_key {
+                    m.keys
+                        .insert(k, (format!("{:?}", mh.view.hold_id), format!("{r:?}")));
+                }
+            }
+            Op::Release { hold } => {
+                if m.holds.is_empty() {
+                    continue;
+                }
+                let h = hold % m.holds.len();
+                let mh = m.holds[h].clone();
+                let r = engine.release(&mh.view.hold_id, &mh.view.user_id).await;
+                let expected = match mh.status {
+                    HoldStatus::Held if m.now < mh.view.expires_at_ms => None,
+                    HoldStatus::Held | HoldStatus::Expired => Some(Rejection::HoldExpired),
+                    _ => Some(Rejection::HoldNotActive),
+                };
+                assert_eq!(rejection(&r), expected, "release");
+                match (&expected, mh.status) {
+                    (None, _) => m.set(h, HoldStatus::Released),
+                    (Some(Rejection::HoldExpired), HoldStatus::Held) => {
+                        m.set(h, HoldStatus::Expired)
+                    }
+                    _ => {}
+                }
+            }
+            Op::Advance(ms) => {
+                clock.advance_ms(ms);
+                m.now += ms;
+            }
+            Op::Expire => {
+                let mut got: Vec<HoldId> = engine
+                    .expire_due(1_000)
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|h| h.hold_id)
+                    .collect();
+                let mut want = Vec::new();
+                for h in 0..m.holds.len() {
+                    if m.holds[h].status == HoldStatus::Held
+                        && m.holds[h].view.expires_at_ms <= m.now
+                    {
+                        want.push(m.holds[h].view.hold_id.clone());
+                        m.set(h, HoldStatus::Expired);
+                    }
+                }
+                got.sort();
+                want.sort();
+                assert_eq!(got, want, "expired set");
+            }
+            Op::Restart => {
+                engine.crash().await;
+                drop(engine);
+                engine = open(dir.path(), &clock).await;
+            }
+        }
+        compare(&engine, &m).await;
+    }
+    let _ = ev;
+    engine.shutdown().await;
+}
+
+/// Places a hold and checks it against the model. `fits` says which section the model
+/// expects to serve it (None: sold out). Returns the rejection, if any.
+async fn hold(
+    engine: &Engine,
+    m: &mut Model,
+    user: usize,
+    key: Option<u8>,
+    selection: Selection,
+    fits: impl Fn(&Model) -> Option<usize>,
+) -> Option<Rejection> {
+    let req = HoldRequest {
+        event_id: EventId::from("m"),
+        user_id: UserId::from(user_name(user)),
+        idempotency_key: key_name(key),
+        selection: selection.clone(),
+    };
+    let r = engine.hold(req).await;
+    let k = key.map(|k| (user, "hold", k));
+    if let Some(k) = k
+        && let Some((fp, answer)) = m.keys.get(&k)
+    {
+        if fp == &format!("{selection:?}") {
+            assert_eq!(&format!("{r:?}"), answer, "replay returns the first answer");
+        } else {
+            assert_eq!(rejection(&r), Some(Rejection::IdempotencyKeyReused));
+        }
+        return rejection(&r);
+    }
+    let quantity = match &selection {
+        Selection::Seats(s) => s.len() as u32,
+        Selection::BestAvailable { quantity, .. } => *quantity,
+    };
+    let got = rejection(&r);
+    if let Some(k) = k {
+        m.keys
+            .insert(k, (format!("{selection:?}"), format!("{r:?}")));
+    }
+    let used = m.usage(user);
+    if used + quantity > LIMIT {
+        assert_eq!(
+            got,
+            Some(Rejection::UserLimit { limit: LIMIT, used }),
+            "limit"
+        );
+        return got;
+    }
+    match &selection {
+        Selection::Seats(ids) => {
+            let mut uniq = ids.clone();
+            uniq.sort();
+            uniq.dedup();
+            if uniq.len() != ids.len() {
+                assert!(
+                    matches!(got, Some(Rejection::InvalidRequest { .. })),
+                    "{got:?}"
+                );
+                return got;
+            }
+            let section = fits(m).unwrap();
+            let all = seat_ids(section);
+            let busy = ids.iter().find(|id| {
+                let i = all.iter().position(|s| s == *id).unwrap();
+                m.seats[section][i] != SeatStatus::Available
+            });
+            match busy {
+                Some(id) => {
+                    assert_eq!(got, Some(Rejection::SeatUnavailable(id.clone())));
+                    return got;
+                }
+                None => assert_eq!(got, None, "seats {ids:?} were free"),
+            }
+        }
+        Selection::BestAvailable { .. } => match fits(m) {
+            None => {
+                assert_eq!(got, Some(Rejection::SoldOut));
+                return got;
+            }
+            Some(_) => assert_eq!(got, None, "best available with room"),
+        },
+    }
+    let view = r.unwrap();
+    let section = ["ga", "r1", "r2"]
+        .iter()
+        .position(|s| *s == view.section_id.as_str())
+        .unwrap();
+    assert_eq!(view.quantity, quantity);
+    assert_eq!(view.expires_at_ms, m.now + TTL_MS);
+    let all = seat_ids(section);
+    let seats: Vec<usize> = view
+        .seat_ids
+        .iter()
+        .map(|id| {
+            all.iter()
+                .position(|s| s == id)
+                .expect("a seat of the section")
+        })
+        .collect();
+    for &s in &seats {
+        assert_eq!(
+            m.seats[section][s],
+            SeatStatus::Available,
+            "a free seat was given"
+        );
+    }
+    if section == 0 {
+        m.ga_held += quantity;
+    } else {
+        for &s in &seats {
+            m.seats[section][s] = SeatStatus::Held;
+        }
+    }
+    m.holds.push(MHold {
+        view,
+        section,
+        seats,
+        status: HoldStatus::Held,
+    });
+    None
+}
+
+fn cases() -> u32 {
+    if let Ok(n) = std::env::var("PROPTEST_CASES") {
+        return n.parse().unwrap_or(48);
+    }
+    if std::env::var("BOXOFFICE_SLOW").is_ok_and(|v| v == "1") {
+        400
+    } else {
+        48
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), max_shrink_iters: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn engine_matches_the_model(ops in proptest::collection::vec(op(), 1..40)) {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(run(ops));
+    }
+}
