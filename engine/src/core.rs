@@ -802,20 +802,17 @@ impl SectionCore {
     }
 
     /// Every hold with its idempotency tags, for rebuilding the ledger on recovery:
-    /// (view, hold tag, confirm tag and order).
+    /// (view as it is now, hold tag, confirm tag and order).
     pub fn holds_for_ledger(
         &self,
     ) -> impl Iterator<Item = (HoldView, Option<&IdemTag>, Option<(&IdemTag, OrderView)>)> + '_
     {
         self.holds.iter().filter_map(move |(id, h)| {
-            let mut view = self.hold_view(id)?;
+            let view = self.hold_view(id)?;
             let confirm = h.order.as_ref().and_then(|o| {
                 let tag = o.idem.as_ref()?;
                 Some((tag, self.order_view(&o.order_id)?))
             });
-            // The first answer to a hold request showed it held, whatever happened since.
-            let current_status = view.status;
-            view.status = current_status;
             Some((view, h.idem.as_ref(), confirm))
         })
     }

@@ -146,10 +146,8 @@ impl Store {
 
     /// Queues a job. If the flusher is gone the job's completion runs at once with an error.
     pub fn submit(&self, job: Job) {
-        if let Err(mpsc::SendError(job)) = self.tx.send(job) {
-            if let Job::Append(a) = job {
-                (a.done)(Err(StorageError::Halted("the log is closed".into())));
-            }
+        if let Err(mpsc::SendError(Job::Append(a))) = self.tx.send(job) {
+            (a.done)(Err(StorageError::Halted("the log is closed".into())));
         }
     }
 

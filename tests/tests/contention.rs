@@ -2,6 +2,8 @@
 //! counters add up; the per-user limit holds across sections under concurrency; idempotency
 //! keys have one effect.
 
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
 use std::collections::HashSet;
 use std::sync::Arc;
 

@@ -9,6 +9,8 @@
 //! `PROPTEST_CASES` sets the number of cases (default 48; the slow tier `BOXOFFICE_SLOW=1`
 //! runs 400).
 
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
 use std::collections::HashMap;
 use std::sync::Arc;
 

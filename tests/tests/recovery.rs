@@ -2,6 +2,8 @@
 //! record in the middle refuses to start, checkpoints bound replay, the backstop refuses a
 //! second sale.
 
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
 use std::sync::Arc;
 
 use boxoffice_engine::raw::{open_db, section_stream, sled};
