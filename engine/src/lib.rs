@@ -66,6 +66,11 @@
 //! # }
 //! ```
 
+/// The README's Rust example, compiled and run as a doctest so it stays true.
+#[doc = include_str!("../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
 pub mod clock;
 pub mod codec;
 pub mod core;

@@ -66,6 +66,7 @@ pub(crate) struct SectionState {
 
 struct Counters {
     labels: [(&'static str, String); 2],
+    depth: metrics::Gauge,
     holds: Counter,
     confirms: Counter,
     releases: Counter,
@@ -77,6 +78,7 @@ impl Counters {
     fn new(event: &str, section: &str) -> Counters {
         let labels = [("event", event.to_owned()), ("section", section.to_owned())];
         Counters {
+            depth: metrics::gauge!("boxoffice_section_mailbox_depth", &labels),
             holds: metrics::counter!("boxoffice_section_holds_total", &labels),
             confirms: metrics::counter!("boxoffice_section_confirms_total", &labels),
             releases: metrics::counter!("boxoffice_section_releases_total", &labels),
@@ -314,6 +316,7 @@ impl Actor for SectionActor {
         }
         st.since_publish += 1;
         if left == 0 || st.since_publish >= SNAPSHOT_EVERY_MESSAGES {
+            st.counters.depth.set(left as f64);
             st.publish(now);
         }
         Ok(())
