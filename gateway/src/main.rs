@@ -1,21 +1,23 @@
 //! `boxoffice`: the command line of the boxoffice engine.
 //!
-//! - `boxoffice flash-sale`: plays a flash sale (100,000 fans, 10,000 seats by default) against
-//!   a real engine in this process and checks every seat afterwards; exits non-zero if any seat
-//!   was oversold or double-booked.
+//! - `boxoffice serve`: the gRPC server (every flag also reads a `BOXOFFICE_*` variable).
+//! - `boxoffice flash-sale`: a flash sale against an embedded engine, checked seat by seat.
+//! - `boxoffice loadgen`: drives a running server and reports throughput and latency.
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
+use anyhow::Context;
+use base64::Engine as _;
+use boxoffice_engine::Durability;
+use boxoffice_gateway::{flash_sale, loadgen, server};
 use clap::{Parser, Subcommand};
-
-mod flash_sale;
+use rand::RngCore;
 
 #[derive(Parser, Debug)]
-#[command(
-    name = "boxoffice",
-    version,
-    about = "Flash-sale ticket inventory engine"
-)]
+#[command(name = "boxoffice", version, about = "Flash-sale ticket inventory engine")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -23,8 +25,139 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run the gRPC server (health and reflection on the same port, metrics on their own).
+    Serve(ServeArgs),
     /// Run a flash sale end to end against an embedded engine and check every seat.
     FlashSale(flash_sale::FlashSaleArgs),
+    /// Drive a running server with concurrent streams; report throughput and latency.
+    Loadgen(loadgen::LoadgenArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct ServeArgs {
+    /// gRPC address to listen on.
+    #[arg(long, env = "BOXOFFICE_LISTEN", default_value = "127.0.0.1:50051")]
+    listen: SocketAddr,
+    /// Metrics (Prometheus text, GET /metrics) address to listen on.
+    #[arg(long, env = "BOXOFFICE_METRICS_LISTEN", default_value = "127.0.0.1:9464")]
+    metrics_listen: SocketAddr,
+    /// Data dir of the write-ahead log (created if missing; replayed on start).
+    #[arg(long, env = "BOXOFFICE_DATA_DIR", default_value = "boxoffice-data")]
+    data_dir: PathBuf,
+    /// API key with admin scope (repeatable; comma-separated in the variable). None given:
+    /// one is generated and printed.
+    #[arg(long = "admin-key", env = "BOXOFFICE_ADMIN_KEYS", value_delimiter = ',')]
+    admin_keys: Vec<String>,
+    /// API key with client scope (repeatable; comma-separated in the variable). None given:
+    /// one is generated and printed.
+    #[arg(long = "client-key", env = "BOXOFFICE_CLIENT_KEYS", value_delimiter = ',')]
+    client_keys: Vec<String>,
+    /// Secret that signs queue and admission tokens (and derives shuffle seeds). None given:
+    /// a random one, so tokens do not survive a restart.
+    #[arg(long, env = "BOXOFFICE_TOKEN_SECRET", hide_env_values = true)]
+    token_secret: Option<String>,
+    /// sync: fsync (group commit) before every acknowledgement; buffered: benchmarks only,
+    /// a crash can lose the last ~500 ms of acknowledged work.
+    #[arg(long, env = "BOXOFFICE_DURABILITY", default_value = "sync", value_parser = ["sync", "buffered"])]
+    durability: String,
+    /// Calls in flight at once before the gate sheds with RESOURCE_EXHAUSTED / OVERLOADED.
+    #[arg(long, env = "BOXOFFICE_IN_FLIGHT_MAX", default_value_t = 4_096)]
+    in_flight_max: usize,
+    /// Requests queued per section actor before shedding.
+    #[arg(long, env = "BOXOFFICE_SECTION_INFLIGHT_MAX", default_value_t = 10_000)]
+    section_inflight_max: usize,
+    /// Fans per waiting room before Join answers QUEUE_FULL.
+    #[arg(long, env = "BOXOFFICE_QUEUE_MAX", default_value_t = 2_000_000)]
+    queue_max: u32,
+    /// Seconds a shutdown (SIGTERM, Ctrl-C) waits for calls in flight.
+    #[arg(long, env = "BOXOFFICE_GRACE_SECONDS", default_value_t = 10)]
+    grace_seconds: u64,
+}
+
+fn random_text(bytes: usize) -> String {
+    let mut b = vec![0u8; bytes];
+    rand::rng().fill_bytes(&mut b);
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let mut admin_keys = args.admin_keys;
+    let mut client_keys = args.client_keys;
+    if admin_keys.is_empty() {
+        let k = format!("adm_{}", random_text(18));
+        println!("generated admin key:  {k}");
+        admin_keys.push(k);
+    }
+    if client_keys.is_empty() {
+        let k = format!("cli_{}", random_text(18));
+        println!("generated client key: {k}");
+        client_keys.push(k);
+    }
+    let secret = match args.token_secret {
+        Some(s) if !s.is_empty() => s.into_bytes(),
+        _ => {
+            eprintln!("warning: no --token-secret: using a random one; tokens will not survive a restart");
+            random_text(32).into_bytes()
+        }
+    };
+    let mut config = server::ServerConfig::new("", "", &secret);
+    config.listen = args.listen;
+    config.metrics_listen = Some(args.metrics_listen);
+    config.data_dir = args.data_dir;
+    config.admin_keys = admin_keys;
+    config.client_keys = client_keys;
+    config.durability = if args.durability == "buffered" {
+        Durability::Buffered
+    } else {
+        Durability::Sync
+    };
+    config.in_flight_max = args.in_flight_max;
+    config.section_inflight_max = args.section_inflight_max;
+    config.queue_max = args.queue_max;
+    config.grace = Duration::from_secs(args.grace_seconds);
+    let data_dir = config.data_dir.clone();
+    let mut running = server::start(config).await?;
+    println!("gRPC listening on {} (health and reflection too)", running.addr);
+    if let Some(m) = running.metrics_addr {
+        println!("metrics on {}", boxoffice_gateway::metrics::describe(m));
+    }
+    println!("data dir {}; recovering...", data_dir.display());
+    tokio::select! {
+        r = running.wait_ready() => {
+            r.context("recovery failed")?;
+            println!("ready: serving");
+        }
+        () = shutdown_signal() => {
+            println!("signal during recovery: stopping");
+            return running.shutdown().await;
+        }
+    }
+    shutdown_signal().await;
+    println!("draining...");
+    running.shutdown().await?;
+    println!("stopped; log flushed");
+    Ok(())
 }
 
 fn main() -> ExitCode {
@@ -36,41 +169,42 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
-    match cli.command {
+    let result = match cli.command {
+        Command::Serve(args) => runtime.block_on(serve(args)).map(|()| ExitCode::SUCCESS),
+        Command::Loadgen(args) => runtime.block_on(loadgen::run(args)).map(|report| {
+            print!("{report}");
+            ExitCode::SUCCESS
+        }),
         Command::FlashSale(args) => {
             let json = args.json.clone();
-            match runtime.block_on(flash_sale::run(args)) {
-                Ok(report) => {
-                    print!("{}", report.table());
-                    if let Some(path) = json
-                        && let Err(e) = std::fs::write(&path, report.json())
-                    {
-                        eprintln!("error: cannot write {}: {e}", path.display());
-                        return ExitCode::FAILURE;
-                    }
-                    if report.clean() {
-                        println!("result: every seat sold at most once; counters add up");
-                        ExitCode::SUCCESS
-                    } else {
-                        println!("result: FAILED: the sale broke a promise (see above)");
-                        ExitCode::from(2)
-                    }
+            runtime.block_on(flash_sale::run(args)).and_then(|report| {
+                print!("{}", report.table());
+                if let Some(path) = json {
+                    std::fs::write(&path, report.json())
+                        .with_context(|| format!("writing {}", path.display()))?;
                 }
-                Err(e) => {
-                    eprintln!("error: {e:#}");
-                    ExitCode::FAILURE
+                if report.clean() {
+                    println!("result: every seat sold at most once; counters add up");
+                    Ok(ExitCode::SUCCESS)
+                } else {
+                    println!("result: FAILED: the sale broke a promise (see above)");
+                    Ok(ExitCode::from(2))
                 }
-            }
+            })
+        }
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -1,0 +1,194 @@
+//! Protobuf <-> engine types. Requests are validated once, here at the edge: a bad field answers
+//! `INVALID_ARGUMENT` naming it and never reaches an actor.
+
+use boxoffice_engine::{
+    EventId, EventSpec, HoldStatus, HoldView, Layout, OrderView, Rejection, RowSpec, SeatId,
+    SeatStatus, SectionId, SectionKind, SectionSpec, Selection,
+};
+use boxoffice_proto::v1 as pb;
+
+fn invalid(field: &str, reason: &str) -> Rejection {
+    Rejection::invalid(field, reason)
+}
+
+/// Converts a `CreateEventRequest` into an engine spec (zero values keep meaning "default").
+pub fn event_spec(req: pb::CreateEventRequest) -> Result<EventSpec, Rejection> {
+    if req.name.trim().is_empty() {
+        return Err(invalid("name", "required"));
+    }
+    if req.sale_opens_at_unix_ms < 0 {
+        return Err(invalid("sale_opens_at_unix_ms", "must not be negative"));
+    }
+    let mut sections = Vec::with_capacity(req.sections.len());
+    for (i, s) in req.sections.into_iter().enumerate() {
+        let layout = match s.layout {
+            Some(pb::section_spec::Layout::GeneralAdmissionCapacity(capacity)) => {
+                Layout::GeneralAdmission { capacity }
+            }
+            Some(pb::section_spec::Layout::Reserved(r)) => Layout::Reserved {
+                rows: r
+                    .rows
+                    .into_iter()
+                    .map(|row| RowSpec {
+                        label: row.label,
+                        seat_count: row.seat_count,
+                    })
+                    .collect(),
+            },
+            None => {
+                return Err(invalid(
+                    &format!("sections[{i}].layout"),
+                    "set general_admission_capacity or reserved",
+                ));
+            }
+        };
+        sections.push(SectionSpec {
+            section_id: SectionId(s.section_id),
+            name: s.name,
+            price_cents: s.price_cents,
+            layout,
+        });
+    }
+    Ok(EventSpec {
+        event_id: (!req.event_id.is_empty()).then(|| EventId(req.event_id)),
+        name: req.name,
+        sections,
+        hold_ttl_ms: u64::from(req.hold_ttl_seconds) * 1000,
+        per_user_limit: req.per_user_limit,
+        admit_rate_per_second: req.admit_rate_per_second,
+        admission_window_ms: u64::from(req.admission_window_seconds) * 1000,
+        sale_opens_at_ms: req.sale_opens_at_unix_ms.unsigned_abs(),
+    })
+}
+
+/// A required id field: non-empty and at most 256 bytes.
+pub fn required(field: &str, value: &str) -> Result<(), Rejection> {
+    if value.is_empty() {
+        return Err(invalid(field, "required"));
+    }
+    if value.len() > 256 {
+        return Err(invalid(field, "at most 256 bytes"));
+    }
+    Ok(())
+}
+
+/// The selection of a `HoldRequest`.
+pub fn selection(sel: Option<pb::hold_request::Selection>) -> Result<Selection, Rejection> {
+    match sel {
+        None => Err(invalid("selection", "set seats or best_available")),
+        Some(pb::hold_request::Selection::Seats(s)) => {
+            if s.seat_ids.is_empty() {
+                return Err(invalid("seats.seat_ids", "name at least one seat"));
+            }
+            if s.seat_ids.len() > 100 {
+                return Err(invalid("seats.seat_ids", "at most 100 seats"));
+            }
+            Ok(Selection::Seats(s.seat_ids.into_iter().map(SeatId).collect()))
+        }
+        Some(pb::hold_request::Selection::BestAvailable(b)) => {
+            if b.quantity == 0 {
+                return Err(invalid("best_available.quantity", "must be at least 1"));
+            }
+            if b.quantity > 100 {
+                return Err(invalid("best_available.quantity", "at most 100"));
+            }
+            Ok(Selection::BestAvailable {
+                section: (!b.section_id.is_empty()).then(|| SectionId(b.section_id)),
+                quantity: b.quantity,
+            })
+        }
+    }
+}
+
+fn ms(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// A hold as the API shows it.
+pub fn hold(h: HoldView) -> pb::Hold {
+    pb::Hold {
+        hold_id: h.hold_id.0,
+        event_id: h.event_id.0,
+        user_id: h.user_id.0,
+        section_id: h.section_id.0,
+        seat_ids: h.seat_ids.into_iter().map(|s| s.0).collect(),
+        quantity: h.quantity,
+        status: match h.status {
+            HoldStatus::Held => pb::HoldStatus::Held,
+            HoldStatus::Confirmed => pb::HoldStatus::Confirmed,
+            HoldStatus::Released => pb::HoldStatus::Released,
+            HoldStatus::Expired => pb::HoldStatus::Expired,
+        } as i32,
+        expires_at_unix_ms: ms(h.expires_at_ms),
+    }
+}
+
+/// An order as the API shows it.
+pub fn order(o: OrderView) -> pb::Order {
+    pb::Order {
+        order_id: o.order_id.0,
+        hold_id: o.hold_id.0,
+        event_id: o.event_id.0,
+        user_id: o.user_id.0,
+        tickets: o
+            .tickets
+            .into_iter()
+            .map(|t| pb::Ticket {
+                ticket_id: t.ticket_id,
+                section_id: t.section_id.0,
+                seat_id: t.seat_id.map(|s| s.0).unwrap_or_default(),
+                code: String::new(),
+            })
+            .collect(),
+        amount_cents: o.amount_cents,
+        payment_id: o.payment_ref,
+        status: pb::OrderStatus::Confirmed as i32,
+        created_at_unix_ms: ms(o.created_at_ms),
+    }
+}
+
+/// A seat status as the API shows it.
+pub fn seat_status(s: SeatStatus) -> i32 {
+    (match s {
+        SeatStatus::Available => pb::SeatStatus::Available,
+        SeatStatus::Held => pb::SeatStatus::Held,
+        SeatStatus::Sold => pb::SeatStatus::Sold,
+    }) as i32
+}
+
+/// A section kind as the API shows it.
+pub fn section_kind(k: SectionKind) -> i32 {
+    (match k {
+        SectionKind::GeneralAdmission => pb::SectionKind::GeneralAdmission,
+        SectionKind::Reserved => pb::SectionKind::Reserved,
+    }) as i32
+}
+
+/// A seat map as the API shows it.
+pub fn seat_map(m: boxoffice_engine::SeatMap) -> pb::SeatMap {
+    pb::SeatMap {
+        event_id: m.event_id.0,
+        as_of_unix_ms: ms(m.as_of_ms),
+        sections: m
+            .sections
+            .into_iter()
+            .map(|s| pb::SectionSeats {
+                section_id: s.section_id.0,
+                capacity: s.capacity,
+                available: s.available,
+                held: s.held,
+                sold: s.sold,
+                seats: s
+                    .seats
+                    .into_iter()
+                    .map(|seat| pb::Seat {
+                        seat_id: seat.seat_id.0,
+                        row: seat.row,
+                        number: seat.number,
+                        status: seat_status(seat.status),
+                    })
+                    .collect(),
+            })
+            .collect(),
+    }
+}

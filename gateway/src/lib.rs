@@ -1,0 +1,28 @@
+//! # boxoffice-gateway
+//!
+//! The front door of boxoffice: the `boxoffice.v1` gRPC services over the engine, the waiting
+//! room, authentication, overload shedding, health, reflection and the metrics endpoint; and the
+//! `boxoffice` binary's subcommands.
+//!
+//! ## Layout
+//! - [`server`]: start, recover, drain; [`ServerConfig`](server::ServerConfig).
+//! - [`gate`]: the tower layer: auth, draining, shedding, RPC metrics.
+//! - [`services`]: the four services over one shared [`Api`](services::Api).
+//! - [`convert`]: protobuf <-> engine types, validated once at the edge.
+//! - [`status`]: every error's gRPC code and `ErrorInfo` reason.
+//! - [`waiting_room`]: the line, the opening shuffle, admission at a rate.
+//! - [`tokens`]: HMAC-signed queue and admission tokens.
+//! - [`metrics`]: the Prometheus endpoint.
+//! - [`flash_sale`]: `boxoffice flash-sale`.
+//! - [`loadgen`]: `boxoffice loadgen`, the gRPC load generator.
+
+pub mod convert;
+pub mod flash_sale;
+pub mod gate;
+pub mod loadgen;
+pub mod metrics;
+pub mod server;
+pub mod services;
+pub mod status;
+pub mod tokens;
+pub mod waiting_room;

@@ -1,0 +1,307 @@
+//! The `boxoffice` server: gRPC services behind the gate, health and reflection on the same
+//! port, the metrics endpoint on its own port, the sweeper, and an orderly drain.
+//!
+//! Start-up order: bind both ports, serve health (`NOT_SERVING`) at once, replay the log (the
+//! booking services answer `UNAVAILABLE` / `NOT_READY` meanwhile), start the sweeper, then flip
+//! health to `SERVING`. Drain: health `NOT_SERVING`, new calls `UNAVAILABLE`, wait for calls in
+//! flight (up to the grace period), stop the listener, stop the sweeper, flush and close the log.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use boxoffice_engine::{Clock, Durability, Engine, EngineConfig, SystemClock};
+use boxoffice_proto::v1 as pb;
+use tokio::sync::{Notify, oneshot};
+use tonic::transport::server::TcpIncoming;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+
+use crate::gate::{Gate, GateLayer, Keys, Scope};
+use crate::services::{Api, BookingSvc, EventSvc, WaitingRoomSvc, WaitlistSvc};
+use crate::tokens::TokenSigner;
+
+/// Largest gRPC message accepted: the largest legitimate request (an event with many sections
+/// and rows) is far below it.
+pub const MESSAGE_BYTES_MAX: usize = 256 * 1024;
+
+/// Everything `serve` needs.
+#[derive(Clone)]
+pub struct ServerConfig {
+    /// gRPC address.
+    pub listen: SocketAddr,
+    /// Metrics address (`None`: no metrics endpoint).
+    pub metrics_listen: Option<SocketAddr>,
+    /// Data dir of the log.
+    pub data_dir: PathBuf,
+    /// Keys with admin scope.
+    pub admin_keys: Vec<String>,
+    /// Keys with client scope.
+    pub client_keys: Vec<String>,
+    /// HMAC secret of queue and admission tokens.
+    pub token_secret: Vec<u8>,
+    /// Log durability.
+    pub durability: Durability,
+    /// Calls in flight at the gate before shedding.
+    pub in_flight_max: usize,
+    /// Messages queued per section actor before shedding.
+    pub section_inflight_max: usize,
+    /// Fans per waiting room.
+    pub queue_max: u32,
+    /// How long a drain waits for calls in flight.
+    pub grace: Duration,
+    /// Wall clock.
+    pub clock: Arc<dyn Clock>,
+    /// Tests only: recovery waits until this is notified (to observe `NOT_SERVING`).
+    pub recovery_gate: Option<Arc<Notify>>,
+}
+
+impl ServerConfig {
+    /// Defaults around the given keys and secret: loopback ports, `./boxoffice-data`, `Sync`.
+    pub fn new(admin_key: &str, client_key: &str, token_secret: &[u8]) -> ServerConfig {
+        ServerConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
+            metrics_listen: Some(SocketAddr::from(([127, 0, 0, 1], 9464))),
+            data_dir: PathBuf::from("boxoffice-data"),
+            admin_keys: vec![admin_key.to_owned()],
+            client_keys: vec![client_key.to_owned()],
+            token_secret: token_secret.to_vec(),
+            durability: Durability::Sync,
+            in_flight_max: 4_096,
+            section_inflight_max: 10_000,
+            queue_max: 2_000_000,
+            grace: Duration::from_secs(10),
+            clock: Arc::new(SystemClock),
+            recovery_gate: None,
+        }
+    }
+}
+
+/// The services' shared state, set once recovery has finished.
+pub type Ready = Arc<OnceLock<Arc<Api>>>;
+
+/// A running server.
+pub struct Running {
+    /// The gRPC address it listens on.
+    pub addr: SocketAddr,
+    /// The metrics address, if any.
+    pub metrics_addr: Option<SocketAddr>,
+    ready: Ready,
+    recovered: Option<oneshot::Receiver<anyhow::Result<()>>>,
+    gate: Arc<Gate>,
+    health: HealthReporter,
+    grace: Duration,
+    stop_grpc: Option<oneshot::Sender<()>>,
+    stop_metrics: Option<oneshot::Sender<()>>,
+    grpc_task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    background: Vec<tokio::task::JoinHandle<()>>,
+    sweeper: Arc<OnceLock<ractor::ActorRef<boxoffice_sweeper::SweeperMsg>>>,
+}
+
+const SERVICES: &[&str] = &[
+    "",
+    "boxoffice.v1.EventService",
+    "boxoffice.v1.WaitingRoomService",
+    "boxoffice.v1.BookingService",
+    "boxoffice.v1.WaitlistService",
+];
+
+async fn set_health(health: &HealthReporter, status: ServingStatus) {
+    for s in SERVICES {
+        health.set_service_status(*s, status).await;
+    }
+}
+
+/// Binds, starts serving health at once, and recovers in the background. Use
+/// [`Running::wait_ready`] to wait for recovery.
+pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("binding the gRPC address {}", config.listen))?;
+    let addr = listener.local_addr()?;
+    let mut keys = Keys::default();
+    for k in &config.admin_keys {
+        keys.add(k, Scope::Admin);
+    }
+    for k in &config.client_keys {
+        keys.add(k, Scope::Client);
+    }
+    let gate = Arc::new(Gate::new(keys, config.in_flight_max));
+    let (health, health_service) = tonic_health::server::health_reporter();
+    set_health(&health, ServingStatus::NotServing).await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(boxoffice_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .context("building the reflection service")?;
+    let ready: Ready = Arc::new(OnceLock::new());
+    let max = MESSAGE_BYTES_MAX;
+    let router = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .http2_max_pending_accept_reset_streams(Some(64))
+        .max_concurrent_streams(Some(256))
+        .layer(GateLayer::new(gate.clone()))
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(
+            pb::event_service_server::EventServiceServer::new(EventSvc(ready.clone()))
+                .max_decoding_message_size(max),
+        )
+        .add_service(
+            pb::waiting_room_service_server::WaitingRoomServiceServer::new(WaitingRoomSvc(
+                ready.clone(),
+            ))
+            .max_decoding_message_size(max),
+        )
+        .add_service(
+            pb::booking_service_server::BookingServiceServer::new(BookingSvc(ready.clone()))
+                .max_decoding_message_size(max),
+        )
+        .add_service(
+            pb::waitlist_service_server::WaitlistServiceServer::new(WaitlistSvc(ready.clone()))
+                .max_decoding_message_size(max),
+        );
+    let (stop_grpc, stop_rx) = oneshot::channel::<()>();
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let grpc_task = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async move {
+        let _ = stop_rx.await;
+    }));
+
+    let mut background = Vec::new();
+    let (metrics_addr, stop_metrics) = match config.metrics_listen {
+        Some(m) => {
+            let l = tokio::net::TcpListener::bind(m)
+                .await
+                .with_context(|| format!("binding the metrics address {m}"))?;
+            let maddr = l.local_addr()?;
+            let handle = crate::metrics::install();
+            let (tx, rx) = oneshot::channel::<()>();
+            background.push(tokio::spawn(async move {
+                let shutdown = async move {
+                    let _ = rx.await;
+                };
+                if let Err(e) = crate::metrics::serve(l, handle, shutdown).await {
+                    tracing::error!(error = %e, "metrics endpoint failed");
+                }
+            }));
+            (Some(maddr), Some(tx))
+        }
+        None => (None, None),
+    };
+
+    // Recovery in the background: health says NOT_SERVING until it is done.
+    let sweeper: Arc<OnceLock<ractor::ActorRef<boxoffice_sweeper::SweeperMsg>>> =
+        Arc::new(OnceLock::new());
+    let (recovered_tx, recovered_rx) = oneshot::channel();
+    {
+        let (ready, health, sweeper) = (ready.clone(), health.clone(), sweeper.clone());
+        let config = config.clone();
+        background.push(tokio::spawn(async move {
+            let r = recover(config, ready, health, sweeper).await;
+            if let Err(e) = &r {
+                tracing::error!(error = %format!("{e:#}"), "recovery failed");
+            }
+            let _ = recovered_tx.send(r);
+        }));
+    }
+    Ok(Running {
+        addr,
+        metrics_addr,
+        ready,
+        recovered: Some(recovered_rx),
+        gate,
+        health,
+        grace: config.grace,
+        stop_grpc: Some(stop_grpc),
+        stop_metrics,
+        grpc_task,
+        background,
+        sweeper,
+    })
+}
+
+async fn recover(
+    config: ServerConfig,
+    ready: Ready,
+    health: HealthReporter,
+    sweeper: Arc<OnceLock<ractor::ActorRef<boxoffice_sweeper::SweeperMsg>>>,
+) -> anyhow::Result<()> {
+    if let Some(gate) = &config.recovery_gate {
+        gate.notified().await;
+    }
+    let mut ec = EngineConfig::new(&config.data_dir);
+    ec.durability = config.durability;
+    ec.clock = config.clock.clone();
+    ec.section_inflight_max = config.section_inflight_max;
+    let engine = Engine::open(ec)
+        .await
+        .with_context(|| format!("recovering from {}", config.data_dir.display()))?;
+    let api = Arc::new(Api::new(
+        engine.clone(),
+        TokenSigner::new(&config.token_secret),
+        config.clock.clone(),
+        config.queue_max,
+    ));
+    let (actor, _) = boxoffice_sweeper::start(engine, boxoffice_sweeper::SweeperConfig::default())
+        .await
+        .context("starting the sweeper")?;
+    let _ = sweeper.set(actor);
+    let _ = ready.set(api);
+    set_health(&health, ServingStatus::Serving).await;
+    Ok(())
+}
+
+impl Running {
+    /// Waits until recovery finished (or failed).
+    pub async fn wait_ready(&mut self) -> anyhow::Result<()> {
+        match self.recovered.take() {
+            Some(rx) => rx.await.context("recovery task ended")?,
+            None => Ok(()),
+        }
+    }
+
+    /// The engine, once recovered.
+    pub fn engine(&self) -> Option<Engine> {
+        self.ready.get().map(|a| a.engine.clone())
+    }
+
+    /// Drains and stops: health NOT_SERVING, new calls UNAVAILABLE, calls in flight finish
+    /// (up to the grace period), the listener closes, the sweeper stops, the log is flushed.
+    pub async fn shutdown(mut self) -> anyhow::Result<()> {
+        set_health(&self.health, ServingStatus::NotServing).await;
+        self.gate.start_draining();
+        let deadline = Instant::now() + self.grace;
+        while self.gate.in_flight() > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        if let Some(tx) = self.stop_grpc.take() {
+            let _ = tx.send(());
+        }
+        let served = tokio::time::timeout(self.grace, &mut self.grpc_task).await;
+        if let Some(s) = self.sweeper.get() {
+            let _ = s.stop_and_wait(None, Some(Duration::from_secs(5))).await;
+        }
+        if let Some(api) = self.ready.get() {
+            api.stop();
+            api.engine.shutdown().await;
+        }
+        if let Some(tx) = self.stop_metrics.take() {
+            let _ = tx.send(());
+        }
+        for t in self.background.drain(..) {
+            t.abort();
+        }
+        match served {
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(e))) => Err(e).context("the gRPC server failed"),
+            Ok(Err(e)) => Err(e).context("the gRPC server task panicked"),
+            Err(_) => {
+                self.grpc_task.abort();
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,0 +1,470 @@
+//! The four gRPC services of `boxoffice.v1`, over one shared [`Api`].
+
+use std::sync::Arc;
+
+use boxoffice_engine::{
+    Clock, ConfirmRequest, Engine, EventId, EventView, HoldId, HoldRequest, OrderId, Rejection,
+    SectionId, UserId,
+};
+use boxoffice_proto::v1 as pb;
+use dashmap::DashMap;
+use tonic::{Request, Response, Status};
+
+use crate::convert;
+use crate::server::Ready;
+use crate::status::ApiError;
+use crate::tokens::{Claims, TokenError, TokenKind, TokenSigner, seed_commitment};
+use crate::waiting_room::{JoinError, RoomConfig, Standing, WaitingRoom, spawn_admitter};
+
+/// How long a queue token stays valid.
+pub const QUEUE_TOKEN_TTL_MS: u64 = 24 * 60 * 60 * 1000;
+/// Default and largest `ListEvents` page.
+pub const LIST_PAGE_DEFAULT: usize = 50;
+/// Largest `ListEvents` page.
+pub const LIST_PAGE_MAX: usize = 500;
+
+/// Everything the services share.
+pub struct Api {
+    /// The engine.
+    pub engine: Engine,
+    /// Token signer (and shuffle seeds).
+    pub signer: TokenSigner,
+    /// Wall clock (the engine's).
+    pub clock: Arc<dyn Clock>,
+    /// Most fans per waiting room.
+    pub queue_max: u32,
+    rooms: DashMap<EventId, Arc<WaitingRoom>>,
+    admitters: DashMap<EventId, tokio::task::JoinHandle<()>>,
+}
+
+impl Api {
+    /// The shared state of the services.
+    pub fn new(engine: Engine, signer: TokenSigner, clock: Arc<dyn Clock>, queue_max: u32) -> Api {
+        Api {
+            engine,
+            signer,
+            clock,
+            queue_max,
+            rooms: DashMap::new(),
+            admitters: DashMap::new(),
+        }
+    }
+
+    /// The waiting room of an event, created (with its admission timer) on first use.
+    pub fn room(&self, event: &EventView) -> Arc<WaitingRoom> {
+        if let Some(r) = self.rooms.get(&event.event_id) {
+            return r.clone();
+        }
+        let entry = self.rooms.entry(event.event_id.clone()).or_insert_with(|| {
+            let room = Arc::new(WaitingRoom::new(
+                RoomConfig {
+                    opens_at_ms: event.spec.sale_opens_at_ms,
+                    admit_rate_per_second: event.spec.admit_rate_per_second,
+                    admission_window_ms: event.spec.admission_window_ms,
+                    queue_max: self.queue_max,
+                    seed: self.signer.shuffle_seed(event.event_id.as_str()),
+                },
+                self.clock.now_ms(),
+            ));
+            self.admitters.insert(
+                event.event_id.clone(),
+                spawn_admitter(room.clone(), self.clock.clone()),
+            );
+            room
+        });
+        entry.clone()
+    }
+
+    /// The waiting room of an event, if anyone joined it.
+    pub fn existing_room(&self, event_id: &EventId) -> Option<Arc<WaitingRoom>> {
+        self.rooms.get(event_id).map(|r| r.clone())
+    }
+
+    /// Stops every admission timer.
+    pub fn stop(&self) {
+        for a in self.admitters.iter() {
+            a.value().abort();
+        }
+    }
+
+    fn event_proto(&self, e: EventView) -> pb::Event {
+        let now = self.clock.now_ms();
+        let opened = now >= e.spec.sale_opens_at_ms;
+        let seed = self.signer.shuffle_seed(e.event_id.as_str());
+        pb::Event {
+            event_id: e.event_id.0.clone(),
+            name: e.spec.name.clone(),
+            sections: e
+                .sections
+                .iter()
+                .map(|s| pb::SectionSummary {
+                    section_id: s.spec.section_id.0.clone(),
+                    name: s.spec.name.clone(),
+                    kind: convert::section_kind(s.spec.kind()),
+                    capacity: s.capacity,
+                    available: s.available,
+                    held: s.held,
+                    sold: s.sold,
+                    price_cents: s.spec.price_cents,
+                })
+                .collect(),
+            hold_ttl_seconds: u32::try_from(e.spec.hold_ttl_ms / 1000).unwrap_or(u32::MAX),
+            per_user_limit: e.spec.per_user_limit,
+            admit_rate_per_second: e.spec.admit_rate_per_second,
+            admission_window_seconds: u32::try_from(e.spec.admission_window_ms / 1000)
+                .unwrap_or(u32::MAX),
+            sale_opens_at_unix_ms: i64::try_from(e.spec.sale_opens_at_ms).unwrap_or(i64::MAX),
+            state: if opened {
+                pb::EventState::OnSale
+            } else {
+                pb::EventState::Scheduled
+            } as i32,
+            shuffle_seed_hash: seed_commitment(&seed),
+            shuffle_seed: if opened { hex::encode(seed) } else { String::new() },
+        }
+    }
+
+    /// Checks the admission token of a hold: bound to the event and user, admitted, in window.
+    /// A queue token is accepted too once its position is admitted.
+    fn check_admission(&self, token: &str, event: &EventView, user: &str) -> Result<(), ApiError> {
+        convert::required("admission_token", token)?;
+        let now = self.clock.now_ms();
+        let event_id = event.event_id.as_str();
+        match self
+            .signer
+            .verify(token, TokenKind::Admission, Some(event_id), Some(user), now)
+        {
+            Ok(_) => return Ok(()),
+            Err(TokenError::Expired) => return Err(ApiError::TokenExpired),
+            Err(TokenError::Invalid) => {}
+        }
+        // Maybe a queue token: then it depends on the fan's standing.
+        match self
+            .signer
+            .verify(token, TokenKind::Queue, Some(event_id), Some(user), now)
+        {
+            Ok(q) => match self.room(event).standing(join_number(&q)?, now) {
+                Standing::Admitted { .. } => Ok(()),
+                Standing::Expired { .. } => Err(ApiError::TokenExpired),
+                Standing::BeforeOpening { .. } | Standing::Waiting { .. } => {
+                    Err(ApiError::NotAdmitted)
+                }
+            },
+            Err(TokenError::Expired) => Err(ApiError::TokenExpired),
+            Err(TokenError::Invalid) => Err(ApiError::TokenInvalid("admission_token")),
+        }
+    }
+}
+
+fn join_number(q: &Claims) -> Result<u32, ApiError> {
+    u32::try_from(q.number).map_err(|_| ApiError::TokenInvalid("queue_token"))
+}
+
+type Rpc<T> = Result<Response<T>, Status>;
+
+fn ok<T>(v: T) -> Rpc<T> {
+    Ok(Response::new(v))
+}
+
+/// `EventService`.
+pub struct EventSvc(pub Ready);
+/// `WaitingRoomService`.
+pub struct WaitingRoomSvc(pub Ready);
+/// `BookingService`.
+pub struct BookingSvc(pub Ready);
+/// `WaitlistService` (answers `UNIMPLEMENTED` until the waitlist lands).
+pub struct WaitlistSvc(pub Ready);
+
+/// The shared state, or `NOT_READY` while recovery runs.
+fn ready(r: &Ready) -> Result<&Arc<Api>, ApiError> {
+    r.get().ok_or(ApiError::NotReady)
+}
+
+fn required(field: &str, v: &str) -> Result<(), ApiError> {
+    convert::required(field, v).map_err(ApiError::from)
+}
+
+fn event_id(field: &str, v: String) -> Result<EventId, ApiError> {
+    required(field, &v)?;
+    Ok(EventId(v))
+}
+
+#[tonic::async_trait]
+impl pb::event_service_server::EventService for EventSvc {
+    async fn create_event(&self, req: Request<pb::CreateEventRequest>) -> Rpc<pb::Event> {
+        let api = ready(&self.0)?;
+        let spec = convert::event_spec(req.into_inner()).map_err(ApiError::from)?;
+        let e = api.engine.create_event(spec).await.map_err(ApiError::from)?;
+        ok(api.event_proto(e))
+    }
+
+    async fn get_event(&self, req: Request<pb::GetEventRequest>) -> Rpc<pb::Event> {
+        let api = ready(&self.0)?;
+        let id = event_id("event_id", req.into_inner().event_id)?;
+        let e = api.engine.event(&id).map_err(ApiError::from)?;
+        ok(api.event_proto(e))
+    }
+
+    async fn list_events(&self, req: Request<pb::ListEventsRequest>) -> Rpc<pb::ListEventsResponse> {
+        let api = ready(&self.0)?;
+        let req = req.into_inner();
+        let size = match req.page_size as usize {
+            0 => LIST_PAGE_DEFAULT,
+            n => n.min(LIST_PAGE_MAX),
+        };
+        // The page token is the last event id of the previous page.
+        let all = api.engine.events();
+        let start = if req.page_token.is_empty() {
+            0
+        } else {
+            if req.page_token.len() > 256 {
+                return Err(ApiError::from(Rejection::invalid("page_token", "malformed")).into());
+            }
+            all.partition_point(|e| e.event_id.as_str() <= req.page_token.as_str())
+        };
+        let page: Vec<EventView> = all.into_iter().skip(start).take(size + 1).collect();
+        let more = page.len() > size;
+        let events: Vec<pb::Event> = page
+            .into_iter()
+            .take(size)
+            .map(|e| api.event_proto(e))
+            .collect();
+        let next_page_token = if more {
+            events.last().map(|e| e.event_id.clone()).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        ok(pb::ListEventsResponse {
+            events,
+            next_page_token,
+        })
+    }
+
+    async fn get_seat_map(&self, req: Request<pb::GetSeatMapRequest>) -> Rpc<pb::SeatMap> {
+        let api = ready(&self.0)?;
+        let req = req.into_inner();
+        let id = event_id("event_id", req.event_id)?;
+        let section = (!req.section_id.is_empty()).then(|| SectionId(req.section_id));
+        let map = api
+            .engine
+            .seat_map(&id, section.as_ref())
+            .map_err(ApiError::from)?;
+        ok(convert::seat_map(map))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::waiting_room_service_server::WaitingRoomService for WaitingRoomSvc {
+    async fn join(&self, req: Request<pb::JoinRequest>) -> Rpc<pb::QueueTicket> {
+        let api = ready(&self.0)?;
+        let req = req.into_inner();
+        let id = event_id("event_id", req.event_id)?;
+        required("user_id", &req.user_id)?;
+        if req.user_id.len() > 64 {
+            return Err(ApiError::from(Rejection::invalid("user_id", "at most 64 bytes")).into());
+        }
+        if req.session_id.len() > 256 {
+            return Err(ApiError::from(Rejection::invalid("session_id", "at most 256 bytes")).into());
+        }
+        let event = api.engine.event(&id).map_err(ApiError::from)?;
+        let room = api.room(&event);
+        let join = room.join(&req.user_id, &req.session_id).map_err(|e| match e {
+            JoinError::QueueFull => ApiError::QueueFull,
+        })?;
+        let now = api.clock.now_ms();
+        let token = api.signer.sign(&Claims {
+            kind: TokenKind::Queue,
+            event_id: id.0.clone(),
+            user_id: req.user_id,
+            number: u64::from(join),
+            at_ms: now,
+            expires_at_ms: now + QUEUE_TOKEN_TTL_MS,
+        });
+        let (position, eta_seconds) = match room.standing(join, now) {
+            Standing::BeforeOpening { opens_in_ms } => {
+                (0, u32::try_from(opens_in_ms.div_ceil(1000)).unwrap_or(u32::MAX))
+            }
+            Standing::Waiting {
+                position,
+                eta_seconds,
+                ..
+            } => (position, eta_seconds),
+            Standing::Admitted { position, .. } | Standing::Expired { position } => (position, 0),
+        };
+        metrics::gauge!("boxoffice_waiting_room_queue_length", "event" => id.0.clone())
+            .set(f64::from(room.len()));
+        ok(pb::QueueTicket {
+            queue_token: token,
+            position,
+            eta_seconds,
+        })
+    }
+
+    async fn get_status(&self, req: Request<pb::GetStatusRequest>) -> Rpc<pb::QueueStatus> {
+        let api = ready(&self.0)?;
+        let token = req.into_inner().queue_token;
+        required("queue_token", &token)?;
+        let now = api.clock.now_ms();
+        let q = api
+            .signer
+            .verify(&token, TokenKind::Queue, None, None, now)
+            .map_err(|e| match e {
+                TokenError::Invalid => ApiError::TokenInvalid("queue_token"),
+                TokenError::Expired => ApiError::TokenExpired,
+            })?;
+        let event_id = EventId(q.event_id.clone());
+        let room = match api.existing_room(&event_id) {
+            Some(r) => r,
+            // A server restart forgets the line: the token is still genuine, so rebuild the
+            // room and let the fan rejoin.
+            None => return Err(ApiError::TokenInvalid("queue_token (rejoin the waiting room)").into()),
+        };
+        let standing = room.standing(join_number(&q)?, now);
+        let status = match standing {
+            Standing::BeforeOpening { opens_in_ms } => pb::QueueStatus {
+                state: pb::QueueState::Waiting as i32,
+                eta_seconds: u32::try_from(opens_in_ms.div_ceil(1000)).unwrap_or(u32::MAX),
+                ..Default::default()
+            },
+            Standing::Waiting {
+                position,
+                ahead,
+                eta_seconds,
+            } => pb::QueueStatus {
+                state: pb::QueueState::Waiting as i32,
+                position,
+                ahead,
+                eta_seconds,
+                ..Default::default()
+            },
+            Standing::Admitted {
+                position,
+                admitted_at_ms,
+                expires_at_ms,
+            } => pb::QueueStatus {
+                state: pb::QueueState::Admitted as i32,
+                position,
+                admission_token: api.signer.sign(&Claims {
+                    kind: TokenKind::Admission,
+                    event_id: q.event_id,
+                    user_id: q.user_id,
+                    number: position,
+                    at_ms: admitted_at_ms,
+                    expires_at_ms,
+                }),
+                admission_expires_at_unix_ms: i64::try_from(expires_at_ms).unwrap_or(i64::MAX),
+                ..Default::default()
+            },
+            Standing::Expired { position } => pb::QueueStatus {
+                state: pb::QueueState::Expired as i32,
+                position,
+                ..Default::default()
+            },
+        };
+        ok(status)
+    }
+}
+
+#[tonic::async_trait]
+impl pb::booking_service_server::BookingService for BookingSvc {
+    async fn hold(&self, req: Request<pb::HoldRequest>) -> Rpc<pb::Hold> {
+        let api = ready(&self.0)?;
+        let req = req.into_inner();
+        let id = event_id("event_id", req.event_id)?;
+        required("user_id", &req.user_id)?;
+        let selection = convert::selection(req.selection).map_err(ApiError::from)?;
+        let event = api.engine.event(&id).map_err(ApiError::from)?;
+        api
+            .check_admission(&req.admission_token, &event, &req.user_id)?;
+        let h = api
+            .engine
+            .hold(HoldRequest {
+                event_id: id,
+                user_id: UserId(req.user_id),
+                idempotency_key: req.idempotency_key,
+                selection,
+            })
+            .await
+            .map_err(ApiError::from)?;
+        ok(convert::hold(h))
+    }
+
+    async fn confirm(&self, req: Request<pb::ConfirmRequest>) -> Rpc<pb::Order> {
+        let api = ready(&self.0)?;
+        let req = req.into_inner();
+        required("hold_id", &req.hold_id)?;
+        required("user_id", &req.user_id)?;
+        required("payment_token", &req.payment_token)?;
+        if !req.payment_token.starts_with("tok_") {
+            return Err(ApiError::from(Rejection::invalid(
+                "payment_token",
+                "must start with tok_",
+            ))
+            .into());
+        }
+        let o = api
+            .engine
+            .confirm(ConfirmRequest {
+                hold_id: HoldId(req.hold_id),
+                user_id: UserId(req.user_id),
+                payment_ref: req.payment_token,
+                idempotency_key: req.idempotency_key,
+            })
+            .await
+            .map_err(ApiError::from)?;
+        ok(convert::order(o))
+    }
+
+    async fn release(&self, req: Request<pb::ReleaseRequest>) -> Rpc<pb::ReleaseResponse> {
+        let api = ready(&self.0)?;
+        let req = req.into_inner();
+        required("hold_id", &req.hold_id)?;
+        required("user_id", &req.user_id)?;
+        api
+            .engine
+            .release(&HoldId(req.hold_id), &UserId(req.user_id))
+            .await
+            .map_err(ApiError::from)?;
+        ok(pb::ReleaseResponse {})
+    }
+
+    async fn get_hold(&self, req: Request<pb::GetHoldRequest>) -> Rpc<pb::Hold> {
+        let api = ready(&self.0)?;
+        let id = req.into_inner().hold_id;
+        required("hold_id", &id)?;
+        let h = api
+            .engine
+            .get_hold(&HoldId(id))
+            .await
+            .map_err(ApiError::from)?;
+        ok(convert::hold(h))
+    }
+
+    async fn get_order(&self, req: Request<pb::GetOrderRequest>) -> Rpc<pb::Order> {
+        let api = ready(&self.0)?;
+        let id = req.into_inner().order_id;
+        required("order_id", &id)?;
+        let o = api
+            .engine
+            .get_order(&OrderId(id))
+            .await
+            .map_err(ApiError::from)?;
+        ok(convert::order(o))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::waitlist_service_server::WaitlistService for WaitlistSvc {
+    async fn join_waitlist(&self, _req: Request<pb::JoinWaitlistRequest>) -> Rpc<pb::WaitlistEntry> {
+        ready(&self.0)?;
+        Err(ApiError::Unimplemented("the waitlist").into())
+    }
+
+    async fn get_waitlist_entry(
+        &self,
+        _req: Request<pb::GetWaitlistEntryRequest>,
+    ) -> Rpc<pb::WaitlistEntry> {
+        ready(&self.0)?;
+        Err(ApiError::Unimplemented("the waitlist").into())
+    }
+}

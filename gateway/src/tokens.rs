@@ -1,0 +1,271 @@
+//! Signed tokens of the waiting room: HMAC-SHA256 over a small binary payload, verified in
+//! constant time (`hmac`'s `verify_slice`).
+//!
+//! Text form: `base64url(payload) "." base64url(tag)`, no padding. Payload:
+//! `[version u8 = 1][kind u8][expires_at_ms u64][number u64][at_ms u64][event len u16][event]
+//! [user len u16][user]`, integers big-endian. For a queue token `number` is the fan's join
+//! sequence and `at_ms` when they joined; for an admission token `number` is their position and
+//! `at_ms` when they were admitted.
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use hmac::{Hmac, KeyInit, Mac};
+use sha2::{Digest, Sha256};
+
+type HmacSha256 = Hmac<Sha256>;
+
+const TOKEN_VERSION: u8 = 1;
+/// Longest token text accepted (a longer one is refused before any work).
+pub const TOKEN_LEN_MAX: usize = 512;
+
+/// What a token is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenKind {
+    /// A place in the waiting room's line (answers `GetStatus`).
+    Queue = 1,
+    /// Permission to book, for a while (answers `Hold`).
+    Admission = 2,
+}
+
+/// The signed content of a token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Claims {
+    /// Queue or admission.
+    pub kind: TokenKind,
+    /// The event it is bound to.
+    pub event_id: String,
+    /// The user it is bound to.
+    pub user_id: String,
+    /// Join sequence (queue) or position (admission).
+    pub number: u64,
+    /// Join time (queue) or admission time (admission), ms since the Unix epoch.
+    pub at_ms: u64,
+    /// After this instant the token is refused as expired.
+    pub expires_at_ms: u64,
+}
+
+/// Why a token was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenError {
+    /// Malformed, forged, of the wrong kind, or for another event or user.
+    Invalid,
+    /// Well signed but past its expiry.
+    Expired,
+}
+
+/// Signs and verifies tokens with one secret.
+#[derive(Clone)]
+pub struct TokenSigner {
+    mac: HmacSha256,
+}
+
+impl TokenSigner {
+    /// A signer with `secret` (any length; 32 random bytes or more recommended).
+    pub fn new(secret: &[u8]) -> TokenSigner {
+        TokenSigner {
+            mac: <HmacSha256 as KeyInit>::new_from_slice(secret).expect("HMAC takes keys of any length"),
+        }
+    }
+
+    fn tag(&self, payload: &[u8]) -> Vec<u8> {
+        let mut mac = self.mac.clone();
+        mac.update(payload);
+        mac.finalize().into_bytes().to_vec()
+    }
+
+    /// The token text for `claims`.
+    pub fn sign(&self, claims: &Claims) -> String {
+        let mut p = Vec::with_capacity(32 + claims.event_id.len() + claims.user_id.len());
+        p.push(TOKEN_VERSION);
+        p.push(claims.kind as u8);
+        p.extend_from_slice(&claims.expires_at_ms.to_be_bytes());
+        p.extend_from_slice(&claims.number.to_be_bytes());
+        p.extend_from_slice(&claims.at_ms.to_be_bytes());
+        for s in [&claims.event_id, &claims.user_id] {
+            let len = u16::try_from(s.len()).unwrap_or(u16::MAX);
+            p.extend_from_slice(&len.to_be_bytes());
+            p.extend_from_slice(&s.as_bytes()[..usize::from(len)]);
+        }
+        let tag = self.tag(&p);
+        format!("{}.{}", URL_SAFE_NO_PAD.encode(&p), URL_SAFE_NO_PAD.encode(tag))
+    }
+
+    /// Verifies a token's signature and kind; checks it is bound to `event_id` and, when given,
+    /// `user_id`; and that it has not expired at `now_ms`.
+    pub fn verify(
+        &self,
+        token: &str,
+        kind: TokenKind,
+        event_id: Option<&str>,
+        user_id: Option<&str>,
+        now_ms: u64,
+    ) -> Result<Claims, TokenError> {
+        if token.len() > TOKEN_LEN_MAX {
+            return Err(TokenError::Invalid);
+        }
+        let (p64, t64) = token.split_once('.').ok_or(TokenError::Invalid)?;
+        let payload = URL_SAFE_NO_PAD.decode(p64).map_err(|_| TokenError::Invalid)?;
+        let tag = URL_SAFE_NO_PAD.decode(t64).map_err(|_| TokenError::Invalid)?;
+        let mut mac = self.mac.clone();
+        mac.update(&payload);
+        // Constant-time comparison of the tag.
+        mac.verify_slice(&tag).map_err(|_| TokenError::Invalid)?;
+        let claims = parse(&payload).ok_or(TokenError::Invalid)?;
+        if claims.kind != kind
+            || event_id.is_some_and(|e| e != claims.event_id)
+            || user_id.is_some_and(|u| u != claims.user_id)
+        {
+            return Err(TokenError::Invalid);
+        }
+        if now_ms >= claims.expires_at_ms {
+            return Err(TokenError::Expired);
+        }
+        Ok(claims)
+    }
+
+    /// The waiting room's shuffle seed for an event: secret until revealed, stable across
+    /// restarts (derived from the signing secret), 32 bytes.
+    pub fn shuffle_seed(&self, event_id: &str) -> [u8; 32] {
+        let mut mac = self.mac.clone();
+        mac.update(b"boxoffice shuffle seed\0");
+        mac.update(event_id.as_bytes());
+        mac.finalize().into_bytes().into()
+    }
+}
+
+/// Hex SHA-256 of a seed: the commitment published before the sale opens.
+pub fn seed_commitment(seed: &[u8; 32]) -> String {
+    hex::encode(Sha256::digest(seed))
+}
+
+fn parse(p: &[u8]) -> Option<Claims> {
+    let mut r = Reader { p, at: 0 };
+    if r.u8()? != TOKEN_VERSION {
+        return None;
+    }
+    let kind = match r.u8()? {
+        1 => TokenKind::Queue,
+        2 => TokenKind::Admission,
+        _ => return None,
+    };
+    let expires_at_ms = r.u64()?;
+    let number = r.u64()?;
+    let at_ms = r.u64()?;
+    let event_id = r.string()?;
+    let user_id = r.string()?;
+    if r.at != p.len() {
+        return None;
+    }
+    Some(Claims {
+        kind,
+        event_id,
+        user_id,
+        number,
+        at_ms,
+        expires_at_ms,
+    })
+}
+
+struct Reader<'a> {
+    p: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Option<&[u8]> {
+        let s = self.p.get(self.at..self.at.checked_add(n)?)?;
+        self.at += n;
+        Some(s)
+    }
+    fn u8(&mut self) -> Option<u8> {
+        Some(self.take(1)?[0])
+    }
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_be_bytes(self.take(8)?.try_into().ok()?))
+    }
+    fn string(&mut self) -> Option<String> {
+        let len = u16::from_be_bytes(self.take(2)?.try_into().ok()?);
+        String::from_utf8(self.take(usize::from(len))?.to_vec()).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claims() -> Claims {
+        Claims {
+            kind: TokenKind::Admission,
+            event_id: "e9".into(),
+            user_id: "fan|42".into(),
+            number: 7,
+            at_ms: 1_000,
+            expires_at_ms: 5_000,
+        }
+    }
+
+    #[test]
+    fn round_trip_binding_and_expiry() {
+        let s = TokenSigner::new(b"secret");
+        let t = s.sign(&claims());
+        let ok = s.verify(&t, TokenKind::Admission, Some("e9"), Some("fan|42"), 4_999);
+        assert_eq!(ok, Ok(claims()));
+        assert_eq!(
+            s.verify(&t, TokenKind::Admission, Some("e9"), Some("fan|42"), 5_000),
+            Err(TokenError::Expired)
+        );
+        assert_eq!(
+            s.verify(&t, TokenKind::Queue, Some("e9"), None, 0),
+            Err(TokenError::Invalid),
+            "wrong kind"
+        );
+        assert_eq!(
+            s.verify(&t, TokenKind::Admission, Some("e8"), None, 0),
+            Err(TokenError::Invalid),
+            "other event"
+        );
+        assert_eq!(
+            s.verify(&t, TokenKind::Admission, Some("e9"), Some("fan|43"), 0),
+            Err(TokenError::Invalid),
+            "other user"
+        );
+        let other = TokenSigner::new(b"other secret");
+        assert_eq!(
+            other.verify(&t, TokenKind::Admission, None, None, 0),
+            Err(TokenError::Invalid),
+            "other key"
+        );
+    }
+
+    #[test]
+    fn every_flipped_bit_is_refused() {
+        let s = TokenSigner::new(b"secret");
+        let t = s.sign(&claims());
+        let bytes = t.as_bytes();
+        for i in 0..bytes.len() {
+            for bit in 0..8 {
+                let mut b = bytes.to_vec();
+                b[i] ^= 1 << bit;
+                let Ok(text) = String::from_utf8(b) else { continue };
+                if text == t {
+                    continue;
+                }
+                assert!(
+                    s.verify(&text, TokenKind::Admission, None, None, 0).is_err(),
+                    "flip {i}:{bit} accepted"
+                );
+            }
+        }
+        for junk in ["", ".", "abc", "a.b.c", &"x".repeat(600)] {
+            assert_eq!(s.verify(junk, TokenKind::Admission, None, None, 0), Err(TokenError::Invalid));
+        }
+    }
+
+    #[test]
+    fn shuffle_seed_is_stable_and_committed() {
+        let s = TokenSigner::new(b"secret");
+        assert_eq!(s.shuffle_seed("e9"), s.shuffle_seed("e9"));
+        assert_ne!(s.shuffle_seed("e9"), s.shuffle_seed("e8"));
+        assert_eq!(seed_commitment(&s.shuffle_seed("e9")).len(), 64);
+    }
+}
