@@ -50,7 +50,7 @@ pub fn event_spec(req: pb::CreateEventRequest) -> Result<EventSpec, Rejection> {
         });
     }
     Ok(EventSpec {
-        event_id: (!req.event_id.is_empty()).then(|| EventId(req.event_id)),
+        event_id: (!req.event_id.is_empty()).then_some(EventId(req.event_id)),
         name: req.name,
         sections,
         hold_ttl_ms: u64::from(req.hold_ttl_seconds) * 1000,
@@ -83,7 +83,9 @@ pub fn selection(sel: Option<pb::hold_request::Selection>) -> Result<Selection, 
             if s.seat_ids.len() > 100 {
                 return Err(invalid("seats.seat_ids", "at most 100 seats"));
             }
-            Ok(Selection::Seats(s.seat_ids.into_iter().map(SeatId).collect()))
+            Ok(Selection::Seats(
+                s.seat_ids.into_iter().map(SeatId).collect(),
+            ))
         }
         Some(pb::hold_request::Selection::BestAvailable(b)) => {
             if b.quantity == 0 {
@@ -93,7 +95,7 @@ pub fn selection(sel: Option<pb::hold_request::Selection>) -> Result<Selection, 
                 return Err(invalid("best_available.quantity", "at most 100"));
             }
             Ok(Selection::BestAvailable {
-                section: (!b.section_id.is_empty()).then(|| SectionId(b.section_id)),
+                section: (!b.section_id.is_empty()).then_some(SectionId(b.section_id)),
                 quantity: b.quantity,
             })
         }

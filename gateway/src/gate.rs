@@ -43,7 +43,8 @@ pub struct Keys {
 impl Keys {
     /// Adds a key with its scope.
     pub fn add(&mut self, key: &str, scope: Scope) {
-        self.entries.push((Sha256::digest(key.as_bytes()).into(), scope));
+        self.entries
+            .push((Sha256::digest(key.as_bytes()).into(), scope));
     }
 
     /// The scope of a presented key; every configured key is compared, in constant time.
@@ -98,7 +99,10 @@ impl Gate {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .ok_or(ApiError::Unauthenticated)?;
-        let scope = self.keys.scope_of(key.trim()).ok_or(ApiError::Unauthenticated)?;
+        let scope = self
+            .keys
+            .scope_of(key.trim())
+            .ok_or(ApiError::Unauthenticated)?;
         if scope != Scope::Admin && ADMIN_RPCS.contains(&req.uri().path()) {
             return Err(ApiError::PermissionDenied);
         }
@@ -170,7 +174,11 @@ fn method_label(path: &str) -> &'static str {
         "Watch",
     ];
     let name = path.rsplit('/').next().unwrap_or("");
-    KNOWN.iter().find(|k| **k == name).copied().unwrap_or("other")
+    KNOWN
+        .iter()
+        .find(|k| **k == name)
+        .copied()
+        .unwrap_or("other")
 }
 
 fn code_label(res: &http::Response<Body>) -> &'static str {

@@ -129,7 +129,11 @@ impl fmt::Display for LoadReport {
                 100.0 * r.rate() / ceiling
             )?;
         }
-        writeln!(f, "(concurrency {}; ceiling = the health check's rate)", self.concurrency)
+        writeln!(
+            f,
+            "(concurrency {}; ceiling = the health check's rate)",
+            self.concurrency
+        )
     }
 }
 
@@ -138,7 +142,12 @@ fn histogram() -> Histogram<u64> {
 }
 
 /// Runs `concurrency` tasks, each calling `call(i)` for its share of `requests`.
-async fn drive<F, Fut>(name: &'static str, requests: usize, concurrency: usize, call: F) -> RpcFigures
+async fn drive<F, Fut>(
+    name: &'static str,
+    requests: usize,
+    concurrency: usize,
+    call: F,
+) -> RpcFigures
 where
     F: Fn(usize) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = bool> + Send,
@@ -158,7 +167,11 @@ where
                 if !call(i).await {
                     errors += 1;
                 }
-                let _ = h.record(u64::try_from(s.elapsed().as_micros()).unwrap_or(u64::MAX).max(1));
+                let _ = h.record(
+                    u64::try_from(s.elapsed().as_micros())
+                        .unwrap_or(u64::MAX)
+                        .max(1),
+                );
                 calls += 1;
                 i += concurrency;
             }
@@ -265,10 +278,8 @@ pub async fn run(args: LoadgenArgs) -> anyhow::Result<LoadReport> {
 
     // An event for the run: admission is instant, places are plenty.
     let event_id = format!("loadgen-{}", ulid_like());
-    let mut events = pb::event_service_client::EventServiceClient::with_interceptor(
-        channels[0].clone(),
-        admin,
-    );
+    let mut events =
+        pb::event_service_client::EventServiceClient::with_interceptor(channels[0].clone(), admin);
     events
         .create_event(pb::CreateEventRequest {
             event_id: event_id.clone(),
@@ -279,7 +290,9 @@ pub async fn run(args: LoadgenArgs) -> anyhow::Result<LoadReport> {
                     name: format!("S{s}"),
                     price_cents: 100,
                     layout: Some(pb::section_spec::Layout::GeneralAdmissionCapacity(
-                        u32::try_from(args.requests).unwrap_or(u32::MAX).saturating_add(1_000),
+                        u32::try_from(args.requests)
+                            .unwrap_or(u32::MAX)
+                            .saturating_add(1_000),
                     )),
                 })
                 .collect(),
@@ -297,7 +310,9 @@ pub async fn run(args: LoadgenArgs) -> anyhow::Result<LoadReport> {
     );
 
     // 2. Queue polls: one fan per stream, polling its status.
-    let pollers: Vec<String> = (0..args.concurrency).map(|t| format!("poller-{t}")).collect();
+    let pollers: Vec<String> = (0..args.concurrency)
+        .map(|t| format!("poller-{t}"))
+        .collect();
     let mut queue_tokens = Vec::new();
     for u in &pollers {
         let t = wr
@@ -330,7 +345,9 @@ pub async fn run(args: LoadgenArgs) -> anyhow::Result<LoadReport> {
     };
 
     // 3. Durable holds: one place each, spread over 16 sections, 100 per user.
-    let users: Vec<String> = (0..args.requests.div_ceil(100)).map(|u| format!("holder-{u}")).collect();
+    let users: Vec<String> = (0..args.requests.div_ceil(100))
+        .map(|u| format!("holder-{u}"))
+        .collect();
     let tokens = Arc::new(admit(&mut wr, &event_id, &users).await?);
     let users = Arc::new(users);
     let hold = {
@@ -346,10 +363,12 @@ pub async fn run(args: LoadgenArgs) -> anyhow::Result<LoadReport> {
                 user_id: users[i / 100].clone(),
                 admission_token: tokens[i / 100].clone(),
                 idempotency_key: format!("lg-{i}"),
-                selection: Some(pb::hold_request::Selection::BestAvailable(pb::BestAvailable {
-                    section_id: format!("s{}", i % 16),
-                    quantity: 1,
-                })),
+                selection: Some(pb::hold_request::Selection::BestAvailable(
+                    pb::BestAvailable {
+                        section_id: format!("s{}", i % 16),
+                        quantity: 1,
+                    },
+                )),
             };
             async move { c.hold(req).await.is_ok() }
         })

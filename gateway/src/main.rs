@@ -17,7 +17,11 @@ use clap::{Parser, Subcommand};
 use rand::RngCore;
 
 #[derive(Parser, Debug)]
-#[command(name = "boxoffice", version, about = "Flash-sale ticket inventory engine")]
+#[command(
+    name = "boxoffice",
+    version,
+    about = "Flash-sale ticket inventory engine"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -39,18 +43,30 @@ struct ServeArgs {
     #[arg(long, env = "BOXOFFICE_LISTEN", default_value = "127.0.0.1:50051")]
     listen: SocketAddr,
     /// Metrics (Prometheus text, GET /metrics) address to listen on.
-    #[arg(long, env = "BOXOFFICE_METRICS_LISTEN", default_value = "127.0.0.1:9464")]
+    #[arg(
+        long,
+        env = "BOXOFFICE_METRICS_LISTEN",
+        default_value = "127.0.0.1:9464"
+    )]
     metrics_listen: SocketAddr,
     /// Data dir of the write-ahead log (created if missing; replayed on start).
     #[arg(long, env = "BOXOFFICE_DATA_DIR", default_value = "boxoffice-data")]
     data_dir: PathBuf,
     /// API key with admin scope (repeatable; comma-separated in the variable). None given:
     /// one is generated and printed.
-    #[arg(long = "admin-key", env = "BOXOFFICE_ADMIN_KEYS", value_delimiter = ',')]
+    #[arg(
+        long = "admin-key",
+        env = "BOXOFFICE_ADMIN_KEYS",
+        value_delimiter = ','
+    )]
     admin_keys: Vec<String>,
     /// API key with client scope (repeatable; comma-separated in the variable). None given:
     /// one is generated and printed.
-    #[arg(long = "client-key", env = "BOXOFFICE_CLIENT_KEYS", value_delimiter = ',')]
+    #[arg(
+        long = "client-key",
+        env = "BOXOFFICE_CLIENT_KEYS",
+        value_delimiter = ','
+    )]
     client_keys: Vec<String>,
     /// Secret that signs queue and admission tokens (and derives shuffle seeds). None given:
     /// a random one, so tokens do not survive a restart.
@@ -117,7 +133,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let secret = match args.token_secret {
         Some(s) if !s.is_empty() => s.into_bytes(),
         _ => {
-            eprintln!("warning: no --token-secret: using a random one; tokens will not survive a restart");
+            eprintln!(
+                "warning: no --token-secret: using a random one; tokens will not survive a restart"
+            );
             random_text(32).into_bytes()
         }
     };
@@ -138,7 +156,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.grace = Duration::from_secs(args.grace_seconds);
     let data_dir = config.data_dir.clone();
     let mut running = server::start(config).await?;
-    println!("gRPC listening on {} (health and reflection too)", running.addr);
+    println!(
+        "gRPC listening on {} (health and reflection too)",
+        running.addr
+    );
     if let Some(m) = running.metrics_addr {
         println!("metrics on {}", boxoffice_gateway::metrics::describe(m));
     }
@@ -169,7 +190,10 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");

@@ -120,7 +120,11 @@ impl Api {
                 pb::EventState::Scheduled
             } as i32,
             shuffle_seed_hash: seed_commitment(&seed),
-            shuffle_seed: if opened { hex::encode(seed) } else { String::new() },
+            shuffle_seed: if opened {
+                hex::encode(seed)
+            } else {
+                String::new()
+            },
         }
     }
 
@@ -194,7 +198,11 @@ impl pb::event_service_server::EventService for EventSvc {
     async fn create_event(&self, req: Request<pb::CreateEventRequest>) -> Rpc<pb::Event> {
         let api = ready(&self.0)?;
         let spec = convert::event_spec(req.into_inner()).map_err(ApiError::from)?;
-        let e = api.engine.create_event(spec).await.map_err(ApiError::from)?;
+        let e = api
+            .engine
+            .create_event(spec)
+            .await
+            .map_err(ApiError::from)?;
         ok(api.event_proto(e))
     }
 
@@ -205,7 +213,10 @@ impl pb::event_service_server::EventService for EventSvc {
         ok(api.event_proto(e))
     }
 
-    async fn list_events(&self, req: Request<pb::ListEventsRequest>) -> Rpc<pb::ListEventsResponse> {
+    async fn list_events(
+        &self,
+        req: Request<pb::ListEventsRequest>,
+    ) -> Rpc<pb::ListEventsResponse> {
         let api = ready(&self.0)?;
         let req = req.into_inner();
         let size = match req.page_size as usize {
@@ -230,7 +241,10 @@ impl pb::event_service_server::EventService for EventSvc {
             .map(|e| api.event_proto(e))
             .collect();
         let next_page_token = if more {
-            events.last().map(|e| e.event_id.clone()).unwrap_or_default()
+            events
+                .last()
+                .map(|e| e.event_id.clone())
+                .unwrap_or_default()
         } else {
             String::new()
         };
@@ -244,7 +258,7 @@ impl pb::event_service_server::EventService for EventSvc {
         let api = ready(&self.0)?;
         let req = req.into_inner();
         let id = event_id("event_id", req.event_id)?;
-        let section = (!req.section_id.is_empty()).then(|| SectionId(req.section_id));
+        let section = (!req.section_id.is_empty()).then_some(SectionId(req.section_id));
         let map = api
             .engine
             .seat_map(&id, section.as_ref())
@@ -264,13 +278,17 @@ impl pb::waiting_room_service_server::WaitingRoomService for WaitingRoomSvc {
             return Err(ApiError::from(Rejection::invalid("user_id", "at most 64 bytes")).into());
         }
         if req.session_id.len() > 256 {
-            return Err(ApiError::from(Rejection::invalid("session_id", "at most 256 bytes")).into());
+            return Err(
+                ApiError::from(Rejection::invalid("session_id", "at most 256 bytes")).into(),
+            );
         }
         let event = api.engine.event(&id).map_err(ApiError::from)?;
         let room = api.room(&event);
-        let join = room.join(&req.user_id, &req.session_id).map_err(|e| match e {
-            JoinError::QueueFull => ApiError::QueueFull,
-        })?;
+        let join = room
+            .join(&req.user_id, &req.session_id)
+            .map_err(|e| match e {
+                JoinError::QueueFull => ApiError::QueueFull,
+            })?;
         let now = api.clock.now_ms();
         let token = api.signer.sign(&Claims {
             kind: TokenKind::Queue,
@@ -281,9 +299,10 @@ impl pb::waiting_room_service_server::WaitingRoomService for WaitingRoomSvc {
             expires_at_ms: now + QUEUE_TOKEN_TTL_MS,
         });
         let (position, eta_seconds) = match room.standing(join, now) {
-            Standing::BeforeOpening { opens_in_ms } => {
-                (0, u32::try_from(opens_in_ms.div_ceil(1000)).unwrap_or(u32::MAX))
-            }
+            Standing::BeforeOpening { opens_in_ms } => (
+                0,
+                u32::try_from(opens_in_ms.div_ceil(1000)).unwrap_or(u32::MAX),
+            ),
             Standing::Waiting {
                 position,
                 eta_seconds,
@@ -317,7 +336,9 @@ impl pb::waiting_room_service_server::WaitingRoomService for WaitingRoomSvc {
             Some(r) => r,
             // A server restart forgets the line: the token is still genuine, so rebuild the
             // room and let the fan rejoin.
-            None => return Err(ApiError::TokenInvalid("queue_token (rejoin the waiting room)").into()),
+            None => {
+                return Err(ApiError::TokenInvalid("queue_token (rejoin the waiting room)").into());
+            }
         };
         let standing = room.standing(join_number(&q)?, now);
         let status = match standing {
@@ -374,8 +395,7 @@ impl pb::booking_service_server::BookingService for BookingSvc {
         required("user_id", &req.user_id)?;
         let selection = convert::selection(req.selection).map_err(ApiError::from)?;
         let event = api.engine.event(&id).map_err(ApiError::from)?;
-        api
-            .check_admission(&req.admission_token, &event, &req.user_id)?;
+        api.check_admission(&req.admission_token, &event, &req.user_id)?;
         let h = api
             .engine
             .hold(HoldRequest {
@@ -420,8 +440,7 @@ impl pb::booking_service_server::BookingService for BookingSvc {
         let req = req.into_inner();
         required("hold_id", &req.hold_id)?;
         required("user_id", &req.user_id)?;
-        api
-            .engine
+        api.engine
             .release(&HoldId(req.hold_id), &UserId(req.user_id))
             .await
             .map_err(ApiError::from)?;
@@ -455,7 +474,10 @@ impl pb::booking_service_server::BookingService for BookingSvc {
 
 #[tonic::async_trait]
 impl pb::waitlist_service_server::WaitlistService for WaitlistSvc {
-    async fn join_waitlist(&self, _req: Request<pb::JoinWaitlistRequest>) -> Rpc<pb::WaitlistEntry> {
+    async fn join_waitlist(
+        &self,
+        _req: Request<pb::JoinWaitlistRequest>,
+    ) -> Rpc<pb::WaitlistEntry> {
         ready(&self.0)?;
         Err(ApiError::Unimplemented("the waitlist").into())
     }

@@ -146,17 +146,20 @@ impl From<ApiError> for Status {
             ApiError::Unauthenticated => Status::unauthenticated(
                 "missing or unknown API key: send `authorization: Bearer <key>`",
             ),
-            ApiError::PermissionDenied => {
-                Status::permission_denied("this RPC needs an admin key")
+            ApiError::PermissionDenied => Status::permission_denied("this RPC needs an admin key"),
+            ApiError::Unimplemented(what) => {
+                Status::unimplemented(format!("{what} is not available yet"))
             }
-            ApiError::Unimplemented(what) => Status::unimplemented(format!("{what} is not available yet")),
         }
     }
 }
 
 /// The `ErrorInfo.reason` a status carries, if any (for clients and tests).
 pub fn reason_of(status: &Status) -> Option<String> {
-    status.get_error_details().error_info().map(|i| i.reason.clone())
+    status
+        .get_error_details()
+        .error_info()
+        .map(|i| i.reason.clone())
 }
 
 #[cfg(test)]
@@ -167,29 +170,44 @@ mod tests {
     #[test]
     fn every_rejection_has_the_documented_code_and_reason() {
         let cases = [
-            (Rejection::invalid("quantity", "must be 1 to 100"), Code::InvalidArgument),
+            (
+                Rejection::invalid("quantity", "must be 1 to 100"),
+                Code::InvalidArgument,
+            ),
             (Rejection::EventNotFound, Code::NotFound),
             (Rejection::SectionNotFound, Code::NotFound),
-            (Rejection::SeatNotFound(SeatId::from("a:A:1")), Code::NotFound),
+            (
+                Rejection::SeatNotFound(SeatId::from("a:A:1")),
+                Code::NotFound,
+            ),
             (Rejection::HoldNotFound, Code::NotFound),
             (Rejection::OrderNotFound, Code::NotFound),
             (Rejection::EventExists, Code::AlreadyExists),
             (Rejection::SaleNotOpen, Code::FailedPrecondition),
             (Rejection::SoldOut, Code::FailedPrecondition),
-            (Rejection::SeatUnavailable(SeatId::from("a:A:1")), Code::FailedPrecondition),
+            (
+                Rejection::SeatUnavailable(SeatId::from("a:A:1")),
+                Code::FailedPrecondition,
+            ),
             (Rejection::HoldExpired, Code::FailedPrecondition),
             (Rejection::HoldNotActive, Code::FailedPrecondition),
             (Rejection::PaymentDeclined, Code::FailedPrecondition),
             (Rejection::IdempotencyKeyReused, Code::FailedPrecondition),
             (Rejection::IdempotencyKeyInFlight, Code::Aborted),
-            (Rejection::UserLimit { limit: 4, used: 3 }, Code::ResourceExhausted),
+            (
+                Rejection::UserLimit { limit: 4, used: 3 },
+                Code::ResourceExhausted,
+            ),
         ];
         for (r, code) in cases {
             let s: Status = ApiError::from(r.clone()).into();
             assert_eq!(s.code(), code, "{r:?}");
             let details = s.get_error_details();
             let info = details.error_info().expect("ErrorInfo");
-            assert_eq!((info.reason.as_str(), info.domain.as_str()), (r.reason(), DOMAIN));
+            assert_eq!(
+                (info.reason.as_str(), info.domain.as_str()),
+                (r.reason(), DOMAIN)
+            );
         }
         let s: Status = ApiError::from(Rejection::invalid("sections[0].name", "too long")).into();
         let details = s.get_error_details();
@@ -200,11 +218,27 @@ mod tests {
     #[test]
     fn gateway_errors_have_their_reasons() {
         let cases = [
-            (ApiError::TokenInvalid("admission_token"), Code::Unauthenticated, "TOKEN_INVALID"),
-            (ApiError::TokenExpired, Code::Unauthenticated, "TOKEN_EXPIRED"),
-            (ApiError::NotAdmitted, Code::PermissionDenied, "NOT_ADMITTED"),
+            (
+                ApiError::TokenInvalid("admission_token"),
+                Code::Unauthenticated,
+                "TOKEN_INVALID",
+            ),
+            (
+                ApiError::TokenExpired,
+                Code::Unauthenticated,
+                "TOKEN_EXPIRED",
+            ),
+            (
+                ApiError::NotAdmitted,
+                Code::PermissionDenied,
+                "NOT_ADMITTED",
+            ),
             (ApiError::QueueFull, Code::ResourceExhausted, "QUEUE_FULL"),
-            (ApiError::Overloaded("gate"), Code::ResourceExhausted, "OVERLOADED"),
+            (
+                ApiError::Overloaded("gate"),
+                Code::ResourceExhausted,
+                "OVERLOADED",
+            ),
             (ApiError::NotReady, Code::Unavailable, "NOT_READY"),
             (
                 ApiError::Engine(EngineError::Storage(StorageError::Io("disk".into()))),

@@ -63,7 +63,8 @@ impl TokenSigner {
     /// A signer with `secret` (any length; 32 random bytes or more recommended).
     pub fn new(secret: &[u8]) -> TokenSigner {
         TokenSigner {
-            mac: <HmacSha256 as KeyInit>::new_from_slice(secret).expect("HMAC takes keys of any length"),
+            mac: <HmacSha256 as KeyInit>::new_from_slice(secret)
+                .expect("HMAC takes keys of any length"),
         }
     }
 
@@ -87,7 +88,11 @@ impl TokenSigner {
             p.extend_from_slice(&s.as_bytes()[..usize::from(len)]);
         }
         let tag = self.tag(&p);
-        format!("{}.{}", URL_SAFE_NO_PAD.encode(&p), URL_SAFE_NO_PAD.encode(tag))
+        format!(
+            "{}.{}",
+            URL_SAFE_NO_PAD.encode(&p),
+            URL_SAFE_NO_PAD.encode(tag)
+        )
     }
 
     /// Verifies a token's signature and kind; checks it is bound to `event_id` and, when given,
@@ -104,8 +109,12 @@ impl TokenSigner {
             return Err(TokenError::Invalid);
         }
         let (p64, t64) = token.split_once('.').ok_or(TokenError::Invalid)?;
-        let payload = URL_SAFE_NO_PAD.decode(p64).map_err(|_| TokenError::Invalid)?;
-        let tag = URL_SAFE_NO_PAD.decode(t64).map_err(|_| TokenError::Invalid)?;
+        let payload = URL_SAFE_NO_PAD
+            .decode(p64)
+            .map_err(|_| TokenError::Invalid)?;
+        let tag = URL_SAFE_NO_PAD
+            .decode(t64)
+            .map_err(|_| TokenError::Invalid)?;
         let mut mac = self.mac.clone();
         mac.update(&payload);
         // Constant-time comparison of the tag.
@@ -246,18 +255,24 @@ mod tests {
             for bit in 0..8 {
                 let mut b = bytes.to_vec();
                 b[i] ^= 1 << bit;
-                let Ok(text) = String::from_utf8(b) else { continue };
+                let Ok(text) = String::from_utf8(b) else {
+                    continue;
+                };
                 if text == t {
                     continue;
                 }
                 assert!(
-                    s.verify(&text, TokenKind::Admission, None, None, 0).is_err(),
+                    s.verify(&text, TokenKind::Admission, None, None, 0)
+                        .is_err(),
                     "flip {i}:{bit} accepted"
                 );
             }
         }
         for junk in ["", ".", "abc", "a.b.c", &"x".repeat(600)] {
-            assert_eq!(s.verify(junk, TokenKind::Admission, None, None, 0), Err(TokenError::Invalid));
+            assert_eq!(
+                s.verify(junk, TokenKind::Admission, None, None, 0),
+                Err(TokenError::Invalid)
+            );
         }
     }
 

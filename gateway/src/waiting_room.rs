@@ -231,9 +231,7 @@ impl WaitingRoom {
             return None;
         }
         let drawn = self.drawn.get()?;
-        Some(u64::from(
-            drawn.get(join as usize).copied().unwrap_or(join),
-        ))
+        Some(u64::from(drawn.get(join as usize).copied().unwrap_or(join)))
     }
 
     /// Opens the room if `now_ms` has reached the opening: draws the pre-opening fans' order.
@@ -308,7 +306,11 @@ impl WaitingRoom {
         Standing::Waiting {
             position: pos + 1,
             ahead,
-            eta_seconds: if eta > f64::from(u32::MAX) { u32::MAX } else { eta as u32 },
+            eta_seconds: if eta > f64::from(u32::MAX) {
+                u32::MAX
+            } else {
+                eta as u32
+            },
         }
     }
 
@@ -327,13 +329,55 @@ impl WaitingRoom {
     }
 }
 
-/// Runs a room's admission timer until the room is dropped elsewhere (`Arc` count 1) or the
-/// returned task is aborted.
-pub fn spawn_admitter(room: Arc<WaitingRoom>, clock: Arc<dyn boxoffice_engine::Clock>) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
+/// The admission rate limiter: a budget that grows at `admit_rate_per_second` of clock time
+/// and never banks more than one second of admissions while the line is empty, so the rate
+/// stays under its cap.
+pub struct Admitter {
+    budget: f64,
+    last_ms: Option<u64>,
+}
+
+impl Default for Admitter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Admitter {
+    /// A limiter with an empty budget.
+    pub fn new() -> Admitter {
+        Admitter {
+            budget: 0.0,
+            last_ms: None,
+        }
+    }
+
+    /// One step at `now_ms`: admits what the budget allows; returns how many were admitted.
+    pub fn step(&mut self, room: &WaitingRoom, now_ms: u64) -> u64 {
+        let last = self.last_ms.replace(now_ms).unwrap_or(now_ms);
+        if !room.open_if_due(now_ms) {
+            return 0;
+        }
         let rate = f64::from(room.config.admit_rate_per_second);
-        let mut budget = 0f64;
-        let mut last = clock.now_ms();
+        let dt = now_ms.saturating_sub(last) as f64 / 1000.0;
+        self.budget = (self.budget + rate * dt).min(rate.max(1.0));
+        let n = room.admit(self.budget.floor() as u64, now_ms);
+        self.budget -= n as f64;
+        if dt > 0.0 && room.admitted() < u64::from(room.len()) {
+            room.record_rate(n as f64 / dt);
+        }
+        n
+    }
+}
+
+/// Runs a room's admission timer (every [`ADMIT_TICK`]) until the room is dropped elsewhere
+/// (`Arc` count 1) or the returned task is aborted.
+pub fn spawn_admitter(
+    room: Arc<WaitingRoom>,
+    clock: Arc<dyn boxoffice_engine::Clock>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut admitter = Admitter::new();
         let mut tick = tokio::time::interval(ADMIT_TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -341,19 +385,7 @@ pub fn spawn_admitter(room: Arc<WaitingRoom>, clock: Arc<dyn boxoffice_engine::C
             if Arc::strong_count(&room) == 1 {
                 break;
             }
-            let now = clock.now_ms();
-            let dt = now.saturating_sub(last) as f64 / 1000.0;
-            last = now;
-            if !room.open_if_due(now) {
-                continue;
-            }
-            // Never bank more than one second of admissions: the rate stays under its cap.
-            budget = (budget + rate * dt).min(rate.max(1.0));
-            let n = room.admit(budget.floor() as u64, now);
-            budget -= n as f64;
-            if dt > 0.0 && room.admitted() < u64::from(room.len()) {
-                room.record_rate(n as f64 / dt);
-            }
+            let n = admitter.step(&room, clock.now_ms());
             metrics::counter!("boxoffice_waiting_room_admitted_total").increment(n);
         }
     })
@@ -384,7 +416,11 @@ mod tests {
         assert_eq!(r.join("a", "s1"), Ok(0), "refresh keeps the place");
         assert_eq!(r.join("a", "s2"), Ok(2), "another session is another place");
         assert_eq!(r.join("c", "s1"), Err(JoinError::QueueFull));
-        assert_eq!(r.join("b", "s1"), Ok(1), "members can still rejoin when full");
+        assert_eq!(
+            r.join("b", "s1"),
+            Ok(1),
+            "members can still rejoin when full"
+        );
     }
 
     #[test]
@@ -393,20 +429,65 @@ mod tests {
         for u in 0..100 {
             r.join(&format!("u{u}"), "s").unwrap();
         }
-        assert!(matches!(r.standing(5, 500), Standing::BeforeOpening { opens_in_ms: 500 }));
+        assert!(matches!(
+            r.standing(5, 500),
+            Standing::BeforeOpening { opens_in_ms: 500 }
+        ));
         assert_eq!(r.admit(10, 999), 0, "nobody before the opening");
         assert!(r.open_if_due(1_000));
         let late = r.join("late", "s").unwrap();
         let mut positions: Vec<u64> = (0..100).map(|j| r.position_of(j).unwrap()).collect();
-        assert_eq!(r.position_of(late), Some(100), "after opening: first come, first served");
+        assert_eq!(
+            r.position_of(late),
+            Some(100),
+            "after opening: first come, first served"
+        );
         assert_ne!(positions, (0..100).collect::<Vec<_>>(), "shuffled");
         positions.sort_unstable();
         assert_eq!(positions, (0..100).collect::<Vec<_>>(), "a permutation");
         assert_eq!(
             shuffle_positions(&[7; 32], 100),
-            (0..100).map(|j| r.position_of(j).unwrap() as u32).collect::<Vec<_>>(),
+            (0..100)
+                .map(|j| r.position_of(j).unwrap() as u32)
+                .collect::<Vec<_>>(),
             "reproducible from the seed"
         );
+    }
+
+    #[test]
+    fn admission_runs_at_the_rate_and_never_banks_more_than_a_second() {
+        let r = room(1_000, 500, 100_000);
+        for u in 0..10_000 {
+            r.join(&format!("u{u}"), "s").unwrap();
+        }
+        let mut a = Admitter::new();
+        // Four seconds of 20 ms ticks from the opening: 500/s gives 2,000 (within 10%).
+        let mut now = 1_000;
+        a.step(&r, now);
+        for _ in 0..200 {
+            now += 20;
+            a.step(&r, now);
+        }
+        let admitted = r.admitted();
+        assert!(
+            (1_800..=2_200).contains(&admitted),
+            "admitted {admitted} in 4 s at 500/s"
+        );
+        // Late ticks (a stalled timer) do not burst past one second's worth.
+        now += 30_000;
+        let burst = a.step(&r, now);
+        assert!(burst <= 500, "burst {burst}");
+        // An empty line does not bank budget: after 10 idle seconds, a new crowd is admitted at
+        // the rate again.
+        let r = room(0, 100, 100_000);
+        let mut a = Admitter::new();
+        a.step(&r, 0);
+        a.step(&r, 10_000);
+        for u in 0..1_000 {
+            r.join(&format!("v{u}"), "s").unwrap();
+        }
+        let first = a.step(&r, 10_020);
+        assert!(first <= 100, "at most one second of budget: {first}");
     }
 
     #[test]
@@ -428,7 +509,11 @@ mod tests {
         );
         assert_eq!(r.standing(first, 15_000), Standing::Expired { position: 1 });
         match r.standing(fourth, 6_000) {
-            Standing::Waiting { position: 4, ahead: 0, eta_seconds } => assert!(eta_seconds >= 1),
+            Standing::Waiting {
+                position: 4,
+                ahead: 0,
+                eta_seconds,
+            } => assert!(eta_seconds >= 1),
             s => panic!("{s:?}"),
         }
     }

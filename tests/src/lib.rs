@@ -81,3 +81,87 @@ pub fn event(id: &str, sections: Vec<SectionSpec>, ttl_ms: u64, per_user_limit: 
         sale_opens_at_ms: 0,
     }
 }
+
+/// A real gRPC server on `127.0.0.1:0` for the integration tests, with a manual clock.
+pub mod server {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use boxoffice_engine::ManualClock;
+    use boxoffice_gateway::loadgen::{Authed, Bearer};
+    use boxoffice_gateway::server::{self, Running, ServerConfig};
+    use boxoffice_proto::v1 as pb;
+    use tonic::transport::Channel;
+
+    /// The admin key of test servers.
+    pub const ADMIN: &str = "test-admin-key";
+    /// The client key of test servers.
+    pub const CLIENT: &str = "test-client-key";
+    /// The token secret of test servers.
+    pub const SECRET: &[u8] = b"test-token-secret";
+
+    /// A config for a test server on `dir`.
+    pub fn config(dir: &std::path::Path, clock: &Arc<ManualClock>) -> ServerConfig {
+        let mut c = ServerConfig::new(ADMIN, CLIENT, SECRET);
+        c.listen = "127.0.0.1:0".parse().expect("loopback");
+        c.metrics_listen = Some("127.0.0.1:0".parse().expect("loopback"));
+        c.data_dir = dir.to_path_buf();
+        c.clock = clock.clone();
+        c.grace = Duration::from_secs(5);
+        c
+    }
+
+    /// Starts a server and waits for recovery.
+    pub async fn start(config: ServerConfig) -> Running {
+        let mut r = server::start(config).await.expect("server starts");
+        r.wait_ready().await.expect("server recovers");
+        r
+    }
+
+    /// A channel to a running server.
+    pub async fn channel(r: &Running) -> Channel {
+        boxoffice_gateway::loadgen::connect(&format!("http://{}", r.addr))
+            .await
+            .expect("connects")
+    }
+
+    /// Clients of every service with one key.
+    pub struct Clients {
+        /// EventService.
+        pub events: pb::event_service_client::EventServiceClient<Authed>,
+        /// WaitingRoomService.
+        pub room: pb::waiting_room_service_client::WaitingRoomServiceClient<Authed>,
+        /// BookingService.
+        pub booking: pb::booking_service_client::BookingServiceClient<Authed>,
+        /// WaitlistService.
+        pub waitlist: pb::waitlist_service_client::WaitlistServiceClient<Authed>,
+    }
+
+    /// Clients with `key` over `ch`.
+    pub fn clients(ch: &Channel, key: &str) -> Clients {
+        let b = Bearer::new(key).expect("ascii key");
+        Clients {
+            events: pb::event_service_client::EventServiceClient::with_interceptor(
+                ch.clone(),
+                b.clone(),
+            ),
+            room: pb::waiting_room_service_client::WaitingRoomServiceClient::with_interceptor(
+                ch.clone(),
+                b.clone(),
+            ),
+            booking: pb::booking_service_client::BookingServiceClient::with_interceptor(
+                ch.clone(),
+                b.clone(),
+            ),
+            waitlist: pb::waitlist_service_client::WaitlistServiceClient::with_interceptor(
+                ch.clone(),
+                b,
+            ),
+        }
+    }
+
+    /// The `ErrorInfo.reason` of a status.
+    pub fn reason(s: &tonic::Status) -> String {
+        boxoffice_gateway::status::reason_of(s).unwrap_or_else(|| format!("<no reason: {s:?}>"))
+    }
+}

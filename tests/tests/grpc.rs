@@ -1,0 +1,1098 @@
+//! The gRPC contract end to end: a real server on 127.0.0.1:0, real tonic clients. Every RPC,
+//! its successes and its documented errors (code and `ErrorInfo` reason), auth, tokens, the
+//! waiting room, health during recovery, restart, overload, and the metrics endpoint.
+
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use boxoffice_engine::{Clock, ManualClock};
+use boxoffice_proto::v1 as pb;
+use boxoffice_tests::T0_MS;
+use boxoffice_tests::server::{ADMIN, CLIENT, Clients, channel, clients, config, reason, start};
+use sha2::Digest;
+use tonic::Code;
+
+fn ga(id: &str, capacity: u32, price: u64) -> pb::SectionSpec {
+    pb::SectionSpec {
+        section_id: id.into(),
+        name: id.to_uppercase(),
+        price_cents: price,
+        layout: Some(pb::section_spec::Layout::GeneralAdmissionCapacity(capacity)),
+    }
+}
+
+fn reserved(id: &str, rows: &[(&str, u32)], price: u64) -> pb::SectionSpec {
+    pb::SectionSpec {
+        section_id: id.into(),
+        name: id.to_uppercase(),
+        price_cents: price,
+        layout: Some(pb::section_spec::Layout::Reserved(pb::ReservedLayout {
+            rows: rows
+                .iter()
+                .map(|(l, n)| pb::RowSpec {
+                    label: (*l).into(),
+                    seat_count: *n,
+                })
+                .collect(),
+        })),
+    }
+}
+
+fn event(id: &str, sections: Vec<pb::SectionSpec>) -> pb::CreateEventRequest {
+    pb::CreateEventRequest {
+        event_id: id.into(),
+        name: format!("Event {id}"),
+        sections,
+        hold_ttl_seconds: 60,
+        per_user_limit: 4,
+        admit_rate_per_second: 1_000,
+        admission_window_seconds: 120,
+        sale_opens_at_unix_ms: 0,
+    }
+}
+
+fn expect_err<T: std::fmt::Debug>(
+    r: Result<tonic::Response<T>, tonic::Status>,
+    code: Code,
+    why: &str,
+) {
+    match r {
+        Ok(v) => panic!("expected {code:?}/{why}, got {v:?}"),
+        Err(s) => {
+            assert_eq!(s.code(), code, "{s:?}");
+            assert_eq!(reason(&s), why, "{s:?}");
+            let details = tonic_types::StatusExt::get_error_details(&s);
+            assert_eq!(details.error_info().unwrap().domain, "boxoffice");
+        }
+    }
+}
+
+/// Joins and polls (advancing the manual clock so the admission timer has budget) until
+/// admitted; returns the admission token.
+async fn admitted(c: &mut Clients, clock: &ManualClock, event: &str, user: &str) -> String {
+    let t = c
+        .room
+        .join(pb::JoinRequest {
+            event_id: event.into(),
+            user_id: user.into(),
+            session_id: "s".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = c
+            .room
+            .get_status(pb::GetStatusRequest {
+                queue_token: t.queue_token.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        if s.state == pb::QueueState::Admitted as i32 {
+            assert!(s.admission_expires_at_unix_ms > 0);
+            return s.admission_token;
+        }
+        assert!(Instant::now() < deadline, "not admitted: {s:?}");
+        clock.advance_ms(20);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn best(event: &str, user: &str, token: &str, section: &str, q: u32, key: &str) -> pb::HoldRequest {
+    pb::HoldRequest {
+        event_id: event.into(),
+        user_id: user.into(),
+        admission_token: token.into(),
+        idempotency_key: key.into(),
+        selection: Some(pb::hold_request::Selection::BestAvailable(
+            pb::BestAvailable {
+                section_id: section.into(),
+                quantity: q,
+            },
+        )),
+    }
+}
+
+fn seats(event: &str, user: &str, token: &str, ids: &[&str]) -> pb::HoldRequest {
+    pb::HoldRequest {
+        event_id: event.into(),
+        user_id: user.into(),
+        admission_token: token.into(),
+        idempotency_key: String::new(),
+        selection: Some(pb::hold_request::Selection::Seats(pb::SeatSelection {
+            seat_ids: ids.iter().map(|s| (*s).to_owned()).collect(),
+        })),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_scopes_and_health_without_a_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let server = start(config(dir.path(), &clock)).await;
+    let ch = channel(&server).await;
+    // No key.
+    let mut bare = pb::event_service_client::EventServiceClient::new(ch.clone());
+    let s = bare
+        .get_event(pb::GetEventRequest {
+            event_id: "x".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(s.code(), Code::Unauthenticated);
+    // Unknown key.
+    let mut wrong = clients(&ch, "not-a-key");
+    let s = wrong
+        .events
+        .list_events(pb::ListEventsRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(s.code(), Code::Unauthenticated);
+    // A client key on an admin RPC.
+    let mut c = clients(&ch, CLIENT);
+    let s = c
+        .events
+        .create_event(event("a", vec![ga("g", 1, 1)]))
+        .await
+        .unwrap_err();
+    assert_eq!(s.code(), Code::PermissionDenied);
+    // Client keys read; admin keys write.
+    let mut a = clients(&ch, ADMIN);
+    a.events
+        .create_event(event("a", vec![ga("g", 1, 1)]))
+        .await
+        .unwrap();
+    c.events
+        .get_event(pb::GetEventRequest {
+            event_id: "a".into(),
+        })
+        .await
+        .unwrap();
+    // Health needs no key.
+    let mut h = tonic_health::pb::health_client::HealthClient::new(ch.clone());
+    let r = h
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        r.status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_service_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let server = start(config(dir.path(), &clock)).await;
+    let ch = channel(&server).await;
+    let mut a = clients(&ch, ADMIN);
+    let e = a
+        .events
+        .create_event(event(
+            "show",
+            vec![
+                reserved("orch", &[("A", 4), ("B", 4)], 9_000),
+                ga("floor", 10, 5_000),
+            ],
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(e.event_id, "show");
+    assert_eq!(e.sections.len(), 2);
+    assert_eq!(e.sections[0].kind, pb::SectionKind::Reserved as i32);
+    assert_eq!((e.sections[0].capacity, e.sections[0].available), (8, 8));
+    assert_eq!(e.sections[1].kind, pb::SectionKind::GeneralAdmission as i32);
+    assert_eq!(e.state, pb::EventState::OnSale as i32);
+    // Defaults for zero values; a generated id when none is given.
+    let mut req = event("", vec![ga("g", 5, 1)]);
+    req.hold_ttl_seconds = 0;
+    req.per_user_limit = 0;
+    req.admit_rate_per_second = 0;
+    req.admission_window_seconds = 0;
+    let generated = a.events.create_event(req).await.unwrap().into_inner();
+    assert!(!generated.event_id.is_empty());
+    assert_eq!(
+        (
+            generated.hold_ttl_seconds,
+            generated.per_user_limit,
+            generated.admit_rate_per_second,
+            generated.admission_window_seconds
+        ),
+        (600, 4, 500, 120)
+    );
+    // Errors.
+    expect_err(
+        a.events
+            .create_event(event("show", vec![ga("g", 1, 1)]))
+            .await,
+        Code::AlreadyExists,
+        "EVENT_EXISTS",
+    );
+    let mut bad = event("bad", vec![ga("g", 1, 1)]);
+    bad.sections[0].layout = None;
+    let s = a.events.create_event(bad).await.unwrap_err();
+    assert_eq!(
+        (s.code(), reason(&s)),
+        (Code::InvalidArgument, "INVALID_REQUEST".into())
+    );
+    let details = tonic_types::StatusExt::get_error_details(&s);
+    assert_eq!(
+        details.bad_request().unwrap().field_violations[0].field,
+        "sections[0].layout"
+    );
+    let mut bad = event("bad id!", vec![ga("g", 1, 1)]);
+    bad.event_id = "bad id!".into();
+    expect_err(
+        a.events.create_event(bad).await,
+        Code::InvalidArgument,
+        "INVALID_REQUEST",
+    );
+    expect_err(
+        a.events.create_event(event("empty", vec![])).await,
+        Code::InvalidArgument,
+        "INVALID_REQUEST",
+    );
+    expect_err(
+        a.events
+            .get_event(pb::GetEventRequest {
+                event_id: "nope".into(),
+            })
+            .await,
+        Code::NotFound,
+        "EVENT_NOT_FOUND",
+    );
+    expect_err(
+        a.events
+            .get_event(pb::GetEventRequest {
+                event_id: String::new(),
+            })
+            .await,
+        Code::InvalidArgument,
+        "INVALID_REQUEST",
+    );
+    // Listing pages through everything exactly once.
+    for i in 0..5 {
+        a.events
+            .create_event(event(&format!("p{i}"), vec![ga("g", 1, 1)]))
+            .await
+            .unwrap();
+    }
+    let mut seen = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = a
+            .events
+            .list_events(pb::ListEventsRequest {
+                page_size: 3,
+                page_token: token.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(page.events.len() <= 3);
+        seen.extend(page.events.into_iter().map(|e| e.event_id));
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    assert_eq!(seen.len(), 7);
+    let mut sorted = seen.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), 7, "no event twice");
+    // Seat map: all sections, one section, unknown section.
+    let map = a
+        .events
+        .get_seat_map(pb::GetSeatMapRequest {
+            event_id: "show".into(),
+            section_id: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(map.sections.len(), 2);
+    assert_eq!(map.sections[0].seats.len(), 8);
+    assert_eq!(map.sections[0].seats[0].seat_id, "orch:A:1");
+    assert_eq!(
+        (
+            map.sections[0].seats[5].row.as_str(),
+            map.sections[0].seats[5].number
+        ),
+        ("B", 2)
+    );
+    assert!(
+        map.sections[1].seats.is_empty(),
+        "general admission has no seats"
+    );
+    assert!(map.as_of_unix_ms > 0);
+    let one = a
+        .events
+        .get_seat_map(pb::GetSeatMapRequest {
+            event_id: "show".into(),
+            section_id: "floor".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(one.sections.len(), 1);
+    expect_err(
+        a.events
+            .get_seat_map(pb::GetSeatMapRequest {
+                event_id: "show".into(),
+                section_id: "x".into(),
+            })
+            .await,
+        Code::NotFound,
+        "SECTION_NOT_FOUND",
+    );
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn booking_end_to_end_with_every_documented_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let server = start(config(dir.path(), &clock)).await;
+    let ch = channel(&server).await;
+    let mut a = clients(&ch, ADMIN);
+    let mut c = clients(&ch, CLIENT);
+    a.events
+        .create_event(event(
+            "b",
+            vec![
+                reserved("orch", &[("A", 4)], 9_000),
+                ga("floor", 3, 5_000),
+                ga("pit", 10, 1_000),
+            ],
+        ))
+        .await
+        .unwrap();
+    let ann = admitted(&mut c, &clock, "b", "ann").await;
+    let bob = admitted(&mut c, &clock, "b", "bob").await;
+
+    // Tokens: missing, forged, flipped, another user's, another event's.
+    expect_err(
+        c.booking.hold(best("b", "ann", "", "floor", 1, "")).await,
+        Code::InvalidArgument,
+        "INVALID_REQUEST",
+    );
+    expect_err(
+        c.booking
+            .hold(best("b", "ann", "forged.token", "floor", 1, ""))
+            .await,
+        Code::Unauthenticated,
+        "TOKEN_INVALID",
+    );
+    let mut flipped = ann.clone().into_bytes();
+    let mid = flipped.len() / 3;
+    flipped[mid] = if flipped[mid] == b'A' { b'B' } else { b'A' };
+    let flipped = String::from_utf8(flipped).unwrap();
+    expect_err(
+        c.booking
+            .hold(best("b", "ann", &flipped, "floor", 1, ""))
+            .await,
+        Code::Unauthenticated,
+        "TOKEN_INVALID",
+    );
+    expect_err(
+        c.booking.hold(best("b", "ann", &bob, "floor", 1, "")).await,
+        Code::Unauthenticated,
+        "TOKEN_INVALID",
+    );
+
+    // Holds: exact seats, a seat someone else holds, best available, sold out.
+    let h1 = c
+        .booking
+        .hold(seats("b", "ann", &ann, &["orch:A:2", "orch:A:3"]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(h1.seat_ids, ["orch:A:2", "orch:A:3"]);
+    assert_eq!((h1.section_id.as_str(), h1.quantity), ("orch", 2));
+    assert_eq!(h1.status, pb::HoldStatus::Held as i32);
+    assert_eq!(
+        h1.expires_at_unix_ms,
+        i64::try_from(clock.now_ms()).unwrap() + 60_000
+    );
+    expect_err(
+        c.booking.hold(seats("b", "bob", &bob, &["orch:A:3"])).await,
+        Code::FailedPrecondition,
+        "SEAT_UNAVAILABLE",
+    );
+    expect_err(
+        c.booking.hold(seats("b", "bob", &bob, &["orch:Z:1"])).await,
+        Code::NotFound,
+        "SEAT_NOT_FOUND",
+    );
+    expect_err(
+        c.booking.hold(best("b", "bob", &bob, "nope", 1, "")).await,
+        Code::NotFound,
+        "SECTION_NOT_FOUND",
+    );
+    expect_err(
+        c.booking.hold(best("b", "bob", &bob, "floor", 0, "")).await,
+        Code::InvalidArgument,
+        "INVALID_REQUEST",
+    );
+    let gah = c
+        .booking
+        .hold(best("b", "bob", &bob, "floor", 3, "k1"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(gah.seat_ids.is_empty());
+    assert_eq!(gah.quantity, 3);
+    let carl = admitted(&mut c, &clock, "b", "carl").await;
+    expect_err(
+        c.booking
+            .hold(best("b", "carl", &carl, "floor", 1, ""))
+            .await,
+        Code::FailedPrecondition,
+        "SOLD_OUT",
+    );
+    // The per-user limit across sections (4): ann has 2 in orch; 3 more in pit is too many.
+    let s = c
+        .booking
+        .hold(best("b", "ann", &ann, "pit", 3, ""))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (s.code(), reason(&s)),
+        (Code::ResourceExhausted, "USER_LIMIT".into())
+    );
+    c.booking
+        .hold(best("b", "ann", &ann, "pit", 2, ""))
+        .await
+        .unwrap();
+    // Idempotent replay returns the first answer; the key with another request is refused.
+    let replay = c
+        .booking
+        .hold(best("b", "bob", &bob, "floor", 3, "k1"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(replay, gah);
+    expect_err(
+        c.booking.hold(best("b", "bob", &bob, "pit", 1, "k1")).await,
+        Code::FailedPrecondition,
+        "IDEMPOTENCY_KEY_REUSED",
+    );
+
+    // Confirm: an order with tickets and the amount; a bad payment token; someone else's hold.
+    let confirm = |hold: &str, user: &str, token: &str, key: &str| pb::ConfirmRequest {
+        hold_id: hold.into(),
+        user_id: user.into(),
+        payment_token: token.into(),
+        idempotency_key: key.into(),
+    };
+    expect_err(
+        c.booking
+            .confirm(confirm(&h1.hold_id, "ann", "visa", ""))
+            .await,
+        Code::InvalidArgument,
+        "INVALID_REQUEST",
+    );
+    expect_err(
+        c.booking
+            .confirm(confirm(&h1.hold_id, "bob", "tok_x", ""))
+            .await,
+        Code::NotFound,
+        "HOLD_NOT_FOUND",
+    );
+    let order = c
+        .booking
+        .confirm(confirm(&h1.hold_id, "ann", "tok_visa", "pay1"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(order.amount_cents, 18_000);
+    assert_eq!(order.tickets.len(), 2);
+    assert_eq!(order.tickets[0].seat_id, "orch:A:2");
+    assert_eq!(order.payment_id, "tok_visa");
+    assert_eq!(order.status, pb::OrderStatus::Confirmed as i32);
+    let again = c
+        .booking
+        .confirm(confirm(&h1.hold_id, "ann", "tok_visa", "pay1"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again, order, "replay");
+    expect_err(
+        c.booking
+            .confirm(confirm(&h1.hold_id, "ann", "tok_visa", ""))
+            .await,
+        Code::FailedPrecondition,
+        "HOLD_NOT_ACTIVE",
+    );
+    let got = c
+        .booking
+        .get_order(pb::GetOrderRequest {
+            order_id: order.order_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got, order);
+    expect_err(
+        c.booking
+            .get_order(pb::GetOrderRequest {
+                order_id: "b.orch.o123".into(),
+            })
+            .await,
+        Code::NotFound,
+        "ORDER_NOT_FOUND",
+    );
+    let held = c
+        .booking
+        .get_hold(pb::GetHoldRequest {
+            hold_id: h1.hold_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(held.status, pb::HoldStatus::Confirmed as i32);
+    expect_err(
+        c.booking
+            .get_hold(pb::GetHoldRequest {
+                hold_id: "junk".into(),
+            })
+            .await,
+        Code::NotFound,
+        "HOLD_NOT_FOUND",
+    );
+
+    // Release: places come back; a released hold is not active.
+    c.booking
+        .release(pb::ReleaseRequest {
+            hold_id: gah.hold_id.clone(),
+            user_id: "bob".into(),
+        })
+        .await
+        .unwrap();
+    expect_err(
+        c.booking
+            .release(pb::ReleaseRequest {
+                hold_id: gah.hold_id.clone(),
+                user_id: "bob".into(),
+            })
+            .await,
+        Code::FailedPrecondition,
+        "HOLD_NOT_ACTIVE",
+    );
+    let map = c
+        .events
+        .get_seat_map(pb::GetSeatMapRequest {
+            event_id: "b".into(),
+            section_id: "floor".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(map.sections[0].available, 3);
+
+    // Expiry: a hold past its TTL cannot be confirmed.
+    let h2 = c
+        .booking
+        .hold(best("b", "carl", &carl, "floor", 1, ""))
+        .await
+        .unwrap()
+        .into_inner();
+    clock.advance_ms(60_000);
+    expect_err(
+        c.booking
+            .confirm(confirm(&h2.hold_id, "carl", "tok_visa", ""))
+            .await,
+        Code::FailedPrecondition,
+        "HOLD_EXPIRED",
+    );
+    // The admission window (120 s from admission) closes too.
+    clock.advance_ms(120_000);
+    expect_err(
+        c.booking
+            .hold(best("b", "carl", &carl, "floor", 1, ""))
+            .await,
+        Code::Unauthenticated,
+        "TOKEN_EXPIRED",
+    );
+    // The waitlist is not built yet.
+    let s = c
+        .waitlist
+        .join_waitlist(pb::JoinWaitlistRequest {
+            event_id: "b".into(),
+            user_id: "x".into(),
+            section_id: String::new(),
+            quantity: 1,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(s.code(), Code::Unimplemented);
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_room_shuffles_before_opening_and_admits_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let server = start(config(dir.path(), &clock)).await;
+    let ch = channel(&server).await;
+    let mut a = clients(&ch, ADMIN);
+    let mut c = clients(&ch, CLIENT);
+    let mut req = event("w", vec![ga("g", 100, 1)]);
+    req.sale_opens_at_unix_ms = i64::try_from(T0_MS + 10_000).unwrap();
+    req.admit_rate_per_second = 5;
+    a.events.create_event(req).await.unwrap();
+    let before = a
+        .events
+        .get_event(pb::GetEventRequest {
+            event_id: "w".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(before.state, pb::EventState::Scheduled as i32);
+    assert!(
+        before.shuffle_seed.is_empty(),
+        "the seed is secret before opening"
+    );
+    assert_eq!(before.shuffle_seed_hash.len(), 64);
+    // Fifty fans join before the opening; one refreshes.
+    let mut tokens = Vec::new();
+    for u in 0..50 {
+        let t = c
+            .room
+            .join(pb::JoinRequest {
+                event_id: "w".into(),
+                user_id: format!("u{u}"),
+                session_id: "s".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(t.position, 0, "no position before the draw");
+        tokens.push(t.queue_token);
+    }
+    let again = c
+        .room
+        .join(pb::JoinRequest {
+            event_id: "w".into(),
+            user_id: "u7".into(),
+            session_id: "s".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let s1 = c
+        .room
+        .get_status(pb::GetStatusRequest {
+            queue_token: again.queue_token,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(s1.state, pb::QueueState::Waiting as i32);
+    // A queue token is not an admission.
+    expect_err(
+        c.booking
+            .hold(best("w", "u0", &tokens[0], "g", 1, ""))
+            .await,
+        Code::PermissionDenied,
+        "NOT_ADMITTED",
+    );
+    // Open: the seed is revealed and matches its commitment; positions are a permutation
+    // reproducible from it.
+    clock.advance_ms(10_000);
+    let after = a
+        .events
+        .get_event(pb::GetEventRequest {
+            event_id: "w".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(after.state, pb::EventState::OnSale as i32);
+    let seed: [u8; 32] = hex::decode(&after.shuffle_seed)
+        .unwrap()
+        .try_into()
+        .unwrap();
+    assert_eq!(
+        hex::encode(sha2::Sha256::digest(seed)),
+        before.shuffle_seed_hash
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut positions = Vec::new();
+    for t in &tokens {
+        loop {
+            let s = c
+                .room
+                .get_status(pb::GetStatusRequest {
+                    queue_token: t.clone(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            if s.position > 0 {
+                positions.push(s.position);
+                break;
+            }
+            assert!(Instant::now() < deadline, "never drawn");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    let expected = boxoffice_gateway::waiting_room::shuffle_positions(&seed, 50);
+    let expected: Vec<u64> = expected.iter().map(|p| u64::from(*p) + 1).collect();
+    assert_eq!(positions, expected, "reproducible from the revealed seed");
+    let mut sorted = positions.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (1..=50).collect::<Vec<u64>>(), "a permutation");
+    assert_ne!(
+        positions,
+        (1..=50).collect::<Vec<u64>>(),
+        "not the arrival order"
+    );
+    // After the opening: first come, first served.
+    let late = c
+        .room
+        .join(pb::JoinRequest {
+            event_id: "w".into(),
+            user_id: "late".into(),
+            session_id: "s".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(late.position, 51);
+    assert!(late.eta_seconds >= 1);
+    // Admission in position order at 5/s: after 1 s of clock, positions 1..=5 and no others.
+    clock.advance_ms(1_000);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let first = tokens[positions.iter().position(|p| *p == 5).unwrap()].clone();
+        let s = c
+            .room
+            .get_status(pb::GetStatusRequest { queue_token: first })
+            .await
+            .unwrap()
+            .into_inner();
+        if s.state == pb::QueueState::Admitted as i32 {
+            // Position 6 is not admitted: the rate holds.
+            let sixth = tokens[positions.iter().position(|p| *p == 6).unwrap()].clone();
+            let s6 = c
+                .room
+                .get_status(pb::GetStatusRequest {
+                    queue_token: sixth.clone(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(s6.state, pb::QueueState::Waiting as i32);
+            assert_eq!(s6.ahead, 0);
+            // Admitted with its queue token or its admission token, the fan can hold.
+            let u = format!("u{}", positions.iter().position(|p| *p == 5).unwrap());
+            c.booking
+                .hold(best("w", &u, &s.admission_token, "g", 1, ""))
+                .await
+                .unwrap();
+            break;
+        }
+        assert!(Instant::now() < deadline, "not admitted");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Bad queue tokens.
+    expect_err(
+        c.room
+            .get_status(pb::GetStatusRequest {
+                queue_token: "x.y".into(),
+            })
+            .await,
+        Code::Unauthenticated,
+        "TOKEN_INVALID",
+    );
+    expect_err(
+        c.room
+            .join(pb::JoinRequest {
+                event_id: "nope".into(),
+                user_id: "u".into(),
+                session_id: String::new(),
+            })
+            .await,
+        Code::NotFound,
+        "EVENT_NOT_FOUND",
+    );
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_has_a_maximum() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let mut cfg = config(dir.path(), &clock);
+    cfg.queue_max = 3;
+    let server = start(cfg).await;
+    let ch = channel(&server).await;
+    let mut a = clients(&ch, ADMIN);
+    a.events
+        .create_event(event("q", vec![ga("g", 10, 1)]))
+        .await
+        .unwrap();
+    for u in 0..3 {
+        a.room
+            .join(pb::JoinRequest {
+                event_id: "q".into(),
+                user_id: format!("u{u}"),
+                session_id: String::new(),
+            })
+            .await
+            .unwrap();
+    }
+    expect_err(
+        a.room
+            .join(pb::JoinRequest {
+                event_id: "q".into(),
+                user_id: "u9".into(),
+                session_id: String::new(),
+            })
+            .await,
+        Code::ResourceExhausted,
+        "QUEUE_FULL",
+    );
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_is_not_serving_until_recovery_and_restart_keeps_holds_and_orders() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let server = start(config(dir.path(), &clock)).await;
+    let ch = channel(&server).await;
+    let mut a = clients(&ch, ADMIN);
+    a.events
+        .create_event(event("r", vec![ga("g", 10, 100)]))
+        .await
+        .unwrap();
+    let tok = admitted(&mut a, &clock, "r", "ann").await;
+    let hold = a
+        .booking
+        .hold(best("r", "ann", &tok, "g", 2, ""))
+        .await
+        .unwrap()
+        .into_inner();
+    let other = a
+        .booking
+        .hold(best("r", "ann", &tok, "g", 1, ""))
+        .await
+        .unwrap()
+        .into_inner();
+    let order = a
+        .booking
+        .confirm(pb::ConfirmRequest {
+            hold_id: other.hold_id.clone(),
+            user_id: "ann".into(),
+            payment_token: "tok_a".into(),
+            idempotency_key: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    server.shutdown().await.unwrap();
+
+    // Restart on the same data dir, with recovery held back until we have looked.
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let mut cfg = config(dir.path(), &clock);
+    cfg.recovery_gate = Some(gate.clone());
+    let mut server = boxoffice_gateway::server::start(cfg).await.unwrap();
+    let ch = channel(&server).await;
+    let mut h = tonic_health::pb::health_client::HealthClient::new(ch.clone());
+    let not_serving = tonic_health::pb::health_check_response::ServingStatus::NotServing as i32;
+    let r = h
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.status, not_serving);
+    let mut a = clients(&ch, ADMIN);
+    expect_err(
+        a.booking
+            .get_hold(pb::GetHoldRequest {
+                hold_id: hold.hold_id.clone(),
+            })
+            .await,
+        Code::Unavailable,
+        "NOT_READY",
+    );
+    gate.notify_one();
+    server.wait_ready().await.unwrap();
+    let r = h
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "boxoffice.v1.BookingService".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        r.status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+    let back = a
+        .booking
+        .get_hold(pb::GetHoldRequest {
+            hold_id: hold.hold_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(back, hold, "the hold survived, same deadline");
+    let back = a
+        .booking
+        .get_order(pb::GetOrderRequest {
+            order_id: order.order_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(back, order);
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_is_shed_at_once_not_queued() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let mut cfg = config(dir.path(), &clock);
+    cfg.in_flight_max = 2;
+    let server = start(cfg).await;
+    let ch = channel(&server).await;
+    let mut a = clients(&ch, ADMIN);
+    a.events
+        .create_event(event("o", vec![ga("g", 100_000, 1)]))
+        .await
+        .unwrap();
+    let mut tasks = Vec::new();
+    for t in 0..8 {
+        let ch = ch.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut c = clients(&ch, CLIENT);
+            let (mut ok, mut shed) = (0, 0);
+            for i in 0..40 {
+                let r = c
+                    .room
+                    .join(pb::JoinRequest {
+                        event_id: "o".into(),
+                        user_id: format!("t{t}-{i}"),
+                        session_id: String::new(),
+                    })
+                    .await;
+                match r {
+                    Ok(_) => ok += 1,
+                    Err(s) if s.code() == Code::ResourceExhausted && reason(&s) == "OVERLOADED" => {
+                        shed += 1
+                    }
+                    Err(s) => panic!("unexpected {s:?}"),
+                }
+            }
+            (ok, shed)
+        }));
+    }
+    let (mut ok, mut shed) = (0, 0);
+    for t in tasks {
+        let (o, s) = t.await.unwrap();
+        ok += o;
+        shed += s;
+    }
+    assert_eq!(ok + shed, 320, "every call answered");
+    assert!(ok > 0, "admitted traffic is served");
+    assert!(shed > 0, "8 concurrent streams over a bound of 2 are shed");
+    server.shutdown().await.unwrap();
+}
+
+/// GET /metrics with a bare HTTP/1.0 request.
+async fn scrape(addr: std::net::SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap();
+    assert!(
+        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
+        "{head}"
+    );
+    body.to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_endpoint_serves_prometheus_text_with_the_families() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let server = start(config(dir.path(), &clock)).await;
+    let ch = channel(&server).await;
+    let mut a = clients(&ch, ADMIN);
+    a.events
+        .create_event(event("m", vec![ga("g", 2, 1)]))
+        .await
+        .unwrap();
+    let tok = admitted(&mut a, &clock, "m", "ann").await;
+    a.booking
+        .hold(best("m", "ann", &tok, "g", 2, ""))
+        .await
+        .unwrap();
+    let tok = admitted(&mut a, &clock, "m", "bob").await;
+    let _ = a
+        .booking
+        .hold(best("m", "bob", &tok, "g", 1, ""))
+        .await
+        .unwrap_err();
+    // Let a snapshot/gauge publication and an upkeep happen.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let text = scrape(server.metrics_addr.unwrap()).await;
+    // Prometheus text: comments, or `name{labels} value`.
+    for line in text
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+    {
+        let (series, value) = line.rsplit_once(' ').unwrap();
+        assert!(
+            value.parse::<f64>().is_ok() || ["+Inf", "-Inf", "NaN"].contains(&value),
+            "{line}"
+        );
+        let name = series.split('{').next().unwrap();
+        assert!(
+            name.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "{line}"
+        );
+    }
+    for family in [
+        "boxoffice_rpc_duration_seconds_bucket",
+        "boxoffice_section_holds_total",
+        "boxoffice_section_rejections_total",
+        "boxoffice_section_mailbox_depth",
+        "boxoffice_wal_flush_seconds_bucket",
+        "boxoffice_wal_batch_records_bucket",
+        "boxoffice_wal_bytes_total",
+        "boxoffice_waiting_room_queue_length",
+        "boxoffice_waiting_room_admitted_total",
+    ] {
+        assert!(text.contains(family), "missing {family} in\n{text}");
+    }
+    assert!(
+        text.contains("# TYPE boxoffice_rpc_duration_seconds histogram"),
+        "a histogram, not a summary"
+    );
+    assert!(text.contains("reason=\"SOLD_OUT\""));
+    server.shutdown().await.unwrap();
+}
