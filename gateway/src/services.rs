@@ -68,7 +68,7 @@ impl Api {
             ));
             self.admitters.insert(
                 event.event_id.clone(),
-                spawn_admitter(room.clone(), self.clock.clone()),
+                spawn_admitter(event.event_id.as_str(), room.clone(), self.clock.clone()),
             );
             room
         });
@@ -310,8 +310,6 @@ impl pb::waiting_room_service_server::WaitingRoomService for WaitingRoomSvc {
             } => (position, eta_seconds),
             Standing::Admitted { position, .. } | Standing::Expired { position } => (position, 0),
         };
-        metrics::gauge!("boxoffice_waiting_room_queue_length", "event" => id.0.clone())
-            .set(f64::from(room.len()));
         ok(pb::QueueTicket {
             queue_token: token,
             position,

@@ -269,6 +269,11 @@ impl WaitingRoom {
         n
     }
 
+    /// Admissions per second, as recently measured (the ETA's basis).
+    pub fn measured_rate(&self) -> f64 {
+        f64::from_bits(self.measured_rate.load(Ordering::Relaxed))
+    }
+
     fn record_rate(&self, per_second: f64) {
         let old = f64::from_bits(self.measured_rate.load(Ordering::Relaxed));
         let new = 0.8 * old + 0.2 * per_second;
@@ -373,9 +378,14 @@ impl Admitter {
 /// Runs a room's admission timer (every [`ADMIT_TICK`]) until the room is dropped elsewhere
 /// (`Arc` count 1) or the returned task is aborted.
 pub fn spawn_admitter(
+    event_id: &str,
     room: Arc<WaitingRoom>,
     clock: Arc<dyn boxoffice_engine::Clock>,
 ) -> tokio::task::JoinHandle<()> {
+    let labels = [("event", event_id.to_owned())];
+    let admitted = metrics::counter!("boxoffice_waiting_room_admitted_total", &labels);
+    let rate = metrics::gauge!("boxoffice_waiting_room_admit_rate", &labels);
+    let length = metrics::gauge!("boxoffice_waiting_room_queue_length", &labels);
     tokio::spawn(async move {
         let mut admitter = Admitter::new();
         let mut tick = tokio::time::interval(ADMIT_TICK);
@@ -386,7 +396,9 @@ pub fn spawn_admitter(
                 break;
             }
             let n = admitter.step(&room, clock.now_ms());
-            metrics::counter!("boxoffice_waiting_room_admitted_total").increment(n);
+            admitted.increment(n);
+            rate.set(room.measured_rate());
+            length.set(f64::from(room.len()));
         }
     })
 }
