@@ -9,7 +9,8 @@
 //! Sections are general admission of 1,000,000 places; an engine (on a fresh temporary dir) is
 //! replaced, outside the timed region, before a batch could run out of places or once it has
 //! taken `HOLDS_PER_ENGINE_MAX` holds. The runtime is multi-thread with 2 workers; the log's
-//! flusher is its own OS thread.
+//! flusher is its own OS thread. Engines checkpoint every 100,000 records per stream (the
+//! engine's default); `BOXOFFICE_BENCH_CHECKPOINT_EVERY=never` (or a number) changes that.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -26,6 +27,18 @@ use criterion::{
 
 /// Holds one engine takes before it is replaced (bounds memory and the size of checkpoints).
 const HOLDS_PER_ENGINE_MAX: u64 = 1_000_000;
+
+/// The engines' checkpoint interval: the engine's default (100,000 records per stream), or
+/// `BOXOFFICE_BENCH_CHECKPOINT_EVERY` (`never` for none) to see what checkpoints cost.
+fn checkpoint_every() -> u64 {
+    match std::env::var("BOXOFFICE_BENCH_CHECKPOINT_EVERY") {
+        Ok(v) if v == "never" => u64::MAX,
+        Ok(v) => v
+            .parse()
+            .expect("BOXOFFICE_BENCH_CHECKPOINT_EVERY is a number of records or `never`"),
+        Err(_) => 100_000,
+    }
+}
 
 /// Holds per criterion iteration for `callers` concurrent callers.
 fn batch_size(callers: usize) -> usize {
@@ -48,7 +61,7 @@ struct Rig {
 impl Rig {
     async fn new(sections: usize, durability: Durability, generation: u64) -> Rig {
         let dir = tempfile::tempdir().expect("a temporary dir");
-        let engine = open(bench_config(dir.path(), durability, 100_000)).await;
+        let engine = open(bench_config(dir.path(), durability, checkpoint_every())).await;
         let event_id = EventId(format!("bench{generation}"));
         engine
             .create_event(ga_event(&event_id, sections, SECTION_CAPACITY_MAX))
@@ -148,6 +161,8 @@ fn actor_holds(c: &mut Criterion) {
     for durability in [Durability::Sync, Durability::Buffered] {
         let mut group = c.benchmark_group(format!("actor_holds/{durability:?}"));
         short(&mut group);
+        // Longer than the other benches: a sample that meets a checkpoint is much slower.
+        group.measurement_time(Duration::from_secs(5));
         group.sampling_mode(SamplingMode::Flat);
         for sections in [1usize, 16] {
             for callers in [1usize, 64, 1_024] {

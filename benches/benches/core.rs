@@ -1,6 +1,9 @@
 //! Pure `SectionCore` throughput: holds per second with no actor, no log and no clock.
 //!
-//! - `ga_best2`: `Pick::Best(2)` in a general-admission section of 1,000,000 places;
+//! - `ga_best2`: `Pick::Best(2)` in a general-admission section of 1,000,000 places (the
+//!   section keeps every hold, so its maps grow to 500,000 entries before it is replaced);
+//! - `ga_best2_10k`: the same in a section of 10,000 places (small, cache-resident state), to
+//!   tell the cost of the decision from the cost of a large state;
 //! - `seats2`: `Pick::Seats` of two free adjacent seats in a reserved section of 100 rows x 100
 //!   seats (the seats are named in layout order, so every hold succeeds);
 //! - `best4`: `Pick::Best(4)` in a reserved section of 100 rows x 100 seats.
@@ -26,6 +29,7 @@ const CHUNK: u64 = 4_096;
 #[derive(Clone, Copy)]
 enum Kind {
     GaBest2,
+    GaBest2Small,
     Seats2,
     Best4,
 }
@@ -34,6 +38,7 @@ impl Kind {
     fn name(self) -> &'static str {
         match self {
             Kind::GaBest2 => "ga_best2",
+            Kind::GaBest2Small => "ga_best2_10k",
             Kind::Seats2 => "seats2",
             Kind::Best4 => "best4",
         }
@@ -45,6 +50,7 @@ impl Kind {
             Kind::GaBest2 => Layout::GeneralAdmission {
                 capacity: SECTION_CAPACITY_MAX,
             },
+            Kind::GaBest2Small => Layout::GeneralAdmission { capacity: 10_000 },
             Kind::Seats2 | Kind::Best4 => Layout::Reserved {
                 rows: (0..100)
                     .map(|r| RowSpec {
@@ -67,7 +73,7 @@ impl Kind {
 
     fn places_per_hold(self) -> u32 {
         match self {
-            Kind::GaBest2 | Kind::Seats2 => 2,
+            Kind::GaBest2 | Kind::GaBest2Small | Kind::Seats2 => 2,
             Kind::Best4 => 4,
         }
     }
@@ -75,7 +81,7 @@ impl Kind {
     /// The `n`th hold into a section (0-based since the section was made).
     fn command(self, core: &SectionCore, n: u64, serial: u64) -> PlaceHold {
         let pick = match self {
-            Kind::GaBest2 => Pick::Best(2),
+            Kind::GaBest2 | Kind::GaBest2Small => Pick::Best(2),
             Kind::Best4 => Pick::Best(4),
             Kind::Seats2 => {
                 let first = u32::try_from(2 * n).expect("a section has at most 1,000,000 seats");
@@ -159,7 +165,7 @@ fn core_holds(c: &mut Criterion) {
     let mut group = c.benchmark_group("core_holds");
     boxoffice_benches::short(&mut group);
     group.throughput(Throughput::Elements(1));
-    for kind in [Kind::GaBest2, Kind::Seats2, Kind::Best4] {
+    for kind in [Kind::GaBest2, Kind::GaBest2Small, Kind::Seats2, Kind::Best4] {
         let mut filling = Filling::new(kind);
         group.bench_function(kind.name(), |b| b.iter_custom(|iters| filling.run(iters)));
         let (capacity, available, held, sold) = filling.core.counts();
