@@ -523,8 +523,11 @@ impl Engine {
                 _ => break,
             }
         }
-        let answer = outcome.clone().map(Answer::Hold);
-        self.inner.ledger.finish(args(), answer).await?;
+        // Without a key, a success leaves nothing to settle: the quota stays reserved.
+        if tag.is_some() || outcome.is_err() {
+            let answer = outcome.clone().map(Answer::Hold);
+            self.inner.ledger.finish(args(), answer).await?;
+        }
         outcome
     }
 

@@ -100,6 +100,38 @@ pub(crate) struct Store {
     tx: mpsc::Sender<Job>,
     pub halt: Arc<Halt>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    compactor: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// Records covered by a durable checkpoint, to be removed off the commit path.
+struct Compaction {
+    tree: sled::Tree,
+    upto: u64,
+}
+
+/// Removes log records that a durable checkpoint covers, in chunks, on its own thread: the
+/// flusher (and so every commit) never waits for it. If a crash loses some removals, replay
+/// skips those records anyway (their seq is at or below the checkpoint's).
+fn compact(rx: mpsc::Receiver<Compaction>, halt: Arc<Halt>) {
+    while let Ok(c) = rx.recv() {
+        let started = Instant::now();
+        let mut batch = sled::Batch::default();
+        let mut n = 0usize;
+        for key in c.tree.range(..=c.upto.to_be_bytes()).keys() {
+            if halt.check().is_err() {
+                return;
+            }
+            let Ok(key) = key else { break };
+            batch.remove(key);
+            n += 1;
+            if n.is_multiple_of(10_000) {
+                let _ = c.tree.apply_batch(std::mem::take(&mut batch));
+            }
+        }
+        let _ = c.tree.apply_batch(batch);
+        metrics::histogram!("boxoffice_wal_compaction_seconds")
+            .record(started.elapsed().as_secs_f64());
+    }
 }
 
 /// Opens the sled database under `dir`.
@@ -125,12 +157,21 @@ impl Store {
         let sold = db.open_tree("sold").map_err(io)?;
         let (tx, rx) = mpsc::channel();
         let halt = Arc::new(Halt::default());
+        let (compact_tx, compact_rx) = mpsc::channel();
+        let compactor = {
+            let halt = halt.clone();
+            std::thread::Builder::new()
+                .name("boxoffice-compact".into())
+                .spawn(move || compact(compact_rx, halt))
+                .map_err(|e| StorageError::Io(format!("cannot start the compactor thread: {e}")))?
+        };
         let flusher = Flusher {
             db: db.clone(),
             checkpoints,
             sold,
             durability,
             halt: halt.clone(),
+            compact: compact_tx,
         };
         let thread = std::thread::Builder::new()
             .name("boxoffice-wal".into())
@@ -141,6 +182,7 @@ impl Store {
             tx,
             halt,
             thread: Mutex::new(Some(thread)),
+            compactor: Mutex::new(Some(compactor)),
         })
     }
 
@@ -158,6 +200,11 @@ impl Store {
         if let Some(h) = handle {
             let _ = h.join();
         }
+        // The flusher owned the compactor's sender: with it gone, the compactor finishes.
+        let handle = self.compactor.lock().map(|mut t| t.take()).unwrap_or(None);
+        if let Some(h) = handle {
+            let _ = h.join();
+        }
     }
 
     /// Halts the store as a crash would: queued jobs fail, nothing more is written.
@@ -172,6 +219,7 @@ struct Flusher {
     sold: sled::Tree,
     durability: Durability,
     halt: Arc<Halt>,
+    compact: mpsc::Sender<Compaction>,
 }
 
 impl Flusher {
@@ -188,6 +236,7 @@ impl Flusher {
             }
             let started = Instant::now();
             let mut completions: Vec<(Done, Result<(), StorageError>)> = Vec::new();
+            let mut compactions = Vec::new();
             let mut bytes = 0usize;
             let mut records = 0usize;
             for job in batch {
@@ -206,10 +255,11 @@ impl Flusher {
                         upto,
                         blob,
                     } => {
-                        if self.halt.check().is_ok()
-                            && let Err(e) = self.checkpoint(&stream, &tree, upto, &blob)
-                        {
-                            self.halt.set(e.to_string());
+                        if self.halt.check().is_ok() {
+                            match self.checkpoint(&stream, upto, &blob) {
+                                Ok(()) => compactions.push(Compaction { tree, upto }),
+                                Err(e) => self.halt.set(e.to_string()),
+                            }
                         }
                     }
                     Job::Stop => stop = true,
@@ -225,6 +275,15 @@ impl Flusher {
             }
             // A failed flush means none of the batch is known durable: fail all of it.
             let halted = self.halt.check().err();
+            if halted.is_none() && !compactions.is_empty() {
+                // Records may only go once their checkpoint is durable (Sync flushed above).
+                let durable = self.durability == Durability::Sync || self.db.flush().is_ok();
+                if durable {
+                    for c in compactions {
+                        let _ = self.compact.send(c);
+                    }
+                }
+            }
             metrics::histogram!("boxoffice_wal_batch_records").record(records as f64);
             metrics::counter!("boxoffice_wal_records_total").increment(records as u64);
             metrics::counter!("boxoffice_wal_bytes_total").increment(bytes as u64);
@@ -269,24 +328,11 @@ impl Flusher {
         Ok(())
     }
 
-    fn checkpoint(
-        &self,
-        stream: &str,
-        tree: &sled::Tree,
-        upto: u64,
-        blob: &[u8],
-    ) -> Result<(), StorageError> {
+    fn checkpoint(&self, stream: &str, upto: u64, blob: &[u8]) -> Result<(), StorageError> {
         let started = Instant::now();
         self.checkpoints
             .insert(stream.as_bytes(), codec::encode(&(upto, blob)))
             .map_err(io)?;
-        // The checkpoint is written first: a crash between the two leaves old records that
-        // replay skips (their seq is at or below the checkpoint's).
-        let mut batch = sled::Batch::default();
-        for key in tree.range(..=upto.to_be_bytes()).keys() {
-            batch.remove(key.map_err(io)?);
-        }
-        tree.apply_batch(batch).map_err(io)?;
         metrics::histogram!("boxoffice_wal_checkpoint_seconds")
             .record(started.elapsed().as_secs_f64());
         Ok(())
