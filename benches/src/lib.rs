@@ -4,7 +4,8 @@
 //! - `actors`: holds/s through the [`Engine`] (ledger + section actors + sled log), 1, 64 and
 //!   1,024 concurrent callers, 1 or 16 sections, `Durability::Sync` and `Buffered`;
 //! - `replay`: restart (recovery) time and records/s for a log of 100,000 records
-//!   (1,000,000 with `BOXOFFICE_BENCH_FULL=1`), with and without checkpoints.
+//!   (1,000,000 with `BOXOFFICE_BENCH_FULL=1`), with and without checkpoints;
+//! - `waiting_room`: bytes per waiting fan for 1,000,000 fans, poll and join cost.
 //!
 //! Results and the machine they were measured on are in `BENCHMARKS.md` at the workspace root.
 

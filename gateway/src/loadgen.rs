@@ -88,6 +88,8 @@ pub struct RpcFigures {
     pub seconds: f64,
     /// Latency percentiles p50, p99, p99.9 and max, µs.
     pub latency_us: [u64; 4],
+    /// The first error seen, if any.
+    pub first_error: Option<String>,
 }
 
 impl RpcFigures {
@@ -129,6 +131,11 @@ impl fmt::Display for LoadReport {
                 100.0 * r.rate() / ceiling
             )?;
         }
+        for r in &self.rpcs {
+            if let Some(e) = &r.first_error {
+                writeln!(f, "first {} error: {e}", r.name)?;
+            }
+        }
         writeln!(
             f,
             "(concurrency {}; ceiling = the health check's rate)",
@@ -150,7 +157,7 @@ async fn drive<F, Fut>(
 ) -> RpcFigures
 where
     F: Fn(usize) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = bool> + Send,
+    Fut: std::future::Future<Output = Result<(), tonic::Status>> + Send,
 {
     let call = Arc::new(call);
     let started = Instant::now();
@@ -161,11 +168,15 @@ where
             let mut h = histogram();
             let mut errors = 0u64;
             let mut calls = 0u64;
+            let mut first = None;
             let mut i = t;
             while i < requests {
                 let s = Instant::now();
-                if !call(i).await {
+                if let Err(e) = call(i).await {
                     errors += 1;
+                    first.get_or_insert_with(|| {
+                        format!("{:?} {}: {}", e.code(), crate::status::reason_of(&e).unwrap_or_default(), e.message())
+                    });
                 }
                 let _ = h.record(
                     u64::try_from(s.elapsed().as_micros())
@@ -175,16 +186,18 @@ where
                 calls += 1;
                 i += concurrency;
             }
-            (h, calls, errors)
+            (h, calls, errors, first)
         }));
     }
     let mut h = histogram();
     let (mut calls, mut errors) = (0, 0);
+    let mut first_error = None;
     for t in tasks {
-        if let Ok((th, c, e)) = t.await {
+        if let Ok((th, c, e, f)) = t.await {
             let _ = h.add(th);
             calls += c;
             errors += e;
+            first_error = first_error.or(f);
         }
     }
     RpcFigures {
@@ -198,6 +211,7 @@ where
             h.value_at_quantile(0.999),
             h.max(),
         ],
+        first_error,
     }
 }
 
@@ -270,7 +284,7 @@ pub async fn run(args: LoadgenArgs) -> anyhow::Result<LoadReport> {
                     service: String::new(),
                 })
                 .await
-                .is_ok()
+                .map(|_| ())
             }
         })
         .await
@@ -311,7 +325,7 @@ pub async fn run(args: LoadgenArgs) -> anyhow::Result<LoadReport> {
 
     // 2. Queue polls: one fan per stream, polling its status.
     let pollers: Vec<String> = (0..args.concurrency)
-        .map(|t| format!("poller-{t}"))
+        .map(|t| format!("{event_id}-poller-{t}"))
         .collect();
     let mut queue_tokens = Vec::new();
     for u in &pollers {
@@ -338,7 +352,7 @@ pub async fn run(args: LoadgenArgs) -> anyhow::Result<LoadReport> {
             async move {
                 c.get_status(pb::GetStatusRequest { queue_token: token })
                     .await
-                    .is_ok()
+                    .map(|_| ())
             }
         })
         .await
@@ -346,7 +360,7 @@ pub async fn run(args: LoadgenArgs) -> anyhow::Result<LoadReport> {
 
     // 3. Durable holds: one place each, spread over 16 sections, 100 per user.
     let users: Vec<String> = (0..args.requests.div_ceil(100))
-        .map(|u| format!("holder-{u}"))
+        .map(|u| format!("{event_id}-holder-{u}"))
         .collect();
     let tokens = Arc::new(admit(&mut wr, &event_id, &users).await?);
     let users = Arc::new(users);
@@ -370,7 +384,7 @@ pub async fn run(args: LoadgenArgs) -> anyhow::Result<LoadReport> {
                     },
                 )),
             };
-            async move { c.hold(req).await.is_ok() }
+            async move { c.hold(req).await.map(|_| ()) }
         })
         .await
     };
