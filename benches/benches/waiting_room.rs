@@ -40,7 +40,8 @@ fn memory_per_fan(_c: &mut Criterion) {
     // Everyone joins before the opening (the worst case: they all get a drawn position too).
     let room = WaitingRoom::new(config(1_000), 0);
     for u in 0..n {
-        room.join(&format!("user-{u}"), "session").expect("room has space");
+        room.join(&format!("user-{u}"), "session")
+            .expect("room has space");
     }
     let joined = started.elapsed();
     let drawn = Instant::now();
@@ -63,7 +64,10 @@ fn memory_per_fan(_c: &mut Criterion) {
         accounted as f64 / (1024.0 * 1024.0),
         accounted as f64 / f64::from(n),
         match (before, after) {
-            (Some(b), Some(a)) => format!("{:.1} MiB", (a.saturating_sub(b)) as f64 / (1024.0 * 1024.0)),
+            (Some(b), Some(a)) => format!(
+                "{:.1} MiB",
+                (a.saturating_sub(b)) as f64 / (1024.0 * 1024.0)
+            ),
             _ => "n/a".into(),
         },
         match (before, after) {

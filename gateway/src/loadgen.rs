@@ -175,7 +175,12 @@ where
                 if let Err(e) = call(i).await {
                     errors += 1;
                     first.get_or_insert_with(|| {
-                        format!("{:?} {}: {}", e.code(), crate::status::reason_of(&e).unwrap_or_default(), e.message())
+                        format!(
+                            "{:?} {}: {}",
+                            e.code(),
+                            crate::status::reason_of(&e).unwrap_or_default(),
+                            e.message()
+                        )
                     });
                 }
                 let _ = h.record(
