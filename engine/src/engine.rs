@@ -523,10 +523,14 @@ impl Engine {
                 _ => break,
             }
         }
-        // Without a key, a success leaves nothing to settle: the quota stays reserved.
-        if tag.is_some() || outcome.is_err() {
-            let answer = outcome.clone().map(Answer::Hold);
-            self.inner.ledger.finish(args(), answer).await?;
+        match &outcome {
+            // Without a key, a success leaves nothing to settle: the quota stays reserved.
+            Ok(_) if tag.is_none() => {}
+            Ok(view) => self
+                .inner
+                .ledger
+                .settled(args(), Answer::Hold(view.clone())),
+            Err(e) => self.inner.ledger.finish(args(), Err(e.clone())).await?,
         }
         outcome
     }
@@ -572,8 +576,13 @@ impl Engine {
             .await
             .map_err(not_found_as(Rejection::HoldNotFound));
         if tag.is_some() {
-            let answer = outcome.clone().map(Answer::Order);
-            self.inner.ledger.finish(args(), answer).await?;
+            match &outcome {
+                Ok(order) => self
+                    .inner
+                    .ledger
+                    .settled(args(), Answer::Order(order.clone())),
+                Err(e) => self.inner.ledger.finish(args(), Err(e.clone())).await?,
+            }
         }
         outcome
     }
@@ -727,6 +736,12 @@ impl Engine {
         }
         for shard in self.inner.ledger.actors() {
             let _ = shard.stop_and_wait(None, None).await;
+        }
+        // An actor's state (with its handles on the store) may be dropped just after it reports
+        // stopped; wait for that, so the data dir is free once the last `Engine` goes.
+        let deadline = Instant::now() + std::time::Duration::from_secs(5);
+        while Arc::strong_count(&self.inner.store) > 1 && Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
     }
 }

@@ -88,6 +88,12 @@ pub(crate) enum LedgerMsg {
         outcome: Result<Answer, EngineError>,
         reply: RpcReplyPort<Result<(), EngineError>>,
     },
+    /// A success to record, fire and forget: the caller's reply goes out after this message is
+    /// queued, so any replay the caller sends later is queued behind it (one mailbox, FIFO).
+    Settled {
+        args: BeginArgs,
+        answer: Answer,
+    },
     Refund {
         event_id: EventId,
         user_id: UserId,
@@ -234,6 +240,13 @@ impl Ledger {
             .await
             .map_err(gone)?
             .success_or(EngineError::NotReady)?
+    }
+
+    /// Records a success without waiting (see `LedgerMsg::Settled`).
+    pub fn settled(&self, args: BeginArgs, answer: Answer) {
+        let _ = self
+            .shard(&args.user_id)
+            .cast(LedgerMsg::Settled { args, answer });
     }
 
     /// Gives back quota of a hold that ended. Fire and forget: callable from any thread.
@@ -428,6 +441,15 @@ impl Actor for LedgerShard {
                         st.state.keys.remove(&k);
                         let _ = reply.send(Ok(()));
                     }
+                }
+            }
+            LedgerMsg::Settled { args, answer } => {
+                if let Some(tag) = args.tag {
+                    // Durable already: the section's record carries the key.
+                    st.state.keys.insert(
+                        (args.user_id, args.rpc, tag.key),
+                        Entry::Done(tag.fingerprint, Ok(answer)),
+                    );
                 }
             }
             LedgerMsg::Refund {
