@@ -535,6 +535,29 @@ impl Engine {
         outcome
     }
 
+    /// The first answer already given to this request's idempotency key, if it was settled with
+    /// this same request; `None` otherwise (no key, unknown key, other request, in flight).
+    /// Changes nothing: for callers that must answer a replay before re-checking permissions
+    /// that may have lapsed since (an admission window).
+    pub async fn replayed_hold(
+        &self,
+        req: &HoldRequest,
+    ) -> Result<Option<Result<HoldView, EngineError>>, EngineError> {
+        self.check_ready()?;
+        let Some(tag) = idem_tag(
+            &req.idempotency_key,
+            &(Rpc::Hold, &req.event_id, &req.selection),
+        ) else {
+            return Ok(None);
+        };
+        let found = self
+            .inner
+            .ledger
+            .lookup(req.user_id.clone(), Rpc::Hold, tag)
+            .await?;
+        Ok(found.map(replayed_hold))
+    }
+
     /// Confirms a hold: its places become sold and an order with one ticket per place is made,
     /// durable before the answer. `payment_ref` is recorded as given.
     pub async fn confirm(&self, req: ConfirmRequest) -> Result<OrderView, EngineError> {
@@ -783,9 +806,9 @@ fn hold_plan(
             }
             let mut section: Option<&str> = None;
             for id in ids {
-                let (s, _, _) = id
-                    .parse()
-                    .ok_or_else(|| Rejection::SeatNotFound(id.clone()))?;
+                let (s, _, _) = id.parse().ok_or_else(|| {
+                    Rejection::invalid("seat_ids", "a seat id is {section_id}:{row}:{number}")
+                })?;
                 match section {
                     None => section = Some(s),
                     Some(prev) if prev != s => {

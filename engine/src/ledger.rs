@@ -99,6 +99,13 @@ pub(crate) enum LedgerMsg {
         user_id: UserId,
         quantity: u32,
     },
+    /// The settled first answer of a key, if the request matches; no effect.
+    Lookup {
+        user_id: UserId,
+        rpc: Rpc,
+        tag: IdemTag,
+        reply: RpcReplyPort<Option<Result<Answer, Rejection>>>,
+    },
     Usage {
         event_id: EventId,
         user_id: UserId,
@@ -256,6 +263,27 @@ impl Ledger {
             user_id,
             quantity,
         });
+    }
+
+    pub async fn lookup(
+        &self,
+        user_id: UserId,
+        rpc: Rpc,
+        tag: IdemTag,
+    ) -> Result<Option<Result<Answer, Rejection>>, EngineError> {
+        self.shard(&user_id)
+            .call(
+                |reply| LedgerMsg::Lookup {
+                    user_id,
+                    rpc,
+                    tag,
+                    reply,
+                },
+                None,
+            )
+            .await
+            .map_err(gone)?
+            .success_or(EngineError::NotReady)
     }
 
     pub async fn usage(&self, event_id: EventId, user_id: UserId) -> Result<u32, EngineError> {
@@ -457,6 +485,18 @@ impl Actor for LedgerShard {
                 user_id,
                 quantity,
             } => refund(&mut st.state, &event_id, &user_id, quantity),
+            LedgerMsg::Lookup {
+                user_id,
+                rpc,
+                tag,
+                reply,
+            } => {
+                let found = match st.state.keys.get(&(user_id, rpc, tag.key)) {
+                    Some(Entry::Done(fp, answer)) if *fp == tag.fingerprint => Some(answer.clone()),
+                    _ => None,
+                };
+                let _ = reply.send(found);
+            }
             LedgerMsg::Usage {
                 event_id,
                 user_id,

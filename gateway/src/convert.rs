@@ -83,6 +83,14 @@ pub fn selection(sel: Option<pb::hold_request::Selection>) -> Result<Selection, 
             if s.seat_ids.len() > 100 {
                 return Err(invalid("seats.seat_ids", "at most 100 seats"));
             }
+            for (i, id) in s.seat_ids.iter().enumerate() {
+                if id.len() > 200 || SeatId(id.clone()).parse().is_none() {
+                    return Err(invalid(
+                        &format!("seats.seat_ids[{i}]"),
+                        "a seat id is {section_id}:{row}:{number}, at most 200 bytes",
+                    ));
+                }
+            }
             Ok(Selection::Seats(
                 s.seat_ids.into_iter().map(SeatId).collect(),
             ))

@@ -34,6 +34,18 @@ pub enum Scope {
 /// RPCs that need an admin key.
 pub const ADMIN_RPCS: &[&str] = &["/boxoffice.v1.EventService/CreateEvent"];
 
+/// An API key was empty (or only white space).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EmptyKey;
+
+impl std::fmt::Display for EmptyKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an API key must not be empty")
+    }
+}
+
+impl std::error::Error for EmptyKey {}
+
 /// The configured API keys (only their SHA-256 digests are kept).
 #[derive(Clone, Default)]
 pub struct Keys {
@@ -41,14 +53,23 @@ pub struct Keys {
 }
 
 impl Keys {
-    /// Adds a key with its scope.
-    pub fn add(&mut self, key: &str, scope: Scope) {
+    /// Adds a key with its scope (surrounding white space is not part of a key). Refuses an
+    /// empty key.
+    pub fn add(&mut self, key: &str, scope: Scope) -> Result<(), EmptyKey> {
+        let key = key.trim();
+        if key.is_empty() {
+            return Err(EmptyKey);
+        }
         self.entries
             .push((Sha256::digest(key.as_bytes()).into(), scope));
+        Ok(())
     }
 
     /// The scope of a presented key; every configured key is compared, in constant time.
     pub fn scope_of(&self, presented: &str) -> Option<Scope> {
+        if presented.is_empty() {
+            return None;
+        }
         let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
         let mut found = None;
         for (k, scope) in &self.entries {
@@ -89,10 +110,7 @@ impl Gate {
         self.in_flight.load(Ordering::SeqCst)
     }
 
-    fn check(&self, req: &http::Request<Body>) -> Result<(), ApiError> {
-        if self.draining.load(Ordering::Relaxed) {
-            return Err(ApiError::NotReady);
-        }
+    fn authenticate(&self, req: &http::Request<Body>) -> Result<(), ApiError> {
         let key = req
             .headers()
             .get(http::header::AUTHORIZATION)
@@ -208,6 +226,33 @@ fn code_label(res: &http::Response<Body>) -> &'static str {
     }
 }
 
+/// tonic answers a request body it cannot decode (bad protobuf, invalid UTF-8, too large) with
+/// INTERNAL or OUT_OF_RANGE and no details; the contract says INVALID_ARGUMENT /
+/// INVALID_REQUEST.
+fn undecodable_as_invalid(res: http::Response<Body>) -> http::Response<Body> {
+    let header = |name: &str| {
+        res.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let code = header("grpc-status").and_then(|c| c.parse::<i32>().ok());
+    let message = header("grpc-message").unwrap_or_default();
+    let undecodable = match code {
+        Some(13) => message.contains("decode"),
+        Some(11) => message.contains("too large"),
+        _ => false,
+    };
+    if !undecodable {
+        return res;
+    }
+    let r = boxoffice_engine::Rejection::invalid(
+        "request",
+        "the message does not decode, or is too large",
+    );
+    tonic::Status::from(ApiError::from(r)).into_http()
+}
+
 impl<S> Service<http::Request<Body>> for GateService<S>
 where
     S: Service<http::Request<Body>, Response = http::Response<Body>> + Clone + Send + 'static,
@@ -233,29 +278,37 @@ where
         let method = method_label(&path);
         let started = Instant::now();
         let gate = self.gate.clone();
-        if let Err(e) = gate.check(&req) {
+        let refuse = |e: ApiError| -> Self::Future {
             let res = tonic::Status::from(e).into_http();
             metrics::histogram!("boxoffice_rpc_duration_seconds", "method" => method, "code" => code_label(&res))
                 .record(started.elapsed().as_secs_f64());
-            return Box::pin(async move { Ok(res) });
+            Box::pin(async move { Ok(res) })
+        };
+        if let Err(e) = gate.authenticate(&req) {
+            return refuse(e);
         }
-        if gate.in_flight.fetch_add(1, Ordering::SeqCst) >= gate.in_flight_max {
-            gate.in_flight.fetch_sub(1, Ordering::SeqCst);
+        // Count the call first, then look at the drain flag: a drain that sees no call in
+        // flight can never miss one that is about to start.
+        let count = gate.in_flight.fetch_add(1, Ordering::SeqCst);
+        let guard = InFlight(gate.clone());
+        if gate.draining.load(Ordering::SeqCst) {
+            drop(guard);
+            return refuse(ApiError::NotReady);
+        }
+        if count >= gate.in_flight_max {
+            drop(guard);
             metrics::counter!("boxoffice_gateway_shed_total", "scope" => "gate").increment(1);
-            let res = tonic::Status::from(ApiError::Overloaded("gate")).into_http();
-            metrics::histogram!("boxoffice_rpc_duration_seconds", "method" => method, "code" => "RESOURCE_EXHAUSTED")
-                .record(started.elapsed().as_secs_f64());
-            return Box::pin(async move { Ok(res) });
+            return refuse(ApiError::Overloaded("gate"));
         }
-        let guard = InFlight(gate);
         Box::pin(async move {
             let res = inner.call(req).await;
             drop(guard);
-            if let Ok(r) = &res {
-                metrics::histogram!("boxoffice_rpc_duration_seconds", "method" => method, "code" => code_label(r))
+            res.map(|r| {
+                let r = undecodable_as_invalid(r);
+                metrics::histogram!("boxoffice_rpc_duration_seconds", "method" => method, "code" => code_label(&r))
                     .record(started.elapsed().as_secs_f64());
-            }
-            res
+                r
+            })
         })
     }
 }
@@ -267,8 +320,9 @@ mod tests {
     #[test]
     fn keys_have_scopes() {
         let mut k = Keys::default();
-        k.add("adm", Scope::Admin);
-        k.add("cli", Scope::Client);
+        k.add("adm", Scope::Admin).unwrap();
+        k.add(" cli ", Scope::Client).unwrap();
+        assert_eq!(k.add("  ", Scope::Admin), Err(EmptyKey));
         assert_eq!(k.scope_of("adm"), Some(Scope::Admin));
         assert_eq!(k.scope_of("cli"), Some(Scope::Client));
         assert_eq!(k.scope_of("cl"), None);

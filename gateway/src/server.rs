@@ -123,10 +123,10 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
     let addr = listener.local_addr()?;
     let mut keys = Keys::default();
     for k in &config.admin_keys {
-        keys.add(k, Scope::Admin);
+        keys.add(k, Scope::Admin).context("--admin-key")?;
     }
     for k in &config.client_keys {
-        keys.add(k, Scope::Client);
+        keys.add(k, Scope::Client).context("--client-key")?;
     }
     let gate = Arc::new(Gate::new(keys, config.in_flight_max));
     let (health, health_service) = tonic_health::server::health_reporter();

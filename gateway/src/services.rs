@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use boxoffice_engine::{
     Clock, ConfirmRequest, Engine, EventId, EventView, HoldId, HoldRequest, OrderId, Rejection,
-    SectionId, UserId,
+    SectionId, UserId, check_idempotency_key, check_user_id,
 };
 use boxoffice_proto::v1 as pb;
 use dashmap::DashMap;
@@ -91,6 +91,15 @@ impl Api {
         let now = self.clock.now_ms();
         let opened = now >= e.spec.sale_opens_at_ms;
         let seed = self.signer.shuffle_seed(e.event_id.as_str());
+        // The seed is revealed only once the line was actually drawn (a line nobody joined has
+        // nothing to draw): revealing it at the opening instant, before the draw, would let a
+        // bot time its joins against it.
+        let room = self.existing_room(&e.event_id);
+        let drawn = room.as_ref().and_then(|r| r.drawn());
+        let reveal = match &room {
+            Some(r) => r.is_open(),
+            None => opened,
+        };
         pb::Event {
             event_id: e.event_id.0.clone(),
             name: e.spec.name.clone(),
@@ -120,11 +129,12 @@ impl Api {
                 pb::EventState::Scheduled
             } as i32,
             shuffle_seed_hash: seed_commitment(&seed),
-            shuffle_seed: if opened {
+            shuffle_seed: if reveal {
                 hex::encode(seed)
             } else {
                 String::new()
             },
+            shuffled_fans: u64::from(drawn.unwrap_or(0)),
         }
     }
 
@@ -147,6 +157,7 @@ impl Api {
             .signer
             .verify(token, TokenKind::Queue, Some(event_id), Some(user), now)
         {
+            Ok(q) if q.epoch != self.room(event).epoch() => Err(ApiError::TokenExpired),
             Ok(q) => match self.room(event).standing(join_number(&q)?, now) {
                 Standing::Admitted { .. } => Ok(()),
                 Standing::Expired { .. } => Err(ApiError::TokenExpired),
@@ -182,6 +193,10 @@ pub struct WaitlistSvc(pub Ready);
 /// The shared state, or `NOT_READY` while recovery runs.
 fn ready(r: &Ready) -> Result<&Arc<Api>, ApiError> {
     r.get().ok_or(ApiError::NotReady)
+}
+
+fn user_id(v: &str) -> Result<(), ApiError> {
+    check_user_id(&UserId(v.to_owned())).map_err(ApiError::from)
 }
 
 fn required(field: &str, v: &str) -> Result<(), ApiError> {
@@ -273,29 +288,31 @@ impl pb::waiting_room_service_server::WaitingRoomService for WaitingRoomSvc {
         let api = ready(&self.0)?;
         let req = req.into_inner();
         let id = event_id("event_id", req.event_id)?;
-        required("user_id", &req.user_id)?;
-        if req.user_id.len() > 64 {
-            return Err(ApiError::from(Rejection::invalid("user_id", "at most 64 bytes")).into());
-        }
-        if req.session_id.len() > 256 {
-            return Err(
-                ApiError::from(Rejection::invalid("session_id", "at most 256 bytes")).into(),
-            );
+        user_id(&req.user_id)?;
+        if req.session_id.len() > 256 || req.session_id.chars().any(char::is_control) {
+            return Err(ApiError::from(Rejection::invalid(
+                "session_id",
+                "at most 256 bytes without control characters",
+            ))
+            .into());
         }
         let event = api.engine.event(&id).map_err(ApiError::from)?;
         let room = api.room(&event);
+        let now = api.clock.now_ms();
+        // A fan joining after the opening instant is never part of the opening draw.
+        room.open_if_due(now);
         let join = room
             .join(&req.user_id, &req.session_id)
             .map_err(|e| match e {
                 JoinError::QueueFull => ApiError::QueueFull,
             })?;
-        let now = api.clock.now_ms();
         let token = api.signer.sign(&Claims {
             kind: TokenKind::Queue,
             event_id: id.0.clone(),
             user_id: req.user_id,
             number: u64::from(join),
             at_ms: now,
+            epoch: room.epoch(),
             expires_at_ms: now + QUEUE_TOKEN_TTL_MS,
         });
         let (position, eta_seconds) = match room.standing(join, now) {
@@ -331,11 +348,13 @@ impl pb::waiting_room_service_server::WaitingRoomService for WaitingRoomSvc {
             })?;
         let event_id = EventId(q.event_id.clone());
         let room = match api.existing_room(&event_id) {
-            Some(r) => r,
-            // A server restart forgets the line: the token is still genuine, so rebuild the
-            // room and let the fan rejoin.
-            None => {
-                return Err(ApiError::TokenInvalid("queue_token (rejoin the waiting room)").into());
+            Some(r) if r.epoch() == q.epoch => r,
+            // The line this token belongs to is gone (a server restart): join again.
+            _ => {
+                return ok(pb::QueueStatus {
+                    state: pb::QueueState::Expired as i32,
+                    ..Default::default()
+                });
             }
         };
         let standing = room.standing(join_number(&q)?, now);
@@ -369,6 +388,7 @@ impl pb::waiting_room_service_server::WaitingRoomService for WaitingRoomSvc {
                     user_id: q.user_id,
                     number: position,
                     at_ms: admitted_at_ms,
+                    epoch: 0,
                     expires_at_ms,
                 }),
                 admission_expires_at_unix_ms: i64::try_from(expires_at_ms).unwrap_or(i64::MAX),
@@ -390,20 +410,30 @@ impl pb::booking_service_server::BookingService for BookingSvc {
         let api = ready(&self.0)?;
         let req = req.into_inner();
         let id = event_id("event_id", req.event_id)?;
-        required("user_id", &req.user_id)?;
+        user_id(&req.user_id)?;
+        check_idempotency_key(&req.idempotency_key).map_err(ApiError::from)?;
         let selection = convert::selection(req.selection).map_err(ApiError::from)?;
         let event = api.engine.event(&id).map_err(ApiError::from)?;
-        api.check_admission(&req.admission_token, &event, &req.user_id)?;
-        let h = api
-            .engine
-            .hold(HoldRequest {
-                event_id: id,
-                user_id: UserId(req.user_id),
-                idempotency_key: req.idempotency_key,
-                selection,
-            })
-            .await
-            .map_err(ApiError::from)?;
+        let hold = HoldRequest {
+            event_id: id,
+            user_id: UserId(req.user_id),
+            idempotency_key: req.idempotency_key,
+            selection,
+        };
+        if let Err(e) = api.check_admission(&req.admission_token, &event, hold.user_id.as_str()) {
+            // A replay returns the first answer even once the admission window has closed.
+            if e == ApiError::TokenExpired
+                && let Some(first) = api
+                    .engine
+                    .replayed_hold(&hold)
+                    .await
+                    .map_err(ApiError::from)?
+            {
+                return ok(convert::hold(first.map_err(ApiError::from)?));
+            }
+            return Err(e.into());
+        }
+        let h = api.engine.hold(hold).await.map_err(ApiError::from)?;
         ok(convert::hold(h))
     }
 
@@ -411,7 +441,8 @@ impl pb::booking_service_server::BookingService for BookingSvc {
         let api = ready(&self.0)?;
         let req = req.into_inner();
         required("hold_id", &req.hold_id)?;
-        required("user_id", &req.user_id)?;
+        user_id(&req.user_id)?;
+        check_idempotency_key(&req.idempotency_key).map_err(ApiError::from)?;
         required("payment_token", &req.payment_token)?;
         if !req.payment_token.starts_with("tok_") {
             return Err(ApiError::from(Rejection::invalid(
@@ -437,7 +468,7 @@ impl pb::booking_service_server::BookingService for BookingSvc {
         let api = ready(&self.0)?;
         let req = req.into_inner();
         required("hold_id", &req.hold_id)?;
-        required("user_id", &req.user_id)?;
+        user_id(&req.user_id)?;
         api.engine
             .release(&HoldId(req.hold_id), &UserId(req.user_id))
             .await

@@ -2,10 +2,11 @@
 //! constant time (`hmac`'s `verify_slice`).
 //!
 //! Text form: `base64url(payload) "." base64url(tag)`, no padding. Payload:
-//! `[version u8 = 1][kind u8][expires_at_ms u64][number u64][at_ms u64][event len u16][event]
-//! [user len u16][user]`, integers big-endian. For a queue token `number` is the fan's join
-//! sequence and `at_ms` when they joined; for an admission token `number` is their position and
-//! `at_ms` when they were admitted.
+//! `[version u8 = 1][kind u8][expires_at_ms u64][number u64][at_ms u64][epoch u64]
+//! [event len u16][event][user len u16][user]`, integers big-endian. For a queue token `number`
+//! is the fan's join sequence, `at_ms` when they joined and `epoch` the waiting room's random
+//! epoch (a token from a room that no longer exists, say before a restart, matches no room); for
+//! an admission token `number` is their position and `at_ms` when they were admitted.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -40,6 +41,8 @@ pub struct Claims {
     pub number: u64,
     /// Join time (queue) or admission time (admission), ms since the Unix epoch.
     pub at_ms: u64,
+    /// The waiting room's epoch (queue tokens; 0 in admission tokens).
+    pub epoch: u64,
     /// After this instant the token is refused as expired.
     pub expires_at_ms: u64,
 }
@@ -82,6 +85,7 @@ impl TokenSigner {
         p.extend_from_slice(&claims.expires_at_ms.to_be_bytes());
         p.extend_from_slice(&claims.number.to_be_bytes());
         p.extend_from_slice(&claims.at_ms.to_be_bytes());
+        p.extend_from_slice(&claims.epoch.to_be_bytes());
         for s in [&claims.event_id, &claims.user_id] {
             let len = u16::try_from(s.len()).unwrap_or(u16::MAX);
             p.extend_from_slice(&len.to_be_bytes());
@@ -160,6 +164,7 @@ fn parse(p: &[u8]) -> Option<Claims> {
     let expires_at_ms = r.u64()?;
     let number = r.u64()?;
     let at_ms = r.u64()?;
+    let epoch = r.u64()?;
     let event_id = r.string()?;
     let user_id = r.string()?;
     if r.at != p.len() {
@@ -171,6 +176,7 @@ fn parse(p: &[u8]) -> Option<Claims> {
         user_id,
         number,
         at_ms,
+        epoch,
         expires_at_ms,
     })
 }
@@ -209,6 +215,7 @@ mod tests {
             user_id: "fan|42".into(),
             number: 7,
             at_ms: 1_000,
+            epoch: 99,
             expires_at_ms: 5_000,
         }
     }

@@ -10,14 +10,14 @@
 //!   Anyone can replay [`shuffle_positions`] with the revealed seed. After opening, first come,
 //!   first served: position = join number.
 //! - **Admission** runs at `admit_rate_per_second` on a timer: positions below `admitted` are
-//!   admitted; each admitted position's admission time is kept (4 bytes) so its admission token
+//!   admitted; each admitted position's admission time is kept (8 bytes) so its admission token
 //!   expires `admission_window` after it, however often the fan polls. The budget never banks
 //!   more than one second of admissions while the line is empty, so the rate stays under its cap.
 //! - **Polling** (`status`) reads atomics and write-once arrays only: no lock shared with Join or
 //!   with admission, no allocation.
 //!
-//! Memory per waiting fan: the join map entry (8-byte hash + 4-byte number, in a hash table),
-//! 4 bytes of admission time, and 4 bytes of shuffled position for pre-opening fans:
+//! Memory per waiting fan: the join map entry (8-byte keyed hash + 4-byte number, in a hash
+//! table), 8 bytes of admission time, and 4 bytes of shuffled position for pre-opening fans:
 //! [`WaitingRoom::memory_bytes`] reports it; the `waiting_room` bench measures 1,000,000 fans.
 
 use std::collections::HashMap;
@@ -27,7 +27,6 @@ use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
-use sha2::{Digest, Sha256};
 
 /// Admission timer period.
 pub const ADMIT_TICK: Duration = Duration::from_millis(20);
@@ -86,9 +85,9 @@ struct Joins {
     opened: bool,
 }
 
-/// A write-once array of u32 in lazily allocated chunks: lock-free reads after the write.
+/// A write-once array of u64 in lazily allocated chunks: lock-free reads after the write.
 struct Chunked {
-    chunks: Box<[OnceLock<Box<[AtomicU32]>>]>,
+    chunks: Box<[OnceLock<Box<[AtomicU64]>>]>,
 }
 
 impl Chunked {
@@ -97,19 +96,19 @@ impl Chunked {
             chunks: (0..len.div_ceil(CHUNK)).map(|_| OnceLock::new()).collect(),
         }
     }
-    fn set(&self, i: usize, v: u32) {
+    fn set(&self, i: usize, v: u64) {
         if let Some(c) = self.chunks.get(i / CHUNK) {
-            let chunk = c.get_or_init(|| (0..CHUNK).map(|_| AtomicU32::new(0)).collect());
+            let chunk = c.get_or_init(|| (0..CHUNK).map(|_| AtomicU64::new(0)).collect());
             chunk[i % CHUNK].store(v, Ordering::Release);
         }
     }
-    fn get(&self, i: usize) -> Option<u32> {
+    fn get(&self, i: usize) -> Option<u64> {
         let v = self.chunks.get(i / CHUNK)?.get()?[i % CHUNK].load(Ordering::Acquire);
         Some(v)
     }
     fn bytes(&self) -> usize {
-        self.chunks.iter().filter(|c| c.get().is_some()).count() * CHUNK * 4
-            + self.chunks.len() * std::mem::size_of::<OnceLock<Box<[AtomicU32]>>>()
+        self.chunks.iter().filter(|c| c.get().is_some()).count() * CHUNK * 8
+            + self.chunks.len() * std::mem::size_of::<OnceLock<Box<[AtomicU64]>>>()
     }
 }
 
@@ -124,20 +123,14 @@ pub struct WaitingRoom {
     opened: AtomicBool,
     /// Positions below this are admitted.
     admitted: AtomicU64,
-    /// Per position: admission time as ms after `base_ms` (+1, so 0 means "not yet").
+    /// Per position: admission time, ms since the Unix epoch (0: not yet).
     admitted_at: Chunked,
-    base_ms: u64,
+    /// Random per room: tokens of an earlier room (before a restart) do not match it.
+    epoch: u64,
+    /// Keyed hasher of (user, session): nobody can search for colliding pairs offline.
+    hasher: std::collections::hash_map::RandomState,
     /// Admissions per second measured over the last ticks (f64 bits), for ETAs.
     measured_rate: AtomicU64,
-}
-
-fn fan_key(user: &str, session: &str) -> u64 {
-    let mut h = Sha256::new();
-    h.update((user.len() as u64).to_be_bytes());
-    h.update(user.as_bytes());
-    h.update(session.as_bytes());
-    let d = h.finalize();
-    u64::from_le_bytes(d[..8].try_into().expect("8 bytes"))
 }
 
 /// The opening draw: position (0-based) of each pre-opening join number, from the seed.
@@ -165,8 +158,8 @@ pub enum JoinError {
 }
 
 impl WaitingRoom {
-    /// A room; `now_ms` anchors the stored admission times.
-    pub fn new(config: RoomConfig, now_ms: u64) -> WaitingRoom {
+    /// A room. `_now_ms` is when it was made (kept for symmetry with the clock-driven API).
+    pub fn new(config: RoomConfig, _now_ms: u64) -> WaitingRoom {
         let max = config.queue_max as usize;
         WaitingRoom {
             joins: Mutex::new(Joins {
@@ -178,7 +171,8 @@ impl WaitingRoom {
             opened: AtomicBool::new(false),
             admitted: AtomicU64::new(0),
             admitted_at: Chunked::new(max),
-            base_ms: now_ms,
+            epoch: rand::random(),
+            hasher: std::collections::hash_map::RandomState::new(),
             measured_rate: AtomicU64::new(f64::from(config.admit_rate_per_second).to_bits()),
             config,
         }
@@ -209,9 +203,22 @@ impl WaitingRoom {
         self.admitted.load(Ordering::Acquire)
     }
 
+    /// This room's epoch (a random number signed into its queue tokens).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Fans drawn at the opening (those who joined before it), once it happened.
+    pub fn drawn(&self) -> Option<u32> {
+        self.drawn
+            .get()
+            .map(|d| u32::try_from(d.len()).unwrap_or(u32::MAX))
+    }
+
     /// Joins (or rejoins) the line: the fan's join number.
     pub fn join(&self, user: &str, session: &str) -> Result<u32, JoinError> {
-        let key = fan_key(user, session);
+        use std::hash::BuildHasher;
+        let key = self.hasher.hash_one((user, session));
         let mut j = self.joins.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(&n) = j.map.get(&key) {
             return Ok(n);
@@ -261,7 +268,8 @@ impl WaitingRoom {
         let from = self.admitted.load(Ordering::Acquire);
         let waiting = u64::from(self.len()).saturating_sub(from);
         let n = budget.min(waiting);
-        let stamp = u32::try_from(now_ms.saturating_sub(self.base_ms) + 1).unwrap_or(u32::MAX);
+        // 0 means "not yet": an admission at the epoch itself is stamped 1 ms later.
+        let stamp = now_ms.max(1);
         for p in from..from + n {
             self.admitted_at.set(p as usize, stamp);
         }
@@ -289,9 +297,8 @@ impl WaitingRoom {
         };
         let admitted = self.admitted();
         if pos < admitted
-            && let Some(stamp) = self.admitted_at.get(pos as usize).filter(|s| *s > 0)
+            && let Some(admitted_at_ms) = self.admitted_at.get(pos as usize).filter(|s| *s > 0)
         {
-            let admitted_at_ms = self.base_ms + u64::from(stamp) - 1;
             let expires_at_ms = admitted_at_ms + self.config.admission_window_ms;
             return if now_ms < expires_at_ms {
                 Standing::Admitted {

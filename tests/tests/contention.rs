@@ -415,7 +415,7 @@ async fn bad_input_is_refused_with_the_field_and_changes_nothing() {
                 ))
                 .await
         ),
-        "SEAT_NOT_FOUND"
+        "seat_ids"
     );
     assert_eq!(
         field(

@@ -435,6 +435,28 @@ async fn booking_end_to_end_with_every_documented_error() {
         Code::NotFound,
         "SEAT_NOT_FOUND",
     );
+    let s = c
+        .booking
+        .hold(seats("b", "bob", &bob, &["orch:A:1", "garbage"]))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (s.code(), reason(&s)),
+        (Code::InvalidArgument, "INVALID_REQUEST".into())
+    );
+    let details = tonic_types::StatusExt::get_error_details(&s);
+    assert_eq!(
+        details.bad_request().unwrap().field_violations[0].field,
+        "seats.seat_ids[1]"
+    );
+    // An empty bearer is no key at all.
+    let mut empty = clients(&ch, "");
+    let s = empty
+        .events
+        .list_events(pb::ListEventsRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(s.code(), Code::Unauthenticated);
     expect_err(
         c.booking.hold(best("b", "bob", &bob, "nope", 1, "")).await,
         Code::NotFound,
@@ -625,6 +647,21 @@ async fn booking_end_to_end_with_every_documented_error() {
         Code::Unauthenticated,
         "TOKEN_EXPIRED",
     );
+    // A replay still returns the first answer after the admission window closed.
+    let replay = c
+        .booking
+        .hold(best("b", "bob", &bob, "floor", 3, "k1"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(replay, gah, "replay after the window");
+    expect_err(
+        c.booking
+            .hold(best("b", "bob", &bob, "floor", 1, "k-new"))
+            .await,
+        Code::Unauthenticated,
+        "TOKEN_EXPIRED",
+    );
     // The waitlist is not built yet.
     let s = c
         .waitlist
@@ -712,15 +749,30 @@ async fn waiting_room_shuffles_before_opening_and_admits_in_order() {
     // Open: the seed is revealed and matches its commitment; positions are a permutation
     // reproducible from it.
     clock.advance_ms(10_000);
-    let after = a
-        .events
-        .get_event(pb::GetEventRequest {
-            event_id: "w".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    // The seed is revealed once the line is drawn (at the admission timer's next tick), never
+    // before the draw.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let after = loop {
+        let e = a
+            .events
+            .get_event(pb::GetEventRequest {
+                event_id: "w".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        if !e.shuffle_seed.is_empty() {
+            break e;
+        }
+        assert_eq!(e.shuffled_fans, 0);
+        assert!(Instant::now() < deadline, "never drawn");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
     assert_eq!(after.state, pb::EventState::OnSale as i32);
+    assert_eq!(
+        after.shuffled_fans, 50,
+        "the draw covered the fifty who came early"
+    );
     let seed: [u8; 32] = hex::decode(&after.shuffle_seed)
         .unwrap()
         .try_into()
@@ -881,6 +933,17 @@ async fn health_is_not_serving_until_recovery_and_restart_keeps_holds_and_orders
         .await
         .unwrap();
     let tok = admitted(&mut a, &clock, "r", "ann").await;
+    let old_place = a
+        .room
+        .join(pb::JoinRequest {
+            event_id: "r".into(),
+            user_id: "zed".into(),
+            session_id: "s".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .queue_token;
     let hold = a
         .booking
         .hold(best("r", "ann", &tok, "g", 2, ""))
@@ -954,6 +1017,24 @@ async fn health_is_not_serving_until_recovery_and_restart_keeps_holds_and_orders
         .unwrap()
         .into_inner();
     assert_eq!(back, hold, "the hold survived, same deadline");
+    // The line lived in memory: a queue token from before the restart is EXPIRED (join again)
+    // and admits nobody.
+    let st = a
+        .room
+        .get_status(pb::GetStatusRequest {
+            queue_token: old_place.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(st.state, pb::QueueState::Expired as i32);
+    expect_err(
+        a.booking
+            .hold(best("r", "zed", &old_place, "g", 1, ""))
+            .await,
+        Code::Unauthenticated,
+        "TOKEN_EXPIRED",
+    );
     let back = a
         .booking
         .get_order(pb::GetOrderRequest {
@@ -1094,5 +1175,33 @@ async fn metrics_endpoint_serves_prometheus_text_with_the_families() {
         "a histogram, not a summary"
     );
     assert!(text.contains("reason=\"SOLD_OUT\""));
+    server.shutdown().await.unwrap();
+}
+
+/// A message with the wire shape of `GetEventRequest` but bytes where a string belongs.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawGetEvent {
+    #[prost(bytes = "vec", tag = "1")]
+    event_id: Vec<u8>,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undecodable_requests_are_invalid_arguments_with_a_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let server = start(config(dir.path(), &clock)).await;
+    let ch = channel(&server).await;
+    let mut grpc = tonic::client::Grpc::new(ch.clone());
+    grpc.ready().await.unwrap();
+    let mut req = tonic::Request::new(RawGetEvent {
+        event_id: vec![0xff, 0xfe, 0x00],
+    });
+    req.metadata_mut()
+        .insert("authorization", format!("Bearer {CLIENT}").parse().unwrap());
+    let path = http::uri::PathAndQuery::from_static("/boxoffice.v1.EventService/GetEvent");
+    let codec = tonic_prost::ProstCodec::<RawGetEvent, pb::Event>::default();
+    let s = grpc.unary(req, path, codec).await.unwrap_err();
+    assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
+    assert_eq!(reason(&s), "INVALID_REQUEST");
     server.shutdown().await.unwrap();
 }
