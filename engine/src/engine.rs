@@ -25,12 +25,16 @@ use crate::ledger::{
     Answer, Begin, BeginArgs, Ledger, LedgerRecord, LedgerShard, Rpc, ShardArgs, ShardState,
     shard_index,
 };
-use crate::section::{SectionActor, SectionArgs, SectionMsg};
+use crate::section::{Listener, Notice, Notices, SectionActor, SectionArgs, SectionMsg};
 use crate::store::{self, Durability, Store, StreamWriter};
 use crate::types::{
     ConfirmRequest, EventId, EventSpec, EventView, HoldId, HoldRequest, HoldStatus, HoldView,
     Layout, OrderId, OrderView, SeatId, SeatMap, SeatView, SectionId, SectionSeats,
     SectionSnapshot, SectionSummary, Selection, UserId, check_idempotency_key, check_user_id,
+};
+use crate::waitlist::{
+    WaitlistActor, WaitlistArgs, WaitlistCore, WaitlistMsg, WaitlistRecord, WaitlistState,
+    WaitlistView,
 };
 
 /// How the engine runs. `EngineConfig::new(dir)` gives the defaults.
@@ -48,6 +52,8 @@ pub struct EngineConfig {
     pub section_inflight_max: usize,
     /// A stream writes a checkpoint after this many records, and drops the records behind it.
     pub checkpoint_every_records: u64,
+    /// Most fans waiting on one event's waitlist; past it `QUEUE_FULL`.
+    pub waitlist_max: usize,
 }
 
 impl EngineConfig {
@@ -61,6 +67,7 @@ impl EngineConfig {
             ledger_shards: 4,
             section_inflight_max: 10_000,
             checkpoint_every_records: 100_000,
+            waitlist_max: 100_000,
         }
     }
 }
@@ -145,6 +152,8 @@ struct Inner {
     catalog: Mutex<StreamWriter>,
     ready: AtomicBool,
     recovery: std::sync::OnceLock<RecoveryReport>,
+    notices: Notices,
+    waitlist: ractor::ActorRef<WaitlistMsg>,
 }
 
 /// The engine: cheap to clone, shared by every caller.
@@ -207,6 +216,19 @@ impl Engine {
         }
         let ledger = Ledger::new(shard_refs);
         let catalog = StreamWriter::open(&db, "catalog", recovered.catalog_last)?;
+        let (waitlist, _) = Actor::spawn(
+            None,
+            WaitlistActor,
+            WaitlistArgs {
+                core: recovered.waitlist,
+                stream: StreamWriter::open(&db, "waitlist", recovered.waitlist_last)?,
+                store: store.clone(),
+                checkpoint_every: config.checkpoint_every_records,
+            },
+        )
+        .await
+        .map_err(|e| StorageError::Io(format!("cannot start the waitlist: {e}")))?;
+        let notices: Notices = Arc::new(std::sync::OnceLock::new());
         let engine = Engine {
             inner: Arc::new(Inner {
                 config: config.clone(),
@@ -217,6 +239,8 @@ impl Engine {
                 catalog: Mutex::new(catalog),
                 ready: AtomicBool::new(false),
                 recovery: std::sync::OnceLock::new(),
+                notices,
+                waitlist,
             }),
         };
         let mut cores = recovered.cores;
@@ -258,8 +282,15 @@ impl Engine {
         Ok(())
     }
 
-    fn now_ms(&self) -> u64 {
+    /// Now, by the engine's clock (ms since the Unix epoch).
+    pub fn now_ms(&self) -> u64 {
         self.inner.config.clock.now_ms()
+    }
+
+    /// Sets the one listener of engine notices (deadline changes, ended holds, waitlist joins).
+    /// Returns false if one was set already.
+    pub fn set_listener(&self, listener: Listener) -> bool {
+        self.inner.notices.set(listener).is_ok()
     }
 
     async fn start_event(
@@ -292,6 +323,7 @@ impl Engine {
                     snapshot: tx,
                     depth: depth.clone(),
                     checkpoint_every: inner.config.checkpoint_every_records,
+                    notices: inner.notices.clone(),
                 },
             )
             .await
@@ -656,22 +688,45 @@ impl Engine {
     /// `max_per_section` per section per call; returns the holds it expired.
     pub async fn expire_due(&self, max_per_section: usize) -> Result<Vec<HoldView>, EngineError> {
         self.check_ready()?;
-        let max = max_per_section.clamp(1, EXPIRE_PER_SECTION_MAX);
-        let events: Vec<Arc<EventEntry>> = self
-            .inner
-            .events
-            .iter()
-            .map(|e| e.value().clone())
-            .collect();
         let mut out = Vec::new();
-        for e in events {
+        for e in self.event_entries() {
             for slot in &e.sections {
-                let expired = self
-                    .ask(&e, &slot.section_id, |reply| {
-                        SectionMsg::ExpireDue(max, reply)
-                    })
+                let (expired, _) = self
+                    .expire_section(&e.event_id, &slot.section_id, max_per_section)
                     .await?;
                 out.extend(expired);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Expires at most `max` due holds of one section; returns them and the section's next
+    /// deadline (which may already be due if `max` was reached).
+    pub async fn expire_section(
+        &self,
+        event_id: &EventId,
+        section_id: &SectionId,
+        max: usize,
+    ) -> Result<(Vec<HoldView>, Option<u64>), EngineError> {
+        self.check_ready()?;
+        let max = max.clamp(1, EXPIRE_PER_SECTION_MAX);
+        let e = self.entry(event_id)?;
+        self.ask(&e, section_id, |reply| SectionMsg::ExpireDue(max, reply))
+            .await
+    }
+
+    /// Every section's earliest active-hold deadline.
+    pub async fn next_deadlines(
+        &self,
+    ) -> Result<Vec<(EventId, SectionId, Option<u64>)>, EngineError> {
+        self.check_ready()?;
+        let mut out = Vec::new();
+        for e in self.event_entries() {
+            for slot in &e.sections {
+                let d = self
+                    .ask(&e, &slot.section_id, SectionMsg::NextDeadline)
+                    .await?;
+                out.push((e.event_id.clone(), slot.section_id.clone(), d));
             }
         }
         Ok(out)
@@ -701,6 +756,140 @@ impl Engine {
             .iter()
             .map(|e| e.value().clone())
             .collect()
+    }
+
+    async fn ask_waitlist<T: Send + 'static>(
+        &self,
+        build: impl FnOnce(ractor::RpcReplyPort<Result<T, EngineError>>) -> WaitlistMsg,
+    ) -> Result<T, EngineError> {
+        self.inner
+            .waitlist
+            .call(build, None)
+            .await
+            .map_err(|_| EngineError::NotReady)?
+            .success_or(EngineError::NotReady)?
+    }
+
+    /// Joins an event's waitlist for `quantity` places (all or nothing) in `section` (`None`:
+    /// any). A fan has at most one active entry per event: joining again returns it.
+    pub async fn join_waitlist(
+        &self,
+        event_id: &EventId,
+        user_id: &UserId,
+        section: Option<SectionId>,
+        quantity: u32,
+    ) -> Result<WaitlistView, EngineError> {
+        self.check_ready()?;
+        check_user_id(user_id)?;
+        let e = self.entry(event_id)?;
+        if let Some(s) = &section
+            && !e.sections.iter().any(|slot| &slot.section_id == s)
+        {
+            return Err(Rejection::SectionNotFound.into());
+        }
+        if quantity == 0 || quantity > e.spec.per_user_limit {
+            return Err(Rejection::invalid(
+                "quantity",
+                format!(
+                    "must be 1 to the per-user limit ({})",
+                    e.spec.per_user_limit
+                ),
+            )
+            .into());
+        }
+        let entry_id = format!("{event_id}.w{}", ulid::Ulid::generate());
+        let (event, user, max, now) = (
+            event_id.clone(),
+            user_id.clone(),
+            self.inner.config.waitlist_max,
+            self.now_ms(),
+        );
+        let view = self
+            .ask_waitlist(|reply| WaitlistMsg::Join {
+                entry_id,
+                event_id: event,
+                user_id: user,
+                section_id: section,
+                quantity,
+                max,
+                now_ms: now,
+                reply,
+            })
+            .await?;
+        crate::section::notify(
+            &self.inner.notices,
+            Notice::WaitlistJoined {
+                event_id: event_id.clone(),
+            },
+        );
+        Ok(view)
+    }
+
+    /// A waitlist entry.
+    pub async fn waitlist_entry(&self, entry_id: &str) -> Result<WaitlistView, EngineError> {
+        self.check_ready()?;
+        let id = entry_id.to_owned();
+        self.ask_waitlist(|reply| WaitlistMsg::Get(id, reply)).await
+    }
+
+    /// The first `n` waiting entries of an event that would take places of `section`.
+    pub async fn waitlist_candidates(
+        &self,
+        event_id: &EventId,
+        section: Option<&SectionId>,
+        n: usize,
+    ) -> Result<Vec<WaitlistView>, EngineError> {
+        let (e, s) = (event_id.clone(), section.cloned());
+        self.ask_waitlist(|reply| WaitlistMsg::Candidates(e, s, n, reply))
+            .await
+    }
+
+    /// Records that `hold_id` was offered to a waiting entry (idempotent for the same hold).
+    pub async fn waitlist_offer(
+        &self,
+        entry_id: &str,
+        hold_id: &HoldId,
+    ) -> Result<WaitlistView, EngineError> {
+        let (id, h) = (entry_id.to_owned(), hold_id.clone());
+        self.ask_waitlist(|reply| WaitlistMsg::Offer(id, h, reply))
+            .await
+    }
+
+    /// Ends an entry (`Expired` or `Fulfilled`); an entry that ended already stays as it is.
+    pub async fn waitlist_end(
+        &self,
+        entry_id: &str,
+        state: WaitlistState,
+    ) -> Result<WaitlistView, EngineError> {
+        let id = entry_id.to_owned();
+        self.ask_waitlist(|reply| WaitlistMsg::End(id, state, reply))
+            .await
+    }
+
+    /// The entry a hold was offered to, if any.
+    pub async fn waitlist_entry_of_hold(
+        &self,
+        hold_id: &HoldId,
+    ) -> Result<Option<WaitlistView>, EngineError> {
+        let h = hold_id.clone();
+        self.ask_waitlist(|reply| WaitlistMsg::OfHold(h, reply))
+            .await
+    }
+
+    /// Every entry with an outstanding offer.
+    pub async fn waitlist_offered(&self) -> Result<Vec<WaitlistView>, EngineError> {
+        self.ask_waitlist(WaitlistMsg::Offered).await
+    }
+
+    /// Events with fans waiting.
+    pub async fn waitlist_events(&self) -> Result<Vec<EventId>, EngineError> {
+        self.ask_waitlist(WaitlistMsg::EventsWaiting).await
+    }
+
+    /// Fans waiting on an event's waitlist.
+    pub async fn waitlist_len(&self, event_id: &EventId) -> Result<usize, EngineError> {
+        let e = event_id.clone();
+        self.ask_waitlist(|reply| WaitlistMsg::Len(e, reply)).await
     }
 
     /// Places the user holds or owns for the event, as the ledger counts them.
@@ -760,6 +949,7 @@ impl Engine {
         for shard in self.inner.ledger.actors() {
             let _ = shard.stop_and_wait(None, None).await;
         }
+        let _ = self.inner.waitlist.stop_and_wait(None, None).await;
         // An actor's state (with its handles on the store) may be dropped just after it reports
         // stopped; wait for that, so the data dir is free once the last `Engine` goes.
         let deadline = Instant::now() + std::time::Duration::from_secs(5);
@@ -877,6 +1067,8 @@ fn view_of(e: &EventEntry) -> EventView {
 }
 
 struct Recovered {
+    waitlist: WaitlistCore,
+    waitlist_last: u64,
     events: Vec<(EventId, EventSpec, u64)>,
     cores: HashMap<(EventId, SectionId), (SectionCore, u64)>,
     catalog_last: u64,
@@ -1046,8 +1238,28 @@ fn recover(
         sold.insert(key.as_bytes(), hold.as_str().as_bytes())
             .map_err(io)?;
     }
+    // The waitlist stream.
+    let tree = db.open_tree("waitlist").map_err(io)?;
+    let replay = store::read_stream::<WaitlistRecord>(&checkpoints, "waitlist", &tree)?;
+    report.torn_tails_dropped += usize::from(replay.dropped_tail);
+    let mut waitlist = match &replay.checkpoint {
+        Some((seq, blob)) => {
+            report.checkpoints_loaded += 1;
+            codec::decode::<WaitlistCore>(blob)
+                .map_err(|e| corrupt("checkpoints/waitlist", *seq, e.to_string()))?
+        }
+        None => WaitlistCore::default(),
+    };
+    for (seq, record) in &replay.records {
+        waitlist
+            .apply(record)
+            .map_err(|e| corrupt("waitlist", *seq, e))?;
+        report.records_replayed += 1;
+    }
     db.flush().map_err(io)?;
     Ok(Recovered {
+        waitlist,
+        waitlist_last: replay.last_seq,
         events,
         cores,
         catalog_last: catalog.last_seq,

@@ -33,6 +33,12 @@ pub enum Rejection {
     /// No such order.
     #[error("order not found")]
     OrderNotFound,
+    /// No such waitlist entry.
+    #[error("waitlist entry not found")]
+    EntryNotFound,
+    /// The waitlist is at its maximum length.
+    #[error("the waitlist is full")]
+    QueueFull,
     /// The event id is taken.
     #[error("event exists")]
     EventExists,
@@ -96,6 +102,8 @@ impl Rejection {
             Rejection::SeatNotFound(_) => "SEAT_NOT_FOUND",
             Rejection::HoldNotFound => "HOLD_NOT_FOUND",
             Rejection::OrderNotFound => "ORDER_NOT_FOUND",
+            Rejection::EntryNotFound => "ENTRY_NOT_FOUND",
+            Rejection::QueueFull => "QUEUE_FULL",
             Rejection::EventExists => "EVENT_EXISTS",
             Rejection::SaleNotOpen => "SALE_NOT_OPEN",
             Rejection::SoldOut => "SOLD_OUT",

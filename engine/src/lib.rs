@@ -14,6 +14,7 @@
 //! - `store`: the sled log, the group-commit flusher thread, checkpoints, the sold-seat backstop.
 //! - `section`: the section actor (ractor), a thin shell around the core.
 //! - `ledger`: per-user quota and idempotency records, sharded by user over actors.
+//! - [`waitlist`]: the waitlist's state machine and actor (entries, offers), logged.
 //! - [`engine`]: the [`Engine`] handle, the [`Router`], recovery.
 //!
 //! ## Example
@@ -80,6 +81,7 @@ mod ledger;
 mod section;
 mod store;
 pub mod types;
+pub mod waitlist;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use core::SectionCore;

@@ -25,7 +25,9 @@ use crate::core::{ConfirmHold, PlaceHold, SectionCore, SectionRecord};
 use crate::error::{EngineError, Rejection, StorageError};
 use crate::ledger::Ledger;
 use crate::store::{Store, StreamWriter};
-use crate::types::{HoldId, HoldView, OrderId, OrderView, SectionSnapshot, UserId};
+use crate::types::{
+    EventId, HoldId, HoldStatus, HoldView, OrderId, OrderView, SectionId, SectionSnapshot, UserId,
+};
 
 /// Under sustained load, publish a snapshot at least this often.
 pub const SNAPSHOT_EVERY_MESSAGES: u32 = 256;
@@ -37,7 +39,7 @@ pub(crate) enum SectionMsg {
     Hold(PlaceHold, Reply<HoldView>),
     Confirm(ConfirmHold, Reply<OrderView>),
     Release(HoldId, UserId, Reply<HoldView>),
-    ExpireDue(usize, Reply<Vec<HoldView>>),
+    ExpireDue(usize, Reply<(Vec<HoldView>, Option<u64>)>),
     GetHold(HoldId, Reply<HoldView>),
     GetOrder(OrderId, Reply<OrderView>),
     /// A copy of the core, for invariant checks and tests.
@@ -55,6 +57,7 @@ pub(crate) struct SectionArgs {
     pub snapshot: watch::Sender<Arc<SectionSnapshot>>,
     pub depth: Arc<AtomicUsize>,
     pub checkpoint_every: u64,
+    pub notices: Notices,
 }
 
 pub(crate) struct SectionState {
@@ -62,6 +65,8 @@ pub(crate) struct SectionState {
     durable_seq: Arc<AtomicU64>,
     since_publish: u32,
     counters: Counters,
+    /// The earliest deadline last reported to the listener.
+    reported_deadline: Option<Option<u64>>,
 }
 
 struct Counters {
@@ -105,9 +110,6 @@ impl Counters {
     }
 }
 
-/// A hold that ended and whose places go back to the user's quota once durable.
-type Refund = (UserId, u32);
-
 impl SectionState {
     /// Hands `records` to the flusher; `reply` runs once they (and everything before them) are
     /// durable. With no records and nothing pending, replies at once.
@@ -115,7 +117,7 @@ impl SectionState {
         &mut self,
         records: Vec<SectionRecord>,
         claims: Vec<(String, Vec<u8>)>,
-        refunds: Vec<Refund>,
+        ended: Vec<HoldView>,
         reply: impl FnOnce(Result<(), StorageError>) + Send + 'static,
     ) {
         let last_numbered = self.a.stream.next_seq - 1;
@@ -127,14 +129,19 @@ impl SectionState {
         let durable = self.durable_seq.clone();
         let ledger = self.a.ledger.clone();
         let event_id = self.a.core.event_id().clone();
+        let notices = self.a.notices.clone();
         let job = self.a.stream.append(
             &records,
             claims,
             Box::new(move |r| {
                 if r.is_ok() {
                     durable.fetch_max(upto, Ordering::AcqRel);
-                    for (user, q) in refunds {
-                        ledger.refund(event_id.clone(), user, q);
+                    for hold in ended {
+                        // Released or expired places count against nobody once durable.
+                        if matches!(hold.status, HoldStatus::Released | HoldStatus::Expired) {
+                            ledger.refund(event_id.clone(), hold.user_id.clone(), hold.quantity);
+                        }
+                        notify(&notices, Notice::HoldEnded(hold));
                     }
                 }
                 reply(r);
@@ -196,6 +203,7 @@ impl Actor for SectionActor {
             durable_seq,
             since_publish: 0,
             counters,
+            reported_deadline: None,
         };
         let now = st.a.clock.now_ms();
         st.publish(now);
@@ -236,24 +244,26 @@ impl Actor for SectionActor {
                 let user = cmd.user_id.clone();
                 let hold_id = cmd.hold_id.clone();
                 let (answer, record) = st.a.core.confirm(cmd, now);
-                let refunds = ended_refund(&st.a.core, &hold_id, &user, &record);
+                let mut ended = ended_hold(&st.a.core, &hold_id, &user, &record);
                 let records: Vec<_> = record.into_iter().collect();
                 match answer {
                     Ok(c) => {
                         st.counters.confirms.increment(1);
+                        // A confirmed hold ended too (for the waitlist); no quota comes back.
+                        ended.extend(st.a.core.hold_view(&hold_id));
                         let claims = c
                             .sold_keys
                             .into_iter()
                             .map(|k| (k, hold_id.as_str().as_bytes().to_vec()))
                             .collect();
-                        st.commit(records, claims, refunds, after(reply, Ok(c.order)));
+                        st.commit(records, claims, ended, after(reply, Ok(c.order)));
                     }
                     Err(r) => {
                         st.counters.rejected(&r);
-                        if !refunds.is_empty() {
+                        if !ended.is_empty() {
                             st.counters.expired.increment(1);
                         }
-                        st.commit(records, Vec::new(), refunds, after(reply, Err(r)));
+                        st.commit(records, Vec::new(), ended, after(reply, Err(r)));
                     }
                 }
             }
@@ -263,19 +273,19 @@ impl Actor for SectionActor {
                     return Ok(());
                 }
                 let (answer, record) = st.a.core.release(&hold_id, &user, now);
-                let refunds = ended_refund(&st.a.core, &hold_id, &user, &record);
+                let ended = ended_hold(&st.a.core, &hold_id, &user, &record);
                 let records: Vec<_> = record.into_iter().collect();
                 match answer {
-                    Ok(ended) => {
+                    Ok(released) => {
                         st.counters.releases.increment(1);
-                        st.commit(records, Vec::new(), refunds, after(reply, Ok(ended.hold)));
+                        st.commit(records, Vec::new(), ended, after(reply, Ok(released.hold)));
                     }
                     Err(r) => {
                         st.counters.rejected(&r);
-                        if !refunds.is_empty() {
+                        if !ended.is_empty() {
                             st.counters.expired.increment(1);
                         }
-                        st.commit(records, Vec::new(), refunds, after(reply, Err(r)));
+                        st.commit(records, Vec::new(), ended, after(reply, Err(r)));
                     }
                 }
             }
@@ -287,14 +297,18 @@ impl Actor for SectionActor {
                 let ended = st.a.core.expire_due(now, max);
                 st.counters.expired.increment(ended.len() as u64);
                 let mut records = Vec::with_capacity(ended.len());
-                let mut refunds = Vec::with_capacity(ended.len());
                 let mut views = Vec::with_capacity(ended.len());
                 for (e, record) in ended {
-                    refunds.push((e.hold.user_id.clone(), e.hold.quantity));
                     views.push(e.hold);
                     records.push(record);
                 }
-                st.commit(records, Vec::new(), refunds, after(reply, Ok(views)));
+                let next = st.a.core.next_deadline_ms();
+                st.commit(
+                    records,
+                    Vec::new(),
+                    views.clone(),
+                    after(reply, Ok((views, next))),
+                );
             }
             SectionMsg::GetHold(hold_id, reply) => {
                 let answer = st.a.core.hold_view(&hold_id).ok_or(Rejection::HoldNotFound);
@@ -314,6 +328,18 @@ impl Actor for SectionActor {
                 send(reply, Ok(st.a.core.next_deadline_ms()));
             }
         }
+        let next = st.a.core.next_deadline_ms();
+        if st.reported_deadline != Some(next) {
+            st.reported_deadline = Some(next);
+            notify(
+                &st.a.notices,
+                Notice::DeadlineChanged {
+                    event_id: st.a.core.event_id().clone(),
+                    section_id: st.a.core.spec().section_id.clone(),
+                    next_ms: next,
+                },
+            );
+        }
         st.since_publish += 1;
         if left == 0 || st.since_publish >= SNAPSHOT_EVERY_MESSAGES {
             st.counters.depth.set(left as f64);
@@ -323,19 +349,52 @@ impl Actor for SectionActor {
     }
 }
 
-/// If `record` ended the hold (an expiry found by a confirm or release, or a release), the
-/// holder's places go back to their quota.
-fn ended_refund(
+/// The hold, if `record` ended it (an expiry found by a confirm or release, or a release):
+/// its places go back to the holder's quota once durable.
+fn ended_hold(
     core: &SectionCore,
     hold_id: &HoldId,
     user: &UserId,
     record: &Option<SectionRecord>,
-) -> Vec<Refund> {
+) -> Vec<HoldView> {
     match record {
         Some(SectionRecord::HoldExpired { .. } | SectionRecord::HoldReleased { .. }) => core
             .hold_view(hold_id)
-            .map(|h| vec![(user.clone(), h.quantity)])
-            .unwrap_or_default(),
+            .filter(|h| &h.user_id == user)
+            .into_iter()
+            .collect(),
         _ => Vec::new(),
+    }
+}
+
+/// What the engine tells a listener (the sweeper): advisory, after the fact.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Notice {
+    /// A section's earliest active-hold deadline changed (`None`: no active hold).
+    DeadlineChanged {
+        /// The event.
+        event_id: EventId,
+        /// The section.
+        section_id: SectionId,
+        /// The earliest deadline now.
+        next_ms: Option<u64>,
+    },
+    /// A hold ended (released, expired or confirmed), durably.
+    HoldEnded(HoldView),
+    /// Someone joined an event's waitlist.
+    WaitlistJoined {
+        /// The event.
+        event_id: EventId,
+    },
+}
+
+/// Who hears notices: set once (by the sweeper).
+pub type Listener = Arc<dyn Fn(Notice) + Send + Sync>;
+/// The engine's listener slot, shared with every actor.
+pub(crate) type Notices = Arc<std::sync::OnceLock<Listener>>;
+
+pub(crate) fn notify(notices: &Notices, notice: Notice) {
+    if let Some(l) = notices.get() {
+        l(notice);
     }
 }

@@ -67,7 +67,9 @@ fn rejection_status(r: &Rejection) -> Status {
         Rejection::EventNotFound
         | Rejection::SectionNotFound
         | Rejection::HoldNotFound
-        | Rejection::OrderNotFound => Code::NotFound,
+        | Rejection::OrderNotFound
+        | Rejection::EntryNotFound => Code::NotFound,
+        Rejection::QueueFull => Code::ResourceExhausted,
         Rejection::SeatNotFound(seat) => {
             meta.insert("seat_id".to_owned(), seat.to_string());
             Code::NotFound
@@ -182,6 +184,8 @@ mod tests {
             ),
             (Rejection::HoldNotFound, Code::NotFound),
             (Rejection::OrderNotFound, Code::NotFound),
+            (Rejection::EntryNotFound, Code::NotFound),
+            (Rejection::QueueFull, Code::ResourceExhausted),
             (Rejection::EventExists, Code::AlreadyExists),
             (Rejection::SaleNotOpen, Code::FailedPrecondition),
             (Rejection::SoldOut, Code::FailedPrecondition),
