@@ -87,8 +87,10 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use core::SectionCore;
 pub use engine::{EXPIRE_PER_SECTION_MAX, Engine, EngineConfig, RecoveryReport, Router};
 pub use error::{EngineError, Rejection, StorageError};
+pub use section::{Listener, Notice};
 pub use store::{Durability, FLUSH_BATCH_JOBS_MAX};
 pub use types::*;
+pub use waitlist::{WaitlistState, WaitlistView};
 
 /// Tool and test support: the data dir's raw sled database, for tests that damage the log and
 /// for offline tools. Tree names: `catalog`, `section/{event}/{section}`, `ledger/{shard}`,

@@ -495,15 +495,10 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
         .await
         .context("creating the event")?;
     let event_id = event.event_id.clone();
-    let (sweeper, sweeper_task) = boxoffice_sweeper::start(
-        engine.clone(),
-        boxoffice_sweeper::SweeperConfig {
-            tick: Duration::from_millis(100),
-            ..Default::default()
-        },
-    )
-    .await
-    .context("starting the sweeper")?;
+    let (sweeper, sweeper_task) =
+        boxoffice_sweeper::start(engine.clone(), boxoffice_sweeper::SweeperConfig::default())
+            .await
+            .context("starting the sweeper")?;
 
     let tally = Arc::new(Tally::default());
     let lat = Arc::new(Mutex::new(Latencies {

@@ -1,46 +1,89 @@
 //! # boxoffice-sweeper
 //!
-//! The sweeper actor: releases holds whose TTL ran out, so their places go back on sale.
+//! The sweeper actor: releases holds whose TTL ran out, and hands freed places to the waitlist.
 //!
-//! It owns no inventory: on every tick it asks the engine to expire what is due
-//! ([`Engine::expire_due`]), and each section actor decides for its own holds (a section also
-//! refuses a confirm past the deadline by itself, so a late sweep can never let a late confirm
-//! through). Work per tick is bounded: at most [`SweeperConfig::rounds_per_tick_max`] rounds
-//! of at most [`SweeperConfig::expire_per_section_max`] holds per section, so a backlog drains
-//! over several ticks without starving the booking path. Ticks are timer messages
-//! (`send_interval`); the handler never sleeps.
+//! ## Expiry
+//! It keeps every section's earliest active-hold deadline in an index ordered by deadline
+//! (`BTreeSet<(deadline, event, section)>`, after mini-redis's expiry task), fed by the engine's
+//! `DeadlineChanged` notices. It sleeps until the earliest deadline with a timer message
+//! (`send_after`; a newer, earlier deadline re-arms it and the stale timer is ignored by its
+//! generation), never with a sleep in a handler. When it wakes it asks each due section to
+//! expire what is due, bounded: at most [`SweeperConfig::sections_per_tick_max`] sections of at
+//! most [`SweeperConfig::expire_per_call_max`] holds each; a longer backlog continues in a
+//! `Sweep` message queued behind whatever else arrived, so booking traffic interleaves with it.
+//! The section checks deadlines itself too: a confirm after the deadline is refused even if the
+//! sweeper has not run yet, and confirm and expiry of one hold are serialized by its section.
+//!
+//! ## Waitlist hand-off
+//! When places come back (a hold released or expired) and fans wait for the event, it offers
+//! them: for each waiting entry that fits the freed section, in line order, it places a hold in
+//! the fan's name (best available, all or nothing, the event's TTL, per-user limit enforced by
+//! the ledger as for any hold; idempotency key `waitlist:{entry}`) and records the offer. An entry
+//! whose quantity does not fit is skipped for now (smaller requests behind it may fit); a fan who
+//! is at the per-user limit leaves the line (`EXPIRED`). An offered hold that is confirmed makes
+//! its entry `FULFILLED`; one that is released or expires makes it `EXPIRED`, and its places go
+//! to the next fan. On start it reconciles offers with their holds (a restart may have happened
+//! in between) and offers whatever is free.
 
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
-use boxoffice_engine::{Engine, EngineError};
-use ractor::{Actor, ActorProcessingErr, ActorRef};
+use boxoffice_engine::{
+    Engine, EngineError, EventId, HoldId, HoldRequest, HoldStatus, HoldView, Notice, Rejection,
+    SectionId, Selection, WaitlistState,
+};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
-/// How often and how much the sweeper works.
+/// How much the sweeper does per step.
 #[derive(Clone, Debug)]
 pub struct SweeperConfig {
-    /// Time between ticks.
-    pub tick: Duration,
-    /// Most holds expired per section per round.
-    pub expire_per_section_max: usize,
-    /// Most rounds per tick.
-    pub rounds_per_tick_max: usize,
+    /// Most sections expired per wake-up.
+    pub sections_per_tick_max: usize,
+    /// Most holds expired per section per call.
+    pub expire_per_call_max: usize,
+    /// Most waitlist entries tried per hand-off.
+    pub offers_per_pass_max: usize,
+    /// A safety-net sweep this often, whatever the index says (clock changes, lost timers).
+    pub recheck: Duration,
 }
 
 impl Default for SweeperConfig {
     fn default() -> Self {
         SweeperConfig {
-            tick: Duration::from_millis(250),
-            expire_per_section_max: 1_024,
-            rounds_per_tick_max: 8,
+            sections_per_tick_max: 64,
+            expire_per_call_max: 256,
+            offers_per_pass_max: 16,
+            recheck: Duration::from_millis(500),
         }
     }
 }
 
+/// What the sweeper has done, for tests and tools.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SweeperStats {
+    /// Holds it expired.
+    pub expired: u64,
+    /// Largest delay between a deadline and its expiry, ms.
+    pub lag_max_ms: u64,
+    /// Holds offered to waitlist entries.
+    pub offers_made: u64,
+    /// Offers confirmed.
+    pub offers_accepted: u64,
+    /// Offers released or expired.
+    pub offers_lapsed: u64,
+}
+
 /// Messages the sweeper takes.
-#[derive(Debug)]
 pub enum SweeperMsg {
-    /// Expire what is due now (sent by the interval timer, or by anyone who wants a sweep now).
-    Tick,
+    /// An engine notice (deadline changed, hold ended, waitlist joined).
+    Notice(Notice),
+    /// The deadline timer (ignored unless its generation is current).
+    Tick(u64),
+    /// Expire what is due now.
+    Sweep,
+    /// Replies with the stats once every message sent before it was handled.
+    Sync(RpcReplyPort<SweeperStats>),
 }
 
 /// The sweeper actor.
@@ -50,15 +93,206 @@ pub struct Sweeper;
 pub struct SweeperArgs {
     /// The engine to sweep.
     pub engine: Engine,
-    /// Tick and bounds.
+    /// Bounds.
     pub config: SweeperConfig,
 }
 
-/// What the sweeper keeps between ticks.
+/// What the sweeper keeps.
 pub struct SweeperState {
     engine: Engine,
     config: SweeperConfig,
-    expired_total: u64,
+    index: BTreeSet<(u64, EventId, SectionId)>,
+    by_section: HashMap<(EventId, SectionId), u64>,
+    timer_at: Option<u64>,
+    generation: u64,
+    /// Holds offered to waitlist entries, by hold.
+    offered: HashMap<HoldId, String>,
+    /// Events with fans waiting (as far as the sweeper knows).
+    waiting_events: HashSet<EventId>,
+    stats: SweeperStats,
+}
+
+impl SweeperState {
+    fn set_deadline(&mut self, event: EventId, section: SectionId, next: Option<u64>) {
+        let key = (event, section);
+        if let Some(old) = self.by_section.remove(&key) {
+            self.index.remove(&(old, key.0.clone(), key.1.clone()));
+        }
+        if let Some(d) = next {
+            self.index.insert((d, key.0.clone(), key.1.clone()));
+            self.by_section.insert(key, d);
+        }
+    }
+
+    /// Expires what is due, bounded; returns whether more is due.
+    async fn sweep(&mut self) -> bool {
+        let now = self.engine.now_ms();
+        let mut sections = 0;
+        while sections < self.config.sections_per_tick_max {
+            let Some((d, event, section)) = self.index.first().cloned() else {
+                break;
+            };
+            if d > now {
+                break;
+            }
+            sections += 1;
+            match self
+                .engine
+                .expire_section(&event, &section, self.config.expire_per_call_max)
+                .await
+            {
+                Ok((expired, next)) => {
+                    for h in &expired {
+                        let lag = now.saturating_sub(h.expires_at_ms);
+                        self.stats.lag_max_ms = self.stats.lag_max_ms.max(lag);
+                        metrics::histogram!("boxoffice_sweeper_expiry_lag_seconds")
+                            .record(lag as f64 / 1000.0);
+                    }
+                    self.stats.expired += expired.len() as u64;
+                    metrics::counter!("boxoffice_sweeper_expired_total")
+                        .increment(expired.len() as u64);
+                    self.set_deadline(event, section, next);
+                }
+                Err(EngineError::NotReady) => return false,
+                Err(e) => {
+                    tracing::error!(error = %e, %event, %section, "expiry failed");
+                    // Try again at the next wake-up rather than spin on it.
+                    self.set_deadline(event, section, Some(now + 1_000));
+                }
+            }
+        }
+        self.index.first().is_some_and(|(d, _, _)| *d <= now)
+    }
+
+    fn arm(&mut self, myself: &ActorRef<SweeperMsg>) {
+        let earliest = self.index.first().map(|(d, _, _)| *d);
+        if earliest == self.timer_at {
+            return;
+        }
+        self.timer_at = earliest;
+        self.generation += 1;
+        if let Some(d) = earliest {
+            let delay = d.saturating_sub(self.engine.now_ms());
+            let generation = self.generation;
+            myself.send_after(Duration::from_millis(delay), move || {
+                SweeperMsg::Tick(generation)
+            });
+        }
+    }
+
+    async fn hold_ended(&mut self, hold: HoldView) {
+        if let Some(entry) = self.offered.remove(&hold.hold_id) {
+            let (state, outcome) = if hold.status == HoldStatus::Confirmed {
+                self.stats.offers_accepted += 1;
+                (WaitlistState::Fulfilled, "accepted")
+            } else {
+                self.stats.offers_lapsed += 1;
+                (WaitlistState::Expired, "lapsed")
+            };
+            metrics::counter!("boxoffice_waitlist_offers_total", "outcome" => outcome).increment(1);
+            if let Err(e) = self.engine.waitlist_end(&entry, state).await {
+                tracing::error!(error = %e, %entry, "cannot end a waitlist entry");
+            }
+        }
+        if matches!(hold.status, HoldStatus::Released | HoldStatus::Expired)
+            && self.waiting_events.contains(&hold.event_id)
+        {
+            self.offer(&hold.event_id, Some(&hold.section_id)).await;
+        }
+    }
+
+    /// Offers freed places of `section` (`None`: any) to the event's waiting fans, in order.
+    async fn offer(&mut self, event: &EventId, section: Option<&SectionId>) {
+        let candidates = match self
+            .engine
+            .waitlist_candidates(event, section, self.config.offers_per_pass_max)
+            .await
+        {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(error = %e, %event, "cannot read the waitlist");
+                return;
+            }
+        };
+        for c in candidates {
+            let req = HoldRequest {
+                event_id: event.clone(),
+                user_id: c.user_id.clone(),
+                idempotency_key: format!("waitlist:{}", c.entry_id),
+                selection: Selection::BestAvailable {
+                    section: c.section_id.clone(),
+                    quantity: c.quantity,
+                },
+            };
+            match self.engine.hold(req).await {
+                Ok(h) => {
+                    if let Err(e) = self.engine.waitlist_offer(&c.entry_id, &h.hold_id).await {
+                        tracing::error!(error = %e, entry = %c.entry_id, "cannot record an offer");
+                        continue;
+                    }
+                    self.stats.offers_made += 1;
+                    metrics::counter!("boxoffice_waitlist_offers_total", "outcome" => "made")
+                        .increment(1);
+                    // A replayed offer hold may have ended meanwhile (a crash between the hold
+                    // and the record): then the offer lapsed already.
+                    match self.engine.get_hold(&h.hold_id).await {
+                        Ok(now) if now.status == HoldStatus::Held => {
+                            self.offered.insert(h.hold_id, c.entry_id);
+                        }
+                        Ok(now) => {
+                            self.offered.insert(h.hold_id, c.entry_id);
+                            Box::pin(self.hold_ended(now)).await;
+                        }
+                        Err(e) => tracing::error!(error = %e, "cannot read an offered hold"),
+                    }
+                }
+                // All or nothing: this entry does not fit now; a smaller one behind it may.
+                Err(EngineError::Rejected(Rejection::SoldOut)) => {}
+                // Never past the per-user limit: this fan cannot take an offer; they leave.
+                Err(EngineError::Rejected(
+                    Rejection::UserLimit { .. } | Rejection::IdempotencyKeyReused,
+                )) => {
+                    let _ = self
+                        .engine
+                        .waitlist_end(&c.entry_id, WaitlistState::Expired)
+                        .await;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, %event, "waitlist offer failed; will retry later");
+                    break;
+                }
+            }
+        }
+        if let Ok(n) = self.engine.waitlist_len(event).await {
+            metrics::gauge!("boxoffice_waitlist_length", "event" => event.to_string())
+                .set(n as f64);
+            if n == 0 {
+                self.waiting_events.remove(event);
+            }
+        }
+    }
+
+    /// After a (re)start: deadlines, outstanding offers, and places free for waiting fans.
+    async fn reconcile(&mut self) -> Result<(), EngineError> {
+        for (event, section, next) in self.engine.next_deadlines().await? {
+            self.set_deadline(event, section, next);
+        }
+        for entry in self.engine.waitlist_offered().await? {
+            let Some(hold_id) = entry.offered_hold_id else {
+                continue;
+            };
+            self.offered.insert(hold_id.clone(), entry.entry_id);
+            let hold = self.engine.get_hold(&hold_id).await?;
+            if hold.status != HoldStatus::Held {
+                self.hold_ended(hold).await;
+            }
+        }
+        for event in self.engine.waitlist_events().await? {
+            self.waiting_events.insert(event.clone());
+            self.offer(&event, None).await;
+        }
+        Ok(())
+    }
 }
 
 impl Actor for Sweeper {
@@ -71,54 +305,72 @@ impl Actor for Sweeper {
         myself: ActorRef<Self::Msg>,
         args: SweeperArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
-        myself.send_interval(args.config.tick, || SweeperMsg::Tick);
-        // Holds already past their deadline (say, after a restart) expire right away.
-        let _ = myself.cast(SweeperMsg::Tick);
-        Ok(SweeperState {
+        let me = myself.clone();
+        let listener: boxoffice_engine::Listener = Arc::new(move |n| {
+            let _ = me.cast(SweeperMsg::Notice(n));
+        });
+        if !args.engine.set_listener(listener) {
+            return Err("the engine has a sweeper already".into());
+        }
+        myself.send_interval(args.config.recheck, || SweeperMsg::Sweep);
+        let mut st = SweeperState {
             engine: args.engine,
             config: args.config,
-            expired_total: 0,
-        })
+            index: BTreeSet::new(),
+            by_section: HashMap::new(),
+            timer_at: None,
+            generation: 0,
+            offered: HashMap::new(),
+            waiting_events: HashSet::new(),
+            stats: SweeperStats::default(),
+        };
+        // Holds already past their deadline (say, after a restart) expire right away.
+        if let Err(e) = st.reconcile().await {
+            tracing::error!(error = %e, "sweeper reconciliation failed");
+        }
+        let _ = myself.cast(SweeperMsg::Sweep);
+        Ok(st)
     }
 
     async fn handle(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         msg: Self::Msg,
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
+        let mut sweep = false;
         match msg {
-            SweeperMsg::Tick => {
-                for _ in 0..st.config.rounds_per_tick_max {
-                    match st.engine.expire_due(st.config.expire_per_section_max).await {
-                        Ok(expired) => {
-                            let n = expired.len();
-                            st.expired_total += n as u64;
-                            metrics::counter!("boxoffice_sweeper_expired_total")
-                                .increment(n as u64);
-                            for h in &expired {
-                                tracing::debug!(hold = %h.hold_id, "hold expired");
-                            }
-                            // A round that did not hit the bound drained everything due.
-                            if n < st.config.expire_per_section_max {
-                                break;
-                            }
-                        }
-                        // Not ready: recovering or shutting down; try again next tick.
-                        Err(EngineError::NotReady) => break,
-                        Err(e) => {
-                            tracing::error!(error = %e, "sweep failed");
-                            break;
-                        }
-                    }
+            SweeperMsg::Notice(Notice::DeadlineChanged {
+                event_id,
+                section_id,
+                next_ms,
+            }) => st.set_deadline(event_id, section_id, next_ms),
+            SweeperMsg::Notice(Notice::HoldEnded(hold)) => st.hold_ended(hold).await,
+            SweeperMsg::Notice(Notice::WaitlistJoined { event_id }) => {
+                st.waiting_events.insert(event_id.clone());
+                st.offer(&event_id, None).await;
+            }
+            SweeperMsg::Tick(generation) => {
+                if generation == st.generation {
+                    st.timer_at = None;
+                    sweep = true;
                 }
             }
+            SweeperMsg::Sweep => sweep = true,
+            SweeperMsg::Sync(reply) => {
+                let _ = reply.send(st.stats);
+            }
         }
+        if sweep && st.sweep().await {
+            // More is due: continue behind whatever else is queued.
+            let _ = myself.cast(SweeperMsg::Sweep);
+        }
+        st.arm(&myself);
         Ok(())
     }
 }
 
-/// Starts a sweeper for `engine`; stop it with `actor.stop(None)`.
+/// Starts a sweeper for `engine` (one per engine); stop it with `actor.stop(None)`.
 pub async fn start(
     engine: Engine,
     config: SweeperConfig,
@@ -126,90 +378,10 @@ pub async fn start(
     Actor::spawn(None, Sweeper, SweeperArgs { engine, config }).await
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use boxoffice_engine::{
-        EngineConfig, EventId, EventSpec, HoldRequest, HoldStatus, Layout, ManualClock, SectionId,
-        SectionSpec, Selection, UserId,
-    };
-    use std::sync::Arc;
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn sweeper_expires_due_holds_and_only_those() {
-        let dir = tempfile::tempdir().unwrap();
-        let clock = Arc::new(ManualClock::new(1_000_000));
-        let mut cfg = EngineConfig::new(dir.path());
-        cfg.clock = clock.clone();
-        let engine = Engine::open(cfg).await.unwrap();
-        engine
-            .create_event(EventSpec {
-                event_id: Some(EventId::from("e")),
-                name: "e".into(),
-                sections: vec![SectionSpec {
-                    section_id: SectionId::from("ga"),
-                    name: "GA".into(),
-                    price_cents: 1,
-                    layout: Layout::GeneralAdmission { capacity: 10_000 },
-                }],
-                hold_ttl_ms: 5_000,
-                per_user_limit: 4,
-                admit_rate_per_second: 0,
-                admission_window_ms: 0,
-                sale_opens_at_ms: 0,
-            })
-            .await
-            .unwrap();
-        let mut holds = Vec::new();
-        for u in 0..3000 {
-            if u == 1500 {
-                clock.advance_ms(1_000);
-            }
-            let h = engine
-                .hold(HoldRequest {
-                    event_id: EventId::from("e"),
-                    user_id: UserId::from(format!("u{u}")),
-                    idempotency_key: String::new(),
-                    selection: Selection::BestAvailable {
-                        section: None,
-                        quantity: 1,
-                    },
-                })
-                .await
-                .unwrap();
-            holds.push(h);
-        }
-        let config = SweeperConfig {
-            tick: Duration::from_millis(5),
-            expire_per_section_max: 100,
-            rounds_per_tick_max: 2,
-        };
-        let (sweeper, handle) = start(engine.clone(), config).await.unwrap();
-        // The first 1500 are due at +5 s, the rest at +6 s. Move to +5 s: only the first half.
-        clock.advance_ms(4_000);
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            let held = engine.event(&EventId::from("e")).unwrap().sections[0].held;
-            if held == 1500 {
-                break;
-            }
-            assert!(held > 1500, "never expires a hold before its deadline");
-            assert!(
-                std::time::Instant::now() < deadline,
-                "sweeper stalled at {held}"
-            );
-            tokio::task::yield_now().await;
-        }
-        assert_eq!(
-            engine.get_hold(&holds[1499].hold_id).await.unwrap().status,
-            HoldStatus::Expired
-        );
-        assert_eq!(
-            engine.get_hold(&holds[1500].hold_id).await.unwrap().status,
-            HoldStatus::Held
-        );
-        sweeper.stop(None);
-        handle.await.unwrap();
-        engine.shutdown().await;
+/// Waits until the sweeper handled everything sent before, then returns its stats.
+pub async fn sync(sweeper: &ActorRef<SweeperMsg>) -> Option<SweeperStats> {
+    match sweeper.call(SweeperMsg::Sync, None).await {
+        Ok(ractor::rpc::CallResult::Success(s)) => Some(s),
+        _ => None,
     }
 }
