@@ -189,7 +189,19 @@ impl Engine {
             path: config.data_dir.display().to_string(),
             reason: e.to_string(),
         })?;
-        let db = store::open_db(&config.data_dir)?;
+        // sled releases its file lock from a background thread a little after the last handle
+        // of a previous instance is dropped (in this process or a dying one): retry briefly.
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        let db = loop {
+            match store::open_db(&config.data_dir) {
+                Err(StorageError::Open { reason, .. })
+                    if reason.contains("could not acquire lock") && Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                other => break other?,
+            }
+        };
         let mut report = RecoveryReport::default();
         let recovered = recover(&db, &config, &mut report)?;
         let store = Arc::new(Store::start(db.clone(), config.durability)?);

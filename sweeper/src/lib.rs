@@ -18,9 +18,9 @@
 //! When places come back (a hold released or expired) and fans wait for the event, it offers
 //! them: for each waiting entry that fits the freed section, in line order, it places a hold in
 //! the fan's name (best available, all or nothing, the event's TTL, per-user limit enforced by
-//! the ledger as for any hold; idempotency key `waitlist:{entry}`) and records the offer. An entry
-//! whose quantity does not fit is skipped for now (smaller requests behind it may fit); a fan who
-//! is at the per-user limit leaves the line (`EXPIRED`). An offered hold that is confirmed makes
+//! the ledger as for any hold) and records the offer. An entry
+//! whose quantity does not fit is skipped for now (smaller requests behind it may fit), and so is
+//! a fan who is at the per-user limit (they keep their place). An offered hold that is confirmed makes
 //! its entry `FULFILLED`; one that is released or expires makes it `EXPIRED`, and its places go
 //! to the next fan. On start it reconciles offers with their holds (a restart may have happened
 //! in between) and offers whatever is free.
@@ -218,7 +218,10 @@ impl SweeperState {
             let req = HoldRequest {
                 event_id: event.clone(),
                 user_id: c.user_id.clone(),
-                idempotency_key: format!("waitlist:{}", c.entry_id),
+                // No idempotency key: a key would replay this attempt's SOLD_OUT forever. A
+                // crash between this hold and its record leaves a hold nobody was told of; it
+                // expires with its TTL and its places come back.
+                idempotency_key: String::new(),
                 selection: Selection::BestAvailable {
                     section: c.section_id.clone(),
                     quantity: c.quantity,
@@ -233,30 +236,13 @@ impl SweeperState {
                     self.stats.offers_made += 1;
                     metrics::counter!("boxoffice_waitlist_offers_total", "outcome" => "made")
                         .increment(1);
-                    // A replayed offer hold may have ended meanwhile (a crash between the hold
-                    // and the record): then the offer lapsed already.
-                    match self.engine.get_hold(&h.hold_id).await {
-                        Ok(now) if now.status == HoldStatus::Held => {
-                            self.offered.insert(h.hold_id, c.entry_id);
-                        }
-                        Ok(now) => {
-                            self.offered.insert(h.hold_id, c.entry_id);
-                            Box::pin(self.hold_ended(now)).await;
-                        }
-                        Err(e) => tracing::error!(error = %e, "cannot read an offered hold"),
-                    }
+                    self.offered.insert(h.hold_id, c.entry_id);
                 }
                 // All or nothing: this entry does not fit now; a smaller one behind it may.
                 Err(EngineError::Rejected(Rejection::SoldOut)) => {}
-                // Never past the per-user limit: this fan cannot take an offer; they leave.
-                Err(EngineError::Rejected(
-                    Rejection::UserLimit { .. } | Rejection::IdempotencyKeyReused,
-                )) => {
-                    let _ = self
-                        .engine
-                        .waitlist_end(&c.entry_id, WaitlistState::Expired)
-                        .await;
-                }
+                // Never past the per-user limit: this fan cannot take an offer now (they may
+                // after releasing something); skip them, they keep their place.
+                Err(EngineError::Rejected(Rejection::UserLimit { .. })) => {}
                 Err(e) => {
                     tracing::warn!(error = %e, %event, "waitlist offer failed; will retry later");
                     break;

@@ -1,0 +1,410 @@
+//! The sweeper and the waitlist, with injected time (a manual clock; the sweeper is poked with
+//! `Sweep` and synchronised with `Sync`, no sleeps): holds expire within 1 s of their deadline
+//! and never before; confirm racing expiry has exactly one outcome; a restart keeps deadlines
+//! and expires the overdue at once; waitlist offers go in order, all or nothing, pass on when
+//! they lapse, never exceed the per-user limit, and survive a restart.
+
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+use std::sync::Arc;
+
+use boxoffice_engine::{
+    Clock, ConfirmRequest, Engine, EngineError, EventId, HoldRequest, HoldStatus, HoldView,
+    ManualClock, Rejection, SectionId, Selection, UserId, WaitlistState,
+};
+use boxoffice_sweeper::{SweeperConfig, SweeperMsg, start, sync};
+use boxoffice_tests::{T0_MS, config, event, ga, open};
+use ractor::ActorRef;
+
+fn best(event: &str, user: &str, q: u32) -> HoldRequest {
+    HoldRequest {
+        event_id: EventId::from(event),
+        user_id: UserId::from(user),
+        idempotency_key: String::new(),
+        selection: Selection::BestAvailable {
+            section: None,
+            quantity: q,
+        },
+    }
+}
+
+async fn poke(s: &ActorRef<SweeperMsg>) -> boxoffice_sweeper::SweeperStats {
+    s.cast(SweeperMsg::Sweep).unwrap();
+    sync(s).await.unwrap()
+}
+
+async fn held(engine: &Engine, event: &str) -> u32 {
+    let e = EventId::from(event);
+    let mut n = 0;
+    for s in engine.event(&e).unwrap().sections {
+        let core = engine
+            .inspect_section(&e, &s.spec.section_id)
+            .await
+            .unwrap();
+        core.check_invariants().unwrap();
+        n += core.counts().2;
+    }
+    n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_holds_expire_within_a_second_and_never_early() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let engine = open(dir.path(), &clock).await;
+    engine
+        .create_event(event("x", vec![ga("g", 10_000, 1)], 30_000, 4))
+        .await
+        .unwrap();
+    // 10,000 holds placed over about 30 s of clock: deadlines spread over 30 s.
+    let mut deadlines = Vec::new();
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    for batch in 0..500 {
+        let mut tasks = Vec::new();
+        for i in 0..20 {
+            let engine = engine.clone();
+            tasks.push(tokio::spawn(async move {
+                engine
+                    .hold(best("x", &format!("u{batch}-{i}"), 1))
+                    .await
+                    .unwrap()
+            }));
+        }
+        for t in tasks {
+            deadlines.push(t.await.unwrap().expires_at_ms);
+        }
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        clock.advance_ms(seed % 120);
+    }
+    let sweeper = start(engine.clone(), SweeperConfig::default())
+        .await
+        .unwrap()
+        .0;
+    let last = *deadlines.iter().max().unwrap();
+    let mut stats = poke(&sweeper).await;
+    loop {
+        let now = clock.now_ms();
+        let due = deadlines.iter().filter(|d| **d <= now).count();
+        let held_now = held(&engine, "x").await as usize;
+        assert_eq!(
+            held_now,
+            deadlines.len() - due,
+            "at {now}: every due hold and only those expired"
+        );
+        if now > last {
+            break;
+        }
+        clock.advance_ms(250);
+        stats = poke(&sweeper).await;
+    }
+    assert_eq!(stats.expired, 10_000);
+    assert!(stats.lag_max_ms <= 1_000, "lag {} ms", stats.lag_max_ms);
+    sweeper.stop(None);
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confirm_racing_expiry_has_exactly_one_outcome() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let engine = open(dir.path(), &clock).await;
+    engine
+        .create_event(event("r", vec![ga("g", 200, 1)], 10_000, 4))
+        .await
+        .unwrap();
+    let mut holds = Vec::new();
+    for u in 0..200 {
+        holds.push(engine.hold(best("r", &format!("u{u}"), 1)).await.unwrap());
+    }
+    let sweeper = start(engine.clone(), SweeperConfig::default())
+        .await
+        .unwrap()
+        .0;
+    clock.advance_ms(10_000 - 1);
+    let mut tasks = Vec::new();
+    for h in holds.clone() {
+        let engine = engine.clone();
+        tasks.push(tokio::spawn(async move {
+            engine
+                .confirm(ConfirmRequest {
+                    hold_id: h.hold_id.clone(),
+                    user_id: h.user_id.clone(),
+                    payment_ref: "tok_visa".into(),
+                    idempotency_key: String::new(),
+                })
+                .await
+        }));
+    }
+    // The deadline passes while the confirms are in flight, and the sweeper runs.
+    tokio::task::yield_now().await;
+    clock.advance_ms(1);
+    sweeper.cast(SweeperMsg::Sweep).unwrap();
+    let mut confirmed = 0;
+    for (t, h) in tasks.into_iter().zip(&holds) {
+        let now = engine.get_hold(&h.hold_id).await;
+        match t.await.unwrap() {
+            Ok(order) => {
+                confirmed += 1;
+                assert_eq!(order.hold_id, h.hold_id);
+                let _ = now;
+            }
+            Err(EngineError::Rejected(Rejection::HoldExpired)) => {}
+            Err(e) => panic!("unexpected {e:?}"),
+        }
+    }
+    sync(&sweeper).await.unwrap();
+    let mut sold = 0;
+    for h in &holds {
+        match engine.get_hold(&h.hold_id).await.unwrap().status {
+            HoldStatus::Confirmed => sold += 1,
+            HoldStatus::Expired => {}
+            s => panic!("hold left {s:?}"),
+        }
+    }
+    assert_eq!(
+        sold, confirmed,
+        "one outcome per hold: the answer matches the state"
+    );
+    let s = &engine.event(&EventId::from("r")).unwrap().sections[0];
+    let core = engine
+        .inspect_section(&EventId::from("r"), &s.spec.section_id)
+        .await
+        .unwrap();
+    assert_eq!(core.counts(), (200, 200 - confirmed, 0, confirmed));
+    sweeper.stop(None);
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_keeps_deadlines_and_expires_the_overdue_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let engine = open(dir.path(), &clock).await;
+    engine
+        .create_event(event("d", vec![ga("g", 100, 1)], 60_000, 4))
+        .await
+        .unwrap();
+    let early: Vec<HoldView> = futures_holds(&engine, "d", "early", 5).await;
+    clock.advance_ms(30_000);
+    let late: Vec<HoldView> = futures_holds(&engine, "d", "late", 5).await;
+    engine.crash().await;
+    drop(engine);
+    // Down for 40 s: the early holds' deadlines passed meanwhile, the late ones' did not.
+    clock.advance_ms(40_000);
+    let engine = open(dir.path(), &clock).await;
+    let sweeper = start(engine.clone(), SweeperConfig::default())
+        .await
+        .unwrap()
+        .0;
+    let stats = sync(&sweeper).await.unwrap();
+    assert_eq!(stats.expired, 5, "overdue holds expire right away");
+    for h in &early {
+        assert_eq!(
+            engine.get_hold(&h.hold_id).await.unwrap().status,
+            HoldStatus::Expired
+        );
+    }
+    for h in &late {
+        let now = engine.get_hold(&h.hold_id).await.unwrap();
+        assert_eq!(
+            (now.status, now.expires_at_ms),
+            (HoldStatus::Held, h.expires_at_ms)
+        );
+    }
+    clock.advance_ms(20_000);
+    assert_eq!(poke(&sweeper).await.expired, 10);
+    sweeper.stop(None);
+    engine.shutdown().await;
+}
+
+async fn futures_holds(engine: &Engine, event: &str, prefix: &str, n: usize) -> Vec<HoldView> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        out.push(
+            engine
+                .hold(best(event, &format!("{prefix}{i}"), 1))
+                .await
+                .unwrap(),
+        );
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waitlist_offers_in_order_all_or_nothing_pass_on_and_survive_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let engine = open(dir.path(), &clock).await;
+    let e = EventId::from("w");
+    engine
+        .create_event(event("w", vec![ga("g", 4, 1)], 10_000, 4))
+        .await
+        .unwrap();
+    let sweeper = start(engine.clone(), SweeperConfig::default())
+        .await
+        .unwrap()
+        .0;
+    let h1 = engine.hold(best("w", "u1", 2)).await.unwrap();
+    let h2 = engine.hold(best("w", "u2", 2)).await.unwrap();
+    let join = |user: &str, q| {
+        let engine = engine.clone();
+        let (e, user) = (e.clone(), UserId::from(user));
+        async move { engine.join_waitlist(&e, &user, None, q).await.unwrap() }
+    };
+    let a = join("a", 3).await;
+    let b = join("b", 2).await;
+    let c = join("c", 1).await;
+    assert_eq!((a.position, b.position, c.position), (1, 2, 3));
+    assert_eq!(
+        join("a", 3).await.entry_id,
+        a.entry_id,
+        "joining again keeps the place"
+    );
+    sync(&sweeper).await.unwrap();
+    // 3 s later two places come back: a (3) does not fit, b (2) does, c (1) finds none left.
+    clock.advance_ms(3_000);
+    engine.release(&h1.hold_id, &h1.user_id).await.unwrap();
+    sync(&sweeper).await.unwrap();
+    let view = |id: String| {
+        let engine = engine.clone();
+        async move { engine.waitlist_entry(&id).await.unwrap() }
+    };
+    let b_now = view(b.entry_id.clone()).await;
+    assert_eq!(b_now.state, WaitlistState::Offered);
+    let offered = engine
+        .get_hold(b_now.offered_hold_id.as_ref().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        (offered.user_id.as_str(), offered.quantity, offered.status),
+        ("b", 2, HoldStatus::Held)
+    );
+    assert_eq!(view(a.entry_id.clone()).await.state, WaitlistState::Waiting);
+    assert_eq!(view(c.entry_id.clone()).await.position, 2);
+
+    // Restart: entries, positions and offers survive.
+    sweeper.stop(None);
+    engine.crash().await;
+    drop(engine);
+    let engine = open(dir.path(), &clock).await;
+    let sweeper = start(engine.clone(), SweeperConfig::default())
+        .await
+        .unwrap()
+        .0;
+    sync(&sweeper).await.unwrap();
+    let view = |id: String| {
+        let engine = engine.clone();
+        async move { engine.waitlist_entry(&id).await.unwrap() }
+    };
+    assert_eq!(view(b.entry_id.clone()).await, b_now);
+    assert_eq!(view(a.entry_id.clone()).await.position, 1);
+
+    // h2 expires (its deadline is 3 s before b's offer's): 2 places; a (3) still does not fit,
+    // c (1) does.
+    clock.advance_ms(7_000);
+    poke(&sweeper).await;
+    let stats = sync(&sweeper).await.unwrap();
+    assert_eq!(stats.expired, 1);
+    assert_eq!(
+        engine.get_hold(&h2.hold_id).await.unwrap().status,
+        HoldStatus::Expired
+    );
+    assert_eq!(view(c.entry_id.clone()).await.state, WaitlistState::Offered);
+    assert_eq!(view(b.entry_id.clone()).await.state, WaitlistState::Offered);
+    let a_wait = view(a.entry_id.clone()).await;
+    assert_eq!((a_wait.state, a_wait.position), (WaitlistState::Waiting, 1));
+    // b lets the offer lapse: it passes on; with b's 2 and the 1 left, a's 3 fit.
+    clock.advance_ms(3_000);
+    poke(&sweeper).await;
+    let stats = sync(&sweeper).await.unwrap();
+    assert_eq!(stats.expired, 2);
+    assert_eq!(view(b.entry_id.clone()).await.state, WaitlistState::Expired);
+    let a_now = view(a.entry_id.clone()).await;
+    assert_eq!(a_now.state, WaitlistState::Offered);
+    let offered = engine
+        .get_hold(a_now.offered_hold_id.as_ref().unwrap())
+        .await
+        .unwrap();
+    assert_eq!((offered.user_id.as_str(), offered.quantity), ("a", 3));
+    assert!(stats.offers_lapsed >= 1);
+    // a confirms: fulfilled.
+    let a_hold = a_now.offered_hold_id.unwrap();
+    engine
+        .confirm(ConfirmRequest {
+            hold_id: a_hold,
+            user_id: UserId::from("a"),
+            payment_ref: "tok_visa".into(),
+            idempotency_key: String::new(),
+        })
+        .await
+        .unwrap();
+    let stats = sync(&sweeper).await.unwrap();
+    assert_eq!(
+        view(a.entry_id.clone()).await.state,
+        WaitlistState::Fulfilled
+    );
+    assert!(stats.offers_accepted >= 1);
+    sweeper.stop(None);
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waitlist_never_exceeds_the_per_user_limit_and_has_a_maximum() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let mut cfg = config(dir.path(), &clock);
+    cfg.waitlist_max = 2;
+    let engine = Engine::open(cfg).await.unwrap();
+    let e = EventId::from("l");
+    engine
+        .create_event(event("l", vec![ga("g", 6, 1), ga("h", 1, 1)], 10_000, 4))
+        .await
+        .unwrap();
+    let sweeper = start(engine.clone(), SweeperConfig::default())
+        .await
+        .unwrap()
+        .0;
+    // d holds the limit (4); the other 2 places of g go to x; h's one place to y.
+    engine.hold(best("l", "d", 4)).await.unwrap();
+    let x = engine.hold(best("l", "x", 2)).await.unwrap();
+    engine.hold(best("l", "y", 1)).await.unwrap();
+    let d_entry = engine
+        .join_waitlist(&e, &UserId::from("d"), Some(SectionId::from("g")), 1)
+        .await
+        .unwrap();
+    let z_entry = engine
+        .join_waitlist(&e, &UserId::from("z"), None, 2)
+        .await
+        .unwrap();
+    assert_eq!(
+        engine.join_waitlist(&e, &UserId::from("q"), None, 1).await,
+        Err(Rejection::QueueFull.into())
+    );
+    assert_eq!(
+        engine.join_waitlist(&e, &UserId::from("q"), None, 5).await,
+        Err(Rejection::invalid("quantity", "must be 1 to the per-user limit (4)").into())
+    );
+    assert_eq!(
+        engine
+            .join_waitlist(&e, &UserId::from("q"), Some(SectionId::from("nope")), 1)
+            .await,
+        Err(Rejection::SectionNotFound.into())
+    );
+    sync(&sweeper).await.unwrap();
+    engine.release(&x.hold_id, &x.user_id).await.unwrap();
+    sync(&sweeper).await.unwrap();
+    // d is at the limit: skipped (keeps the place, gets nothing), the places go to z.
+    let d_now = engine.waitlist_entry(&d_entry.entry_id).await.unwrap();
+    assert_eq!((d_now.state, d_now.position), (WaitlistState::Waiting, 1));
+    assert_eq!(engine.user_usage(&e, &UserId::from("d")).await.unwrap(), 4);
+    let z_now = engine.waitlist_entry(&z_entry.entry_id).await.unwrap();
+    assert_eq!(z_now.state, WaitlistState::Offered);
+    assert_eq!(
+        engine.waitlist_entry("l.wnothing").await,
+        Err(Rejection::EntryNotFound.into())
+    );
+    sweeper.stop(None);
+    engine.shutdown().await;
+}
