@@ -202,3 +202,21 @@ pub fn seat_map(m: boxoffice_engine::SeatMap) -> pb::SeatMap {
             .collect(),
     }
 }
+
+/// A waitlist entry as the API shows it.
+pub fn waitlist_entry(e: boxoffice_engine::WaitlistView) -> pb::WaitlistEntry {
+    use boxoffice_engine::WaitlistState as S;
+    pb::WaitlistEntry {
+        entry_id: e.entry_id,
+        event_id: e.event_id.0,
+        user_id: e.user_id.0,
+        position: e.position,
+        state: (match e.state {
+            S::Waiting => pb::WaitlistState::Waiting,
+            S::Offered => pb::WaitlistState::Offered,
+            S::Expired => pb::WaitlistState::Expired,
+            S::Fulfilled => pb::WaitlistState::Fulfilled,
+        }) as i32,
+        offered_hold_id: e.offered_hold_id.map(|h| h.0).unwrap_or_default(),
+    }
+}

@@ -503,19 +503,37 @@ impl pb::booking_service_server::BookingService for BookingSvc {
 
 #[tonic::async_trait]
 impl pb::waitlist_service_server::WaitlistService for WaitlistSvc {
-    async fn join_waitlist(
-        &self,
-        _req: Request<pb::JoinWaitlistRequest>,
-    ) -> Rpc<pb::WaitlistEntry> {
-        ready(&self.0)?;
-        Err(ApiError::Unimplemented("the waitlist").into())
+    async fn join_waitlist(&self, req: Request<pb::JoinWaitlistRequest>) -> Rpc<pb::WaitlistEntry> {
+        let api = ready(&self.0)?;
+        let req = req.into_inner();
+        let id = event_id("event_id", req.event_id)?;
+        user_id(&req.user_id)?;
+        if req.quantity == 0 {
+            return Err(
+                ApiError::from(Rejection::invalid("quantity", "must be at least 1")).into(),
+            );
+        }
+        let section = (!req.section_id.is_empty()).then_some(SectionId(req.section_id));
+        let entry = api
+            .engine
+            .join_waitlist(&id, &UserId(req.user_id), section, req.quantity)
+            .await
+            .map_err(ApiError::from)?;
+        ok(convert::waitlist_entry(entry))
     }
 
     async fn get_waitlist_entry(
         &self,
-        _req: Request<pb::GetWaitlistEntryRequest>,
+        req: Request<pb::GetWaitlistEntryRequest>,
     ) -> Rpc<pb::WaitlistEntry> {
-        ready(&self.0)?;
-        Err(ApiError::Unimplemented("the waitlist").into())
+        let api = ready(&self.0)?;
+        let id = req.into_inner().entry_id;
+        required("entry_id", &id)?;
+        let entry = api
+            .engine
+            .waitlist_entry(&id)
+            .await
+            .map_err(ApiError::from)?;
+        ok(convert::waitlist_entry(entry))
     }
 }

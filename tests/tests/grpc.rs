@@ -662,18 +662,6 @@ async fn booking_end_to_end_with_every_documented_error() {
         Code::Unauthenticated,
         "TOKEN_EXPIRED",
     );
-    // The waitlist is not built yet.
-    let s = c
-        .waitlist
-        .join_waitlist(pb::JoinWaitlistRequest {
-            event_id: "b".into(),
-            user_id: "x".into(),
-            section_id: String::new(),
-            quantity: 1,
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(s.code(), Code::Unimplemented);
     server.shutdown().await.unwrap();
 }
 
@@ -1203,5 +1191,169 @@ async fn undecodable_requests_are_invalid_arguments_with_a_reason() {
     let s = grpc.unary(req, path, codec).await.unwrap_err();
     assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
     assert_eq!(reason(&s), "INVALID_REQUEST");
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waitlist_gets_the_released_places_over_grpc() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let server = start(config(dir.path(), &clock)).await;
+    let ch = channel(&server).await;
+    let mut a = clients(&ch, ADMIN);
+    let mut c = clients(&ch, CLIENT);
+    a.events
+        .create_event(event(
+            "wl",
+            vec![reserved("orch", &[("A", 2)], 5_000), ga("floor", 1, 1)],
+        ))
+        .await
+        .unwrap();
+    // Sell out the orchestra: ann holds both seats.
+    let ann = admitted(&mut c, &clock, "wl", "ann").await;
+    let hold = c
+        .booking
+        .hold(best("wl", "ann", &ann, "orch", 2, ""))
+        .await
+        .unwrap()
+        .into_inner();
+    expect_err(
+        c.booking.hold(best("wl", "ann", &ann, "orch", 1, "")).await,
+        Code::FailedPrecondition,
+        "SOLD_OUT",
+    );
+    // Bad input and unknown ids.
+    let join = |user: &str, section: &str, q: u32| pb::JoinWaitlistRequest {
+        event_id: "wl".into(),
+        user_id: user.into(),
+        section_id: section.into(),
+        quantity: q,
+    };
+    expect_err(
+        c.waitlist.join_waitlist(join("bob", "orch", 0)).await,
+        Code::InvalidArgument,
+        "INVALID_REQUEST",
+    );
+    expect_err(
+        c.waitlist.join_waitlist(join("bob", "orch", 9)).await,
+        Code::InvalidArgument,
+        "INVALID_REQUEST",
+    );
+    expect_err(
+        c.waitlist.join_waitlist(join("bob", "nope", 1)).await,
+        Code::NotFound,
+        "SECTION_NOT_FOUND",
+    );
+    expect_err(
+        c.waitlist
+            .join_waitlist(pb::JoinWaitlistRequest {
+                event_id: "nope".into(),
+                ..join("bob", "", 1)
+            })
+            .await,
+        Code::NotFound,
+        "EVENT_NOT_FOUND",
+    );
+    expect_err(
+        c.waitlist
+            .get_waitlist_entry(pb::GetWaitlistEntryRequest {
+                entry_id: "wl.wnothing".into(),
+            })
+            .await,
+        Code::NotFound,
+        "ENTRY_NOT_FOUND",
+    );
+    // Bob and Cat wait for the orchestra.
+    let bob = c
+        .waitlist
+        .join_waitlist(join("bob", "orch", 2))
+        .await
+        .unwrap()
+        .into_inner();
+    let cat = c
+        .waitlist
+        .join_waitlist(join("cat", "orch", 1))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((bob.position, cat.position), (1, 2));
+    assert_eq!(bob.state, pb::WaitlistState::Waiting as i32);
+    assert!(bob.offered_hold_id.is_empty());
+    // Ann releases: the places go to Bob, the head of the line, as a hold in his name.
+    c.booking
+        .release(pb::ReleaseRequest {
+            hold_id: hold.hold_id.clone(),
+            user_id: "ann".into(),
+        })
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let offered = loop {
+        let e = c
+            .waitlist
+            .get_waitlist_entry(pb::GetWaitlistEntryRequest {
+                entry_id: bob.entry_id.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        if e.state == pb::WaitlistState::Offered as i32 {
+            break e;
+        }
+        assert!(Instant::now() < deadline, "never offered: {e:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(offered.position, 0);
+    let h = c
+        .booking
+        .get_hold(pb::GetHoldRequest {
+            hold_id: offered.offered_hold_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (h.user_id.as_str(), h.status, h.quantity),
+        ("bob", pb::HoldStatus::Held as i32, 2)
+    );
+    assert_eq!(h.seat_ids, ["orch:A:1", "orch:A:2"]);
+    // Cat moved up; Bob confirms and his entry is fulfilled.
+    let cat_now = c
+        .waitlist
+        .get_waitlist_entry(pb::GetWaitlistEntryRequest {
+            entry_id: cat.entry_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (cat_now.position, cat_now.state),
+        (1, pb::WaitlistState::Waiting as i32)
+    );
+    c.booking
+        .confirm(pb::ConfirmRequest {
+            hold_id: h.hold_id.clone(),
+            user_id: "bob".into(),
+            payment_token: "tok_visa".into(),
+            idempotency_key: String::new(),
+        })
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let e = c
+            .waitlist
+            .get_waitlist_entry(pb::GetWaitlistEntryRequest {
+                entry_id: bob.entry_id.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        if e.state == pb::WaitlistState::Fulfilled as i32 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never fulfilled: {e:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     server.shutdown().await.unwrap();
 }
