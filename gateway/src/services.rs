@@ -187,7 +187,7 @@ pub struct EventSvc(pub Ready);
 pub struct WaitingRoomSvc(pub Ready);
 /// `BookingService`.
 pub struct BookingSvc(pub Ready);
-/// `WaitlistService` (answers `UNIMPLEMENTED` until the waitlist lands).
+/// `WaitlistService`.
 pub struct WaitlistSvc(pub Ready);
 
 /// The shared state, or `NOT_READY` while recovery runs.

@@ -32,8 +32,6 @@ pub enum ApiError {
     Unauthenticated,
     /// A client key on an admin RPC.
     PermissionDenied,
-    /// Not built yet.
-    Unimplemented(&'static str),
 }
 
 impl From<EngineError> for ApiError {
@@ -149,9 +147,6 @@ impl From<ApiError> for Status {
                 "missing or unknown API key: send `authorization: Bearer <key>`",
             ),
             ApiError::PermissionDenied => Status::permission_denied("this RPC needs an admin key"),
-            ApiError::Unimplemented(what) => {
-                Status::unimplemented(format!("{what} is not available yet"))
-            }
         }
     }
 }
