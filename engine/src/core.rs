@@ -792,6 +792,14 @@ impl SectionCore {
         })
     }
 
+    /// Every order of the section.
+    pub fn orders(&self) -> Vec<OrderView> {
+        self.orders
+            .keys()
+            .filter_map(|id| self.order_view(id))
+            .collect()
+    }
+
     /// The order of a confirmed hold.
     pub fn order_of(&self, hold_id: &HoldId) -> Option<OrderId> {
         self.holds

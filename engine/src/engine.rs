@@ -25,6 +25,8 @@ use crate::ledger::{
     Answer, Begin, BeginArgs, Ledger, LedgerRecord, LedgerShard, Rpc, ShardArgs, ShardState,
     shard_index,
 };
+use crate::payment::{Charge, PaymentError, PaymentProvider, SimulatedConfig, SimulatedProvider};
+use crate::reconcile::Finding;
 use crate::section::{Listener, Notice, Notices, SectionActor, SectionArgs, SectionMsg};
 use crate::store::{self, Durability, Store, StreamWriter};
 use crate::types::{
@@ -54,6 +56,10 @@ pub struct EngineConfig {
     pub checkpoint_every_records: u64,
     /// Most fans waiting on one event's waitlist; past it `QUEUE_FULL`.
     pub waitlist_max: usize,
+    /// The payment provider (`None`: the built-in simulated one, recording in the data dir).
+    pub payments: Option<Arc<dyn PaymentProvider>>,
+    /// How the built-in simulated provider behaves (when `payments` is `None`).
+    pub simulated_payments: SimulatedConfig,
 }
 
 impl EngineConfig {
@@ -68,6 +74,8 @@ impl EngineConfig {
             section_inflight_max: 10_000,
             checkpoint_every_records: 100_000,
             waitlist_max: 100_000,
+            payments: None,
+            simulated_payments: SimulatedConfig::default(),
         }
     }
 }
@@ -154,6 +162,7 @@ struct Inner {
     recovery: std::sync::OnceLock<RecoveryReport>,
     notices: Notices,
     waitlist: ractor::ActorRef<WaitlistMsg>,
+    payments: Arc<dyn PaymentProvider>,
 }
 
 /// The engine: cheap to clone, shared by every caller.
@@ -241,6 +250,11 @@ impl Engine {
         .await
         .map_err(|e| StorageError::Io(format!("cannot start the waitlist: {e}")))?;
         let notices: Notices = Arc::new(std::sync::OnceLock::new());
+        let payments: Arc<dyn PaymentProvider> = match &config.payments {
+            Some(p) => p.clone(),
+            None => SimulatedProvider::open(&db, config.simulated_payments.clone())
+                .map_err(|e| StorageError::Io(format!("payments: {e}")))?,
+        };
         let engine = Engine {
             inner: Arc::new(Inner {
                 config: config.clone(),
@@ -253,6 +267,7 @@ impl Engine {
                 recovery: std::sync::OnceLock::new(),
                 notices,
                 waitlist,
+                payments,
             }),
         };
         let mut cores = recovered.cores;
@@ -602,8 +617,15 @@ impl Engine {
         Ok(found.map(replayed_hold))
     }
 
-    /// Confirms a hold: its places become sold and an order with one ticket per place is made,
-    /// durable before the answer. `payment_ref` is recorded as given.
+    /// Confirms a hold: charges the payment token through the payment provider (idempotency key
+    /// derived from the hold and the token, so retries never charge twice), then the places
+    /// become sold and an order with one ticket per place is made, durable before the answer.
+    /// Declined: `PaymentDeclined`, the hold stays. Provider timeout or failure: no order,
+    /// `PaymentUnavailable`; a retry with the same token finds the charge's real outcome. Paid
+    /// but the hold expired meanwhile: the same places are taken again if free, else the charge
+    /// is refunded and the answer is `HoldExpired`. Never a charge without a ticket or a refund
+    /// (short of a crash between the charge and the order, which a retry or the reconciliation
+    /// settles).
     pub async fn confirm(&self, req: ConfirmRequest) -> Result<OrderView, EngineError> {
         self.check_ready()?;
         check_user_id(&req.user_id)?;
@@ -631,17 +653,7 @@ impl Engine {
                 Begin::Proceed => {}
             }
         }
-        let cmd = ConfirmHold {
-            hold_id: req.hold_id.clone(),
-            user_id: req.user_id.clone(),
-            order_id: OrderId::generate(&event_id, &section_id),
-            payment_ref: req.payment_ref.clone(),
-            idem: tag.clone(),
-        };
-        let outcome = self
-            .ask(&event, &section_id, |reply| SectionMsg::Confirm(cmd, reply))
-            .await
-            .map_err(not_found_as(Rejection::HoldNotFound));
+        let outcome = self.checkout(&event, &section_id, &req, tag.clone()).await;
         if tag.is_some() {
             match &outcome {
                 Ok(order) => self
@@ -652,6 +664,193 @@ impl Engine {
             }
         }
         outcome
+    }
+
+    async fn checkout(
+        &self,
+        event: &EventEntry,
+        section_id: &SectionId,
+        req: &ConfirmRequest,
+        tag: Option<IdemTag>,
+    ) -> Result<OrderView, EngineError> {
+        let hold = self
+            .get_hold(&req.hold_id)
+            .await
+            .map_err(not_found_as(Rejection::HoldNotFound))?;
+        if hold.user_id != req.user_id {
+            return Err(Rejection::HoldNotFound.into());
+        }
+        match hold.status {
+            HoldStatus::Held => {}
+            HoldStatus::Expired => return Err(Rejection::HoldExpired.into()),
+            HoldStatus::Confirmed | HoldStatus::Released => {
+                return Err(Rejection::HoldNotActive.into());
+            }
+        }
+        // Charging for a hold already past its deadline would only buy a refund.
+        if self.now_ms() >= hold.expires_at_ms {
+            return Err(Rejection::HoldExpired.into());
+        }
+        let price = event
+            .spec
+            .sections
+            .iter()
+            .find(|s| &s.section_id == section_id)
+            .map_or(0, |s| s.price_cents);
+        let amount = price * u64::from(hold.quantity);
+        let key = format!("{}:{:016x}", req.hold_id, fingerprint(&req.payment_ref));
+        let started = Instant::now();
+        let charged = self
+            .inner
+            .payments
+            .charge(&key, amount, &req.payment_ref)
+            .await;
+        metrics::histogram!("boxoffice_payment_charge_seconds")
+            .record(started.elapsed().as_secs_f64());
+        let charge = match charged {
+            Ok(c) => c,
+            Err(PaymentError::Declined) => return Err(Rejection::PaymentDeclined.into()),
+            Err(PaymentError::InvalidToken) => {
+                return Err(Rejection::invalid(
+                    "payment_token",
+                    "not a token the payment provider takes",
+                )
+                .into());
+            }
+            Err(e) => {
+                return Err(EngineError::PaymentUnavailable {
+                    timeout: e == PaymentError::Timeout,
+                    reason: e.to_string(),
+                });
+            }
+        };
+        match self
+            .confirm_in_section(
+                event,
+                section_id,
+                &req.hold_id,
+                &req.user_id,
+                &charge,
+                tag.clone(),
+            )
+            .await
+        {
+            Ok(order) => Ok(order),
+            Err(EngineError::Rejected(Rejection::HoldExpired)) => {
+                self.rescue_or_refund(event, section_id, &hold, &charge, tag)
+                    .await
+            }
+            Err(EngineError::Rejected(r)) => {
+                self.refund(&charge).await;
+                Err(r.into())
+            }
+            // Not a definite answer: the charge stays; a retry with the same token finds it.
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn confirm_in_section(
+        &self,
+        event: &EventEntry,
+        section_id: &SectionId,
+        hold_id: &HoldId,
+        user_id: &UserId,
+        charge: &Charge,
+        tag: Option<IdemTag>,
+    ) -> Result<OrderView, EngineError> {
+        let cmd = ConfirmHold {
+            hold_id: hold_id.clone(),
+            user_id: user_id.clone(),
+            order_id: OrderId::generate(&event.event_id, section_id),
+            payment_ref: charge.payment_id.clone(),
+            idem: tag,
+        };
+        self.ask(event, section_id, |reply| SectionMsg::Confirm(cmd, reply))
+            .await
+            .map_err(not_found_as(Rejection::HoldNotFound))
+    }
+
+    /// Paid, but the hold expired meanwhile: take the same places again if they are free and
+    /// confirm them; otherwise refund and answer `HoldExpired`.
+    async fn rescue_or_refund(
+        &self,
+        event: &EventEntry,
+        section_id: &SectionId,
+        hold: &HoldView,
+        charge: &Charge,
+        tag: Option<IdemTag>,
+    ) -> Result<OrderView, EngineError> {
+        let selection = if hold.seat_ids.is_empty() {
+            Selection::BestAvailable {
+                section: Some(section_id.clone()),
+                quantity: hold.quantity,
+            }
+        } else {
+            Selection::Seats(hold.seat_ids.clone())
+        };
+        let again = self
+            .hold(HoldRequest {
+                event_id: event.event_id.clone(),
+                user_id: hold.user_id.clone(),
+                idempotency_key: String::new(),
+                selection,
+            })
+            .await;
+        if let Ok(new_hold) = again {
+            match self
+                .confirm_in_section(
+                    event,
+                    section_id,
+                    &new_hold.hold_id,
+                    &hold.user_id,
+                    charge,
+                    tag,
+                )
+                .await
+            {
+                Ok(order) => {
+                    metrics::counter!("boxoffice_checkout_rescued_total").increment(1);
+                    return Ok(order);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, hold = %new_hold.hold_id, "rescue confirm failed");
+                    let _ = self.release(&new_hold.hold_id, &hold.user_id).await;
+                }
+            }
+        }
+        self.refund(charge).await;
+        Err(Rejection::HoldExpired.into())
+    }
+
+    async fn refund(&self, charge: &Charge) {
+        match self.inner.payments.refund(&charge.payment_id).await {
+            Ok(_) => metrics::counter!("boxoffice_checkout_refunds_total").increment(1),
+            // Left for the reconciliation to report: a captured payment without an order.
+            Err(e) => tracing::error!(error = %e, payment = %charge.payment_id, "refund failed"),
+        }
+    }
+
+    /// The payment provider.
+    pub fn payments(&self) -> Arc<dyn PaymentProvider> {
+        self.inner.payments.clone()
+    }
+
+    /// Checks sold seats against orders, payments and the sold-seat backstop, and every
+    /// section's counters; returns what does not add up.
+    pub async fn reconcile(&self) -> Result<Vec<Finding>, EngineError> {
+        crate::reconcile::run(self).await
+    }
+
+    /// Every order of every section (for reconciliation and tools).
+    pub async fn orders(&self) -> Result<Vec<OrderView>, EngineError> {
+        let mut out = Vec::new();
+        for e in self.event_entries() {
+            for slot in &e.sections {
+                let core = self.inspect_section(&e.event_id, &slot.section_id).await?;
+                out.extend(core.orders());
+            }
+        }
+        Ok(out)
     }
 
     /// Releases a hold (by its holder). Its places are free again and count against nobody.

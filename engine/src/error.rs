@@ -169,6 +169,15 @@ pub enum EngineError {
     /// The log could not be made durable; nothing was acknowledged. Fatal.
     #[error(transparent)]
     Storage(#[from] StorageError),
+    /// The payment provider did not answer in time (`timeout`) or failed: no order was made;
+    /// a retry with the same payment token picks up the charge's real outcome.
+    #[error("payment provider unavailable: {reason}")]
+    PaymentUnavailable {
+        /// Whether it timed out (rather than failed).
+        timeout: bool,
+        /// What happened.
+        reason: String,
+    },
 }
 
 impl EngineError {

@@ -78,6 +78,8 @@ pub mod core;
 pub mod engine;
 pub mod error;
 mod ledger;
+pub mod payment;
+pub mod reconcile;
 mod section;
 mod store;
 pub mod types;
@@ -87,6 +89,10 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use core::SectionCore;
 pub use engine::{EXPIRE_PER_SECTION_MAX, Engine, EngineConfig, RecoveryReport, Router};
 pub use error::{EngineError, Rejection, StorageError};
+pub use payment::{
+    Charge, ChargeStatus, PaymentError, PaymentProvider, SimulatedConfig, SimulatedProvider,
+};
+pub use reconcile::Finding;
 pub use section::{Listener, Notice};
 pub use store::{Durability, FLUSH_BATCH_JOBS_MAX};
 pub use types::*;

@@ -133,23 +133,35 @@ pub fn hold(h: HoldView) -> pb::Hold {
     }
 }
 
-/// An order as the API shows it.
-pub fn order(o: OrderView) -> pb::Order {
+/// An order as the API shows it, each ticket with its signed code.
+pub fn order(o: OrderView, tickets: &crate::tickets::TicketSigner) -> pb::Order {
+    let event_id = o.event_id.0;
+    let order_id = o.order_id.0;
     pb::Order {
-        order_id: o.order_id.0,
         hold_id: o.hold_id.0,
-        event_id: o.event_id.0,
         user_id: o.user_id.0,
         tickets: o
             .tickets
             .into_iter()
-            .map(|t| pb::Ticket {
-                ticket_id: t.ticket_id,
-                section_id: t.section_id.0,
-                seat_id: t.seat_id.map(|s| s.0).unwrap_or_default(),
-                code: String::new(),
+            .map(|t| {
+                let seat_id = t.seat_id.map(|s| s.0).unwrap_or_default();
+                let code = tickets.sign(&crate::tickets::TicketClaims {
+                    event_id: event_id.clone(),
+                    section_id: t.section_id.0.clone(),
+                    seat_id: seat_id.clone(),
+                    order_id: order_id.clone(),
+                    ticket_id: t.ticket_id.clone(),
+                });
+                pb::Ticket {
+                    ticket_id: t.ticket_id,
+                    section_id: t.section_id.0,
+                    seat_id,
+                    code,
+                }
             })
             .collect(),
+        order_id,
+        event_id,
         amount_cents: o.amount_cents,
         payment_id: o.payment_ref,
         status: pb::OrderStatus::Confirmed as i32,

@@ -12,6 +12,7 @@
 //! - [`status`]: every error's gRPC code and `ErrorInfo` reason.
 //! - [`waiting_room`]: the line, the opening shuffle, admission at a rate.
 //! - [`tokens`]: HMAC-signed queue and admission tokens.
+//! - [`tickets`]: Ed25519-signed e-ticket codes, verifiable offline.
 //! - [`metrics`]: the Prometheus endpoint.
 //! - [`flash_sale`]: `boxoffice flash-sale`.
 //! - [`loadgen`]: `boxoffice loadgen`, the gRPC load generator.
@@ -24,5 +25,6 @@ pub mod metrics;
 pub mod server;
 pub mod services;
 pub mod status;
+pub mod tickets;
 pub mod tokens;
 pub mod waiting_room;

@@ -35,6 +35,37 @@ enum Command {
     FlashSale(flash_sale::FlashSaleArgs),
     /// Drive a running server with concurrent streams; report throughput and latency.
     Loadgen(loadgen::LoadgenArgs),
+    /// E-tickets: print the public key, or verify a ticket code offline.
+    #[command(subcommand)]
+    Ticket(TicketCommand),
+    /// Check sold seats against orders, payments and the backstop (offline: the server must be
+    /// stopped). Exits 1 if anything does not add up.
+    Reconcile {
+        /// The server's data dir.
+        #[arg(long, env = "BOXOFFICE_DATA_DIR", default_value = "boxoffice-data")]
+        data_dir: PathBuf,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum TicketCommand {
+    /// Print the public key door scanners verify ticket codes with (hex).
+    PublicKey {
+        /// The server's data dir (where `ticket-signing.key` is).
+        #[arg(long, env = "BOXOFFICE_DATA_DIR", default_value = "boxoffice-data")]
+        data_dir: PathBuf,
+    },
+    /// Verify a ticket code offline; prints what it says, exits 1 if it is not genuine.
+    Verify {
+        /// The code, as `Ticket.code` shows it.
+        code: String,
+        /// The public key (hex); without it, the one of `--data-dir`.
+        #[arg(long)]
+        public_key: Option<String>,
+        /// The server's data dir (used when no `--public-key` is given).
+        #[arg(long, env = "BOXOFFICE_DATA_DIR", default_value = "boxoffice-data")]
+        data_dir: PathBuf,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -88,6 +119,9 @@ struct ServeArgs {
     /// Seconds a shutdown (SIGTERM, Ctrl-C) waits for calls in flight.
     #[arg(long, env = "BOXOFFICE_GRACE_SECONDS", default_value_t = 10)]
     grace_seconds: u64,
+    /// Seconds between reconciliation runs in the server (0: never).
+    #[arg(long, env = "BOXOFFICE_RECONCILE_SECONDS", default_value_t = 60)]
+    reconcile_seconds: u64,
 }
 
 fn random_text(bytes: usize) -> String {
@@ -154,6 +188,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.section_inflight_max = args.section_inflight_max;
     config.queue_max = args.queue_max;
     config.grace = Duration::from_secs(args.grace_seconds);
+    config.reconcile_every =
+        (args.reconcile_seconds > 0).then(|| Duration::from_secs(args.reconcile_seconds));
     let data_dir = config.data_dir.clone();
     let mut running = server::start(config).await?;
     println!(
@@ -181,6 +217,61 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn verify_ticket(
+    code: &str,
+    key: Option<String>,
+    data_dir: &std::path::Path,
+) -> anyhow::Result<ExitCode> {
+    use boxoffice_gateway::tickets;
+    let hex_key = match key {
+        Some(k) => k,
+        None => tickets::TicketSigner::load(data_dir)?.public_key_hex(),
+    };
+    let key = tickets::public_key(&hex_key).map_err(anyhow::Error::from)?;
+    match tickets::verify(code, &key) {
+        Ok(t) => {
+            println!("valid ticket");
+            println!("event   {}", t.event_id);
+            println!("section {}", t.section_id);
+            println!(
+                "seat    {}",
+                if t.seat_id.is_empty() {
+                    "(general admission)"
+                } else {
+                    &t.seat_id
+                }
+            );
+            println!("order   {}", t.order_id);
+            println!("ticket  {}", t.ticket_id);
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            println!("NOT VALID: {e}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+async fn reconcile(data_dir: PathBuf) -> anyhow::Result<ExitCode> {
+    let engine = boxoffice_engine::Engine::open(boxoffice_engine::EngineConfig::new(&data_dir))
+        .await
+        .with_context(|| format!("opening {}", data_dir.display()))?;
+    let findings = engine.reconcile().await?;
+    let orders = engine.orders().await?.len();
+    engine.shutdown().await;
+    if findings.is_empty() {
+        println!(
+            "reconciliation clean: {orders} orders, every sold seat has one order, one claim and one captured payment"
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    for f in &findings {
+        println!("FINDING {}: {f:?}", f.kind());
+    }
+    println!("{} findings", findings.len());
+    Ok(ExitCode::FAILURE)
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -201,6 +292,18 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
+        Command::Ticket(TicketCommand::PublicKey { data_dir }) => {
+            boxoffice_gateway::tickets::TicketSigner::load(&data_dir).map(|s| {
+                println!("{}", s.public_key_hex());
+                ExitCode::SUCCESS
+            })
+        }
+        Command::Ticket(TicketCommand::Verify {
+            code,
+            public_key,
+            data_dir,
+        }) => verify_ticket(&code, public_key, &data_dir),
+        Command::Reconcile { data_dir } => runtime.block_on(reconcile(data_dir)),
         Command::Serve(args) => runtime.block_on(serve(args)).map(|()| ExitCode::SUCCESS),
         Command::Loadgen(args) => runtime.block_on(loadgen::run(args)).map(|report| {
             print!("{report}");

@@ -56,6 +56,8 @@ pub struct ServerConfig {
     pub clock: Arc<dyn Clock>,
     /// Tests only: recovery waits until this is notified (to observe `NOT_SERVING`).
     pub recovery_gate: Option<Arc<Notify>>,
+    /// How often the reconciliation runs in the server (`None`: never).
+    pub reconcile_every: Option<Duration>,
 }
 
 impl ServerConfig {
@@ -75,6 +77,7 @@ impl ServerConfig {
             grace: Duration::from_secs(10),
             clock: Arc::new(SystemClock),
             recovery_gate: None,
+            reconcile_every: Some(Duration::from_secs(60)),
         }
     }
 }
@@ -98,6 +101,8 @@ pub struct Running {
     grpc_task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
     background: Vec<tokio::task::JoinHandle<()>>,
     sweeper: Arc<OnceLock<ractor::ActorRef<boxoffice_sweeper::SweeperMsg>>>,
+    /// Tasks started by recovery (the periodic reconciliation), stopped on shutdown.
+    tasks: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
 }
 
 const SERVICES: &[&str] = &[
@@ -196,11 +201,12 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
     let sweeper: Arc<OnceLock<ractor::ActorRef<boxoffice_sweeper::SweeperMsg>>> =
         Arc::new(OnceLock::new());
     let (recovered_tx, recovered_rx) = oneshot::channel();
+    let tasks = Arc::new(std::sync::Mutex::new(Vec::new()));
     {
         let (ready, health, sweeper) = (ready.clone(), health.clone(), sweeper.clone());
-        let config = config.clone();
+        let (config, tasks) = (config.clone(), tasks.clone());
         background.push(tokio::spawn(async move {
-            let r = recover(config, ready, health, sweeper).await;
+            let r = recover(config, ready, health, sweeper, tasks).await;
             if let Err(e) = &r {
                 tracing::error!(error = %format!("{e:#}"), "recovery failed");
             }
@@ -220,6 +226,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
         grpc_task,
         background,
         sweeper,
+        tasks,
     })
 }
 
@@ -228,6 +235,7 @@ async fn recover(
     ready: Ready,
     health: HealthReporter,
     sweeper: Arc<OnceLock<ractor::ActorRef<boxoffice_sweeper::SweeperMsg>>>,
+    tasks: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
 ) -> anyhow::Result<()> {
     if let Some(gate) = &config.recovery_gate {
         gate.notified().await;
@@ -239,12 +247,35 @@ async fn recover(
     let engine = Engine::open(ec)
         .await
         .with_context(|| format!("recovering from {}", config.data_dir.display()))?;
+    let tickets = crate::tickets::TicketSigner::load_or_create(&config.data_dir)
+        .context("loading the ticket signing key")?;
     let api = Arc::new(Api::new(
         engine.clone(),
         TokenSigner::new(&config.token_secret),
+        tickets,
         config.clock.clone(),
         config.queue_max,
     ));
+    if let Some(every) = config.reconcile_every {
+        // The periodic reconciliation: findings become a metric and a log line each.
+        let engine = engine.clone();
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                match engine.reconcile().await {
+                    Ok(f) if f.is_empty() => tracing::debug!("reconciliation clean"),
+                    Ok(f) => tracing::error!(findings = f.len(), "reconciliation found problems"),
+                    Err(boxoffice_engine::EngineError::NotReady) => break,
+                    Err(e) => tracing::warn!(error = %e, "reconciliation could not run"),
+                }
+            }
+        });
+        if let Ok(mut t) = tasks.lock() {
+            t.push(task);
+        }
+    }
     let (actor, _) = boxoffice_sweeper::start(engine, boxoffice_sweeper::SweeperConfig::default())
         .await
         .context("starting the sweeper")?;
@@ -283,6 +314,15 @@ impl Running {
         let served = tokio::time::timeout(self.grace, &mut self.grpc_task).await;
         if let Some(s) = self.sweeper.get() {
             let _ = s.stop_and_wait(None, Some(Duration::from_secs(5))).await;
+        }
+        let tasks: Vec<_> = self
+            .tasks
+            .lock()
+            .map(|mut t| t.drain(..).collect())
+            .unwrap_or_default();
+        for t in tasks {
+            t.abort();
+            let _ = t.await;
         }
         if let Some(api) = self.ready.get() {
             api.stop();

@@ -33,16 +33,25 @@ pub struct Api {
     pub clock: Arc<dyn Clock>,
     /// Most fans per waiting room.
     pub queue_max: u32,
+    /// Signs e-ticket codes.
+    pub tickets: crate::tickets::TicketSigner,
     rooms: DashMap<EventId, Arc<WaitingRoom>>,
     admitters: DashMap<EventId, tokio::task::JoinHandle<()>>,
 }
 
 impl Api {
     /// The shared state of the services.
-    pub fn new(engine: Engine, signer: TokenSigner, clock: Arc<dyn Clock>, queue_max: u32) -> Api {
+    pub fn new(
+        engine: Engine,
+        signer: TokenSigner,
+        tickets: crate::tickets::TicketSigner,
+        clock: Arc<dyn Clock>,
+        queue_max: u32,
+    ) -> Api {
         Api {
             engine,
             signer,
+            tickets,
             clock,
             queue_max,
             rooms: DashMap::new(),
@@ -461,7 +470,7 @@ impl pb::booking_service_server::BookingService for BookingSvc {
             })
             .await
             .map_err(ApiError::from)?;
-        ok(convert::order(o))
+        ok(convert::order(o, &api.tickets))
     }
 
     async fn release(&self, req: Request<pb::ReleaseRequest>) -> Rpc<pb::ReleaseResponse> {
@@ -497,7 +506,7 @@ impl pb::booking_service_server::BookingService for BookingSvc {
             .get_order(&OrderId(id))
             .await
             .map_err(ApiError::from)?;
-        ok(convert::order(o))
+        ok(convert::order(o, &api.tickets))
     }
 }
 

@@ -119,6 +119,21 @@ impl From<ApiError> for Status {
                 };
                 status(Code::Unavailable, "STORAGE_FAILED", message, none())
             }
+            ApiError::Engine(EngineError::PaymentUnavailable { timeout, reason }) => {
+                // Not a definite answer: no order was made, and a retry with the same payment
+                // token picks up the charge's real outcome (never a second charge).
+                let (code, why) = if timeout {
+                    (Code::DeadlineExceeded, "PAYMENT_TIMEOUT")
+                } else {
+                    (Code::Unavailable, "PAYMENT_UNAVAILABLE")
+                };
+                status(
+                    code,
+                    why,
+                    format!("{reason}; retry the confirm with the same payment token"),
+                    none(),
+                )
+            }
             ApiError::TokenInvalid(what) => status(
                 Code::Unauthenticated,
                 "TOKEN_INVALID",

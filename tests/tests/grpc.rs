@@ -541,7 +541,11 @@ async fn booking_end_to_end_with_every_documented_error() {
     assert_eq!(order.amount_cents, 18_000);
     assert_eq!(order.tickets.len(), 2);
     assert_eq!(order.tickets[0].seat_id, "orch:A:2");
-    assert_eq!(order.payment_id, "tok_visa");
+    assert!(
+        order.payment_id.starts_with("pay_"),
+        "the provider's id: {}",
+        order.payment_id
+    );
     assert_eq!(order.status, pb::OrderStatus::Confirmed as i32);
     let again = c
         .booking

@@ -1,0 +1,326 @@
+//! Payments: the [`PaymentProvider`] trait and the built-in [`SimulatedProvider`].
+//!
+//! A real provider (Stripe, Adyen, ...) plugs in behind the same trait: `charge` must be
+//! idempotent by key (the provider's own idempotency key: the same key never charges twice and
+//! returns the first result), `lookup` finds a charge by that key, `refund` refunds a captured
+//! charge, and `charges` lists them for reconciliation (a real provider would page through its
+//! settlement report).
+//!
+//! The simulated provider keeps its own durable record of charges (the `payments` tree of the
+//! data dir, flushed before it answers), and follows the contract's token conventions: any
+//! `tok_...` token succeeds except `tok_decline` (declined), `tok_timeout` (the charge is made but
+//! the answer is lost: a retry with the same key finds it captured) and `tok_error` (the provider
+//! fails; nothing is charged). A configurable latency range and decline rate serve load runs.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::codec;
+
+/// A boxed future, for the object-safe trait.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Where a charge stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ChargeStatus {
+    /// Money taken.
+    Captured,
+    /// Refused by the card's issuer.
+    Declined,
+    /// Taken, then given back.
+    Refunded,
+}
+
+/// A charge as the provider records it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Charge {
+    /// The provider's id of the charge.
+    pub payment_id: String,
+    /// The idempotency key it was made with.
+    pub key: String,
+    /// Amount, cents.
+    pub amount_cents: u64,
+    /// Status.
+    pub status: ChargeStatus,
+}
+
+/// Why a payment call did not give an answer to act on.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PaymentError {
+    /// Declined: a definite no.
+    #[error("declined")]
+    Declined,
+    /// No answer in time; the charge may or may not have happened (look it up).
+    #[error("the payment provider did not answer in time")]
+    Timeout,
+    /// The provider failed.
+    #[error("the payment provider failed: {0}")]
+    Unavailable(String),
+    /// Not a token this provider takes.
+    #[error("invalid payment token")]
+    InvalidToken,
+    /// No such charge (refund of an unknown id).
+    #[error("no such charge")]
+    NotFound,
+}
+
+/// A payment provider. See the module docs for what each call must guarantee.
+pub trait PaymentProvider: Send + Sync + 'static {
+    /// Charges `amount_cents` to `token`, idempotently by `key`.
+    fn charge<'a>(
+        &'a self,
+        key: &'a str,
+        amount_cents: u64,
+        token: &'a str,
+    ) -> BoxFuture<'a, Result<Charge, PaymentError>>;
+    /// Refunds a captured charge (idempotent: refunding a refunded charge answers it again).
+    fn refund<'a>(&'a self, payment_id: &'a str) -> BoxFuture<'a, Result<Charge, PaymentError>>;
+    /// The charge made with `key`, if any.
+    fn lookup<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Charge>, PaymentError>>;
+    /// Every charge (for reconciliation).
+    fn charges(&self) -> BoxFuture<'_, Result<Vec<Charge>, PaymentError>>;
+}
+
+/// How the simulated provider behaves.
+#[derive(Clone, Debug)]
+pub struct SimulatedConfig {
+    /// Latency of a charge, drawn uniformly from this range.
+    pub latency: (Duration, Duration),
+    /// Share of otherwise good tokens declined (for load runs).
+    pub decline_rate: f64,
+}
+
+impl Default for SimulatedConfig {
+    fn default() -> Self {
+        SimulatedConfig {
+            latency: (Duration::ZERO, Duration::ZERO),
+            decline_rate: 0.0,
+        }
+    }
+}
+
+/// The built-in simulated provider (see the module docs).
+pub struct SimulatedProvider {
+    db: sled::Db,
+    by_key: sled::Tree,
+    by_id: sled::Tree,
+    config: SimulatedConfig,
+    /// Serializes charges and refunds: the idempotency check and the record are one step.
+    lock: tokio::sync::Mutex<()>,
+}
+
+fn io(e: sled::Error) -> PaymentError {
+    PaymentError::Unavailable(e.to_string())
+}
+
+impl SimulatedProvider {
+    /// A provider keeping its record in the `payments` trees of `db`.
+    pub fn open(
+        db: &sled::Db,
+        config: SimulatedConfig,
+    ) -> Result<Arc<SimulatedProvider>, PaymentError> {
+        Ok(Arc::new(SimulatedProvider {
+            db: db.clone(),
+            by_key: db.open_tree("payments").map_err(io)?,
+            by_id: db.open_tree("payments_by_id").map_err(io)?,
+            config,
+            lock: tokio::sync::Mutex::new(()),
+        }))
+    }
+
+    fn get(&self, key: &str) -> Result<Option<Charge>, PaymentError> {
+        match self.by_key.get(key.as_bytes()).map_err(io)? {
+            None => Ok(None),
+            Some(b) => codec::decode(&b)
+                .map(Some)
+                .map_err(|e| PaymentError::Unavailable(format!("payment record: {e}"))),
+        }
+    }
+
+    async fn put(&self, c: &Charge) -> Result<(), PaymentError> {
+        self.by_key
+            .insert(c.key.as_bytes(), codec::encode(c))
+            .map_err(io)?;
+        self.by_id
+            .insert(c.payment_id.as_bytes(), c.key.as_bytes())
+            .map_err(io)?;
+        // Durable before answering; the fsync runs off the runtime's workers.
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || db.flush())
+            .await
+            .map_err(|e| PaymentError::Unavailable(e.to_string()))?
+            .map_err(io)?;
+        Ok(())
+    }
+
+    fn latency(&self) -> Duration {
+        let (lo, hi) = self.config.latency;
+        if hi <= lo {
+            return lo;
+        }
+        let span = (hi - lo).as_micros();
+        let pick = u128::from(rand_u64()) % span.max(1);
+        lo + Duration::from_micros(u64::try_from(pick).unwrap_or(0))
+    }
+}
+
+fn rand_u64() -> u64 {
+    let u = ulid::Ulid::generate();
+    u64::try_from(u.random() & u128::from(u64::MAX)).unwrap_or(0)
+}
+
+impl PaymentProvider for SimulatedProvider {
+    fn charge<'a>(
+        &'a self,
+        key: &'a str,
+        amount_cents: u64,
+        token: &'a str,
+    ) -> BoxFuture<'a, Result<Charge, PaymentError>> {
+        Box::pin(async move {
+            if !token.starts_with("tok_") {
+                return Err(PaymentError::InvalidToken);
+            }
+            let delay = self.latency();
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            let _guard = self.lock.lock().await;
+            if let Some(c) = self.get(key)? {
+                // Idempotent by key: the first result, whatever the token now.
+                return match c.status {
+                    ChargeStatus::Declined => Err(PaymentError::Declined),
+                    _ => Ok(c),
+                };
+            }
+            if token == "tok_error" {
+                return Err(PaymentError::Unavailable(
+                    "simulated provider failure".into(),
+                ));
+            }
+            let declined = token == "tok_decline"
+                || (self.config.decline_rate > 0.0
+                    && (rand_u64() as f64 / u64::MAX as f64) < self.config.decline_rate);
+            let charge = Charge {
+                payment_id: format!("pay_{}", ulid::Ulid::generate()),
+                key: key.to_owned(),
+                amount_cents,
+                status: if declined {
+                    ChargeStatus::Declined
+                } else {
+                    ChargeStatus::Captured
+                },
+            };
+            self.put(&charge).await?;
+            metrics::counter!("boxoffice_payment_charges_total", "outcome" => if declined { "declined" } else { "captured" })
+                .increment(1);
+            if declined {
+                return Err(PaymentError::Declined);
+            }
+            if token == "tok_timeout" {
+                // Charged, but the answer is lost on the way back.
+                return Err(PaymentError::Timeout);
+            }
+            Ok(charge)
+        })
+    }
+
+    fn refund<'a>(&'a self, payment_id: &'a str) -> BoxFuture<'a, Result<Charge, PaymentError>> {
+        Box::pin(async move {
+            let _guard = self.lock.lock().await;
+            let key = self
+                .by_id
+                .get(payment_id.as_bytes())
+                .map_err(io)?
+                .ok_or(PaymentError::NotFound)?;
+            let key = String::from_utf8_lossy(&key).into_owned();
+            let mut c = self.get(&key)?.ok_or(PaymentError::NotFound)?;
+            match c.status {
+                ChargeStatus::Refunded => Ok(c),
+                ChargeStatus::Declined => Err(PaymentError::NotFound),
+                ChargeStatus::Captured => {
+                    c.status = ChargeStatus::Refunded;
+                    self.put(&c).await?;
+                    metrics::counter!("boxoffice_payment_refunds_total").increment(1);
+                    Ok(c)
+                }
+            }
+        })
+    }
+
+    fn lookup<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Charge>, PaymentError>> {
+        Box::pin(async move { self.get(key) })
+    }
+
+    fn charges(&self) -> BoxFuture<'_, Result<Vec<Charge>, PaymentError>> {
+        Box::pin(async move {
+            let mut out = Vec::new();
+            for item in self.by_key.iter() {
+                let (_, v) = item.map_err(io)?;
+                out.push(
+                    codec::decode(&v)
+                        .map_err(|e| PaymentError::Unavailable(format!("payment record: {e}")))?,
+                );
+            }
+            Ok(out)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn token_conventions_and_idempotency_by_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = sled::Config::new().path(dir.path()).open().unwrap();
+        let p = SimulatedProvider::open(&db, SimulatedConfig::default()).unwrap();
+        let a = p.charge("k1", 100, "tok_visa").await.unwrap();
+        assert_eq!(a.status, ChargeStatus::Captured);
+        assert_eq!(
+            p.charge("k1", 100, "tok_visa").await.unwrap(),
+            a,
+            "same key, same charge"
+        );
+        assert_eq!(
+            p.charge("k2", 100, "tok_decline").await,
+            Err(PaymentError::Declined)
+        );
+        assert_eq!(
+            p.charge("k2", 100, "tok_decline").await,
+            Err(PaymentError::Declined)
+        );
+        assert_eq!(
+            p.charge("k3", 100, "tok_timeout").await,
+            Err(PaymentError::Timeout)
+        );
+        let t = p.charge("k3", 100, "tok_timeout").await.unwrap();
+        assert_eq!(
+            t.status,
+            ChargeStatus::Captured,
+            "the lost answer is found on retry"
+        );
+        assert!(matches!(
+            p.charge("k4", 100, "tok_error").await,
+            Err(PaymentError::Unavailable(_))
+        ));
+        assert_eq!(
+            p.lookup("k4").await.unwrap(),
+            None,
+            "an error charges nothing"
+        );
+        assert_eq!(
+            p.charge("k5", 100, "visa").await,
+            Err(PaymentError::InvalidToken)
+        );
+        let r = p.refund(&a.payment_id).await.unwrap();
+        assert_eq!(r.status, ChargeStatus::Refunded);
+        assert_eq!(p.refund(&a.payment_id).await.unwrap(), r);
+        let all = p.charges().await.unwrap();
+        assert_eq!(all.len(), 3, "k1, k2 (declined), k3");
+    }
+}

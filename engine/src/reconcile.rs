@@ -1,0 +1,172 @@
+//! Reconciliation: sold seats against orders, payments and the backstop.
+//!
+//! Checks that every section's counters add up (`available + held + sold == capacity` and the
+//! core's full consistency check), that every sold place has exactly one sold-seat claim and
+//! every claim a sale, that every order is paid by exactly one captured charge of its amount,
+//! and that every captured charge belongs to an order (else it should have been refunded).
+
+use std::collections::{HashMap, HashSet};
+
+use crate::engine::Engine;
+use crate::error::{EngineError, StorageError};
+use crate::payment::ChargeStatus;
+
+/// Something that does not add up, with what is needed to act on it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Finding {
+    /// A section's counters or seat states are inconsistent.
+    SectionInconsistent {
+        /// `event/section`.
+        section: String,
+        /// What the check found.
+        detail: String,
+    },
+    /// A sold place has no sold-seat claim in the backstop.
+    SoldWithoutClaim {
+        /// The backstop key.
+        key: String,
+    },
+    /// A sold-seat claim has no confirmed hold behind it.
+    ClaimWithoutSale {
+        /// The backstop key.
+        key: String,
+    },
+    /// An order whose payment is missing, not captured, or of another amount.
+    OrderNotPaid {
+        /// The order.
+        order_id: String,
+        /// Its payment id.
+        payment_id: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// One payment pays several orders.
+    PaymentOnSeveralOrders {
+        /// The payment.
+        payment_id: String,
+        /// The orders.
+        orders: Vec<String>,
+    },
+    /// A captured charge no order refers to (neither sold nor refunded).
+    CapturedWithoutOrder {
+        /// The payment.
+        payment_id: String,
+        /// Its amount.
+        amount_cents: u64,
+    },
+}
+
+impl Finding {
+    /// A short label for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Finding::SectionInconsistent { .. } => "section_inconsistent",
+            Finding::SoldWithoutClaim { .. } => "sold_without_claim",
+            Finding::ClaimWithoutSale { .. } => "claim_without_sale",
+            Finding::OrderNotPaid { .. } => "order_not_paid",
+            Finding::PaymentOnSeveralOrders { .. } => "payment_on_several_orders",
+            Finding::CapturedWithoutOrder { .. } => "captured_without_order",
+        }
+    }
+}
+
+pub(crate) async fn run(engine: &Engine) -> Result<Vec<Finding>, EngineError> {
+    let mut findings = Vec::new();
+    let mut expected_claims: HashMap<String, String> = HashMap::new();
+    let mut orders = Vec::new();
+    for e in engine.events() {
+        for s in &e.sections {
+            let core = engine
+                .inspect_section(&e.event_id, &s.spec.section_id)
+                .await?;
+            if let Err(detail) = core.check_invariants() {
+                findings.push(Finding::SectionInconsistent {
+                    section: format!("{}/{}", e.event_id, s.spec.section_id),
+                    detail,
+                });
+            }
+            for (key, hold) in core.all_sold_keys() {
+                expected_claims.insert(key, hold.0);
+            }
+            orders.extend(core.orders());
+        }
+    }
+    // The backstop.
+    let sold = engine
+        .raw_db()
+        .open_tree("sold")
+        .map_err(|e| StorageError::Io(e.to_string()))?;
+    let mut seen = HashSet::new();
+    for item in sold.iter() {
+        let (k, _) = item.map_err(|e| StorageError::Io(e.to_string()))?;
+        let key = String::from_utf8_lossy(&k).into_owned();
+        if !expected_claims.contains_key(&key) {
+            findings.push(Finding::ClaimWithoutSale { key: key.clone() });
+        }
+        seen.insert(key);
+    }
+    for key in expected_claims.keys() {
+        if !seen.contains(key) {
+            findings.push(Finding::SoldWithoutClaim { key: key.clone() });
+        }
+    }
+    // Payments.
+    let charges =
+        engine
+            .payments()
+            .charges()
+            .await
+            .map_err(|e| EngineError::PaymentUnavailable {
+                timeout: false,
+                reason: e.to_string(),
+            })?;
+    let by_id: HashMap<&str, &crate::payment::Charge> =
+        charges.iter().map(|c| (c.payment_id.as_str(), c)).collect();
+    let mut orders_of: HashMap<&str, Vec<String>> = HashMap::new();
+    for o in &orders {
+        orders_of
+            .entry(o.payment_ref.as_str())
+            .or_default()
+            .push(o.order_id.to_string());
+        match by_id.get(o.payment_ref.as_str()) {
+            None => findings.push(Finding::OrderNotPaid {
+                order_id: o.order_id.to_string(),
+                payment_id: o.payment_ref.clone(),
+                detail: "no such payment".into(),
+            }),
+            Some(c) if c.status != ChargeStatus::Captured => findings.push(Finding::OrderNotPaid {
+                order_id: o.order_id.to_string(),
+                payment_id: o.payment_ref.clone(),
+                detail: format!("payment is {:?}", c.status),
+            }),
+            Some(c) if c.amount_cents != o.amount_cents => findings.push(Finding::OrderNotPaid {
+                order_id: o.order_id.to_string(),
+                payment_id: o.payment_ref.clone(),
+                detail: format!("paid {} for an order of {}", c.amount_cents, o.amount_cents),
+            }),
+            Some(_) => {}
+        }
+    }
+    for (payment_id, os) in &orders_of {
+        if os.len() > 1 {
+            findings.push(Finding::PaymentOnSeveralOrders {
+                payment_id: (*payment_id).to_owned(),
+                orders: os.clone(),
+            });
+        }
+    }
+    for c in &charges {
+        if c.status == ChargeStatus::Captured && !orders_of.contains_key(c.payment_id.as_str()) {
+            findings.push(Finding::CapturedWithoutOrder {
+                payment_id: c.payment_id.clone(),
+                amount_cents: c.amount_cents,
+            });
+        }
+    }
+    for f in &findings {
+        metrics::counter!("boxoffice_reconcile_findings_total", "kind" => f.kind()).increment(1);
+        tracing::error!(finding = ?f, "reconciliation finding");
+    }
+    metrics::gauge!("boxoffice_reconcile_last_findings").set(findings.len() as f64);
+    Ok(findings)
+}
