@@ -400,6 +400,17 @@ impl SectionCore {
         out
     }
 
+    /// Expires this one hold if it is active and due at `now_ms`.
+    pub fn expire_hold_if_due(
+        &mut self,
+        hold_id: &HoldId,
+        now_ms: u64,
+    ) -> Option<(Ended, SectionRecord)> {
+        let record = self.expire_if_due(hold_id, now_ms)?;
+        let hold = self.hold_view(hold_id)?;
+        Some((Ended { hold }, record))
+    }
+
     /// The earliest deadline of an active hold, if any.
     pub fn next_deadline_ms(&self) -> Option<u64> {
         self.deadlines.first().map(|(d, _)| *d)

@@ -174,6 +174,16 @@ pub struct Engine {
 /// Most holds one `expire_due` call expires per section (bounded work per call).
 pub const EXPIRE_PER_SECTION_MAX: usize = 1_024;
 
+/// Whether the failpoint `name` is armed (`BOXOFFICE_FAILPOINT=name`), for crash tests that
+/// need the process to die at an exact place.
+fn failpoint(name: &str) -> bool {
+    static ARMED: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    ARMED
+        .get_or_init(|| std::env::var("BOXOFFICE_FAILPOINT").ok())
+        .as_deref()
+        == Some(name)
+}
+
 fn fingerprint<T: Serialize>(value: &T) -> u64 {
     let bytes = codec::encode(value);
     let digest = Sha256::digest(&bytes);
@@ -687,8 +697,14 @@ impl Engine {
                 return Err(Rejection::HoldNotActive.into());
             }
         }
-        // Charging for a hold already past its deadline would only buy a refund.
+        // Charging for a hold already past its deadline would only buy a refund: expire it
+        // (as a section does when a confirm comes late) and say so.
         if self.now_ms() >= hold.expires_at_ms {
+            let h = req.hold_id.clone();
+            self.ask(event, section_id, |reply| {
+                SectionMsg::ExpireHoldIfDue(h, reply)
+            })
+            .await?;
             return Err(Rejection::HoldExpired.into());
         }
         let price = event
@@ -708,7 +724,13 @@ impl Engine {
         metrics::histogram!("boxoffice_payment_charge_seconds")
             .record(started.elapsed().as_secs_f64());
         let charge = match charged {
-            Ok(c) => c,
+            Ok(c) => {
+                // Crash tests: die between the charge and the order.
+                if failpoint("after_charge") {
+                    std::process::abort();
+                }
+                c
+            }
             Err(PaymentError::Declined) => return Err(Rejection::PaymentDeclined.into()),
             Err(PaymentError::InvalidToken) => {
                 return Err(Rejection::invalid(

@@ -90,7 +90,8 @@ pub use core::SectionCore;
 pub use engine::{EXPIRE_PER_SECTION_MAX, Engine, EngineConfig, RecoveryReport, Router};
 pub use error::{EngineError, Rejection, StorageError};
 pub use payment::{
-    Charge, ChargeStatus, PaymentError, PaymentProvider, SimulatedConfig, SimulatedProvider,
+    BoxFuture, Charge, ChargeStatus, PaymentError, PaymentProvider, SimulatedConfig,
+    SimulatedProvider,
 };
 pub use reconcile::Finding;
 pub use section::{Listener, Notice};

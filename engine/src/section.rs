@@ -40,6 +40,8 @@ pub(crate) enum SectionMsg {
     Confirm(ConfirmHold, Reply<OrderView>),
     Release(HoldId, UserId, Reply<HoldView>),
     ExpireDue(usize, Reply<(Vec<HoldView>, Option<u64>)>),
+    /// Expire this hold if it is due (a confirm found it past its deadline before charging).
+    ExpireHoldIfDue(HoldId, Reply<bool>),
     GetHold(HoldId, Reply<HoldView>),
     GetOrder(OrderId, Reply<OrderView>),
     /// A copy of the core, for invariant checks and tests.
@@ -309,6 +311,24 @@ impl Actor for SectionActor {
                     views.clone(),
                     after(reply, Ok((views, next))),
                 );
+            }
+            SectionMsg::ExpireHoldIfDue(hold_id, reply) => {
+                if let Some(e) = halted {
+                    send(reply, Err(e.into()));
+                    return Ok(());
+                }
+                match st.a.core.expire_hold_if_due(&hold_id, now) {
+                    Some((ended, record)) => {
+                        st.counters.expired.increment(1);
+                        st.commit(
+                            vec![record],
+                            Vec::new(),
+                            vec![ended.hold],
+                            after(reply, Ok(true)),
+                        );
+                    }
+                    None => st.commit(Vec::new(), Vec::new(), Vec::new(), after(reply, Ok(false))),
+                }
             }
             SectionMsg::GetHold(hold_id, reply) => {
                 let answer = st.a.core.hold_view(&hold_id).ok_or(Rejection::HoldNotFound);

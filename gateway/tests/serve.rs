@@ -103,3 +103,49 @@ async fn serve_with_no_setup_then_drain_on_sigterm() {
     let exit = child.wait().unwrap();
     assert!(exit.success(), "exit {exit:?}");
 }
+
+#[test]
+fn ticket_verify_and_reconcile_on_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let signer = boxoffice_gateway::tickets::TicketSigner::load_or_create(dir.path()).unwrap();
+    let code = signer.sign(&boxoffice_gateway::tickets::TicketClaims {
+        event_id: "e".into(),
+        section_id: "s".into(),
+        seat_id: "s:A:1".into(),
+        order_id: "e.s.o1".into(),
+        ticket_id: "e.s.o1.1".into(),
+    });
+    let bin = env!("CARGO_BIN_EXE_boxoffice");
+    let data_dir = dir.path().to_str().unwrap();
+    let out = Command::new(bin)
+        .args(["ticket", "public-key", "--data-dir", data_dir])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let public_key = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    assert_eq!(public_key, signer.public_key_hex());
+    let out = Command::new(bin)
+        .args(["ticket", "verify", &code, "--public-key", &public_key])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("valid ticket"));
+    let mut forged = code.clone().into_bytes();
+    forged[3] ^= 1;
+    let forged = String::from_utf8(forged).unwrap();
+    let out = Command::new(bin)
+        .args(["ticket", "verify", &forged, "--data-dir", data_dir])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "a forged code fails");
+    let out = Command::new(bin)
+        .args(["reconcile", "--data-dir", data_dir])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("reconciliation clean"));
+}

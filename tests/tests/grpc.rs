@@ -1361,3 +1361,92 @@ async fn waitlist_gets_the_released_places_over_grpc() {
     }
     server.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkout_over_grpc_declines_times_out_and_issues_verifiable_tickets() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let server = start(config(dir.path(), &clock)).await;
+    let ch = channel(&server).await;
+    let mut a = clients(&ch, ADMIN);
+    let mut c = clients(&ch, CLIENT);
+    a.events
+        .create_event(event("co", vec![reserved("orch", &[("A", 4)], 7_500)]))
+        .await
+        .unwrap();
+    let tok = admitted(&mut c, &clock, "co", "ann").await;
+    let hold = c
+        .booking
+        .hold(best("co", "ann", &tok, "orch", 2, ""))
+        .await
+        .unwrap()
+        .into_inner();
+    let confirm = |token: &str, key: &str| pb::ConfirmRequest {
+        hold_id: hold.hold_id.clone(),
+        user_id: "ann".into(),
+        payment_token: token.into(),
+        idempotency_key: key.into(),
+    };
+    expect_err(
+        c.booking.confirm(confirm("tok_decline", "k1")).await,
+        Code::FailedPrecondition,
+        "PAYMENT_DECLINED",
+    );
+    let s = c
+        .booking
+        .confirm(confirm("tok_timeout", "k2"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (s.code(), reason(&s)),
+        (Code::DeadlineExceeded, "PAYMENT_TIMEOUT".into())
+    );
+    let s = c
+        .booking
+        .confirm(confirm("tok_error", "k3"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (s.code(), reason(&s)),
+        (Code::Unavailable, "PAYMENT_UNAVAILABLE".into())
+    );
+    // The hold stayed through all that; the timed-out charge is picked up by the retry.
+    let order = c
+        .booking
+        .confirm(confirm("tok_timeout", "k2"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(order.amount_cents, 15_000);
+    assert!(order.payment_id.starts_with("pay_"));
+    // Every ticket carries a code a scanner verifies offline with the public key.
+    let signer = boxoffice_gateway::tickets::TicketSigner::load(dir.path()).unwrap();
+    let key = boxoffice_gateway::tickets::public_key(&signer.public_key_hex()).unwrap();
+    for t in &order.tickets {
+        let claims = boxoffice_gateway::tickets::verify(&t.code, &key).unwrap();
+        assert_eq!(
+            (
+                claims.event_id.as_str(),
+                claims.seat_id.as_str(),
+                claims.order_id.as_str(),
+                claims.ticket_id.as_str()
+            ),
+            (
+                "co",
+                t.seat_id.as_str(),
+                order.order_id.as_str(),
+                t.ticket_id.as_str()
+            )
+        );
+    }
+    let again = c
+        .booking
+        .get_order(pb::GetOrderRequest {
+            order_id: order.order_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again, order, "codes are stable");
+    server.shutdown().await.unwrap();
+}

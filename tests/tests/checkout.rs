@@ -1,0 +1,402 @@
+//! Checkout: payment, orders, e-tickets, reconciliation. Nothing is charged twice, nothing is
+//! sold twice, and a charge always ends as a ticket or a refund.
+
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+use boxoffice_engine::{
+    BoxFuture, Charge, ChargeStatus, ConfirmRequest, Engine, EngineConfig, EngineError, EventId,
+    Finding, HoldId, HoldRequest, HoldStatus, HoldView, ManualClock, PaymentError, PaymentProvider,
+    Rejection, SeatId, Selection, SimulatedConfig, SimulatedProvider, UserId,
+};
+use boxoffice_tests::{T0_MS, config, event, ga, open, reserved};
+use tokio::sync::Semaphore;
+
+fn best(event: &str, user: &str, q: u32) -> HoldRequest {
+    HoldRequest {
+        event_id: EventId::from(event),
+        user_id: UserId::from(user),
+        idempotency_key: String::new(),
+        selection: Selection::BestAvailable {
+            section: None,
+            quantity: q,
+        },
+    }
+}
+
+fn pay(hold: &HoldView, token: &str, key: &str) -> ConfirmRequest {
+    ConfirmRequest {
+        hold_id: hold.hold_id.clone(),
+        user_id: hold.user_id.clone(),
+        payment_ref: token.into(),
+        idempotency_key: key.into(),
+    }
+}
+
+async fn charges(engine: &Engine) -> Vec<Charge> {
+    engine.payments().charges().await.unwrap()
+}
+
+fn captured(cs: &[Charge]) -> usize {
+    cs.iter()
+        .filter(|c| c.status == ChargeStatus::Captured)
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirm_replayed_100_times_charges_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let engine = open(dir.path(), &clock).await;
+    engine
+        .create_event(event("c", vec![ga("g", 10, 2_500)], 60_000, 4))
+        .await
+        .unwrap();
+    let hold = engine.hold(best("c", "ann", 2)).await.unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..100 {
+        let (engine, req) = (engine.clone(), pay(&hold, "tok_visa", "tap"));
+        tasks.push(tokio::spawn(async move { engine.confirm(req).await }));
+    }
+    let mut orders = Vec::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(o) => orders.push(o),
+            Err(EngineError::Rejected(Rejection::IdempotencyKeyInFlight)) => {}
+            Err(e) => panic!("unexpected {e:?}"),
+        }
+    }
+    assert!(!orders.is_empty());
+    assert!(orders.iter().all(|o| o == &orders[0]), "identical replies");
+    assert_eq!(
+        engine.confirm(pay(&hold, "tok_visa", "tap")).await.unwrap(),
+        orders[0]
+    );
+    assert_eq!(orders[0].amount_cents, 5_000);
+    assert!(orders[0].payment_ref.starts_with("pay_"));
+    assert_eq!(captured(&charges(&engine).await), 1, "one charge");
+    assert_eq!(engine.orders().await.unwrap().len(), 1, "one order");
+    // The same key with another request is refused, and charges nothing.
+    assert_eq!(
+        engine.confirm(pay(&hold, "tok_other", "tap")).await,
+        Err(Rejection::IdempotencyKeyReused.into())
+    );
+    assert_eq!(charges(&engine).await.len(), 1);
+    assert!(engine.reconcile().await.unwrap().is_empty());
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declined_then_another_card_timeout_then_retry_error_charges_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let engine = open(dir.path(), &clock).await;
+    engine
+        .create_event(event("p", vec![ga("g", 10, 1_000)], 60_000, 4))
+        .await
+        .unwrap();
+    // Declined: the hold stays; another card works.
+    let h = engine.hold(best("p", "ann", 1)).await.unwrap();
+    assert_eq!(
+        engine.confirm(pay(&h, "tok_decline", "k1")).await,
+        Err(Rejection::PaymentDeclined.into())
+    );
+    assert_eq!(
+        engine.confirm(pay(&h, "tok_decline", "k1")).await,
+        Err(Rejection::PaymentDeclined.into()),
+        "a replay answers the first answer"
+    );
+    assert_eq!(
+        engine.get_hold(&h.hold_id).await.unwrap().status,
+        HoldStatus::Held
+    );
+    engine.confirm(pay(&h, "tok_visa", "k2")).await.unwrap();
+    // Timeout: no order, a retryable answer; the retry finds the charge, never a second one.
+    let h = engine.hold(best("p", "bob", 1)).await.unwrap();
+    assert!(matches!(
+        engine.confirm(pay(&h, "tok_timeout", "t1")).await,
+        Err(EngineError::PaymentUnavailable { timeout: true, .. })
+    ));
+    assert_eq!(
+        engine.get_hold(&h.hold_id).await.unwrap().status,
+        HoldStatus::Held
+    );
+    let order = engine.confirm(pay(&h, "tok_timeout", "t1")).await.unwrap();
+    let key_charges: Vec<Charge> = charges(&engine)
+        .await
+        .into_iter()
+        .filter(|c| c.key.starts_with(h.hold_id.as_str()))
+        .collect();
+    assert_eq!(key_charges.len(), 1, "exactly one charge");
+    assert_eq!(key_charges[0].payment_id, order.payment_ref);
+    // The provider fails: nothing is charged, nothing changes.
+    let h = engine.hold(best("p", "cat", 1)).await.unwrap();
+    assert!(matches!(
+        engine.confirm(pay(&h, "tok_error", "e1")).await,
+        Err(EngineError::PaymentUnavailable { timeout: false, .. })
+    ));
+    assert_eq!(
+        engine.get_hold(&h.hold_id).await.unwrap().status,
+        HoldStatus::Held
+    );
+    assert!(
+        charges(&engine)
+            .await
+            .iter()
+            .all(|c| !c.key.starts_with(h.hold_id.as_str()))
+    );
+    // Not a token: invalid, nothing charged.
+    let r = engine.confirm(pay(&h, "visa", "")).await;
+    assert_eq!(
+        r.unwrap_err().rejection().and_then(|r| r.field()),
+        Some("payment_token")
+    );
+    assert!(engine.reconcile().await.unwrap().is_empty());
+    engine.shutdown().await;
+}
+
+/// A provider that holds every charge until the test lets it through.
+struct Gated {
+    inner: Arc<SimulatedProvider>,
+    gate: Arc<Semaphore>,
+    arrived: Arc<Semaphore>,
+}
+
+impl PaymentProvider for Gated {
+    fn charge<'a>(
+        &'a self,
+        key: &'a str,
+        amount_cents: u64,
+        token: &'a str,
+    ) -> BoxFuture<'a, Result<Charge, PaymentError>> {
+        Box::pin(async move {
+            self.arrived.add_permits(1);
+            self.gate.acquire().await.unwrap().forget();
+            self.inner.charge(key, amount_cents, token).await
+        })
+    }
+    fn refund<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Charge, PaymentError>> {
+        self.inner.refund(id)
+    }
+    fn lookup<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Charge>, PaymentError>> {
+        self.inner.lookup(key)
+    }
+    fn charges(&self) -> BoxFuture<'_, Result<Vec<Charge>, PaymentError>> {
+        self.inner.charges()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paid_after_expiry_is_rescued_or_refunded_never_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let payments_dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let payments_db = boxoffice_engine::raw::sled::Config::new()
+        .path(payments_dir.path())
+        .open()
+        .unwrap();
+    let gate = Arc::new(Semaphore::new(0));
+    let arrived = Arc::new(Semaphore::new(0));
+    let provider = Arc::new(Gated {
+        inner: SimulatedProvider::open(&payments_db, SimulatedConfig::default()).unwrap(),
+        gate: gate.clone(),
+        arrived: arrived.clone(),
+    });
+    let mut cfg = config(dir.path(), &clock);
+    cfg.payments = Some(provider);
+    let engine = Engine::open(cfg).await.unwrap();
+    engine
+        .create_event(event("x", vec![reserved("orch", 1, 4, 3_000)], 10_000, 4))
+        .await
+        .unwrap();
+    let seats = |ids: &[&str], user: &str| HoldRequest {
+        event_id: EventId::from("x"),
+        user_id: UserId::from(user),
+        idempotency_key: String::new(),
+        selection: Selection::Seats(ids.iter().map(|s| SeatId::from(*s)).collect()),
+    };
+    // 1. The hold expires while the charge is in flight; the seats are still free: rescued.
+    let h = engine
+        .hold(seats(&["orch:A:1", "orch:A:2"], "ann"))
+        .await
+        .unwrap();
+    let pending = {
+        let (engine, req) = (engine.clone(), pay(&h, "tok_visa", ""));
+        tokio::spawn(async move { engine.confirm(req).await })
+    };
+    arrived.acquire().await.unwrap().forget(); // the charge is in flight
+    clock.advance_ms(10_000);
+    assert_eq!(
+        engine.expire_due(100).await.unwrap().len(),
+        1,
+        "the hold lapsed"
+    );
+    gate.add_permits(1);
+    let order = pending.await.unwrap().unwrap();
+    let tickets: Vec<_> = order
+        .tickets
+        .iter()
+        .map(|t| t.seat_id.clone().unwrap())
+        .collect();
+    assert_eq!(
+        tickets,
+        [SeatId::from("orch:A:1"), SeatId::from("orch:A:2")]
+    );
+    assert_ne!(order.hold_id, h.hold_id, "a new hold of the same seats");
+    // 2. Expired and someone else took the seats: refunded, HOLD_EXPIRED.
+    let h = engine.hold(seats(&["orch:A:3"], "bob")).await.unwrap();
+    let pending = {
+        let (engine, req) = (engine.clone(), pay(&h, "tok_visa", ""));
+        tokio::spawn(async move { engine.confirm(req).await })
+    };
+    arrived.acquire().await.unwrap().forget(); // the charge is in flight
+    clock.advance_ms(10_000);
+    engine.expire_due(100).await.unwrap();
+    engine.hold(seats(&["orch:A:3"], "cat")).await.unwrap();
+    gate.add_permits(1);
+    assert_eq!(pending.await.unwrap(), Err(Rejection::HoldExpired.into()));
+    let all = charges(&engine).await;
+    let bobs: Vec<&Charge> = all
+        .iter()
+        .filter(|c| c.key.starts_with(h.hold_id.as_str()))
+        .collect();
+    assert_eq!(bobs.len(), 1);
+    assert_eq!(
+        bobs[0].status,
+        ChargeStatus::Refunded,
+        "never a charge without a ticket or a refund"
+    );
+    assert!(engine.reconcile().await.unwrap().is_empty());
+    engine.shutdown().await;
+}
+
+const DIR_VAR: &str = "BOXOFFICE_CHECKOUT_CRASH_DIR";
+
+#[test]
+fn crash_child_after_charge() {
+    let Ok(dir) = std::env::var(DIR_VAR) else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let engine = Engine::open(EngineConfig::new(&dir)).await.unwrap();
+        engine
+            .create_event(event("k", vec![ga("g", 10, 700)], 600_000, 4))
+            .await
+            .unwrap();
+        let h = engine.hold(best("k", "ann", 2)).await.unwrap();
+        println!("HOLD {}", h.hold_id);
+        // BOXOFFICE_FAILPOINT=after_charge: the process dies right after the charge.
+        let _ = engine.confirm(pay(&h, "tok_visa", "pay")).await;
+        println!("SURVIVED");
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_between_charge_and_order_then_retry_charges_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "crash_child_after_charge",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(DIR_VAR, dir.path())
+        .env("BOXOFFICE_FAILPOINT", "after_charge")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out: Vec<String> = BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map_while(Result::ok)
+        .collect();
+    let status = child.wait().unwrap();
+    assert!(!status.success(), "the child died at the failpoint");
+    assert!(!out.iter().any(|l| l.contains("SURVIVED")), "{out:?}");
+    let hold_id = out
+        .iter()
+        .find_map(|l| l.split("HOLD ").nth(1))
+        .map(HoldId::from)
+        .unwrap();
+    // Restart: the charge is there, the order is not.
+    let engine = Engine::open(EngineConfig::new(dir.path())).await.unwrap();
+    let before = charges(&engine).await;
+    assert_eq!(captured(&before), 1);
+    assert!(engine.orders().await.unwrap().is_empty());
+    let findings = engine.reconcile().await.unwrap();
+    assert!(
+        matches!(findings.as_slice(), [Finding::CapturedWithoutOrder { .. }]),
+        "{findings:?}"
+    );
+    // The fan retries the confirm: the same charge is found, one order is made.
+    let hold = engine.get_hold(&hold_id).await.unwrap();
+    let order = engine.confirm(pay(&hold, "tok_visa", "pay")).await.unwrap();
+    let after = charges(&engine).await;
+    assert_eq!(after.len(), 1, "one charge");
+    assert_eq!(order.payment_ref, before[0].payment_id);
+    assert_eq!(engine.orders().await.unwrap().len(), 1, "one order");
+    assert!(engine.reconcile().await.unwrap().is_empty());
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconciliation_finds_exactly_what_was_planted() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let engine = open(dir.path(), &clock).await;
+    engine
+        .create_event(event(
+            "r",
+            vec![reserved("orch", 2, 5, 100), ga("g", 5, 50)],
+            60_000,
+            4,
+        ))
+        .await
+        .unwrap();
+    for (u, q) in [("a", 2), ("b", 3), ("c", 1)] {
+        let h = engine.hold(best("r", u, q)).await.unwrap();
+        engine.confirm(pay(&h, "tok_visa", "")).await.unwrap();
+    }
+    engine.hold(best("r", "d", 2)).await.unwrap();
+    assert_eq!(
+        engine.reconcile().await.unwrap(),
+        vec![],
+        "clean after a sale"
+    );
+    // Plant: a captured charge nobody ordered, and a sold-seat claim without a sale.
+    let stray = engine
+        .payments()
+        .charge("stray", 999, "tok_visa")
+        .await
+        .unwrap();
+    engine
+        .raw_db()
+        .open_tree("sold")
+        .unwrap()
+        .insert("r/orch/orch:B:5", "r.orch.hNOBODY")
+        .unwrap();
+    let mut found = engine.reconcile().await.unwrap();
+    found.sort_by_key(|f| f.kind());
+    assert_eq!(
+        found,
+        vec![
+            Finding::CapturedWithoutOrder {
+                payment_id: stray.payment_id,
+                amount_cents: 999
+            },
+            Finding::ClaimWithoutSale {
+                key: "r/orch/orch:B:5".into()
+            },
+        ]
+    );
+    engine.shutdown().await;
+}
