@@ -664,6 +664,14 @@ impl Engine {
             }
         }
         let outcome = self.checkout(&event, &section_id, &req, tag.clone()).await;
+        let label = match &outcome {
+            Ok(_) => "confirmed",
+            Err(EngineError::Rejected(r)) => r.reason(),
+            Err(EngineError::PaymentUnavailable { timeout: true, .. }) => "PAYMENT_TIMEOUT",
+            Err(EngineError::PaymentUnavailable { .. }) => "PAYMENT_UNAVAILABLE",
+            Err(_) => "error",
+        };
+        metrics::counter!("boxoffice_checkout_confirms_total", "outcome" => label).increment(1);
         if tag.is_some() {
             match &outcome {
                 Ok(order) => self

@@ -141,14 +141,19 @@ impl SimulatedProvider {
         }
     }
 
-    async fn put(&self, c: &Charge) -> Result<(), PaymentError> {
+    fn put(&self, c: &Charge) -> Result<(), PaymentError> {
         self.by_key
             .insert(c.key.as_bytes(), codec::encode(c))
             .map_err(io)?;
         self.by_id
             .insert(c.payment_id.as_bytes(), c.key.as_bytes())
             .map_err(io)?;
-        // Durable before answering; the fsync runs off the runtime's workers.
+        Ok(())
+    }
+
+    /// Makes every record so far durable; the fsync runs off the runtime's workers, outside the
+    /// lock, so concurrent charges share flushes.
+    async fn flush(&self) -> Result<(), PaymentError> {
         let db = self.db.clone();
         tokio::task::spawn_blocking(move || db.flush())
             .await
@@ -190,7 +195,10 @@ impl PaymentProvider for SimulatedProvider {
             }
             let _guard = self.lock.lock().await;
             if let Some(c) = self.get(key)? {
-                // Idempotent by key: the first result, whatever the token now.
+                // Idempotent by key: the first result, whatever the token now (made durable
+                // first: its first caller may still be flushing it).
+                drop(_guard);
+                self.flush().await?;
                 return match c.status {
                     ChargeStatus::Declined => Err(PaymentError::Declined),
                     _ => Ok(c),
@@ -214,7 +222,9 @@ impl PaymentProvider for SimulatedProvider {
                     ChargeStatus::Captured
                 },
             };
-            self.put(&charge).await?;
+            self.put(&charge)?;
+            drop(_guard);
+            self.flush().await?;
             metrics::counter!("boxoffice_payment_charges_total", "outcome" => if declined { "declined" } else { "captured" })
                 .increment(1);
             if declined {
@@ -243,7 +253,9 @@ impl PaymentProvider for SimulatedProvider {
                 ChargeStatus::Declined => Err(PaymentError::NotFound),
                 ChargeStatus::Captured => {
                     c.status = ChargeStatus::Refunded;
-                    self.put(&c).await?;
+                    self.put(&c)?;
+                    drop(_guard);
+                    self.flush().await?;
                     metrics::counter!("boxoffice_payment_refunds_total").increment(1);
                     Ok(c)
                 }

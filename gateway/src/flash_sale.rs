@@ -327,6 +327,8 @@ pub struct Report {
     pub double_booked: u64,
     /// Engine invariant violations found.
     pub invariant_violations: u64,
+    /// Reconciliation findings (orders vs payments vs the sold-seat backstop).
+    pub reconciliation_findings: u64,
     /// Wall time of the sale (first arrival to last fan done).
     pub sale_seconds: f64,
     /// Time until the last place was sold (all confirmed).
@@ -366,6 +368,7 @@ impl Report {
         self.oversold == 0
             && self.double_booked == 0
             && self.invariant_violations == 0
+            && self.reconciliation_findings == 0
             && self.tickets == u64::from(self.sold)
             && self.errors == 0
             && self.held == 0
@@ -395,6 +398,10 @@ impl Report {
             (
                 "invariant violations (must be 0)",
                 self.invariant_violations.to_string(),
+            ),
+            (
+                "reconciliation findings (must be 0)",
+                self.reconciliation_findings.to_string(),
             ),
             ("sale wall time", format!("{:.2} s", self.sale_seconds)),
             (
@@ -437,7 +444,7 @@ impl Report {
             )
         };
         format!(
-            "{{\"fans\":{},\"seats\":{},\"sold\":{},\"available\":{},\"held\":{},\"tickets\":{},\"oversold\":{},\"double_booked\":{},\"invariant_violations\":{},\"sale_seconds\":{:.3},\"sold_out_after_seconds\":{},\"holds\":{},\"confirms\":{},\"sold_out_answers\":{},\"stale_seat_map\":{},\"walked_away\":{},\"shed\":{},\"errors\":{},\"hold_latency_us\":{},\"confirm_latency_us\":{},\"clean\":{}}}\n",
+            "{{\"fans\":{},\"seats\":{},\"sold\":{},\"available\":{},\"held\":{},\"tickets\":{},\"oversold\":{},\"double_booked\":{},\"invariant_violations\":{},\"reconciliation_findings\":{},\"sale_seconds\":{:.3},\"sold_out_after_seconds\":{},\"holds\":{},\"confirms\":{},\"sold_out_answers\":{},\"stale_seat_map\":{},\"walked_away\":{},\"shed\":{},\"errors\":{},\"hold_latency_us\":{},\"confirm_latency_us\":{},\"clean\":{}}}\n",
             self.fans,
             self.seats,
             self.sold,
@@ -447,6 +454,7 @@ impl Report {
             self.oversold,
             self.double_booked,
             self.invariant_violations,
+            self.reconciliation_findings,
             self.sale_seconds,
             self.sold_out_after_seconds
                 .map_or("null".into(), |s| format!("{s:.3}")),
@@ -647,6 +655,7 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
         report.hold_us = percentiles(&l.hold);
         report.confirm_us = percentiles(&l.confirm);
     }
+    report.reconciliation_findings = engine.reconcile().await.context("reconciling")?.len() as u64;
     engine.shutdown().await;
     Ok(report)
 }
