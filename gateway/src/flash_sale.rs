@@ -1,11 +1,21 @@
-//! `boxoffice flash-sale`: the seeds' onsale, played against a real engine (section actors,
-//! durable sled log, ledger, sweeper) in this process, then checked seat by seat.
+//! `boxoffice flash-sale`: the seeds' onsale, end to end over real gRPC, and its proof.
 //!
-//! Fans arrive over `--arrival-seconds`; each asks for 1 to 4 places: some pick exact seats from
-//! the (possibly stale) seat map, some take best available in a section, some anywhere. About
-//! `--pay-rate` of those who get a hold confirm it; the others walk away and their holds expire
-//! after `--hold-ttl-ms`, so later fans can take those places. At the end every seat is checked:
-//! sold exactly once or free, tickets == sold, the engine's own invariants hold.
+//! With no flags it starts an embedded server (temporary data dir, durable log, gRPC on
+//! loopback), creates an event of 10,000 seats (40% general admission, three reserved sections,
+//! priced per section) and lets 100,000 fans at it through real tonic clients:
+//! - 10% join the waiting room before the sale opens (they are shuffled at the opening), the rest
+//!   arrive over `--arrival-seconds`; every fan polls `GetStatus` until admitted (admission runs
+//!   at `--admit-rate`);
+//! - admitted fans hold 1 to 4 places: some pick exact seats from the (as-of) seat map, some best
+//!   available in a section, the rest anywhere;
+//! - about `--pay-rate` pay (some with a card that is declined first, then another); the others
+//!   walk away and their holds expire after `--hold-ttl-ms`;
+//! - some fans turned away with SOLD_OUT join the waitlist and buy what it offers them.
+//!
+//! At the end every seat is checked (embedded server: the engine's own state, invariants and the
+//! reconciliation; `--target`: the seat map against the tickets the fans hold). `--naive` runs the
+//! seeds' uncoordinated baseline in-process instead (read the map, then book what looked free):
+//! it oversells, which is the point of the contrast.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -14,13 +24,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use boxoffice_engine::{
-    ConfirmRequest, Durability, Engine, EngineConfig, EngineError, EventId, EventSpec, HoldRequest,
-    Layout, Rejection, RowSpec, SeatId, SeatStatus, SectionId, SectionSpec, Selection, UserId,
-};
+use boxoffice_engine::{Durability, EventSpec, Layout, RowSpec, SectionId, SectionSpec};
+use boxoffice_proto::v1 as pb;
 use hdrhistogram::Histogram;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+
+use crate::loadgen::{Authed, Bearer};
 
 /// Flags of `boxoffice flash-sale`.
 #[derive(clap::Args, Debug, Clone)]
@@ -31,30 +41,52 @@ pub struct FlashSaleArgs {
     /// Seats on sale: 40% general admission, the rest in three reserved sections of 50-seat rows.
     #[arg(long, default_value_t = 10_000)]
     pub seats: u32,
-    /// Fans arrive evenly over this many seconds.
+    /// Fans arrive evenly over this many seconds (after the pre-opening share).
     #[arg(long, default_value_t = 10.0)]
     pub arrival_seconds: f64,
+    /// Share of fans who join the waiting room before the sale opens (shuffled at the opening).
+    #[arg(long, default_value_t = 0.1)]
+    pub preopen_share: f64,
+    /// Waiting-room admissions per second.
+    #[arg(long, default_value_t = 20_000)]
+    pub admit_rate: u32,
     /// Fans in flight at once (concurrent client tasks).
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 2_048)]
     pub concurrency: usize,
-    /// Hold TTL: walked-away holds come back after this long.
+    /// Hold TTL in ms (rounded up to whole seconds): walked-away holds come back after this.
     #[arg(long, default_value_t = 2_000)]
     pub hold_ttl_ms: u64,
     /// Share of holders who pay.
     #[arg(long, default_value_t = 0.7)]
     pub pay_rate: f64,
+    /// Share of payers whose first card is declined (they pay with another).
+    #[arg(long, default_value_t = 0.1)]
+    pub decline_rate: f64,
     /// Share of fans who pick exact seats from the seat map (the rest take best available).
     #[arg(long, default_value_t = 0.2)]
     pub exact_rate: f64,
+    /// Share of fans turned away with SOLD_OUT who join the waitlist.
+    #[arg(long, default_value_t = 0.05)]
+    pub waitlist_rate: f64,
     /// Places one fan may hold or own.
     #[arg(long, default_value_t = 4)]
     pub per_user_limit: u32,
-    /// Data dir for the log (default: a temporary dir, removed at the end).
+    /// Data dir of the embedded server (default: a temporary dir, removed at the end).
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
     /// sync: fsync before every acknowledgement (group commit); buffered: for benchmarks only.
     #[arg(long, default_value = "sync", value_parser = ["sync", "buffered"])]
     pub durability: String,
+    /// Run against a server already running there (e.g. http://127.0.0.1:50051) instead of an
+    /// embedded one; needs `--api-key`.
+    #[arg(long)]
+    pub target: Option<String>,
+    /// An admin key of the `--target` server (it creates the sale's event).
+    #[arg(long, env = "BOXOFFICE_ADMIN_KEY")]
+    pub api_key: Option<String>,
+    /// Run the seeds' uncoordinated baseline in-process (read the map, book what looked free).
+    #[arg(long)]
+    pub naive: bool,
     /// Random seed for the fans' choices.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
@@ -63,7 +95,7 @@ pub struct FlashSaleArgs {
     pub json: Option<PathBuf>,
 }
 
-/// The event the sale plays: 40% GA, the rest over three reserved sections.
+/// The event the sale plays: 40% GA, the rest over three reserved sections of 50-seat rows.
 pub fn sale_event(seats: u32, ttl_ms: u64, per_user_limit: u32) -> EventSpec {
     let ga = seats * 2 / 5;
     let reserved = seats - ga;
@@ -105,7 +137,7 @@ pub fn sale_event(seats: u32, ttl_ms: u64, per_user_limit: u32) -> EventSpec {
         });
     }
     EventSpec {
-        event_id: Some(EventId::from("flash")),
+        event_id: None,
         name: "Flash sale".into(),
         sections,
         hold_ttl_ms: ttl_ms,
@@ -118,14 +150,32 @@ pub fn sale_event(seats: u32, ttl_ms: u64, per_user_limit: u32) -> EventSpec {
 
 #[derive(Default)]
 struct Tally {
+    admitted: AtomicU64,
     holds_ok: AtomicU64,
     sold_out: AtomicU64,
     stale_seat_map: AtomicU64,
-    user_limit: AtomicU64,
     shed: AtomicU64,
     confirms_ok: AtomicU64,
     walked_away: AtomicU64,
+    declined_then_paid: AtomicU64,
+    waitlist_joined: AtomicU64,
+    waitlist_bought: AtomicU64,
     errors: AtomicU64,
+    first_error: Mutex<Option<String>>,
+}
+
+impl Tally {
+    fn error(&self, what: &str, s: Option<&tonic::Status>) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        let text = match s {
+            Some(s) => format!("{what}: {:?} {} {}", s.code(), reason(s), s.message()),
+            None => what.to_owned(),
+        };
+        tracing::warn!(error = %text, "fan error");
+        if let Ok(mut f) = self.first_error.lock() {
+            f.get_or_insert(text);
+        }
+    }
 }
 
 struct Latencies {
@@ -137,137 +187,9 @@ fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds")
 }
 
-/// A ticket a fan bought: its section, and its seat (`None` in general admission).
-type Ticket = (SectionId, Option<SeatId>);
-
-/// One fan: returns the tickets they bought.
-async fn fan(
-    engine: &Engine,
-    event: &EventSpec,
-    args: &FlashSaleArgs,
-    i: usize,
-    tally: &Tally,
-    lat: &Mutex<Latencies>,
-) -> Vec<Ticket> {
-    let mut rng = StdRng::seed_from_u64(args.seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    let event_id = EventId::from("flash");
-    let user = UserId::from(format!("fan-{i}"));
-    let quantity = match rng.random_range(0..10) {
-        0..=1 => 1,
-        2..=5 => 2,
-        6..=7 => 3,
-        _ => 4,
-    }
-    .min(args.per_user_limit);
-    let roll: f64 = rng.random();
-    let sections = &event.sections;
-    let mut selection = if roll < args.exact_rate {
-        // Read the map (a snapshot: maybe stale), pick seats that looked free.
-        let reserved: Vec<&SectionSpec> = sections
-            .iter()
-            .filter(|s| matches!(s.layout, Layout::Reserved { .. }))
-            .collect();
-        match reserved.get(rng.random_range(0..reserved.len().max(1))) {
-            Some(s) => pick_from_map(engine, &event_id, &s.section_id, quantity, &mut rng)
-                .map(Selection::Seats),
-            None => None,
-        }
-    } else if roll < args.exact_rate + 0.5 {
-        let s = &sections[rng.random_range(0..sections.len())];
-        Some(Selection::BestAvailable {
-            section: Some(s.section_id.clone()),
-            quantity,
-        })
-    } else {
-        None
-    }
-    .unwrap_or(Selection::BestAvailable {
-        section: None,
-        quantity,
-    });
-    let mut attempt = 0;
-    let hold = loop {
-        attempt += 1;
-        let started = Instant::now();
-        let r = engine
-            .hold(HoldRequest {
-                event_id: event_id.clone(),
-                user_id: user.clone(),
-                idempotency_key: format!("hold-{i}-{attempt}"),
-                selection: selection.clone(),
-            })
-            .await;
-        record(lat, |l| &mut l.hold, started);
-        match r {
-            Ok(h) => break h,
-            Err(EngineError::Rejected(Rejection::SeatUnavailable(_))) if attempt < 3 => {
-                // The map was stale: someone was faster. Fall back to best available.
-                tally.stale_seat_map.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(EngineError::Rejected(Rejection::SoldOut))
-                if attempt < 3
-                    && !matches!(selection, Selection::BestAvailable { section: None, .. }) =>
-            {
-                // That section is gone; anywhere will do.
-            }
-            Err(EngineError::Rejected(Rejection::SoldOut | Rejection::SeatUnavailable(_))) => {
-                tally.sold_out.fetch_add(1, Ordering::Relaxed);
-                return Vec::new();
-            }
-            Err(EngineError::Rejected(Rejection::UserLimit { .. })) => {
-                tally.user_limit.fetch_add(1, Ordering::Relaxed);
-                return Vec::new();
-            }
-            Err(EngineError::Overloaded(_)) => {
-                tally.shed.fetch_add(1, Ordering::Relaxed);
-                return Vec::new();
-            }
-            Err(e) => {
-                tally.errors.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(error = %e, "hold failed");
-                return Vec::new();
-            }
-        }
-        selection = Selection::BestAvailable {
-            section: None,
-            quantity,
-        };
-    };
-    tally.holds_ok.fetch_add(1, Ordering::Relaxed);
-    if rng.random::<f64>() >= args.pay_rate {
-        tally.walked_away.fetch_add(1, Ordering::Relaxed);
-        return Vec::new();
-    }
-    let started = Instant::now();
-    let r = engine
-        .confirm(ConfirmRequest {
-            hold_id: hold.hold_id.clone(),
-            user_id: user,
-            payment_ref: format!("tok_fan_{i}"),
-            idempotency_key: format!("pay-{i}"),
-        })
-        .await;
-    record(lat, |l| &mut l.confirm, started);
-    match r {
-        Ok(order) => {
-            tally.confirms_ok.fetch_add(1, Ordering::Relaxed);
-            order
-                .tickets
-                .into_iter()
-                .map(|t| (t.section_id, t.seat_id))
-                .collect()
-        }
-        Err(e) => {
-            tally.errors.fetch_add(1, Ordering::Relaxed);
-            tracing::error!(error = %e, "confirm failed");
-            Vec::new()
-        }
-    }
-}
-
 fn record(
     lat: &Mutex<Latencies>,
-    which: impl Fn(&mut Latencies) -> &mut Histogram<u64>,
+    which: fn(&mut Latencies) -> &mut Histogram<u64>,
     started: Instant,
 ) {
     let us = u64::try_from(started.elapsed().as_micros())
@@ -278,28 +200,336 @@ fn record(
     }
 }
 
+/// A ticket a fan bought: its section, and its seat (empty in general admission).
+type Ticket = (String, String);
+
+fn reason(s: &tonic::Status) -> String {
+    crate::status::reason_of(s).unwrap_or_default()
+}
+
+/// The services a fan talks to.
+#[derive(Clone)]
+struct Fan {
+    room: pb::waiting_room_service_client::WaitingRoomServiceClient<Authed>,
+    booking: pb::booking_service_client::BookingServiceClient<Authed>,
+    events: pb::event_service_client::EventServiceClient<Authed>,
+    waitlist: pb::waitlist_service_client::WaitlistServiceClient<Authed>,
+}
+
+impl Fan {
+    fn new(ch: tonic::transport::Channel, key: &Bearer) -> Fan {
+        Fan {
+            room: pb::waiting_room_service_client::WaitingRoomServiceClient::with_interceptor(
+                ch.clone(),
+                key.clone(),
+            ),
+            booking: pb::booking_service_client::BookingServiceClient::with_interceptor(
+                ch.clone(),
+                key.clone(),
+            ),
+            events: pb::event_service_client::EventServiceClient::with_interceptor(
+                ch.clone(),
+                key.clone(),
+            ),
+            waitlist: pb::waitlist_service_client::WaitlistServiceClient::with_interceptor(
+                ch,
+                key.clone(),
+            ),
+        }
+    }
+}
+
+/// Retries a call the gate shed (RESOURCE_EXHAUSTED / OVERLOADED) with a short back-off.
+macro_rules! patient {
+    ($tally:expr, $call:expr) => {{
+        let mut tries = 0u32;
+        loop {
+            match $call.await {
+                Err(s) if reason(&s) == "OVERLOADED" && tries < 200 => {
+                    tries += 1;
+                    $tally.shed.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(5 + u64::from(tries.min(20)) * 5))
+                        .await;
+                }
+                other => break other,
+            }
+        }
+    }};
+}
+
+struct Plan<'a> {
+    args: &'a FlashSaleArgs,
+    event_id: &'a str,
+    reserved: &'a [String],
+    all_sections: &'a [String],
+}
+
+/// One fan, from the waiting room to tickets (or not).
+async fn fan(
+    mut f: Fan,
+    plan: &Plan<'_>,
+    i: usize,
+    tally: &Tally,
+    lat: &Mutex<Latencies>,
+) -> Outcome {
+    let args = plan.args;
+    let mut rng = StdRng::seed_from_u64(args.seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let user = format!("fan-{i}");
+    let joined = patient!(
+        tally,
+        f.room.join(pb::JoinRequest {
+            event_id: plan.event_id.into(),
+            user_id: user.clone(),
+            session_id: "web".into(),
+        })
+    );
+    let Ok(ticket) = joined.map(tonic::Response::into_inner) else {
+        tally.error("join", None);
+        return Outcome::default();
+    };
+    // Poll the line until admitted; the ETA paces the polls.
+    let admission = loop {
+        let st = patient!(
+            tally,
+            f.room.get_status(pb::GetStatusRequest {
+                queue_token: ticket.queue_token.clone(),
+            })
+        );
+        let Ok(st) = st.map(tonic::Response::into_inner) else {
+            tally.error("status", None);
+            return Outcome::default();
+        };
+        if st.state == pb::QueueState::Admitted as i32 {
+            break st.admission_token;
+        }
+        if st.state == pb::QueueState::Expired as i32 {
+            return Outcome::default();
+        }
+        let wait = (u64::from(st.eta_seconds) * 300).clamp(50, 1_000);
+        tokio::time::sleep(Duration::from_millis(wait + rng.random_range(0..50))).await;
+    };
+    tally.admitted.fetch_add(1, Ordering::Relaxed);
+    let quantity = match rng.random_range(0..10) {
+        0..=1 => 1,
+        2..=5 => 2,
+        6..=7 => 3,
+        _ => 4,
+    }
+    .min(args.per_user_limit);
+    let roll: f64 = rng.random();
+    let mut selection = if roll < args.exact_rate && !plan.reserved.is_empty() {
+        let section = &plan.reserved[rng.random_range(0..plan.reserved.len())];
+        pick_from_map(&mut f, plan.event_id, section, quantity, &mut rng).await
+    } else if roll < args.exact_rate + 0.5 {
+        let s = &plan.all_sections[rng.random_range(0..plan.all_sections.len())];
+        Some(pb::hold_request::Selection::BestAvailable(
+            pb::BestAvailable {
+                section_id: s.clone(),
+                quantity,
+            },
+        ))
+    } else {
+        None
+    };
+    let anywhere = pb::hold_request::Selection::BestAvailable(pb::BestAvailable {
+        section_id: String::new(),
+        quantity,
+    });
+    let mut attempt = 0;
+    let hold = loop {
+        attempt += 1;
+        let started = Instant::now();
+        let r = patient!(
+            tally,
+            f.booking.hold(pb::HoldRequest {
+                event_id: plan.event_id.into(),
+                user_id: user.clone(),
+                admission_token: admission.clone(),
+                idempotency_key: format!("hold-{attempt}"),
+                selection: Some(selection.clone().unwrap_or(anywhere.clone())),
+            })
+        );
+        record(lat, |l| &mut l.hold, started);
+        match r {
+            Ok(h) => break h.into_inner(),
+            Err(s) if reason(&s) == "SEAT_UNAVAILABLE" && attempt < 3 => {
+                // The map was stale: someone was faster. Best available will do.
+                tally.stale_seat_map.fetch_add(1, Ordering::Relaxed);
+                selection = None;
+            }
+            Err(s) if reason(&s) == "SOLD_OUT" && attempt < 3 && selection.is_some() => {
+                selection = None; // that section is gone; anywhere will do
+            }
+            Err(s) if matches!(reason(&s).as_str(), "SOLD_OUT" | "SEAT_UNAVAILABLE") => {
+                tally.sold_out.fetch_add(1, Ordering::Relaxed);
+                let wait = rng.random::<f64>() < args.waitlist_rate;
+                return Outcome {
+                    tickets: Vec::new(),
+                    waitlist: wait.then(|| (user.clone(), quantity)),
+                };
+            }
+            Err(s) => {
+                tally.error("hold", Some(&s));
+                return Outcome::default();
+            }
+        }
+    };
+    tally.holds_ok.fetch_add(1, Ordering::Relaxed);
+    if rng.random::<f64>() >= args.pay_rate {
+        tally.walked_away.fetch_add(1, Ordering::Relaxed);
+        return Outcome::default();
+    }
+    let declined_first = rng.random::<f64>() < args.decline_rate;
+    Outcome {
+        tickets: pay(&mut f, &hold.hold_id, &user, i, declined_first, tally, lat).await,
+        waitlist: None,
+    }
+}
+
+/// What a fan got, and whether they go on to wait on the waitlist (outside their slot of
+/// `--concurrency`, which waiting would hog).
+#[derive(Default)]
+struct Outcome {
+    tickets: Vec<Ticket>,
+    waitlist: Option<(String, u32)>,
+}
+
+async fn pay(
+    f: &mut Fan,
+    hold_id: &str,
+    user: &str,
+    i: usize,
+    declined_first: bool,
+    tally: &Tally,
+    lat: &Mutex<Latencies>,
+) -> Vec<Ticket> {
+    let confirm = |token: String, key: &str| pb::ConfirmRequest {
+        hold_id: hold_id.into(),
+        user_id: user.into(),
+        payment_token: token,
+        idempotency_key: key.into(),
+    };
+    if declined_first {
+        let r = patient!(
+            tally,
+            f.booking
+                .confirm(confirm("tok_decline".into(), "pay-declined"))
+        );
+        if !matches!(&r, Err(s) if reason(s) == "PAYMENT_DECLINED") {
+            tally.error("the declined card was not declined", r.as_ref().err());
+            return Vec::new();
+        }
+    }
+    let started = Instant::now();
+    let r = patient!(
+        tally,
+        f.booking.confirm(confirm(format!("tok_fan_{i}"), "pay"))
+    );
+    record(lat, |l| &mut l.confirm, started);
+    match r {
+        Ok(order) => {
+            tally.confirms_ok.fetch_add(1, Ordering::Relaxed);
+            if declined_first {
+                tally.declined_then_paid.fetch_add(1, Ordering::Relaxed);
+            }
+            order
+                .into_inner()
+                .tickets
+                .into_iter()
+                .map(|t| (t.section_id, t.seat_id))
+                .collect()
+        }
+        // Too slow to pay: the hold lapsed (it happens; the places went back on sale).
+        Err(s) if reason(&s) == "HOLD_EXPIRED" => Vec::new(),
+        Err(s) => {
+            tally.error("confirm", Some(&s));
+            Vec::new()
+        }
+    }
+}
+
+/// Joins the waitlist and buys the offer if one comes while the sale lasts.
+async fn waitlist(
+    f: &mut Fan,
+    plan: &Plan<'_>,
+    user: &str,
+    quantity: u32,
+    tally: &Tally,
+    lat: &Mutex<Latencies>,
+) -> Vec<Ticket> {
+    let joined = patient!(
+        tally,
+        f.waitlist.join_waitlist(pb::JoinWaitlistRequest {
+            event_id: plan.event_id.into(),
+            user_id: user.into(),
+            section_id: String::new(),
+            quantity,
+        })
+    );
+    let Ok(entry) = joined.map(tonic::Response::into_inner) else {
+        tally.error("join_waitlist", None);
+        return Vec::new();
+    };
+    tally.waitlist_joined.fetch_add(1, Ordering::Relaxed);
+    // Wait as long as a few hold TTLs: places come back when holds lapse.
+    let deadline = Instant::now() + Duration::from_millis(plan.args.hold_ttl_ms * 4 + 2_000);
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let Ok(e) = patient!(
+            tally,
+            f.waitlist.get_waitlist_entry(pb::GetWaitlistEntryRequest {
+                entry_id: entry.entry_id.clone(),
+            })
+        )
+        .map(tonic::Response::into_inner) else {
+            continue;
+        };
+        if e.state == pb::WaitlistState::Offered as i32 {
+            let got = pay(f, &e.offered_hold_id, user, usize::MAX, false, tally, lat).await;
+            if !got.is_empty() {
+                tally.waitlist_bought.fetch_add(1, Ordering::Relaxed);
+            }
+            return got;
+        }
+        if e.state != pb::WaitlistState::Waiting as i32 {
+            break;
+        }
+    }
+    Vec::new()
+}
+
 /// Picks `q` adjacent seats that look free in the seat map of `section`, from a random row.
-fn pick_from_map(
-    engine: &Engine,
-    event: &EventId,
-    section: &SectionId,
+async fn pick_from_map(
+    f: &mut Fan,
+    event: &str,
+    section: &str,
     q: u32,
     rng: &mut StdRng,
-) -> Option<Vec<SeatId>> {
-    let map = engine.seat_map(event, Some(section)).ok()?;
+) -> Option<pb::hold_request::Selection> {
+    let map = f
+        .events
+        .get_seat_map(pb::GetSeatMapRequest {
+            event_id: event.into(),
+            section_id: section.into(),
+        })
+        .await
+        .ok()?
+        .into_inner();
     let seats = &map.sections.first()?.seats;
     let mut rows: Vec<&str> = seats.iter().map(|s| s.row.as_str()).collect();
     rows.dedup();
     let start = rng.random_range(0..rows.len().max(1));
     for k in 0..rows.len() {
         let row = rows[(start + k) % rows.len()];
-        let free: Vec<&boxoffice_engine::SeatView> = seats
+        let free: Vec<&pb::Seat> = seats
             .iter()
-            .filter(|s| s.row == row && s.status == SeatStatus::Available)
+            .filter(|s| s.row == row && s.status == pb::SeatStatus::Available as i32)
             .collect();
         for w in free.windows(q as usize) {
             if w.last()?.number - w[0].number == q - 1 {
-                return Some(w.iter().map(|s| s.seat_id.clone()).collect());
+                return Some(pb::hold_request::Selection::Seats(pb::SeatSelection {
+                    seat_ids: w.iter().map(|s| s.seat_id.clone()).collect(),
+                }));
             }
         }
     }
@@ -341,12 +571,24 @@ pub struct Report {
     pub sold_out_answers: u64,
     /// Exact-seat picks that lost the race (stale seat map).
     pub stale_seat_map: u64,
+    /// Fans admitted by the waiting room.
+    pub admitted: u64,
+    /// Fans who joined the waitlist after a SOLD_OUT.
+    pub waitlist_joined: u64,
+    /// Waitlist offers confirmed.
+    pub waitlist_bought: u64,
+    /// Payments declined once and paid with another card.
+    pub declined_then_paid: u64,
+    /// Requests the gate shed and the fans retried.
+    pub retried_after_shed: u64,
     /// Holds walked away from (expired later).
     pub walked_away: u64,
     /// Requests shed by overload.
     pub shed: u64,
     /// Unexpected errors.
     pub errors: u64,
+    /// The first unexpected error, if any.
+    pub first_error: Option<String>,
     /// Hold latency percentiles (p50, p95, p99, max) in µs.
     pub hold_us: [u64; 4],
     /// Confirm latency percentiles (p50, p95, p99, max) in µs.
@@ -414,11 +656,33 @@ impl Report {
                 "confirms",
                 format!("{} ({})", self.confirms, rate(self.confirms)),
             ),
+            (
+                "fans admitted by the waiting room",
+                self.admitted.to_string(),
+            ),
             ("SOLD_OUT answers", self.sold_out_answers.to_string()),
+            (
+                "waitlist: joined / bought",
+                format!("{} / {}", self.waitlist_joined, self.waitlist_bought),
+            ),
+            (
+                "declined once, then paid",
+                self.declined_then_paid.to_string(),
+            ),
+            (
+                "calls retried after OVERLOADED",
+                self.retried_after_shed.to_string(),
+            ),
             ("stale seat-map picks", self.stale_seat_map.to_string()),
             ("walked away (expired)", self.walked_away.to_string()),
             ("shed (OVERLOADED)", self.shed.to_string()),
-            ("unexpected errors", self.errors.to_string()),
+            (
+                "unexpected errors",
+                match &self.first_error {
+                    Some(e) => format!("{} (first: {e})", self.errors),
+                    None => self.errors.to_string(),
+                },
+            ),
             ("hold ms p50/p95/p99/max", pct(self.hold_us)),
             ("confirm ms p50/p95/p99/max", pct(self.confirm_us)),
         ]
@@ -444,7 +708,7 @@ impl Report {
             )
         };
         format!(
-            "{{\"fans\":{},\"seats\":{},\"sold\":{},\"available\":{},\"held\":{},\"tickets\":{},\"oversold\":{},\"double_booked\":{},\"invariant_violations\":{},\"reconciliation_findings\":{},\"sale_seconds\":{:.3},\"sold_out_after_seconds\":{},\"holds\":{},\"confirms\":{},\"sold_out_answers\":{},\"stale_seat_map\":{},\"walked_away\":{},\"shed\":{},\"errors\":{},\"hold_latency_us\":{},\"confirm_latency_us\":{},\"clean\":{}}}\n",
+            "{{\"fans\":{},\"seats\":{},\"sold\":{},\"available\":{},\"held\":{},\"tickets\":{},\"oversold\":{},\"double_booked\":{},\"invariant_violations\":{},\"reconciliation_findings\":{},\"sale_seconds\":{:.3},\"sold_out_after_seconds\":{},\"holds\":{},\"confirms\":{},\"admitted\":{},\"sold_out_answers\":{},\"waitlist_joined\":{},\"waitlist_bought\":{},\"declined_then_paid\":{},\"retried_after_shed\":{},\"stale_seat_map\":{},\"walked_away\":{},\"shed\":{},\"errors\":{},\"hold_latency_us\":{},\"confirm_latency_us\":{},\"clean\":{}}}\n",
             self.fans,
             self.seats,
             self.sold,
@@ -460,7 +724,12 @@ impl Report {
                 .map_or("null".into(), |s| format!("{s:.3}")),
             self.holds,
             self.confirms,
+            self.admitted,
             self.sold_out_answers,
+            self.waitlist_joined,
+            self.waitlist_bought,
+            self.declined_then_paid,
+            self.retried_after_shed,
             self.stale_seat_map,
             self.walked_away,
             self.shed,
@@ -472,132 +741,252 @@ impl Report {
     }
 }
 
-/// Runs the sale and returns its report (it does not judge it: see [`Report::clean`]).
+/// Runs the sale (or the naive baseline) and returns its report; see [`Report::clean`].
 pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
     if args.fans == 0 || args.seats < 4 || args.concurrency == 0 {
         bail!("--fans and --concurrency must be at least 1, --seats at least 4");
     }
-    if !(0.0..=1.0).contains(&args.pay_rate) || !(0.0..=1.0).contains(&args.exact_rate) {
-        bail!("--pay-rate and --exact-rate are shares between 0 and 1");
+    for (name, v) in [
+        ("--pay-rate", args.pay_rate),
+        ("--exact-rate", args.exact_rate),
+        ("--decline-rate", args.decline_rate),
+        ("--waitlist-rate", args.waitlist_rate),
+        ("--preopen-share", args.preopen_share),
+    ] {
+        if !(0.0..=1.0).contains(&v) {
+            bail!("{name} is a share between 0 and 1");
+        }
+    }
+    if args.naive {
+        return Ok(run_naive(&args).await);
     }
     let temp;
-    let dir = match &args.data_dir {
-        Some(d) => d.clone(),
-        None => {
-            temp = tempfile::tempdir().context("creating a temporary data dir")?;
-            temp.path().to_path_buf()
+    let mut server = None;
+    let (target, key) = match (&args.target, &args.api_key) {
+        (Some(t), Some(k)) => (t.clone(), k.clone()),
+        (Some(_), None) => bail!("--target needs --api-key (an admin key of that server)"),
+        (None, _) => {
+            let dir = match &args.data_dir {
+                Some(d) => d.clone(),
+                None => {
+                    temp = tempfile::tempdir().context("creating a temporary data dir")?;
+                    temp.path().to_path_buf()
+                }
+            };
+            let key = format!("flash-sale-{}", args.seed);
+            let mut secret = [0u8; 32];
+            rand::RngCore::fill_bytes(&mut rand::rng(), &mut secret);
+            let mut cfg = crate::server::ServerConfig::new(&key, "flash-sale-client", &secret);
+            cfg.listen = "127.0.0.1:0".parse()?;
+            cfg.metrics_listen = None;
+            cfg.data_dir = dir;
+            cfg.durability = if args.durability == "buffered" {
+                Durability::Buffered
+            } else {
+                Durability::Sync
+            };
+            cfg.in_flight_max = 8_192;
+            cfg.queue_max = u32::try_from(args.fans)
+                .unwrap_or(u32::MAX)
+                .saturating_add(1_000);
+            cfg.reconcile_every = None;
+            let mut s = crate::server::start(cfg)
+                .await
+                .context("starting the embedded server")?;
+            s.wait_ready().await?;
+            let target = format!("http://{}", s.addr);
+            server = Some(s);
+            (target, key)
         }
     };
-    let mut config = EngineConfig::new(&dir);
-    config.durability = if args.durability == "buffered" {
-        Durability::Buffered
-    } else {
-        Durability::Sync
-    };
-    let engine = Engine::open(config)
-        .await
-        .with_context(|| format!("opening the engine on {}", dir.display()))?;
+    let bearer = Bearer::new(&key)?;
+    let mut channels = Vec::new();
+    for _ in 0..8 {
+        channels.push(crate::loadgen::connect(&target).await?);
+    }
+    // The event: sections as `sale_event`, admission at --admit-rate, opening after the
+    // pre-opening fans joined.
     let spec = sale_event(args.seats, args.hold_ttl_ms, args.per_user_limit);
-    let event = engine
-        .create_event(spec.clone())
+    let preopen = ((args.fans as f64) * args.preopen_share) as usize;
+    let opens_in = if preopen > 0 {
+        Duration::from_millis(1_500)
+    } else {
+        Duration::ZERO
+    };
+    let now_ms = u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis(),
+    )?;
+    let mut admin = pb::event_service_client::EventServiceClient::with_interceptor(
+        channels[0].clone(),
+        bearer.clone(),
+    );
+    let event = admin
+        .create_event(pb::CreateEventRequest {
+            event_id: String::new(),
+            name: "Flash sale".into(),
+            sections: spec
+                .sections
+                .iter()
+                .map(|s| pb::SectionSpec {
+                    section_id: s.section_id.to_string(),
+                    name: s.name.clone(),
+                    price_cents: s.price_cents,
+                    layout: Some(match &s.layout {
+                        Layout::GeneralAdmission { capacity } => {
+                            pb::section_spec::Layout::GeneralAdmissionCapacity(*capacity)
+                        }
+                        Layout::Reserved { rows } => {
+                            pb::section_spec::Layout::Reserved(pb::ReservedLayout {
+                                rows: rows
+                                    .iter()
+                                    .map(|r| pb::RowSpec {
+                                        label: r.label.clone(),
+                                        seat_count: r.seat_count,
+                                    })
+                                    .collect(),
+                            })
+                        }
+                    }),
+                })
+                .collect(),
+            hold_ttl_seconds: u32::try_from(args.hold_ttl_ms.div_ceil(1000).max(1)).unwrap_or(600),
+            per_user_limit: args.per_user_limit,
+            admit_rate_per_second: args.admit_rate,
+            admission_window_seconds: 120,
+            sale_opens_at_unix_ms: i64::try_from(now_ms + u64::try_from(opens_in.as_millis())?)?,
+        })
         .await
-        .context("creating the event")?;
+        .context("creating the sale's event (is --api-key an admin key?)")?
+        .into_inner();
     let event_id = event.event_id.clone();
-    let (sweeper, sweeper_task) =
-        boxoffice_sweeper::start(engine.clone(), boxoffice_sweeper::SweeperConfig::default())
-            .await
-            .context("starting the sweeper")?;
+    let reserved: Vec<String> = event
+        .sections
+        .iter()
+        .filter(|s| s.kind == pb::SectionKind::Reserved as i32)
+        .map(|s| s.section_id.clone())
+        .collect();
+    let all_sections: Vec<String> = event
+        .sections
+        .iter()
+        .map(|s| s.section_id.clone())
+        .collect();
 
     let tally = Arc::new(Tally::default());
     let lat = Arc::new(Mutex::new(Latencies {
         hold: histogram(),
         confirm: histogram(),
     }));
-    let next = Arc::new(AtomicUsize::new(0));
     let tickets: Arc<Mutex<Vec<Ticket>>> = Arc::default();
     let last_sale = Arc::new(Mutex::new(None::<Instant>));
+    let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
-    let per_fan = Duration::from_secs_f64(args.arrival_seconds.max(0.0) / args.fans as f64);
-    let args = Arc::new(args);
-    let spec = Arc::new(spec);
+    let opening = started + opens_in;
+    let rest = args.fans - preopen;
+    let per_fan = Duration::from_secs_f64(args.arrival_seconds.max(0.0) / rest.max(1) as f64);
+    let arrival = move |i: usize| -> Instant {
+        if i < preopen {
+            started + opens_in.mul_f64(i as f64 / preopen.max(1) as f64 * 0.8)
+        } else {
+            opening + per_fan * u32::try_from(i - preopen).unwrap_or(u32::MAX)
+        }
+    };
     let progress = {
-        let engine = engine.clone();
-        let event_id = event_id.clone();
-        let next = next.clone();
-        let fans = args.fans;
+        let (mut events, next, event_id) = (admin.clone(), next.clone(), event_id.clone());
+        let (fans, tally) = (args.fans, tally.clone());
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             tick.tick().await;
             loop {
                 tick.tick().await;
-                if let Ok(e) = engine.event(&event_id) {
-                    let (a, h, s) = e.sections.iter().fold((0, 0, 0), |t, s| {
+                if let Ok(e) = events
+                    .get_event(pb::GetEventRequest {
+                        event_id: event_id.clone(),
+                    })
+                    .await
+                {
+                    let (a, h, s) = e.get_ref().sections.iter().fold((0, 0, 0), |t, s| {
                         (t.0 + s.available, t.1 + s.held, t.2 + s.sold)
                     });
                     eprintln!(
-                        "[{:>5.1}s] fans arrived {:>8}/{fans}  available {a:>6}  held {h:>6}  sold {s:>6}",
+                        "[{:>5.1}s] fans arrived {:>8}/{fans}  admitted {:>8}  available {a:>6}  held {h:>6}  sold {s:>6}",
                         started.elapsed().as_secs_f64(),
                         next.load(Ordering::Relaxed).min(fans),
+                        tally.admitted.load(Ordering::Relaxed),
                     );
                 }
             }
         })
     };
-    let mut workers = Vec::new();
-    for _ in 0..args.concurrency {
-        let (engine, args, spec, tally, lat, next, tickets, last_sale) = (
-            engine.clone(),
+    let args = Arc::new(args);
+    let plan_parts = Arc::new((event_id.clone(), reserved, all_sections));
+    // One task per fan, started at its arrival; at most --concurrency fans between joining and
+    // paying at once (waiting on the waitlist does not count).
+    let slots = Arc::new(tokio::sync::Semaphore::new(args.concurrency));
+    let mut fans = tokio::task::JoinSet::new();
+    for i in 0..args.fans {
+        tokio::time::sleep_until(arrival(i).into()).await;
+        next.store(i + 1, Ordering::Relaxed);
+        let (args, tally, lat, tickets, last_sale, parts, slots) = (
             args.clone(),
-            spec.clone(),
             tally.clone(),
             lat.clone(),
-            next.clone(),
             tickets.clone(),
             last_sale.clone(),
+            plan_parts.clone(),
+            slots.clone(),
         );
-        workers.push(tokio::spawn(async move {
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= args.fans {
-                    break;
+        let mut f = Fan::new(channels[i % channels.len()].clone(), &bearer);
+        fans.spawn(async move {
+            let plan = Plan {
+                args: &args,
+                event_id: &parts.0,
+                reserved: &parts.1,
+                all_sections: &parts.2,
+            };
+            let Ok(slot) = slots.acquire().await else {
+                return;
+            };
+            let mut outcome = fan(f.clone(), &plan, i, &tally, &lat).await;
+            drop(slot);
+            if let Some((user, quantity)) = outcome.waitlist.take() {
+                outcome.tickets = waitlist(&mut f, &plan, &user, quantity, &tally, &lat).await;
+            }
+            if !outcome.tickets.is_empty() {
+                if let Ok(mut t) = tickets.lock() {
+                    t.extend(outcome.tickets);
                 }
-                tokio::time::sleep_until((started + per_fan * i as u32).into()).await;
-                let got = fan(&engine, &spec, &args, i, &tally, &lat).await;
-                if !got.is_empty() {
-                    if let Ok(mut t) = tickets.lock() {
-                        t.extend(got);
-                    }
-                    if let Ok(mut l) = last_sale.lock() {
-                        *l = Some(Instant::now());
-                    }
+                if let Ok(mut l) = last_sale.lock() {
+                    *l = Some(Instant::now());
                 }
             }
-        }));
+        });
+        // Reap finished fans as we go, so the set stays small.
+        while fans.try_join_next().is_some() {}
     }
-    for w in workers {
-        w.await.context("a fan task panicked")?;
+    while let Some(r) = fans.join_next().await {
+        r.context("a fan task panicked")?;
     }
     let sale_seconds = started.elapsed().as_secs_f64();
     // Walked-away holds expire after their TTL; wait for the sweeper to bring them back.
     let deadline =
         Instant::now() + Duration::from_millis(args.hold_ttl_ms) + Duration::from_secs(30);
-    loop {
-        let held: u32 = engine
-            .event(&event_id)?
-            .sections
-            .iter()
-            .map(|s| s.held)
-            .sum();
+    let view = loop {
+        let e = admin
+            .get_event(pb::GetEventRequest {
+                event_id: event_id.clone(),
+            })
+            .await?
+            .into_inner();
+        let held: u32 = e.sections.iter().map(|s| s.held).sum();
         if held == 0 || Instant::now() > deadline {
-            break;
+            break e;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    };
     progress.abort();
-    sweeper.stop(None);
-    let _ = sweeper_task.await;
 
-    // Check every seat.
     let mut report = Report {
         fans: args.fans,
         seats: args.seats,
@@ -607,43 +996,52 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
     let tickets = std::mem::take(&mut *tickets.lock().map_err(|_| anyhow::anyhow!("poisoned"))?);
     report.tickets = tickets.len() as u64;
     let mut seen = HashSet::new();
-    let mut per_section: HashMap<SectionId, u64> = HashMap::new();
+    let mut per_section: HashMap<String, u64> = HashMap::new();
     for (section, seat) in &tickets {
         *per_section.entry(section.clone()).or_default() += 1;
-        if let Some(seat) = seat
-            && !seen.insert(seat.clone())
-        {
+        if !seat.is_empty() && !seen.insert(seat.clone()) {
             report.double_booked += 1;
         }
     }
-    let view = engine.event(&event_id)?;
     for s in &view.sections {
-        // The actor's own snapshot is published after each batch; inspect the core for truth.
-        let core = engine
-            .inspect_section(&event_id, &s.spec.section_id)
-            .await
-            .context("inspecting a section")?;
-        if let Err(e) = core.check_invariants() {
-            tracing::error!(section = %s.spec.section_id, error = %e, "invariant violated");
-            report.invariant_violations += 1;
-        }
-        let (capacity, available, held, sold) = core.counts();
-        report.sold += sold;
-        report.available += available;
-        report.held += held;
-        let issued = per_section.get(&s.spec.section_id).copied().unwrap_or(0);
-        report.oversold += issued.saturating_sub(u64::from(capacity));
-        if issued != u64::from(sold) {
-            tracing::error!(section = %s.spec.section_id, issued, sold, "tickets and sold disagree");
+        report.sold += s.sold;
+        report.available += s.available;
+        report.held += s.held;
+        let issued = per_section.get(&s.section_id).copied().unwrap_or(0);
+        report.oversold += issued.saturating_sub(u64::from(s.capacity));
+        if issued != u64::from(s.sold) {
+            tracing::error!(section = %s.section_id, issued, sold = s.sold, "tickets and sold disagree");
         }
     }
+    if let Some(server) = server {
+        // Embedded: also the engine's own truth: invariants and the reconciliation.
+        if let Some(engine) = server.engine() {
+            let eid = boxoffice_engine::EventId(event_id.clone());
+            for s in &view.sections {
+                let core = engine
+                    .inspect_section(&eid, &SectionId(s.section_id.clone()))
+                    .await?;
+                if let Err(e) = core.check_invariants() {
+                    tracing::error!(section = %s.section_id, error = %e, "invariant violated");
+                    report.invariant_violations += 1;
+                }
+            }
+            report.reconciliation_findings = engine.reconcile().await?.len() as u64;
+        }
+        server.shutdown().await?;
+    }
+    report.admitted = tally.admitted.load(Ordering::Relaxed);
     report.holds = tally.holds_ok.load(Ordering::Relaxed);
     report.confirms = tally.confirms_ok.load(Ordering::Relaxed);
     report.sold_out_answers = tally.sold_out.load(Ordering::Relaxed);
     report.stale_seat_map = tally.stale_seat_map.load(Ordering::Relaxed);
     report.walked_away = tally.walked_away.load(Ordering::Relaxed);
-    report.shed = tally.shed.load(Ordering::Relaxed);
-    report.errors = tally.errors.load(Ordering::Relaxed) + tally.user_limit.load(Ordering::Relaxed);
+    report.retried_after_shed = tally.shed.load(Ordering::Relaxed);
+    report.declined_then_paid = tally.declined_then_paid.load(Ordering::Relaxed);
+    report.waitlist_joined = tally.waitlist_joined.load(Ordering::Relaxed);
+    report.waitlist_bought = tally.waitlist_bought.load(Ordering::Relaxed);
+    report.errors = tally.errors.load(Ordering::Relaxed);
+    report.first_error = tally.first_error.lock().ok().and_then(|f| f.clone());
     if report.available == 0 && report.held == 0 {
         report.sold_out_after_seconds = last_sale
             .lock()
@@ -655,9 +1053,89 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
         report.hold_us = percentiles(&l.hold);
         report.confirm_us = percentiles(&l.confirm);
     }
-    report.reconciliation_findings = engine.reconcile().await.context("reconciling")?.len() as u64;
-    engine.shutdown().await;
     Ok(report)
+}
+
+/// The seeds' uncoordinated baseline: every fan reads a seat map that is up to 100 ms old, then
+/// books what looked free with no atomic check (`if seat.free { seat.book() }` against a stale
+/// read). Nothing stops two fans from booking one seat.
+async fn run_naive(args: &FlashSaleArgs) -> Report {
+    let seats = args.seats as usize;
+    let owners: Arc<Vec<AtomicU64>> = Arc::new((0..seats).map(|_| AtomicU64::new(0)).collect());
+    let map: Arc<Mutex<Arc<Vec<bool>>>> = Arc::new(Mutex::new(Arc::new(vec![true; seats])));
+    let started = Instant::now();
+    let refresher = {
+        let (owners, map) = (owners.clone(), map.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let fresh: Vec<bool> = owners
+                    .iter()
+                    .map(|o| o.load(Ordering::Relaxed) == 0)
+                    .collect();
+                if let Ok(mut m) = map.lock() {
+                    *m = Arc::new(fresh);
+                }
+            }
+        })
+    };
+    let next = Arc::new(AtomicUsize::new(0));
+    let per_fan = Duration::from_secs_f64(args.arrival_seconds.max(0.0) / args.fans as f64);
+    let mut workers = Vec::new();
+    for _ in 0..args.concurrency.min(1_024) {
+        let (owners, map, next) = (owners.clone(), map.clone(), next.clone());
+        let (fans, seed, limit) = (args.fans, args.seed, args.per_user_limit);
+        workers.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= fans {
+                    break;
+                }
+                tokio::time::sleep_until(
+                    (started + per_fan * u32::try_from(i).unwrap_or(u32::MAX)).into(),
+                )
+                .await;
+                let mut rng = StdRng::seed_from_u64(seed ^ i as u64);
+                let q = rng.random_range(1..=limit.clamp(1, 4)) as usize;
+                let snapshot = map.lock().map(|m| m.clone()).unwrap_or_default();
+                // "10 seats left" is what the page said: book the first free-looking ones from
+                // a random place.
+                let start = rng.random_range(0..seats);
+                let picks: Vec<usize> = (0..seats)
+                    .map(|k| (start + k) % seats)
+                    .filter(|&s| snapshot[s])
+                    .take(q)
+                    .collect();
+                tokio::task::yield_now().await; // the network between the read and the write
+                for s in picks {
+                    owners[s].fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    for w in workers {
+        let _ = w.await;
+    }
+    refresher.abort();
+    let mut report = Report {
+        fans: args.fans,
+        seats: args.seats,
+        sale_seconds: started.elapsed().as_secs_f64(),
+        ..Report::default()
+    };
+    for o in owners.iter() {
+        let n = o.load(Ordering::Relaxed);
+        report.tickets += n;
+        if n > 0 {
+            report.sold += 1;
+        }
+        if n > 1 {
+            report.double_booked += 1;
+        }
+    }
+    report.available = args.seats - report.sold;
+    report.oversold = report.tickets - u64::from(report.sold);
+    report
 }
 
 #[cfg(test)]
@@ -669,29 +1147,44 @@ mod tests {
             fans,
             seats,
             arrival_seconds: 0.5,
-            concurrency: 64,
-            hold_ttl_ms: 300,
+            preopen_share: 0.2,
+            admit_rate: 5_000,
+            concurrency: 128,
+            hold_ttl_ms: 1_000,
             pay_rate: 0.7,
+            decline_rate: 0.2,
             exact_rate: 0.3,
+            waitlist_rate: 0.2,
             per_user_limit: 4,
             data_dir: None,
             durability: "sync".into(),
+            target: None,
+            api_key: None,
+            naive: false,
             seed: 7,
             json: None,
         }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_small_contended_sale_keeps_every_promise() {
+    async fn a_small_contended_sale_over_grpc_keeps_every_promise() {
         let report = run(small(2_000, 200)).await.unwrap();
         assert!(report.clean(), "{}", report.table());
         assert!(report.sold > 0 && report.sold <= 200);
         assert_eq!(report.tickets, u64::from(report.sold));
+        assert_eq!(
+            report.admitted, 2_000,
+            "everyone got through the waiting room"
+        );
         assert!(
             report.sold_out_answers > 0,
             "10:1 oversubscribed: most fans are turned away"
         );
         assert!(report.walked_away > 0, "some holds were left to expire");
+        assert!(
+            report.declined_then_paid > 0,
+            "some paid with a second card"
+        );
         assert_eq!(report.held, 0, "every walked-away hold expired");
         let json = report.json();
         assert!(
@@ -701,11 +1194,24 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_naive_baseline_oversells() {
+        let mut a = small(2_000, 200);
+        a.naive = true;
+        let report = run(a).await.unwrap();
+        assert!(report.oversold > 0, "{}", report.table());
+        assert!(report.double_booked > 0);
+        assert!(!report.clean());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn bad_flags_are_refused() {
         assert!(run(small(0, 200)).await.is_err());
         let mut a = small(10, 200);
         a.pay_rate = 1.5;
         assert!(run(a).await.is_err());
+        let mut a = small(10, 200);
+        a.target = Some("http://127.0.0.1:1".into());
+        assert!(run(a).await.is_err(), "--target without --api-key");
     }
 
     #[test]
