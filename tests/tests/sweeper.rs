@@ -141,14 +141,27 @@ async fn confirm_racing_expiry_has_exactly_one_outcome() {
     tokio::task::yield_now().await;
     clock.advance_ms(1);
     sweeper.cast(SweeperMsg::Sweep).unwrap();
+    // Each hold has exactly one outcome: confirmed; or paid just as it expired and rescued (the
+    // same place held again and sold, the original hold expired); or HOLD_EXPIRED and no sale.
     let mut confirmed = 0;
+    let mut rescued = 0;
+    let mut direct = Vec::new();
     for (t, h) in tasks.into_iter().zip(&holds) {
-        let now = engine.get_hold(&h.hold_id).await;
         match t.await.unwrap() {
             Ok(order) => {
                 confirmed += 1;
-                assert_eq!(order.hold_id, h.hold_id);
-                let _ = now;
+                assert_eq!(order.user_id, h.user_id);
+                if order.hold_id == h.hold_id {
+                    direct.push(h.hold_id.clone());
+                } else {
+                    rescued += 1;
+                    assert_eq!(
+                        engine.get_hold(&h.hold_id).await.unwrap().status,
+                        HoldStatus::Expired
+                    );
+                    let again = engine.get_hold(&order.hold_id).await.unwrap();
+                    assert_eq!(again.status, HoldStatus::Confirmed);
+                }
             }
             Err(EngineError::Rejected(Rejection::HoldExpired)) => {}
             Err(e) => panic!("unexpected {e:?}"),
@@ -158,14 +171,21 @@ async fn confirm_racing_expiry_has_exactly_one_outcome() {
     let mut sold = 0;
     for h in &holds {
         match engine.get_hold(&h.hold_id).await.unwrap().status {
-            HoldStatus::Confirmed => sold += 1,
+            HoldStatus::Confirmed => {
+                sold += 1;
+                assert!(
+                    direct.contains(&h.hold_id),
+                    "confirmed means its confirm answered so"
+                );
+            }
             HoldStatus::Expired => {}
             s => panic!("hold left {s:?}"),
         }
     }
     assert_eq!(
-        sold, confirmed,
-        "one outcome per hold: the answer matches the state"
+        sold + rescued,
+        confirmed,
+        "one outcome per hold: the answers match the state"
     );
     let s = &engine.event(&EventId::from("r")).unwrap().sections[0];
     let core = engine
