@@ -93,6 +93,9 @@ pub struct FlashSaleArgs {
     /// Also write the report as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Also draw seats left, admissions/s, holds/s and the latency percentiles to this SVG.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
 }
 
 /// The event the sale plays: 40% GA, the rest over three reserved sections of 50-seat rows.
@@ -892,29 +895,51 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
             opening + per_fan * u32::try_from(i - preopen).unwrap_or(u32::MAX)
         }
     };
+    let samples: Arc<Mutex<Vec<Sample>>> = Arc::default();
     let progress = {
         let (mut events, next, event_id) = (admin.clone(), next.clone(), event_id.clone());
-        let (fans, tally) = (args.fans, tally.clone());
+        let (fans, seats, tally, samples) = (args.fans, args.seats, tally.clone(), samples.clone());
+        // Bars on a terminal; a plain line a second otherwise (logs, CI).
+        let bars =
+            std::io::IsTerminal::is_terminal(&std::io::stderr()).then(|| Bars::new(fans, seats));
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            tick.tick().await;
+            let mut tick = tokio::time::interval(Duration::from_millis(250));
+            let mut last_line = Instant::now();
             loop {
                 tick.tick().await;
-                if let Ok(e) = events
+                let Ok(e) = events
                     .get_event(pb::GetEventRequest {
                         event_id: event_id.clone(),
                     })
                     .await
-                {
-                    let (a, h, s) = e.get_ref().sections.iter().fold((0, 0, 0), |t, s| {
-                        (t.0 + s.available, t.1 + s.held, t.2 + s.sold)
-                    });
-                    eprintln!(
-                        "[{:>5.1}s] fans arrived {:>8}/{fans}  admitted {:>8}  available {a:>6}  held {h:>6}  sold {s:>6}",
-                        started.elapsed().as_secs_f64(),
-                        next.load(Ordering::Relaxed).min(fans),
-                        tally.admitted.load(Ordering::Relaxed),
-                    );
+                else {
+                    continue;
+                };
+                let (a, h, s) = e.get_ref().sections.iter().fold((0, 0, 0), |t, s| {
+                    (t.0 + s.available, t.1 + s.held, t.2 + s.sold)
+                });
+                let sample = Sample {
+                    t: started.elapsed().as_secs_f64(),
+                    arrived: next.load(Ordering::Relaxed).min(fans) as u64,
+                    admitted: tally.admitted.load(Ordering::Relaxed),
+                    holds: tally.holds_ok.load(Ordering::Relaxed),
+                    available: a,
+                    held: h,
+                    sold: s,
+                };
+                match &bars {
+                    Some(b) => b.show(&sample),
+                    None if last_line.elapsed() >= Duration::from_secs(1) => {
+                        last_line = Instant::now();
+                        eprintln!(
+                            "[{:>5.1}s] fans arrived {:>8}/{fans}  admitted {:>8}  available {a:>6}  held {h:>6}  sold {s:>6}",
+                            sample.t, sample.arrived, sample.admitted,
+                        );
+                    }
+                    None => {}
+                }
+                if let Ok(mut v) = samples.lock() {
+                    v.push(sample);
                 }
             }
         })
@@ -986,6 +1011,7 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     progress.abort();
+    let samples = samples.lock().map(|v| v.clone()).unwrap_or_default();
 
     let mut report = Report {
         fans: args.fans,
@@ -1053,7 +1079,153 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
         report.hold_us = percentiles(&l.hold);
         report.confirm_us = percentiles(&l.confirm);
     }
+    if let Some(path) = &args.plot {
+        std::fs::write(path, plot_svg(&samples, &report))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
     Ok(report)
+}
+
+/// One progress sample (every 250 ms).
+#[derive(Clone, Copy, Debug)]
+struct Sample {
+    t: f64,
+    arrived: u64,
+    admitted: u64,
+    holds: u64,
+    available: u32,
+    held: u32,
+    sold: u32,
+}
+
+/// Progress bars on a terminal.
+struct Bars {
+    _multi: indicatif::MultiProgress,
+    arrived: indicatif::ProgressBar,
+    admitted: indicatif::ProgressBar,
+    holding: indicatif::ProgressBar,
+    sold: indicatif::ProgressBar,
+    left: indicatif::ProgressBar,
+}
+
+impl Bars {
+    fn new(fans: usize, seats: u32) -> Bars {
+        let multi = indicatif::MultiProgress::new();
+        let style =
+            indicatif::ProgressStyle::with_template("{prefix:>14} [{bar:40}] {pos:>7}/{len}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+        let bar = |name: &'static str, len: u64| {
+            let b = multi.add(indicatif::ProgressBar::new(len));
+            b.set_style(style.clone());
+            b.set_prefix(name);
+            b
+        };
+        Bars {
+            arrived: bar("fans queued", fans as u64),
+            admitted: bar("admitted", fans as u64),
+            holding: bar("holding", u64::from(seats)),
+            sold: bar("paid (sold)", u64::from(seats)),
+            left: bar("seats left", u64::from(seats)),
+            _multi: multi,
+        }
+    }
+
+    fn show(&self, s: &Sample) {
+        self.arrived.set_position(s.arrived);
+        self.admitted.set_position(s.admitted);
+        self.holding.set_position(u64::from(s.held));
+        self.sold.set_position(u64::from(s.sold));
+        self.left.set_position(u64::from(s.available));
+    }
+}
+
+/// A named line of (seconds, value) points with its colour.
+type Series = (&'static str, Vec<(f64, f64)>, &'static str);
+
+/// An SVG picture of the sale: seats left, admissions/s and holds/s over time, and the latency
+/// percentiles.
+fn plot_svg(samples: &[Sample], r: &Report) -> String {
+    const W: f64 = 900.0;
+    const PANEL: f64 = 160.0;
+    let t_max = samples.last().map_or(1.0, |s| s.t).max(1.0);
+    let rates = |f: fn(&Sample) -> u64| -> Vec<(f64, f64)> {
+        samples
+            .windows(2)
+            .map(|w| {
+                let dt = (w[1].t - w[0].t).max(1e-3);
+                (w[1].t, f(&w[1]).saturating_sub(f(&w[0])) as f64 / dt)
+            })
+            .collect()
+    };
+    let series: [Series; 3] = [
+        (
+            "seats left",
+            samples
+                .iter()
+                .map(|s| (s.t, f64::from(s.available)))
+                .collect(),
+            "#1f77b4",
+        ),
+        ("admissions per second", rates(|s| s.admitted), "#2ca02c"),
+        ("holds per second", rates(|s| s.holds), "#d62728"),
+    ];
+    let mut out = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
+        PANEL * 3.0 + 140.0
+    );
+    for (k, (name, pts, color)) in series.iter().enumerate() {
+        let top = 20.0 + k as f64 * PANEL;
+        let y_max = pts.iter().map(|p| p.1).fold(1.0, f64::max);
+        out.push_str(&format!(
+            "<text x=\"60\" y=\"{}\">{name} (max {:.0})</text>\n<line x1=\"60\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#999\"/>\n",
+            top + 12.0,
+            y_max,
+            top + PANEL - 10.0,
+            W - 20.0,
+            top + PANEL - 10.0
+        ));
+        let path: Vec<String> = pts
+            .iter()
+            .map(|(t, y)| {
+                let x = 60.0 + (W - 80.0) * t / t_max;
+                let yy = top + PANEL - 10.0 - (PANEL - 40.0) * y / y_max;
+                format!("{x:.1},{yy:.1}")
+            })
+            .collect();
+        out.push_str(&format!(
+            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"/>\n",
+            path.join(" ")
+        ));
+    }
+    let base = 20.0 + 3.0 * PANEL;
+    out.push_str(&format!(
+        "<text x=\"60\" y=\"{}\">time: 0 to {t_max:.1} s</text>\n",
+        base
+    ));
+    let ms = |us: u64| us as f64 / 1000.0;
+    for (k, (name, p)) in [("Hold", r.hold_us), ("Confirm", r.confirm_us)]
+        .iter()
+        .enumerate()
+    {
+        out.push_str(&format!(
+            "<text x=\"60\" y=\"{}\">{name} latency ms: p50 {:.2}  p95 {:.2}  p99 {:.2}  max {:.2}</text>\n",
+            base + 24.0 + 18.0 * k as f64,
+            ms(p[0]),
+            ms(p[1]),
+            ms(p[2]),
+            ms(p[3])
+        ));
+    }
+    out.push_str(&format!(
+        "<text x=\"60\" y=\"{}\">{} fans, {} seats, sold {}, oversold {}, double-booked {}</text>\n</svg>\n",
+        base + 66.0,
+        r.fans,
+        r.seats,
+        r.sold,
+        r.oversold,
+        r.double_booked
+    ));
+    out
 }
 
 /// The seeds' uncoordinated baseline: every fan reads a seat map that is up to 100 ms old, then
@@ -1163,12 +1335,19 @@ mod tests {
             naive: false,
             seed: 7,
             json: None,
+            plot: None,
         }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_small_contended_sale_over_grpc_keeps_every_promise() {
-        let report = run(small(2_000, 200)).await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let plot = dir.path().join("sale.svg");
+        let mut args = small(2_000, 200);
+        args.plot = Some(plot.clone());
+        let report = run(args).await.unwrap();
+        let svg = std::fs::read_to_string(&plot).unwrap();
+        assert!(svg.starts_with("<svg") && svg.contains("polyline") && svg.contains("seats left"));
         assert!(report.clean(), "{}", report.table());
         assert!(report.sold > 0 && report.sold <= 200);
         assert_eq!(report.tickets, u64::from(report.sold));
