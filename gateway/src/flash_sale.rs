@@ -63,10 +63,10 @@ pub struct FlashSaleArgs {
     #[arg(long, default_value_t = 0.1)]
     pub decline_rate: f64,
     /// Share of fans who pick exact seats from the seat map (the rest take best available).
-    #[arg(long, default_value_t = 0.2)]
+    #[arg(long, default_value_t = 0.05)]
     pub exact_rate: f64,
     /// Share of fans turned away with SOLD_OUT who join the waitlist.
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = 0.02)]
     pub waitlist_rate: f64,
     /// Places one fan may hold or own.
     #[arg(long, default_value_t = 4)]
@@ -475,9 +475,9 @@ async fn waitlist(
     };
     tally.waitlist_joined.fetch_add(1, Ordering::Relaxed);
     // Wait as long as a few hold TTLs: places come back when holds lapse.
-    let deadline = Instant::now() + Duration::from_millis(plan.args.hold_ttl_ms * 4 + 2_000);
+    let deadline = Instant::now() + Duration::from_millis(plan.args.hold_ttl_ms * 2 + 1_000);
     while Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
         let Ok(e) = patient!(
             tally,
             f.waitlist.get_waitlist_entry(pb::GetWaitlistEntryRequest {
