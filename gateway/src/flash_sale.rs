@@ -182,6 +182,8 @@ impl Tally {
 }
 
 struct Latencies {
+    join: Histogram<u64>,
+    status: Histogram<u64>,
     hold: Histogram<u64>,
     confirm: Histogram<u64>,
 }
@@ -278,6 +280,7 @@ async fn fan(
     let args = plan.args;
     let mut rng = StdRng::seed_from_u64(args.seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let user = format!("fan-{i}");
+    let join_started = Instant::now();
     let joined = patient!(
         tally,
         f.room.join(pb::JoinRequest {
@@ -286,18 +289,21 @@ async fn fan(
             session_id: "web".into(),
         })
     );
+    record(lat, |l| &mut l.join, join_started);
     let Ok(ticket) = joined.map(tonic::Response::into_inner) else {
         tally.error("join", None);
         return Outcome::default();
     };
     // Poll the line until admitted; the ETA paces the polls.
     let admission = loop {
+        let poll_started = Instant::now();
         let st = patient!(
             tally,
             f.room.get_status(pb::GetStatusRequest {
                 queue_token: ticket.queue_token.clone(),
             })
         );
+        record(lat, |l| &mut l.status, poll_started);
         let Ok(st) = st.map(tonic::Response::into_inner) else {
             tally.error("status", None);
             return Outcome::default();
@@ -592,10 +598,18 @@ pub struct Report {
     pub errors: u64,
     /// The first unexpected error, if any.
     pub first_error: Option<String>,
+    /// Holds the sweeper expired (embedded server).
+    pub expired: u64,
+    /// The largest delay between a hold's deadline and its expiry, ms (embedded server).
+    pub expiry_lag_max_ms: Option<u64>,
     /// Hold latency percentiles (p50, p95, p99, max) in µs.
     pub hold_us: [u64; 4],
     /// Confirm latency percentiles (p50, p95, p99, max) in µs.
     pub confirm_us: [u64; 4],
+    /// Join latency percentiles (p50, p95, p99, max) in µs.
+    pub join_us: [u64; 4],
+    /// GetStatus latency percentiles (p50, p95, p99, max) in µs.
+    pub status_us: [u64; 4],
 }
 
 fn percentiles(h: &Histogram<u64>) -> [u64; 4] {
@@ -678,6 +692,13 @@ impl Report {
             ),
             ("stale seat-map picks", self.stale_seat_map.to_string()),
             ("walked away (expired)", self.walked_away.to_string()),
+            (
+                "holds expired / max expiry lag",
+                match self.expiry_lag_max_ms {
+                    Some(l) => format!("{} / {l} ms", self.expired),
+                    None => "n/a (remote server)".into(),
+                },
+            ),
             ("shed (OVERLOADED)", self.shed.to_string()),
             (
                 "unexpected errors",
@@ -688,6 +709,8 @@ impl Report {
             ),
             ("hold ms p50/p95/p99/max", pct(self.hold_us)),
             ("confirm ms p50/p95/p99/max", pct(self.confirm_us)),
+            ("join ms p50/p95/p99/max", pct(self.join_us)),
+            ("status poll ms p50/p95/p99/max", pct(self.status_us)),
         ]
     }
 
@@ -711,7 +734,7 @@ impl Report {
             )
         };
         format!(
-            "{{\"fans\":{},\"seats\":{},\"sold\":{},\"available\":{},\"held\":{},\"tickets\":{},\"oversold\":{},\"double_booked\":{},\"invariant_violations\":{},\"reconciliation_findings\":{},\"sale_seconds\":{:.3},\"sold_out_after_seconds\":{},\"holds\":{},\"confirms\":{},\"admitted\":{},\"sold_out_answers\":{},\"waitlist_joined\":{},\"waitlist_bought\":{},\"declined_then_paid\":{},\"retried_after_shed\":{},\"stale_seat_map\":{},\"walked_away\":{},\"shed\":{},\"errors\":{},\"hold_latency_us\":{},\"confirm_latency_us\":{},\"clean\":{}}}\n",
+            "{{\"fans\":{},\"seats\":{},\"sold\":{},\"available\":{},\"held\":{},\"tickets\":{},\"oversold\":{},\"double_booked\":{},\"invariant_violations\":{},\"reconciliation_findings\":{},\"sale_seconds\":{:.3},\"sold_out_after_seconds\":{},\"holds\":{},\"confirms\":{},\"admitted\":{},\"sold_out_answers\":{},\"waitlist_joined\":{},\"waitlist_bought\":{},\"declined_then_paid\":{},\"retried_after_shed\":{},\"stale_seat_map\":{},\"walked_away\":{},\"shed\":{},\"errors\":{},\"hold_latency_us\":{},\"confirm_latency_us\":{},\"join_latency_us\":{},\"status_latency_us\":{},\"clean\":{}}}\n",
             self.fans,
             self.seats,
             self.sold,
@@ -739,6 +762,8 @@ impl Report {
             self.errors,
             arr(self.hold_us),
             arr(self.confirm_us),
+            arr(self.join_us),
+            arr(self.status_us),
             self.clean()
         )
     }
@@ -878,6 +903,8 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
 
     let tally = Arc::new(Tally::default());
     let lat = Arc::new(Mutex::new(Latencies {
+        join: histogram(),
+        status: histogram(),
         hold: histogram(),
         confirm: histogram(),
     }));
@@ -1054,6 +1081,10 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
             }
             report.reconciliation_findings = engine.reconcile().await?.len() as u64;
         }
+        if let Some(stats) = server.sweeper_stats().await {
+            report.expiry_lag_max_ms = Some(stats.lag_max_ms);
+            report.expired = stats.expired;
+        }
         server.shutdown().await?;
     }
     report.admitted = tally.admitted.load(Ordering::Relaxed);
@@ -1078,6 +1109,8 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
     if let Ok(l) = lat.lock() {
         report.hold_us = percentiles(&l.hold);
         report.confirm_us = percentiles(&l.confirm);
+        report.join_us = percentiles(&l.join);
+        report.status_us = percentiles(&l.status);
     }
     if let Some(path) = &args.plot {
         std::fs::write(path, plot_svg(&samples, &report))

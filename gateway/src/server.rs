@@ -294,6 +294,11 @@ impl Running {
         }
     }
 
+    /// What the sweeper has done so far (expired holds, largest expiry lag, waitlist offers).
+    pub async fn sweeper_stats(&self) -> Option<boxoffice_sweeper::SweeperStats> {
+        boxoffice_sweeper::sync(self.sweeper.get()?).await
+    }
+
     /// The engine, once recovered.
     pub fn engine(&self) -> Option<Engine> {
         self.ready.get().map(|a| a.engine.clone())
