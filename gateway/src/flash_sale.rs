@@ -165,6 +165,8 @@ struct Tally {
     waitlist_bought: AtomicU64,
     errors: AtomicU64,
     first_error: Mutex<Option<String>>,
+    /// (fan index, position in line) of fans who joined after the opening.
+    positions: Mutex<Vec<(usize, u64)>>,
 }
 
 impl Tally {
@@ -264,6 +266,8 @@ macro_rules! patient {
 
 struct Plan<'a> {
     args: &'a FlashSaleArgs,
+    /// Fans with a lower index joined before the opening.
+    preopen: usize,
     event_id: &'a str,
     reserved: &'a [String],
     all_sections: &'a [String],
@@ -309,6 +313,12 @@ async fn fan(
             return Outcome::default();
         };
         if st.state == pb::QueueState::Admitted as i32 {
+            if i >= plan.preopen
+                && st.position > 0
+                && let Ok(mut p) = tally.positions.lock()
+            {
+                p.push((i, st.position));
+            }
             break st.admission_token;
         }
         if st.state == pb::QueueState::Expired as i32 {
@@ -600,6 +610,9 @@ pub struct Report {
     pub first_error: Option<String>,
     /// Holds the sweeper expired (embedded server).
     pub expired: u64,
+    /// Share of consecutive post-opening arrivals that got consecutive places in line (1.0: first
+    /// come, first served; below it where arrivals raced each other to the server).
+    pub fcfs_after_opening: Option<f64>,
     /// The largest delay between a hold's deadline and its expiry, ms (embedded server).
     pub expiry_lag_max_ms: Option<u64>,
     /// Hold latency percentiles (p50, p95, p99, max) in µs.
@@ -677,6 +690,12 @@ impl Report {
                 "fans admitted by the waiting room",
                 self.admitted.to_string(),
             ),
+            (
+                "admission order after opening",
+                self.fcfs_after_opening.map_or("n/a".into(), |f| {
+                    format!("{:.1}% of consecutive arrivals in line order", f * 100.0)
+                }),
+            ),
             ("SOLD_OUT answers", self.sold_out_answers.to_string()),
             (
                 "waitlist: joined / bought",
@@ -734,7 +753,7 @@ impl Report {
             )
         };
         format!(
-            "{{\"fans\":{},\"seats\":{},\"sold\":{},\"available\":{},\"held\":{},\"tickets\":{},\"oversold\":{},\"double_booked\":{},\"invariant_violations\":{},\"reconciliation_findings\":{},\"sale_seconds\":{:.3},\"sold_out_after_seconds\":{},\"holds\":{},\"confirms\":{},\"admitted\":{},\"sold_out_answers\":{},\"waitlist_joined\":{},\"waitlist_bought\":{},\"declined_then_paid\":{},\"retried_after_shed\":{},\"stale_seat_map\":{},\"walked_away\":{},\"shed\":{},\"errors\":{},\"hold_latency_us\":{},\"confirm_latency_us\":{},\"join_latency_us\":{},\"status_latency_us\":{},\"clean\":{}}}\n",
+            "{{\"fans\":{},\"seats\":{},\"sold\":{},\"available\":{},\"held\":{},\"tickets\":{},\"oversold\":{},\"double_booked\":{},\"invariant_violations\":{},\"reconciliation_findings\":{},\"sale_seconds\":{:.3},\"sold_out_after_seconds\":{},\"holds\":{},\"confirms\":{},\"admitted\":{},\"fcfs_after_opening\":{},\"sold_out_answers\":{},\"waitlist_joined\":{},\"waitlist_bought\":{},\"declined_then_paid\":{},\"retried_after_shed\":{},\"stale_seat_map\":{},\"walked_away\":{},\"shed\":{},\"errors\":{},\"hold_latency_us\":{},\"confirm_latency_us\":{},\"join_latency_us\":{},\"status_latency_us\":{},\"clean\":{}}}\n",
             self.fans,
             self.seats,
             self.sold,
@@ -751,6 +770,8 @@ impl Report {
             self.holds,
             self.confirms,
             self.admitted,
+            self.fcfs_after_opening
+                .map_or("null".into(), |f| format!("{f:.4}")),
             self.sold_out_answers,
             self.waitlist_joined,
             self.waitlist_bought,
@@ -993,6 +1014,7 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
         fans.spawn(async move {
             let plan = Plan {
                 args: &args,
+                preopen,
                 event_id: &parts.0,
                 reserved: &parts.1,
                 all_sections: &parts.2,
@@ -1098,6 +1120,15 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
     report.waitlist_joined = tally.waitlist_joined.load(Ordering::Relaxed);
     report.waitlist_bought = tally.waitlist_bought.load(Ordering::Relaxed);
     report.errors = tally.errors.load(Ordering::Relaxed);
+    // First come, first served after the opening: consecutive arrivals in line order.
+    if let Ok(mut p) = tally.positions.lock() {
+        p.sort_unstable();
+        let pairs = p.len().saturating_sub(1);
+        let ordered = p.windows(2).filter(|w| w[0].1 < w[1].1).count();
+        if pairs > 0 {
+            report.fcfs_after_opening = Some(ordered as f64 / pairs as f64);
+        }
+    }
     report.first_error = tally.first_error.lock().ok().and_then(|f| f.clone());
     if report.available == 0 && report.held == 0 {
         report.sold_out_after_seconds = last_sale
