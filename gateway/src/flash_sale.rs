@@ -30,7 +30,7 @@ use hdrhistogram::Histogram;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::loadgen::{Authed, Bearer};
+use crate::loadgen::Bearer;
 
 /// Flags of `boxoffice flash-sale`.
 #[derive(clap::Args, Debug, Clone)]
@@ -215,36 +215,7 @@ fn reason(s: &tonic::Status) -> String {
 }
 
 /// The services a fan talks to.
-#[derive(Clone)]
-struct Fan {
-    room: pb::waiting_room_service_client::WaitingRoomServiceClient<Authed>,
-    booking: pb::booking_service_client::BookingServiceClient<Authed>,
-    events: pb::event_service_client::EventServiceClient<Authed>,
-    waitlist: pb::waitlist_service_client::WaitlistServiceClient<Authed>,
-}
-
-impl Fan {
-    fn new(ch: tonic::transport::Channel, key: &Bearer) -> Fan {
-        Fan {
-            room: pb::waiting_room_service_client::WaitingRoomServiceClient::with_interceptor(
-                ch.clone(),
-                key.clone(),
-            ),
-            booking: pb::booking_service_client::BookingServiceClient::with_interceptor(
-                ch.clone(),
-                key.clone(),
-            ),
-            events: pb::event_service_client::EventServiceClient::with_interceptor(
-                ch.clone(),
-                key.clone(),
-            ),
-            waitlist: pb::waitlist_service_client::WaitlistServiceClient::with_interceptor(
-                ch,
-                key.clone(),
-            ),
-        }
-    }
-}
+type Fan = crate::loadgen::Clients;
 
 /// Retries a call the gate shed (RESOURCE_EXHAUSTED / OVERLOADED) with a short back-off.
 macro_rules! patient {
@@ -1010,7 +981,7 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
             plan_parts.clone(),
             slots.clone(),
         );
-        let mut f = Fan::new(channels[i % channels.len()].clone(), &bearer);
+        let mut f = Fan::new(&channels[i % channels.len()], &bearer);
         fans.spawn(async move {
             let plan = Plan {
                 args: &args,

@@ -42,6 +42,43 @@ impl Interceptor for Bearer {
 /// A channel with the bearer key on every call.
 pub type Authed = InterceptedService<Channel, Bearer>;
 
+/// Clients of every `boxoffice.v1` service over one channel, with one key.
+#[derive(Clone)]
+pub struct Clients {
+    /// EventService.
+    pub events: pb::event_service_client::EventServiceClient<Authed>,
+    /// WaitingRoomService.
+    pub room: pb::waiting_room_service_client::WaitingRoomServiceClient<Authed>,
+    /// BookingService.
+    pub booking: pb::booking_service_client::BookingServiceClient<Authed>,
+    /// WaitlistService.
+    pub waitlist: pb::waitlist_service_client::WaitlistServiceClient<Authed>,
+}
+
+impl Clients {
+    /// Clients over `ch` sending `key`.
+    pub fn new(ch: &Channel, key: &Bearer) -> Clients {
+        Clients {
+            events: pb::event_service_client::EventServiceClient::with_interceptor(
+                ch.clone(),
+                key.clone(),
+            ),
+            room: pb::waiting_room_service_client::WaitingRoomServiceClient::with_interceptor(
+                ch.clone(),
+                key.clone(),
+            ),
+            booking: pb::booking_service_client::BookingServiceClient::with_interceptor(
+                ch.clone(),
+                key.clone(),
+            ),
+            waitlist: pb::waitlist_service_client::WaitlistServiceClient::with_interceptor(
+                ch.clone(),
+                key.clone(),
+            ),
+        }
+    }
+}
+
 /// Connects to `target` (e.g. `http://127.0.0.1:50051`).
 pub async fn connect(target: &str) -> anyhow::Result<Channel> {
     Endpoint::from_shared(target.to_owned())

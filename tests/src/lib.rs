@@ -88,9 +88,8 @@ pub mod server {
     use std::time::Duration;
 
     use boxoffice_engine::ManualClock;
-    use boxoffice_gateway::loadgen::{Authed, Bearer};
+    use boxoffice_gateway::loadgen::Bearer;
     use boxoffice_gateway::server::{self, Running, ServerConfig};
-    use boxoffice_proto::v1 as pb;
     use tonic::transport::Channel;
 
     /// The admin key of test servers.
@@ -125,39 +124,11 @@ pub mod server {
             .expect("connects")
     }
 
-    /// Clients of every service with one key.
-    pub struct Clients {
-        /// EventService.
-        pub events: pb::event_service_client::EventServiceClient<Authed>,
-        /// WaitingRoomService.
-        pub room: pb::waiting_room_service_client::WaitingRoomServiceClient<Authed>,
-        /// BookingService.
-        pub booking: pb::booking_service_client::BookingServiceClient<Authed>,
-        /// WaitlistService.
-        pub waitlist: pb::waitlist_service_client::WaitlistServiceClient<Authed>,
-    }
+    pub use boxoffice_gateway::loadgen::Clients;
 
     /// Clients with `key` over `ch`.
     pub fn clients(ch: &Channel, key: &str) -> Clients {
-        let b = Bearer::new(key).expect("ascii key");
-        Clients {
-            events: pb::event_service_client::EventServiceClient::with_interceptor(
-                ch.clone(),
-                b.clone(),
-            ),
-            room: pb::waiting_room_service_client::WaitingRoomServiceClient::with_interceptor(
-                ch.clone(),
-                b.clone(),
-            ),
-            booking: pb::booking_service_client::BookingServiceClient::with_interceptor(
-                ch.clone(),
-                b.clone(),
-            ),
-            waitlist: pb::waitlist_service_client::WaitlistServiceClient::with_interceptor(
-                ch.clone(),
-                b,
-            ),
-        }
+        Clients::new(ch, &Bearer::new(key).expect("ascii key"))
     }
 
     /// The `ErrorInfo.reason` of a status.
