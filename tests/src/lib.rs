@@ -68,6 +68,19 @@ pub fn row_label(r: u32) -> String {
     }
 }
 
+/// A keyless hold of `q` places of `event`, best available in any section, for `user`.
+pub fn any_section(event: &str, user: &str, q: u32) -> boxoffice_engine::HoldRequest {
+    boxoffice_engine::HoldRequest {
+        event_id: EventId::from(event),
+        user_id: boxoffice_engine::UserId::from(user),
+        idempotency_key: String::new(),
+        selection: boxoffice_engine::Selection::BestAvailable {
+            section: None,
+            quantity: q,
+        },
+    }
+}
+
 /// An event spec with the given sections, TTL and per-user limit, open now.
 pub fn event(id: &str, sections: Vec<SectionSpec>, ttl_ms: u64, per_user_limit: u32) -> EventSpec {
     EventSpec {

@@ -12,20 +12,8 @@ use boxoffice_engine::{
     Finding, HoldId, HoldRequest, HoldStatus, HoldView, ManualClock, PaymentError, PaymentProvider,
     Rejection, SeatId, Selection, SimulatedConfig, SimulatedProvider, UserId,
 };
-use boxoffice_tests::{T0_MS, config, event, ga, open, reserved};
+use boxoffice_tests::{T0_MS, any_section as best, config, event, ga, open, reserved};
 use tokio::sync::Semaphore;
-
-fn best(event: &str, user: &str, q: u32) -> HoldRequest {
-    HoldRequest {
-        event_id: EventId::from(event),
-        user_id: UserId::from(user),
-        idempotency_key: String::new(),
-        selection: Selection::BestAvailable {
-            section: None,
-            quantity: q,
-        },
-    }
-}
 
 fn pay(hold: &HoldView, token: &str, key: &str) -> ConfirmRequest {
     ConfirmRequest {

@@ -9,24 +9,12 @@
 use std::sync::Arc;
 
 use boxoffice_engine::{
-    Clock, ConfirmRequest, Engine, EngineError, EventId, HoldRequest, HoldStatus, HoldView,
-    ManualClock, Rejection, SectionId, Selection, UserId, WaitlistState,
+    Clock, ConfirmRequest, Engine, EngineError, EventId, HoldStatus, HoldView, ManualClock,
+    Rejection, SectionId, UserId, WaitlistState,
 };
 use boxoffice_sweeper::{SweeperConfig, SweeperMsg, start, sync};
-use boxoffice_tests::{T0_MS, config, event, ga, open};
+use boxoffice_tests::{T0_MS, any_section as best, config, event, ga, open};
 use ractor::ActorRef;
-
-fn best(event: &str, user: &str, q: u32) -> HoldRequest {
-    HoldRequest {
-        event_id: EventId::from(event),
-        user_id: UserId::from(user),
-        idempotency_key: String::new(),
-        selection: Selection::BestAvailable {
-            section: None,
-            quantity: q,
-        },
-    }
-}
 
 async fn poke(s: &ActorRef<SweeperMsg>) -> boxoffice_sweeper::SweeperStats {
     s.cast(SweeperMsg::Sweep).unwrap();
