@@ -153,6 +153,7 @@ pub fn sale_event(seats: u32, ttl_ms: u64, per_user_limit: u32) -> EventSpec {
 
 #[derive(Default)]
 struct Tally {
+    calls: AtomicU64,
     admitted: AtomicU64,
     holds_ok: AtomicU64,
     sold_out: AtomicU64,
@@ -222,6 +223,7 @@ macro_rules! patient {
     ($tally:expr, $call:expr) => {{
         let mut tries = 0u32;
         loop {
+            $tally.calls.fetch_add(1, Ordering::Relaxed);
             match $call.await {
                 Err(s) if reason(&s) == "OVERLOADED" && tries < 200 => {
                     tries += 1;
@@ -563,6 +565,8 @@ pub struct Report {
     pub stale_seat_map: u64,
     /// Fans admitted by the waiting room.
     pub admitted: u64,
+    /// gRPC calls the fans made (all kinds; the gate's load).
+    pub calls: u64,
     /// Fans who joined the waitlist after a SOLD_OUT.
     pub waitlist_joined: u64,
     /// Waitlist offers confirmed.
@@ -652,6 +656,10 @@ impl Report {
                 self.sold_out_after_seconds
                     .map_or("not sold out".into(), |s| format!("{s:.2} s")),
             ),
+            (
+                "gRPC calls by the fans",
+                format!("{} ({})", self.calls, rate(self.calls)),
+            ),
             ("holds", format!("{} ({})", self.holds, rate(self.holds))),
             (
                 "confirms",
@@ -724,7 +732,7 @@ impl Report {
             )
         };
         format!(
-            "{{\"fans\":{},\"seats\":{},\"sold\":{},\"available\":{},\"held\":{},\"tickets\":{},\"oversold\":{},\"double_booked\":{},\"invariant_violations\":{},\"reconciliation_findings\":{},\"sale_seconds\":{:.3},\"sold_out_after_seconds\":{},\"holds\":{},\"confirms\":{},\"admitted\":{},\"fcfs_after_opening\":{},\"sold_out_answers\":{},\"waitlist_joined\":{},\"waitlist_bought\":{},\"declined_then_paid\":{},\"retried_after_shed\":{},\"stale_seat_map\":{},\"walked_away\":{},\"shed\":{},\"errors\":{},\"hold_latency_us\":{},\"confirm_latency_us\":{},\"join_latency_us\":{},\"status_latency_us\":{},\"clean\":{}}}\n",
+            "{{\"fans\":{},\"seats\":{},\"sold\":{},\"available\":{},\"held\":{},\"tickets\":{},\"oversold\":{},\"double_booked\":{},\"invariant_violations\":{},\"reconciliation_findings\":{},\"sale_seconds\":{:.3},\"sold_out_after_seconds\":{},\"holds\":{},\"confirms\":{},\"calls\":{},\"admitted\":{},\"fcfs_after_opening\":{},\"sold_out_answers\":{},\"waitlist_joined\":{},\"waitlist_bought\":{},\"declined_then_paid\":{},\"retried_after_shed\":{},\"stale_seat_map\":{},\"walked_away\":{},\"shed\":{},\"errors\":{},\"hold_latency_us\":{},\"confirm_latency_us\":{},\"join_latency_us\":{},\"status_latency_us\":{},\"clean\":{}}}\n",
             self.fans,
             self.seats,
             self.sold,
@@ -740,6 +748,7 @@ impl Report {
                 .map_or("null".into(), |s| format!("{s:.3}")),
             self.holds,
             self.confirms,
+            self.calls,
             self.admitted,
             self.fcfs_after_opening
                 .map_or("null".into(), |f| format!("{f:.4}")),
@@ -1081,6 +1090,7 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
         server.shutdown().await?;
     }
     report.admitted = tally.admitted.load(Ordering::Relaxed);
+    report.calls = tally.calls.load(Ordering::Relaxed);
     report.holds = tally.holds_ok.load(Ordering::Relaxed);
     report.confirms = tally.confirms_ok.load(Ordering::Relaxed);
     report.sold_out_answers = tally.sold_out.load(Ordering::Relaxed);
