@@ -347,11 +347,11 @@ impl ShardActorState {
             }),
         );
         self.state.apply(record);
-        self.store.submit(job);
-        if self.stream.since_checkpoint >= self.checkpoint_every {
-            let job = self.stream.checkpoint(&self.state.checkpoint_state());
-            self.store.submit(job);
-        }
+        let state = &self.state;
+        self.store
+            .submit_with_checkpoint(job, &mut self.stream, self.checkpoint_every, || {
+                state.checkpoint_state()
+            });
     }
 }
 

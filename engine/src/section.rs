@@ -149,11 +149,13 @@ impl SectionState {
                 reply(r);
             }),
         );
-        self.a.store.submit(job);
-        if self.a.stream.since_checkpoint >= self.a.checkpoint_every {
-            let job = self.a.stream.checkpoint(&self.a.core);
-            self.a.store.submit(job);
-        }
+        let core = &self.a.core;
+        self.a.store.submit_with_checkpoint(
+            job,
+            &mut self.a.stream,
+            self.a.checkpoint_every,
+            || core,
+        );
     }
 
     fn publish(&mut self, now_ms: u64) {

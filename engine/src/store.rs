@@ -193,6 +193,22 @@ impl Store {
         }
     }
 
+    /// Queues `job`, then a checkpoint of `state()` if `stream` has written `every` records
+    /// since its last one (the checkpoint queues behind the records it covers).
+    pub fn submit_with_checkpoint<S: serde::Serialize>(
+        &self,
+        job: Job,
+        stream: &mut StreamWriter,
+        every: u64,
+        state: impl FnOnce() -> S,
+    ) {
+        self.submit(job);
+        if stream.since_checkpoint >= every {
+            let job = stream.checkpoint(&state());
+            self.submit(job);
+        }
+    }
+
     /// Stops the flusher after the jobs already queued (with a final flush), and waits for it.
     pub fn close(&self) {
         let _ = self.tx.send(Job::Stop);

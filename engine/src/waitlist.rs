@@ -309,11 +309,9 @@ impl WaitlistArgs {
                 );
             }),
         );
-        self.store.submit(job);
-        if self.stream.since_checkpoint >= self.checkpoint_every {
-            let job = self.stream.checkpoint(&self.core);
-            self.store.submit(job);
-        }
+        let core = &self.core;
+        self.store
+            .submit_with_checkpoint(job, &mut self.stream, self.checkpoint_every, || core);
     }
 }
 
