@@ -371,7 +371,9 @@ impl Admitter {
             return 0;
         }
         let rate = f64::from(room.config.admit_rate_per_second);
-        let dt = now_ms.saturating_sub(last) as f64 / 1000.0;
+        // Budget accrues from the opening on, never for time before it.
+        let since = last.max(room.config.opens_at_ms);
+        let dt = now_ms.saturating_sub(since) as f64 / 1000.0;
         self.budget = (self.budget + rate * dt).min(rate.max(1.0));
         let n = room.admit(self.budget.floor() as u64, now_ms);
         self.budget -= n as f64;
