@@ -1379,7 +1379,7 @@ mod tests {
             pay_rate: 0.7,
             decline_rate: 0.2,
             exact_rate: 0.3,
-            waitlist_rate: 0.2,
+            waitlist_rate: 0.02,
             per_user_limit: 4,
             data_dir: None,
             durability: "sync".into(),
