@@ -30,8 +30,8 @@ use crate::reconcile::Finding;
 use crate::section::{Listener, Notice, Notices, SectionActor, SectionArgs, SectionMsg};
 use crate::store::{self, Durability, Store, StreamWriter};
 use crate::types::{
-    ConfirmRequest, EventId, EventSpec, EventView, HoldId, HoldRequest, HoldStatus, HoldView,
-    Layout, OrderId, OrderView, SeatId, SeatMap, SeatView, SectionId, SectionSeats,
+    ConfirmRequest, EventId, EventSpec, EventTerms, EventView, HoldId, HoldRequest, HoldStatus,
+    HoldView, Layout, OrderId, OrderView, SeatId, SeatMap, SeatView, SectionId, SectionSeats,
     SectionSnapshot, SectionSummary, Selection, UserId, check_idempotency_key, check_user_id,
 };
 use crate::waitlist::{
@@ -442,6 +442,19 @@ impl Engine {
     pub fn event(&self, event_id: &EventId) -> Result<EventView, EngineError> {
         let e = self.entry(event_id)?;
         Ok(view_of(&e))
+    }
+
+    /// An event's settings without its sections (cheap: for the per-request paths).
+    pub fn event_terms(&self, event_id: &EventId) -> Result<EventTerms, EngineError> {
+        let e = self.entry(event_id)?;
+        Ok(EventTerms {
+            event_id: e.event_id.clone(),
+            hold_ttl_ms: e.spec.hold_ttl_ms,
+            per_user_limit: e.spec.per_user_limit,
+            admit_rate_per_second: e.spec.admit_rate_per_second,
+            admission_window_ms: e.spec.admission_window_ms,
+            sale_opens_at_ms: e.spec.sale_opens_at_ms,
+        })
     }
 
     /// Every event, ordered by id.

@@ -587,6 +587,24 @@ pub struct EventView {
     pub sections: Vec<SectionSummary>,
 }
 
+/// The settings of an event that the hot paths (join, hold) read: no sections, so reading them
+/// allocates nothing but the id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventTerms {
+    /// The event id.
+    pub event_id: EventId,
+    /// How long a hold lasts, ms.
+    pub hold_ttl_ms: u64,
+    /// Places one user may hold or own.
+    pub per_user_limit: u32,
+    /// Waiting-room admissions per second.
+    pub admit_rate_per_second: u32,
+    /// How long an admitted fan may book, ms.
+    pub admission_window_ms: u64,
+    /// When the sale opens, ms since the Unix epoch.
+    pub sale_opens_at_ms: u64,
+}
+
 /// A seat with its id, for seat maps.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SeatView {

@@ -31,6 +31,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::loadgen::Bearer;
+use tonic::transport::Channel;
 
 /// Fans compared for first-come-first-served order are this many arrivals apart.
 const FCFS_STRIDE: usize = 1_000;
@@ -491,6 +492,46 @@ async fn waitlist(
         }
     }
     Vec::new()
+}
+
+/// What every fan task shares.
+struct FanShared {
+    args: Arc<FlashSaleArgs>,
+    /// (event id, reserved sections, all sections).
+    parts: Arc<(String, Vec<String>, Vec<String>)>,
+    preopen: usize,
+    slots: tokio::sync::Semaphore,
+    channels: Vec<Channel>,
+    bearer: Bearer,
+    tally: Arc<Tally>,
+    lat: Arc<Mutex<Latencies>>,
+    tickets: Arc<Mutex<Vec<Ticket>>>,
+    last_sale: Arc<Mutex<Option<Instant>>>,
+}
+
+/// Fan `i` once it has a slot: the waiting room, a hold, payment, maybe the waitlist.
+async fn one_fan(s: &FanShared, i: usize, slot: tokio::sync::SemaphorePermit<'_>) {
+    let plan = Plan {
+        args: &s.args,
+        preopen: s.preopen,
+        event_id: &s.parts.0,
+        reserved: &s.parts.1,
+        all_sections: &s.parts.2,
+    };
+    let mut f = Fan::new(&s.channels[i % s.channels.len()], &s.bearer);
+    let mut outcome = fan(f.clone(), &plan, i, &s.tally, &s.lat).await;
+    drop(slot);
+    if let Some((user, quantity)) = outcome.waitlist.take() {
+        outcome.tickets = waitlist(&mut f, &plan, &user, quantity, &s.tally, &s.lat).await;
+    }
+    if !outcome.tickets.is_empty() {
+        if let Ok(mut t) = s.tickets.lock() {
+            t.extend(outcome.tickets);
+        }
+        if let Ok(mut l) = s.last_sale.lock() {
+            *l = Some(Instant::now());
+        }
+    }
 }
 
 /// Picks `q` adjacent seats that look free in the seat map of `section`, from a random row.
@@ -981,46 +1022,31 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
     let args = Arc::new(args);
     let plan_parts = Arc::new((event_id.clone(), reserved, all_sections));
     // One task per fan, started at its arrival; at most --concurrency fans between joining and
-    // paying at once (waiting on the waitlist does not count).
-    let slots = Arc::new(tokio::sync::Semaphore::new(args.concurrency));
+    // paying at once (waiting on the waitlist does not count). A fan waiting for a slot is a
+    // small task (an `Arc` and a semaphore wait); its clients and its call futures (about 6 KB)
+    // are made and boxed only once it has a slot, so a million arrived fans stay cheap.
+    let shared = Arc::new(FanShared {
+        args: args.clone(),
+        parts: plan_parts,
+        preopen,
+        slots: tokio::sync::Semaphore::new(args.concurrency),
+        channels: channels.clone(),
+        bearer: bearer.clone(),
+        tally: tally.clone(),
+        lat: lat.clone(),
+        tickets: tickets.clone(),
+        last_sale: last_sale.clone(),
+    });
     let mut fans = tokio::task::JoinSet::new();
     for i in 0..args.fans {
         tokio::time::sleep_until(arrival(i).into()).await;
         next.store(i + 1, Ordering::Relaxed);
-        let (args, tally, lat, tickets, last_sale, parts, slots) = (
-            args.clone(),
-            tally.clone(),
-            lat.clone(),
-            tickets.clone(),
-            last_sale.clone(),
-            plan_parts.clone(),
-            slots.clone(),
-        );
-        let mut f = Fan::new(&channels[i % channels.len()], &bearer);
+        let shared = shared.clone();
         fans.spawn(async move {
-            let plan = Plan {
-                args: &args,
-                preopen,
-                event_id: &parts.0,
-                reserved: &parts.1,
-                all_sections: &parts.2,
-            };
-            let Ok(slot) = slots.acquire().await else {
+            let Ok(slot) = shared.slots.acquire().await else {
                 return;
             };
-            let mut outcome = fan(f.clone(), &plan, i, &tally, &lat).await;
-            drop(slot);
-            if let Some((user, quantity)) = outcome.waitlist.take() {
-                outcome.tickets = waitlist(&mut f, &plan, &user, quantity, &tally, &lat).await;
-            }
-            if !outcome.tickets.is_empty() {
-                if let Ok(mut t) = tickets.lock() {
-                    t.extend(outcome.tickets);
-                }
-                if let Ok(mut l) = last_sale.lock() {
-                    *l = Some(Instant::now());
-                }
-            }
+            Box::pin(one_fan(&shared, i, slot)).await;
         });
         // Reap finished fans as we go, so the set stays small.
         while fans.try_join_next().is_some() {}

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use boxoffice_engine::{
-    Clock, ConfirmRequest, Engine, EventId, EventView, HoldId, HoldRequest, OrderId, Rejection,
-    SectionId, UserId, check_idempotency_key, check_user_id,
+    Clock, ConfirmRequest, Engine, EventId, EventTerms, EventView, HoldId, HoldRequest, OrderId,
+    Rejection, SectionId, UserId, check_idempotency_key, check_user_id,
 };
 use boxoffice_proto::v1 as pb;
 use dashmap::DashMap;
@@ -60,16 +60,16 @@ impl Api {
     }
 
     /// The waiting room of an event, created (with its admission timer) on first use.
-    pub fn room(&self, event: &EventView) -> Arc<WaitingRoom> {
+    pub fn room(&self, event: &EventTerms) -> Arc<WaitingRoom> {
         if let Some(r) = self.rooms.get(&event.event_id) {
             return r.clone();
         }
         let entry = self.rooms.entry(event.event_id.clone()).or_insert_with(|| {
             let room = Arc::new(WaitingRoom::new(
                 RoomConfig {
-                    opens_at_ms: event.spec.sale_opens_at_ms,
-                    admit_rate_per_second: event.spec.admit_rate_per_second,
-                    admission_window_ms: event.spec.admission_window_ms,
+                    opens_at_ms: event.sale_opens_at_ms,
+                    admit_rate_per_second: event.admit_rate_per_second,
+                    admission_window_ms: event.admission_window_ms,
                     queue_max: self.queue_max,
                     seed: self.signer.shuffle_seed(event.event_id.as_str()),
                 },
@@ -149,7 +149,7 @@ impl Api {
 
     /// Checks the admission token of a hold: bound to the event and user, admitted, in window.
     /// A queue token is accepted too once its position is admitted.
-    fn check_admission(&self, token: &str, event: &EventView, user: &str) -> Result<(), ApiError> {
+    fn check_admission(&self, token: &str, event: &EventTerms, user: &str) -> Result<(), ApiError> {
         convert::required("admission_token", token)?;
         let now = self.clock.now_ms();
         let event_id = event.event_id.as_str();
@@ -305,7 +305,7 @@ impl pb::waiting_room_service_server::WaitingRoomService for WaitingRoomSvc {
             ))
             .into());
         }
-        let event = api.engine.event(&id).map_err(ApiError::from)?;
+        let event = api.engine.event_terms(&id).map_err(ApiError::from)?;
         let room = api.room(&event);
         let now = api.clock.now_ms();
         // A fan joining after the opening instant is never part of the opening draw.
@@ -422,7 +422,7 @@ impl pb::booking_service_server::BookingService for BookingSvc {
         user_id(&req.user_id)?;
         check_idempotency_key(&req.idempotency_key).map_err(ApiError::from)?;
         let selection = convert::selection(req.selection).map_err(ApiError::from)?;
-        let event = api.engine.event(&id).map_err(ApiError::from)?;
+        let event = api.engine.event_terms(&id).map_err(ApiError::from)?;
         let hold = HoldRequest {
             event_id: id,
             user_id: UserId(req.user_id),
