@@ -102,6 +102,13 @@ pub struct FlashSaleArgs {
     pub plot: Option<PathBuf>,
 }
 
+/// The sale's reserved sections: id, name, price in cents.
+pub(crate) const RESERVED_SECTIONS: [(&str, &str, u64); 3] = [
+    ("orch", "Orchestra", 12_000),
+    ("mezz", "Mezzanine", 9_000),
+    ("balc", "Balcony", 5_500),
+];
+
 /// The event the sale plays: 40% GA, the rest over three reserved sections of 50-seat rows.
 pub fn sale_event(seats: u32, ttl_ms: u64, per_user_limit: u32) -> EventSpec {
     let ga = seats * 2 / 5;
@@ -114,12 +121,7 @@ pub fn sale_event(seats: u32, ttl_ms: u64, per_user_limit: u32) -> EventSpec {
             capacity: ga.max(1),
         },
     }];
-    let names = [
-        ("orch", "Orchestra", 12_000u64),
-        ("mezz", "Mezzanine", 9_000),
-        ("balc", "Balcony", 5_500),
-    ];
-    for (i, (id, name, price)) in names.iter().enumerate() {
+    for (i, (id, name, price)) in RESERVED_SECTIONS.iter().enumerate() {
         let share = reserved / 3 + u32::from((i as u32) < reserved % 3);
         let mut rows = Vec::new();
         let mut left = share;
@@ -152,6 +154,109 @@ pub fn sale_event(seats: u32, ttl_ms: u64, per_user_limit: u32) -> EventSpec {
         admit_rate_per_second: 0,
         admission_window_ms: 0,
         sale_opens_at_ms: 0,
+    }
+}
+
+/// An embedded server on loopback for a run with no `--target`: a temporary (or given) data
+/// dir, a durable log, a generated admin key, no metrics port and no periodic reconciliation
+/// (the run reconciles at its end).
+pub(crate) struct Embedded {
+    pub server: crate::server::Running,
+    /// Removed when dropped (`None` with `--data-dir`).
+    pub temp: Option<tempfile::TempDir>,
+    /// `http://127.0.0.1:PORT`.
+    pub target: String,
+    pub admin_key: String,
+}
+
+impl Embedded {
+    pub async fn start(
+        data_dir: Option<&std::path::Path>,
+        durability: &str,
+        admin_key: &str,
+        queue_max: u32,
+    ) -> anyhow::Result<Embedded> {
+        let (temp, dir) = match data_dir {
+            Some(d) => (None, d.to_path_buf()),
+            None => {
+                let t = tempfile::tempdir().context("creating a temporary data dir")?;
+                let dir = t.path().to_path_buf();
+                (Some(t), dir)
+            }
+        };
+        let mut secret = [0u8; 32];
+        rand::RngCore::fill_bytes(&mut rand::rng(), &mut secret);
+        let mut cfg = crate::server::ServerConfig::new(admin_key, "embedded-client", &secret);
+        cfg.listen = "127.0.0.1:0".parse()?;
+        cfg.metrics_listen = None;
+        cfg.data_dir = dir;
+        cfg.durability = if durability == "buffered" {
+            Durability::Buffered
+        } else {
+            Durability::Sync
+        };
+        cfg.in_flight_max = 8_192;
+        cfg.queue_max = queue_max;
+        cfg.reconcile_every = None;
+        let mut server = crate::server::start(cfg)
+            .await
+            .context("starting the embedded server")?;
+        server.wait_ready().await?;
+        let target = format!("http://{}", server.addr);
+        Ok(Embedded {
+            server,
+            temp,
+            target,
+            admin_key: admin_key.to_owned(),
+        })
+    }
+}
+
+/// The `CreateEvent` request of an engine event spec (`event_id` empty: the server picks one).
+pub(crate) fn create_request(
+    spec: &EventSpec,
+    hold_ttl_seconds: u32,
+    admit_rate_per_second: u32,
+    admission_window_seconds: u32,
+    sale_opens_at_unix_ms: i64,
+) -> pb::CreateEventRequest {
+    pb::CreateEventRequest {
+        event_id: spec
+            .event_id
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default(),
+        name: spec.name.clone(),
+        sections: spec
+            .sections
+            .iter()
+            .map(|s| pb::SectionSpec {
+                section_id: s.section_id.to_string(),
+                name: s.name.clone(),
+                price_cents: s.price_cents,
+                layout: Some(match &s.layout {
+                    Layout::GeneralAdmission { capacity } => {
+                        pb::section_spec::Layout::GeneralAdmissionCapacity(*capacity)
+                    }
+                    Layout::Reserved { rows } => {
+                        pb::section_spec::Layout::Reserved(pb::ReservedLayout {
+                            rows: rows
+                                .iter()
+                                .map(|r| pb::RowSpec {
+                                    label: r.label.clone(),
+                                    seat_count: r.seat_count,
+                                })
+                                .collect(),
+                        })
+                    }
+                }),
+            })
+            .collect(),
+        hold_ttl_seconds,
+        per_user_limit: spec.per_user_limit,
+        admit_rate_per_second,
+        admission_window_seconds,
+        sale_opens_at_unix_ms,
     }
 }
 
@@ -836,43 +941,21 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
     if args.naive {
         return Ok(run_naive(&args).await);
     }
-    let temp;
-    let mut server = None;
-    let (target, key) = match (&args.target, &args.api_key) {
-        (Some(t), Some(k)) => (t.clone(), k.clone()),
+    let queue_max = u32::try_from(args.fans)
+        .unwrap_or(u32::MAX)
+        .saturating_add(1_000);
+    let (server, _temp, target, key) = match (&args.target, &args.api_key) {
+        (Some(t), Some(k)) => (None, None, t.clone(), k.clone()),
         (Some(_), None) => bail!("--target needs --api-key (an admin key of that server)"),
         (None, _) => {
-            let dir = match &args.data_dir {
-                Some(d) => d.clone(),
-                None => {
-                    temp = tempfile::tempdir().context("creating a temporary data dir")?;
-                    temp.path().to_path_buf()
-                }
-            };
-            let key = format!("flash-sale-{}", args.seed);
-            let mut secret = [0u8; 32];
-            rand::RngCore::fill_bytes(&mut rand::rng(), &mut secret);
-            let mut cfg = crate::server::ServerConfig::new(&key, "flash-sale-client", &secret);
-            cfg.listen = "127.0.0.1:0".parse()?;
-            cfg.metrics_listen = None;
-            cfg.data_dir = dir;
-            cfg.durability = if args.durability == "buffered" {
-                Durability::Buffered
-            } else {
-                Durability::Sync
-            };
-            cfg.in_flight_max = 8_192;
-            cfg.queue_max = u32::try_from(args.fans)
-                .unwrap_or(u32::MAX)
-                .saturating_add(1_000);
-            cfg.reconcile_every = None;
-            let mut s = crate::server::start(cfg)
-                .await
-                .context("starting the embedded server")?;
-            s.wait_ready().await?;
-            let target = format!("http://{}", s.addr);
-            server = Some(s);
-            (target, key)
+            let e = Embedded::start(
+                args.data_dir.as_deref(),
+                &args.durability,
+                &format!("flash-sale-{}", args.seed),
+                queue_max,
+            )
+            .await?;
+            (Some(e.server), e.temp, e.target, e.admin_key)
         }
     };
     let bearer = Bearer::new(&key)?;
@@ -899,40 +982,13 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
         bearer.clone(),
     );
     let event = admin
-        .create_event(pb::CreateEventRequest {
-            event_id: String::new(),
-            name: "Flash sale".into(),
-            sections: spec
-                .sections
-                .iter()
-                .map(|s| pb::SectionSpec {
-                    section_id: s.section_id.to_string(),
-                    name: s.name.clone(),
-                    price_cents: s.price_cents,
-                    layout: Some(match &s.layout {
-                        Layout::GeneralAdmission { capacity } => {
-                            pb::section_spec::Layout::GeneralAdmissionCapacity(*capacity)
-                        }
-                        Layout::Reserved { rows } => {
-                            pb::section_spec::Layout::Reserved(pb::ReservedLayout {
-                                rows: rows
-                                    .iter()
-                                    .map(|r| pb::RowSpec {
-                                        label: r.label.clone(),
-                                        seat_count: r.seat_count,
-                                    })
-                                    .collect(),
-                            })
-                        }
-                    }),
-                })
-                .collect(),
-            hold_ttl_seconds: u32::try_from(args.hold_ttl_ms.div_ceil(1000).max(1)).unwrap_or(600),
-            per_user_limit: args.per_user_limit,
-            admit_rate_per_second: args.admit_rate,
-            admission_window_seconds: 120,
-            sale_opens_at_unix_ms: i64::try_from(now_ms + u64::try_from(opens_in.as_millis())?)?,
-        })
+        .create_event(create_request(
+            &spec,
+            u32::try_from(args.hold_ttl_ms.div_ceil(1000).max(1)).unwrap_or(600),
+            args.admit_rate,
+            120,
+            i64::try_from(now_ms + u64::try_from(opens_in.as_millis())?)?,
+        ))
         .await
         .context("creating the sale's event (is --api-key an admin key?)")?
         .into_inner();

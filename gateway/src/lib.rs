@@ -24,6 +24,7 @@ pub mod loadgen;
 pub mod metrics;
 pub mod server;
 pub mod services;
+pub mod sessions;
 pub mod status;
 pub mod tickets;
 pub mod tokens;

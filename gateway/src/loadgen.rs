@@ -186,7 +186,7 @@ fn histogram() -> Histogram<u64> {
 }
 
 /// Runs `concurrency` tasks, each calling `call(i)` for its share of `requests`.
-async fn drive<F, Fut>(
+pub(crate) async fn drive<F, Fut>(
     name: &'static str,
     requests: usize,
     concurrency: usize,

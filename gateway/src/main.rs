@@ -3,6 +3,7 @@
 //! - `boxoffice serve`: the gRPC server (every flag also reads a `BOXOFFICE_*` variable).
 //! - `boxoffice flash-sale`: a flash sale against an embedded engine, checked seat by seat.
 //! - `boxoffice loadgen`: drives a running server and reports throughput and latency.
+//! - `boxoffice sessions`: 50,000 checkout sessions holding 200,000 places at once, measured.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -12,7 +13,7 @@ use std::time::Duration;
 use anyhow::Context;
 use base64::Engine as _;
 use boxoffice_engine::Durability;
-use boxoffice_gateway::{flash_sale, loadgen, server};
+use boxoffice_gateway::{flash_sale, loadgen, server, sessions};
 use clap::{Parser, Subcommand};
 use rand::RngCore;
 
@@ -40,6 +41,9 @@ enum Command {
     FlashSale(flash_sale::FlashSaleArgs),
     /// Drive a running server with concurrent streams; report throughput and latency.
     Loadgen(loadgen::LoadgenArgs),
+    /// Hold 50,000 checkout sessions (200,000 places across events) open at once, then pay or
+    /// release them; embedded server by default. Exits 2 if the counts do not add up.
+    Sessions(sessions::SessionsArgs),
     /// E-tickets: print the public key, or verify a ticket code offline.
     #[command(subcommand)]
     Ticket(TicketCommand),
@@ -313,6 +317,14 @@ fn main() -> ExitCode {
         Command::Loadgen(args) => runtime.block_on(loadgen::run(args)).map(|report| {
             print!("{report}");
             ExitCode::SUCCESS
+        }),
+        Command::Sessions(args) => runtime.block_on(sessions::run(args)).map(|report| {
+            print!("{report}");
+            if report.clean() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(2)
+            }
         }),
         Command::FlashSale(args) => {
             let json = args.json.clone();
