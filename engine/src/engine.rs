@@ -165,6 +165,14 @@ struct Inner {
     payments: Arc<dyn PaymentProvider>,
 }
 
+/// What [`Engine::expire_section_offering`] did: the holds that ended, the section's next
+/// deadline, one outcome per offer.
+pub type ExpiredAndOffered = (
+    Vec<HoldView>,
+    Option<u64>,
+    Vec<Result<HoldView, EngineError>>,
+);
+
 /// The engine: cheap to clone, shared by every caller.
 #[derive(Clone)]
 pub struct Engine {
@@ -962,11 +970,103 @@ impl Engine {
         section_id: &SectionId,
         max: usize,
     ) -> Result<(Vec<HoldView>, Option<u64>), EngineError> {
+        let (ended, next, _) = self
+            .expire_section_offering(event_id, section_id, max, &[])
+            .await?;
+        Ok((ended, next))
+    }
+
+    /// Expires what is due in a section (at most `max` holds) and then, in the same step of the
+    /// section's actor, places a hold for each of `offers` (user, quantity), in order, each all or
+    /// nothing at the best available places of this section, with the event's TTL. No request
+    /// queued behind can take the freed places first: waiting fans are served before new ones.
+    /// Quota is reserved per offer as for any hold (USER_LIMIT skips that fan) and given back
+    /// for each offer that did not fit. Returns the ended holds, the section's next deadline and
+    /// one outcome per offer.
+    pub async fn expire_section_offering(
+        &self,
+        event_id: &EventId,
+        section_id: &SectionId,
+        max: usize,
+        offers: &[(UserId, u32)],
+    ) -> Result<ExpiredAndOffered, EngineError> {
         self.check_ready()?;
         let max = max.clamp(1, EXPIRE_PER_SECTION_MAX);
         let e = self.entry(event_id)?;
-        self.ask(&e, section_id, |reply| SectionMsg::ExpireDue(max, reply))
-            .await
+        if !e.sections.iter().any(|slot| &slot.section_id == section_id) {
+            return Err(Rejection::SectionNotFound.into());
+        }
+        let args = |user: &UserId, quantity: u32| BeginArgs {
+            event_id: event_id.clone(),
+            user_id: user.clone(),
+            limit: e.spec.per_user_limit,
+            rpc: Rpc::Hold,
+            tag: None,
+            quantity,
+        };
+        let mut outcomes: Vec<Option<Result<HoldView, EngineError>>> =
+            offers.iter().map(|_| None).collect();
+        let (mut plans, mut reserved) = (Vec::new(), Vec::new());
+        for (k, (user, quantity)) in offers.iter().enumerate() {
+            if *quantity == 0 || *quantity > crate::core::PLACES_PER_HOLD_MAX {
+                outcomes[k] = Some(Err(Rejection::invalid(
+                    "quantity",
+                    format!("must be 1 to {}", crate::core::PLACES_PER_HOLD_MAX),
+                )
+                .into()));
+                continue;
+            }
+            match self.inner.ledger.begin(args(user, *quantity)).await {
+                Ok(Begin::Proceed) => {
+                    plans.push(PlaceHold {
+                        hold_id: HoldId::generate(event_id, section_id),
+                        user_id: user.clone(),
+                        pick: Pick::Best(*quantity),
+                        ttl_ms: e.spec.hold_ttl_ms,
+                        idem: None,
+                    });
+                    reserved.push((k, user, *quantity));
+                }
+                // Without a key there is nothing to replay; never reached.
+                Ok(Begin::Replay(_)) => outcomes[k] = Some(Err(EngineError::NotReady)),
+                Err(err) => outcomes[k] = Some(Err(err)),
+            }
+        }
+        let done = self
+            .ask(&e, section_id, |reply| {
+                SectionMsg::ExpireDue(max, plans, reply)
+            })
+            .await;
+        let done = match done {
+            Ok(d) => d,
+            Err(err) => {
+                for (_, user, quantity) in reserved {
+                    self.inner
+                        .ledger
+                        .finish(args(user, quantity), Err(err.clone()))
+                        .await?;
+                }
+                return Err(err);
+            }
+        };
+        for ((k, user, quantity), placed) in reserved.into_iter().zip(done.offers) {
+            outcomes[k] = Some(match placed {
+                Ok(view) => Ok(view),
+                Err(r) => {
+                    let err = EngineError::from(r);
+                    self.inner
+                        .ledger
+                        .finish(args(user, quantity), Err(err.clone()))
+                        .await?;
+                    Err(err)
+                }
+            });
+        }
+        let outcomes = outcomes
+            .into_iter()
+            .map(|o| o.unwrap_or(Err(EngineError::NotReady)))
+            .collect();
+        Ok((done.ended, done.next, outcomes))
     }
 
     /// Every section's earliest active-hold deadline.

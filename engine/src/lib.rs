@@ -87,7 +87,9 @@ pub mod waitlist;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use core::SectionCore;
-pub use engine::{EXPIRE_PER_SECTION_MAX, Engine, EngineConfig, RecoveryReport, Router};
+pub use engine::{
+    EXPIRE_PER_SECTION_MAX, Engine, EngineConfig, ExpiredAndOffered, RecoveryReport, Router,
+};
 pub use error::{EngineError, Rejection, StorageError};
 pub use payment::{
     BoxFuture, Charge, ChargeStatus, PaymentError, PaymentProvider, SimulatedConfig,

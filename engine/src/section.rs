@@ -39,7 +39,7 @@ pub(crate) enum SectionMsg {
     Hold(PlaceHold, Reply<HoldView>),
     Confirm(ConfirmHold, Reply<OrderView>),
     Release(HoldId, UserId, Reply<HoldView>),
-    ExpireDue(usize, Reply<(Vec<HoldView>, Option<u64>)>),
+    ExpireDue(usize, Vec<PlaceHold>, Reply<Expired>),
     /// Expire this hold if it is due (a confirm found it past its deadline before charging).
     ExpireHoldIfDue(HoldId, Reply<bool>),
     GetHold(HoldId, Reply<HoldView>),
@@ -48,6 +48,14 @@ pub(crate) enum SectionMsg {
     Inspect(Reply<Box<SectionCore>>),
     /// The earliest deadline of an active hold.
     NextDeadline(Reply<Option<u64>>),
+}
+
+/// What an `ExpireDue` did: the holds it ended, the section's next deadline after it, and the
+/// outcome of each hold it was asked to place for waiting fans once the due ones had ended.
+pub(crate) struct Expired {
+    pub ended: Vec<HoldView>,
+    pub next: Option<u64>,
+    pub offers: Vec<Result<HoldView, Rejection>>,
 }
 
 pub(crate) struct SectionArgs {
@@ -293,26 +301,39 @@ impl Actor for SectionActor {
                     }
                 }
             }
-            SectionMsg::ExpireDue(max, reply) => {
+            SectionMsg::ExpireDue(max, offers, reply) => {
                 if let Some(e) = halted {
                     send(reply, Err(e.into()));
                     return Ok(());
                 }
                 let ended = st.a.core.expire_due(now, max);
                 st.counters.expired.increment(ended.len() as u64);
-                let mut records = Vec::with_capacity(ended.len());
+                let mut records = Vec::with_capacity(ended.len() + offers.len());
                 let mut views = Vec::with_capacity(ended.len());
                 for (e, record) in ended {
                     views.push(e.hold);
                     records.push(record);
                 }
+                // In the same step: the freed places go to waiting fans first, before any other
+                // request in the mailbox can take them.
+                let mut placed = Vec::with_capacity(offers.len());
+                for cmd in offers {
+                    match st.a.core.place_hold(cmd, now) {
+                        Ok((view, record)) => {
+                            st.counters.holds.increment(1);
+                            records.push(record);
+                            placed.push(Ok(view));
+                        }
+                        Err(r) => placed.push(Err(r)),
+                    }
+                }
                 let next = st.a.core.next_deadline_ms();
-                st.commit(
-                    records,
-                    Vec::new(),
-                    views.clone(),
-                    after(reply, Ok((views, next))),
-                );
+                let answer = Expired {
+                    ended: views.clone(),
+                    next,
+                    offers: placed,
+                };
+                st.commit(records, Vec::new(), views, after(reply, Ok(answer)));
             }
             SectionMsg::ExpireHoldIfDue(hold_id, reply) => {
                 if let Some(e) = halted {

@@ -273,6 +273,9 @@ struct Tally {
     declined_then_paid: AtomicU64,
     waitlist_joined: AtomicU64,
     waitlist_bought: AtomicU64,
+    /// Fans who have not finished their way through the line, hold and payment yet (those on
+    /// the waitlist count as finished: they can only take places that come back).
+    in_sale: AtomicU64,
     errors: AtomicU64,
     first_error: Mutex<Option<String>>,
     /// (fan index, position in line) of fans who joined after the opening.
@@ -572,10 +575,13 @@ async fn waitlist(
         return Vec::new();
     };
     tally.waitlist_joined.fetch_add(1, Ordering::Relaxed);
-    // Wait as long as a few hold TTLs: places come back when holds lapse.
-    let deadline = Instant::now() + Duration::from_millis(plan.args.hold_ttl_ms * 2 + 1_000);
-    while Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(250)).await;
+    // Wait while places may still come back: until no fan is left in the line-hold-pay flow and
+    // nothing is held (then nothing can come back), or an offer comes. A fan who left instead
+    // would keep receiving offers that lapse, one TTL each (the contract has no way to leave).
+    let give_up = Instant::now() + Duration::from_millis(plan.args.hold_ttl_ms * 20 + 60_000);
+    while Instant::now() < give_up {
+        // Once a second, as a waitlist page would; an offer lasts the hold TTL (2 s by default).
+        tokio::time::sleep(Duration::from_millis(1_000)).await;
         let Ok(e) = patient!(
             tally,
             f.waitlist.get_waitlist_entry(pb::GetWaitlistEntryRequest {
@@ -595,8 +601,25 @@ async fn waitlist(
         if e.state != pb::WaitlistState::Waiting as i32 {
             break;
         }
+        if tally.in_sale.load(Ordering::Acquire) == 0 && nothing_held(f, plan.event_id).await {
+            break;
+        }
     }
     Vec::new()
+}
+
+/// Whether the event holds no places right now (read fresh from the server).
+async fn nothing_held(f: &mut Fan, event_id: &str) -> bool {
+    match f
+        .events
+        .get_event(pb::GetEventRequest {
+            event_id: event_id.into(),
+        })
+        .await
+    {
+        Ok(e) => e.into_inner().sections.iter().all(|s| s.held == 0),
+        Err(_) => false,
+    }
 }
 
 /// What every fan task shares.
@@ -625,6 +648,7 @@ async fn one_fan(s: &FanShared, i: usize, slot: tokio::sync::SemaphorePermit<'_>
     };
     let mut f = Fan::new(&s.channels[i % s.channels.len()], &s.bearer);
     let mut outcome = fan(f.clone(), &plan, i, &s.tally, &s.lat).await;
+    s.tally.in_sale.fetch_sub(1, Ordering::AcqRel);
     drop(slot);
     if let Some((user, quantity)) = outcome.waitlist.take() {
         outcome.tickets = waitlist(&mut f, &plan, &user, quantity, &s.tally, &s.lat).await;
@@ -1006,6 +1030,7 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
         .collect();
 
     let tally = Arc::new(Tally::default());
+    tally.in_sale.store(args.fans as u64, Ordering::Release);
     let lat = Arc::new(Mutex::new(Latencies {
         join: histogram(),
         status: histogram(),
@@ -1461,7 +1486,7 @@ mod tests {
             pay_rate: 0.7,
             decline_rate: 0.2,
             exact_rate: 0.3,
-            waitlist_rate: 0.02,
+            waitlist_rate: 0.3,
             per_user_limit: 4,
             data_dir: None,
             durability: "sync".into(),
@@ -1500,6 +1525,12 @@ mod tests {
             "some paid with a second card"
         );
         assert_eq!(report.held, 0, "every walked-away hold expired");
+        assert!(report.waitlist_joined > 0, "turned-away fans joined the waitlist");
+        assert!(
+            report.waitlist_bought > 0,
+            "walked-away places went to the waitlist first: {}",
+            report.table()
+        );
         let json = report.json();
         assert!(
             json.contains("\"oversold\":0") && json.contains("\"clean\":true"),

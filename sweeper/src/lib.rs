@@ -18,7 +18,12 @@
 //! When places come back (a hold released or expired) and fans wait for the event, it offers
 //! them: for each waiting entry that fits the freed section, in line order, it places a hold in
 //! the fan's name (best available, all or nothing, the event's TTL, per-user limit enforced by
-//! the ledger as for any hold) and records the offer. An entry
+//! the ledger as for any hold) and records the offer. For expiry the offers travel with the
+//! expiry itself (`Engine::expire_section_offering`): the section ends the due holds and places
+//! the offered ones in one step of its actor, so a fan's `Hold` queued behind cannot take the
+//! freed places before the waiting fans (without that, under a flash sale's traffic, newly
+//! admitted fans won nearly every race). A `Release` frees its places first and the offer
+//! follows on the `HoldEnded` notice, so there a racing `Hold` can still come first. An entry
 //! whose quantity does not fit is skipped for now (smaller requests behind it may fit), and so is
 //! a fan who is at the per-user limit (they keep their place). An offered hold that is confirmed makes
 //! its entry `FULFILLED`; one that is released or expires makes it `EXPIRED`, and its places go
@@ -31,7 +36,7 @@ use std::time::Duration;
 
 use boxoffice_engine::{
     Engine, EngineError, EventId, HoldId, HoldRequest, HoldStatus, HoldView, Notice, Rejection,
-    SectionId, Selection, WaitlistState,
+    SectionId, Selection, UserId, WaitlistState, WaitlistView,
 };
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
@@ -136,12 +141,32 @@ impl SweeperState {
                 break;
             }
             sections += 1;
+            // Fans waiting for this event are offered the freed places in the same step of
+            // the section that frees them, before any other request can take them.
+            let candidates = if self.waiting_events.contains(&event) {
+                self.engine
+                    .waitlist_candidates(&event, Some(&section), self.config.offers_per_pass_max)
+                    .await
+                    .unwrap_or_else(|e| {
+                        tracing::error!(error = %e, %event, "cannot read the waitlist");
+                        Vec::new()
+                    })
+            } else {
+                Vec::new()
+            };
+            let offers: Vec<(UserId, u32)> = candidates
+                .iter()
+                .map(|c| (c.user_id.clone(), c.quantity))
+                .collect();
             match self
                 .engine
-                .expire_section(&event, &section, self.config.expire_per_call_max)
+                .expire_section_offering(&event, &section, self.config.expire_per_call_max, &offers)
                 .await
             {
-                Ok((expired, next)) => {
+                Ok((expired, next, placed)) => {
+                    for (c, outcome) in candidates.into_iter().zip(placed) {
+                        self.offered_hold(&event, c, outcome).await;
+                    }
                     for h in &expired {
                         let lag = now.saturating_sub(h.expires_at_ms);
                         self.stats.lag_max_ms = self.stats.lag_max_ms.max(lag);
@@ -201,6 +226,38 @@ impl SweeperState {
         }
     }
 
+    /// Records what came of a hold placed for a waiting entry; false if the engine failed in a
+    /// way worth stopping this pass for.
+    async fn offered_hold(
+        &mut self,
+        event: &EventId,
+        c: WaitlistView,
+        outcome: Result<HoldView, EngineError>,
+    ) -> bool {
+        match outcome {
+            Ok(h) => {
+                if let Err(e) = self.engine.waitlist_offer(&c.entry_id, &h.hold_id).await {
+                    tracing::error!(error = %e, entry = %c.entry_id, "cannot record an offer");
+                    return true;
+                }
+                self.stats.offers_made += 1;
+                metrics::counter!("boxoffice_waitlist_offers_total", "outcome" => "made")
+                    .increment(1);
+                self.offered.insert(h.hold_id, c.entry_id);
+                true
+            }
+            // All or nothing: this entry does not fit now; a smaller one behind it may.
+            Err(EngineError::Rejected(Rejection::SoldOut)) => true,
+            // Never past the per-user limit: this fan cannot take an offer now (they may
+            // after releasing something); skip them, they keep their place.
+            Err(EngineError::Rejected(Rejection::UserLimit { .. })) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, %event, "waitlist offer failed; will retry later");
+                false
+            }
+        }
+    }
+
     /// Offers freed places of `section` (`None`: any) to the event's waiting fans, in order.
     async fn offer(&mut self, event: &EventId, section: Option<&SectionId>) {
         let candidates = match self
@@ -227,26 +284,9 @@ impl SweeperState {
                     quantity: c.quantity,
                 },
             };
-            match self.engine.hold(req).await {
-                Ok(h) => {
-                    if let Err(e) = self.engine.waitlist_offer(&c.entry_id, &h.hold_id).await {
-                        tracing::error!(error = %e, entry = %c.entry_id, "cannot record an offer");
-                        continue;
-                    }
-                    self.stats.offers_made += 1;
-                    metrics::counter!("boxoffice_waitlist_offers_total", "outcome" => "made")
-                        .increment(1);
-                    self.offered.insert(h.hold_id, c.entry_id);
-                }
-                // All or nothing: this entry does not fit now; a smaller one behind it may.
-                Err(EngineError::Rejected(Rejection::SoldOut)) => {}
-                // Never past the per-user limit: this fan cannot take an offer now (they may
-                // after releasing something); skip them, they keep their place.
-                Err(EngineError::Rejected(Rejection::UserLimit { .. })) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, %event, "waitlist offer failed; will retry later");
-                    break;
-                }
+            let outcome = self.engine.hold(req).await;
+            if !self.offered_hold(event, c, outcome).await {
+                break;
             }
         }
         if let Ok(n) = self.engine.waitlist_len(event).await {

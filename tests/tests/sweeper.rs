@@ -416,3 +416,101 @@ async fn waitlist_never_exceeds_the_per_user_limit_and_has_a_maximum() {
     sweeper.stop(None);
     engine.shutdown().await;
 }
+
+/// The hand-off primitive: the section ends the due holds and places the waiting fans' holds in
+/// one step, in order, all or nothing each; quota of an offer that did not fit comes back, and a
+/// fan at the per-user limit is skipped without touching anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiry_hands_freed_places_to_waiting_fans_in_the_same_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let engine = open(dir.path(), &clock).await;
+    engine
+        .create_event(event("w", vec![ga("g", 5, 1), ga("h", 4, 1)], 10_000, 4))
+        .await
+        .unwrap();
+    let (e, g) = (EventId::from("w"), SectionId::from("g"));
+    // Sold out: a 3 and a 2 in g (the 2 will lapse), and a fan at the limit holds all of h.
+    let lapsing = engine.hold(best("w", "walker", 2)).await.unwrap();
+    assert_eq!(lapsing.section_id, g);
+    clock.advance_ms(5_000);
+    engine.hold(best("w", "keeper", 3)).await.unwrap();
+    engine.hold(best("w", "full", 4)).await.unwrap();
+    clock.advance_ms(5_001);
+    // Offers in line order: 3 does not fit the 2 freed, the fan at the limit is skipped, the 1
+    // and the next 1 fit.
+    let offers = [
+        (UserId::from("big"), 3),
+        (UserId::from("full"), 1),
+        (UserId::from("one"), 1),
+        (UserId::from("two"), 1),
+        (UserId::from("late"), 1),
+    ];
+    let (ended, next, outcomes) = engine
+        .expire_section_offering(&e, &g, 64, &offers)
+        .await
+        .unwrap();
+    assert_eq!(ended.len(), 1);
+    assert_eq!(ended[0].hold_id, lapsing.hold_id);
+    assert_eq!(ended[0].status, HoldStatus::Expired);
+    assert!(matches!(
+        outcomes[0],
+        Err(EngineError::Rejected(Rejection::SoldOut))
+    ));
+    assert!(matches!(
+        outcomes[1],
+        Err(EngineError::Rejected(Rejection::UserLimit { .. }))
+    ));
+    let one = outcomes[2].as_ref().unwrap();
+    let two = outcomes[3].as_ref().unwrap();
+    assert!(matches!(
+        outcomes[4],
+        Err(EngineError::Rejected(Rejection::SoldOut))
+    ));
+    for (h, user) in [(one, "one"), (two, "two")] {
+        assert_eq!(h.user_id, UserId::from(user));
+        assert_eq!(h.section_id, g);
+        assert_eq!(h.quantity, 1);
+        assert_eq!(h.status, HoldStatus::Held);
+        assert_eq!(h.expires_at_ms, clock.now_ms() + 10_000);
+    }
+    // The keeper's 3 is due next; the offers' deadlines come after.
+    assert_eq!(next, Some(T0_MS + 15_000));
+    // Nothing free for anyone else: the freed places went to the waiting fans.
+    assert!(matches!(
+        engine.hold(best("w", "newcomer", 1)).await,
+        Err(EngineError::Rejected(Rejection::SoldOut))
+    ));
+    assert_eq!(held(&engine, "w").await, 3 + 4 + 2);
+    // The fan whose 3 did not fit got its quota back: when the 4 of h lapse, it takes all 4
+    // (with 3 still reserved that would be USER_LIMIT).
+    clock.advance_ms(5_000);
+    let (ended, _, outcomes) = engine
+        .expire_section_offering(&e, &SectionId::from("h"), 64, &[(UserId::from("big"), 4)])
+        .await
+        .unwrap();
+    assert_eq!(ended.len(), 1);
+    assert_eq!(outcomes[0].as_ref().unwrap().quantity, 4);
+    // Bad input changes nothing.
+    assert!(matches!(
+        engine
+            .expire_section_offering(&e, &SectionId::from("nope"), 64, &[])
+            .await,
+        Err(EngineError::Rejected(Rejection::SectionNotFound))
+    ));
+    let before = held(&engine, "w").await;
+    let (_, _, outcomes) = engine
+        .expire_section_offering(&e, &g, 64, &[(UserId::from("zero"), 0)])
+        .await
+        .unwrap();
+    assert_eq!(
+        held(&engine, "w").await,
+        before - 3,
+        "only the keeper's due 3 ended"
+    );
+    assert!(matches!(
+        outcomes[0],
+        Err(EngineError::Rejected(Rejection::InvalidRequest { .. }))
+    ));
+    engine.shutdown().await;
+}
