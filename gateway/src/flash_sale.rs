@@ -273,6 +273,8 @@ struct Tally {
     declined_then_paid: AtomicU64,
     waitlist_joined: AtomicU64,
     waitlist_bought: AtomicU64,
+    /// Calls of fans checking their waitlist entry (polls, and the event's counts at the end).
+    waitlist_checks: AtomicU64,
     /// Fans who have not finished their way through the line, hold and payment yet (those on
     /// the waitlist count as finished: they can only take places that come back).
     in_sale: AtomicU64,
@@ -582,6 +584,7 @@ async fn waitlist(
     while Instant::now() < give_up {
         // Once a second, as a waitlist page would; an offer lasts the hold TTL (2 s by default).
         tokio::time::sleep(Duration::from_millis(1_000)).await;
+        tally.waitlist_checks.fetch_add(1, Ordering::Relaxed);
         let Ok(e) = patient!(
             tally,
             f.waitlist.get_waitlist_entry(pb::GetWaitlistEntryRequest {
@@ -601,7 +604,11 @@ async fn waitlist(
         if e.state != pb::WaitlistState::Waiting as i32 {
             break;
         }
-        if tally.in_sale.load(Ordering::Acquire) == 0 && nothing_held(f, plan.event_id).await {
+        if tally.in_sale.load(Ordering::Acquire) == 0 && {
+            tally.calls.fetch_add(1, Ordering::Relaxed);
+            tally.waitlist_checks.fetch_add(1, Ordering::Relaxed);
+            nothing_held(f, plan.event_id).await
+        } {
             break;
         }
     }
@@ -740,6 +747,13 @@ pub struct Report {
     pub admitted: u64,
     /// gRPC calls the fans made (all kinds; the gate's load).
     pub calls: u64,
+    /// The gate's busiest second: the most calls the fans made in any one-second window of the
+    /// progress samples (taken every 250 ms).
+    pub peak_calls_per_second: u64,
+    /// Of `calls`, those of fans checking their waitlist entry (once a second while waiting).
+    pub waitlist_checks: u64,
+    /// The busiest second without the waitlist checks.
+    pub peak_calls_per_second_without_waitlist: u64,
     /// Fans who joined the waitlist after a SOLD_OUT.
     pub waitlist_joined: u64,
     /// Waitlist offers confirmed.
@@ -833,6 +847,17 @@ impl Report {
                 "gRPC calls by the fans",
                 format!("{} ({})", self.calls, rate(self.calls)),
             ),
+            (
+                "  of which waitlist checks",
+                format!("{} ({})", self.waitlist_checks, rate(self.waitlist_checks)),
+            ),
+            (
+                "gate rate in the busiest second",
+                format!(
+                    "{} calls/s ({} without waitlist checks)",
+                    self.peak_calls_per_second, self.peak_calls_per_second_without_waitlist
+                ),
+            ),
             ("holds", format!("{} ({})", self.holds, rate(self.holds))),
             (
                 "confirms",
@@ -908,7 +933,7 @@ impl Report {
             )
         };
         format!(
-            "{{\"fans\":{},\"seats\":{},\"sold\":{},\"available\":{},\"held\":{},\"tickets\":{},\"oversold\":{},\"double_booked\":{},\"invariant_violations\":{},\"reconciliation_findings\":{},\"sale_seconds\":{:.3},\"sold_out_after_seconds\":{},\"holds\":{},\"confirms\":{},\"calls\":{},\"admitted\":{},\"fcfs_after_opening\":{},\"sold_out_answers\":{},\"waitlist_joined\":{},\"waitlist_bought\":{},\"declined_then_paid\":{},\"retried_after_shed\":{},\"stale_seat_map\":{},\"walked_away\":{},\"shed\":{},\"errors\":{},\"hold_latency_us\":{},\"confirm_latency_us\":{},\"join_latency_us\":{},\"status_latency_us\":{},\"clean\":{}}}\n",
+            "{{\"fans\":{},\"seats\":{},\"sold\":{},\"available\":{},\"held\":{},\"tickets\":{},\"oversold\":{},\"double_booked\":{},\"invariant_violations\":{},\"reconciliation_findings\":{},\"sale_seconds\":{:.3},\"sold_out_after_seconds\":{},\"holds\":{},\"confirms\":{},\"calls\":{},\"peak_calls_per_second\":{},\"waitlist_checks\":{},\"peak_calls_per_second_without_waitlist\":{},\"admitted\":{},\"fcfs_after_opening\":{},\"sold_out_answers\":{},\"waitlist_joined\":{},\"waitlist_bought\":{},\"declined_then_paid\":{},\"retried_after_shed\":{},\"stale_seat_map\":{},\"walked_away\":{},\"shed\":{},\"errors\":{},\"hold_latency_us\":{},\"confirm_latency_us\":{},\"join_latency_us\":{},\"status_latency_us\":{},\"clean\":{}}}\n",
             self.fans,
             self.seats,
             self.sold,
@@ -925,6 +950,9 @@ impl Report {
             self.holds,
             self.confirms,
             self.calls,
+            self.peak_calls_per_second,
+            self.waitlist_checks,
+            self.peak_calls_per_second_without_waitlist,
             self.admitted,
             self.fcfs_after_opening
                 .map_or("null".into(), |f| format!("{f:.4}")),
@@ -1076,6 +1104,8 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
                 });
                 let sample = Sample {
                     t: started.elapsed().as_secs_f64(),
+                    calls: tally.calls.load(Ordering::Relaxed),
+                    waitlist_checks: tally.waitlist_checks.load(Ordering::Relaxed),
                     arrived: next.load(Ordering::Relaxed).min(fans) as u64,
                     admitted: tally.admitted.load(Ordering::Relaxed),
                     holds: tally.holds_ok.load(Ordering::Relaxed),
@@ -1204,6 +1234,10 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
     }
     report.admitted = tally.admitted.load(Ordering::Relaxed);
     report.calls = tally.calls.load(Ordering::Relaxed);
+    report.peak_calls_per_second = peak_rate(&samples, |s| s.calls);
+    report.waitlist_checks = tally.waitlist_checks.load(Ordering::Relaxed);
+    report.peak_calls_per_second_without_waitlist =
+        peak_rate(&samples, |s| s.calls - s.waitlist_checks);
     report.holds = tally.holds_ok.load(Ordering::Relaxed);
     report.confirms = tally.confirms_ok.load(Ordering::Relaxed);
     report.sold_out_answers = tally.sold_out.load(Ordering::Relaxed);
@@ -1250,6 +1284,10 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
 #[derive(Clone, Copy, Debug)]
 struct Sample {
     t: f64,
+    /// Calls the fans made so far.
+    calls: u64,
+    /// Of those, waitlist checks.
+    waitlist_checks: u64,
     arrived: u64,
     admitted: u64,
     holds: u64,
@@ -1304,6 +1342,23 @@ type Series = (&'static str, Vec<(f64, f64)>, &'static str);
 
 /// An SVG picture of the sale: seats left, admissions/s and holds/s over time, and the latency
 /// percentiles.
+/// The most calls made in any window of at least one second between two samples, per second.
+fn peak_rate(samples: &[Sample], count: impl Fn(&Sample) -> u64) -> u64 {
+    let mut best = 0.0f64;
+    let mut j = 0;
+    for (i, a) in samples.iter().enumerate() {
+        j = j.max(i);
+        while j < samples.len() && samples[j].t - a.t < 1.0 {
+            j += 1;
+        }
+        let Some(b) = samples.get(j) else {
+            break;
+        };
+        best = best.max(count(b).saturating_sub(count(a)) as f64 / (b.t - a.t));
+    }
+    best.round() as u64
+}
+
 fn plot_svg(samples: &[Sample], r: &Report) -> String {
     const W: f64 = 900.0;
     const PANEL: f64 = 160.0;
@@ -1525,7 +1580,10 @@ mod tests {
             "some paid with a second card"
         );
         assert_eq!(report.held, 0, "every walked-away hold expired");
-        assert!(report.waitlist_joined > 0, "turned-away fans joined the waitlist");
+        assert!(
+            report.waitlist_joined > 0,
+            "turned-away fans joined the waitlist"
+        );
         assert!(
             report.waitlist_bought > 0,
             "walked-away places went to the waitlist first: {}",
@@ -1536,6 +1594,40 @@ mod tests {
             json.contains("\"oversold\":0") && json.contains("\"clean\":true"),
             "{json}"
         );
+    }
+
+    #[test]
+    fn the_busiest_second_is_found_between_samples() {
+        let at = |t: f64, calls: u64| Sample {
+            t,
+            calls,
+            waitlist_checks: calls / 10,
+            arrived: 0,
+            admitted: 0,
+            holds: 0,
+            available: 0,
+            held: 0,
+            sold: 0,
+        };
+        let all = |s: &Sample| s.calls;
+        assert_eq!(peak_rate(&[], all), 0);
+        assert_eq!(
+            peak_rate(&[at(0.0, 5)], all),
+            0,
+            "one sample spans no second"
+        );
+        // 100/s, then 1,000 calls in the second from 1.0 s to 2.0 s, then quiet.
+        let s = [
+            at(0.0, 0),
+            at(0.5, 50),
+            at(1.0, 100),
+            at(1.5, 600),
+            at(2.0, 1_100),
+            at(2.5, 1_100),
+            at(3.0, 1_100),
+        ];
+        assert_eq!(peak_rate(&s, all), 1_000);
+        assert_eq!(peak_rate(&s, |s| s.calls - s.waitlist_checks), 900);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
