@@ -273,6 +273,8 @@ struct Tally {
     declined_then_paid: AtomicU64,
     waitlist_joined: AtomicU64,
     waitlist_bought: AtomicU64,
+    /// Payers whose hold expired before they paid (`HOLD_EXPIRED` on `Confirm`).
+    too_late: AtomicU64,
     /// Calls of fans checking their waitlist entry (polls, and the event's counts at the end).
     waitlist_checks: AtomicU64,
     /// Fans who have not finished their way through the line, hold and payment yet (those on
@@ -521,9 +523,17 @@ async fn pay(
             f.booking
                 .confirm(confirm("tok_decline".into(), "pay-declined"))
         );
-        if !matches!(&r, Err(s) if reason(s) == "PAYMENT_DECLINED") {
-            tally.error("the declined card was not declined", r.as_ref().err());
-            return Vec::new();
+        match &r {
+            Err(s) if reason(s) == "PAYMENT_DECLINED" => {}
+            // Too slow to pay: the hold lapsed before the first card was even tried.
+            Err(s) if reason(s) == "HOLD_EXPIRED" => {
+                tally.too_late.fetch_add(1, Ordering::Relaxed);
+                return Vec::new();
+            }
+            _ => {
+                tally.error("the declined card was not declined", r.as_ref().err());
+                return Vec::new();
+            }
         }
     }
     let started = Instant::now();
@@ -546,7 +556,10 @@ async fn pay(
                 .collect()
         }
         // Too slow to pay: the hold lapsed (it happens; the places went back on sale).
-        Err(s) if reason(&s) == "HOLD_EXPIRED" => Vec::new(),
+        Err(s) if reason(&s) == "HOLD_EXPIRED" => {
+            tally.too_late.fetch_add(1, Ordering::Relaxed);
+            Vec::new()
+        }
         Err(s) => {
             tally.error("confirm", Some(&s));
             Vec::new()
@@ -750,6 +763,8 @@ pub struct Report {
     /// The gate's busiest second: the most calls the fans made in any one-second window of the
     /// progress samples (taken every 250 ms).
     pub peak_calls_per_second: u64,
+    /// Payers whose hold had expired when they paid (`HOLD_EXPIRED`).
+    pub paid_too_late: u64,
     /// Of `calls`, those of fans checking their waitlist entry (once a second while waiting).
     pub waitlist_checks: u64,
     /// The busiest second without the waitlist checks.
@@ -892,6 +907,10 @@ impl Report {
             ("stale seat-map picks", self.stale_seat_map.to_string()),
             ("walked away (expired)", self.walked_away.to_string()),
             (
+                "tried to pay after the hold expired",
+                self.paid_too_late.to_string(),
+            ),
+            (
                 "holds expired / max expiry lag",
                 match self.expiry_lag_max_ms {
                     Some(l) => format!("{} / {l} ms", self.expired),
@@ -933,7 +952,7 @@ impl Report {
             )
         };
         format!(
-            "{{\"fans\":{},\"seats\":{},\"sold\":{},\"available\":{},\"held\":{},\"tickets\":{},\"oversold\":{},\"double_booked\":{},\"invariant_violations\":{},\"reconciliation_findings\":{},\"sale_seconds\":{:.3},\"sold_out_after_seconds\":{},\"holds\":{},\"confirms\":{},\"calls\":{},\"peak_calls_per_second\":{},\"waitlist_checks\":{},\"peak_calls_per_second_without_waitlist\":{},\"admitted\":{},\"fcfs_after_opening\":{},\"sold_out_answers\":{},\"waitlist_joined\":{},\"waitlist_bought\":{},\"declined_then_paid\":{},\"retried_after_shed\":{},\"stale_seat_map\":{},\"walked_away\":{},\"shed\":{},\"errors\":{},\"hold_latency_us\":{},\"confirm_latency_us\":{},\"join_latency_us\":{},\"status_latency_us\":{},\"clean\":{}}}\n",
+            "{{\"fans\":{},\"seats\":{},\"sold\":{},\"available\":{},\"held\":{},\"tickets\":{},\"oversold\":{},\"double_booked\":{},\"invariant_violations\":{},\"reconciliation_findings\":{},\"sale_seconds\":{:.3},\"sold_out_after_seconds\":{},\"holds\":{},\"confirms\":{},\"calls\":{},\"peak_calls_per_second\":{},\"waitlist_checks\":{},\"paid_too_late\":{},\"peak_calls_per_second_without_waitlist\":{},\"admitted\":{},\"fcfs_after_opening\":{},\"sold_out_answers\":{},\"waitlist_joined\":{},\"waitlist_bought\":{},\"declined_then_paid\":{},\"retried_after_shed\":{},\"stale_seat_map\":{},\"walked_away\":{},\"shed\":{},\"errors\":{},\"hold_latency_us\":{},\"confirm_latency_us\":{},\"join_latency_us\":{},\"status_latency_us\":{},\"clean\":{}}}\n",
             self.fans,
             self.seats,
             self.sold,
@@ -952,6 +971,7 @@ impl Report {
             self.calls,
             self.peak_calls_per_second,
             self.waitlist_checks,
+            self.paid_too_late,
             self.peak_calls_per_second_without_waitlist,
             self.admitted,
             self.fcfs_after_opening
@@ -1236,6 +1256,7 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
     report.calls = tally.calls.load(Ordering::Relaxed);
     report.peak_calls_per_second = peak_rate(&samples, |s| s.calls);
     report.waitlist_checks = tally.waitlist_checks.load(Ordering::Relaxed);
+    report.paid_too_late = tally.too_late.load(Ordering::Relaxed);
     report.peak_calls_per_second_without_waitlist =
         peak_rate(&samples, |s| s.calls - s.waitlist_checks);
     report.holds = tally.holds_ok.load(Ordering::Relaxed);
