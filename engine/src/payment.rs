@@ -111,6 +111,38 @@ pub struct SimulatedProvider {
     config: SimulatedConfig,
     /// Serializes charges and refunds: the idempotency check and the record are one step.
     lock: tokio::sync::Mutex<()>,
+    /// Group commit of the record: see [`SimulatedProvider::flush`].
+    flushes: GroupFlush,
+}
+
+/// One fsync for every caller waiting at once. Callers take a ticket after their write; the
+/// one flusher at a time reads the last ticket before it flushes, so its flush covers every
+/// write with a ticket up to there, and those callers return without flushing again.
+#[derive(Default)]
+struct GroupFlush {
+    requested: std::sync::atomic::AtomicU64,
+    done: std::sync::atomic::AtomicU64,
+    flusher: tokio::sync::Mutex<()>,
+}
+
+impl GroupFlush {
+    /// Returns once a `flush` that started after this call has succeeded.
+    async fn run<F, Fut, E>(&self, flush: F) -> Result<(), E>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<(), E>>,
+    {
+        use std::sync::atomic::Ordering;
+        let ticket = self.requested.fetch_add(1, Ordering::AcqRel) + 1;
+        let _turn = self.flusher.lock().await;
+        if self.done.load(Ordering::Acquire) >= ticket {
+            return Ok(());
+        }
+        let upto = self.requested.load(Ordering::Acquire);
+        flush().await?;
+        self.done.fetch_max(upto, Ordering::AcqRel);
+        Ok(())
+    }
 }
 
 fn io(e: sled::Error) -> PaymentError {
@@ -129,6 +161,7 @@ impl SimulatedProvider {
             by_id: db.open_tree("payments_by_id").map_err(io)?,
             config,
             lock: tokio::sync::Mutex::new(()),
+            flushes: GroupFlush::default(),
         }))
     }
 
@@ -151,15 +184,20 @@ impl SimulatedProvider {
         Ok(())
     }
 
-    /// Makes every record so far durable; the fsync runs off the runtime's workers, outside the
-    /// lock, so concurrent charges share flushes.
+    /// Makes every record so far durable. The fsync runs off the runtime's workers, outside the
+    /// record lock, and is shared: charges that wait while one flush runs are covered by the
+    /// next one (without this, concurrent confirms queued one fsync each inside sled).
     async fn flush(&self) -> Result<(), PaymentError> {
-        let db = self.db.clone();
-        tokio::task::spawn_blocking(move || db.flush())
+        self.flushes
+            .run(|| async {
+                let db = self.db.clone();
+                tokio::task::spawn_blocking(move || db.flush())
+                    .await
+                    .map_err(|e| PaymentError::Unavailable(e.to_string()))?
+                    .map_err(io)?;
+                Ok(())
+            })
             .await
-            .map_err(|e| PaymentError::Unavailable(e.to_string()))?
-            .map_err(io)?;
-        Ok(())
     }
 
     fn latency(&self) -> Duration {
@@ -334,5 +372,53 @@ mod tests {
         assert_eq!(p.refund(&a.payment_id).await.unwrap(), r);
         let all = p.charges().await.unwrap();
         assert_eq!(all.len(), 3, "k1, k2 (declined), k3");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_flush_covers_every_write_made_before_it_started() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let group = Arc::new(GroupFlush::default());
+        let written = Arc::new(AtomicU64::new(0));
+        let durable = Arc::new(AtomicU64::new(0));
+        let flushes = Arc::new(AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        for _ in 0..100 {
+            let (group, written, durable, flushes) = (
+                group.clone(),
+                written.clone(),
+                durable.clone(),
+                flushes.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                let mine = written.fetch_add(1, Ordering::AcqRel) + 1;
+                group
+                    .run(|| async {
+                        // What this flush makes durable: every write made before it started.
+                        let covered = written.load(Ordering::Acquire);
+                        flushes.fetch_add(1, Ordering::AcqRel);
+                        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                        durable.fetch_max(covered, Ordering::AcqRel);
+                        Ok::<(), ()>(())
+                    })
+                    .await
+                    .unwrap();
+                assert!(
+                    durable.load(Ordering::Acquire) >= mine,
+                    "returned before durable"
+                );
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let n = flushes.load(Ordering::Acquire);
+        assert!(
+            (1..50).contains(&n),
+            "100 concurrent writers shared flushes: {n}"
+        );
+        // A failed flush is reported to its caller and counts for nobody.
+        let failed = group.run(|| async { Err::<(), &str>("disk gone") }).await;
+        assert_eq!(failed, Err("disk gone"));
+        assert!(group.run(|| async { Ok::<(), &str>(()) }).await.is_ok());
     }
 }
