@@ -1037,14 +1037,22 @@ impl Engine {
                 SectionMsg::ExpireDue(max, plans, reply)
             })
             .await;
+        // Quota of offers not placed goes back; a ledger that cannot take it (only while
+        // shutting down) is logged, and the rest still goes back and the outcomes still return.
+        let give_back = |user: &UserId, quantity: u32, err: EngineError| {
+            let ledger = &self.inner.ledger;
+            let a = args(user, quantity);
+            async move {
+                if let Err(e) = ledger.finish(a, Err(err)).await {
+                    tracing::error!(error = %e, "cannot give back an offer's quota");
+                }
+            }
+        };
         let done = match done {
             Ok(d) => d,
             Err(err) => {
                 for (_, user, quantity) in reserved {
-                    self.inner
-                        .ledger
-                        .finish(args(user, quantity), Err(err.clone()))
-                        .await?;
+                    give_back(user, quantity, err.clone()).await;
                 }
                 return Err(err);
             }
@@ -1054,10 +1062,7 @@ impl Engine {
                 Ok(view) => Ok(view),
                 Err(r) => {
                     let err = EngineError::from(r);
-                    self.inner
-                        .ledger
-                        .finish(args(user, quantity), Err(err.clone()))
-                        .await?;
+                    give_back(user, quantity, err.clone()).await;
                     Err(err)
                 }
             });

@@ -275,6 +275,9 @@ struct Tally {
     waitlist_bought: AtomicU64,
     /// Payers whose hold expired before they paid (`HOLD_EXPIRED` on `Confirm`).
     too_late: AtomicU64,
+    /// Seen by the progress sampler: no place free and none held, so every place is sold and
+    /// none can come back (orders are final).
+    sold_out_for_good: std::sync::atomic::AtomicBool,
     /// Calls of fans checking their waitlist entry (polls, and the event's counts at the end).
     waitlist_checks: AtomicU64,
     /// Fans who have not finished their way through the line, hold and payment yet (those on
@@ -335,11 +338,14 @@ fn reason(s: &tonic::Status) -> String {
 type Fan = crate::loadgen::Clients;
 
 /// Retries a call the gate shed (RESOURCE_EXHAUSTED / OVERLOADED) with a short back-off.
+/// With a third argument, that counter of the tally counts every attempt too (a share of the
+/// calls, such as the waitlist checks).
 macro_rules! patient {
-    ($tally:expr, $call:expr) => {{
+    ($tally:expr, $call:expr $(, $also:ident)?) => {{
         let mut tries = 0u32;
         loop {
             $tally.calls.fetch_add(1, Ordering::Relaxed);
+            $($tally.$also.fetch_add(1, Ordering::Relaxed);)?
             match $call.await {
                 Err(s) if reason(&s) == "OVERLOADED" && tries < 200 => {
                     tries += 1;
@@ -590,19 +596,25 @@ async fn waitlist(
         return Vec::new();
     };
     tally.waitlist_joined.fetch_add(1, Ordering::Relaxed);
-    // Wait while places may still come back: until no fan is left in the line-hold-pay flow and
-    // nothing is held (then nothing can come back), or an offer comes. A fan who left instead
-    // would keep receiving offers that lapse, one TTL each (the contract has no way to leave).
+    // Wait while places may still come back, or until an offer comes. Nothing can come back
+    // once every place is sold (no place free or held: orders are final), or once no fan is left
+    // in the line-hold-pay flow and nothing is held. A fan who left earlier would keep receiving
+    // offers that lapse, one TTL each (the contract has no way to leave the waitlist).
     let give_up = Instant::now() + Duration::from_millis(plan.args.hold_ttl_ms * 20 + 60_000);
+    // A quarter of the hold TTL, at most once a second: an offer is seen with most of its TTL
+    // left to pay in.
+    let every = Duration::from_millis((plan.args.hold_ttl_ms / 4).clamp(50, 1_000));
     while Instant::now() < give_up {
-        // Once a second, as a waitlist page would; an offer lasts the hold TTL (2 s by default).
-        tokio::time::sleep(Duration::from_millis(1_000)).await;
-        tally.waitlist_checks.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(every).await;
+        if tally.sold_out_for_good.load(Ordering::Acquire) {
+            break;
+        }
         let Ok(e) = patient!(
             tally,
             f.waitlist.get_waitlist_entry(pb::GetWaitlistEntryRequest {
                 entry_id: entry.entry_id.clone(),
-            })
+            }),
+            waitlist_checks
         )
         .map(tonic::Response::into_inner) else {
             continue;
@@ -617,12 +629,12 @@ async fn waitlist(
         if e.state != pb::WaitlistState::Waiting as i32 {
             break;
         }
-        if tally.in_sale.load(Ordering::Acquire) == 0 && {
+        if tally.in_sale.load(Ordering::Acquire) == 0 {
             tally.calls.fetch_add(1, Ordering::Relaxed);
             tally.waitlist_checks.fetch_add(1, Ordering::Relaxed);
-            nothing_held(f, plan.event_id).await
-        } {
-            break;
+            if nothing_held(f, plan.event_id).await {
+                break;
+            }
         }
     }
     Vec::new()
@@ -642,6 +654,16 @@ async fn nothing_held(f: &mut Fan, event_id: &str) -> bool {
     }
 }
 
+/// A fan in the line-hold-pay flow: counted in `Tally::in_sale` until dropped (also when its
+/// task ends early or panics, so waitlisters never wait for a fan who is gone).
+struct InSale(Arc<Tally>);
+
+impl Drop for InSale {
+    fn drop(&mut self) {
+        self.0.in_sale.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// What every fan task shares.
 struct FanShared {
     args: Arc<FlashSaleArgs>,
@@ -658,7 +680,7 @@ struct FanShared {
 }
 
 /// Fan `i` once it has a slot: the waiting room, a hold, payment, maybe the waitlist.
-async fn one_fan(s: &FanShared, i: usize, slot: tokio::sync::SemaphorePermit<'_>) {
+async fn one_fan(s: &FanShared, i: usize, slot: tokio::sync::SemaphorePermit<'_>, in_sale: InSale) {
     let plan = Plan {
         args: &s.args,
         preopen: s.preopen,
@@ -668,7 +690,7 @@ async fn one_fan(s: &FanShared, i: usize, slot: tokio::sync::SemaphorePermit<'_>
     };
     let mut f = Fan::new(&s.channels[i % s.channels.len()], &s.bearer);
     let mut outcome = fan(f.clone(), &plan, i, &s.tally, &s.lat).await;
-    s.tally.in_sale.fetch_sub(1, Ordering::AcqRel);
+    drop(in_sale);
     drop(slot);
     if let Some((user, quantity)) = outcome.waitlist.take() {
         outcome.tickets = waitlist(&mut f, &plan, &user, quantity, &s.tally, &s.lat).await;
@@ -1122,6 +1144,9 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
                 let (a, h, s) = e.get_ref().sections.iter().fold((0, 0, 0), |t, s| {
                     (t.0 + s.available, t.1 + s.held, t.2 + s.sold)
                 });
+                if a == 0 && h == 0 {
+                    tally.sold_out_for_good.store(true, Ordering::Release);
+                }
                 let sample = Sample {
                     t: started.elapsed().as_secs_f64(),
                     calls: tally.calls.load(Ordering::Relaxed),
@@ -1174,10 +1199,11 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
         next.store(i + 1, Ordering::Relaxed);
         let shared = shared.clone();
         fans.spawn(async move {
+            let in_sale = InSale(shared.tally.clone());
             let Ok(slot) = shared.slots.acquire().await else {
                 return;
             };
-            Box::pin(one_fan(&shared, i, slot)).await;
+            Box::pin(one_fan(&shared, i, slot, in_sale)).await;
         });
         // Reap finished fans as we go, so the set stays small.
         while fans.try_join_next().is_some() {}
@@ -1258,7 +1284,7 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
     report.waitlist_checks = tally.waitlist_checks.load(Ordering::Relaxed);
     report.paid_too_late = tally.too_late.load(Ordering::Relaxed);
     report.peak_calls_per_second_without_waitlist =
-        peak_rate(&samples, |s| s.calls - s.waitlist_checks);
+        peak_rate(&samples, |s| s.calls.saturating_sub(s.waitlist_checks));
     report.holds = tally.holds_ok.load(Ordering::Relaxed);
     report.confirms = tally.confirms_ok.load(Ordering::Relaxed);
     report.sold_out_answers = tally.sold_out.load(Ordering::Relaxed);
@@ -1361,8 +1387,6 @@ impl Bars {
 /// A named line of (seconds, value) points with its colour.
 type Series = (&'static str, Vec<(f64, f64)>, &'static str);
 
-/// An SVG picture of the sale: seats left, admissions/s and holds/s over time, and the latency
-/// percentiles.
 /// The most calls made in any window of at least one second between two samples, per second.
 fn peak_rate(samples: &[Sample], count: impl Fn(&Sample) -> u64) -> u64 {
     let mut best = 0.0f64;
@@ -1380,6 +1404,8 @@ fn peak_rate(samples: &[Sample], count: impl Fn(&Sample) -> u64) -> u64 {
     best.round() as u64
 }
 
+/// An SVG picture of the sale: seats left, admissions/s and holds/s over time, and the latency
+/// percentiles.
 fn plot_svg(samples: &[Sample], r: &Report) -> String {
     const W: f64 = 900.0;
     const PANEL: f64 = 160.0;

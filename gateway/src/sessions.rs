@@ -350,10 +350,9 @@ pub async fn run(args: SessionsArgs) -> anyhow::Result<SessionsReport> {
         event_ids.push(ev.event_id);
     }
     let events = Arc::new(event_ids);
-    let run_tag = format!(
-        "{:x}",
-        started.elapsed().as_nanos() ^ u128::from(std::process::id())
-    );
+    // Fans of this run are new to the server (`--target` may have served earlier runs: the
+    // same user with the same idempotency key would be IDEMPOTENCY_KEY_REUSED).
+    let run_tag = format!("{:016x}", rand::random::<u64>());
     let user = {
         let run_tag = run_tag.clone();
         Arc::new(move |i: usize| format!("session-{run_tag}-{i}"))

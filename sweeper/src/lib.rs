@@ -22,8 +22,9 @@
 //! expiry itself (`Engine::expire_section_offering`): the section ends the due holds and places
 //! the offered ones in one step of its actor, so a fan's `Hold` queued behind cannot take the
 //! freed places before the waiting fans (without that, under a flash sale's traffic, newly
-//! admitted fans won nearly every race). A `Release` frees its places first and the offer
-//! follows on the `HoldEnded` notice, so there a racing `Hold` can still come first. An entry
+//! admitted fans won nearly every race). A `Release`, and a late `Confirm` or `Release` that
+//! expires its hold on the spot, free the places first and the offer follows on the
+//! `HoldEnded` notice, so there a racing `Hold` can still come first. An entry
 //! whose quantity does not fit is skipped for now (smaller requests behind it may fit), and so is
 //! a fan who is at the per-user limit (they keep their place). An offered hold that is confirmed makes
 //! its entry `FULFILLED`; one that is released or expires makes it `EXPIRED`, and its places go
@@ -114,6 +115,9 @@ pub struct SweeperState {
     offered: HashMap<HoldId, String>,
     /// Events with fans waiting (as far as the sweeper knows).
     waiting_events: HashSet<EventId>,
+    /// Holds this sweeper expired while offering their places in the same step; removed when
+    /// their `HoldEnded` arrives.
+    handed_off: HashSet<HoldId>,
     stats: SweeperStats,
 }
 
@@ -143,7 +147,8 @@ impl SweeperState {
             sections += 1;
             // Fans waiting for this event are offered the freed places in the same step of
             // the section that frees them, before any other request can take them.
-            let candidates = if self.waiting_events.contains(&event) {
+            let handing_off = self.waiting_events.contains(&event);
+            let candidates = if handing_off {
                 self.engine
                     .waitlist_candidates(&event, Some(&section), self.config.offers_per_pass_max)
                     .await
@@ -166,6 +171,12 @@ impl SweeperState {
                 Ok((expired, next, placed)) => {
                     for (c, outcome) in candidates.into_iter().zip(placed) {
                         self.offered_hold(&event, c, outcome).await;
+                    }
+                    // Their places were offered just now: their `HoldEnded` needs no second
+                    // pass over the same entries.
+                    if handing_off {
+                        self.handed_off
+                            .extend(expired.iter().map(|h| h.hold_id.clone()));
                     }
                     for h in &expired {
                         let lag = now.saturating_sub(h.expires_at_ms);
@@ -218,6 +229,9 @@ impl SweeperState {
             if let Err(e) = self.engine.waitlist_end(&entry, state).await {
                 tracing::error!(error = %e, %entry, "cannot end a waitlist entry");
             }
+        }
+        if self.handed_off.remove(&hold.hold_id) {
+            return;
         }
         if matches!(hold.status, HoldStatus::Released | HoldStatus::Expired)
             && self.waiting_events.contains(&hold.event_id)
@@ -347,6 +361,7 @@ impl Actor for Sweeper {
             timer_at: None,
             generation: 0,
             offered: HashMap::new(),
+            handed_off: HashSet::new(),
             waiting_events: HashSet::new(),
             stats: SweeperStats::default(),
         };

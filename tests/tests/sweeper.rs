@@ -491,7 +491,8 @@ async fn expiry_hands_freed_places_to_waiting_fans_in_the_same_step() {
         .unwrap();
     assert_eq!(ended.len(), 1);
     assert_eq!(outcomes[0].as_ref().unwrap().quantity, 4);
-    // Bad input changes nothing.
+    // Bad input: an unknown section is refused; a bad offer is refused on its own (the due
+    // holds still expire).
     assert!(matches!(
         engine
             .expire_section_offering(&e, &SectionId::from("nope"), 64, &[])
