@@ -936,7 +936,7 @@ impl Report {
                 "holds expired / max expiry lag",
                 match self.expiry_lag_max_ms {
                     Some(l) => format!("{} / {l} ms", self.expired),
-                    None => "n/a (remote server)".into(),
+                    None => "n/a (known to the embedded server only)".into(),
                 },
             ),
             ("shed (OVERLOADED)", self.shed.to_string()),
