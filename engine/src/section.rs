@@ -11,6 +11,8 @@
 //! After each batch (when the actor's queue runs empty, or every
 //! [`SNAPSHOT_EVERY_MESSAGES`] messages under sustained load) it publishes a
 //! [`SectionSnapshot`] on a `watch` channel: reading availability never enters the mailbox.
+//! The snapshot of a batch's last message is published before that message's records go to the
+//! flusher, so a caller that got its reply reads its own change (or a later one) in the view.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -74,6 +76,10 @@ pub(crate) struct SectionState {
     a: SectionArgs,
     durable_seq: Arc<AtomicU64>,
     since_publish: u32,
+    /// This message ends a batch: publish the snapshot before its reply can be sent.
+    publish_due: bool,
+    /// The clock reading of the message being handled.
+    now_ms: u64,
     counters: Counters,
     /// The earliest deadline last reported to the listener.
     reported_deadline: Option<Option<u64>>,
@@ -130,6 +136,10 @@ impl SectionState {
         ended: Vec<HoldView>,
         reply: impl FnOnce(Result<(), StorageError>) + Send + 'static,
     ) {
+        if self.publish_due {
+            self.publish_due = false;
+            self.publish(self.now_ms);
+        }
         let last_numbered = self.a.stream.next_seq - 1;
         if records.is_empty() && self.durable_seq.load(Ordering::Acquire) >= last_numbered {
             reply(Ok(()));
@@ -214,6 +224,8 @@ impl Actor for SectionActor {
             a,
             durable_seq,
             since_publish: 0,
+            publish_due: false,
+            now_ms: 0,
             counters,
             reported_deadline: None,
         };
@@ -230,6 +242,8 @@ impl Actor for SectionActor {
     ) -> Result<(), ActorProcessingErr> {
         let left = st.a.depth.fetch_sub(1, Ordering::AcqRel).saturating_sub(1);
         let now = st.a.clock.now_ms();
+        st.now_ms = now;
+        st.publish_due = left == 0 || st.since_publish + 1 >= SNAPSHOT_EVERY_MESSAGES;
         let halted = st.a.store.halt.check().err();
         match msg {
             SectionMsg::Hold(cmd, reply) => {
@@ -386,6 +400,9 @@ impl Actor for SectionActor {
         st.since_publish += 1;
         if left == 0 || st.since_publish >= SNAPSHOT_EVERY_MESSAGES {
             st.counters.depth.set(left as f64);
+        }
+        // A message that committed nothing published nothing yet.
+        if std::mem::take(&mut st.publish_due) {
             st.publish(now);
         }
         Ok(())

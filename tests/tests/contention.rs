@@ -476,3 +476,66 @@ async fn bad_input_is_refused_with_the_field_and_changes_nothing() {
         .unwrap();
     engine.shutdown().await;
 }
+
+/// The published counts (`Engine::event`, `GetEvent`, seat maps) never lag an acknowledged
+/// change: a caller that got its answer reads its own change. Other fans keep the flusher and
+/// the cores busy meanwhile (in another section, so the counts of this one are exact).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_reads_its_own_change_in_the_published_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let engine = open(dir.path(), &clock).await;
+    engine
+        .create_event(event(
+            "own",
+            vec![ga("mine", 10, 1), ga("busy", 100, 1)],
+            600_000,
+            4,
+        ))
+        .await
+        .unwrap();
+    let e = EventId::from("own");
+    let hold = |user: &str, section: &str| HoldRequest {
+        event_id: e.clone(),
+        user_id: UserId::from(user),
+        idempotency_key: String::new(),
+        selection: Selection::BestAvailable {
+            section: Some(SectionId::from(section)),
+            quantity: 1,
+        },
+    };
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut others = Vec::new();
+    for k in 0..4 {
+        let (engine, stop) = (engine.clone(), stop.clone());
+        let req = hold(&format!("other-{k}"), "busy");
+        others.push(tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let h = engine.hold(req.clone()).await.unwrap();
+                engine.release(&h.hold_id, &h.user_id).await.unwrap();
+            }
+        }));
+    }
+    let mine = |engine: &Engine| engine.event(&e).unwrap().sections[0].clone();
+    for round in 0..300 {
+        let h = engine.hold(hold("me", "mine")).await.unwrap();
+        let s = mine(&engine);
+        assert_eq!(
+            (s.held, s.available),
+            (1, 9),
+            "round {round}: my hold is not in the counts"
+        );
+        engine.release(&h.hold_id, &h.user_id).await.unwrap();
+        let s = mine(&engine);
+        assert_eq!(
+            (s.held, s.available),
+            (0, 10),
+            "round {round}: my release is not in the counts"
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for o in others {
+        o.await.unwrap();
+    }
+    engine.shutdown().await;
+}
