@@ -465,6 +465,18 @@ impl Engine {
         })
     }
 
+    /// Free places per section of an event, from the published snapshots (cheap: no spec).
+    pub fn available_places(
+        &self,
+        event_id: &EventId,
+    ) -> Result<Vec<(SectionId, u32)>, EngineError> {
+        let e = self.entry(event_id)?;
+        Ok(e.sections
+            .iter()
+            .map(|slot| (slot.section_id.clone(), slot.snapshot.borrow().available))
+            .collect())
+    }
+
     /// Every event, ordered by id.
     pub fn events(&self) -> Vec<EventView> {
         let mut all: Vec<EventView> = self
@@ -1006,7 +1018,9 @@ impl Engine {
         };
         let mut outcomes: Vec<Option<Result<HoldView, EngineError>>> =
             offers.iter().map(|_| None).collect();
-        let (mut plans, mut reserved) = (Vec::new(), Vec::new());
+        // Reserve every offer's quota at once (one round trip of waiting, not one per offer:
+        // the sweeper does this while sections' deadlines wait for it).
+        let mut asks = Vec::new();
         for (k, (user, quantity)) in offers.iter().enumerate() {
             if *quantity == 0 || *quantity > crate::core::PLACES_PER_HOLD_MAX {
                 outcomes[k] = Some(Err(Rejection::invalid(
@@ -1016,16 +1030,22 @@ impl Engine {
                 .into()));
                 continue;
             }
-            match self.inner.ledger.begin(args(user, *quantity)).await {
+            let a = args(user, *quantity);
+            let ledger = &self.inner.ledger;
+            asks.push(async move { (k, user, *quantity, ledger.begin(a).await) });
+        }
+        let (mut plans, mut reserved) = (Vec::new(), Vec::new());
+        for (k, user, quantity, begun) in futures_util::future::join_all(asks).await {
+            match begun {
                 Ok(Begin::Proceed) => {
                     plans.push(PlaceHold {
                         hold_id: HoldId::generate(event_id, section_id),
                         user_id: user.clone(),
-                        pick: Pick::Best(*quantity),
+                        pick: Pick::Best(quantity),
                         ttl_ms: e.spec.hold_ttl_ms,
                         idem: None,
                     });
-                    reserved.push((k, user, *quantity));
+                    reserved.push((k, user, quantity));
                 }
                 // Without a key there is nothing to replay; never reached.
                 Ok(Begin::Replay(_)) => outcomes[k] = Some(Err(EngineError::NotReady)),
@@ -1051,22 +1071,27 @@ impl Engine {
         let done = match done {
             Ok(d) => d,
             Err(err) => {
-                for (_, user, quantity) in reserved {
-                    give_back(user, quantity, err.clone()).await;
-                }
+                futures_util::future::join_all(
+                    reserved
+                        .into_iter()
+                        .map(|(_, user, quantity)| give_back(user, quantity, err.clone())),
+                )
+                .await;
                 return Err(err);
             }
         };
+        let mut returns = Vec::new();
         for ((k, user, quantity), placed) in reserved.into_iter().zip(done.offers) {
             outcomes[k] = Some(match placed {
                 Ok(view) => Ok(view),
                 Err(r) => {
                     let err = EngineError::from(r);
-                    give_back(user, quantity, err.clone()).await;
+                    returns.push(give_back(user, quantity, err.clone()));
                     Err(err)
                 }
             });
         }
+        futures_util::future::join_all(returns).await;
         let outcomes = outcomes
             .into_iter()
             .map(|o| o.unwrap_or(Err(EngineError::NotReady)))

@@ -8,11 +8,11 @@
 //! disk) is ordered behind it by going through the flusher too. Nothing is acknowledged before
 //! the state it reflects is durable.
 //!
-//! After each batch (when the actor's queue runs empty, or every
-//! [`SNAPSHOT_EVERY_MESSAGES`] messages under sustained load) it publishes a
-//! [`SectionSnapshot`] on a `watch` channel: reading availability never enters the mailbox.
-//! The snapshot of a batch's last message is published before that message's records go to the
-//! flusher, so a caller that got its reply reads its own change (or a later one) in the view.
+//! It publishes a [`SectionSnapshot`] on a `watch` channel (reading availability never enters the
+//! mailbox) with every change, before the change's records go to the flusher, so a caller that
+//! got its reply reads its own change (or a later one); and, for the `as_of` time, when its
+//! queue runs empty or every [`SNAPSHOT_EVERY_MESSAGES`] messages. A snapshot is the counts and
+//! one byte per seat: a copy of a few KB at most.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -76,7 +76,8 @@ pub(crate) struct SectionState {
     a: SectionArgs,
     durable_seq: Arc<AtomicU64>,
     since_publish: u32,
-    /// This message ends a batch: publish the snapshot before its reply can be sent.
+    /// This message ends a batch (or the 256th since the last snapshot): publish even if it
+    /// changes nothing.
     publish_due: bool,
     /// The clock reading of the message being handled.
     now_ms: u64,
@@ -136,7 +137,7 @@ impl SectionState {
         ended: Vec<HoldView>,
         reply: impl FnOnce(Result<(), StorageError>) + Send + 'static,
     ) {
-        if self.publish_due {
+        if self.publish_due || !records.is_empty() {
             self.publish_due = false;
             self.publish(self.now_ms);
         }

@@ -274,18 +274,39 @@ impl SweeperState {
 
     /// Offers freed places of `section` (`None`: any) to the event's waiting fans, in order.
     async fn offer(&mut self, event: &EventId, section: Option<&SectionId>) {
-        let candidates = match self
-            .engine
-            .waitlist_candidates(event, section, self.config.offers_per_pass_max)
-            .await
-        {
-            Ok(c) => c,
+        // Free places per section, from the published counts (never behind an acknowledged
+        // change). An entry that cannot fit is not tried: in a sold-out sale every join would
+        // otherwise cost up to 16 holds answered SOLD_OUT, each behind the section's fsync.
+        let mut free: HashMap<SectionId, u32> = match self.engine.available_places(event) {
+            Ok(v) => v.into_iter().collect(),
             Err(e) => {
-                tracing::error!(error = %e, %event, "cannot read the waitlist");
+                tracing::error!(error = %e, %event, "cannot read the event");
                 return;
             }
         };
+        let candidates = if free.values().all(|&a| a == 0) {
+            Vec::new()
+        } else {
+            match self
+                .engine
+                .waitlist_candidates(event, section, self.config.offers_per_pass_max)
+                .await
+            {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::error!(error = %e, %event, "cannot read the waitlist");
+                    return;
+                }
+            }
+        };
         for c in candidates {
+            let fits = match &c.section_id {
+                Some(s) => free.get(s).is_some_and(|&a| a >= c.quantity),
+                None => free.values().any(|&a| a >= c.quantity),
+            };
+            if !fits {
+                continue;
+            }
             let req = HoldRequest {
                 event_id: event.clone(),
                 user_id: c.user_id.clone(),
@@ -299,6 +320,11 @@ impl SweeperState {
                 },
             };
             let outcome = self.engine.hold(req).await;
+            if let Ok(h) = &outcome
+                && let Some(a) = free.get_mut(&h.section_id)
+            {
+                *a = a.saturating_sub(h.quantity);
+            }
             if !self.offered_hold(event, c, outcome).await {
                 break;
             }
