@@ -118,6 +118,8 @@ pub struct SweeperState {
     /// Holds this sweeper expired while offering their places in the same step; removed when
     /// their `HoldEnded` arrives.
     handed_off: HashSet<HoldId>,
+    /// Waitlist entries being ended (their records on the way to disk).
+    pending_ends: tokio::task::JoinSet<()>,
     stats: SweeperStats,
 }
 
@@ -169,9 +171,11 @@ impl SweeperState {
                 .await
             {
                 Ok((expired, next, placed)) => {
+                    let mut made = Vec::new();
                     for (c, outcome) in candidates.into_iter().zip(placed) {
-                        self.offered_hold(&event, c, outcome).await;
+                        Self::offered_hold(&event, c, outcome, &mut made);
                     }
+                    self.record_offers(made).await;
                     // Their places were offered just now: their `HoldEnded` needs no second
                     // pass over the same entries.
                     if handing_off {
@@ -226,9 +230,15 @@ impl SweeperState {
                 (WaitlistState::Expired, "lapsed")
             };
             metrics::counter!("boxoffice_waitlist_offers_total", "outcome" => outcome).increment(1);
-            if let Err(e) = self.engine.waitlist_end(&entry, state).await {
-                tracing::error!(error = %e, %entry, "cannot end a waitlist entry");
-            }
+            // Recorded in the background: the sweeper does not wait for the waitlist's fsync
+            // (deadlines would). `Sync` waits for these.
+            let engine = self.engine.clone();
+            self.pending_ends.spawn(async move {
+                if let Err(e) = engine.waitlist_end(&entry, state).await {
+                    tracing::error!(error = %e, %entry, "cannot end a waitlist entry");
+                }
+            });
+            while self.pending_ends.try_join_next().is_some() {}
         }
         if self.handed_off.remove(&hold.hold_id) {
             return;
@@ -240,24 +250,17 @@ impl SweeperState {
         }
     }
 
-    /// Records what came of a hold placed for a waiting entry; false if the engine failed in a
-    /// way worth stopping this pass for.
-    async fn offered_hold(
-        &mut self,
+    /// Sorts what came of a hold placed for a waiting entry: an offer to record (into `made`),
+    /// or a refusal. False if the engine failed in a way worth stopping this pass for.
+    fn offered_hold(
         event: &EventId,
         c: WaitlistView,
         outcome: Result<HoldView, EngineError>,
+        made: &mut Vec<(WaitlistView, HoldView)>,
     ) -> bool {
         match outcome {
             Ok(h) => {
-                if let Err(e) = self.engine.waitlist_offer(&c.entry_id, &h.hold_id).await {
-                    tracing::error!(error = %e, entry = %c.entry_id, "cannot record an offer");
-                    return true;
-                }
-                self.stats.offers_made += 1;
-                metrics::counter!("boxoffice_waitlist_offers_total", "outcome" => "made")
-                    .increment(1);
-                self.offered.insert(h.hold_id, c.entry_id);
+                made.push((c, h));
                 true
             }
             // All or nothing: this entry does not fit now; a smaller one behind it may.
@@ -269,6 +272,26 @@ impl SweeperState {
                 tracing::warn!(error = %e, %event, "waitlist offer failed; will retry later");
                 false
             }
+        }
+    }
+
+    /// Records offers with the waitlist, all at once (they share the waitlist's group commit
+    /// instead of waiting for one fsync each while deadlines wait for the sweeper).
+    async fn record_offers(&mut self, made: Vec<(WaitlistView, HoldView)>) {
+        let engine = self.engine.clone();
+        let recorded = futures_util::future::join_all(
+            made.iter()
+                .map(|(c, h)| engine.waitlist_offer(&c.entry_id, &h.hold_id)),
+        )
+        .await;
+        for ((c, h), r) in made.into_iter().zip(recorded) {
+            if let Err(e) = r {
+                tracing::error!(error = %e, entry = %c.entry_id, "cannot record an offer");
+                continue;
+            }
+            self.stats.offers_made += 1;
+            metrics::counter!("boxoffice_waitlist_offers_total", "outcome" => "made").increment(1);
+            self.offered.insert(h.hold_id, c.entry_id);
         }
     }
 
@@ -299,6 +322,7 @@ impl SweeperState {
                 }
             }
         };
+        let mut made = Vec::new();
         for c in candidates {
             let fits = match &c.section_id {
                 Some(s) => free.get(s).is_some_and(|&a| a >= c.quantity),
@@ -325,10 +349,11 @@ impl SweeperState {
             {
                 *a = a.saturating_sub(h.quantity);
             }
-            if !self.offered_hold(event, c, outcome).await {
+            if !Self::offered_hold(event, c, outcome, &mut made) {
                 break;
             }
         }
+        self.record_offers(made).await;
         if let Ok(n) = self.engine.waitlist_len(event).await {
             metrics::gauge!("boxoffice_waitlist_length", "event" => event.to_string())
                 .set(n as f64);
@@ -388,6 +413,7 @@ impl Actor for Sweeper {
             generation: 0,
             offered: HashMap::new(),
             handed_off: HashSet::new(),
+            pending_ends: tokio::task::JoinSet::new(),
             waiting_events: HashSet::new(),
             stats: SweeperStats::default(),
         };
@@ -425,6 +451,7 @@ impl Actor for Sweeper {
             }
             SweeperMsg::Sweep => sweep = true,
             SweeperMsg::Sync(reply) => {
+                while st.pending_ends.join_next().await.is_some() {}
                 let _ = reply.send(st.stats);
             }
         }
