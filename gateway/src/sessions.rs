@@ -89,10 +89,10 @@ pub struct SessionsReport {
     pub held_at_end: u64,
     /// Sessions that paid.
     pub paid: u64,
-    /// Section invariant violations (embedded only).
-    pub invariant_violations: u64,
-    /// Reconciliation findings (embedded only).
-    pub reconciliation_findings: u64,
+    /// Section invariant violations (`None`: not checked, the server is not embedded).
+    pub invariant_violations: Option<u64>,
+    /// Reconciliation findings (`None`: not checked, the server is not embedded).
+    pub reconciliation_findings: Option<u64>,
     /// Peak resident memory of this process, bytes (server + load generator when embedded).
     pub peak_rss_bytes: Option<u64>,
     /// Wall time of the run, seconds.
@@ -108,8 +108,8 @@ impl SessionsReport {
             && self.held_at_end == 0
             && self.sold == self.paid * u64::from(self.quantity)
             && self.sold + self.available == expected
-            && self.invariant_violations == 0
-            && self.reconciliation_findings == 0
+            && self.invariant_violations.unwrap_or(0) == 0
+            && self.reconciliation_findings.unwrap_or(0) == 0
             && self.phases.iter().all(|p| p.errors == 0)
     }
 
@@ -144,8 +144,8 @@ impl SessionsReport {
             self.available,
             self.held_at_end,
             self.paid,
-            self.invariant_violations,
-            self.reconciliation_findings,
+            json_opt(self.invariant_violations),
+            json_opt(self.reconciliation_findings),
             self.peak_rss_bytes
                 .map_or_else(|| "null".to_owned(), |b| b.to_string()),
             self.seconds,
@@ -183,12 +183,14 @@ impl fmt::Display for SessionsReport {
         writeln!(
             f,
             "{:<40} {}",
-            "invariant violations (must be 0)", self.invariant_violations
+            "invariant violations (must be 0)",
+            text_opt(self.invariant_violations)
         )?;
         writeln!(
             f,
             "{:<40} {}",
-            "reconciliation findings (must be 0)", self.reconciliation_findings
+            "reconciliation findings (must be 0)",
+            text_opt(self.reconciliation_findings)
         )?;
         match self.peak_rss_bytes {
             Some(b) => writeln!(
@@ -234,6 +236,17 @@ impl fmt::Display for SessionsReport {
             }
         )
     }
+}
+
+fn json_opt(v: Option<u64>) -> String {
+    v.map_or_else(|| "null".to_owned(), |n| n.to_string())
+}
+
+fn text_opt(v: Option<u64>) -> String {
+    v.map_or_else(
+        || "n/a (checked only with the embedded server)".to_owned(),
+        |n| n.to_string(),
+    )
 }
 
 /// Peak resident memory of this process (`VmHWM`), where `/proc` tells it.
@@ -546,13 +559,14 @@ pub async fn run(args: SessionsArgs) -> anyhow::Result<SessionsReport> {
     };
     if let Some(server) = server {
         if let Some(engine) = server.engine() {
+            let mut violations = 0;
             for e in events.iter() {
                 let eid = boxoffice_engine::EventId(e.clone());
                 for s in engine.event(&eid)?.sections {
                     let core = engine.inspect_section(&eid, &s.spec.section_id).await?;
                     if let Err(err) = core.check_invariants() {
                         tracing::error!(event = %e, section = %s.spec.section_id, error = %err, "invariant violated");
-                        report.invariant_violations += 1;
+                        violations += 1;
                     }
                 }
             }
@@ -560,7 +574,8 @@ pub async fn run(args: SessionsArgs) -> anyhow::Result<SessionsReport> {
             for f in &findings {
                 tracing::error!(finding = ?f, "reconciliation finding");
             }
-            report.reconciliation_findings = findings.len() as u64;
+            report.invariant_violations = Some(violations);
+            report.reconciliation_findings = Some(findings.len() as u64);
         }
         server.shutdown().await?;
     }
@@ -626,8 +641,8 @@ mod tests {
         assert_eq!(report.sold, 600, "{report}");
         assert_eq!(report.available, 600, "{report}");
         assert_eq!(report.held_at_end, 0, "{report}");
-        assert_eq!(report.invariant_violations, 0, "{report}");
-        assert_eq!(report.reconciliation_findings, 0, "{report}");
+        assert_eq!(report.invariant_violations, Some(0), "{report}");
+        assert_eq!(report.reconciliation_findings, Some(0), "{report}");
         let names: Vec<&str> = report.phases.iter().map(|p| p.name).collect();
         assert_eq!(
             names,
@@ -701,7 +716,7 @@ mod tests {
                 ..good.clone()
             },
             SessionsReport {
-                reconciliation_findings: 1,
+                reconciliation_findings: Some(1),
                 ..good.clone()
             },
         ] {
