@@ -79,8 +79,6 @@ pub(crate) struct SectionState {
     /// This message ends a batch (or the 256th since the last snapshot): publish even if it
     /// changes nothing.
     publish_due: bool,
-    /// The clock reading of the message being handled.
-    now_ms: u64,
     counters: Counters,
     /// The earliest deadline last reported to the listener.
     reported_deadline: Option<Option<u64>>,
@@ -139,7 +137,7 @@ impl SectionState {
     ) {
         if self.publish_due || !records.is_empty() {
             self.publish_due = false;
-            self.publish(self.now_ms);
+            self.publish(self.a.clock.now_ms());
         }
         let last_numbered = self.a.stream.next_seq - 1;
         if records.is_empty() && self.durable_seq.load(Ordering::Acquire) >= last_numbered {
@@ -226,7 +224,6 @@ impl Actor for SectionActor {
             durable_seq,
             since_publish: 0,
             publish_due: false,
-            now_ms: 0,
             counters,
             reported_deadline: None,
         };
@@ -243,8 +240,8 @@ impl Actor for SectionActor {
     ) -> Result<(), ActorProcessingErr> {
         let left = st.a.depth.fetch_sub(1, Ordering::AcqRel).saturating_sub(1);
         let now = st.a.clock.now_ms();
-        st.now_ms = now;
-        st.publish_due = left == 0 || st.since_publish + 1 >= SNAPSHOT_EVERY_MESSAGES;
+        let batch_end = left == 0 || st.since_publish + 1 >= SNAPSHOT_EVERY_MESSAGES;
+        st.publish_due = batch_end;
         let halted = st.a.store.halt.check().err();
         match msg {
             SectionMsg::Hold(cmd, reply) => {
@@ -399,7 +396,7 @@ impl Actor for SectionActor {
             );
         }
         st.since_publish += 1;
-        if left == 0 || st.since_publish >= SNAPSHOT_EVERY_MESSAGES {
+        if batch_end {
             st.counters.depth.set(left as f64);
         }
         // A message that committed nothing published nothing yet.

@@ -75,19 +75,9 @@ pub struct FlashSaleArgs {
     /// Places one fan may hold or own.
     #[arg(long, default_value_t = 4)]
     pub per_user_limit: u32,
-    /// Data dir of the embedded server (default: a temporary dir, removed at the end).
-    #[arg(long)]
-    pub data_dir: Option<PathBuf>,
-    /// sync: fsync before every acknowledgement (group commit); buffered: for benchmarks only.
-    #[arg(long, default_value = "sync", value_parser = ["sync", "buffered"])]
-    pub durability: String,
-    /// Run against a server already running there (e.g. http://127.0.0.1:50051) instead of an
-    /// embedded one; needs `--api-key`.
-    #[arg(long)]
-    pub target: Option<String>,
-    /// An admin key of the `--target` server (it creates the sale's event).
-    #[arg(long, env = "BOXOFFICE_ADMIN_KEY")]
-    pub api_key: Option<String>,
+    /// The server the run plays against: embedded, or `--target`.
+    #[command(flatten)]
+    pub server: ServerChoice,
     /// Run the seeds' uncoordinated baseline in-process (read the map, book what looked free).
     #[arg(long)]
     pub naive: bool,
@@ -157,27 +147,56 @@ pub fn sale_event(seats: u32, ttl_ms: u64, per_user_limit: u32) -> EventSpec {
     }
 }
 
-/// An embedded server on loopback for a run with no `--target`: a temporary (or given) data
-/// dir, a durable log, a generated admin key, no metrics port and no periodic reconciliation
-/// (the run reconciles at its end).
-pub(crate) struct Embedded {
-    pub server: crate::server::Running,
-    /// Removed when dropped (`None` with `--data-dir`).
-    pub temp: Option<tempfile::TempDir>,
-    /// `http://127.0.0.1:PORT`.
+/// Where a run's load goes: an embedded server, or one already running (`--target`). Shared
+/// by `flash-sale` and `sessions`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ServerChoice {
+    /// Data dir of the embedded server (default: a temporary dir, removed at the end).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// sync: fsync before every acknowledgement (group commit); buffered: for benchmarks only.
+    #[arg(long, default_value = "sync", value_parser = ["sync", "buffered"])]
+    pub durability: String,
+    /// Run against a server already running there (e.g. http://127.0.0.1:50051) instead of an
+    /// embedded one; needs `--api-key`.
+    #[arg(long)]
+    pub target: Option<String>,
+    /// An admin key of the `--target` server (the run creates its events with it).
+    #[arg(long, env = "BOXOFFICE_ADMIN_KEY")]
+    pub api_key: Option<String>,
+}
+
+/// The server of a run. The embedded one is on loopback with a temporary (or given) data dir, a
+/// durable log, a generated admin key, no metrics port and no periodic reconciliation (the run
+/// reconciles at its end).
+pub(crate) struct Backend {
+    /// The embedded server (`None` with `--target`).
+    pub server: Option<crate::server::Running>,
+    /// The embedded server's temporary data dir, removed when dropped.
+    _temp: Option<tempfile::TempDir>,
+    /// `http://HOST:PORT`.
     pub target: String,
     pub admin_key: String,
 }
 
-impl Embedded {
-    pub async fn start(
-        data_dir: Option<&std::path::Path>,
-        durability: &str,
-        admin_key: &str,
-        queue_max: u32,
-    ) -> anyhow::Result<Embedded> {
-        let (temp, dir) = match data_dir {
-            Some(d) => (None, d.to_path_buf()),
+impl ServerChoice {
+    /// Connects the choice: starts the embedded server (admin key `embedded_key`, at most
+    /// `queue_max` fans per waiting room), or checks that `--target` came with `--api-key`.
+    pub(crate) async fn open(&self, embedded_key: &str, queue_max: u32) -> anyhow::Result<Backend> {
+        match (&self.target, &self.api_key) {
+            (Some(t), Some(k)) => {
+                return Ok(Backend {
+                    server: None,
+                    _temp: None,
+                    target: t.clone(),
+                    admin_key: k.clone(),
+                });
+            }
+            (Some(_), None) => bail!("--target needs --api-key (an admin key of that server)"),
+            (None, _) => {}
+        }
+        let (temp, dir) = match &self.data_dir {
+            Some(d) => (None, d.clone()),
             None => {
                 let t = tempfile::tempdir().context("creating a temporary data dir")?;
                 let dir = t.path().to_path_buf();
@@ -186,11 +205,11 @@ impl Embedded {
         };
         let mut secret = [0u8; 32];
         rand::RngCore::fill_bytes(&mut rand::rng(), &mut secret);
-        let mut cfg = crate::server::ServerConfig::new(admin_key, "embedded-client", &secret);
+        let mut cfg = crate::server::ServerConfig::new(embedded_key, "embedded-client", &secret);
         cfg.listen = "127.0.0.1:0".parse()?;
         cfg.metrics_listen = None;
         cfg.data_dir = dir;
-        cfg.durability = if durability == "buffered" {
+        cfg.durability = if self.durability == "buffered" {
             Durability::Buffered
         } else {
             Durability::Sync
@@ -202,12 +221,11 @@ impl Embedded {
             .await
             .context("starting the embedded server")?;
         server.wait_ready().await?;
-        let target = format!("http://{}", server.addr);
-        Ok(Embedded {
-            server,
-            temp,
-            target,
-            admin_key: admin_key.to_owned(),
+        Ok(Backend {
+            target: format!("http://{}", server.addr),
+            server: Some(server),
+            _temp: temp,
+            admin_key: embedded_key.to_owned(),
         })
     }
 }
@@ -1050,20 +1068,15 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
     let queue_max = u32::try_from(args.fans)
         .unwrap_or(u32::MAX)
         .saturating_add(1_000);
-    let (server, _temp, target, key) = match (&args.target, &args.api_key) {
-        (Some(t), Some(k)) => (None, None, t.clone(), k.clone()),
-        (Some(_), None) => bail!("--target needs --api-key (an admin key of that server)"),
-        (None, _) => {
-            let e = Embedded::start(
-                args.data_dir.as_deref(),
-                &args.durability,
-                &format!("flash-sale-{}", args.seed),
-                queue_max,
-            )
-            .await?;
-            (Some(e.server), e.temp, e.target, e.admin_key)
-        }
-    };
+    let mut backend = args
+        .server
+        .open(&format!("flash-sale-{}", args.seed), queue_max)
+        .await?;
+    let (server, target, key) = (
+        backend.server.take(),
+        backend.target.clone(),
+        backend.admin_key.clone(),
+    );
     let bearer = Bearer::new(&key)?;
     let mut channels = Vec::new();
     for _ in 0..8 {
@@ -1603,10 +1616,10 @@ mod tests {
             exact_rate: 0.3,
             waitlist_rate: 0.3,
             per_user_limit: 4,
-            data_dir: None,
-            durability: "sync".into(),
-            target: None,
-            api_key: None,
+            server: ServerChoice {
+                durability: "sync".into(),
+                ..ServerChoice::default()
+            },
             naive: false,
             seed: 7,
             json: None,
@@ -1711,7 +1724,7 @@ mod tests {
         a.pay_rate = 1.5;
         assert!(run(a).await.is_err());
         let mut a = small(10, 200);
-        a.target = Some("http://127.0.0.1:1".into());
+        a.server.target = Some("http://127.0.0.1:1".into());
         assert!(run(a).await.is_err(), "--target without --api-key");
     }
 

@@ -28,7 +28,7 @@ use tonic::transport::Channel;
 
 use boxoffice_engine::{EventSpec, Layout, RowSpec, SectionId, SectionSpec};
 
-use crate::flash_sale::{Embedded, RESERVED_SECTIONS, create_request, sale_event};
+use crate::flash_sale::{RESERVED_SECTIONS, ServerChoice, create_request, sale_event};
 use crate::loadgen::{Bearer, Clients, RpcFigures, connect, drive};
 
 /// Flags of `boxoffice sessions`.
@@ -49,18 +49,9 @@ pub struct SessionsArgs {
     /// Share of the sessions that pay at the end (the rest release their places).
     #[arg(long, default_value_t = 0.5)]
     pub pay_share: f64,
-    /// Data dir of the embedded server (default: a temporary dir, removed at the end).
-    #[arg(long)]
-    pub data_dir: Option<PathBuf>,
-    /// sync: fsync before every acknowledgement (group commit); buffered: for benchmarks only.
-    #[arg(long, default_value = "sync", value_parser = ["sync", "buffered"])]
-    pub durability: String,
-    /// Run against a server already running there instead of an embedded one; needs `--api-key`.
-    #[arg(long)]
-    pub target: Option<String>,
-    /// An admin key of the `--target` server (it creates the events).
-    #[arg(long, env = "BOXOFFICE_ADMIN_KEY")]
-    pub api_key: Option<String>,
+    /// The server the run plays against: embedded, or `--target`.
+    #[command(flatten)]
+    pub server: ServerChoice,
     /// Also write the report as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -317,20 +308,12 @@ pub async fn run(args: SessionsArgs) -> anyhow::Result<SessionsReport> {
     }
     let started = Instant::now();
     let queue_max = u32::try_from(args.sessions)?.saturating_add(1_000);
-    let (server, _temp, target, key) = match (&args.target, &args.api_key) {
-        (Some(t), Some(k)) => (None, None, t.clone(), k.clone()),
-        (Some(_), None) => bail!("--target needs --api-key (an admin key of that server)"),
-        (None, _) => {
-            let e = Embedded::start(
-                args.data_dir.as_deref(),
-                &args.durability,
-                "sessions-admin",
-                queue_max,
-            )
-            .await?;
-            (Some(e.server), e.temp, e.target, e.admin_key)
-        }
-    };
+    let mut backend = args.server.open("sessions-admin", queue_max).await?;
+    let (server, target, key) = (
+        backend.server.take(),
+        backend.target.clone(),
+        backend.admin_key.clone(),
+    );
     let bearer = Bearer::new(&key)?;
     let mut channels: Vec<Channel> = Vec::new();
     for _ in 0..8 {
@@ -622,10 +605,10 @@ mod tests {
             events,
             concurrency: 64,
             pay_share: 0.5,
-            data_dir: None,
-            durability: "sync".into(),
-            target: None,
-            api_key: None,
+            server: ServerChoice {
+                durability: "sync".into(),
+                ..ServerChoice::default()
+            },
             json: None,
         }
     }
