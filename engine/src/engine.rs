@@ -904,6 +904,23 @@ impl Engine {
         crate::reconcile::run(self).await
     }
 
+    /// Every section whose state breaks an invariant (counts, seats, holds, orders), one line
+    /// each: `{event}/{section}: what is wrong`. Empty when all is well.
+    pub async fn invariant_violations(&self) -> Result<Vec<String>, EngineError> {
+        let mut out = Vec::new();
+        for e in self.events() {
+            for s in &e.sections {
+                let core = self
+                    .inspect_section(&e.event_id, &s.spec.section_id)
+                    .await?;
+                if let Err(detail) = core.check_invariants() {
+                    out.push(format!("{}/{}: {detail}", e.event_id, s.spec.section_id));
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Every order of every section (for reconciliation and tools).
     pub async fn orders(&self) -> Result<Vec<OrderView>, EngineError> {
         let mut out = Vec::new();

@@ -42,6 +42,37 @@ pub enum Durability {
     Buffered,
 }
 
+impl Durability {
+    /// The names the command line and the environment use: `sync`, `buffered`.
+    pub const NAMES: [&'static str; 2] = ["sync", "buffered"];
+
+    /// This mode's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Durability::Sync => "sync",
+            Durability::Buffered => "buffered",
+        }
+    }
+}
+
+impl std::fmt::Display for Durability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Durability {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Durability, String> {
+        match s {
+            "sync" => Ok(Durability::Sync),
+            "buffered" => Ok(Durability::Buffered),
+            other => Err(format!("durability is `sync` or `buffered`, not `{other}`")),
+        }
+    }
+}
+
 /// Most jobs the flusher takes into one batch (one fsync).
 pub const FLUSH_BATCH_JOBS_MAX: usize = 8_192;
 

@@ -1286,15 +1286,9 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
     if let Some(server) = server {
         // Embedded: also the engine's own truth: invariants and the reconciliation.
         if let Some(engine) = server.engine() {
-            let eid = boxoffice_engine::EventId(event_id.clone());
-            for s in &view.sections {
-                let core = engine
-                    .inspect_section(&eid, &SectionId(s.section_id.clone()))
-                    .await?;
-                if let Err(e) = core.check_invariants() {
-                    tracing::error!(section = %s.section_id, error = %e, "invariant violated");
-                    report.invariant_violations += 1;
-                }
+            for v in engine.invariant_violations().await? {
+                tracing::error!(violation = %v, "invariant violated");
+                report.invariant_violations += 1;
             }
             report.reconciliation_findings = engine.reconcile().await?.len() as u64;
         }

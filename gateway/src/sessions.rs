@@ -543,15 +543,9 @@ pub async fn run(args: SessionsArgs) -> anyhow::Result<SessionsReport> {
     if let Some(server) = server {
         if let Some(engine) = server.engine() {
             let mut violations = 0;
-            for e in events.iter() {
-                let eid = boxoffice_engine::EventId(e.clone());
-                for s in engine.event(&eid)?.sections {
-                    let core = engine.inspect_section(&eid, &s.spec.section_id).await?;
-                    if let Err(err) = core.check_invariants() {
-                        tracing::error!(event = %e, section = %s.spec.section_id, error = %err, "invariant violated");
-                        violations += 1;
-                    }
-                }
+            for v in engine.invariant_violations().await? {
+                tracing::error!(violation = %v, "invariant violated");
+                violations += 1;
             }
             let findings = engine.reconcile().await?;
             for f in &findings {
