@@ -22,8 +22,7 @@ use crate::types::{
     SectionSnapshot, SectionSpec, TicketView, UserId,
 };
 
-/// Most places one hold may take (bounded again by the event's per-user limit).
-pub const PLACES_PER_HOLD_MAX: u32 = 100;
+pub use crate::limits::PLACES_PER_HOLD_MAX;
 
 /// Tag of an idempotency key on a record: the key and the request's fingerprint.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

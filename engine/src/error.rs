@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::types::SeatId;
+use crate::ids::SeatId;
 
 /// A definite "no": the request was understood and refused, and nothing changed.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Error, Serialize, Deserialize)]

@@ -5,17 +5,24 @@
 //! before anyone hears "yes".
 //!
 //! ## Layout
-//! - [`types`]: ids (newtypes), event and section specs, the views the engine answers with.
-//! - [`error`]: [`Rejection`] (definite business answers) apart from [`EngineError`]'s fatal
-//!   and transient cases.
+//! Each layer only looks down (ids <- error <- types <- core <- store <- actors <- engine):
+//! - [`ids`], [`types`], [`limits`], [`error`]: identifiers, specs and views, every limit and
+//!   default, and the errors ([`Rejection`]: definite business answers; [`EngineError`]: fatal and
+//!   transient cases).
 //! - [`clock`]: the [`Clock`] trait (system and manual).
 //! - [`core`]: [`SectionCore`], the pure state machine of one section (no IO, no clock).
 //! - [`codec`]: the one module that turns log records into bytes (version byte + CRC32).
-//! - `store`: the sled log, the group-commit flusher thread, checkpoints, the sold-seat backstop.
-//! - `section`: the section actor (ractor), a thin shell around the core.
-//! - `ledger`: per-user quota and idempotency records, sharded by user over actors.
-//! - [`waitlist`]: the waitlist's state machine and actor (entries, offers), logged.
-//! - [`engine`]: the [`Engine`] handle, the [`Router`], recovery.
+//! - [`store`]: the log behind the [`LogSink`] seam ([`SledSink`] in the data dir, [`MemorySink`]
+//!   for tests with injected faults), the group-commit flusher, checkpoints, stream names.
+//! - `section`: the section actor, a thin shell around the core.
+//! - `ledger`: per-user quota and idempotency (pure shard state + a thin actor), sharded by user.
+//! - [`waitlist`]: the waitlist (pure core + a thin actor), logged.
+//! - `recovery`: the log replayed, one function per stream. `supervisor`: actors that panic are
+//!   restarted from their log, or the engine stops visibly.
+//! - [`engine`]: the [`Engine`] handle (open, shutdown); its calls by concern: `catalog`,
+//!   `booking`, `checkout` (payment saga), `expiry`, `audit`; the [`Router`].
+//! - [`payment`]: the [`PaymentProvider`] trait and the simulated provider.
+//! - [`reconcile`]: the pure checks behind [`Engine::reconcile`].
 //!
 //! ## Example
 //! ```
@@ -72,44 +79,60 @@
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
 
+mod audit;
+mod booking;
+mod catalog;
+mod checkout;
 pub mod clock;
 pub mod codec;
+pub mod config;
 pub mod core;
 pub mod engine;
 pub mod error;
+mod expiry;
+pub mod ids;
 mod ledger;
+pub mod limits;
 pub mod payment;
 pub mod reconcile;
+mod recovery;
+mod router;
 mod section;
-mod store;
+pub mod store;
+mod supervisor;
+#[cfg(feature = "test-support")]
+mod test_support;
 pub mod types;
 pub mod waitlist;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use config::EngineConfig;
 pub use core::SectionCore;
-pub use engine::{
-    EXPIRE_PER_SECTION_MAX, Engine, EngineConfig, ExpiredAndOffered, RecoveryReport, Router,
-};
+pub use engine::Engine;
 pub use error::{EngineError, Rejection, StorageError};
+pub use expiry::ExpiredAndOffered;
+pub use limits::*;
 pub use payment::{
     BoxFuture, Charge, ChargeStatus, PaymentError, PaymentProvider, SimulatedConfig,
     SimulatedProvider,
 };
 pub use reconcile::Finding;
+pub use recovery::RecoveryReport;
+pub use router::Router;
 pub use section::{Listener, Notice};
-pub use store::{Durability, FLUSH_BATCH_JOBS_MAX};
+pub use store::{Durability, LogSink, MemorySink, SledSink};
 pub use types::*;
 pub use waitlist::{WaitlistState, WaitlistView};
 
-/// Tool and test support: the data dir's raw sled database, for tests that damage the log and
-/// for offline tools. Tree names: `catalog`, `section/{event}/{section}`, `ledger/{shard}`,
-/// `checkpoints`, `sold`; record keys are sequence numbers (u64 big-endian).
+/// Test and tool support (feature `test-support`): the data dir's raw sled database, for tests
+/// that damage the log. Stream names are in [`store::names`].
+#[cfg(feature = "test-support")]
 pub mod raw {
     pub use crate::store::open_db;
     pub use sled;
 
     /// The name of a section's log stream (its sled tree).
     pub fn section_stream(event: &crate::EventId, section: &crate::SectionId) -> String {
-        format!("section/{event}/{section}")
+        crate::store::names::section(event, section)
     }
 }

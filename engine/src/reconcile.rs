@@ -7,9 +7,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::engine::Engine;
-use crate::error::{EngineError, StorageError};
-use crate::payment::ChargeStatus;
+use crate::core::SectionCore;
+use crate::payment::{Charge, ChargeStatus};
 
 /// Something that does not add up, with what is needed to act on it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,57 +69,49 @@ impl Finding {
     }
 }
 
-pub(crate) async fn run(engine: &Engine) -> Result<Vec<Finding>, EngineError> {
+/// What reconciliation compares: every section's state, every backstop claim, every charge.
+pub(crate) struct Books<'a> {
+    /// (`event/section`, its core).
+    pub sections: &'a [(String, SectionCore)],
+    /// Every sold-seat claim: (key, holder).
+    pub claims: &'a [(String, Vec<u8>)],
+    /// Every charge the payment provider knows.
+    pub charges: &'a [Charge],
+}
+
+/// Everything that does not add up in `books` (pure: no IO). Also counts the findings in
+/// metrics and logs each.
+pub(crate) fn check(books: &Books<'_>) -> Vec<Finding> {
     let mut findings = Vec::new();
     let mut expected_claims: HashMap<String, String> = HashMap::new();
     let mut orders = Vec::new();
-    for e in engine.events() {
-        for s in &e.sections {
-            let core = engine
-                .inspect_section(&e.event_id, &s.spec.section_id)
-                .await?;
-            if let Err(detail) = core.check_invariants() {
-                findings.push(Finding::SectionInconsistent {
-                    section: format!("{}/{}", e.event_id, s.spec.section_id),
-                    detail,
-                });
-            }
-            for (key, hold) in core.all_sold_keys() {
-                expected_claims.insert(key, hold.0);
-            }
-            orders.extend(core.orders());
+    for (name, core) in books.sections {
+        if let Err(detail) = core.check_invariants() {
+            findings.push(Finding::SectionInconsistent {
+                section: name.clone(),
+                detail,
+            });
         }
+        for (key, hold) in core.all_sold_keys() {
+            expected_claims.insert(key, hold.0);
+        }
+        orders.extend(core.orders());
     }
     // The backstop.
-    let sold = engine
-        .raw_db()
-        .open_tree("sold")
-        .map_err(|e| StorageError::Io(e.to_string()))?;
     let mut seen = HashSet::new();
-    for item in sold.iter() {
-        let (k, _) = item.map_err(|e| StorageError::Io(e.to_string()))?;
-        let key = String::from_utf8_lossy(&k).into_owned();
-        if !expected_claims.contains_key(&key) {
+    for (key, _) in books.claims {
+        if !expected_claims.contains_key(key) {
             findings.push(Finding::ClaimWithoutSale { key: key.clone() });
         }
-        seen.insert(key);
+        seen.insert(key.clone());
     }
     for key in expected_claims.keys() {
         if !seen.contains(key) {
             findings.push(Finding::SoldWithoutClaim { key: key.clone() });
         }
     }
-    // Payments.
-    let charges =
-        engine
-            .payments()
-            .charges()
-            .await
-            .map_err(|e| EngineError::PaymentUnavailable {
-                timeout: false,
-                reason: e.to_string(),
-            })?;
-    let by_id: HashMap<&str, &crate::payment::Charge> =
+    let charges = books.charges;
+    let by_id: HashMap<&str, &Charge> =
         charges.iter().map(|c| (c.payment_id.as_str(), c)).collect();
     let mut orders_of: HashMap<&str, Vec<String>> = HashMap::new();
     for o in &orders {
@@ -155,7 +146,7 @@ pub(crate) async fn run(engine: &Engine) -> Result<Vec<Finding>, EngineError> {
             });
         }
     }
-    for c in &charges {
+    for c in charges {
         if c.status == ChargeStatus::Captured && !orders_of.contains_key(c.payment_id.as_str()) {
             findings.push(Finding::CapturedWithoutOrder {
                 payment_id: c.payment_id.clone(),
@@ -168,5 +159,5 @@ pub(crate) async fn run(engine: &Engine) -> Result<Vec<Finding>, EngineError> {
         tracing::error!(finding = ?f, "reconciliation finding");
     }
     metrics::gauge!("boxoffice_reconcile_last_findings").set(findings.len() as f64);
-    Ok(findings)
+    findings
 }

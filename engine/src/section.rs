@@ -31,8 +31,7 @@ use crate::types::{
     EventId, HoldId, HoldStatus, HoldView, OrderId, OrderView, SectionId, SectionSnapshot, UserId,
 };
 
-/// Under sustained load, publish a snapshot at least this often.
-pub const SNAPSHOT_EVERY_MESSAGES: u32 = 256;
+use crate::limits::SNAPSHOT_EVERY_MESSAGES;
 
 type Reply<T> = RpcReplyPort<Result<T, EngineError>>;
 
@@ -50,6 +49,26 @@ pub(crate) enum SectionMsg {
     Inspect(Reply<Box<SectionCore>>),
     /// The earliest deadline of an active hold.
     NextDeadline(Reply<Option<u64>>),
+    /// Test support: panic in the handler (as a failed invariant check would).
+    #[cfg(feature = "test-support")]
+    Panic,
+}
+
+impl SectionMsg {
+    /// Answers a message that would change the section with `e` instead (the store halted).
+    /// Returns the message back if it changes nothing (it is served as usual).
+    fn refuse_change(self, e: &StorageError) -> Option<SectionMsg> {
+        let err = EngineError::from(e.clone());
+        match self {
+            SectionMsg::Hold(_, reply) => send(reply, Err(err)),
+            SectionMsg::Confirm(_, reply) => send(reply, Err(err)),
+            SectionMsg::Release(_, _, reply) => send(reply, Err(err)),
+            SectionMsg::ExpireDue(_, _, reply) => send(reply, Err(err)),
+            SectionMsg::ExpireHoldIfDue(_, reply) => send(reply, Err(err)),
+            other => return Some(other),
+        }
+        None
+    }
 }
 
 /// What an `ExpireDue` did: the holds it ended, the section's next deadline after it, and the
@@ -66,7 +85,7 @@ pub(crate) struct SectionArgs {
     pub store: Arc<Store>,
     pub clock: Arc<dyn Clock>,
     pub ledger: Ledger,
-    pub snapshot: watch::Sender<Arc<SectionSnapshot>>,
+    pub snapshot: Arc<watch::Sender<Arc<SectionSnapshot>>>,
     pub depth: Arc<AtomicUsize>,
     pub checkpoint_every: u64,
     pub notices: Notices,
@@ -242,168 +261,175 @@ impl Actor for SectionActor {
         let now = st.a.clock.now_ms();
         let batch_end = left == 0 || st.since_publish + 1 >= SNAPSHOT_EVERY_MESSAGES;
         st.publish_due = batch_end;
-        let halted = st.a.store.halt.check().err();
+        let msg = match st.a.store.halt.check() {
+            Ok(()) => Some(msg),
+            Err(e) => msg.refuse_change(&e),
+        };
         match msg {
-            SectionMsg::Hold(cmd, reply) => {
-                if let Some(e) = halted {
-                    send(reply, Err(e.into()));
-                    return Ok(());
-                }
-                match st.a.core.place_hold(cmd, now) {
-                    Ok((view, record)) => {
-                        st.counters.holds.increment(1);
-                        st.commit(vec![record], Vec::new(), Vec::new(), after(reply, Ok(view)));
-                    }
-                    Err(r) => {
-                        st.counters.rejected(&r);
-                        st.commit(Vec::new(), Vec::new(), Vec::new(), after(reply, Err(r)));
-                    }
-                }
+            None => return Ok(()),
+            Some(SectionMsg::Hold(cmd, reply)) => st.on_hold(cmd, now, reply),
+            Some(SectionMsg::Confirm(cmd, reply)) => st.on_confirm(cmd, now, reply),
+            Some(SectionMsg::Release(hold_id, user, reply)) => {
+                st.on_release(&hold_id, &user, now, reply);
             }
-            SectionMsg::Confirm(cmd, reply) => {
-                if let Some(e) = halted {
-                    send(reply, Err(e.into()));
-                    return Ok(());
-                }
-                let user = cmd.user_id.clone();
-                let hold_id = cmd.hold_id.clone();
-                let (answer, record) = st.a.core.confirm(cmd, now);
-                let mut ended = ended_hold(&st.a.core, &hold_id, &user, &record);
-                let records: Vec<_> = record.into_iter().collect();
-                match answer {
-                    Ok(c) => {
-                        st.counters.confirms.increment(1);
-                        // A confirmed hold ended too (for the waitlist); no quota comes back.
-                        ended.extend(st.a.core.hold_view(&hold_id));
-                        let claims = c
-                            .sold_keys
-                            .into_iter()
-                            .map(|k| (k, hold_id.as_str().as_bytes().to_vec()))
-                            .collect();
-                        st.commit(records, claims, ended, after(reply, Ok(c.order)));
-                    }
-                    Err(r) => {
-                        st.counters.rejected(&r);
-                        if !ended.is_empty() {
-                            st.counters.expired.increment(1);
-                        }
-                        st.commit(records, Vec::new(), ended, after(reply, Err(r)));
-                    }
-                }
+            Some(SectionMsg::ExpireDue(max, offers, reply)) => {
+                st.on_expire_due(max, offers, now, reply);
             }
-            SectionMsg::Release(hold_id, user, reply) => {
-                if let Some(e) = halted {
-                    send(reply, Err(e.into()));
-                    return Ok(());
-                }
-                let (answer, record) = st.a.core.release(&hold_id, &user, now);
-                let ended = ended_hold(&st.a.core, &hold_id, &user, &record);
-                let records: Vec<_> = record.into_iter().collect();
-                match answer {
-                    Ok(released) => {
-                        st.counters.releases.increment(1);
-                        st.commit(records, Vec::new(), ended, after(reply, Ok(released.hold)));
-                    }
-                    Err(r) => {
-                        st.counters.rejected(&r);
-                        if !ended.is_empty() {
-                            st.counters.expired.increment(1);
-                        }
-                        st.commit(records, Vec::new(), ended, after(reply, Err(r)));
-                    }
-                }
-            }
-            SectionMsg::ExpireDue(max, offers, reply) => {
-                if let Some(e) = halted {
-                    send(reply, Err(e.into()));
-                    return Ok(());
-                }
-                let ended = st.a.core.expire_due(now, max);
-                st.counters.expired.increment(ended.len() as u64);
-                let mut records = Vec::with_capacity(ended.len() + offers.len());
-                let mut views = Vec::with_capacity(ended.len());
-                for (e, record) in ended {
-                    views.push(e.hold);
-                    records.push(record);
-                }
-                // In the same step: the freed places go to waiting fans first, before any other
-                // request in the mailbox can take them.
-                let mut placed = Vec::with_capacity(offers.len());
-                for cmd in offers {
-                    match st.a.core.place_hold(cmd, now) {
-                        Ok((view, record)) => {
-                            st.counters.holds.increment(1);
-                            records.push(record);
-                            placed.push(Ok(view));
-                        }
-                        Err(r) => placed.push(Err(r)),
-                    }
-                }
-                let next = st.a.core.next_deadline_ms();
-                let answer = Expired {
-                    ended: views.clone(),
-                    next,
-                    offers: placed,
-                };
-                st.commit(records, Vec::new(), views, after(reply, Ok(answer)));
-            }
-            SectionMsg::ExpireHoldIfDue(hold_id, reply) => {
-                if let Some(e) = halted {
-                    send(reply, Err(e.into()));
-                    return Ok(());
-                }
+            Some(SectionMsg::ExpireHoldIfDue(hold_id, reply)) => {
                 match st.a.core.expire_hold_if_due(&hold_id, now) {
                     Some((ended, record)) => {
                         st.counters.expired.increment(1);
-                        st.commit(
-                            vec![record],
-                            Vec::new(),
-                            vec![ended.hold],
-                            after(reply, Ok(true)),
-                        );
+                        let ended = vec![ended.hold];
+                        st.commit(vec![record], Vec::new(), ended, after(reply, Ok(true)));
                     }
                     None => st.commit(Vec::new(), Vec::new(), Vec::new(), after(reply, Ok(false))),
                 }
             }
-            SectionMsg::GetHold(hold_id, reply) => {
+            Some(SectionMsg::GetHold(hold_id, reply)) => {
                 let answer = st.a.core.hold_view(&hold_id).ok_or(Rejection::HoldNotFound);
                 st.commit(Vec::new(), Vec::new(), Vec::new(), after(reply, answer));
             }
-            SectionMsg::GetOrder(order_id, reply) => {
+            Some(SectionMsg::GetOrder(order_id, reply)) => {
                 let answer =
                     st.a.core
                         .order_view(&order_id)
                         .ok_or(Rejection::OrderNotFound);
                 st.commit(Vec::new(), Vec::new(), Vec::new(), after(reply, answer));
             }
-            SectionMsg::Inspect(reply) => {
+            Some(SectionMsg::Inspect(reply)) => {
                 send(reply, Ok(Box::new(st.a.core.clone())));
             }
-            SectionMsg::NextDeadline(reply) => {
+            Some(SectionMsg::NextDeadline(reply)) => {
                 send(reply, Ok(st.a.core.next_deadline_ms()));
             }
+            #[cfg(feature = "test-support")]
+            Some(SectionMsg::Panic) => panic!("test support: a section actor was told to panic"),
         }
-        let next = st.a.core.next_deadline_ms();
-        if st.reported_deadline != Some(next) {
-            st.reported_deadline = Some(next);
+        st.after_message(left, batch_end, now);
+        Ok(())
+    }
+}
+
+impl SectionState {
+    fn on_hold(&mut self, cmd: PlaceHold, now: u64, reply: Reply<HoldView>) {
+        match self.a.core.place_hold(cmd, now) {
+            Ok((view, record)) => {
+                self.counters.holds.increment(1);
+                self.commit(vec![record], Vec::new(), Vec::new(), after(reply, Ok(view)));
+            }
+            Err(r) => {
+                self.counters.rejected(&r);
+                self.commit(Vec::new(), Vec::new(), Vec::new(), after(reply, Err(r)));
+            }
+        }
+    }
+
+    fn on_confirm(&mut self, cmd: ConfirmHold, now: u64, reply: Reply<OrderView>) {
+        let user = cmd.user_id.clone();
+        let hold_id = cmd.hold_id.clone();
+        let (answer, record) = self.a.core.confirm(cmd, now);
+        let mut ended = ended_hold(&self.a.core, &hold_id, &user, &record);
+        let records: Vec<_> = record.into_iter().collect();
+        match answer {
+            Ok(c) => {
+                self.counters.confirms.increment(1);
+                // A confirmed hold ended too (for the waitlist); no quota comes back.
+                ended.extend(self.a.core.hold_view(&hold_id));
+                let claims = c
+                    .sold_keys
+                    .into_iter()
+                    .map(|k| (k, hold_id.as_str().as_bytes().to_vec()))
+                    .collect();
+                self.commit(records, claims, ended, after(reply, Ok(c.order)));
+            }
+            Err(r) => {
+                self.counters.rejected(&r);
+                if !ended.is_empty() {
+                    self.counters.expired.increment(1);
+                }
+                self.commit(records, Vec::new(), ended, after(reply, Err(r)));
+            }
+        }
+    }
+
+    fn on_release(&mut self, hold_id: &HoldId, user: &UserId, now: u64, reply: Reply<HoldView>) {
+        let (answer, record) = self.a.core.release(hold_id, user, now);
+        let ended = ended_hold(&self.a.core, hold_id, user, &record);
+        let records: Vec<_> = record.into_iter().collect();
+        match answer {
+            Ok(released) => {
+                self.counters.releases.increment(1);
+                self.commit(records, Vec::new(), ended, after(reply, Ok(released.hold)));
+            }
+            Err(r) => {
+                self.counters.rejected(&r);
+                if !ended.is_empty() {
+                    self.counters.expired.increment(1);
+                }
+                self.commit(records, Vec::new(), ended, after(reply, Err(r)));
+            }
+        }
+    }
+
+    /// Expires what is due and, in the same step, places the waiting fans' offers: the freed
+    /// places go to them before any other request in the mailbox can take them.
+    fn on_expire_due(
+        &mut self,
+        max: usize,
+        offers: Vec<PlaceHold>,
+        now: u64,
+        reply: Reply<Expired>,
+    ) {
+        let ended = self.a.core.expire_due(now, max);
+        self.counters.expired.increment(ended.len() as u64);
+        let mut records = Vec::with_capacity(ended.len() + offers.len());
+        let mut views = Vec::with_capacity(ended.len());
+        for (e, record) in ended {
+            views.push(e.hold);
+            records.push(record);
+        }
+        let mut placed = Vec::with_capacity(offers.len());
+        for cmd in offers {
+            match self.a.core.place_hold(cmd, now) {
+                Ok((view, record)) => {
+                    self.counters.holds.increment(1);
+                    records.push(record);
+                    placed.push(Ok(view));
+                }
+                Err(r) => placed.push(Err(r)),
+            }
+        }
+        let answer = Expired {
+            ended: views.clone(),
+            next: self.a.core.next_deadline_ms(),
+            offers: placed,
+        };
+        self.commit(records, Vec::new(), views, after(reply, Ok(answer)));
+    }
+
+    /// After every message: tell the listener if the earliest deadline moved, keep the depth
+    /// gauge, publish a snapshot due at a batch's end.
+    fn after_message(&mut self, left: usize, batch_end: bool, now: u64) {
+        let next = self.a.core.next_deadline_ms();
+        if self.reported_deadline != Some(next) {
+            self.reported_deadline = Some(next);
             notify(
-                &st.a.notices,
+                &self.a.notices,
                 Notice::DeadlineChanged {
-                    event_id: st.a.core.event_id().clone(),
-                    section_id: st.a.core.spec().section_id.clone(),
+                    event_id: self.a.core.event_id().clone(),
+                    section_id: self.a.core.spec().section_id.clone(),
                     next_ms: next,
                 },
             );
         }
-        st.since_publish += 1;
+        self.since_publish += 1;
         if batch_end {
-            st.counters.depth.set(left as f64);
+            self.counters.depth.set(left as f64);
         }
         // A message that committed nothing published nothing yet.
-        if std::mem::take(&mut st.publish_due) {
-            st.publish(now);
+        if std::mem::take(&mut self.publish_due) {
+            self.publish(now);
         }
-        Ok(())
     }
 }
 

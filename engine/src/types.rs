@@ -1,107 +1,12 @@
-//! Domain types: identifiers, event and section specifications, and the views the engine answers with.
-//!
-//! Identifiers are newtypes over `String` so an event id can never be passed where a user id is
-//! wanted. Ids the caller chooses (event, section, row label) are restricted to
-//! `[A-Za-z0-9_-]`, which lets the engine build hold, order and seat ids that carry their route:
-//!
-//! | id | format | example |
-//! |---|---|---|
-//! | seat | `{section_id}:{row_label}:{number}` (numbers start at 1) | `orch:A:12` |
-//! | hold | `{event_id}.{section_id}.h{ulid}` | `e9.orch.h01JD…` |
-//! | order | `{event_id}.{section_id}.o{ulid}` | `e9.orch.o01JD…` |
-//! | ticket | `{order_id}.{n}` (n from 1) | `e9.orch.o01JD….1` |
-//!
-//! The router needs nothing but the id to find the section actor that owns a hold or an order.
+//! Domain types: event and section specifications, requests, and the views the engine answers
+//! with; and the validation of caller input (naming the field). Identifiers are in [`crate::ids`],
+//! limits and defaults in [`crate::limits`].
 
 use serde::{Deserialize, Serialize};
-use std::fmt;
 
 use crate::error::Rejection;
-
-/// Longest accepted event, section or user id, in bytes.
-pub const ID_LEN_MAX: usize = 64;
-/// Longest accepted row label, in bytes.
-pub const ROW_LABEL_LEN_MAX: usize = 16;
-/// Longest accepted idempotency key, in bytes.
-pub const IDEMPOTENCY_KEY_LEN_MAX: usize = 128;
-/// Most sections one event may have.
-pub const SECTIONS_PER_EVENT_MAX: usize = 256;
-/// Most rows one reserved section may have.
-pub const ROWS_PER_SECTION_MAX: usize = 1_000;
-/// Most seats one row may have.
-pub const SEATS_PER_ROW_MAX: u32 = 1_000;
-/// Most places one section may have (reserved or general admission).
-pub const SECTION_CAPACITY_MAX: u32 = 1_000_000;
-/// Highest per-user limit an event may set.
-pub const PER_USER_LIMIT_MAX: u32 = 100;
-/// Longest hold TTL an event may set (one day).
-pub const HOLD_TTL_MS_MAX: u64 = 24 * 60 * 60 * 1000;
-
-macro_rules! id_type {
-    ($(#[$doc:meta])* $name:ident) => {
-        $(#[$doc])*
-        #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-        pub struct $name(pub String);
-
-        impl $name {
-            /// The id as a string slice.
-            pub fn as_str(&self) -> &str {
-                &self.0
-            }
-        }
-
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(&self.0)
-            }
-        }
-
-        impl From<&str> for $name {
-            fn from(s: &str) -> Self {
-                Self(s.to_owned())
-            }
-        }
-
-        impl From<String> for $name {
-            fn from(s: String) -> Self {
-                Self(s)
-            }
-        }
-    };
-}
-
-id_type!(
-    /// An event (one show on sale). Chosen by the caller or generated; `[A-Za-z0-9_-]{1,64}`.
-    EventId
-);
-id_type!(
-    /// A section of an event, unique within the event; `[A-Za-z0-9_-]{1,64}`.
-    SectionId
-);
-id_type!(
-    /// A seat, unique within its event: `{section_id}:{row_label}:{number}`.
-    SeatId
-);
-id_type!(
-    /// A hold: `{event_id}.{section_id}.h{ulid}`.
-    HoldId
-);
-id_type!(
-    /// An order: `{event_id}.{section_id}.o{ulid}`.
-    OrderId
-);
-id_type!(
-    /// A user (a fan), as the calling service names them; 1 to 64 bytes, no control characters.
-    UserId
-);
-
-/// Whether `s` is a valid caller-chosen id (event, section): `[A-Za-z0-9_-]`, 1 to `max` bytes.
-pub fn is_plain_id(s: &str, max: usize) -> bool {
-    !s.is_empty()
-        && s.len() <= max
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-}
+pub use crate::ids::*;
+use crate::limits::*;
 
 /// Checks a plain id field, naming the field in the rejection.
 pub fn check_plain_id(field: &str, s: &str, max: usize) -> Result<(), Rejection> {
@@ -136,66 +41,6 @@ pub fn check_idempotency_key(key: &str) -> Result<(), Rejection> {
         ));
     }
     Ok(())
-}
-
-impl SeatId {
-    /// Builds the seat id of seat `number` (from 1) in row `row` of section `section`.
-    pub fn new(section: &SectionId, row: &str, number: u32) -> SeatId {
-        SeatId(format!("{section}:{row}:{number}"))
-    }
-
-    /// Splits a seat id into (section, row label, number), or `None` if it is not of our format.
-    pub fn parse(&self) -> Option<(&str, &str, u32)> {
-        let mut parts = self.0.split(':');
-        let section = parts.next()?;
-        let row = parts.next()?;
-        let number: u32 = parts.next()?.parse().ok()?;
-        if parts.next().is_some() || !is_plain_id(section, ID_LEN_MAX) {
-            return None;
-        }
-        Some((section, row, number))
-    }
-}
-
-/// The route a hold or order id carries: which event and section own it.
-fn route_of(id: &str, tag: char) -> Option<(EventId, SectionId)> {
-    let mut parts = id.split('.');
-    let event = parts.next()?;
-    let section = parts.next()?;
-    let rest = parts.next()?;
-    if parts.next().is_some()
-        || !rest.starts_with(tag)
-        || rest.len() < 2
-        || !is_plain_id(event, ID_LEN_MAX)
-        || !is_plain_id(section, ID_LEN_MAX)
-    {
-        return None;
-    }
-    Some((EventId::from(event), SectionId::from(section)))
-}
-
-impl HoldId {
-    /// A new hold id in `section` of `event`, made unique by a ULID.
-    pub fn generate(event: &EventId, section: &SectionId) -> HoldId {
-        HoldId(format!("{event}.{section}.h{}", ulid::Ulid::generate()))
-    }
-
-    /// The (event, section) this hold belongs to, or `None` if the id is not one of ours.
-    pub fn route(&self) -> Option<(EventId, SectionId)> {
-        route_of(&self.0, 'h')
-    }
-}
-
-impl OrderId {
-    /// A new order id in `section` of `event`, made unique by a ULID.
-    pub fn generate(event: &EventId, section: &SectionId) -> OrderId {
-        OrderId(format!("{event}.{section}.o{}", ulid::Ulid::generate()))
-    }
-
-    /// The (event, section) this order belongs to, or `None` if the id is not one of ours.
-    pub fn route(&self) -> Option<(EventId, SectionId)> {
-        route_of(&self.0, 'o')
-    }
 }
 
 /// A row of a reserved section: a label and how many seats it has (numbered from 1).
@@ -340,15 +185,6 @@ pub struct EventSpec {
     /// When the sale opens, ms since the Unix epoch (0: open now).
     pub sale_opens_at_ms: u64,
 }
-
-/// Default hold TTL: ten minutes, as the seeds ask.
-pub const HOLD_TTL_MS_DEFAULT: u64 = 600_000;
-/// Default per-user limit per event.
-pub const PER_USER_LIMIT_DEFAULT: u32 = 4;
-/// Default admission rate of the waiting room.
-pub const ADMIT_RATE_PER_SECOND_DEFAULT: u32 = 500;
-/// Default admission window.
-pub const ADMISSION_WINDOW_MS_DEFAULT: u64 = 120_000;
 
 impl EventSpec {
     /// Replaces zero values by the documented defaults.
@@ -651,34 +487,6 @@ pub struct SeatMap {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn hold_and_order_ids_carry_their_route() {
-        let e = EventId::from("e9");
-        let s = SectionId::from("orch-left");
-        let h = HoldId::generate(&e, &s);
-        assert_eq!(h.route(), Some((e.clone(), s.clone())));
-        let o = OrderId::generate(&e, &s);
-        assert_eq!(o.route(), Some((e, s)));
-        assert_eq!(
-            HoldId::from(o.as_str()).route(),
-            None,
-            "an order id is no hold id"
-        );
-        assert_eq!(HoldId::from("nonsense").route(), None);
-        assert_eq!(HoldId::from("a.b.h").route(), None);
-        assert_eq!(HoldId::from("a.b.hx.y").route(), None);
-    }
-
-    #[test]
-    fn seat_ids_round_trip() {
-        let s = SeatId::new(&SectionId::from("orch"), "AA", 12);
-        assert_eq!(s.as_str(), "orch:AA:12");
-        assert_eq!(s.parse(), Some(("orch", "AA", 12)));
-        assert_eq!(SeatId::from("orch:AA").parse(), None);
-        assert_eq!(SeatId::from("orch:AA:x").parse(), None);
-        assert_eq!(SeatId::from("orch:AA:1:2").parse(), None);
-    }
 
     #[test]
     fn event_spec_validation_names_the_field() {

@@ -31,15 +31,19 @@
 //! to the next fan. On start it reconciles offers with their holds (a restart may have happened
 //! in between) and offers whatever is free.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use boxoffice_engine::limits;
 use boxoffice_engine::{
     Engine, EngineError, EventId, HoldId, HoldRequest, HoldStatus, HoldView, Notice, Rejection,
     SectionId, Selection, UserId, WaitlistState, WaitlistView,
 };
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+
+mod index;
+pub use index::{Arm, DeadlineIndex};
 
 /// How much the sweeper does per step.
 #[derive(Clone, Debug)]
@@ -57,10 +61,10 @@ pub struct SweeperConfig {
 impl Default for SweeperConfig {
     fn default() -> Self {
         SweeperConfig {
-            sections_per_tick_max: 64,
-            expire_per_call_max: 256,
-            offers_per_pass_max: 16,
-            recheck: Duration::from_millis(500),
+            sections_per_tick_max: limits::SWEEP_SECTIONS_PER_TICK_DEFAULT,
+            expire_per_call_max: limits::SWEEP_EXPIRE_PER_CALL_DEFAULT,
+            offers_per_pass_max: limits::SWEEP_OFFERS_PER_PASS_DEFAULT,
+            recheck: Duration::from_millis(limits::SWEEP_RECHECK_MS_DEFAULT),
         }
     }
 }
@@ -107,10 +111,7 @@ pub struct SweeperArgs {
 pub struct SweeperState {
     engine: Engine,
     config: SweeperConfig,
-    index: BTreeSet<(u64, EventId, SectionId)>,
-    by_section: HashMap<(EventId, SectionId), u64>,
-    timer_at: Option<u64>,
-    generation: u64,
+    deadlines: DeadlineIndex,
     /// Holds offered to waitlist entries, by hold.
     offered: HashMap<HoldId, String>,
     /// Events with fans waiting (as far as the sweeper knows).
@@ -125,14 +126,7 @@ pub struct SweeperState {
 
 impl SweeperState {
     fn set_deadline(&mut self, event: EventId, section: SectionId, next: Option<u64>) {
-        let key = (event, section);
-        if let Some(old) = self.by_section.remove(&key) {
-            self.index.remove(&(old, key.0.clone(), key.1.clone()));
-        }
-        if let Some(d) = next {
-            self.index.insert((d, key.0.clone(), key.1.clone()));
-            self.by_section.insert(key, d);
-        }
+        self.deadlines.set(event, section, next);
     }
 
     /// Expires what is due, bounded; returns whether more is due.
@@ -140,12 +134,9 @@ impl SweeperState {
         let now = self.engine.now_ms();
         let mut sections = 0;
         while sections < self.config.sections_per_tick_max {
-            let Some((d, event, section)) = self.index.first().cloned() else {
+            let Some((event, section)) = self.deadlines.first_due(now) else {
                 break;
             };
-            if d > now {
-                break;
-            }
             sections += 1;
             // Fans waiting for this event are offered the freed places in the same step of
             // the section that frees them, before any other request can take them.
@@ -201,19 +192,13 @@ impl SweeperState {
                 }
             }
         }
-        self.index.first().is_some_and(|(d, _, _)| *d <= now)
+        self.deadlines.is_due(now)
     }
 
     fn arm(&mut self, myself: &ActorRef<SweeperMsg>) {
-        let earliest = self.index.first().map(|(d, _, _)| *d);
-        if earliest == self.timer_at {
-            return;
-        }
-        self.timer_at = earliest;
-        self.generation += 1;
-        if let Some(d) = earliest {
-            let delay = d.saturating_sub(self.engine.now_ms());
-            let generation = self.generation;
+        if let Some(arm) = self.deadlines.rearm() {
+            let delay = arm.at_ms.saturating_sub(self.engine.now_ms());
+            let generation = arm.generation;
             myself.send_after(Duration::from_millis(delay), move || {
                 SweeperMsg::Tick(generation)
             });
@@ -407,10 +392,7 @@ impl Actor for Sweeper {
         let mut st = SweeperState {
             engine: args.engine,
             config: args.config,
-            index: BTreeSet::new(),
-            by_section: HashMap::new(),
-            timer_at: None,
-            generation: 0,
+            deadlines: DeadlineIndex::default(),
             offered: HashMap::new(),
             handed_off: HashSet::new(),
             pending_ends: tokio::task::JoinSet::new(),
@@ -444,10 +426,7 @@ impl Actor for Sweeper {
                 st.offer(&event_id, None).await;
             }
             SweeperMsg::Tick(generation) => {
-                if generation == st.generation {
-                    st.timer_at = None;
-                    sweep = true;
-                }
+                sweep = st.deadlines.tick(generation);
             }
             SweeperMsg::Sweep => sweep = true,
             SweeperMsg::Sync(reply) => {

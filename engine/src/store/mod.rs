@@ -1,20 +1,16 @@
-//! The write-ahead log on sled 0.34.7, and its group-commit flusher thread.
+//! The write-ahead log and its group-commit flusher thread, over a [`LogSink`].
 //!
-//! Layout of the sled database (one per data dir):
-//!
-//! | tree | key | value |
-//! |---|---|---|
-//! | `catalog` | seq (u64 BE) | framed `CatalogRecord` |
-//! | `section/{event}/{section}` | seq (u64 BE) | framed `SectionRecord` |
-//! | `ledger/{shard}` | seq (u64 BE) | framed `LedgerRecord` |
-//! | `checkpoints` | stream name | framed `(seq, state blob)`: the stream's state up to seq |
-//! | `sold` | `{event}/{section}/{seat}` (GA: `#{n}`) | hold id: the sold-seat backstop |
+//! - [`names`]: every stream's and table's name.
+//! - [`sink`]: the [`LogSink`] seam; [`SledSink`] (the data dir) and [`MemorySink`] (tests and
+//!   simulation, with injected faults) implement it.
+//! - this module: [`Durability`], the flusher (group commit), the halt flag (fail-stop),
+//!   [`StreamWriter`] (numbering a stream's records) and [`read_stream`] (recovery's reader).
 //!
 //! Every stream has one writer (the actor that owns it), which numbers its records. Writers hand
 //! their records to the flusher thread over a channel; the flusher drains the channel, writes
-//! everything it drained, makes it durable with **one** `flush` (an fsync) and only then runs the
-//! completions, which send the replies. The flusher is a plain OS thread so the fsync never
-//! blocks a runtime worker, and sled's `flush_async` (spacejam/sled#1308) is never used.
+//! everything it drained, makes it durable with **one** [`LogSink::sync`] and only then runs the
+//! completions, which send the replies. The flusher is a plain OS thread so the sync never
+//! blocks a runtime worker (and sled's `flush_async`, spacejam/sled#1308, is never used).
 //!
 //! Fail-stop: after a write or flush error, or a backstop refusal, the store halts: every pending
 //! and later job fails with a storage error and nothing more is acknowledged (PostgreSQL's answer
@@ -29,6 +25,15 @@ use serde::de::DeserializeOwned;
 
 use crate::codec;
 use crate::error::StorageError;
+
+mod memory;
+pub mod names;
+mod sink;
+mod sled_sink;
+
+pub use memory::MemorySink;
+pub use sink::{Claim, LogSink, StreamSink};
+pub use sled_sink::{SledSink, open_db};
 
 /// When an acknowledged write is durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -73,14 +78,13 @@ impl std::str::FromStr for Durability {
     }
 }
 
-/// Most jobs the flusher takes into one batch (one fsync).
-pub const FLUSH_BATCH_JOBS_MAX: usize = 8_192;
+pub use crate::limits::FLUSH_BATCH_JOBS_MAX;
 
 /// A completion run by the flusher thread once a job is durable (or failed).
 pub(crate) type Done = Box<dyn FnOnce(Result<(), StorageError>) + Send>;
 
 pub(crate) struct Append {
-    pub tree: sled::Tree,
+    pub stream: Arc<dyn StreamSink>,
     pub entries: Vec<(u64, Vec<u8>)>,
     /// Sold-seat keys to claim insert-if-absent, each with the hold id as value.
     pub claims: Vec<(String, Vec<u8>)>,
@@ -90,28 +94,49 @@ pub(crate) struct Append {
 pub(crate) enum Job {
     Append(Append),
     Checkpoint {
-        stream: String,
-        tree: sled::Tree,
+        stream: Arc<dyn StreamSink>,
         upto: u64,
         blob: Vec<u8>,
     },
+    /// Runs once everything queued before it has been written (and synced, with `Sync`).
+    Barrier(Done),
     Stop,
 }
 
-/// The halt flag, shared by the flusher and every writer.
-#[derive(Default)]
+/// The halt flag, shared by the flusher and every writer. Once set it stays set: every later
+/// change is refused (fail-stop), and whoever watches (health) hears why.
 pub(crate) struct Halt {
     reason: OnceLock<String>,
     halted: AtomicBool,
+    watch: tokio::sync::watch::Sender<Option<String>>,
+}
+
+impl Default for Halt {
+    fn default() -> Halt {
+        Halt {
+            reason: OnceLock::new(),
+            halted: AtomicBool::new(false),
+            watch: tokio::sync::watch::Sender::new(None),
+        }
+    }
 }
 
 impl Halt {
-    fn set(&self, reason: String) {
-        if self.reason.set(reason.clone()).is_ok() {
-            tracing::error!(%reason, "storage failure: the engine halts (fail-stop)");
-            metrics::counter!("boxoffice_wal_halts_total").increment(1);
-        }
+    pub(crate) fn set(&self, reason: String) {
+        let first = self.reason.set(reason.clone()).is_ok();
+        // Halted before anyone hears of it: a watcher that wakes sees `check` fail.
         self.halted.store(true, Ordering::SeqCst);
+        if first {
+            tracing::error!(%reason, "the engine halts (fail-stop)");
+            metrics::counter!("boxoffice_wal_halts_total").increment(1);
+            metrics::gauge!("boxoffice_engine_stopped").set(1.0);
+            self.watch.send_replace(Some(reason));
+        }
+    }
+
+    /// A channel that changes once the store halts.
+    pub(crate) fn subscribe(&self) -> tokio::sync::watch::Receiver<Option<String>> {
+        self.watch.subscribe()
     }
 
     pub(crate) fn check(&self) -> Result<(), StorageError> {
@@ -125,9 +150,9 @@ impl Halt {
     }
 }
 
-/// The sled database and its flusher thread.
+/// The log sink and its flusher thread.
 pub(crate) struct Store {
-    pub db: sled::Db,
+    pub sink: Arc<dyn LogSink>,
     tx: mpsc::Sender<Job>,
     pub halt: Arc<Halt>,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -136,7 +161,7 @@ pub(crate) struct Store {
 
 /// Records covered by a durable checkpoint, to be removed off the commit path.
 struct Compaction {
-    tree: sled::Tree,
+    stream: Arc<dyn StreamSink>,
     upto: u64,
 }
 
@@ -145,47 +170,22 @@ struct Compaction {
 /// skips those records anyway (their seq is at or below the checkpoint's).
 fn compact(rx: mpsc::Receiver<Compaction>, halt: Arc<Halt>) {
     while let Ok(c) = rx.recv() {
-        let started = Instant::now();
-        let mut batch = sled::Batch::default();
-        let mut n = 0usize;
-        for key in c.tree.range(..=c.upto.to_be_bytes()).keys() {
-            if halt.check().is_err() {
-                return;
-            }
-            let Ok(key) = key else { break };
-            batch.remove(key);
-            n += 1;
-            if n.is_multiple_of(10_000) {
-                let _ = c.tree.apply_batch(std::mem::take(&mut batch));
-            }
+        if halt.check().is_err() {
+            return;
         }
-        let _ = c.tree.apply_batch(batch);
+        let started = Instant::now();
+        if let Err(e) = c.stream.remove_upto(c.upto) {
+            // Harmless: replay skips records at or below the checkpoint anyway.
+            tracing::warn!(stream = c.stream.name(), error = %e, "compaction failed");
+        }
         metrics::histogram!("boxoffice_wal_compaction_seconds")
             .record(started.elapsed().as_secs_f64());
     }
 }
 
-/// Opens the sled database under `dir`.
-pub fn open_db(dir: &std::path::Path) -> Result<sled::Db, StorageError> {
-    sled::Config::new()
-        .path(dir)
-        .mode(sled::Mode::HighThroughput)
-        .open()
-        .map_err(|e| StorageError::Open {
-            path: dir.display().to_string(),
-            reason: e.to_string(),
-        })
-}
-
-fn io(e: sled::Error) -> StorageError {
-    StorageError::Io(e.to_string())
-}
-
 impl Store {
-    /// Starts the flusher over an open database.
-    pub fn start(db: sled::Db, durability: Durability) -> Result<Store, StorageError> {
-        let checkpoints = db.open_tree("checkpoints").map_err(io)?;
-        let sold = db.open_tree("sold").map_err(io)?;
+    /// Starts the flusher over a sink.
+    pub fn start(sink: Arc<dyn LogSink>, durability: Durability) -> Result<Store, StorageError> {
         let (tx, rx) = mpsc::channel();
         let halt = Arc::new(Halt::default());
         let (compact_tx, compact_rx) = mpsc::channel();
@@ -197,9 +197,7 @@ impl Store {
                 .map_err(|e| StorageError::Io(format!("cannot start the compactor thread: {e}")))?
         };
         let flusher = Flusher {
-            db: db.clone(),
-            checkpoints,
-            sold,
+            sink: sink.clone(),
             durability,
             halt: halt.clone(),
             compact: compact_tx,
@@ -209,7 +207,7 @@ impl Store {
             .spawn(move || flusher.run(rx))
             .map_err(|e| StorageError::Io(format!("cannot start the flusher thread: {e}")))?;
         Ok(Store {
-            db,
+            sink,
             tx,
             halt,
             thread: Mutex::new(Some(thread)),
@@ -219,9 +217,22 @@ impl Store {
 
     /// Queues a job. If the flusher is gone the job's completion runs at once with an error.
     pub fn submit(&self, job: Job) {
-        if let Err(mpsc::SendError(Job::Append(a))) = self.tx.send(job) {
-            (a.done)(Err(StorageError::Halted("the log is closed".into())));
+        let closed = || Err(StorageError::Halted("the log is closed".into()));
+        match self.tx.send(job) {
+            Err(mpsc::SendError(Job::Append(a))) => (a.done)(closed()),
+            Err(mpsc::SendError(Job::Barrier(done))) => done(closed()),
+            _ => {}
         }
+    }
+
+    /// Waits until everything queued before now has been written (and synced, with `Sync`).
+    pub async fn barrier(&self) -> Result<(), StorageError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.submit(Job::Barrier(Box::new(move |r| {
+            let _ = tx.send(r);
+        })));
+        rx.await
+            .map_err(|_| StorageError::Halted("the log is closed".into()))?
     }
 
     /// Queues `job`, then a checkpoint of `state()` if `stream` has written `every` records
@@ -261,12 +272,20 @@ impl Store {
 }
 
 struct Flusher {
-    db: sled::Db,
-    checkpoints: sled::Tree,
-    sold: sled::Tree,
+    sink: Arc<dyn LogSink>,
     durability: Durability,
     halt: Arc<Halt>,
     compact: mpsc::Sender<Compaction>,
+}
+
+/// What writing one batch left to do once it is durable.
+#[derive(Default)]
+struct Written {
+    completions: Vec<(Done, Result<(), StorageError>)>,
+    compactions: Vec<Compaction>,
+    records: usize,
+    bytes: usize,
+    stop: bool,
 }
 
 impl Flusher {
@@ -282,104 +301,102 @@ impl Flusher {
                 }
             }
             let started = Instant::now();
-            let mut completions: Vec<(Done, Result<(), StorageError>)> = Vec::new();
-            let mut compactions = Vec::new();
-            let mut bytes = 0usize;
-            let mut records = 0usize;
-            for job in batch {
-                match job {
-                    Job::Append(a) => {
-                        let r = self.halt.check().and_then(|()| self.append(&a));
-                        if r.is_ok() {
-                            records += a.entries.len();
-                            bytes += a.entries.iter().map(|(_, v)| v.len() + 8).sum::<usize>();
-                        }
-                        completions.push((a.done, r));
-                    }
-                    Job::Checkpoint {
-                        stream,
-                        tree,
-                        upto,
-                        blob,
-                    } => {
-                        if self.halt.check().is_ok() {
-                            match self.checkpoint(&stream, upto, &blob) {
-                                Ok(()) => compactions.push(Compaction { tree, upto }),
-                                Err(e) => self.halt.set(e.to_string()),
-                            }
-                        }
-                    }
-                    Job::Stop => stop = true,
-                }
-            }
+            let written = self.write(batch);
+            stop = written.stop;
             if (self.durability == Durability::Sync || stop) && self.halt.check().is_ok() {
                 let flush_started = Instant::now();
-                if let Err(e) = self.db.flush() {
+                if let Err(e) = self.sink.sync() {
                     self.halt.set(format!("flush failed: {e}"));
                 }
                 metrics::histogram!("boxoffice_wal_flush_seconds")
                     .record(flush_started.elapsed().as_secs_f64());
             }
-            // A failed flush means none of the batch is known durable: fail all of it.
-            let halted = self.halt.check().err();
-            if halted.is_none() && !compactions.is_empty() {
-                // Records may only go once their checkpoint is durable (Sync flushed above).
-                let durable = self.durability == Durability::Sync || self.db.flush().is_ok();
-                if durable {
-                    for c in compactions {
-                        let _ = self.compact.send(c);
+            self.finish(written, started);
+        }
+    }
+
+    /// Writes every job of a batch (nothing durable yet).
+    fn write(&self, batch: Vec<Job>) -> Written {
+        let mut w = Written::default();
+        for job in batch {
+            match job {
+                Job::Append(a) => {
+                    let r = self.halt.check().and_then(|()| self.append(&a));
+                    if r.is_ok() {
+                        w.records += a.entries.len();
+                        w.bytes += a.entries.iter().map(|(_, v)| v.len() + 8).sum::<usize>();
+                    }
+                    w.completions.push((a.done, r));
+                }
+                Job::Checkpoint { stream, upto, blob } => {
+                    if self.halt.check().is_ok() {
+                        match self.checkpoint(stream.name(), upto, &blob) {
+                            Ok(()) => w.compactions.push(Compaction { stream, upto }),
+                            Err(e) => self.halt.set(e.to_string()),
+                        }
                     }
                 }
+                Job::Barrier(done) => w.completions.push((done, self.halt.check())),
+                Job::Stop => w.stop = true,
             }
-            metrics::histogram!("boxoffice_wal_batch_records").record(records as f64);
-            metrics::counter!("boxoffice_wal_records_total").increment(records as u64);
-            metrics::counter!("boxoffice_wal_bytes_total").increment(bytes as u64);
-            metrics::histogram!("boxoffice_wal_batch_seconds")
-                .record(started.elapsed().as_secs_f64());
-            for (done, r) in completions {
-                let r = match (&halted, r) {
-                    (Some(h), Ok(())) => Err(h.clone()),
-                    (_, r) => r,
-                };
-                done(r);
+        }
+        w
+    }
+
+    /// After the batch's sync: hands compactions on and runs the completions. A failed sync
+    /// (or any halt) means none of the batch is known durable: every completion gets the error.
+    fn finish(&self, w: Written, started: Instant) {
+        let halted = self.halt.check().err();
+        if halted.is_none() && !w.compactions.is_empty() {
+            // Records may only go once their checkpoint is durable (Sync synced above).
+            let durable = self.durability == Durability::Sync || self.sink.sync().is_ok();
+            if durable {
+                for c in w.compactions {
+                    let _ = self.compact.send(c);
+                }
             }
+        }
+        metrics::histogram!("boxoffice_wal_batch_records").record(w.records as f64);
+        metrics::counter!("boxoffice_wal_records_total").increment(w.records as u64);
+        metrics::counter!("boxoffice_wal_bytes_total").increment(w.bytes as u64);
+        metrics::histogram!("boxoffice_wal_batch_seconds").record(started.elapsed().as_secs_f64());
+        for (done, r) in w.completions {
+            let r = match (&halted, r) {
+                (Some(h), Ok(())) => Err(h.clone()),
+                (_, r) => r,
+            };
+            done(r);
         }
     }
 
     fn append(&self, a: &Append) -> Result<(), StorageError> {
+        let result = self.claim_and_append(a);
+        if let Err(e) = &result {
+            self.halt.set(e.to_string());
+        }
+        result
+    }
+
+    fn claim_and_append(&self, a: &Append) -> Result<(), StorageError> {
         for (key, value) in &a.claims {
-            match self
-                .sold
-                .compare_and_swap(key.as_bytes(), None::<&[u8]>, Some(value.as_slice()))
-            {
-                Ok(Ok(())) => {}
+            match self.sink.claim(key, value)? {
                 // The same hold claiming again (a retry after a crash) is not a second sale.
-                Ok(Err(cas)) if cas.current.as_deref() == Some(value.as_slice()) => {}
-                Ok(Err(_)) => {
-                    let e = StorageError::BackstopRefused { key: key.clone() };
-                    self.halt.set(e.to_string());
-                    return Err(e);
-                }
-                Err(e) => {
-                    self.halt.set(e.to_string());
-                    return Err(io(e));
+                Claim::Taken | Claim::Already => {}
+                Claim::Refused(_) => {
+                    return Err(StorageError::BackstopRefused { key: key.clone() });
                 }
             }
         }
         for (seq, bytes) in &a.entries {
-            if let Err(e) = a.tree.insert(seq.to_be_bytes(), bytes.as_slice()) {
-                self.halt.set(e.to_string());
-                return Err(io(e));
-            }
+            a.stream.append(*seq, bytes)?;
         }
         Ok(())
     }
 
     fn checkpoint(&self, stream: &str, upto: u64, blob: &[u8]) -> Result<(), StorageError> {
         let started = Instant::now();
-        self.checkpoints
-            .insert(stream.as_bytes(), codec::encode(&(upto, blob)))
-            .map_err(io)?;
+        self.sink
+            .put_checkpoint(stream, &codec::encode(&(upto, blob)))?;
         metrics::histogram!("boxoffice_wal_checkpoint_seconds")
             .record(started.elapsed().as_secs_f64());
         Ok(())
@@ -401,33 +418,28 @@ pub(crate) struct Replay<T> {
 /// Reads a stream: its checkpoint, then every record after it. A record that does not decode is
 /// dropped if it is the stream's last (a torn write), and refuses recovery anywhere else.
 pub(crate) fn read_stream<T: DeserializeOwned>(
-    checkpoints: &sled::Tree,
+    sink: &dyn LogSink,
     name: &str,
-    tree: &sled::Tree,
 ) -> Result<Replay<T>, StorageError> {
-    let checkpoint =
-        match checkpoints.get(name.as_bytes()).map_err(io)? {
-            None => None,
-            Some(bytes) => Some(codec::decode::<(u64, Vec<u8>)>(&bytes).map_err(|e| {
-                StorageError::Corrupt {
-                    stream: format!("checkpoints/{name}"),
-                    seq: 0,
-                    reason: e.to_string(),
-                }
-            })?),
-        };
+    let corrupt_checkpoint = |reason: String| StorageError::Corrupt {
+        stream: format!("checkpoints/{name}"),
+        seq: 0,
+        reason,
+    };
+    let checkpoint = match sink.checkpoint(name)? {
+        None => None,
+        Some(bytes) => Some(
+            codec::decode::<(u64, Vec<u8>)>(&bytes)
+                .map_err(|e| corrupt_checkpoint(e.to_string()))?,
+        ),
+    };
+    let stream = sink.stream(name)?;
     let after = checkpoint.as_ref().map_or(0, |(s, _)| *s);
     let mut last_seq = after;
     let mut records = Vec::new();
     let mut dropped_tail = false;
-    let mut iter = tree.range((after + 1).to_be_bytes()..).peekable();
-    while let Some(item) = iter.next() {
-        let (key, value) = item.map_err(io)?;
-        let seq = seq_of(&key).ok_or_else(|| StorageError::Corrupt {
-            stream: name.to_owned(),
-            seq: 0,
-            reason: format!("key of {} bytes is not a sequence number", key.len()),
-        })?;
+    let mut iter = stream.read_after(after)?.into_iter().peekable();
+    while let Some((seq, value)) = iter.next() {
         match codec::decode::<T>(&value) {
             Ok(r) => {
                 records.push((seq, r));
@@ -435,7 +447,7 @@ pub(crate) fn read_stream<T: DeserializeOwned>(
             }
             Err(e) if iter.peek().is_none() => {
                 tracing::warn!(stream = name, seq, error = %e, "dropping a torn last record");
-                tree.remove(&key).map_err(io)?;
+                stream.remove(seq)?;
                 dropped_tail = true;
             }
             Err(e) => {
@@ -455,23 +467,21 @@ pub(crate) fn read_stream<T: DeserializeOwned>(
     })
 }
 
-fn seq_of(key: &[u8]) -> Option<u64> {
-    Some(u64::from_be_bytes(key.try_into().ok()?))
-}
-
 /// The writer's side of one stream: numbers records and hands them to the flusher.
 pub(crate) struct StreamWriter {
-    pub name: String,
-    pub tree: sled::Tree,
+    pub stream: Arc<dyn StreamSink>,
     pub next_seq: u64,
     pub since_checkpoint: u64,
 }
 
 impl StreamWriter {
-    pub fn open(db: &sled::Db, name: &str, last_seq: u64) -> Result<StreamWriter, StorageError> {
+    pub fn open(
+        sink: &dyn LogSink,
+        name: &str,
+        last_seq: u64,
+    ) -> Result<StreamWriter, StorageError> {
         Ok(StreamWriter {
-            name: name.to_owned(),
-            tree: db.open_tree(name).map_err(io)?,
+            stream: sink.stream(name)?,
             next_seq: last_seq + 1,
             since_checkpoint: 0,
         })
@@ -495,7 +505,7 @@ impl StreamWriter {
             .collect::<Vec<_>>();
         self.since_checkpoint += entries.len() as u64;
         Job::Append(Append {
-            tree: self.tree.clone(),
+            stream: self.stream.clone(),
             entries,
             claims,
             done,
@@ -506,8 +516,7 @@ impl StreamWriter {
     pub fn checkpoint<S: serde::Serialize>(&mut self, state: &S) -> Job {
         self.since_checkpoint = 0;
         Job::Checkpoint {
-            stream: self.name.clone(),
-            tree: self.tree.clone(),
+            stream: self.stream.clone(),
             upto: self.next_seq - 1,
             blob: codec::encode(state),
         }

@@ -1,89 +1,21 @@
-//! The waitlist: fans who want places of a sold-out event, in the order they joined.
-//!
-//! [`WaitlistCore`] is pure state changed only by applying [`WaitlistRecord`]s (as a section
-//! is); one actor owns it and logs every change to its own stream (`waitlist`) before replying,
-//! so entries and offers survive a restart. The waitlist owns no places: the sweeper hands freed
-//! places to the head of the line by placing an ordinary hold in the fan's name and recording
-//! it here as an offer.
+//! [`WaitlistCore`]: every event's waitlist as pure state. `apply` is the only mutation; the
+//! `decide_*` functions say what a request would record, or answer it outright.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
 
-use crate::error::{EngineError, Rejection, StorageError};
-use crate::store::{Store, StreamWriter};
+use super::{WaitlistRecord, WaitlistState, WaitlistView};
+use crate::error::Rejection;
 use crate::types::{EventId, HoldId, SectionId, UserId};
 
-/// The state of a waitlist entry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum WaitlistState {
-    /// In line.
-    Waiting,
-    /// Offered a hold (see `offered_hold_id`); waiting for the fan to confirm it.
-    Offered,
-    /// Left the line without a sale: the offer lapsed, or the fan could not take one.
-    Expired,
-    /// The offered hold was confirmed.
-    Fulfilled,
-}
-
-/// An entry as the API shows it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WaitlistView {
-    /// `{event_id}.w{ulid}`.
-    pub entry_id: String,
-    /// The event.
-    pub event_id: EventId,
-    /// The fan.
-    pub user_id: UserId,
-    /// The section asked for (`None`: any).
-    pub section_id: Option<SectionId>,
-    /// Places asked for (all or nothing).
-    pub quantity: u32,
-    /// 1-based place among the event's waiting entries; 0 once not waiting.
-    pub position: u64,
-    /// State.
-    pub state: WaitlistState,
-    /// The hold offered, if any.
-    pub offered_hold_id: Option<HoldId>,
-    /// When the fan joined, ms since the Unix epoch.
-    pub joined_at_ms: u64,
-}
-
-/// What the waitlist stream records.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum WaitlistRecord {
-    /// A fan joined.
-    EntryJoined {
-        /// The new entry.
-        entry_id: String,
-        /// The event.
-        event_id: EventId,
-        /// The fan.
-        user_id: UserId,
-        /// Section asked for.
-        section_id: Option<SectionId>,
-        /// Places asked for.
-        quantity: u32,
-        /// When.
-        at_ms: u64,
-    },
-    /// A hold was offered to the entry's fan.
-    EntryOffered {
-        /// The entry.
-        entry_id: String,
-        /// The hold placed in the fan's name.
-        hold_id: HoldId,
-    },
-    /// The entry left the line.
-    EntryEnded {
-        /// The entry.
-        entry_id: String,
-        /// `Expired` or `Fulfilled`.
-        state: WaitlistState,
-    },
+/// What a request to the waitlist comes to.
+#[derive(Debug)]
+pub(crate) enum Decision {
+    /// Nothing to record: this is the answer.
+    Answer(Result<WaitlistView, Rejection>),
+    /// Record this (then answer with the entry's view).
+    Record(WaitlistRecord),
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -258,175 +190,67 @@ impl WaitlistCore {
     }
 }
 
-type Reply<T> = RpcReplyPort<Result<T, EngineError>>;
-
-/// Messages of the waitlist actor.
-pub(crate) enum WaitlistMsg {
-    Join {
-        entry_id: String,
-        event_id: EventId,
-        user_id: UserId,
-        section_id: Option<SectionId>,
-        quantity: u32,
-        max: usize,
-        now_ms: u64,
-        reply: Reply<WaitlistView>,
-    },
-    Get(String, Reply<WaitlistView>),
-    Candidates(EventId, Option<SectionId>, usize, Reply<Vec<WaitlistView>>),
-    Offer(String, HoldId, Reply<WaitlistView>),
-    End(String, WaitlistState, Reply<WaitlistView>),
-    OfHold(HoldId, Reply<Option<WaitlistView>>),
-    Offered(Reply<Vec<WaitlistView>>),
-    EventsWaiting(Reply<Vec<EventId>>),
-    Len(EventId, Reply<usize>),
-}
-
-pub(crate) struct WaitlistActor;
-
-pub(crate) struct WaitlistArgs {
-    pub core: WaitlistCore,
-    pub stream: StreamWriter,
-    pub store: Arc<Store>,
-    pub checkpoint_every: u64,
-}
-
-impl WaitlistArgs {
-    /// Logs `record`, applies it, and replies `answer` once durable.
-    fn commit(&mut self, record: WaitlistRecord, reply: Reply<WaitlistView>, entry_id: &str) {
-        if let Err(e) = self.core.apply(&record) {
-            let _ = reply.send(Err(StorageError::Io(format!("waitlist: {e}")).into()));
-            return;
+impl WaitlistCore {
+    /// A fan asks to join: their active entry if they have one (joining again keeps the place),
+    /// `QUEUE_FULL` past `max` waiting, else the entry to record.
+    pub(crate) fn decide_join(&self, join: JoinRequest, max: usize) -> Decision {
+        if let Some(v) = self.active_of(&join.event_id, &join.user_id) {
+            return Decision::Answer(Ok(v));
         }
-        let answer = self.core.view(entry_id);
-        let job = self.stream.append(
-            std::slice::from_ref(&record),
-            Vec::new(),
-            Box::new(move |r| {
-                let _ = reply.send(
-                    r.map_err(EngineError::from)
-                        .and_then(|()| answer.ok_or(Rejection::EntryNotFound.into())),
-                );
+        if self.waiting_len(&join.event_id) >= max {
+            return Decision::Answer(Err(Rejection::QueueFull));
+        }
+        Decision::Record(WaitlistRecord::EntryJoined {
+            entry_id: join.entry_id,
+            event_id: join.event_id,
+            user_id: join.user_id,
+            section_id: join.section_id,
+            quantity: join.quantity,
+            at_ms: join.at_ms,
+        })
+    }
+
+    /// The sweeper offers `hold_id` to an entry: recorded if the entry waits; the same offer
+    /// again is answered as it stands; anything else is refused.
+    pub(crate) fn decide_offer(&self, entry_id: &str, hold_id: HoldId) -> Decision {
+        match self.view(entry_id) {
+            None => Decision::Answer(Err(Rejection::EntryNotFound)),
+            Some(v) if v.offered_hold_id.as_ref() == Some(&hold_id) => Decision::Answer(Ok(v)),
+            Some(v) if v.state != WaitlistState::Waiting => {
+                Decision::Answer(Err(Rejection::HoldNotActive))
+            }
+            Some(_) => Decision::Record(WaitlistRecord::EntryOffered {
+                entry_id: entry_id.to_owned(),
+                hold_id,
             }),
-        );
-        let core = &self.core;
-        self.store
-            .submit_with_checkpoint(job, &mut self.stream, self.checkpoint_every, || core);
+        }
+    }
+
+    /// An entry ends (`Expired` or `Fulfilled`): recorded if it is still active; an entry that
+    /// ended already is answered as it stands.
+    pub(crate) fn decide_end(&self, entry_id: &str, state: WaitlistState) -> Decision {
+        match self.view(entry_id) {
+            None => Decision::Answer(Err(Rejection::EntryNotFound)),
+            Some(v) if !matches!(v.state, WaitlistState::Waiting | WaitlistState::Offered) => {
+                Decision::Answer(Ok(v))
+            }
+            Some(_) => Decision::Record(WaitlistRecord::EntryEnded {
+                entry_id: entry_id.to_owned(),
+                state,
+            }),
+        }
     }
 }
 
-impl Actor for WaitlistActor {
-    type Msg = WaitlistMsg;
-    type State = WaitlistArgs;
-    type Arguments = WaitlistArgs;
-
-    async fn pre_start(
-        &self,
-        _myself: ActorRef<Self::Msg>,
-        args: WaitlistArgs,
-    ) -> Result<Self::State, ActorProcessingErr> {
-        Ok(args)
-    }
-
-    async fn handle(
-        &self,
-        _myself: ActorRef<Self::Msg>,
-        msg: Self::Msg,
-        st: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        let halted = st.store.halt.check().err();
-        match msg {
-            WaitlistMsg::Join {
-                entry_id,
-                event_id,
-                user_id,
-                section_id,
-                quantity,
-                max,
-                now_ms,
-                reply,
-            } => {
-                if let Some(e) = halted {
-                    let _ = reply.send(Err(e.into()));
-                } else if let Some(v) = st.core.active_of(&event_id, &user_id) {
-                    // One active entry per fan and event: joining again keeps the place.
-                    let _ = reply.send(Ok(v));
-                } else if st.core.waiting_len(&event_id) >= max {
-                    let _ = reply.send(Err(Rejection::QueueFull.into()));
-                } else {
-                    let record = WaitlistRecord::EntryJoined {
-                        entry_id: entry_id.clone(),
-                        event_id,
-                        user_id,
-                        section_id,
-                        quantity,
-                        at_ms: now_ms,
-                    };
-                    st.commit(record, reply, &entry_id);
-                }
-            }
-            WaitlistMsg::Get(id, reply) => {
-                let _ = reply.send(st.core.view(&id).ok_or(Rejection::EntryNotFound.into()));
-            }
-            WaitlistMsg::Candidates(event, section, n, reply) => {
-                let _ = reply.send(Ok(st.core.candidates(&event, section.as_ref(), n)));
-            }
-            WaitlistMsg::Offer(id, hold_id, reply) => match st.core.view(&id) {
-                None => {
-                    let _ = reply.send(Err(Rejection::EntryNotFound.into()));
-                }
-                Some(v) if v.offered_hold_id.as_ref() == Some(&hold_id) => {
-                    let _ = reply.send(Ok(v));
-                }
-                Some(v) if v.state != WaitlistState::Waiting => {
-                    let _ = reply.send(Err(Rejection::HoldNotActive.into()));
-                }
-                Some(_) => {
-                    if let Some(e) = halted {
-                        let _ = reply.send(Err(e.into()));
-                    } else {
-                        let record = WaitlistRecord::EntryOffered {
-                            entry_id: id.clone(),
-                            hold_id,
-                        };
-                        st.commit(record, reply, &id);
-                    }
-                }
-            },
-            WaitlistMsg::End(id, state, reply) => match st.core.view(&id) {
-                None => {
-                    let _ = reply.send(Err(Rejection::EntryNotFound.into()));
-                }
-                Some(v) if !matches!(v.state, WaitlistState::Waiting | WaitlistState::Offered) => {
-                    let _ = reply.send(Ok(v));
-                }
-                Some(_) => {
-                    if let Some(e) = halted {
-                        let _ = reply.send(Err(e.into()));
-                    } else {
-                        let record = WaitlistRecord::EntryEnded {
-                            entry_id: id.clone(),
-                            state,
-                        };
-                        st.commit(record, reply, &id);
-                    }
-                }
-            },
-            WaitlistMsg::OfHold(hold_id, reply) => {
-                let _ = reply.send(Ok(st.core.of_hold(&hold_id)));
-            }
-            WaitlistMsg::Offered(reply) => {
-                let _ = reply.send(Ok(st.core.offered()));
-            }
-            WaitlistMsg::EventsWaiting(reply) => {
-                let _ = reply.send(Ok(st.core.events_waiting()));
-            }
-            WaitlistMsg::Len(event, reply) => {
-                let _ = reply.send(Ok(st.core.waiting_len(&event)));
-            }
-        }
-        Ok(())
-    }
+/// A fan's request to join an event's waitlist.
+#[derive(Clone, Debug)]
+pub(crate) struct JoinRequest {
+    pub entry_id: String,
+    pub event_id: EventId,
+    pub user_id: UserId,
+    pub section_id: Option<SectionId>,
+    pub quantity: u32,
+    pub at_ms: u64,
 }
 
 #[cfg(test)]

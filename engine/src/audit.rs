@@ -1,0 +1,80 @@
+//! Audits of a running engine: the reconciliation, invariant checks and order listings. They
+//! gather the books (section cores, backstop claims, charges) and hand them to the pure checks of
+//! [`reconcile`](crate::reconcile).
+
+use crate::core::SectionCore;
+use crate::engine::Engine;
+use crate::error::EngineError;
+use crate::reconcile::{self, Books, Finding};
+use crate::section::SectionMsg;
+use crate::types::{EventId, OrderView, SectionId};
+
+impl Engine {
+    /// A copy of a section's core, from its actor (queued behind everything sent before).
+    pub(crate) async fn section_core(
+        &self,
+        event_id: &EventId,
+        section_id: &SectionId,
+    ) -> Result<SectionCore, EngineError> {
+        let e = self.entry(event_id)?;
+        Ok(*self.ask(&e, section_id, SectionMsg::Inspect).await?)
+    }
+
+    /// Every section's core, named `event/section`.
+    async fn section_cores(&self) -> Result<Vec<(String, SectionCore)>, EngineError> {
+        let mut out = Vec::new();
+        for e in self.event_entries() {
+            for slot in &e.sections {
+                let core = self.section_core(&e.event_id, &slot.section_id).await?;
+                out.push((format!("{}/{}", e.event_id, slot.section_id), core));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Checks sold seats against orders, payments and the sold-seat backstop, and every
+    /// section's counters; returns what does not add up.
+    pub async fn reconcile(&self) -> Result<Vec<Finding>, EngineError> {
+        let sections = self.section_cores().await?;
+        let claims = self.inner.store.sink.claims()?;
+        let charges =
+            self.inner
+                .payments
+                .charges()
+                .await
+                .map_err(|e| EngineError::PaymentUnavailable {
+                    timeout: false,
+                    reason: e.to_string(),
+                })?;
+        Ok(reconcile::check(&Books {
+            sections: &sections,
+            claims: &claims,
+            charges: &charges,
+        }))
+    }
+
+    /// Every section whose state breaks an invariant (counts, seats, holds, orders), one line
+    /// each: `{event}/{section}: what is wrong`. Empty when all is well.
+    pub async fn invariant_violations(&self) -> Result<Vec<String>, EngineError> {
+        Ok(self
+            .section_cores()
+            .await?
+            .into_iter()
+            .filter_map(|(name, core)| {
+                core.check_invariants()
+                    .err()
+                    .map(|d| format!("{name}: {d}"))
+            })
+            .collect())
+    }
+
+    /// Every order of every section (for reconciliation and tools).
+    pub async fn orders(&self) -> Result<Vec<OrderView>, EngineError> {
+        Ok(self
+            .section_cores()
+            .await?
+            .into_iter()
+            .flat_map(|(_, core)| core.orders())
+            .collect())
+    }
+}

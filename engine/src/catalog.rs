@@ -1,0 +1,257 @@
+//! The catalog: events and their sections as the engine lists them, created durably (the
+//! `catalog` stream) and read from the sections' published snapshots (never a mailbox).
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{oneshot, watch};
+
+use crate::core::SectionCore;
+use crate::engine::Engine;
+use crate::error::{EngineError, Rejection};
+use crate::types::{
+    EventId, EventSpec, EventTerms, EventView, Layout, SeatId, SeatMap, SeatView, SectionId,
+    SectionSeats, SectionSnapshot, SectionSummary,
+};
+
+/// What the catalog stream records.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum CatalogRecord {
+    EventCreated {
+        spec: EventSpec,
+        event_id: EventId,
+        created_at_ms: u64,
+    },
+}
+
+/// One section as the engine's catalog sees it: its published snapshot (the publisher outlives
+/// the section's actor, so a restarted actor publishes on the same channel).
+pub(crate) struct SectionSlot {
+    pub section_id: SectionId,
+    pub snapshot: watch::Receiver<Arc<SectionSnapshot>>,
+    pub publisher: Arc<watch::Sender<Arc<SectionSnapshot>>>,
+}
+
+/// An event as the engine's catalog holds it.
+pub(crate) struct EventEntry {
+    pub spec: EventSpec,
+    pub event_id: EventId,
+    pub created_at_ms: u64,
+    pub sections: Vec<SectionSlot>,
+}
+
+impl Engine {
+    /// Starts one actor per section of an event (each with its recovered core and the last
+    /// sequence number of its stream) and lists the event.
+    pub(crate) async fn start_event(
+        &self,
+        event_id: EventId,
+        spec: EventSpec,
+        created_at_ms: u64,
+        sections: Vec<(SectionCore, u64)>,
+    ) -> Result<(), EngineError> {
+        let mut slots = Vec::with_capacity(sections.len());
+        for (core, last_seq) in sections {
+            let section_id = core.spec().section_id.clone();
+            let (tx, rx) = watch::channel(Arc::new(core.snapshot(self.now_ms())));
+            let publisher = Arc::new(tx);
+            self.spawn_section(core, last_seq, publisher.clone())
+                .await?;
+            slots.push(SectionSlot {
+                section_id,
+                snapshot: rx,
+                publisher,
+            });
+        }
+        self.inner.events.insert(
+            event_id.clone(),
+            Arc::new(EventEntry {
+                spec,
+                event_id,
+                created_at_ms,
+                sections: slots,
+            }),
+        );
+        Ok(())
+    }
+
+    /// Creates an event: validates the spec (zero values take the defaults), logs it durably and
+    /// starts one actor per section.
+    pub async fn create_event(&self, spec: EventSpec) -> Result<EventView, EngineError> {
+        self.check_ready()?;
+        let spec = spec.with_defaults();
+        spec.validate()?;
+        let event_id = spec
+            .event_id
+            .clone()
+            .unwrap_or_else(|| EventId(format!("ev-{}", ulid::Ulid::generate()).to_lowercase()));
+        let mut catalog = self.inner.catalog.lock().await;
+        if self.inner.events.contains_key(&event_id) {
+            return Err(Rejection::EventExists.into());
+        }
+        let created_at_ms = self.now_ms();
+        let mut spec = spec;
+        spec.event_id = Some(event_id.clone());
+        let record = CatalogRecord::EventCreated {
+            spec: spec.clone(),
+            event_id: event_id.clone(),
+            created_at_ms,
+        };
+        let (tx, rx) = oneshot::channel();
+        let job = catalog.append(
+            std::slice::from_ref(&record),
+            Vec::new(),
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
+        self.inner.store.submit(job);
+        rx.await.map_err(|_| EngineError::NotReady)??;
+        let sections = spec
+            .sections
+            .iter()
+            .map(|s| (SectionCore::new(event_id.clone(), s.clone()), 0))
+            .collect();
+        self.start_event(event_id.clone(), spec, created_at_ms, sections)
+            .await?;
+        drop(catalog);
+        metrics::counter!("boxoffice_engine_events_created_total").increment(1);
+        self.event(&event_id)
+    }
+
+    pub(crate) fn entry(&self, event_id: &EventId) -> Result<Arc<EventEntry>, Rejection> {
+        self.inner
+            .events
+            .get(event_id)
+            .map(|e| e.value().clone())
+            .ok_or(Rejection::EventNotFound)
+    }
+
+    /// An event with its sections' latest counts.
+    pub fn event(&self, event_id: &EventId) -> Result<EventView, EngineError> {
+        let e = self.entry(event_id)?;
+        Ok(view_of(&e))
+    }
+
+    /// An event's settings without its sections (cheap: for the per-request paths).
+    pub fn event_terms(&self, event_id: &EventId) -> Result<EventTerms, EngineError> {
+        let e = self.entry(event_id)?;
+        Ok(EventTerms {
+            event_id: e.event_id.clone(),
+            hold_ttl_ms: e.spec.hold_ttl_ms,
+            per_user_limit: e.spec.per_user_limit,
+            admit_rate_per_second: e.spec.admit_rate_per_second,
+            admission_window_ms: e.spec.admission_window_ms,
+            sale_opens_at_ms: e.spec.sale_opens_at_ms,
+        })
+    }
+
+    /// Free places per section of an event, from the published snapshots (cheap: no spec).
+    pub fn available_places(
+        &self,
+        event_id: &EventId,
+    ) -> Result<Vec<(SectionId, u32)>, EngineError> {
+        let e = self.entry(event_id)?;
+        Ok(e.sections
+            .iter()
+            .map(|slot| (slot.section_id.clone(), slot.snapshot.borrow().available))
+            .collect())
+    }
+
+    /// Every event, ordered by id.
+    pub fn events(&self) -> Vec<EventView> {
+        let mut all: Vec<EventView> = self
+            .inner
+            .events
+            .iter()
+            .map(|e| view_of(e.value()))
+            .collect();
+        all.sort_by(|a, b| a.event_id.cmp(&b.event_id));
+        all
+    }
+
+    /// The latest published snapshots of an event (or of one section). Never enters a mailbox.
+    pub fn seat_map(
+        &self,
+        event_id: &EventId,
+        section: Option<&SectionId>,
+    ) -> Result<SeatMap, EngineError> {
+        let e = self.entry(event_id)?;
+        let mut sections = Vec::new();
+        for (slot, spec) in e.sections.iter().zip(&e.spec.sections) {
+            if section.is_some_and(|s| s != &slot.section_id) {
+                continue;
+            }
+            let snap = slot.snapshot.borrow().clone();
+            let seats = match &spec.layout {
+                Layout::GeneralAdmission { .. } => Vec::new(),
+                Layout::Reserved { rows } => {
+                    let mut out = Vec::with_capacity(snap.seats.len());
+                    let mut statuses = snap.seats.iter();
+                    for r in rows {
+                        for n in 1..=r.seat_count {
+                            let status = *statuses.next().expect("snapshot covers the layout");
+                            out.push(SeatView {
+                                seat_id: SeatId::new(&slot.section_id, &r.label, n),
+                                row: r.label.clone(),
+                                number: n,
+                                status,
+                            });
+                        }
+                    }
+                    out
+                }
+            };
+            sections.push(SectionSeats {
+                section_id: slot.section_id.clone(),
+                capacity: snap.capacity,
+                available: snap.available,
+                held: snap.held,
+                sold: snap.sold,
+                seats,
+                as_of_ms: snap.as_of_ms,
+            });
+        }
+        if sections.is_empty() {
+            return Err(Rejection::SectionNotFound.into());
+        }
+        let as_of_ms = sections.iter().map(|s| s.as_of_ms).min().unwrap_or(0);
+        Ok(SeatMap {
+            event_id: event_id.clone(),
+            as_of_ms,
+            sections,
+        })
+    }
+
+    pub(crate) fn event_entries(&self) -> Vec<Arc<EventEntry>> {
+        self.inner
+            .events
+            .iter()
+            .map(|e| e.value().clone())
+            .collect()
+    }
+}
+
+fn view_of(e: &EventEntry) -> EventView {
+    let sections = e
+        .sections
+        .iter()
+        .zip(&e.spec.sections)
+        .map(|(slot, spec)| {
+            let snap = slot.snapshot.borrow();
+            SectionSummary {
+                spec: spec.clone(),
+                capacity: snap.capacity,
+                available: snap.available,
+                held: snap.held,
+                sold: snap.sold,
+            }
+        })
+        .collect();
+    EventView {
+        spec: e.spec.clone(),
+        event_id: e.event_id.clone(),
+        created_at_ms: e.created_at_ms,
+        sections,
+    }
+}

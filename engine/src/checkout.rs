@@ -1,0 +1,275 @@
+//! Checkout: the payment saga of `confirm`. Charge through the [`PaymentProvider`] (keyed by the
+//! hold and the token, so a retry never charges twice), then the section confirms (sold, order,
+//! backstop claims, durable); a refusal after a charge refunds it, and a charge that lands after
+//! the hold expired takes the same places again if they are free (else refunds).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::booking::{fingerprint, idem_tag, not_found_as, replayed_order};
+use crate::catalog::EventEntry;
+use crate::core::{ConfirmHold, IdemTag};
+use crate::engine::Engine;
+use crate::error::{EngineError, Rejection};
+use crate::ledger::{Answer, Begin, BeginArgs, Rpc};
+use crate::limits::PAYMENT_TOKEN_LEN_MAX;
+use crate::payment::{Charge, PaymentError, PaymentProvider};
+use crate::section::SectionMsg;
+use crate::types::{
+    ConfirmRequest, HoldId, HoldRequest, HoldStatus, HoldView, OrderId, OrderView, SectionId,
+    Selection, UserId, check_idempotency_key, check_user_id,
+};
+
+/// Whether the failpoint `name` is armed (`BOXOFFICE_FAILPOINT=name`), for crash tests that
+/// need the process to die at an exact place.
+fn failpoint(name: &str) -> bool {
+    static ARMED: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    ARMED
+        .get_or_init(|| std::env::var("BOXOFFICE_FAILPOINT").ok())
+        .as_deref()
+        == Some(name)
+}
+
+impl Engine {
+    /// Confirms a hold: charges the payment token through the payment provider (idempotency key
+    /// derived from the hold and the token, so retries never charge twice), then the places
+    /// become sold and an order with one ticket per place is made, durable before the answer.
+    /// Declined: `PaymentDeclined`, the hold stays. Provider timeout or failure: no order,
+    /// `PaymentUnavailable`; a retry with the same token finds the charge's real outcome. Paid
+    /// but the hold expired meanwhile: the same places are taken again if free, else the charge
+    /// is refunded and the answer is `HoldExpired`. Never a charge without a ticket or a refund
+    /// (short of a crash between the charge and the order, which a retry or the reconciliation
+    /// settles).
+    pub async fn confirm(&self, req: ConfirmRequest) -> Result<OrderView, EngineError> {
+        self.check_ready()?;
+        check_user_id(&req.user_id)?;
+        check_idempotency_key(&req.idempotency_key)?;
+        if req.payment_ref.is_empty() || req.payment_ref.len() > PAYMENT_TOKEN_LEN_MAX {
+            return Err(Rejection::invalid(
+                "payment_token",
+                format!("must be 1 to {PAYMENT_TOKEN_LEN_MAX} bytes"),
+            )
+            .into());
+        }
+        let (event_id, section_id) = req.hold_id.route().ok_or(Rejection::HoldNotFound)?;
+        let event = self.entry(&event_id).map_err(|_| Rejection::HoldNotFound)?;
+        let tag = idem_tag(
+            &req.idempotency_key,
+            &(Rpc::Confirm, &req.hold_id, &req.payment_ref),
+        );
+        let args = || BeginArgs {
+            event_id: event_id.clone(),
+            user_id: req.user_id.clone(),
+            limit: event.spec.per_user_limit,
+            rpc: Rpc::Confirm,
+            tag: tag.clone(),
+            quantity: 0,
+        };
+        if tag.is_some() {
+            match self.inner.ledger.begin(args()).await? {
+                Begin::Replay(answer) => return replayed_order(answer),
+                Begin::Proceed => {}
+            }
+        }
+        let outcome = self.checkout(&event, &section_id, &req, tag.clone()).await;
+        let label = match &outcome {
+            Ok(_) => "confirmed",
+            Err(EngineError::Rejected(r)) => r.reason(),
+            Err(EngineError::PaymentUnavailable { timeout: true, .. }) => "PAYMENT_TIMEOUT",
+            Err(EngineError::PaymentUnavailable { .. }) => "PAYMENT_UNAVAILABLE",
+            Err(_) => "error",
+        };
+        metrics::counter!("boxoffice_checkout_confirms_total", "outcome" => label).increment(1);
+        if tag.is_some() {
+            match &outcome {
+                Ok(order) => self
+                    .inner
+                    .ledger
+                    .settled(args(), Answer::Order(order.clone())),
+                Err(e) => self.inner.ledger.finish(args(), Err(e.clone())).await?,
+            }
+        }
+        outcome
+    }
+
+    async fn checkout(
+        &self,
+        event: &EventEntry,
+        section_id: &SectionId,
+        req: &ConfirmRequest,
+        tag: Option<IdemTag>,
+    ) -> Result<OrderView, EngineError> {
+        let hold = self
+            .get_hold(&req.hold_id)
+            .await
+            .map_err(not_found_as(Rejection::HoldNotFound))?;
+        if hold.user_id != req.user_id {
+            return Err(Rejection::HoldNotFound.into());
+        }
+        match hold.status {
+            HoldStatus::Held => {}
+            HoldStatus::Expired => return Err(Rejection::HoldExpired.into()),
+            HoldStatus::Confirmed | HoldStatus::Released => {
+                return Err(Rejection::HoldNotActive.into());
+            }
+        }
+        // Charging for a hold already past its deadline would only buy a refund: expire it
+        // (as a section does when a confirm comes late) and say so.
+        if self.now_ms() >= hold.expires_at_ms {
+            let h = req.hold_id.clone();
+            self.ask(event, section_id, |reply| {
+                SectionMsg::ExpireHoldIfDue(h, reply)
+            })
+            .await?;
+            return Err(Rejection::HoldExpired.into());
+        }
+        let price = event
+            .spec
+            .sections
+            .iter()
+            .find(|s| &s.section_id == section_id)
+            .map_or(0, |s| s.price_cents);
+        let amount = price * u64::from(hold.quantity);
+        let key = format!("{}:{:016x}", req.hold_id, fingerprint(&req.payment_ref));
+        let started = Instant::now();
+        let charged = self
+            .inner
+            .payments
+            .charge(&key, amount, &req.payment_ref)
+            .await;
+        metrics::histogram!("boxoffice_payment_charge_seconds")
+            .record(started.elapsed().as_secs_f64());
+        let charge = match charged {
+            Ok(c) => {
+                // Crash tests: die between the charge and the order.
+                if failpoint("after_charge") {
+                    std::process::abort();
+                }
+                c
+            }
+            Err(PaymentError::Declined) => return Err(Rejection::PaymentDeclined.into()),
+            Err(PaymentError::InvalidToken) => {
+                return Err(Rejection::invalid(
+                    "payment_token",
+                    "not a token the payment provider takes",
+                )
+                .into());
+            }
+            Err(e) => {
+                return Err(EngineError::PaymentUnavailable {
+                    timeout: e == PaymentError::Timeout,
+                    reason: e.to_string(),
+                });
+            }
+        };
+        match self
+            .confirm_in_section(
+                event,
+                section_id,
+                &req.hold_id,
+                &req.user_id,
+                &charge,
+                tag.clone(),
+            )
+            .await
+        {
+            Ok(order) => Ok(order),
+            Err(EngineError::Rejected(Rejection::HoldExpired)) => {
+                self.rescue_or_refund(event, section_id, &hold, &charge, tag)
+                    .await
+            }
+            Err(EngineError::Rejected(r)) => {
+                self.refund(&charge).await;
+                Err(r.into())
+            }
+            // Not a definite answer: the charge stays; a retry with the same token finds it.
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn confirm_in_section(
+        &self,
+        event: &EventEntry,
+        section_id: &SectionId,
+        hold_id: &HoldId,
+        user_id: &UserId,
+        charge: &Charge,
+        tag: Option<IdemTag>,
+    ) -> Result<OrderView, EngineError> {
+        let cmd = ConfirmHold {
+            hold_id: hold_id.clone(),
+            user_id: user_id.clone(),
+            order_id: OrderId::generate(&event.event_id, section_id),
+            payment_ref: charge.payment_id.clone(),
+            idem: tag,
+        };
+        self.ask(event, section_id, |reply| SectionMsg::Confirm(cmd, reply))
+            .await
+            .map_err(not_found_as(Rejection::HoldNotFound))
+    }
+
+    /// Paid, but the hold expired meanwhile: take the same places again if they are free and
+    /// confirm them; otherwise refund and answer `HoldExpired`.
+    async fn rescue_or_refund(
+        &self,
+        event: &EventEntry,
+        section_id: &SectionId,
+        hold: &HoldView,
+        charge: &Charge,
+        tag: Option<IdemTag>,
+    ) -> Result<OrderView, EngineError> {
+        let selection = if hold.seat_ids.is_empty() {
+            Selection::BestAvailable {
+                section: Some(section_id.clone()),
+                quantity: hold.quantity,
+            }
+        } else {
+            Selection::Seats(hold.seat_ids.clone())
+        };
+        let again = self
+            .hold(HoldRequest {
+                event_id: event.event_id.clone(),
+                user_id: hold.user_id.clone(),
+                idempotency_key: String::new(),
+                selection,
+            })
+            .await;
+        if let Ok(new_hold) = again {
+            match self
+                .confirm_in_section(
+                    event,
+                    section_id,
+                    &new_hold.hold_id,
+                    &hold.user_id,
+                    charge,
+                    tag,
+                )
+                .await
+            {
+                Ok(order) => {
+                    metrics::counter!("boxoffice_checkout_rescued_total").increment(1);
+                    return Ok(order);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, hold = %new_hold.hold_id, "rescue confirm failed");
+                    let _ = self.release(&new_hold.hold_id, &hold.user_id).await;
+                }
+            }
+        }
+        self.refund(charge).await;
+        Err(Rejection::HoldExpired.into())
+    }
+
+    async fn refund(&self, charge: &Charge) {
+        match self.inner.payments.refund(&charge.payment_id).await {
+            Ok(_) => metrics::counter!("boxoffice_checkout_refunds_total").increment(1),
+            // Left for the reconciliation to report: a captured payment without an order.
+            Err(e) => tracing::error!(error = %e, payment = %charge.payment_id, "refund failed"),
+        }
+    }
+
+    /// The payment provider.
+    pub fn payments(&self) -> Arc<dyn PaymentProvider> {
+        self.inner.payments.clone()
+    }
+}

@@ -1,0 +1,65 @@
+//! [`EngineConfig`]: how an engine runs. Every default comes from [`crate::limits`].
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::clock::{Clock, SystemClock};
+use crate::limits::{
+    CHECKPOINT_EVERY_RECORDS_DEFAULT, LEDGER_SHARDS_DEFAULT, SECTION_INFLIGHT_MAX_DEFAULT,
+    WAITLIST_MAX_DEFAULT,
+};
+use crate::payment::{PaymentProvider, SimulatedConfig};
+use crate::store::{Durability, LogSink};
+
+/// How the engine runs. `EngineConfig::new(dir)` gives the defaults.
+#[derive(Clone)]
+pub struct EngineConfig {
+    /// Where the sled database lives (created if missing). Unused when `sink` is set.
+    pub data_dir: PathBuf,
+    /// Where the log lives instead of a sled database in `data_dir` (for example a
+    /// [`MemorySink`](crate::MemorySink) in tests and simulations). `None`: sled in `data_dir`.
+    pub sink: Option<Arc<dyn LogSink>>,
+    /// When an acknowledged write is durable.
+    pub durability: Durability,
+    /// Wall clock for deadlines.
+    pub clock: Arc<dyn Clock>,
+    /// Number of ledger shard actors (users are spread over them by a stable hash).
+    pub ledger_shards: usize,
+    /// Most messages queued for one section actor; past it requests get `Overloaded`.
+    pub section_inflight_max: usize,
+    /// A stream writes a checkpoint after this many records, and drops the records behind it.
+    pub checkpoint_every_records: u64,
+    /// Most fans waiting on one event's waitlist; past it `QUEUE_FULL`.
+    pub waitlist_max: usize,
+    /// The payment provider (`None`: the built-in simulated one, recording in the data dir).
+    pub payments: Option<Arc<dyn PaymentProvider>>,
+    /// How the built-in simulated provider behaves (when `payments` is `None`).
+    pub simulated_payments: SimulatedConfig,
+}
+
+impl EngineConfig {
+    /// Defaults: sled in `data_dir`, `Sync` durability, system clock, 4 ledger shards, 10,000
+    /// messages in flight per section, a checkpoint every 100,000 records.
+    pub fn new(data_dir: impl Into<PathBuf>) -> EngineConfig {
+        EngineConfig {
+            data_dir: data_dir.into(),
+            sink: None,
+            durability: Durability::Sync,
+            clock: Arc::new(SystemClock),
+            ledger_shards: LEDGER_SHARDS_DEFAULT,
+            section_inflight_max: SECTION_INFLIGHT_MAX_DEFAULT,
+            checkpoint_every_records: CHECKPOINT_EVERY_RECORDS_DEFAULT,
+            waitlist_max: WAITLIST_MAX_DEFAULT,
+            payments: None,
+            simulated_payments: SimulatedConfig::default(),
+        }
+    }
+
+    /// Defaults, with the log in `sink` instead of a data dir.
+    pub fn with_sink(sink: Arc<dyn LogSink>) -> EngineConfig {
+        EngineConfig {
+            sink: Some(sink),
+            ..EngineConfig::new(PathBuf::new())
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! The per-user ledger: quota (places held + sold per event and user) and idempotency records.
+//!
+//! A user can hold in several sections of one event, so no section actor can enforce the
+//! per-user limit alone. The ledger is sharded by user id over a few actors; each user has one
+//! owner, which serializes that user's requests: reserve quota first, then hold, then settle
+//! (give the quota back if the hold failed). Released and expired holds refund their places once
+//! the section's record of it is durable.
+//!
+//! Idempotency keys are scoped per user and RPC, so they live here too. A first answer that is a
+//! success is made durable by the section's own record (the hold or order carries the key and
+//! the request's fingerprint); a first answer that is a rejection is made durable by the ledger's
+//! own log stream before the caller hears it. Quotas are not logged: recovery derives them from
+//! the sections' holds.
+
+//!
+//! - `core`: [`ShardState`], one shard as pure state (decides, applies).
+//! - `actor`: the shard actor, a thin shell that logs what the core decides and replies.
+//! - this module: the [`Ledger`] handle (users spread over shards by a stable hash).
+
+use std::sync::Arc;
+
+use ractor::ActorRef;
+
+use crate::core::IdemTag;
+use crate::error::{EngineError, Rejection};
+use crate::types::{EventId, UserId};
+
+mod actor;
+mod core;
+
+pub(crate) use actor::{LedgerMsg, LedgerShard, ShardArgs};
+pub(crate) use core::{Answer, LedgerRecord, Rpc, ShardState};
+
+/// What `begin` decided.
+#[derive(Debug)]
+pub(crate) enum Begin {
+    /// Go ahead: quota (if any) is reserved and the key is marked in flight.
+    Proceed,
+    /// The key was used before with this request: here is its first answer.
+    Replay(Result<Answer, Rejection>),
+}
+
+pub(crate) struct BeginArgs {
+    pub event_id: EventId,
+    pub user_id: UserId,
+    pub limit: u32,
+    pub rpc: Rpc,
+    pub tag: Option<IdemTag>,
+    pub quantity: u32,
+}
+
+/// Handle to the ledger shards.
+#[derive(Clone)]
+pub(crate) struct Ledger {
+    shards: Arc<Vec<ActorRef<LedgerMsg>>>,
+}
+
+/// FNV-1a: a stable hash, so a user's shard does not change between builds.
+fn shard_of(user: &UserId, shards: usize) -> usize {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in user.as_str().bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    usize::try_from(h % shards as u64).unwrap_or(0)
+}
+
+pub(crate) fn shard_index(user: &UserId, shards: usize) -> usize {
+    shard_of(user, shards)
+}
+
+fn gone<T>(_: T) -> EngineError {
+    EngineError::NotReady
+}
+
+impl Ledger {
+    pub fn new(shards: Vec<ActorRef<LedgerMsg>>) -> Ledger {
+        Ledger {
+            shards: Arc::new(shards),
+        }
+    }
+
+    fn shard(&self, user: &UserId) -> &ActorRef<LedgerMsg> {
+        &self.shards[shard_of(user, self.shards.len())]
+    }
+
+    pub async fn begin(&self, args: BeginArgs) -> Result<Begin, EngineError> {
+        let shard = self.shard(&args.user_id).clone();
+        shard
+            .call(|reply| LedgerMsg::Begin(args, reply), None)
+            .await
+            .map_err(gone)?
+            .success_or(EngineError::NotReady)?
+    }
+
+    pub async fn finish(
+        &self,
+        args: BeginArgs,
+        outcome: Result<Answer, EngineError>,
+    ) -> Result<(), EngineError> {
+        let shard = self.shard(&args.user_id).clone();
+        shard
+            .call(
+                |reply| LedgerMsg::Finish {
+                    args,
+                    outcome,
+                    reply,
+                },
+                None,
+            )
+            .await
+            .map_err(gone)?
+            .success_or(EngineError::NotReady)?
+    }
+
+    /// Records a success without waiting (see `LedgerMsg::Settled`).
+    pub fn settled(&self, args: BeginArgs, answer: Answer) {
+        let _ = self
+            .shard(&args.user_id)
+            .cast(LedgerMsg::Settled { args, answer });
+    }
+
+    /// Gives back quota of a hold that ended. Fire and forget: callable from any thread.
+    pub fn refund(&self, event_id: EventId, user_id: UserId, quantity: u32) {
+        let _ = self.shard(&user_id).cast(LedgerMsg::Refund {
+            event_id,
+            user_id,
+            quantity,
+        });
+    }
+
+    pub async fn lookup(
+        &self,
+        user_id: UserId,
+        rpc: Rpc,
+        tag: IdemTag,
+    ) -> Result<Option<Result<Answer, Rejection>>, EngineError> {
+        self.shard(&user_id)
+            .call(
+                |reply| LedgerMsg::Lookup {
+                    user_id,
+                    rpc,
+                    tag,
+                    reply,
+                },
+                None,
+            )
+            .await
+            .map_err(gone)?
+            .success_or(EngineError::NotReady)
+    }
+
+    pub async fn usage(&self, event_id: EventId, user_id: UserId) -> Result<u32, EngineError> {
+        self.shard(&user_id)
+            .call(
+                |reply| LedgerMsg::Usage {
+                    event_id,
+                    user_id,
+                    reply,
+                },
+                None,
+            )
+            .await
+            .map_err(gone)?
+            .success_or(EngineError::NotReady)
+    }
+
+    /// Test support: makes the shard of `user` panic.
+    #[cfg(feature = "test-support")]
+    pub fn panic_shard_of(&self, user: &UserId) -> Result<(), EngineError> {
+        self.shard(user)
+            .cast(LedgerMsg::Panic)
+            .map_err(|_| EngineError::NotReady)
+    }
+
+    pub fn actors(&self) -> &[ActorRef<LedgerMsg>] {
+        &self.shards
+    }
+}

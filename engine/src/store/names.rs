@@ -1,0 +1,46 @@
+//! The names of the log's streams and tables, in one place.
+//!
+//! | stream / table | what it holds |
+//! |---|---|
+//! | `catalog` | `CatalogRecord`s: events created |
+//! | `section/{event}/{section}` | one section's `SectionRecord`s |
+//! | `ledger/{shard}` | a ledger shard's `LedgerRecord`s (rejections given as first answers) |
+//! | `waitlist` | `WaitlistRecord`s |
+//! | checkpoints (per stream) | the stream's state up to a sequence number |
+//! | claims (`sold`) | `{event}/{section}/{seat}` (GA: `#{n}`) -> hold id: the sold-seat backstop |
+//!
+//! Record keys are sequence numbers (u64 big-endian in sled).
+
+use crate::ids::{EventId, SectionId};
+
+/// The catalog stream.
+pub const CATALOG: &str = "catalog";
+/// The waitlist stream.
+pub const WAITLIST: &str = "waitlist";
+/// Prefix of the ledger shards' streams (`ledger/{shard}`).
+pub const LEDGER_PREFIX: &str = "ledger/";
+/// Prefix of the sections' streams (`section/{event}/{section}`).
+pub const SECTION_PREFIX: &str = "section/";
+/// The sled tree of every stream's checkpoint, keyed by stream name.
+pub const CHECKPOINTS: &str = "checkpoints";
+/// The sled tree of the sold-seat backstop's claims.
+pub const CLAIMS: &str = "sold";
+/// The simulated payment provider's trees (by idempotency key, by payment id).
+pub const PAYMENTS: &str = "payments";
+/// See [`PAYMENTS`].
+pub const PAYMENTS_BY_ID: &str = "payments_by_id";
+
+/// The name of a section's log stream.
+pub fn section(event: &EventId, section: &SectionId) -> String {
+    format!("{SECTION_PREFIX}{event}/{section}")
+}
+
+/// The name of a ledger shard's log stream.
+pub fn ledger(shard: usize) -> String {
+    format!("{LEDGER_PREFIX}{shard}")
+}
+
+/// The shard number of a ledger stream's name, if it is one.
+pub fn ledger_shard(name: &str) -> Option<usize> {
+    name.strip_prefix(LEDGER_PREFIX)?.parse().ok()
+}

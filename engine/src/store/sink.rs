@@ -1,0 +1,68 @@
+//! The seam between the log and the bytes on a device: [`LogSink`].
+//!
+//! Everything above this trait (the flusher, recovery, the actors) speaks of streams, sequence
+//! numbers, checkpoints and claims; only an implementation knows where they live. Two exist:
+//! [`SledSink`](super::SledSink) (the data dir, sled 0.34) and
+//! [`MemorySink`](super::MemorySink) (in memory, for tests and simulation: it can fail a write,
+//! fail a sync, or lose everything after the last sync on command).
+//!
+//! The contract every implementation keeps:
+//! - Writes (`append`, `put_checkpoint`, `claim`, `remove_claim`, `remove_upto`) may be lost in a
+//!   crash until a later [`LogSink::sync`] returns `Ok`; after that they survive.
+//! - A `sync` that returns an error promises nothing about any write since the last good sync.
+//! - `claim` is insert-if-absent: the first holder of a key keeps it.
+
+use std::sync::Arc;
+
+use crate::error::StorageError;
+
+/// What a [`LogSink::claim`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// The key was free and is now claimed by the given holder.
+    Taken,
+    /// The key was already claimed by this same holder (a retry): not a second claim.
+    Already,
+    /// The key is claimed by another holder (whose value is given).
+    Refused(Vec<u8>),
+}
+
+/// One log stream of a [`LogSink`]: records keyed by sequence number, in order.
+pub trait StreamSink: Send + Sync {
+    /// The stream's name (see [`names`](super::names)).
+    fn name(&self) -> &str;
+    /// Writes a record (durable after the next good sync).
+    fn append(&self, seq: u64, bytes: &[u8]) -> Result<(), StorageError>;
+    /// Every record with a sequence number above `after`, in order.
+    fn read_after(&self, after: u64) -> Result<Vec<(u64, Vec<u8>)>, StorageError>;
+    /// Removes one record (a torn tail found by recovery).
+    fn remove(&self, seq: u64) -> Result<(), StorageError>;
+    /// Removes every record up to and including `upto` (covered by a durable checkpoint);
+    /// returns how many went.
+    fn remove_upto(&self, upto: u64) -> Result<usize, StorageError>;
+}
+
+/// Where the log lives. See the module docs for the contract.
+pub trait LogSink: Send + Sync + 'static {
+    /// A handle on the stream `name` (created empty if new).
+    fn stream(&self, name: &str) -> Result<Arc<dyn StreamSink>, StorageError>;
+    /// The names of every stream that exists.
+    fn stream_names(&self) -> Result<Vec<String>, StorageError>;
+    /// The latest checkpoint blob written for `stream`, if any.
+    fn checkpoint(&self, stream: &str) -> Result<Option<Vec<u8>>, StorageError>;
+    /// Writes (replaces) the checkpoint blob of `stream`.
+    fn put_checkpoint(&self, stream: &str, blob: &[u8]) -> Result<(), StorageError>;
+    /// Claims `key` for `holder` if nobody holds it (the sold-seat backstop).
+    fn claim(&self, key: &str, holder: &[u8]) -> Result<Claim, StorageError>;
+    /// Every claim, as (key, holder).
+    fn claims(&self) -> Result<Vec<(String, Vec<u8>)>, StorageError>;
+    /// Removes a claim.
+    fn remove_claim(&self, key: &str) -> Result<(), StorageError>;
+    /// Makes every write so far durable. An error means none of them may be.
+    fn sync(&self) -> Result<(), StorageError>;
+    /// The sled database behind this sink, if there is one (for the simulated payment provider's
+    /// own trees and for tools that inspect the data dir).
+    fn sled_db(&self) -> Option<sled::Db> {
+        None
+    }
+}

@@ -1,0 +1,205 @@
+//! [`SledSink`]: the log in a sled 0.34.7 database in the data dir.
+//!
+//! | tree | key | value |
+//! |---|---|---|
+//! | one per stream (`catalog`, `section/{event}/{section}`, `ledger/{n}`, `waitlist`) | seq (u64 BE) | framed record |
+//! | `checkpoints` | stream name | framed `(seq, state blob)` |
+//! | `sold` | claim key | holder (hold id) |
+//!
+//! `sync` is sled's `flush`, which writes sled's buffers and calls `sync_file_range` (see the
+//! integrity work: that is not a full fsync of the file's metadata nor the drive's cache).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::names;
+use super::sink::{Claim, LogSink, StreamSink};
+use crate::error::StorageError;
+
+fn io(e: sled::Error) -> StorageError {
+    StorageError::Io(e.to_string())
+}
+
+/// Opens the sled database under `dir` (no retry).
+pub fn open_db(dir: &Path) -> Result<sled::Db, StorageError> {
+    sled::Config::new()
+        .path(dir)
+        .mode(sled::Mode::HighThroughput)
+        .open()
+        .map_err(|e| StorageError::Open {
+            path: dir.display().to_string(),
+            reason: e.to_string(),
+        })
+}
+
+/// The log in a sled database.
+pub struct SledSink {
+    db: sled::Db,
+    checkpoints: sled::Tree,
+    claims: sled::Tree,
+}
+
+struct SledStream {
+    name: String,
+    tree: sled::Tree,
+}
+
+impl SledSink {
+    /// Opens (or creates) the database under `dir`. sled releases its file lock from a
+    /// background thread a little after the last handle of a previous instance is dropped (in
+    /// this process or a dying one): a busy lock is retried for up to `lock_wait`.
+    pub fn open(dir: &Path, lock_wait: Duration) -> Result<SledSink, StorageError> {
+        std::fs::create_dir_all(dir).map_err(|e| StorageError::Open {
+            path: dir.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        let deadline = Instant::now() + lock_wait;
+        let db = loop {
+            match open_db(dir) {
+                Err(StorageError::Open { reason, .. })
+                    if reason.contains("could not acquire lock") && Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                other => break other?,
+            }
+        };
+        SledSink::over(db)
+    }
+
+    /// A sink over an open database.
+    pub fn over(db: sled::Db) -> Result<SledSink, StorageError> {
+        Ok(SledSink {
+            checkpoints: db.open_tree(names::CHECKPOINTS).map_err(io)?,
+            claims: db.open_tree(names::CLAIMS).map_err(io)?,
+            db,
+        })
+    }
+}
+
+impl StreamSink for SledStream {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn append(&self, seq: u64, bytes: &[u8]) -> Result<(), StorageError> {
+        self.tree.insert(seq.to_be_bytes(), bytes).map_err(io)?;
+        Ok(())
+    }
+
+    fn read_after(&self, after: u64) -> Result<Vec<(u64, Vec<u8>)>, StorageError> {
+        let mut out = Vec::new();
+        for item in self.tree.range((after + 1).to_be_bytes()..) {
+            let (key, value) = item.map_err(io)?;
+            let seq = <[u8; 8]>::try_from(key.as_ref())
+                .map(u64::from_be_bytes)
+                .map_err(|_| StorageError::Corrupt {
+                    stream: self.name.clone(),
+                    seq: 0,
+                    reason: format!("key of {} bytes is not a sequence number", key.len()),
+                })?;
+            out.push((seq, value.to_vec()));
+        }
+        Ok(out)
+    }
+
+    fn remove(&self, seq: u64) -> Result<(), StorageError> {
+        self.tree.remove(seq.to_be_bytes()).map_err(io)?;
+        Ok(())
+    }
+
+    fn remove_upto(&self, upto: u64) -> Result<usize, StorageError> {
+        let mut batch = sled::Batch::default();
+        let mut n = 0usize;
+        for key in self.tree.range(..=upto.to_be_bytes()).keys() {
+            batch.remove(key.map_err(io)?);
+            n += 1;
+            if n.is_multiple_of(10_000) {
+                self.tree
+                    .apply_batch(std::mem::take(&mut batch))
+                    .map_err(io)?;
+            }
+        }
+        self.tree.apply_batch(batch).map_err(io)?;
+        Ok(n)
+    }
+}
+
+impl LogSink for SledSink {
+    fn stream(&self, name: &str) -> Result<Arc<dyn StreamSink>, StorageError> {
+        Ok(Arc::new(SledStream {
+            name: name.to_owned(),
+            tree: self.db.open_tree(name).map_err(io)?,
+        }))
+    }
+
+    fn stream_names(&self) -> Result<Vec<String>, StorageError> {
+        let tables = [
+            names::CHECKPOINTS,
+            names::CLAIMS,
+            names::PAYMENTS,
+            names::PAYMENTS_BY_ID,
+        ];
+        Ok(self
+            .db
+            .tree_names()
+            .into_iter()
+            .map(|n| String::from_utf8_lossy(&n).into_owned())
+            .filter(|n| !tables.contains(&n.as_str()) && !n.starts_with("__sled"))
+            .collect())
+    }
+
+    fn checkpoint(&self, stream: &str) -> Result<Option<Vec<u8>>, StorageError> {
+        Ok(self
+            .checkpoints
+            .get(stream.as_bytes())
+            .map_err(io)?
+            .map(|v| v.to_vec()))
+    }
+
+    fn put_checkpoint(&self, stream: &str, blob: &[u8]) -> Result<(), StorageError> {
+        self.checkpoints
+            .insert(stream.as_bytes(), blob)
+            .map_err(io)?;
+        Ok(())
+    }
+
+    fn claim(&self, key: &str, holder: &[u8]) -> Result<Claim, StorageError> {
+        match self
+            .claims
+            .compare_and_swap(key.as_bytes(), None::<&[u8]>, Some(holder))
+            .map_err(io)?
+        {
+            Ok(()) => Ok(Claim::Taken),
+            Err(cas) if cas.current.as_deref() == Some(holder) => Ok(Claim::Already),
+            Err(cas) => Ok(Claim::Refused(
+                cas.current.map(|v| v.to_vec()).unwrap_or_default(),
+            )),
+        }
+    }
+
+    fn claims(&self) -> Result<Vec<(String, Vec<u8>)>, StorageError> {
+        self.claims
+            .iter()
+            .map(|item| {
+                let (k, v) = item.map_err(io)?;
+                Ok((String::from_utf8_lossy(&k).into_owned(), v.to_vec()))
+            })
+            .collect()
+    }
+
+    fn remove_claim(&self, key: &str) -> Result<(), StorageError> {
+        self.claims.remove(key.as_bytes()).map_err(io)?;
+        Ok(())
+    }
+
+    fn sync(&self) -> Result<(), StorageError> {
+        self.db.flush().map_err(io)?;
+        Ok(())
+    }
+
+    fn sled_db(&self) -> Option<sled::Db> {
+        Some(self.db.clone())
+    }
+}

@@ -1,0 +1,252 @@
+//! Supervision: every actor of the engine is linked to one supervisor actor. When an actor
+//! panics (a failed invariant check, a bug), nothing it had not made durable was acknowledged,
+//! so its state can be rebuilt from its own log stream:
+//!
+//! - a **section** actor is restarted from its stream (checkpoint + records), after a barrier
+//!   in the flusher so every record it handed over before it died is in the log; messages that
+//!   were queued for it are answered `NOT_READY` (nothing of theirs happened) and may be retried;
+//! - the **waitlist** actor is restarted the same way from the `waitlist` stream;
+//! - a **ledger** shard cannot be rebuilt safely while sections hold places (its quotas live only
+//!   in memory, derived from every section at start), so the engine **stops visibly**: every
+//!   change is refused, [`Engine::stopped`] says why (health turns `NOT_SERVING`), a log line and
+//!   the `boxoffice_engine_stopped` gauge.
+//!
+//! An actor restarted more than [`ACTOR_RESTARTS_MAX`] times, or one whose log cannot be
+//! replayed, also stops the engine. Never a silent, permanent `NOT_READY`.
+
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+
+use dashmap::DashMap;
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
+use tokio::sync::watch;
+
+use crate::core::SectionCore;
+use crate::engine::{Engine, Inner, spawn_waitlist};
+use crate::error::{EngineError, StorageError};
+use crate::limits::ACTOR_RESTARTS_MAX;
+use crate::recovery::{RecoveryReport, recover_section, recover_waitlist};
+use crate::router::SectionHandle;
+use crate::section::{SectionActor, SectionArgs};
+use crate::store::{StreamWriter, names};
+use crate::types::{EventId, SectionId, SectionSnapshot};
+
+/// What a supervised actor is.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Role {
+    Section(EventId, SectionId),
+    Waitlist,
+    Ledger(usize),
+}
+
+impl Role {
+    fn kind(&self) -> &'static str {
+        match self {
+            Role::Section(..) => "section",
+            Role::Waitlist => "waitlist",
+            Role::Ledger(_) => "ledger",
+        }
+    }
+}
+
+/// Supervised actors by id.
+pub(crate) type Roles = Arc<DashMap<ActorId, Role>>;
+
+pub(crate) struct Supervisor;
+
+pub(crate) struct SupervisorArgs {
+    /// The engine, once it is built (the supervisor starts first).
+    pub engine: Arc<OnceLock<Weak<Inner>>>,
+    pub roles: Roles,
+}
+
+pub(crate) struct SupervisorState {
+    args: SupervisorArgs,
+    restarts: HashMap<Role, u32>,
+}
+
+impl Actor for Supervisor {
+    type Msg = ();
+    type State = SupervisorState;
+    type Arguments = SupervisorArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<()>,
+        args: SupervisorArgs,
+    ) -> Result<SupervisorState, ActorProcessingErr> {
+        Ok(SupervisorState {
+            args,
+            restarts: HashMap::new(),
+        })
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        _myself: ActorRef<()>,
+        event: SupervisionEvent,
+        st: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        match event {
+            SupervisionEvent::ActorFailed(cell, err) => {
+                let Some((_, role)) = st.args.roles.remove(&cell.get_id()) else {
+                    return Ok(());
+                };
+                let Some(inner) = st.args.engine.get().and_then(Weak::upgrade) else {
+                    return Ok(());
+                };
+                let engine = Engine { inner };
+                let count = st.restarts.entry(role.clone()).or_default();
+                *count += 1;
+                engine.on_actor_failed(role, *count, err.to_string()).await;
+            }
+            SupervisionEvent::ActorTerminated(cell, ..) => {
+                st.args.roles.remove(&cell.get_id());
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+impl Engine {
+    /// Spawns a section's actor (supervised) from its core and its stream's last sequence
+    /// number, publishing on `publisher`, and routes the section to it.
+    pub(crate) async fn spawn_section(
+        &self,
+        core: SectionCore,
+        last_seq: u64,
+        publisher: Arc<watch::Sender<Arc<SectionSnapshot>>>,
+    ) -> Result<(), EngineError> {
+        let inner = &self.inner;
+        let event_id = core.event_id().clone();
+        let section_id = core.spec().section_id.clone();
+        let stream = StreamWriter::open(
+            inner.store.sink.as_ref(),
+            &names::section(&event_id, &section_id),
+            last_seq,
+        )?;
+        let depth = Arc::new(AtomicUsize::new(0));
+        let args = SectionArgs {
+            core,
+            stream,
+            store: inner.store.clone(),
+            clock: inner.config.clock.clone(),
+            ledger: inner.ledger.clone(),
+            snapshot: publisher,
+            depth: depth.clone(),
+            checkpoint_every: inner.config.checkpoint_every_records,
+            notices: inner.notices.clone(),
+        };
+        let (actor, _) = Actor::spawn_linked(None, SectionActor, args, inner.supervisor.get_cell())
+            .await
+            .map_err(|e| StorageError::Io(format!("cannot start a section actor: {e}")))?;
+        inner.roles.insert(
+            actor.get_id(),
+            Role::Section(event_id.clone(), section_id.clone()),
+        );
+        inner
+            .router
+            .insert(event_id, section_id, SectionHandle { actor, depth });
+        Ok(())
+    }
+
+    /// A supervised actor panicked (`count` times so far): restart it from its log, or stop.
+    async fn on_actor_failed(&self, role: Role, count: u32, reason: String) {
+        if !self.inner.ready.load(Ordering::SeqCst) {
+            return; // shutting down
+        }
+        metrics::counter!("boxoffice_engine_actor_panics_total", "actor" => role.kind())
+            .increment(1);
+        tracing::error!(?role, count, %reason, "an engine actor panicked");
+        if count > ACTOR_RESTARTS_MAX {
+            self.fail_stop(format!(
+                "{role:?} panicked {count} times (more than {ACTOR_RESTARTS_MAX}): {reason}"
+            ));
+            return;
+        }
+        let restarted = match &role {
+            Role::Section(e, s) => self.restart_section(e, s).await,
+            Role::Waitlist => self.restart_waitlist().await,
+            Role::Ledger(i) => Err(StorageError::Halted(format!(
+                "ledger shard {i} panicked and its quotas cannot be rebuilt while sections \
+                 hold places: {reason}"
+            ))
+            .into()),
+        };
+        match restarted {
+            Ok(()) => {
+                self.inner.restarts.fetch_add(1, Ordering::SeqCst);
+                metrics::counter!("boxoffice_engine_actor_restarts_total", "actor" => role.kind())
+                    .increment(1);
+                tracing::warn!(?role, "engine actor restarted from its log");
+            }
+            Err(e) => self.fail_stop(format!("{role:?} could not be restarted: {e}")),
+        }
+    }
+
+    /// Stops the engine visibly: every change is refused from now on, and why is told to whoever
+    /// watches ([`Engine::stopped`], health, logs, the `boxoffice_engine_stopped` gauge).
+    pub(crate) fn fail_stop(&self, reason: String) {
+        self.inner.store.halt_now(&reason);
+    }
+
+    /// Rebuilds a section from its log and starts a new actor for it.
+    async fn restart_section(
+        &self,
+        event_id: &EventId,
+        section_id: &SectionId,
+    ) -> Result<(), EngineError> {
+        // Every record the dead actor handed to the flusher is written before we read.
+        self.inner.store.barrier().await?;
+        let entry = self.entry(event_id)?;
+        let spec = entry
+            .spec
+            .sections
+            .iter()
+            .find(|s| &s.section_id == section_id)
+            .ok_or(crate::error::Rejection::SectionNotFound)?;
+        let slot = entry
+            .sections
+            .iter()
+            .find(|s| &s.section_id == section_id)
+            .ok_or(crate::error::Rejection::SectionNotFound)?;
+        let sink = self.inner.store.sink.clone();
+        let rebuilt = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            recover_section(
+                sink.as_ref(),
+                event_id,
+                spec,
+                &mut RecoveryReport::default(),
+            )
+        }))
+        .map_err(|_| StorageError::Io("replaying the section's log panicked".into()))??;
+        let (core, last_seq) = rebuilt;
+        self.spawn_section(core, last_seq, slot.publisher.clone())
+            .await
+    }
+
+    /// Rebuilds the waitlist from its log and starts a new actor for it.
+    async fn restart_waitlist(&self) -> Result<(), EngineError> {
+        self.inner.store.barrier().await?;
+        let sink = self.inner.store.sink.clone();
+        let (core, last_seq) = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            recover_waitlist(sink.as_ref(), &mut RecoveryReport::default())
+        }))
+        .map_err(|_| StorageError::Io("replaying the waitlist's log panicked".into()))??;
+        let inner = &self.inner;
+        let actor = spawn_waitlist(
+            core,
+            last_seq,
+            &inner.store,
+            &inner.config,
+            &inner.supervisor,
+            &inner.roles,
+        )
+        .await?;
+        *inner.waitlist.write().unwrap_or_else(|p| p.into_inner()) = actor;
+        Ok(())
+    }
+}

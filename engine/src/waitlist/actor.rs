@@ -1,0 +1,136 @@
+//! The waitlist actor: a thin shell that logs what [`WaitlistCore`] decides, applies it, and
+//! replies once durable.
+
+use std::sync::Arc;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+
+use super::core::{Decision, JoinRequest};
+use super::{WaitlistCore, WaitlistRecord, WaitlistState, WaitlistView};
+use crate::error::{EngineError, Rejection, StorageError};
+use crate::store::{Store, StreamWriter};
+use crate::types::{EventId, HoldId, SectionId};
+
+type Reply<T> = RpcReplyPort<Result<T, EngineError>>;
+
+/// Messages of the waitlist actor.
+pub(crate) enum WaitlistMsg {
+    Join(JoinRequest, usize, Reply<WaitlistView>),
+    Get(String, Reply<WaitlistView>),
+    Candidates(EventId, Option<SectionId>, usize, Reply<Vec<WaitlistView>>),
+    Offer(String, HoldId, Reply<WaitlistView>),
+    End(String, WaitlistState, Reply<WaitlistView>),
+    OfHold(HoldId, Reply<Option<WaitlistView>>),
+    Offered(Reply<Vec<WaitlistView>>),
+    EventsWaiting(Reply<Vec<EventId>>),
+    Len(EventId, Reply<usize>),
+    /// Test support: panic in the handler (to exercise supervision).
+    #[cfg(feature = "test-support")]
+    Panic,
+}
+
+pub(crate) struct WaitlistActor;
+
+pub(crate) struct WaitlistArgs {
+    pub core: WaitlistCore,
+    pub stream: StreamWriter,
+    pub store: Arc<Store>,
+    pub checkpoint_every: u64,
+}
+
+impl WaitlistArgs {
+    /// Answers a decision outright, or logs its record (refused once the store halted).
+    fn carry_out(&mut self, decision: Decision, reply: Reply<WaitlistView>, entry_id: &str) {
+        match decision {
+            Decision::Answer(answer) => {
+                let _ = reply.send(answer.map_err(EngineError::from));
+            }
+            Decision::Record(record) => match self.store.halt.check() {
+                Err(e) => {
+                    let _ = reply.send(Err(e.into()));
+                }
+                Ok(()) => self.commit(record, reply, entry_id),
+            },
+        }
+    }
+
+    /// Logs `record`, applies it, and replies `answer` once durable.
+    fn commit(&mut self, record: WaitlistRecord, reply: Reply<WaitlistView>, entry_id: &str) {
+        if let Err(e) = self.core.apply(&record) {
+            let _ = reply.send(Err(StorageError::Io(format!("waitlist: {e}")).into()));
+            return;
+        }
+        let answer = self.core.view(entry_id);
+        let job = self.stream.append(
+            std::slice::from_ref(&record),
+            Vec::new(),
+            Box::new(move |r| {
+                let _ = reply.send(
+                    r.map_err(EngineError::from)
+                        .and_then(|()| answer.ok_or(Rejection::EntryNotFound.into())),
+                );
+            }),
+        );
+        let core = &self.core;
+        self.store
+            .submit_with_checkpoint(job, &mut self.stream, self.checkpoint_every, || core);
+    }
+}
+
+impl Actor for WaitlistActor {
+    type Msg = WaitlistMsg;
+    type State = WaitlistArgs;
+    type Arguments = WaitlistArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: WaitlistArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(args)
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            WaitlistMsg::Join(join, max, reply) => {
+                let entry_id = join.entry_id.clone();
+                let decision = st.core.decide_join(join, max);
+                st.carry_out(decision, reply, &entry_id);
+            }
+            WaitlistMsg::Offer(id, hold_id, reply) => {
+                let decision = st.core.decide_offer(&id, hold_id);
+                st.carry_out(decision, reply, &id);
+            }
+            WaitlistMsg::End(id, state, reply) => {
+                let decision = st.core.decide_end(&id, state);
+                st.carry_out(decision, reply, &id);
+            }
+            WaitlistMsg::Get(id, reply) => {
+                let _ = reply.send(st.core.view(&id).ok_or(Rejection::EntryNotFound.into()));
+            }
+            WaitlistMsg::Candidates(event, section, n, reply) => {
+                let _ = reply.send(Ok(st.core.candidates(&event, section.as_ref(), n)));
+            }
+            WaitlistMsg::OfHold(hold_id, reply) => {
+                let _ = reply.send(Ok(st.core.of_hold(&hold_id)));
+            }
+            WaitlistMsg::Offered(reply) => {
+                let _ = reply.send(Ok(st.core.offered()));
+            }
+            WaitlistMsg::EventsWaiting(reply) => {
+                let _ = reply.send(Ok(st.core.events_waiting()));
+            }
+            WaitlistMsg::Len(event, reply) => {
+                let _ = reply.send(Ok(st.core.waiting_len(&event)));
+            }
+            #[cfg(feature = "test-support")]
+            WaitlistMsg::Panic => panic!("test support: the waitlist actor was told to panic"),
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,136 @@
+//! The engine's waitlist calls: join, read, and the sweeper's offer bookkeeping.
+
+use super::{JoinRequest, WaitlistMsg, WaitlistState, WaitlistView};
+use crate::engine::Engine;
+use crate::error::{EngineError, Rejection};
+use crate::section::Notice;
+use crate::types::{EventId, HoldId, SectionId, UserId, check_user_id};
+
+impl Engine {
+    pub(crate) async fn ask_waitlist<T: Send + 'static>(
+        &self,
+        build: impl FnOnce(ractor::RpcReplyPort<Result<T, EngineError>>) -> WaitlistMsg,
+    ) -> Result<T, EngineError> {
+        self.inner
+            .waitlist()
+            .call(build, None)
+            .await
+            .map_err(|_| EngineError::NotReady)?
+            .success_or(EngineError::NotReady)?
+    }
+
+    /// Joins an event's waitlist for `quantity` places (all or nothing) in `section` (`None`:
+    /// any). A fan has at most one active entry per event: joining again returns it.
+    pub async fn join_waitlist(
+        &self,
+        event_id: &EventId,
+        user_id: &UserId,
+        section: Option<SectionId>,
+        quantity: u32,
+    ) -> Result<WaitlistView, EngineError> {
+        self.check_ready()?;
+        check_user_id(user_id)?;
+        let e = self.entry(event_id)?;
+        if let Some(s) = &section
+            && !e.sections.iter().any(|slot| &slot.section_id == s)
+        {
+            return Err(Rejection::SectionNotFound.into());
+        }
+        if quantity == 0 || quantity > e.spec.per_user_limit {
+            return Err(Rejection::invalid(
+                "quantity",
+                format!(
+                    "must be 1 to the per-user limit ({})",
+                    e.spec.per_user_limit
+                ),
+            )
+            .into());
+        }
+        let join = JoinRequest {
+            entry_id: format!("{event_id}.w{}", ulid::Ulid::generate()),
+            event_id: event_id.clone(),
+            user_id: user_id.clone(),
+            section_id: section,
+            quantity,
+            at_ms: self.now_ms(),
+        };
+        let max = self.inner.config.waitlist_max;
+        let view = self
+            .ask_waitlist(|reply| WaitlistMsg::Join(join, max, reply))
+            .await?;
+        crate::section::notify(
+            &self.inner.notices,
+            Notice::WaitlistJoined {
+                event_id: event_id.clone(),
+            },
+        );
+        Ok(view)
+    }
+
+    /// A waitlist entry.
+    pub async fn waitlist_entry(&self, entry_id: &str) -> Result<WaitlistView, EngineError> {
+        self.check_ready()?;
+        let id = entry_id.to_owned();
+        self.ask_waitlist(|reply| WaitlistMsg::Get(id, reply)).await
+    }
+
+    /// The first `n` waiting entries of an event that would take places of `section`.
+    pub async fn waitlist_candidates(
+        &self,
+        event_id: &EventId,
+        section: Option<&SectionId>,
+        n: usize,
+    ) -> Result<Vec<WaitlistView>, EngineError> {
+        let (e, s) = (event_id.clone(), section.cloned());
+        self.ask_waitlist(|reply| WaitlistMsg::Candidates(e, s, n, reply))
+            .await
+    }
+
+    /// Records that `hold_id` was offered to a waiting entry (idempotent for the same hold).
+    pub async fn waitlist_offer(
+        &self,
+        entry_id: &str,
+        hold_id: &HoldId,
+    ) -> Result<WaitlistView, EngineError> {
+        let (id, h) = (entry_id.to_owned(), hold_id.clone());
+        self.ask_waitlist(|reply| WaitlistMsg::Offer(id, h, reply))
+            .await
+    }
+
+    /// Ends an entry (`Expired` or `Fulfilled`); an entry that ended already stays as it is.
+    pub async fn waitlist_end(
+        &self,
+        entry_id: &str,
+        state: WaitlistState,
+    ) -> Result<WaitlistView, EngineError> {
+        let id = entry_id.to_owned();
+        self.ask_waitlist(|reply| WaitlistMsg::End(id, state, reply))
+            .await
+    }
+
+    /// The entry a hold was offered to, if any.
+    pub async fn waitlist_entry_of_hold(
+        &self,
+        hold_id: &HoldId,
+    ) -> Result<Option<WaitlistView>, EngineError> {
+        let h = hold_id.clone();
+        self.ask_waitlist(|reply| WaitlistMsg::OfHold(h, reply))
+            .await
+    }
+
+    /// Every entry with an outstanding offer.
+    pub async fn waitlist_offered(&self) -> Result<Vec<WaitlistView>, EngineError> {
+        self.ask_waitlist(WaitlistMsg::Offered).await
+    }
+
+    /// Events with fans waiting.
+    pub async fn waitlist_events(&self) -> Result<Vec<EventId>, EngineError> {
+        self.ask_waitlist(WaitlistMsg::EventsWaiting).await
+    }
+
+    /// Fans waiting on an event's waitlist.
+    pub async fn waitlist_len(&self, event_id: &EventId) -> Result<usize, EngineError> {
+        let e = event_id.clone();
+        self.ask_waitlist(|reply| WaitlistMsg::Len(e, reply)).await
+    }
+}

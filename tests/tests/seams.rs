@@ -1,0 +1,254 @@
+//! The engine's seams at work: the log in a `MemorySink` that fails an fsync, and supervised
+//! actors that panic (restarted from their log, or the engine stops visibly).
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use boxoffice_engine::{
+    ACTOR_RESTARTS_MAX, Engine, EngineConfig, EngineError, EventId, HoldStatus, HoldView,
+    ManualClock, MemorySink, SectionId, StorageError, UserId, WaitlistState,
+};
+use boxoffice_tests::{T0_MS, any_section, event, ga, open};
+
+/// Polls `cond` until it holds; fails the test after `timeout` (a bound, not a measurement).
+async fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + timeout;
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn memory_config(sink: &Arc<MemorySink>, clock: &Arc<ManualClock>) -> EngineConfig {
+    let mut c = EngineConfig::with_sink(sink.clone());
+    c.clock = clock.clone();
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_fsync_acknowledges_nothing_of_its_batch() {
+    let sink = MemorySink::new();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let config = memory_config(&sink, &clock);
+    let engine = Engine::open(config.clone()).await.unwrap();
+    engine
+        .create_event(event("fs", vec![ga("ga", 10_000, 100)], 60_000, 100))
+        .await
+        .unwrap();
+    // Waves of concurrent holds, each wave awaited (so each needs at least one sync of its own):
+    // the 4th sync from now fails, in the middle of the stream of batches.
+    sink.fail_sync_after(4);
+    let mut acked: Vec<HoldView> = Vec::new();
+    let mut refused = 0usize;
+    for wave in 0..10 {
+        let calls = (0..10).map(|i| {
+            let engine = engine.clone();
+            tokio::spawn(async move {
+                engine
+                    .hold(any_section("fs", &format!("w{wave}-u{i}"), 1))
+                    .await
+            })
+        });
+        for r in futures_join(calls).await {
+            match r {
+                Ok(view) => acked.push(view),
+                Err(EngineError::Storage(StorageError::Io(_) | StorageError::Halted(_))) => {
+                    refused += 1
+                }
+                Err(other) => panic!("unexpected answer: {other:?}"),
+            }
+        }
+    }
+    assert_eq!(sink.failed_syncs(), 1, "exactly one sync failed");
+    assert!(
+        !acked.is_empty(),
+        "batches before the failure were acknowledged"
+    );
+    assert!(refused > 0, "the failed batch's callers heard an error");
+    assert_eq!(acked.len() + refused, 100);
+    // Fail-stop: the engine says why and takes nothing more.
+    assert!(engine.stopped().is_some_and(|r| r.contains("fsync")));
+    assert!(!engine.is_ready());
+    assert!(engine.hold(any_section("fs", "late", 1)).await.is_err());
+    // A crash loses everything after the last good sync; what was acknowledged is all there.
+    engine.crash().await;
+    sink.lose_unsynced();
+    let engine = Engine::open(config).await.unwrap();
+    for h in &acked {
+        let now = engine.get_hold(&h.hold_id).await.unwrap();
+        assert_eq!(
+            now.status,
+            HoldStatus::Held,
+            "acknowledged hold {} lost",
+            h.hold_id
+        );
+    }
+    let view = engine.event(&EventId::from("fs")).unwrap();
+    assert_eq!(
+        view.sections[0].held as usize,
+        acked.len(),
+        "no hold of the failed batch (never acknowledged) survived as held"
+    );
+    assert!(engine.invariant_violations().await.unwrap().is_empty());
+    engine.shutdown().await;
+}
+
+async fn futures_join<T>(calls: impl Iterator<Item = tokio::task::JoinHandle<T>>) -> Vec<T> {
+    let mut out = Vec::new();
+    for c in calls {
+        out.push(c.await.unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_section_actor_that_panics_is_restarted_from_its_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let engine = open(dir.path(), &clock).await;
+    engine
+        .create_event(event("sp", vec![ga("ga", 100, 100)], 60_000, 10))
+        .await
+        .unwrap();
+    let before = engine.hold(any_section("sp", "u1", 3)).await.unwrap();
+    engine
+        .panic_section(&EventId::from("sp"), &SectionId::from("ga"))
+        .await
+        .unwrap();
+    wait_until(
+        "the section actor is restarted",
+        Duration::from_secs(10),
+        || engine.actor_restarts() == 1,
+    )
+    .await;
+    // The next hold in that section succeeds, and nothing acknowledged before was lost.
+    let after = engine.hold(any_section("sp", "u2", 2)).await.unwrap();
+    assert_eq!(after.status, HoldStatus::Held);
+    let again = engine.get_hold(&before.hold_id).await.unwrap();
+    assert_eq!(again.status, HoldStatus::Held);
+    let s = &engine.event(&EventId::from("sp")).unwrap().sections[0];
+    assert_eq!((s.held, s.available, s.sold), (5, 95, 0));
+    // Quotas still add up: u1 holds 3 of 10, so 8 more is refused and 7 is fine.
+    assert_eq!(
+        engine
+            .user_usage(&EventId::from("sp"), &UserId::from("u1"))
+            .await
+            .unwrap(),
+        3
+    );
+    assert!(engine.stopped().is_none());
+    assert!(engine.is_ready());
+    assert!(engine.invariant_violations().await.unwrap().is_empty());
+    // And the restarted actor's writes survive a restart of the engine.
+    engine.shutdown().await;
+    drop(engine);
+    let engine = open(dir.path(), &clock).await;
+    assert_eq!(
+        engine.get_hold(&after.hold_id).await.unwrap().status,
+        HoldStatus::Held
+    );
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_waitlist_actor_that_panics_is_restarted_with_its_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let engine = open(dir.path(), &clock).await;
+    engine
+        .create_event(event("wp", vec![ga("ga", 1, 100)], 60_000, 4))
+        .await
+        .unwrap();
+    let ev = EventId::from("wp");
+    let entry = engine
+        .join_waitlist(&ev, &UserId::from("w1"), None, 1)
+        .await
+        .unwrap();
+    engine.panic_waitlist().unwrap();
+    wait_until(
+        "the waitlist actor is restarted",
+        Duration::from_secs(10),
+        || engine.actor_restarts() == 1,
+    )
+    .await;
+    let again = engine.waitlist_entry(&entry.entry_id).await.unwrap();
+    assert_eq!(again.state, WaitlistState::Waiting);
+    assert_eq!(again.position, 1);
+    let second = engine
+        .join_waitlist(&ev, &UserId::from("w2"), None, 1)
+        .await
+        .unwrap();
+    assert_eq!(second.position, 2);
+    assert!(engine.stopped().is_none());
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_shard_that_panics_stops_the_engine_visibly() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let engine = open(dir.path(), &clock).await;
+    engine
+        .create_event(event("lp", vec![ga("ga", 100, 100)], 60_000, 10))
+        .await
+        .unwrap();
+    let held = engine.hold(any_section("lp", "u1", 2)).await.unwrap();
+    let mut stopped = engine.watch_stopped();
+    engine.panic_ledger(&UserId::from("u1")).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), stopped.wait_for(|s| s.is_some()))
+        .await
+        .expect("the engine says it stopped")
+        .unwrap();
+    let reason = engine.stopped().unwrap();
+    assert!(reason.contains("ledger"), "{reason}");
+    assert!(!engine.is_ready());
+    // Every change is refused with the storage (fail-stop) error, never a silent NOT_READY.
+    match engine.hold(any_section("lp", "u2", 1)).await {
+        Err(EngineError::Storage(StorageError::Halted(r))) => assert!(r.contains("ledger")),
+        other => panic!("expected a halted engine, got {other:?}"),
+    }
+    engine.shutdown().await;
+    drop(engine);
+    // What was acknowledged is there after a restart, and the engine serves again.
+    let engine = open(dir.path(), &clock).await;
+    assert_eq!(
+        engine.get_hold(&held.hold_id).await.unwrap().status,
+        HoldStatus::Held
+    );
+    assert!(engine.stopped().is_none());
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_section_that_keeps_panicking_stops_the_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let engine = open(dir.path(), &clock).await;
+    engine
+        .create_event(event("kp", vec![ga("ga", 100, 100)], 60_000, 10))
+        .await
+        .unwrap();
+    let (ev, sec) = (EventId::from("kp"), SectionId::from("ga"));
+    for n in 1..=u64::from(ACTOR_RESTARTS_MAX) {
+        engine.panic_section(&ev, &sec).await.unwrap();
+        wait_until(
+            "the section actor is restarted",
+            Duration::from_secs(10),
+            || engine.actor_restarts() == n,
+        )
+        .await;
+    }
+    let mut stopped = engine.watch_stopped();
+    engine.panic_section(&ev, &sec).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), stopped.wait_for(|s| s.is_some()))
+        .await
+        .expect("the engine says it stopped")
+        .unwrap();
+    assert!(engine.stopped().unwrap().contains("panicked"));
+    assert!(engine.hold(any_section("kp", "u1", 1)).await.is_err());
+    engine.shutdown().await;
+}
