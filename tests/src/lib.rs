@@ -1,6 +1,8 @@
 //! Shared helpers for the integration tests: engines on temporary data dirs with a manual
 //! clock, and small event layouts.
 
+pub mod child;
+
 use std::path::Path;
 use std::sync::Arc;
 
