@@ -8,6 +8,7 @@
 mod checkout;
 mod contention;
 mod grpc;
+mod harness;
 mod kill9;
 mod model;
 mod recovery;
