@@ -1,5 +1,15 @@
-//! Shared helpers for the integration tests: engines on temporary data dirs with a manual
-//! clock, and small event layouts.
+//! Shared helpers for the integration tests (`tests/it`): engines on temporary data dirs with a
+//! manual clock, small event layouts, and the rooms the tests share: a real gRPC server that
+//! stops on drop ([`server`]), polling with a bound instead of sleeping ([`wait`]), tables of
+//! calls that must be refused ([`cases`]), and crash children ([`child`]).
+
+pub mod cases;
+pub mod child;
+pub mod server;
+pub mod wait;
+
+// The gRPC client: the only place the tests name where it comes from.
+pub use boxoffice_gateway::loadgen::{Bearer, Clients, connect};
 
 use std::path::Path;
 use std::sync::Arc;
@@ -92,60 +102,5 @@ pub fn event(id: &str, sections: Vec<SectionSpec>, ttl_ms: u64, per_user_limit: 
         admit_rate_per_second: 0,
         admission_window_ms: 0,
         sale_opens_at_ms: 0,
-    }
-}
-
-/// A real gRPC server on `127.0.0.1:0` for the integration tests, with a manual clock.
-pub mod server {
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    use boxoffice_engine::ManualClock;
-    use boxoffice_gateway::loadgen::Bearer;
-    use boxoffice_gateway::server::{self, Running, ServerConfig};
-    use tonic::transport::Channel;
-
-    /// The admin key of test servers.
-    pub const ADMIN: &str = "test-admin-key";
-    /// The client key of test servers.
-    pub const CLIENT: &str = "test-client-key";
-    /// The token secret of test servers.
-    pub const SECRET: &[u8] = b"test-token-secret";
-
-    /// A config for a test server on `dir`.
-    pub fn config(dir: &std::path::Path, clock: &Arc<ManualClock>) -> ServerConfig {
-        let mut c = ServerConfig::new(ADMIN, CLIENT, SECRET);
-        c.listen = "127.0.0.1:0".parse().expect("loopback");
-        c.metrics_listen = Some("127.0.0.1:0".parse().expect("loopback"));
-        c.data_dir = dir.to_path_buf();
-        c.clock = clock.clone();
-        c.grace = Duration::from_secs(5);
-        c
-    }
-
-    /// Starts a server and waits for recovery.
-    pub async fn start(config: ServerConfig) -> Running {
-        let mut r = server::start(config).await.expect("server starts");
-        r.wait_ready().await.expect("server recovers");
-        r
-    }
-
-    /// A channel to a running server.
-    pub async fn channel(r: &Running) -> Channel {
-        boxoffice_gateway::loadgen::connect(&format!("http://{}", r.addr))
-            .await
-            .expect("connects")
-    }
-
-    pub use boxoffice_gateway::loadgen::Clients;
-
-    /// Clients with `key` over `ch`.
-    pub fn clients(ch: &Channel, key: &str) -> Clients {
-        Clients::new(ch, &Bearer::new(key).expect("ascii key"))
-    }
-
-    /// The `ErrorInfo.reason` of a status.
-    pub fn reason(s: &tonic::Status) -> String {
-        boxoffice_gateway::status::reason_of(s).unwrap_or_else(|| format!("<no reason: {s:?}>"))
     }
 }

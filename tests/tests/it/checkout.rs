@@ -3,8 +3,7 @@
 
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::ffi::OsStr;
 use std::sync::Arc;
 
 use boxoffice_engine::{
@@ -12,7 +11,10 @@ use boxoffice_engine::{
     Finding, HoldId, HoldRequest, HoldStatus, HoldView, ManualClock, PaymentError, PaymentProvider,
     Rejection, SeatId, Selection, SimulatedConfig, SimulatedProvider, UserId,
 };
-use boxoffice_tests::{T0_MS, any_section as best, config, event, ga, open, reserved};
+use boxoffice_tests::child::{self, ChildTest};
+use boxoffice_tests::{
+    T0_MS, any_section as best, child_test_name, config, event, ga, open, reserved,
+};
 use tokio::sync::Semaphore;
 
 fn pay(hold: &HoldView, token: &str, key: &str) -> ConfirmRequest {
@@ -266,8 +268,9 @@ const DIR_VAR: &str = "BOXOFFICE_CHECKOUT_CRASH_DIR";
 #[test]
 fn crash_child_after_charge() {
     let Ok(dir) = std::env::var(DIR_VAR) else {
-        return;
+        return; // Only does something when started by the parent below.
     };
+    child::announce();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -290,24 +293,15 @@ fn crash_child_after_charge() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_between_charge_and_order_then_retry_charges_once() {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "crash_child_after_charge",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(DIR_VAR, dir.path())
-        .env("BOXOFFICE_FAILPOINT", "after_charge")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let out: Vec<String> = BufReader::new(child.stdout.take().unwrap())
-        .lines()
-        .map_while(Result::ok)
-        .collect();
-    let status = child.wait().unwrap();
+    let mut child = ChildTest::spawn(
+        child_test_name!(crash_child_after_charge),
+        &[
+            (DIR_VAR, dir.path().as_os_str()),
+            ("BOXOFFICE_FAILPOINT", OsStr::new("after_charge")),
+        ],
+    );
+    let out = child.rest();
+    let status = child.wait();
     assert!(!status.success(), "the child died at the failpoint");
     assert!(!out.iter().any(|l| l.contains("SURVIVED")), "{out:?}");
     let hold_id = out

@@ -20,6 +20,7 @@ use boxoffice_engine::{
 };
 use boxoffice_tests::{T0_MS, event, ga, open, reserved};
 use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
 
 const TTL_MS: u64 = 30_000;
 const LIMIT: u32 = 4;
@@ -538,8 +539,43 @@ fn cases() -> u32 {
     }
 }
 
+/// The seeds of past failures are kept beside this file, in `model.proptest-regressions`, and
+/// re-run before any new case. (Proptest's default would look for them in a
+/// `proptest-regressions/model.txt` beside the binary's `main.rs`.)
+const REGRESSIONS: FileFailurePersistence =
+    FileFailurePersistence::WithSource("proptest-regressions");
+
+fn config() -> ProptestConfig {
+    ProptestConfig {
+        cases: cases(),
+        max_shrink_iters: 200,
+        failure_persistence: Some(Box::new(REGRESSIONS)),
+        ..ProptestConfig::default()
+    }
+}
+
+/// The regressions file is where proptest looks for it, and every seed in it is read.
+#[test]
+fn the_saved_regressions_are_replayed() {
+    let saved = include_str!("model.proptest-regressions")
+        .lines()
+        .filter(|l| l.starts_with("cc "))
+        .count();
+    assert!(saved >= 4, "the file has the seeds of past failures");
+    let read = config()
+        .failure_persistence
+        .unwrap()
+        .load_persisted_failures2(Some(file!()));
+    assert_eq!(
+        read.len(),
+        saved,
+        "every saved seed is read from beside {}",
+        file!()
+    );
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(), max_shrink_iters: 200, ..ProptestConfig::default() })]
+    #![proptest_config(config())]
 
     #[test]
     fn engine_matches_the_model(ops in proptest::collection::vec(op(), 1..40)) {

@@ -351,87 +351,84 @@ async fn bad_input_is_refused_with_the_field_and_changes_nothing() {
             .field()
             .map(str::to_owned)
             .unwrap_or(rej.reason().to_owned()),
-        other => panic!("expected a rejection, got {other:?}"),
+        other => format!("not a rejection: {other:?}"),
     };
     let best = |section: Option<&str>, q| Selection::BestAvailable {
         section: section.map(SectionId::from),
         quantity: q,
     };
-    assert_eq!(
-        field(engine.hold(hold("", "", best(None, 1))).await),
-        "user_id"
-    );
-    assert_eq!(
-        field(
-            engine
-                .hold(hold("u", &"k".repeat(200), best(None, 1)))
-                .await
+    // Each case: what is wrong, the request, and the field (or reason) the refusal names.
+    let seats = |ids: &[&str]| Selection::Seats(ids.iter().map(|s| SeatId::from(*s)).collect());
+    let cases = [
+        ("no user", hold("", "", best(None, 1)), "user_id"),
+        (
+            "a key too long",
+            hold("u", &"k".repeat(200), best(None, 1)),
+            "idempotency_key",
         ),
-        "idempotency_key"
-    );
-    assert_eq!(
-        field(engine.hold(hold("u", "", best(None, 0))).await),
-        "quantity"
-    );
-    assert_eq!(
-        field(engine.hold(hold("u", "", Selection::Seats(vec![]))).await),
-        "seat_ids"
-    );
-    assert_eq!(
-        field(
-            engine
-                .hold(hold(
-                    "u",
-                    "",
-                    Selection::Seats(vec![SeatId::from("orch:A:1"), SeatId::from("floor:A:1")])
-                ))
-                .await
+        ("no places", hold("u", "", best(None, 0)), "quantity"),
+        ("no seats", hold("u", "", seats(&[])), "seat_ids"),
+        (
+            "seats of two sections",
+            hold("u", "", seats(&["orch:A:1", "floor:A:1"])),
+            "seat_ids",
         ),
-        "seat_ids"
-    );
-    assert_eq!(
-        field(engine.hold(hold("u", "", best(Some("nope"), 1))).await),
-        "SECTION_NOT_FOUND"
-    );
-    assert_eq!(
-        field(
-            engine
-                .hold(hold(
-                    "u",
-                    "",
-                    Selection::Seats(vec![SeatId::from("orch:Z:1")])
-                ))
-                .await
+        (
+            "a section that does not exist",
+            hold("u", "", best(Some("nope"), 1)),
+            "SECTION_NOT_FOUND",
         ),
-        "SEAT_NOT_FOUND"
-    );
-    assert_eq!(
-        field(
-            engine
-                .hold(hold(
-                    "u",
-                    "",
-                    Selection::Seats(vec![SeatId::from("garbage")])
-                ))
-                .await
+        (
+            "a seat that does not exist",
+            hold("u", "", seats(&["orch:Z:1"])),
+            "SEAT_NOT_FOUND",
         ),
-        "seat_ids"
-    );
-    assert_eq!(
-        field(
-            engine
-                .hold(HoldRequest {
-                    event_id: EventId::from("none"),
-                    ..hold("u", "", best(None, 1))
-                })
-                .await
+        (
+            "a seat id that is not one",
+            hold("u", "", seats(&["garbage"])),
+            "seat_ids",
         ),
-        "EVENT_NOT_FOUND"
-    );
-    assert_eq!(
-        field(engine.hold(hold("u", "", best(None, 5))).await),
-        "USER_LIMIT"
-    );
+        (
+            "an event that does not exist",
+            HoldRequest {
+                event_id: EventId::from("none"),
+                ..hold("u", "", best(None, 1))
+            },
+            "EVENT_NOT_FOUND",
+        ),
+        (
+            "more than the per-user limit",
+            hold("u", "", best(None, 5)),
+            "USER_LIMIT",
+        ),
+    ];
+    let counts = async || {
+        let sections: Vec<(u32, u32)> = engine
+            .event(&EventId::from("bad"))
+            .unwrap()
+            .sections
+            .iter()
+            .map(|s| (s.held, s.sold))
+            .collect();
+        let used = engine
+            .user_usage(&EventId::from("bad"), &UserId::from("u"))
+            .await
+            .unwrap();
+        (sections, used)
+    };
+    let mut wrong = Vec::new();
+    for (name, request, expected) in cases {
+        let before = counts().await;
+        let got = field(engine.hold(request).await);
+        if got != expected {
+            wrong.push(format!("{name}: refused naming {got:?}, not {expected:?}"));
+        }
+        let after = counts().await;
+        if after != before {
+            wrong.push(format!("{name}: changed {before:?} to {after:?}"));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     for h in ["nonsense", "bad.orch.hX", "bad.orch.o01", "other.orch.hX"] {
         let r = engine
             .release(&boxoffice_engine::HoldId::from(h), &UserId::from("u"))

@@ -8,15 +8,14 @@
 
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 use boxoffice_engine::{
     ConfirmRequest, Engine, EngineConfig, EventId, HoldId, HoldRequest, HoldStatus, OrderId,
     Selection, SystemClock, UserId,
 };
-use boxoffice_tests::{event, ga, reserved};
+use boxoffice_tests::child::{self, ChildTest};
+use boxoffice_tests::{child_test_name, event, ga, reserved};
 
 const DIR_VAR: &str = "BOXOFFICE_CRASH_DIR";
 
@@ -25,6 +24,7 @@ fn crash_child() {
     let Ok(dir) = std::env::var(DIR_VAR) else {
         return; // Only does something when started by the parent below.
     };
+    child::announce();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -84,48 +84,38 @@ fn crash_child() {
     });
 }
 
+/// Notes what one line of the child's output acknowledged.
+fn record(line: &str, holds: &mut Vec<HoldId>, orders: &mut Vec<(OrderId, HoldId)>) {
+    let mut parts = line.split_whitespace();
+    match parts.next() {
+        Some("HOLD") => holds.push(HoldId::from(parts.next().unwrap())),
+        Some("ORDER") => orders.push((
+            OrderId::from(parts.next().unwrap()),
+            HoldId::from(parts.next().unwrap()),
+        )),
+        _ => {}
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_holds_survive_kill_9() {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "crash_child", "--nocapture", "--test-threads=1"])
-        .env(DIR_VAR, dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
+    let mut child = ChildTest::spawn(
+        child_test_name!(crash_child),
+        &[(DIR_VAR, dir.path().as_os_str())],
+    );
     let mut holds = Vec::new();
     let mut orders = Vec::new();
-    let mut lines = BufReader::new(stdout).lines();
     while holds.len() < 2_000 {
-        let Some(line) = lines.next() else {
+        let Some(line) = child.next_line() else {
             panic!("the child stopped early after {} holds", holds.len());
         };
-        let line = line.unwrap();
-        let mut parts = line.split_whitespace();
-        match parts.next() {
-            Some("HOLD") => holds.push(HoldId::from(parts.next().unwrap())),
-            Some("ORDER") => orders.push((
-                OrderId::from(parts.next().unwrap()),
-                HoldId::from(parts.next().unwrap()),
-            )),
-            _ => {}
-        }
+        record(&line, &mut holds, &mut orders);
     }
-    child.kill().unwrap(); // SIGKILL: no destructor, no flush, no goodbye
-    child.wait().unwrap();
+    child.kill(); // SIGKILL: no destructor, no flush, no goodbye
     // Lines the child printed before dying were acknowledged too.
-    for line in lines.map_while(Result::ok) {
-        let mut parts = line.split_whitespace();
-        match parts.next() {
-            Some("HOLD") => holds.push(HoldId::from(parts.next().unwrap())),
-            Some("ORDER") => orders.push((
-                OrderId::from(parts.next().unwrap()),
-                HoldId::from(parts.next().unwrap()),
-            )),
-            _ => {}
-        }
+    for line in child.rest() {
+        record(&line, &mut holds, &mut orders);
     }
 
     let engine = Engine::open(EngineConfig::new(dir.path())).await.unwrap();

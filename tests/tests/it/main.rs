@@ -1,0 +1,15 @@
+//! The integration tests of boxoffice, as one test binary (one link instead of one per file).
+//! Each module is what used to be a test binary of its own; a test's name is prefixed with its
+//! module, e.g. `cargo test -p boxoffice-tests -- grpc::` runs the gRPC contract only.
+//!
+//! The shared rooms (a real gRPC server that stops on drop, polling with a bound, tables of
+//! error cases, child processes for crash tests) live in the `boxoffice_tests` library.
+
+mod checkout;
+mod contention;
+mod grpc;
+mod harness;
+mod kill9;
+mod model;
+mod recovery;
+mod sweeper;
