@@ -241,7 +241,7 @@ impl Engine {
     /// Why the engine stopped serving for good (a storage failure, an actor that could not be
     /// restarted), if it did; it then answers every change with an error until restarted.
     pub fn stopped(&self) -> Option<String> {
-        self.inner.store.halt.check().err().map(|e| e.to_string())
+        self.inner.store.halt.reason()
     }
 
     /// A channel that changes once the engine stops (see [`Engine::stopped`]), for health.

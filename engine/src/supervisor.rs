@@ -170,11 +170,13 @@ impl Engine {
         let restarted = match &role {
             Role::Section(e, s) => self.restart_section(e, s).await,
             Role::Waitlist => self.restart_waitlist().await,
-            Role::Ledger(i) => Err(StorageError::Halted(format!(
-                "ledger shard {i} panicked and its quotas cannot be rebuilt while sections \
-                 hold places: {reason}"
-            ))
-            .into()),
+            Role::Ledger(i) => {
+                self.fail_stop(format!(
+                    "ledger shard {i} panicked ({reason}); its quotas cannot be rebuilt while \
+                     sections hold places"
+                ));
+                return;
+            }
         };
         match restarted {
             Ok(()) => {

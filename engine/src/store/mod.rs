@@ -134,6 +134,11 @@ impl Halt {
         }
     }
 
+    /// Why the store halted, if it did.
+    pub(crate) fn reason(&self) -> Option<String> {
+        self.reason.get().cloned()
+    }
+
     /// A channel that changes once the store halts.
     pub(crate) fn subscribe(&self) -> tokio::sync::watch::Receiver<Option<String>> {
         self.watch.subscribe()

@@ -12,4 +12,5 @@ mod harness;
 mod kill9;
 mod model;
 mod recovery;
+mod seams;
 mod sweeper;

@@ -1,26 +1,31 @@
 //! The engine's seams at work: the log in a `MemorySink` that fails an fsync, and supervised
 //! actors that panic (restarted from their log, or the engine stops visibly).
-#![allow(clippy::unwrap_used)]
+
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use boxoffice_engine::{
     ACTOR_RESTARTS_MAX, Engine, EngineConfig, EngineError, EventId, HoldStatus, HoldView,
     ManualClock, MemorySink, SectionId, StorageError, UserId, WaitlistState,
 };
+use boxoffice_tests::wait::{PATIENCE, periodic_check};
 use boxoffice_tests::{T0_MS, any_section, event, ga, open};
 
-/// Polls `cond` until it holds; fails the test after `timeout` (a bound, not a measurement).
-async fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + timeout;
-    while !cond() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting until {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+/// Waits until the engine has restarted `n` actors in all.
+async fn restarted(engine: &Engine, n: u64) {
+    periodic_check("the actor is restarted", PATIENCE, async || {
+        engine.actor_restarts() == n
+    })
+    .await;
+}
+
+/// Waits until the engine says it stopped; returns why.
+async fn stopped(engine: &Engine) -> String {
+    periodic_check("the engine says it stopped", PATIENCE, async || {
+        engine.stopped()
+    })
+    .await
 }
 
 fn memory_config(sink: &Arc<MemorySink>, clock: &Arc<ManualClock>) -> EngineConfig {
@@ -119,12 +124,7 @@ async fn a_section_actor_that_panics_is_restarted_from_its_log() {
         .panic_section(&EventId::from("sp"), &SectionId::from("ga"))
         .await
         .unwrap();
-    wait_until(
-        "the section actor is restarted",
-        Duration::from_secs(10),
-        || engine.actor_restarts() == 1,
-    )
-    .await;
+    restarted(&engine, 1).await;
     // The next hold in that section succeeds, and nothing acknowledged before was lost.
     let after = engine.hold(any_section("sp", "u2", 2)).await.unwrap();
     assert_eq!(after.status, HoldStatus::Held);
@@ -169,12 +169,7 @@ async fn the_waitlist_actor_that_panics_is_restarted_with_its_entries() {
         .await
         .unwrap();
     engine.panic_waitlist().unwrap();
-    wait_until(
-        "the waitlist actor is restarted",
-        Duration::from_secs(10),
-        || engine.actor_restarts() == 1,
-    )
-    .await;
+    restarted(&engine, 1).await;
     let again = engine.waitlist_entry(&entry.entry_id).await.unwrap();
     assert_eq!(again.state, WaitlistState::Waiting);
     assert_eq!(again.position, 1);
@@ -197,13 +192,14 @@ async fn a_ledger_shard_that_panics_stops_the_engine_visibly() {
         .await
         .unwrap();
     let held = engine.hold(any_section("lp", "u1", 2)).await.unwrap();
-    let mut stopped = engine.watch_stopped();
+    let mut watch = engine.watch_stopped();
     engine.panic_ledger(&UserId::from("u1")).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), stopped.wait_for(|s| s.is_some()))
-        .await
-        .expect("the engine says it stopped")
-        .unwrap();
-    let reason = engine.stopped().unwrap();
+    let reason = stopped(&engine).await;
+    assert_eq!(
+        watch.wait_for(|s| s.is_some()).await.unwrap().as_deref(),
+        Some(reason.as_str()),
+        "watchers (health) hear the same reason"
+    );
     assert!(reason.contains("ledger"), "{reason}");
     assert!(!engine.is_ready());
     // Every change is refused with the storage (fail-stop) error, never a silent NOT_READY.
@@ -235,20 +231,10 @@ async fn a_section_that_keeps_panicking_stops_the_engine() {
     let (ev, sec) = (EventId::from("kp"), SectionId::from("ga"));
     for n in 1..=u64::from(ACTOR_RESTARTS_MAX) {
         engine.panic_section(&ev, &sec).await.unwrap();
-        wait_until(
-            "the section actor is restarted",
-            Duration::from_secs(10),
-            || engine.actor_restarts() == n,
-        )
-        .await;
+        restarted(&engine, n).await;
     }
-    let mut stopped = engine.watch_stopped();
     engine.panic_section(&ev, &sec).await.unwrap();
-    tokio::time::timeout(Duration::from_secs(10), stopped.wait_for(|s| s.is_some()))
-        .await
-        .expect("the engine says it stopped")
-        .unwrap();
-    assert!(engine.stopped().unwrap().contains("panicked"));
+    assert!(stopped(&engine).await.contains("panicked"));
     assert!(engine.hold(any_section("kp", "u1", 1)).await.is_err());
     engine.shutdown().await;
 }
