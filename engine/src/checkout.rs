@@ -92,6 +92,7 @@ impl Engine {
         outcome
     }
 
+    /// The saga: a payable hold, the charge, the section's confirm (or a rescue or refund).
     async fn checkout(
         &self,
         event: &EventEntry,
@@ -99,69 +100,8 @@ impl Engine {
         req: &ConfirmRequest,
         tag: Option<IdemTag>,
     ) -> Result<OrderView, EngineError> {
-        let hold = self
-            .get_hold(&req.hold_id)
-            .await
-            .map_err(not_found_as(Rejection::HoldNotFound))?;
-        if hold.user_id != req.user_id {
-            return Err(Rejection::HoldNotFound.into());
-        }
-        match hold.status {
-            HoldStatus::Held => {}
-            HoldStatus::Expired => return Err(Rejection::HoldExpired.into()),
-            HoldStatus::Confirmed | HoldStatus::Released => {
-                return Err(Rejection::HoldNotActive.into());
-            }
-        }
-        // Charging for a hold already past its deadline would only buy a refund: expire it
-        // (as a section does when a confirm comes late) and say so.
-        if self.now_ms() >= hold.expires_at_ms {
-            let h = req.hold_id.clone();
-            self.ask(event, section_id, |reply| {
-                SectionMsg::ExpireHoldIfDue(h, reply)
-            })
-            .await?;
-            return Err(Rejection::HoldExpired.into());
-        }
-        let price = event
-            .spec
-            .sections
-            .iter()
-            .find(|s| &s.section_id == section_id)
-            .map_or(0, |s| s.price_cents);
-        let amount = price * u64::from(hold.quantity);
-        let key = format!("{}:{:016x}", req.hold_id, fingerprint(&req.payment_ref));
-        let started = Instant::now();
-        let charged = self
-            .inner
-            .payments
-            .charge(&key, amount, &req.payment_ref)
-            .await;
-        metrics::histogram!("boxoffice_payment_charge_seconds")
-            .record(started.elapsed().as_secs_f64());
-        let charge = match charged {
-            Ok(c) => {
-                // Crash tests: die between the charge and the order.
-                if failpoint("after_charge") {
-                    std::process::abort();
-                }
-                c
-            }
-            Err(PaymentError::Declined) => return Err(Rejection::PaymentDeclined.into()),
-            Err(PaymentError::InvalidToken) => {
-                return Err(Rejection::invalid(
-                    "payment_token",
-                    "not a token the payment provider takes",
-                )
-                .into());
-            }
-            Err(e) => {
-                return Err(EngineError::PaymentUnavailable {
-                    timeout: e == PaymentError::Timeout,
-                    reason: e.to_string(),
-                });
-            }
-        };
+        let hold = self.payable_hold(event, section_id, req).await?;
+        let charge = self.charge(event, section_id, &hold, req).await?;
         match self
             .confirm_in_section(
                 event,
@@ -184,6 +124,86 @@ impl Engine {
             }
             // Not a definite answer: the charge stays; a retry with the same token finds it.
             Err(e) => Err(e),
+        }
+    }
+
+    /// The hold, if it is the caller's, active and within its deadline. Charging for a hold
+    /// already past its deadline would only buy a refund: it is expired (as a section does when
+    /// a confirm comes late) and the answer is `HoldExpired`.
+    async fn payable_hold(
+        &self,
+        event: &EventEntry,
+        section_id: &SectionId,
+        req: &ConfirmRequest,
+    ) -> Result<HoldView, EngineError> {
+        let hold = self
+            .get_hold(&req.hold_id)
+            .await
+            .map_err(not_found_as(Rejection::HoldNotFound))?;
+        if hold.user_id != req.user_id {
+            return Err(Rejection::HoldNotFound.into());
+        }
+        match hold.status {
+            HoldStatus::Held => {}
+            HoldStatus::Expired => return Err(Rejection::HoldExpired.into()),
+            HoldStatus::Confirmed | HoldStatus::Released => {
+                return Err(Rejection::HoldNotActive.into());
+            }
+        }
+        if self.now_ms() >= hold.expires_at_ms {
+            let h = req.hold_id.clone();
+            self.ask(event, section_id, |reply| {
+                SectionMsg::ExpireHoldIfDue(h, reply)
+            })
+            .await?;
+            return Err(Rejection::HoldExpired.into());
+        }
+        Ok(hold)
+    }
+
+    /// Charges the hold's price through the provider, keyed by the hold and the token (so a
+    /// retry finds the same charge instead of making another).
+    async fn charge(
+        &self,
+        event: &EventEntry,
+        section_id: &SectionId,
+        hold: &HoldView,
+        req: &ConfirmRequest,
+    ) -> Result<Charge, EngineError> {
+        let price = event
+            .spec
+            .sections
+            .iter()
+            .find(|s| &s.section_id == section_id)
+            .map_or(0, |s| s.price_cents);
+        let amount = price * u64::from(hold.quantity);
+        let key = format!("{}:{:016x}", req.hold_id, fingerprint(&req.payment_ref));
+        let started = Instant::now();
+        let charged = self
+            .inner
+            .payments
+            .charge(&key, amount, &req.payment_ref)
+            .await;
+        metrics::histogram!("boxoffice_payment_charge_seconds")
+            .record(started.elapsed().as_secs_f64());
+        match charged {
+            Ok(c) => {
+                // Crash tests: die between the charge and the order.
+                if failpoint("after_charge") {
+                    std::process::abort();
+                }
+                Ok(c)
+            }
+            Err(PaymentError::Declined) => Err(Rejection::PaymentDeclined.into()),
+            Err(PaymentError::InvalidToken) => Err(Rejection::invalid(
+                "payment_token",
+                "not a token the payment provider takes",
+            )
+            .into()),
+            Err(e) => Err(EngineError::PaymentUnavailable {
+                timeout: e == PaymentError::Timeout,
+                reason: e.to_string(),
+            }),
         }
     }
 

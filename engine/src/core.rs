@@ -245,6 +245,62 @@ impl SectionCore {
         matches!(self.spec.layout, Layout::Reserved { .. })
     }
 
+    /// The places a best-available hold of `q` would take (seat indexes; none in GA).
+    fn pick_best(&self, q: u32) -> Result<(Vec<u32>, u32), Rejection> {
+        if q == 0 || q > PLACES_PER_HOLD_MAX {
+            return Err(Rejection::invalid(
+                "quantity",
+                format!("must be 1 to {PLACES_PER_HOLD_MAX}"),
+            ));
+        }
+        if self.available < q {
+            return Err(Rejection::SoldOut);
+        }
+        if self.is_reserved() {
+            let seats = self.best_available(q).ok_or(Rejection::SoldOut)?;
+            Ok((seats, q))
+        } else {
+            Ok((Vec::new(), q))
+        }
+    }
+
+    /// The seat indexes of exactly the seats named, if every one exists once and is free.
+    fn pick_seats(&self, ids: &[SeatId]) -> Result<(Vec<u32>, u32), Rejection> {
+        if !self.is_reserved() {
+            return Err(Rejection::invalid(
+                "seat_ids",
+                "a general admission section has no seat ids: use best_available",
+            ));
+        }
+        let count = u32::try_from(ids.len()).unwrap_or(u32::MAX);
+        if count == 0 || count > PLACES_PER_HOLD_MAX {
+            return Err(Rejection::invalid(
+                "seat_ids",
+                format!("must name 1 to {PLACES_PER_HOLD_MAX} seats"),
+            ));
+        }
+        let mut seen = HashSet::new();
+        let mut seats = Vec::with_capacity(ids.len());
+        for id in ids {
+            let idx = self
+                .seat_index(id)
+                .ok_or_else(|| Rejection::SeatNotFound(id.clone()))?;
+            if !seen.insert(idx) {
+                return Err(Rejection::invalid(
+                    "seat_ids",
+                    format!("seat {id} is named twice"),
+                ));
+            }
+            seats.push(idx);
+        }
+        for (id, &idx) in ids.iter().zip(&seats) {
+            if self.seats[idx as usize] != SeatStatus::Available {
+                return Err(Rejection::SeatUnavailable(id.clone()));
+            }
+        }
+        Ok((seats, count))
+    }
+
     /// Decides a hold. On success the hold is applied and its record returned for the log.
     pub fn place_hold(
         &mut self,
@@ -255,59 +311,9 @@ impl SectionCore {
             // Ids are ULIDs generated per request; a clash is a caller bug, refuse it plainly.
             return Err(Rejection::invalid("hold_id", "already used"));
         }
-        let (seats, quantity) = match cmd.pick {
-            Pick::Best(q) => {
-                if q == 0 || q > PLACES_PER_HOLD_MAX {
-                    return Err(Rejection::invalid(
-                        "quantity",
-                        format!("must be 1 to {PLACES_PER_HOLD_MAX}"),
-                    ));
-                }
-                if self.available < q {
-                    return Err(Rejection::SoldOut);
-                }
-                if self.is_reserved() {
-                    let seats = self.best_available(q).ok_or(Rejection::SoldOut)?;
-                    (seats, q)
-                } else {
-                    (Vec::new(), q)
-                }
-            }
-            Pick::Seats(ids) => {
-                if !self.is_reserved() {
-                    return Err(Rejection::invalid(
-                        "seat_ids",
-                        "a general admission section has no seat ids: use best_available",
-                    ));
-                }
-                let count = u32::try_from(ids.len()).unwrap_or(u32::MAX);
-                if count == 0 || count > PLACES_PER_HOLD_MAX {
-                    return Err(Rejection::invalid(
-                        "seat_ids",
-                        format!("must name 1 to {PLACES_PER_HOLD_MAX} seats"),
-                    ));
-                }
-                let mut seen = HashSet::new();
-                let mut seats = Vec::with_capacity(ids.len());
-                for id in &ids {
-                    let idx = self
-                        .seat_index(id)
-                        .ok_or_else(|| Rejection::SeatNotFound(id.clone()))?;
-                    if !seen.insert(idx) {
-                        return Err(Rejection::invalid(
-                            "seat_ids",
-                            format!("seat {id} is named twice"),
-                        ));
-                    }
-                    seats.push(idx);
-                }
-                for (id, &idx) in ids.iter().zip(&seats) {
-                    if self.seats[idx as usize] != SeatStatus::Available {
-                        return Err(Rejection::SeatUnavailable(id.clone()));
-                    }
-                }
-                (seats, count)
-            }
+        let (seats, quantity) = match &cmd.pick {
+            Pick::Best(q) => self.pick_best(*q)?,
+            Pick::Seats(ids) => self.pick_seats(ids)?,
         };
         let record = SectionRecord::HoldPlaced {
             hold_id: cmd.hold_id.clone(),
@@ -455,77 +461,35 @@ impl SectionCore {
                 placed_at_ms,
                 expires_at_ms,
                 idem,
-            } => {
-                if self.holds.contains_key(hold_id) {
-                    return Err(format!("hold {hold_id} placed twice"));
-                }
-                if self.available < *quantity {
-                    return Err(format!("hold {hold_id} takes more than is available"));
-                }
-                if self.is_reserved() {
-                    if seats.len() != *quantity as usize {
-                        return Err(format!("hold {hold_id}: seats and quantity disagree"));
-                    }
-                    for &s in seats {
-                        if self.seats.get(s as usize) != Some(&SeatStatus::Available) {
-                            return Err(format!("hold {hold_id}: seat {s} is not available"));
-                        }
-                    }
-                    for &s in seats {
-                        self.set_seat(s, SeatStatus::Held);
-                    }
-                } else if !seats.is_empty() {
-                    return Err(format!("hold {hold_id}: seats in general admission"));
-                }
-                self.available -= quantity;
-                self.held += quantity;
-                self.deadlines.insert((*expires_at_ms, hold_id.clone()));
-                self.holds.insert(
-                    hold_id.clone(),
-                    HoldEntry {
-                        user_id: user_id.clone(),
-                        seats: seats.clone(),
-                        quantity: *quantity,
-                        placed_at_ms: *placed_at_ms,
-                        expires_at_ms: *expires_at_ms,
-                        status: HoldStatus::Held,
-                        idem: idem.clone(),
-                        order: None,
-                    },
-                );
-            }
+            } => self.apply_placed(
+                hold_id,
+                HoldEntry {
+                    user_id: user_id.clone(),
+                    seats: seats.clone(),
+                    quantity: *quantity,
+                    placed_at_ms: *placed_at_ms,
+                    expires_at_ms: *expires_at_ms,
+                    status: HoldStatus::Held,
+                    idem: idem.clone(),
+                    order: None,
+                },
+            )?,
             SectionRecord::HoldConfirmed {
                 hold_id,
                 order_id,
                 payment_ref,
                 at_ms,
                 idem,
-            } => {
-                let first_place = self.sold;
-                let h = self
-                    .holds
-                    .get_mut(hold_id)
-                    .ok_or_else(|| format!("confirm of unknown hold {hold_id}"))?;
-                if h.status != HoldStatus::Held {
-                    return Err(format!("confirm of inactive hold {hold_id}"));
-                }
-                h.status = HoldStatus::Confirmed;
-                h.order = Some(OrderEntry {
+            } => self.apply_confirmed(
+                hold_id,
+                OrderEntry {
                     order_id: order_id.clone(),
                     payment_ref: payment_ref.clone(),
                     created_at_ms: *at_ms,
                     idem: idem.clone(),
-                    first_place,
-                });
-                let (q, expires, seats) = (h.quantity, h.expires_at_ms, h.seats.clone());
-                self.deadlines.remove(&(expires, hold_id.clone()));
-                for s in seats {
-                    self.set_seat(s, SeatStatus::Sold);
-                }
-                self.held -= q;
-                self.sold += q;
-                self.orders.insert(order_id.clone(), hold_id.clone());
-            }
+                    first_place: self.sold,
+                },
+            )?,
             SectionRecord::HoldReleased { hold_id, .. } => {
                 self.end_hold(hold_id, HoldStatus::Released)?;
             }
@@ -534,6 +498,59 @@ impl SectionCore {
             }
         }
         self.assert_counts();
+        Ok(())
+    }
+
+    /// A new hold takes its places (all of them free, or the record does not fit).
+    fn apply_placed(&mut self, hold_id: &HoldId, hold: HoldEntry) -> Result<(), String> {
+        if self.holds.contains_key(hold_id) {
+            return Err(format!("hold {hold_id} placed twice"));
+        }
+        if self.available < hold.quantity {
+            return Err(format!("hold {hold_id} takes more than is available"));
+        }
+        if self.is_reserved() {
+            if hold.seats.len() != hold.quantity as usize {
+                return Err(format!("hold {hold_id}: seats and quantity disagree"));
+            }
+            for &s in &hold.seats {
+                if self.seats.get(s as usize) != Some(&SeatStatus::Available) {
+                    return Err(format!("hold {hold_id}: seat {s} is not available"));
+                }
+            }
+            for &s in &hold.seats {
+                self.set_seat(s, SeatStatus::Held);
+            }
+        } else if !hold.seats.is_empty() {
+            return Err(format!("hold {hold_id}: seats in general admission"));
+        }
+        self.available -= hold.quantity;
+        self.held += hold.quantity;
+        self.deadlines.insert((hold.expires_at_ms, hold_id.clone()));
+        self.holds.insert(hold_id.clone(), hold);
+        Ok(())
+    }
+
+    /// An active hold's places become sold, under `order`.
+    fn apply_confirmed(&mut self, hold_id: &HoldId, order: OrderEntry) -> Result<(), String> {
+        let h = self
+            .holds
+            .get_mut(hold_id)
+            .ok_or_else(|| format!("confirm of unknown hold {hold_id}"))?;
+        if h.status != HoldStatus::Held {
+            return Err(format!("confirm of inactive hold {hold_id}"));
+        }
+        h.status = HoldStatus::Confirmed;
+        let order_id = order.order_id.clone();
+        h.order = Some(order);
+        let (q, expires, seats) = (h.quantity, h.expires_at_ms, h.seats.clone());
+        self.deadlines.remove(&(expires, hold_id.clone()));
+        for s in seats {
+            self.set_seat(s, SeatStatus::Sold);
+        }
+        self.held -= q;
+        self.sold += q;
+        self.orders.insert(order_id, hold_id.clone());
         Ok(())
     }
 
@@ -636,25 +653,29 @@ impl SectionCore {
             return Err("deadline index has ended holds".into());
         }
         if self.is_reserved() {
-            let busy = self
-                .seats
+            self.check_seats(owner.len())?;
+        }
+        Ok(())
+    }
+
+    /// Seats agree with the holds (`owned` seats belong to an active or confirmed hold) and
+    /// every row's free count is right.
+    fn check_seats(&self, owned: usize) -> Result<(), String> {
+        let busy = self
+            .seats
+            .iter()
+            .filter(|s| **s != SeatStatus::Available)
+            .count();
+        if busy != owned {
+            return Err(format!("{busy} seats busy but {owned} owned by holds"));
+        }
+        for r in &self.rows {
+            let free = self.seats[r.start as usize..(r.start + r.len) as usize]
                 .iter()
-                .filter(|s| **s != SeatStatus::Available)
+                .filter(|s| **s == SeatStatus::Available)
                 .count();
-            if busy != owner.len() {
-                return Err(format!(
-                    "{busy} seats busy but {} owned by holds",
-                    owner.len()
-                ));
-            }
-            for r in &self.rows {
-                let free = self.seats[r.start as usize..(r.start + r.len) as usize]
-                    .iter()
-                    .filter(|s| **s == SeatStatus::Available)
-                    .count();
-                if free != r.available as usize {
-                    return Err(format!("row {} count is off", r.label));
-                }
+            if free != r.available as usize {
+                return Err(format!("row {} count is off", r.label));
             }
         }
         Ok(())

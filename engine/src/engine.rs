@@ -5,6 +5,7 @@
 //! waitlist hand-off), [`waitlist`](crate::waitlist), [`audit`](crate::audit) (reconciliation),
 //! [`supervisor`](crate::supervisor) (restarting actors that panic).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
@@ -15,10 +16,11 @@ use tokio::sync::{Mutex, watch};
 
 use crate::catalog::EventEntry;
 use crate::config::EngineConfig;
+use crate::core::SectionCore;
 use crate::error::{EngineError, Rejection, StorageError};
 use crate::ledger::{Ledger, LedgerMsg, LedgerShard, ShardArgs, ShardState};
 use crate::payment::{PaymentProvider, SimulatedProvider};
-use crate::recovery::{RecoveryReport, recover};
+use crate::recovery::{CatalogEntry, RecoveryReport, recover};
 use crate::router::Router;
 use crate::section::{Listener, Notices, SectionMsg};
 use crate::store::{LogSink, SledSink, Store, StreamWriter, names};
@@ -205,8 +207,24 @@ impl Engine {
         });
         let _ = engine_slot.set(Arc::downgrade(&inner));
         let engine = Engine { inner };
-        let mut cores = recovered.cores;
-        for (event_id, spec, created_at_ms) in recovered.events {
+        engine
+            .start_recovered(recovered.events, recovered.cores)
+            .await?;
+        report.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        metrics::gauge!("boxoffice_engine_recovery_seconds").set(started.elapsed().as_secs_f64());
+        tracing::info!(?report, "engine recovered");
+        let _ = engine.inner.recovery.set(report);
+        engine.inner.ready.store(true, Ordering::SeqCst);
+        Ok(engine)
+    }
+
+    /// Starts every recovered event's section actors from their recovered cores.
+    async fn start_recovered(
+        &self,
+        events: Vec<CatalogEntry>,
+        mut cores: HashMap<(EventId, SectionId), (SectionCore, u64)>,
+    ) -> Result<(), EngineError> {
+        for (event_id, spec, created_at_ms) in events {
             let mut sections = Vec::new();
             for s in &spec.sections {
                 let key = (event_id.clone(), s.section_id.clone());
@@ -215,16 +233,10 @@ impl Engine {
                 })?;
                 sections.push((core, last_seq));
             }
-            engine
-                .start_event(event_id, spec, created_at_ms, sections)
+            self.start_event(event_id, spec, created_at_ms, sections)
                 .await?;
         }
-        report.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        metrics::gauge!("boxoffice_engine_recovery_seconds").set(started.elapsed().as_secs_f64());
-        tracing::info!(?report, "engine recovered");
-        let _ = engine.inner.recovery.set(report);
-        engine.inner.ready.store(true, Ordering::SeqCst);
-        Ok(engine)
+        Ok(())
     }
 
     /// What recovery found when this engine opened.

@@ -9,6 +9,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::core::SectionCore;
 use crate::payment::{Charge, ChargeStatus};
+use crate::types::OrderView;
 
 /// Something that does not add up, with what is needed to act on it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -110,11 +111,22 @@ pub(crate) fn check(books: &Books<'_>) -> Vec<Finding> {
             findings.push(Finding::SoldWithoutClaim { key: key.clone() });
         }
     }
-    let charges = books.charges;
+    check_payments(&orders, books.charges, &mut findings);
+    for f in &findings {
+        metrics::counter!("boxoffice_reconcile_findings_total", "kind" => f.kind()).increment(1);
+        tracing::error!(finding = ?f, "reconciliation finding");
+    }
+    metrics::gauge!("boxoffice_reconcile_last_findings").set(findings.len() as f64);
+    findings
+}
+
+/// Every order is paid by exactly one captured charge of its amount, and every captured charge
+/// belongs to an order.
+fn check_payments(orders: &[OrderView], charges: &[Charge], findings: &mut Vec<Finding>) {
     let by_id: HashMap<&str, &Charge> =
         charges.iter().map(|c| (c.payment_id.as_str(), c)).collect();
     let mut orders_of: HashMap<&str, Vec<String>> = HashMap::new();
-    for o in &orders {
+    for o in orders {
         orders_of
             .entry(o.payment_ref.as_str())
             .or_default()
@@ -154,10 +166,4 @@ pub(crate) fn check(books: &Books<'_>) -> Vec<Finding> {
             });
         }
     }
-    for f in &findings {
-        metrics::counter!("boxoffice_reconcile_findings_total", "kind" => f.kind()).increment(1);
-        tracing::error!(finding = ?f, "reconciliation finding");
-    }
-    metrics::gauge!("boxoffice_reconcile_last_findings").set(findings.len() as f64);
-    findings
 }
