@@ -1,5 +1,5 @@
 //! Generated protobuf messages and gRPC clients/servers for the `boxoffice.v1`
-//! API (see `boxoffice/v1/boxoffice.proto` and the design's `api.md`).
+//! API (see `boxoffice/v1/boxoffice.proto`; the reference is `docs/api.md` in this repository).
 //!
 //! The code is generated at build time by `build.rs` with protox and
 //! tonic-prost-build; no system `protoc` is needed.
