@@ -20,7 +20,7 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use crate::gate::{Gate, GateLayer, Keys, Scope};
-use crate::services::{Api, BookingSvc, EventSvc, WaitingRoomSvc, WaitlistSvc};
+use crate::services::{Api, BookingSvc, EventSvc, Ready, WaitingRoomSvc, WaitlistSvc};
 use crate::tokens::TokenSigner;
 
 /// Largest gRPC message accepted: the largest legitimate request (an event with many sections
@@ -81,9 +81,6 @@ impl ServerConfig {
         }
     }
 }
-
-/// The services' shared state, set once recovery has finished.
-pub type Ready = Arc<OnceLock<Arc<Api>>>;
 
 /// A running server.
 pub struct Running {
