@@ -100,8 +100,8 @@ pub mod server {
     use std::sync::Arc;
     use std::time::Duration;
 
+    use boxoffice_client::Bearer;
     use boxoffice_engine::ManualClock;
-    use boxoffice_gateway::loadgen::Bearer;
     use boxoffice_gateway::server::{self, Running, ServerConfig};
     use tonic::transport::Channel;
 
@@ -132,12 +132,12 @@ pub mod server {
 
     /// A channel to a running server.
     pub async fn channel(r: &Running) -> Channel {
-        boxoffice_gateway::loadgen::connect(&format!("http://{}", r.addr))
+        boxoffice_client::connect(&format!("http://{}", r.addr))
             .await
             .expect("connects")
     }
 
-    pub use boxoffice_gateway::loadgen::Clients;
+    pub use boxoffice_client::Clients;
 
     /// Clients with `key` over `ch`.
     pub fn clients(ch: &Channel, key: &str) -> Clients {

@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use base64::Engine as _;
+use boxoffice_drill::{flash_sale, loadgen, sessions};
 use boxoffice_engine::Durability;
-use boxoffice_gateway::{flash_sale, loadgen, server, sessions};
+use boxoffice_gateway::server;
 use clap::{Parser, Subcommand};
 use rand::RngCore;
 

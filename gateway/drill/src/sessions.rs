@@ -29,7 +29,8 @@ use tonic::transport::Channel;
 use boxoffice_engine::{EventSpec, Layout, RowSpec, SectionId, SectionSpec};
 
 use crate::flash_sale::{RESERVED_SECTIONS, ServerChoice, create_request, sale_event};
-use crate::loadgen::{Bearer, Clients, RpcFigures, connect, drive};
+use crate::loadgen::{RpcFigures, drive};
+use boxoffice_client::{Authed, Bearer, Clients, connect};
 
 /// Flags of `boxoffice sessions`.
 #[derive(clap::Args, Debug, Clone)]
@@ -567,7 +568,7 @@ pub async fn run(args: SessionsArgs) -> anyhow::Result<SessionsReport> {
 
 /// (held, sold, available) summed over the events' sections, as the server counts them.
 async fn counts(
-    admin: &mut pb::event_service_client::EventServiceClient<crate::loadgen::Authed>,
+    admin: &mut pb::event_service_client::EventServiceClient<Authed>,
     events: &[String],
 ) -> anyhow::Result<(u64, u64, u64)> {
     let (mut held, mut sold, mut available) = (0u64, 0u64, 0u64);

@@ -30,7 +30,7 @@ use hdrhistogram::Histogram;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::loadgen::Bearer;
+use boxoffice_client::Bearer;
 use tonic::transport::Channel;
 
 /// Fans compared for first-come-first-served order are this many arrivals apart.
@@ -171,7 +171,7 @@ pub struct ServerChoice {
 /// reconciles at its end).
 pub(crate) struct Backend {
     /// The embedded server (`None` with `--target`).
-    pub server: Option<crate::server::Running>,
+    pub server: Option<boxoffice_gateway::server::Running>,
     /// The embedded server's temporary data dir, removed when dropped.
     _temp: Option<tempfile::TempDir>,
     /// `http://HOST:PORT`.
@@ -205,7 +205,8 @@ impl ServerChoice {
         };
         let mut secret = [0u8; 32];
         rand::RngCore::fill_bytes(&mut rand::rng(), &mut secret);
-        let mut cfg = crate::server::ServerConfig::new(embedded_key, "embedded-client", &secret);
+        let mut cfg =
+            boxoffice_gateway::server::ServerConfig::new(embedded_key, "embedded-client", &secret);
         cfg.listen = "127.0.0.1:0".parse()?;
         cfg.metrics_listen = None;
         cfg.data_dir = dir;
@@ -217,7 +218,7 @@ impl ServerChoice {
         cfg.in_flight_max = 8_192;
         cfg.queue_max = queue_max;
         cfg.reconcile_every = None;
-        let mut server = crate::server::start(cfg)
+        let mut server = boxoffice_gateway::server::start(cfg)
             .await
             .context("starting the embedded server")?;
         server.wait_ready().await?;
@@ -349,11 +350,11 @@ fn record(
 type Ticket = (String, String);
 
 fn reason(s: &tonic::Status) -> String {
-    crate::status::reason_of(s).unwrap_or_default()
+    boxoffice_client::reason(s).unwrap_or_default()
 }
 
 /// The services a fan talks to.
-type Fan = crate::loadgen::Clients;
+type Fan = boxoffice_client::Clients;
 
 /// Retries a call the gate shed (RESOURCE_EXHAUSTED / OVERLOADED) with a short back-off.
 /// With a third argument, that counter of the tally counts every attempt too (a share of the
@@ -1080,7 +1081,7 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
     let bearer = Bearer::new(&key)?;
     let mut channels = Vec::new();
     for _ in 0..8 {
-        channels.push(crate::loadgen::connect(&target).await?);
+        channels.push(boxoffice_client::connect(&target).await?);
     }
     // The event: sections as `sale_event`, admission at --admit-rate, opening after the
     // pre-opening fans joined.

@@ -1,0 +1,11 @@
+//! # boxoffice-drill
+//!
+//! The load tools of boxoffice, which play fans against a server over real gRPC (through
+//! `boxoffice-client`) and check what it promised:
+//! - [`flash_sale`]: `boxoffice flash-sale`, the onsale end to end, and its naive baseline;
+//! - [`sessions`]: `boxoffice sessions`, 50,000 checkout sessions open at once;
+//! - [`loadgen`]: `boxoffice loadgen`, throughput and latency of single RPCs.
+
+pub mod flash_sale;
+pub mod loadgen;
+pub mod sessions;
