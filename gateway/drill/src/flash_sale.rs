@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use boxoffice_engine::{Durability, EventSpec, Layout, RowSpec, SectionId, SectionSpec};
 use boxoffice_proto::v1 as pb;
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use hdrhistogram::Histogram;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -155,8 +156,12 @@ pub struct ServerChoice {
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
     /// sync: fsync before every acknowledgement (group commit); buffered: for benchmarks only.
-    #[arg(long, default_value = "sync", value_parser = ["sync", "buffered"])]
-    pub durability: String,
+    #[arg(
+        long,
+        default_value_t = Durability::Sync,
+        value_parser = PossibleValuesParser::new(Durability::NAMES).try_map(|s| s.parse::<Durability>())
+    )]
+    pub durability: Durability,
     /// Run against a server already running there (e.g. http://127.0.0.1:50051) instead of an
     /// embedded one; needs `--api-key`.
     #[arg(long)]
@@ -210,11 +215,7 @@ impl ServerChoice {
         cfg.listen = "127.0.0.1:0".parse()?;
         cfg.metrics_listen = None;
         cfg.data_dir = dir;
-        cfg.durability = if self.durability == "buffered" {
-            Durability::Buffered
-        } else {
-            Durability::Sync
-        };
+        cfg.durability = self.durability;
         cfg.in_flight_max = 8_192;
         cfg.queue_max = queue_max;
         cfg.reconcile_every = None;
@@ -1612,7 +1613,7 @@ mod tests {
             waitlist_rate: 0.3,
             per_user_limit: 4,
             server: ServerChoice {
-                durability: "sync".into(),
+                durability: Durability::Sync,
                 ..ServerChoice::default()
             },
             naive: false,

@@ -601,7 +601,7 @@ mod tests {
             concurrency: 64,
             pay_share: 0.5,
             server: ServerChoice {
-                durability: "sync".into(),
+                durability: boxoffice_engine::Durability::Sync,
                 ..ServerChoice::default()
             },
             json: None,
