@@ -5,7 +5,12 @@
 //! - [`flash_sale`]: `boxoffice flash-sale`, the onsale end to end, and its naive baseline;
 //! - [`sessions`]: `boxoffice sessions`, 50,000 checkout sessions open at once;
 //! - [`loadgen`]: `boxoffice loadgen`, throughput and latency of single RPCs.
+//!
+//! Shared by the first two: [`server_choice`] (an embedded server, or `--target`) and
+//! [`event`] (the sale's event layout).
 
+pub mod event;
 pub mod flash_sale;
 pub mod loadgen;
+pub mod server_choice;
 pub mod sessions;

@@ -28,8 +28,9 @@ use tonic::transport::Channel;
 
 use boxoffice_engine::{EventSpec, Layout, RowSpec, SectionId, SectionSpec};
 
-use crate::flash_sale::{RESERVED_SECTIONS, ServerChoice, create_request, sale_event};
+use crate::event::{RESERVED_SECTIONS, create_request, sale_event};
 use crate::loadgen::{RpcFigures, drive};
+use crate::server_choice::ServerChoice;
 use boxoffice_client::{Authed, Bearer, Clients, connect};
 
 /// Flags of `boxoffice sessions`.
