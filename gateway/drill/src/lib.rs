@@ -11,6 +11,7 @@
 
 pub mod event;
 pub mod flash_sale;
+mod json;
 pub mod loadgen;
 pub mod server_choice;
 pub mod sessions;

@@ -24,11 +24,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use boxoffice_proto::v1 as pb;
+use serde::Serialize;
 use tonic::transport::Channel;
 
 use boxoffice_engine::{EventSpec, Layout, RowSpec, SectionId, SectionSpec};
 
 use crate::event::{RESERVED_SECTIONS, create_request, sale_event};
+use crate::json;
 use crate::loadgen::{RpcFigures, drive};
 use crate::server_choice::ServerChoice;
 use boxoffice_client::{Authed, Bearer, Clients, connect};
@@ -59,8 +61,9 @@ pub struct SessionsArgs {
     pub json: Option<PathBuf>,
 }
 
-/// What a sessions run measured.
-#[derive(Clone, Debug, Default)]
+/// What a sessions run measured. Its JSON ([`SessionsReport::to_json`]) has these fields in
+/// this order, then `clean`, then the phases.
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct SessionsReport {
     /// Sessions opened.
     pub sessions: usize,
@@ -73,6 +76,7 @@ pub struct SessionsReport {
     /// Holds that the server did not grant (must be 0: the seats are exactly enough).
     pub holds_refused: u64,
     /// Join + admission, hold, refresh, confirm, release.
+    #[serde(skip)]
     pub phases: Vec<RpcFigures>,
     /// Places sold, free and held at the end (server counts).
     pub sold: u64,
@@ -89,7 +93,50 @@ pub struct SessionsReport {
     /// Peak resident memory of this process, bytes (server + load generator when embedded).
     pub peak_rss_bytes: Option<u64>,
     /// Wall time of the run, seconds.
+    #[serde(serialize_with = "json::millis")]
     pub seconds: f64,
+}
+
+/// The JSON object of a sessions report: its fields, whether it is clean, its phases.
+#[derive(Serialize)]
+struct SessionsJson<'a> {
+    #[serde(flatten)]
+    report: &'a SessionsReport,
+    clean: bool,
+    phases: Vec<PhaseJson<'a>>,
+}
+
+/// One phase in the JSON of a sessions report.
+#[derive(Serialize)]
+struct PhaseJson<'a> {
+    name: &'a str,
+    calls: u64,
+    errors: u64,
+    #[serde(serialize_with = "json::millis")]
+    seconds: f64,
+    #[serde(serialize_with = "json::tenths")]
+    calls_per_second: f64,
+    p50_us: u64,
+    p99_us: u64,
+    p999_us: u64,
+    max_us: u64,
+}
+
+impl<'a> From<&'a RpcFigures> for PhaseJson<'a> {
+    fn from(p: &'a RpcFigures) -> PhaseJson<'a> {
+        let [p50_us, p99_us, p999_us, max_us] = p.latency_us;
+        PhaseJson {
+            name: p.name,
+            calls: p.calls,
+            errors: p.errors,
+            seconds: p.seconds,
+            calls_per_second: p.rate(),
+            p50_us,
+            p99_us,
+            p999_us,
+            max_us,
+        }
+    }
 }
 
 impl SessionsReport {
@@ -106,45 +153,13 @@ impl SessionsReport {
             && self.phases.iter().all(|p| p.errors == 0)
     }
 
-    /// The report as one JSON object.
+    /// The report as one line of JSON.
     pub fn to_json(&self) -> String {
-        let phases: Vec<String> = self
-            .phases
-            .iter()
-            .map(|p| {
-                format!(
-                    "{{\"name\":\"{}\",\"calls\":{},\"errors\":{},\"seconds\":{:.3},\"calls_per_second\":{:.1},\"p50_us\":{},\"p99_us\":{},\"p999_us\":{},\"max_us\":{}}}",
-                    p.name,
-                    p.calls,
-                    p.errors,
-                    p.seconds,
-                    p.rate(),
-                    p.latency_us[0],
-                    p.latency_us[1],
-                    p.latency_us[2],
-                    p.latency_us[3]
-                )
-            })
-            .collect();
-        format!(
-            "{{\"sessions\":{},\"events\":{},\"quantity\":{},\"held_at_peak\":{},\"holds_refused\":{},\"sold\":{},\"available\":{},\"held_at_end\":{},\"paid\":{},\"invariant_violations\":{},\"reconciliation_findings\":{},\"peak_rss_bytes\":{},\"seconds\":{:.3},\"clean\":{},\"phases\":[{}]}}\n",
-            self.sessions,
-            self.events,
-            self.quantity,
-            self.held_at_peak,
-            self.holds_refused,
-            self.sold,
-            self.available,
-            self.held_at_end,
-            self.paid,
-            json_opt(self.invariant_violations),
-            json_opt(self.reconciliation_findings),
-            self.peak_rss_bytes
-                .map_or_else(|| "null".to_owned(), |b| b.to_string()),
-            self.seconds,
-            self.clean(),
-            phases.join(",")
-        )
+        json::line(&SessionsJson {
+            report: self,
+            clean: self.clean(),
+            phases: self.phases.iter().map(PhaseJson::from).collect(),
+        })
     }
 }
 
@@ -229,10 +244,6 @@ impl fmt::Display for SessionsReport {
             }
         )
     }
-}
-
-fn json_opt(v: Option<u64>) -> String {
-    v.map_or_else(|| "null".to_owned(), |n| n.to_string())
 }
 
 fn text_opt(v: Option<u64>) -> String {

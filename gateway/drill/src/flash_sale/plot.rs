@@ -75,10 +75,10 @@ pub(crate) fn plot_svg(samples: &[Sample], r: &Report) -> String {
         out.push_str(&format!(
             "<text x=\"60\" y=\"{}\">{name} latency ms: p50 {:.2}  p95 {:.2}  p99 {:.2}  max {:.2}</text>\n",
             base + 24.0 + 18.0 * k as f64,
-            ms(p[0]),
-            ms(p[1]),
-            ms(p[2]),
-            ms(p[3])
+            ms(p.p50),
+            ms(p.p95),
+            ms(p.p99),
+            ms(p.max)
         ));
     }
     out.push_str(&format!(

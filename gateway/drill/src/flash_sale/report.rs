@@ -8,15 +8,19 @@ use std::time::Instant;
 
 use boxoffice_proto::v1 as pb;
 use hdrhistogram::Histogram;
+use serde::Serialize;
 
 use super::progress::{Sample, peak_rate};
 use super::tally::{Latencies, Tally, Ticket};
+use crate::json;
 
 /// Fans compared for first-come-first-served order are this many arrivals apart.
 const FCFS_STRIDE: usize = 1_000;
 
-/// The figures of a run.
-#[derive(Debug, Default, Clone)]
+/// The figures of a run. Its JSON ([`Report::json`]) has the fields below in this order, but
+/// for the four marked table-only, and ends with `clean`; the latencies are named
+/// `*_latency_us` there.
+#[derive(Debug, Default, Clone, Serialize)]
 pub struct Report {
     /// Fans who tried.
     pub fans: usize,
@@ -39,33 +43,38 @@ pub struct Report {
     /// Reconciliation findings (orders vs payments vs the sold-seat backstop).
     pub reconciliation_findings: u64,
     /// Whether the two above were checked (only with the embedded server: `--target` runs see
-    /// the server from outside).
+    /// the server from outside). Table only.
+    #[serde(skip)]
     pub engine_checked: bool,
     /// Wall time of the sale (first arrival to last fan done).
+    #[serde(serialize_with = "json::millis")]
     pub sale_seconds: f64,
     /// Time until the last place was sold (all confirmed).
+    #[serde(serialize_with = "json::opt_millis")]
     pub sold_out_after_seconds: Option<f64>,
     /// Successful holds.
     pub holds: u64,
     /// Successful confirms.
     pub confirms: u64,
-    /// Fans turned away with SOLD_OUT.
-    pub sold_out_answers: u64,
-    /// Exact-seat picks that lost the race (stale seat map).
-    pub stale_seat_map: u64,
-    /// Fans admitted by the waiting room.
-    pub admitted: u64,
     /// gRPC calls the fans made (all kinds; the gate's load).
     pub calls: u64,
     /// The gate's busiest second: the most calls the fans made in any one-second window of the
     /// progress samples (taken every 250 ms).
     pub peak_calls_per_second: u64,
-    /// Payers whose hold had expired when they paid (`HOLD_EXPIRED`).
-    pub paid_too_late: u64,
     /// Of `calls`, those of fans checking their waitlist entry (once a second while waiting).
     pub waitlist_checks: u64,
+    /// Payers whose hold had expired when they paid (`HOLD_EXPIRED`).
+    pub paid_too_late: u64,
     /// The busiest second without the waitlist checks.
     pub peak_calls_per_second_without_waitlist: u64,
+    /// Fans admitted by the waiting room.
+    pub admitted: u64,
+    /// Share of post-opening fans 1,000 arrivals apart who stand in line in arrival order (1.0:
+    /// first come, first served).
+    #[serde(serialize_with = "json::opt_share")]
+    pub fcfs_after_opening: Option<f64>,
+    /// Fans turned away with SOLD_OUT.
+    pub sold_out_answers: u64,
     /// Fans who joined the waitlist after a SOLD_OUT.
     pub waitlist_joined: u64,
     /// Waitlist offers confirmed.
@@ -74,29 +83,80 @@ pub struct Report {
     pub declined_then_paid: u64,
     /// Requests the gate shed and the fans retried.
     pub retried_after_shed: u64,
+    /// Exact-seat picks that lost the race (stale seat map).
+    pub stale_seat_map: u64,
     /// Holds walked away from (expired later).
     pub walked_away: u64,
     /// Requests shed by overload.
     pub shed: u64,
     /// Unexpected errors.
     pub errors: u64,
-    /// The first unexpected error, if any.
+    /// The first unexpected error, if any. Table only.
+    #[serde(skip)]
     pub first_error: Option<String>,
-    /// Holds the sweeper expired (embedded server).
+    /// Holds the sweeper expired (embedded server). Table only.
+    #[serde(skip)]
     pub expired: u64,
-    /// Share of post-opening fans 1,000 arrivals apart who stand in line in arrival order (1.0:
-    /// first come, first served).
-    pub fcfs_after_opening: Option<f64>,
-    /// The largest delay between a hold's deadline and its expiry, ms (embedded server).
+    /// The largest delay between a hold's deadline and its expiry, ms (embedded server). Table
+    /// only.
+    #[serde(skip)]
     pub expiry_lag_max_ms: Option<u64>,
-    /// Hold latency percentiles (p50, p95, p99, max) in µs.
-    pub hold_us: [u64; 4],
-    /// Confirm latency percentiles (p50, p95, p99, max) in µs.
-    pub confirm_us: [u64; 4],
-    /// Join latency percentiles (p50, p95, p99, max) in µs.
-    pub join_us: [u64; 4],
-    /// GetStatus latency percentiles (p50, p95, p99, max) in µs.
-    pub status_us: [u64; 4],
+    /// Hold latency percentiles in µs.
+    #[serde(rename = "hold_latency_us")]
+    pub hold_us: Percentiles,
+    /// Confirm latency percentiles in µs.
+    #[serde(rename = "confirm_latency_us")]
+    pub confirm_us: Percentiles,
+    /// Join latency percentiles in µs.
+    #[serde(rename = "join_latency_us")]
+    pub join_us: Percentiles,
+    /// GetStatus latency percentiles in µs.
+    #[serde(rename = "status_latency_us")]
+    pub status_us: Percentiles,
+}
+
+/// Latency percentiles of one kind of call, µs.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Percentiles {
+    /// Median.
+    pub p50: u64,
+    /// 95th percentile.
+    pub p95: u64,
+    /// 99th percentile.
+    pub p99: u64,
+    /// The slowest call.
+    pub max: u64,
+}
+
+impl Percentiles {
+    fn of(h: &Histogram<u64>) -> Percentiles {
+        Percentiles {
+            p50: h.value_at_quantile(0.50),
+            p95: h.value_at_quantile(0.95),
+            p99: h.value_at_quantile(0.99),
+            max: h.max(),
+        }
+    }
+
+    /// "p50 / p95 / p99 / max" in ms.
+    fn ms(self) -> String {
+        let ms = |us: u64| us as f64 / 1000.0;
+        format!(
+            "{:.2} / {:.2} / {:.2} / {:.2}",
+            ms(self.p50),
+            ms(self.p95),
+            ms(self.p99),
+            ms(self.max)
+        )
+    }
+}
+
+/// The JSON object of a report: its fields, then whether it is clean.
+#[derive(Serialize)]
+struct ReportJson<'a> {
+    #[serde(flatten)]
+    report: &'a Report,
+    clean: bool,
 }
 
 impl Report {
@@ -123,15 +183,6 @@ impl Report {
 
     fn rows(&self) -> Vec<(&'static str, String)> {
         let rate = |n: u64| format!("{:.0}/s", n as f64 / self.sale_seconds.max(1e-9));
-        let pct = |p: [u64; 4]| {
-            format!(
-                "{:.2} / {:.2} / {:.2} / {:.2}",
-                p[0] as f64 / 1000.0,
-                p[1] as f64 / 1000.0,
-                p[2] as f64 / 1000.0,
-                p[3] as f64 / 1000.0
-            )
-        };
         vec![
             ("fans", self.fans.to_string()),
             ("seats", self.seats.to_string()),
@@ -222,10 +273,10 @@ impl Report {
                     None => self.errors.to_string(),
                 },
             ),
-            ("hold ms p50/p95/p99/max", pct(self.hold_us)),
-            ("confirm ms p50/p95/p99/max", pct(self.confirm_us)),
-            ("join ms p50/p95/p99/max", pct(self.join_us)),
-            ("status poll ms p50/p95/p99/max", pct(self.status_us)),
+            ("hold ms p50/p95/p99/max", self.hold_us.ms()),
+            ("confirm ms p50/p95/p99/max", self.confirm_us.ms()),
+            ("join ms p50/p95/p99/max", self.join_us.ms()),
+            ("status poll ms p50/p95/p99/max", self.status_us.ms()),
         ]
     }
 
@@ -240,54 +291,12 @@ impl Report {
         out
     }
 
-    /// The report as a JSON object.
+    /// The report as one line of JSON (the fields of [`Report`] and `clean`).
     pub fn json(&self) -> String {
-        let arr = |p: [u64; 4]| {
-            format!(
-                "{{\"p50\":{},\"p95\":{},\"p99\":{},\"max\":{}}}",
-                p[0], p[1], p[2], p[3]
-            )
-        };
-        format!(
-            "{{\"fans\":{},\"seats\":{},\"sold\":{},\"available\":{},\"held\":{},\"tickets\":{},\"oversold\":{},\"double_booked\":{},\"invariant_violations\":{},\"reconciliation_findings\":{},\"sale_seconds\":{:.3},\"sold_out_after_seconds\":{},\"holds\":{},\"confirms\":{},\"calls\":{},\"peak_calls_per_second\":{},\"waitlist_checks\":{},\"paid_too_late\":{},\"peak_calls_per_second_without_waitlist\":{},\"admitted\":{},\"fcfs_after_opening\":{},\"sold_out_answers\":{},\"waitlist_joined\":{},\"waitlist_bought\":{},\"declined_then_paid\":{},\"retried_after_shed\":{},\"stale_seat_map\":{},\"walked_away\":{},\"shed\":{},\"errors\":{},\"hold_latency_us\":{},\"confirm_latency_us\":{},\"join_latency_us\":{},\"status_latency_us\":{},\"clean\":{}}}\n",
-            self.fans,
-            self.seats,
-            self.sold,
-            self.available,
-            self.held,
-            self.tickets,
-            self.oversold,
-            self.double_booked,
-            self.invariant_violations,
-            self.reconciliation_findings,
-            self.sale_seconds,
-            self.sold_out_after_seconds
-                .map_or("null".into(), |s| format!("{s:.3}")),
-            self.holds,
-            self.confirms,
-            self.calls,
-            self.peak_calls_per_second,
-            self.waitlist_checks,
-            self.paid_too_late,
-            self.peak_calls_per_second_without_waitlist,
-            self.admitted,
-            self.fcfs_after_opening
-                .map_or("null".into(), |f| format!("{f:.4}")),
-            self.sold_out_answers,
-            self.waitlist_joined,
-            self.waitlist_bought,
-            self.declined_then_paid,
-            self.retried_after_shed,
-            self.stale_seat_map,
-            self.walked_away,
-            self.shed,
-            self.errors,
-            arr(self.hold_us),
-            arr(self.confirm_us),
-            arr(self.join_us),
-            arr(self.status_us),
-            self.clean()
-        )
+        json::line(&ReportJson {
+            report: self,
+            clean: self.clean(),
+        })
     }
 }
 
@@ -354,10 +363,10 @@ impl Report {
     /// Takes the latency percentiles of the fans' calls.
     pub(crate) fn count_latencies(&mut self, lat: &Mutex<Latencies>) {
         if let Ok(l) = lat.lock() {
-            self.hold_us = percentiles(&l.hold);
-            self.confirm_us = percentiles(&l.confirm);
-            self.join_us = percentiles(&l.join);
-            self.status_us = percentiles(&l.status);
+            self.hold_us = Percentiles::of(&l.hold);
+            self.confirm_us = Percentiles::of(&l.confirm);
+            self.join_us = Percentiles::of(&l.join);
+            self.status_us = Percentiles::of(&l.status);
         }
     }
 }
@@ -373,13 +382,4 @@ fn fcfs(positions: &mut [(usize, u64)]) -> Option<f64> {
         .collect();
     let ordered = pairs.iter().filter(|(a, b)| a.1 < b.1).count();
     (!pairs.is_empty()).then(|| ordered as f64 / pairs.len() as f64)
-}
-
-fn percentiles(h: &Histogram<u64>) -> [u64; 4] {
-    [
-        h.value_at_quantile(0.50),
-        h.value_at_quantile(0.95),
-        h.value_at_quantile(0.99),
-        h.max(),
-    ]
 }
