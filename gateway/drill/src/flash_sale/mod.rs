@@ -115,7 +115,7 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
     report.count_fans(&crowd.tally, &samples, started, last_sale);
     report.count_latencies(&crowd.lat);
     if let Some(path) = &args.plot {
-        std::fs::write(path, plot::plot_svg(&samples, &report))
+        std::fs::write(path, plot::plot_svg(&samples, &report)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(report)
