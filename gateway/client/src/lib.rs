@@ -5,7 +5,9 @@
 //! - [`Bearer`]: the interceptor that sends `authorization: Bearer <key>` on every call;
 //! - [`connect`]: a channel to a server (`http://HOST:PORT`);
 //! - [`Clients`]: one client of each service over one channel, with one key;
-//! - [`reason`]: the `google.rpc.ErrorInfo` reason an error carries.
+//! - [`reason`]: the `google.rpc.ErrorInfo` reason an error carries;
+//! - [`Retry`]: retries of transient failures ([`is_transient`], [`is_overloaded`]) with
+//!   exponential backoff and jitter, for [`Idempotent`] requests only.
 
 use anyhow::Context;
 use boxoffice_proto::v1 as pb;
@@ -15,6 +17,10 @@ use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic_types::StatusExt;
+
+mod retry;
+
+pub use retry::{Idempotent, Retry, is_overloaded, is_transient};
 
 /// Adds `authorization: Bearer <key>` to every call.
 #[derive(Clone)]

@@ -5,12 +5,13 @@
 //! card first) or walks away. Turned away with SOLD_OUT, a fan may wait on the waitlist and buy
 //! what it offers. At most `--concurrency` fans are between joining and paying at once.
 
-use std::sync::atomic::Ordering;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use boxoffice_client::{Bearer, Clients};
+use boxoffice_client::{Bearer, Clients, Idempotent, Retry, is_overloaded};
 use boxoffice_proto::v1 as pb;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -20,27 +21,11 @@ use tonic::transport::Channel;
 use super::FlashSaleArgs;
 use super::tally::{Latencies, Tally, Ticket, reason, record};
 
-/// Retries a call the gate shed (RESOURCE_EXHAUSTED / OVERLOADED) with a short back-off.
-/// With a third argument, that counter of the tally counts every attempt too (a share of the
-/// calls, such as the waitlist checks).
-macro_rules! patient {
-    ($tally:expr, $call:expr $(, $also:ident)?) => {{
-        let mut tries = 0u32;
-        loop {
-            $tally.calls.fetch_add(1, Ordering::Relaxed);
-            $($tally.$also.fetch_add(1, Ordering::Relaxed);)?
-            match $call.await {
-                Err(s) if reason(&s) == "OVERLOADED" && tries < 200 => {
-                    tries += 1;
-                    $tally.shed.fetch_add(1, Ordering::Relaxed);
-                    tokio::time::sleep(Duration::from_millis(5 + u64::from(tries.min(20)) * 5))
-                        .await;
-                }
-                other => break other,
-            }
-        }
-    }};
-}
+/// How fans retry: only calls the gate or a section shed (`OVERLOADED`), at most 200 times,
+/// waiting 5 ms doubling to 70 ms plus jitter (70 to 140 ms once at the cap: on average the
+/// 105 ms the fans have always waited at most).
+const PATIENCE: Retry =
+    Retry::new(Duration::from_millis(5), Duration::from_millis(70), 200).when(is_overloaded);
 
 /// The sale's event as the fans see it.
 pub(crate) struct SaleEvent {
@@ -216,6 +201,40 @@ impl<'a> Fan<'a> {
         }
     }
 
+    /// `call(client, request)`, retried while shed ([`PATIENCE`]). Every attempt counts as a
+    /// call of the fans (and in `also`, if given), every retry as shed.
+    async fn patient<C, Req, T, F, Fut>(
+        &self,
+        client: &C,
+        request: Req,
+        also: Option<&AtomicU64>,
+        mut call: F,
+    ) -> Result<T, tonic::Status>
+    where
+        C: Clone,
+        Req: Idempotent,
+        F: FnMut(C, Req) -> Fut,
+        Fut: Future<Output = Result<T, tonic::Status>>,
+    {
+        let tally = self.tally;
+        PATIENCE
+            .call_notify(
+                client,
+                request,
+                |c, r| {
+                    tally.calls.fetch_add(1, Ordering::Relaxed);
+                    if let Some(also) = also {
+                        also.fetch_add(1, Ordering::Relaxed);
+                    }
+                    call(c, r)
+                },
+                |_, _| {
+                    tally.shed.fetch_add(1, Ordering::Relaxed);
+                },
+            )
+            .await
+    }
+
     /// From the waiting room to tickets (or not).
     async fn buy(&mut self) -> Outcome {
         let Some(admission) = self.queue().await else {
@@ -251,14 +270,16 @@ impl<'a> Fan<'a> {
     async fn queue(&mut self) -> Option<String> {
         let (tally, lat) = (self.tally, &self.crowd.lat);
         let join_started = Instant::now();
-        let joined = patient!(
-            tally,
-            self.f.room.join(pb::JoinRequest {
-                event_id: self.crowd.event.event_id.clone(),
-                user_id: self.user.clone(),
-                session_id: "web".into(),
+        let join = pb::JoinRequest {
+            event_id: self.crowd.event.event_id.clone(),
+            user_id: self.user.clone(),
+            session_id: "web".into(),
+        };
+        let joined = self
+            .patient(&self.f.room, join, None, |mut c, r| async move {
+                c.join(r).await
             })
-        );
+            .await;
         record(lat, |l| &mut l.join, join_started);
         let Ok(ticket) = joined.map(tonic::Response::into_inner) else {
             tally.error("join", None);
@@ -266,12 +287,14 @@ impl<'a> Fan<'a> {
         };
         loop {
             let poll_started = Instant::now();
-            let st = patient!(
-                tally,
-                self.f.room.get_status(pb::GetStatusRequest {
-                    queue_token: ticket.queue_token.clone(),
+            let poll = pb::GetStatusRequest {
+                queue_token: ticket.queue_token.clone(),
+            };
+            let st = self
+                .patient(&self.f.room, poll, None, |mut c, r| async move {
+                    c.get_status(r).await
                 })
-            );
+                .await;
             record(lat, |l| &mut l.status, poll_started);
             let Ok(st) = st.map(tonic::Response::into_inner) else {
                 tally.error("status", None);
@@ -370,16 +393,18 @@ impl<'a> Fan<'a> {
         loop {
             attempt += 1;
             let started = Instant::now();
-            let r = patient!(
-                tally,
-                self.f.booking.hold(pb::HoldRequest {
-                    event_id: self.crowd.event.event_id.clone(),
-                    user_id: self.user.clone(),
-                    admission_token: admission.to_owned(),
-                    idempotency_key: format!("hold-{attempt}"),
-                    selection: Some(selection.clone().unwrap_or(anywhere.clone())),
+            let request = pb::HoldRequest {
+                event_id: self.crowd.event.event_id.clone(),
+                user_id: self.user.clone(),
+                admission_token: admission.to_owned(),
+                idempotency_key: format!("hold-{attempt}"),
+                selection: Some(selection.clone().unwrap_or(anywhere.clone())),
+            };
+            let r = self
+                .patient(&self.f.booking, request, None, |mut c, r| async move {
+                    c.hold(r).await
                 })
-            );
+                .await;
             record(lat, |l| &mut l.hold, started);
             match r {
                 Ok(h) => return Ok(h.into_inner()),
@@ -418,12 +443,12 @@ impl<'a> Fan<'a> {
             idempotency_key: key.into(),
         };
         if declined_first {
-            let r = patient!(
-                tally,
-                self.f
-                    .booking
-                    .confirm(confirm("tok_decline".into(), "pay-declined"))
-            );
+            let request = confirm("tok_decline".into(), "pay-declined");
+            let r = self
+                .patient(&self.f.booking, request, None, |mut c, r| async move {
+                    c.confirm(r).await
+                })
+                .await;
             match &r {
                 Err(s) if reason(s) == "PAYMENT_DECLINED" => {}
                 // Too slow to pay: the hold lapsed before the first card was even tried.
@@ -438,12 +463,12 @@ impl<'a> Fan<'a> {
             }
         }
         let started = Instant::now();
-        let r = patient!(
-            tally,
-            self.f
-                .booking
-                .confirm(confirm(format!("tok_fan_{card}"), "pay"))
-        );
+        let request = confirm(format!("tok_fan_{card}"), "pay");
+        let r = self
+            .patient(&self.f.booking, request, None, |mut c, r| async move {
+                c.confirm(r).await
+            })
+            .await;
         record(lat, |l| &mut l.confirm, started);
         match r {
             Ok(order) => {
@@ -473,15 +498,17 @@ impl<'a> Fan<'a> {
     /// Joins the waitlist and buys the offer if one comes while the sale lasts.
     async fn wait_on_waitlist(&mut self, quantity: u32) -> Vec<Ticket> {
         let tally = self.tally;
-        let joined = patient!(
-            tally,
-            self.f.waitlist.join_waitlist(pb::JoinWaitlistRequest {
-                event_id: self.crowd.event.event_id.clone(),
-                user_id: self.user.clone(),
-                section_id: String::new(),
-                quantity,
+        let join = pb::JoinWaitlistRequest {
+            event_id: self.crowd.event.event_id.clone(),
+            user_id: self.user.clone(),
+            section_id: String::new(),
+            quantity,
+        };
+        let joined = self
+            .patient(&self.f.waitlist, join, None, |mut c, r| async move {
+                c.join_waitlist(r).await
             })
-        );
+            .await;
         let Ok(entry) = joined.map(tonic::Response::into_inner) else {
             tally.error("join_waitlist", None);
             return Vec::new();
@@ -502,16 +529,18 @@ impl<'a> Fan<'a> {
             if tally.sold_out_for_good.load(Ordering::Acquire) {
                 break;
             }
-            let Ok(e) = patient!(
-                tally,
-                self.f
-                    .waitlist
-                    .get_waitlist_entry(pb::GetWaitlistEntryRequest {
-                        entry_id: entry.entry_id.clone(),
-                    }),
-                waitlist_checks
-            )
-            .map(tonic::Response::into_inner) else {
+            let check = pb::GetWaitlistEntryRequest {
+                entry_id: entry.entry_id.clone(),
+            };
+            let checked = self
+                .patient(
+                    &self.f.waitlist,
+                    check,
+                    Some(&tally.waitlist_checks),
+                    |mut c, r| async move { c.get_waitlist_entry(r).await },
+                )
+                .await;
+            let Ok(e) = checked.map(tonic::Response::into_inner) else {
                 continue;
             };
             if e.state == pb::WaitlistState::Offered as i32 {
