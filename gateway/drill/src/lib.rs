@@ -7,11 +7,13 @@
 //! - [`loadgen`]: `boxoffice loadgen`, throughput and latency of single RPCs.
 //!
 //! Shared by the first two: [`server_choice`] (an embedded server, or `--target`) and
-//! [`event`] (the sale's event layout).
+//! [`event`] (the sale's event layout); by the last two, [`measure`] (calls in concurrent
+//! streams, their throughput and latency percentiles).
 
 pub mod event;
 pub mod flash_sale;
 mod json;
 pub mod loadgen;
+pub mod measure;
 pub mod server_choice;
 pub mod sessions;

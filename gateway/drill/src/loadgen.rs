@@ -12,7 +12,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use boxoffice_client::{Authed, Bearer, connect};
 use boxoffice_proto::v1 as pb;
-use hdrhistogram::Histogram;
+use pb::booking_service_client::BookingServiceClient;
+use pb::waiting_room_service_client::WaitingRoomServiceClient;
+use tonic::transport::Channel;
+
+use crate::measure::{RpcFigures, drive};
 
 /// Flags of `boxoffice loadgen`.
 #[derive(clap::Args, Debug, Clone)]
@@ -35,30 +39,6 @@ pub struct LoadgenArgs {
     /// HTTP/2 connections shared by the streams.
     #[arg(long, default_value_t = 4)]
     pub connections: usize,
-}
-
-/// Throughput and latency of one RPC.
-#[derive(Clone, Debug)]
-pub struct RpcFigures {
-    /// The RPC.
-    pub name: &'static str,
-    /// Calls made.
-    pub calls: u64,
-    /// Calls that failed.
-    pub errors: u64,
-    /// Wall time.
-    pub seconds: f64,
-    /// Latency percentiles p50, p99, p99.9 and max, µs.
-    pub latency_us: [u64; 4],
-    /// The first error seen, if any.
-    pub first_error: Option<String>,
-}
-
-impl RpcFigures {
-    /// Calls per second.
-    pub fn rate(&self) -> f64 {
-        self.calls as f64 / self.seconds.max(1e-9)
-    }
 }
 
 /// A loadgen run.
@@ -103,82 +83,6 @@ impl fmt::Display for LoadReport {
             "(concurrency {}; ceiling = the health check's rate)",
             self.concurrency
         )
-    }
-}
-
-fn histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds")
-}
-
-/// Runs `concurrency` tasks, each calling `call(i)` for its share of `requests`.
-pub(crate) async fn drive<F, Fut>(
-    name: &'static str,
-    requests: usize,
-    concurrency: usize,
-    call: F,
-) -> RpcFigures
-where
-    F: Fn(usize) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = Result<(), tonic::Status>> + Send,
-{
-    let call = Arc::new(call);
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for t in 0..concurrency {
-        let call = call.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut h = histogram();
-            let mut errors = 0u64;
-            let mut calls = 0u64;
-            let mut first = None;
-            let mut i = t;
-            while i < requests {
-                let s = Instant::now();
-                if let Err(e) = call(i).await {
-                    errors += 1;
-                    first.get_or_insert_with(|| {
-                        format!(
-                            "{:?} {}: {}",
-                            e.code(),
-                            boxoffice_client::reason(&e).unwrap_or_default(),
-                            e.message()
-                        )
-                    });
-                }
-                let _ = h.record(
-                    u64::try_from(s.elapsed().as_micros())
-                        .unwrap_or(u64::MAX)
-                        .max(1),
-                );
-                calls += 1;
-                i += concurrency;
-            }
-            (h, calls, errors, first)
-        }));
-    }
-    let mut h = histogram();
-    let (mut calls, mut errors) = (0, 0);
-    let mut first_error = None;
-    for t in tasks {
-        if let Ok((th, c, e, f)) = t.await {
-            let _ = h.add(th);
-            calls += c;
-            errors += e;
-            first_error = first_error.or(f);
-        }
-    }
-    RpcFigures {
-        name,
-        calls,
-        errors,
-        seconds: started.elapsed().as_secs_f64(),
-        latency_us: [
-            h.value_at_quantile(0.5),
-            h.value_at_quantile(0.99),
-            h.value_at_quantile(0.999),
-            h.max(),
-        ],
-        first_error,
     }
 }
 
@@ -234,18 +138,56 @@ pub async fn run(args: LoadgenArgs) -> anyhow::Result<LoadReport> {
     for _ in 0..args.connections {
         channels.push(connect(&args.target).await?);
     }
-    let client = Bearer::new(&args.client_key)?;
-    let admin = Bearer::new(&args.admin_key)?;
-    let pick = {
-        let channels = channels.clone();
-        move |i: usize| channels[i % channels.len()].clone()
+    let load = Load {
+        channels: Arc::new(channels),
+        client: Bearer::new(&args.client_key)?,
+        requests: args.requests,
+        concurrency: args.concurrency,
     };
-
     // 1. The ceiling: an empty RPC through the same client stack.
-    let health = {
-        let pick = pick.clone();
-        drive("health", args.requests, args.concurrency, move |i| {
-            let mut c = tonic_health::pb::health_client::HealthClient::new(pick(i));
+    let health = load.health().await;
+    let event_id = format!("loadgen-{}", ulid_like());
+    load.create_event(&event_id, Bearer::new(&args.admin_key)?)
+        .await?;
+    // 2. Queue polls: one fan per stream, polling its status.
+    let status = load.polls(&event_id).await?;
+    // 3. Durable holds: one place each, spread over 16 sections, 100 per user.
+    let hold = load.holds(&event_id).await?;
+    Ok(LoadReport {
+        concurrency: args.concurrency,
+        rpcs: vec![health, status, hold],
+    })
+}
+
+/// The streams of a run: call `i` goes over channel `i % connections`, with the client key.
+#[derive(Clone)]
+struct Load {
+    channels: Arc<Vec<Channel>>,
+    client: Bearer,
+    requests: usize,
+    concurrency: usize,
+}
+
+impl Load {
+    fn channel(&self, i: usize) -> Channel {
+        self.channels[i % self.channels.len()].clone()
+    }
+
+    fn room(&self, i: usize) -> WaitingRoomServiceClient<Authed> {
+        WaitingRoomServiceClient::with_interceptor(self.channel(i), self.client.clone())
+    }
+
+    fn booking(&self, i: usize) -> BookingServiceClient<Authed> {
+        BookingServiceClient::with_interceptor(self.channel(i), self.client.clone())
+    }
+
+    /// The health check: an empty RPC, the ceiling of any RPC.
+    async fn health(&self) -> RpcFigures {
+        let channels = self.channels.clone();
+        drive("health", self.requests, self.concurrency, move |i| {
+            let mut c = tonic_health::pb::health_client::HealthClient::new(
+                channels[i % channels.len()].clone(),
+            );
             async move {
                 c.check(tonic_health::pb::HealthCheckRequest {
                     service: String::new(),
@@ -255,90 +197,78 @@ pub async fn run(args: LoadgenArgs) -> anyhow::Result<LoadReport> {
             }
         })
         .await
-    };
+    }
 
-    // An event for the run: admission is instant, places are plenty.
-    let event_id = format!("loadgen-{}", ulid_like());
-    let mut events =
-        pb::event_service_client::EventServiceClient::with_interceptor(channels[0].clone(), admin);
-    events
-        .create_event(pb::CreateEventRequest {
-            event_id: event_id.clone(),
-            name: "loadgen".into(),
-            sections: (0..16)
-                .map(|s| pb::SectionSpec {
-                    section_id: format!("s{s}"),
-                    name: format!("S{s}"),
-                    price_cents: 100,
-                    layout: Some(pb::section_spec::Layout::GeneralAdmissionCapacity(
-                        u32::try_from(args.requests)
-                            .unwrap_or(u32::MAX)
-                            .saturating_add(1_000),
-                    )),
-                })
-                .collect(),
-            hold_ttl_seconds: 600,
-            per_user_limit: 100,
-            admit_rate_per_second: 1_000_000,
-            admission_window_seconds: 3_600,
-            sale_opens_at_unix_ms: 0,
-        })
-        .await
-        .context("CreateEvent (is --admin-key an admin key?)")?;
-    let mut wr = pb::waiting_room_service_client::WaitingRoomServiceClient::with_interceptor(
-        channels[0].clone(),
-        client.clone(),
-    );
-
-    // 2. Queue polls: one fan per stream, polling its status.
-    let pollers: Vec<String> = (0..args.concurrency)
-        .map(|t| format!("{event_id}-poller-{t}"))
-        .collect();
-    let mut queue_tokens = Vec::new();
-    for u in &pollers {
-        let t = wr
-            .join(pb::JoinRequest {
-                event_id: event_id.clone(),
-                user_id: u.clone(),
-                session_id: "loadgen".into(),
+    /// The run's event: admission is instant, places are plenty (16 general-admission
+    /// sections of `requests` + 1,000 places).
+    async fn create_event(&self, event_id: &str, admin: Bearer) -> anyhow::Result<()> {
+        let capacity = u32::try_from(self.requests)
+            .unwrap_or(u32::MAX)
+            .saturating_add(1_000);
+        let mut events =
+            pb::event_service_client::EventServiceClient::with_interceptor(self.channel(0), admin);
+        events
+            .create_event(pb::CreateEventRequest {
+                event_id: event_id.into(),
+                name: "loadgen".into(),
+                sections: (0..16)
+                    .map(|s| pb::SectionSpec {
+                        section_id: format!("s{s}"),
+                        name: format!("S{s}"),
+                        price_cents: 100,
+                        layout: Some(pb::section_spec::Layout::GeneralAdmissionCapacity(capacity)),
+                    })
+                    .collect(),
+                hold_ttl_seconds: 600,
+                per_user_limit: 100,
+                admit_rate_per_second: 1_000_000,
+                admission_window_seconds: 3_600,
+                sale_opens_at_unix_ms: 0,
             })
             .await
-            .context("Join")?;
-        queue_tokens.push(t.into_inner().queue_token);
+            .context("CreateEvent (is --admin-key an admin key?)")?;
+        Ok(())
     }
-    let queue_tokens = Arc::new(queue_tokens);
-    let status = {
-        let (pick, client, queue_tokens) = (pick.clone(), client.clone(), queue_tokens.clone());
-        let concurrency = args.concurrency;
-        drive("GetStatus", args.requests, args.concurrency, move |i| {
-            let mut c = pb::waiting_room_service_client::WaitingRoomServiceClient::with_interceptor(
-                pick(i),
-                client.clone(),
-            );
-            let token = queue_tokens[i % concurrency].clone();
-            async move {
-                c.get_status(pb::GetStatusRequest { queue_token: token })
-                    .await
-                    .map(|_| ())
-            }
-        })
-        .await
-    };
 
-    // 3. Durable holds: one place each, spread over 16 sections, 100 per user.
-    let users: Vec<String> = (0..args.requests.div_ceil(100))
-        .map(|u| format!("{event_id}-holder-{u}"))
-        .collect();
-    let tokens = Arc::new(admit(&mut wr, &event_id, &users).await?);
-    let users = Arc::new(users);
-    let hold = {
-        let (pick, client) = (pick.clone(), client.clone());
-        let event_id = event_id.clone();
-        drive("Hold", args.requests, args.concurrency, move |i| {
-            let mut c = pb::booking_service_client::BookingServiceClient::with_interceptor(
-                pick(i),
-                client.clone(),
-            );
+    /// `GetStatus` polls: one fan per stream joins, then every call polls a fan's status.
+    async fn polls(&self, event_id: &str) -> anyhow::Result<RpcFigures> {
+        let mut room = self.room(0);
+        let mut queue_tokens = Vec::new();
+        for t in 0..self.concurrency {
+            let joined = room
+                .join(pb::JoinRequest {
+                    event_id: event_id.into(),
+                    user_id: format!("{event_id}-poller-{t}"),
+                    session_id: "loadgen".into(),
+                })
+                .await
+                .context("Join")?;
+            queue_tokens.push(joined.into_inner().queue_token);
+        }
+        let load = self.clone();
+        Ok(
+            drive("GetStatus", self.requests, self.concurrency, move |i| {
+                let mut c = load.room(i);
+                let token = queue_tokens[i % queue_tokens.len()].clone();
+                async move {
+                    c.get_status(pb::GetStatusRequest { queue_token: token })
+                        .await
+                        .map(|_| ())
+                }
+            })
+            .await,
+        )
+    }
+
+    /// Durable holds: one place each, spread over 16 sections, 100 per (admitted) user.
+    async fn holds(&self, event_id: &str) -> anyhow::Result<RpcFigures> {
+        let users: Vec<String> = (0..self.requests.div_ceil(100))
+            .map(|u| format!("{event_id}-holder-{u}"))
+            .collect();
+        let tokens = admit(&mut self.room(0), event_id, &users).await?;
+        let (load, event_id) = (self.clone(), event_id.to_owned());
+        Ok(drive("Hold", self.requests, self.concurrency, move |i| {
+            let mut c = load.booking(i);
             let req = pb::HoldRequest {
                 event_id: event_id.clone(),
                 user_id: users[i / 100].clone(),
@@ -353,12 +283,8 @@ pub async fn run(args: LoadgenArgs) -> anyhow::Result<LoadReport> {
             };
             async move { c.hold(req).await.map(|_| ()) }
         })
-        .await
-    };
-    Ok(LoadReport {
-        concurrency: args.concurrency,
-        rpcs: vec![health, status, hold],
-    })
+        .await)
+    }
 }
 
 fn ulid_like() -> String {

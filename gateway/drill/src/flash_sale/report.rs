@@ -182,7 +182,17 @@ impl Report {
     }
 
     fn rows(&self) -> Vec<(&'static str, String)> {
-        let rate = |n: u64| format!("{:.0}/s", n as f64 / self.sale_seconds.max(1e-9));
+        [
+            self.outcome_rows(),
+            self.load_rows(),
+            self.path_rows(),
+            self.latency_rows(),
+        ]
+        .concat()
+    }
+
+    /// What was sold, and the checks.
+    fn outcome_rows(&self) -> Vec<(&'static str, String)> {
         vec![
             ("fans", self.fans.to_string()),
             ("seats", self.seats.to_string()),
@@ -200,6 +210,13 @@ impl Report {
                 "reconciliation findings (must be 0)",
                 self.checked(self.reconciliation_findings),
             ),
+        ]
+    }
+
+    /// How long, how many calls, how fast.
+    fn load_rows(&self) -> Vec<(&'static str, String)> {
+        let rate = |n: u64| format!("{:.0}/s", n as f64 / self.sale_seconds.max(1e-9));
+        vec![
             ("sale wall time", format!("{:.2} s", self.sale_seconds)),
             (
                 "last place sold after",
@@ -226,6 +243,12 @@ impl Report {
                 "confirms",
                 format!("{} ({})", self.confirms, rate(self.confirms)),
             ),
+        ]
+    }
+
+    /// The fans' ways through the sale.
+    fn path_rows(&self) -> Vec<(&'static str, String)> {
+        vec![
             (
                 "fans admitted by the waiting room",
                 self.admitted.to_string(),
@@ -273,6 +296,12 @@ impl Report {
                     None => self.errors.to_string(),
                 },
             ),
+        ]
+    }
+
+    /// The latency percentiles.
+    fn latency_rows(&self) -> Vec<(&'static str, String)> {
+        vec![
             ("hold ms p50/p95/p99/max", self.hold_us.ms()),
             ("confirm ms p50/p95/p99/max", self.confirm_us.ms()),
             ("join ms p50/p95/p99/max", self.join_us.ms()),
