@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use boxoffice_gateway::loadgen::{Authed, Bearer, connect};
+use boxoffice_client::{Authed, Bearer, connect};
 use boxoffice_gateway::server::{ServerConfig, start};
 use boxoffice_proto::v1 as pb;
 use criterion::{Criterion, criterion_group, criterion_main};

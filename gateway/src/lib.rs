@@ -1,8 +1,9 @@
 //! # boxoffice-gateway
 //!
 //! The front door of boxoffice: the `boxoffice.v1` gRPC services over the engine, the waiting
-//! room, authentication, overload shedding, health, reflection and the metrics endpoint; and the
-//! `boxoffice` binary's subcommands.
+//! room, authentication, overload shedding, health, reflection and the metrics endpoint. The
+//! server library only: the `boxoffice` binary is `gateway/cli`, the typed client
+//! `gateway/client` (`boxoffice-client`), the load tools `gateway/drill` (`boxoffice-drill`).
 //!
 //! ## Layout
 //! - [`server`]: start, recover, drain; [`ServerConfig`](server::ServerConfig).
@@ -14,17 +15,12 @@
 //! - [`tokens`]: HMAC-signed queue and admission tokens.
 //! - [`tickets`]: Ed25519-signed e-ticket codes, verifiable offline.
 //! - [`metrics`]: the Prometheus endpoint.
-//! - [`flash_sale`]: `boxoffice flash-sale`.
-//! - [`loadgen`]: `boxoffice loadgen`, the gRPC load generator.
 
 pub mod convert;
-pub mod flash_sale;
 pub mod gate;
-pub mod loadgen;
 pub mod metrics;
 pub mod server;
 pub mod services;
-pub mod sessions;
 pub mod status;
 pub mod tickets;
 pub mod tokens;

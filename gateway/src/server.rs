@@ -20,7 +20,7 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use crate::gate::{Gate, GateLayer, Keys, Scope};
-use crate::services::{Api, BookingSvc, EventSvc, WaitingRoomSvc, WaitlistSvc};
+use crate::services::{Api, BookingSvc, EventSvc, Ready, WaitingRoomSvc, WaitlistSvc};
 use crate::tokens::TokenSigner;
 
 /// Largest gRPC message accepted: the largest legitimate request (an event with many sections
@@ -81,9 +81,6 @@ impl ServerConfig {
         }
     }
 }
-
-/// The services' shared state, set once recovery has finished.
-pub type Ready = Arc<OnceLock<Arc<Api>>>;
 
 /// A running server.
 pub struct Running {
@@ -276,13 +273,36 @@ async fn recover(
             t.push(task);
         }
     }
-    let (actor, _) = boxoffice_sweeper::start(engine, boxoffice_sweeper::SweeperConfig::default())
-        .await
-        .context("starting the sweeper")?;
+    let (actor, _) =
+        boxoffice_sweeper::start(engine.clone(), boxoffice_sweeper::SweeperConfig::default())
+            .await
+            .context("starting the sweeper")?;
     let _ = sweeper.set(actor);
     let _ = ready.set(api);
     set_health(&health, ServingStatus::Serving).await;
+    follow_engine_stop(&engine, health, &tasks);
     Ok(())
+}
+
+/// Health follows the engine: once it stops for good (the log failed, an actor could not be
+/// rebuilt), health says `NOT_SERVING` so load balancers and orchestrators take this server out.
+fn follow_engine_stop(
+    engine: &Engine,
+    health: HealthReporter,
+    tasks: &Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+) {
+    let mut stopped = engine.watch_stopped();
+    let task = tokio::spawn(async move {
+        let reason = match stopped.wait_for(|s| s.is_some()).await {
+            Ok(r) => r.clone().unwrap_or_default(),
+            Err(_) => return, // the engine is gone (shutdown)
+        };
+        tracing::error!(%reason, "the engine stopped: health is NOT_SERVING until a restart");
+        set_health(&health, ServingStatus::NotServing).await;
+    });
+    if let Ok(mut t) = tasks.lock() {
+        t.push(task);
+    }
 }
 
 impl Running {

@@ -1,6 +1,6 @@
 //! The four gRPC services of `boxoffice.v1`, over one shared [`Api`].
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use boxoffice_engine::{
     Clock, ConfirmRequest, Engine, EventId, EventTerms, EventView, HoldId, HoldRequest, OrderId,
@@ -11,7 +11,6 @@ use dashmap::DashMap;
 use tonic::{Request, Response, Status};
 
 use crate::convert;
-use crate::server::Ready;
 use crate::status::ApiError;
 use crate::tokens::{Claims, TokenError, TokenKind, TokenSigner, seed_commitment};
 use crate::waiting_room::{JoinError, RoomConfig, Standing, WaitingRoom, spawn_admitter};
@@ -22,6 +21,10 @@ pub const QUEUE_TOKEN_TTL_MS: u64 = 24 * 60 * 60 * 1000;
 pub const LIST_PAGE_DEFAULT: usize = 50;
 /// Largest `ListEvents` page.
 pub const LIST_PAGE_MAX: usize = 500;
+
+/// The services' shared state, set once recovery has finished (the server sets it; until then
+/// every call answers `UNAVAILABLE` / `NOT_READY`).
+pub type Ready = Arc<OnceLock<Arc<Api>>>;
 
 /// Everything the services share.
 pub struct Api {

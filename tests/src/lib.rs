@@ -9,7 +9,7 @@ pub mod server;
 pub mod wait;
 
 // The gRPC client: the only place the tests name where it comes from.
-pub use boxoffice_gateway::loadgen::{Bearer, Clients, connect};
+pub use boxoffice_client::{Bearer, Clients, connect};
 
 use std::path::Path;
 use std::sync::Arc;

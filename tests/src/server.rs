@@ -164,6 +164,14 @@ impl TestServer {
         TestServer::builder().start().await
     }
 
+    /// The server's engine (once recovered), for tests that reach inside it.
+    pub fn engine(&self) -> boxoffice_engine::Engine {
+        self.running
+            .get()
+            .engine()
+            .expect("the server has recovered")
+    }
+
     /// A server with other options.
     pub fn builder() -> TestServerBuilder {
         TestServerBuilder {

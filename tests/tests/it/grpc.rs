@@ -1529,3 +1529,54 @@ async fn checkout_over_grpc_declines_times_out_and_issues_verifiable_tickets() {
     assert_eq!(again, order, "codes are stable");
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_turns_not_serving_once_the_engine_stops_and_calls_say_storage_failed() {
+    let server = TestServer::start().await;
+    let clock = server.clock().clone();
+    let mut a = server.admin();
+    a.events
+        .create_event(event("st", vec![ga("g", 10, 100)]))
+        .await
+        .unwrap();
+    let tok = admitted(&mut a, &clock, "st", "ann").await;
+    a.booking
+        .hold(best("st", "ann", &tok, "g", 1, ""))
+        .await
+        .unwrap();
+    let mut h = tonic_health::pb::health_client::HealthClient::new(server.channel());
+    let status = async |h: &mut tonic_health::pb::health_client::HealthClient<_>| {
+        h.check(tonic_health::pb::HealthCheckRequest {
+            service: "boxoffice.v1.BookingService".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status
+    };
+    let serving = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
+    let not_serving = tonic_health::pb::health_check_response::ServingStatus::NotServing as i32;
+    assert_eq!(status(&mut h).await, serving);
+    // A ledger shard that panics cannot be rebuilt while sections hold places: the engine stops.
+    server
+        .engine()
+        .panic_ledger(&boxoffice_engine::UserId::from("ann"))
+        .unwrap();
+    periodic_check("health turns NOT_SERVING", PATIENCE, async || {
+        status(&mut h).await == not_serving
+    })
+    .await;
+    let err = a
+        .booking
+        .hold(best("st", "ann", &tok, "g", 1, ""))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable);
+    assert_eq!(reason(&err), "STORAGE_FAILED");
+    assert!(
+        !err.message().contains("Os {"),
+        "no internal I/O text: {}",
+        err.message()
+    );
+    server.shutdown().await;
+}

@@ -67,10 +67,10 @@ async fn serve_with_no_setup_then_drain_on_sigterm() {
     );
 
     // It serves: an admin call with the generated key works, a client key cannot create.
-    let ch = boxoffice_gateway::loadgen::connect(&format!("http://{addr}"))
+    let ch = boxoffice_client::connect(&format!("http://{addr}"))
         .await
         .unwrap();
-    let bearer = boxoffice_gateway::loadgen::Bearer::new(&admin).unwrap();
+    let bearer = boxoffice_client::Bearer::new(&admin).unwrap();
     let mut events =
         boxoffice_proto::v1::event_service_client::EventServiceClient::with_interceptor(
             ch.clone(),

@@ -1,0 +1,38 @@
+//! `boxoffice reconcile`: the reconciliation of a stopped server's data dir: every sold seat has
+//! one order, one claim and one captured payment. Exit code 1 on any finding.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use boxoffice_engine::{Engine, EngineConfig};
+
+/// Flags of `boxoffice reconcile`.
+#[derive(clap::Args, Debug)]
+pub struct ReconcileArgs {
+    /// The server's data dir.
+    #[arg(long, env = "BOXOFFICE_DATA_DIR", default_value = "boxoffice-data")]
+    data_dir: PathBuf,
+}
+
+/// Runs the subcommand; its exit code.
+pub async fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
+    let data_dir = args.data_dir;
+    let engine = Engine::open(EngineConfig::new(&data_dir))
+        .await
+        .with_context(|| format!("opening {}", data_dir.display()))?;
+    let findings = engine.reconcile().await?;
+    let orders = engine.orders().await?.len();
+    engine.shutdown().await;
+    if findings.is_empty() {
+        println!(
+            "reconciliation clean: {orders} orders, every sold seat has one order, one claim and one captured payment"
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    for f in &findings {
+        println!("FINDING {}: {f:?}", f.kind());
+    }
+    println!("{} findings", findings.len());
+    Ok(ExitCode::FAILURE)
+}

@@ -1,0 +1,103 @@
+//! # boxoffice-client
+//!
+//! The typed gRPC client of the `boxoffice.v1` services, as the load tools, the integration
+//! tests and the benchmarks use it:
+//! - [`Bearer`]: the interceptor that sends `authorization: Bearer <key>` on every call;
+//! - [`connect`]: a channel to a server (`http://HOST:PORT`);
+//! - [`Clients`]: one client of each service over one channel, with one key;
+//! - [`reason`]: the `google.rpc.ErrorInfo` reason an error carries;
+//! - [`Retry`]: retries of transient failures ([`is_transient`], [`is_overloaded`]) with
+//!   exponential backoff and jitter, for [`Idempotent`] requests only.
+
+use anyhow::Context;
+use boxoffice_proto::v1 as pb;
+use tonic::Status;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+use tonic_types::StatusExt;
+
+mod retry;
+
+pub use retry::{Idempotent, Retry, is_overloaded, is_transient};
+
+/// Adds `authorization: Bearer <key>` to every call.
+#[derive(Clone)]
+pub struct Bearer(MetadataValue<Ascii>);
+
+impl Bearer {
+    /// An interceptor for `key`.
+    pub fn new(key: &str) -> anyhow::Result<Bearer> {
+        Ok(Bearer(
+            format!("Bearer {key}")
+                .parse()
+                .context("the API key must be printable ASCII")?,
+        ))
+    }
+}
+
+impl Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
+        req.metadata_mut().insert("authorization", self.0.clone());
+        Ok(req)
+    }
+}
+
+/// A channel with the bearer key on every call.
+pub type Authed = InterceptedService<Channel, Bearer>;
+
+/// Clients of every `boxoffice.v1` service over one channel, with one key.
+#[derive(Clone)]
+pub struct Clients {
+    /// EventService.
+    pub events: pb::event_service_client::EventServiceClient<Authed>,
+    /// WaitingRoomService.
+    pub room: pb::waiting_room_service_client::WaitingRoomServiceClient<Authed>,
+    /// BookingService.
+    pub booking: pb::booking_service_client::BookingServiceClient<Authed>,
+    /// WaitlistService.
+    pub waitlist: pb::waitlist_service_client::WaitlistServiceClient<Authed>,
+}
+
+impl Clients {
+    /// Clients over `ch` sending `key`.
+    pub fn new(ch: &Channel, key: &Bearer) -> Clients {
+        Clients {
+            events: pb::event_service_client::EventServiceClient::with_interceptor(
+                ch.clone(),
+                key.clone(),
+            ),
+            room: pb::waiting_room_service_client::WaitingRoomServiceClient::with_interceptor(
+                ch.clone(),
+                key.clone(),
+            ),
+            booking: pb::booking_service_client::BookingServiceClient::with_interceptor(
+                ch.clone(),
+                key.clone(),
+            ),
+            waitlist: pb::waitlist_service_client::WaitlistServiceClient::with_interceptor(
+                ch.clone(),
+                key.clone(),
+            ),
+        }
+    }
+}
+
+/// Connects to `target` (e.g. `http://127.0.0.1:50051`).
+pub async fn connect(target: &str) -> anyhow::Result<Channel> {
+    Endpoint::from_shared(target.to_owned())
+        .context("bad --target")?
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .with_context(|| format!("connecting to {target}"))
+}
+
+/// The `ErrorInfo.reason` a status carries, if any (`OVERLOADED`, `SOLD_OUT`, ...).
+pub fn reason(status: &Status) -> Option<String> {
+    status
+        .get_error_details()
+        .error_info()
+        .map(|i| i.reason.clone())
+}

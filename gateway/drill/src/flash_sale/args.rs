@@ -1,0 +1,96 @@
+//! The flags of `boxoffice flash-sale`, and the checks that refuse a sale that makes no sense.
+
+use std::path::PathBuf;
+
+use anyhow::bail;
+
+use crate::server_choice::ServerChoice;
+
+/// Flags of `boxoffice flash-sale`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct FlashSaleArgs {
+    /// Fans who try to buy.
+    #[arg(long, default_value_t = 100_000)]
+    pub fans: usize,
+    /// Seats on sale: 40% general admission, the rest in three reserved sections of 50-seat rows.
+    #[arg(long, default_value_t = 10_000)]
+    pub seats: u32,
+    /// Fans arrive evenly over this many seconds (after the pre-opening share).
+    #[arg(long, default_value_t = 10.0)]
+    pub arrival_seconds: f64,
+    /// Share of fans who join the waiting room before the sale opens (shuffled at the opening).
+    #[arg(long, default_value_t = 0.1)]
+    pub preopen_share: f64,
+    /// Waiting-room admissions per second.
+    #[arg(long, default_value_t = 20_000)]
+    pub admit_rate: u32,
+    /// Fans in flight at once (concurrent client tasks).
+    #[arg(long, default_value_t = 2_048)]
+    pub concurrency: usize,
+    /// Hold TTL in ms (rounded up to whole seconds): walked-away holds come back after this.
+    #[arg(long, default_value_t = 2_000)]
+    pub hold_ttl_ms: u64,
+    /// Share of holders who pay.
+    #[arg(long, default_value_t = 0.7)]
+    pub pay_rate: f64,
+    /// Share of payers whose first card is declined (they pay with another).
+    #[arg(long, default_value_t = 0.1)]
+    pub decline_rate: f64,
+    /// Share of fans who pick exact seats from the seat map (the rest take best available).
+    #[arg(long, default_value_t = 0.05)]
+    pub exact_rate: f64,
+    /// Share of fans turned away with SOLD_OUT who join the waitlist.
+    #[arg(long, default_value_t = 0.02)]
+    pub waitlist_rate: f64,
+    /// Places one fan may hold or own.
+    #[arg(long, default_value_t = 4)]
+    pub per_user_limit: u32,
+    /// The server the run plays against: embedded, or `--target`.
+    #[command(flatten)]
+    pub server: ServerChoice,
+    /// Run the seeds' uncoordinated baseline in-process (read the map, book what looked free).
+    #[arg(long)]
+    pub naive: bool,
+    /// Random seed for the fans' choices.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Also write the report as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Also draw seats left, admissions/s, holds/s and the latency percentiles to this SVG.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+}
+
+impl FlashSaleArgs {
+    /// Refuses counts of zero and shares outside 0..=1.
+    pub(crate) fn check(&self) -> anyhow::Result<()> {
+        if self.fans == 0 || self.seats < 4 || self.concurrency == 0 {
+            bail!("--fans and --concurrency must be at least 1, --seats at least 4");
+        }
+        for (name, v) in [
+            ("--pay-rate", self.pay_rate),
+            ("--exact-rate", self.exact_rate),
+            ("--decline-rate", self.decline_rate),
+            ("--waitlist-rate", self.waitlist_rate),
+            ("--preopen-share", self.preopen_share),
+        ] {
+            if !(0.0..=1.0).contains(&v) {
+                bail!("{name} is a share between 0 and 1");
+            }
+        }
+        Ok(())
+    }
+
+    /// Fans who join before the opening (those with a lower index).
+    pub(crate) fn preopen(&self) -> usize {
+        ((self.fans as f64) * self.preopen_share) as usize
+    }
+
+    /// The waiting room's bound: every fan, and room to spare.
+    pub(crate) fn queue_max(&self) -> u32 {
+        u32::try_from(self.fans)
+            .unwrap_or(u32::MAX)
+            .saturating_add(1_000)
+    }
+}

@@ -1,0 +1,581 @@
+//! The fans: one task per fan, started at its arrival, from the waiting room to tickets (or not).
+//!
+//! A fan joins the line and polls until admitted, holds 1 to 4 places (exact seats picked from
+//! the seat map, best available in a section, or anywhere), then pays (maybe with a declined
+//! card first) or walks away. Turned away with SOLD_OUT, a fan may wait on the waitlist and buy
+//! what it offers. At most `--concurrency` fans are between joining and paying at once.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use boxoffice_client::{Bearer, Clients, Idempotent, Retry, is_overloaded};
+use boxoffice_proto::v1 as pb;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::sync::{Semaphore, SemaphorePermit};
+use tonic::transport::Channel;
+
+use super::FlashSaleArgs;
+use super::tally::{Latencies, Tally, Ticket, reason, record};
+
+/// How fans retry: only calls the gate or a section shed (`OVERLOADED`), at most 200 times,
+/// waiting 5 ms doubling to 70 ms plus jitter (70 to 140 ms once at the cap: on average the
+/// 105 ms the fans have always waited at most).
+const PATIENCE: Retry =
+    Retry::new(Duration::from_millis(5), Duration::from_millis(70), 200).when(is_overloaded);
+
+/// The sale's event as the fans see it.
+pub(crate) struct SaleEvent {
+    /// Its id.
+    pub event_id: String,
+    /// Its reserved sections (fans pick exact seats there).
+    pub reserved: Vec<String>,
+    /// All its sections.
+    pub all_sections: Vec<String>,
+}
+
+/// When each fan arrives: the pre-opening share spread over 80% of the time before the
+/// opening, the rest evenly over `--arrival-seconds` after it.
+pub(crate) struct Arrivals {
+    started: Instant,
+    opens_in: Duration,
+    preopen: usize,
+    per_fan: Duration,
+}
+
+impl Arrivals {
+    /// The schedule of a sale that started at `started` and opens `opens_in` later.
+    pub fn new(args: &FlashSaleArgs, started: Instant, opens_in: Duration) -> Arrivals {
+        let preopen = args.preopen();
+        let rest = args.fans - preopen;
+        Arrivals {
+            started,
+            opens_in,
+            preopen,
+            per_fan: Duration::from_secs_f64(args.arrival_seconds.max(0.0) / rest.max(1) as f64),
+        }
+    }
+
+    /// Fan `i`'s arrival.
+    fn at(&self, i: usize) -> Instant {
+        if i < self.preopen {
+            self.started
+                + self
+                    .opens_in
+                    .mul_f64(i as f64 / self.preopen.max(1) as f64 * 0.8)
+        } else {
+            self.started
+                + self.opens_in
+                + self.per_fan * u32::try_from(i - self.preopen).unwrap_or(u32::MAX)
+        }
+    }
+}
+
+/// What every fan task shares.
+pub(crate) struct Crowd {
+    pub args: Arc<FlashSaleArgs>,
+    pub event: SaleEvent,
+    /// Fans with a lower index joined before the opening.
+    pub preopen: usize,
+    slots: Semaphore,
+    channels: Vec<Channel>,
+    bearer: Bearer,
+    pub tally: Arc<Tally>,
+    pub lat: Mutex<Latencies>,
+    /// Every ticket the fans bought.
+    pub tickets: Mutex<Vec<Ticket>>,
+    /// When the last ticket was bought.
+    pub last_sale: Mutex<Option<Instant>>,
+}
+
+impl Crowd {
+    /// The fans of a sale of `event`, over `channels` (fan `i` takes channel `i % len`).
+    pub fn new(
+        args: Arc<FlashSaleArgs>,
+        event: SaleEvent,
+        channels: Vec<Channel>,
+        bearer: Bearer,
+        tally: Arc<Tally>,
+    ) -> Crowd {
+        Crowd {
+            preopen: args.preopen(),
+            slots: Semaphore::new(args.concurrency),
+            args,
+            event,
+            channels,
+            bearer,
+            tally,
+            lat: Mutex::default(),
+            tickets: Mutex::default(),
+            last_sale: Mutex::default(),
+        }
+    }
+}
+
+/// Starts one task per fan at its arrival and waits for all of them. A fan waiting for a slot
+/// is a small task (an `Arc` and a semaphore wait); its clients and its call futures (about
+/// 6 KB) are made and boxed only once it has a slot, so a million arrived fans stay cheap.
+pub(crate) async fn arrive(crowd: Arc<Crowd>, arrivals: &Arrivals) -> anyhow::Result<()> {
+    let mut fans = tokio::task::JoinSet::new();
+    for i in 0..crowd.args.fans {
+        tokio::time::sleep_until(arrivals.at(i).into()).await;
+        crowd.tally.arrived.store(i + 1, Ordering::Relaxed);
+        let crowd = crowd.clone();
+        fans.spawn(async move {
+            let in_sale = InSale(crowd.tally.clone());
+            let Ok(slot) = crowd.slots.acquire().await else {
+                return;
+            };
+            Box::pin(one_fan(&crowd, i, slot, in_sale)).await;
+        });
+        // Reap finished fans as we go, so the set stays small.
+        while fans.try_join_next().is_some() {}
+    }
+    while let Some(r) = fans.join_next().await {
+        r.context("a fan task panicked")?;
+    }
+    Ok(())
+}
+
+/// A fan in the line-hold-pay flow: counted in `Tally::in_sale` until dropped (also when its
+/// task ends early or panics, so waitlisters never wait for a fan who is gone).
+struct InSale(Arc<Tally>);
+
+impl Drop for InSale {
+    fn drop(&mut self) {
+        self.0.in_sale.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Fan `i` once it has a slot: the waiting room, a hold, payment, maybe the waitlist (outside
+/// its slot, which waiting would hog).
+async fn one_fan(crowd: &Crowd, i: usize, slot: SemaphorePermit<'_>, in_sale: InSale) {
+    let mut fan = Fan::new(crowd, i);
+    let mut outcome = fan.buy().await;
+    drop(in_sale);
+    drop(slot);
+    if let Some(quantity) = outcome.waitlist.take() {
+        outcome.tickets = fan.wait_on_waitlist(quantity).await;
+    }
+    if !outcome.tickets.is_empty() {
+        if let Ok(mut t) = crowd.tickets.lock() {
+            t.extend(outcome.tickets);
+        }
+        if let Ok(mut l) = crowd.last_sale.lock() {
+            *l = Some(Instant::now());
+        }
+    }
+}
+
+/// What a fan got, and whether they go on to wait on the waitlist (for this many places).
+#[derive(Default)]
+struct Outcome {
+    tickets: Vec<Ticket>,
+    waitlist: Option<u32>,
+}
+
+/// One fan: their clients, their name, their own seeded choices.
+struct Fan<'a> {
+    crowd: &'a Crowd,
+    tally: &'a Tally,
+    i: usize,
+    user: String,
+    rng: StdRng,
+    f: Clients,
+}
+
+impl<'a> Fan<'a> {
+    fn new(crowd: &'a Crowd, i: usize) -> Fan<'a> {
+        Fan {
+            crowd,
+            tally: &crowd.tally,
+            i,
+            user: format!("fan-{i}"),
+            rng: StdRng::seed_from_u64(
+                crowd.args.seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            ),
+            f: Clients::new(&crowd.channels[i % crowd.channels.len()], &crowd.bearer),
+        }
+    }
+
+    /// `call(client, request)`, retried while shed ([`PATIENCE`]). Every attempt counts as a
+    /// call of the fans (and in `also`, if given), every retry as shed.
+    async fn patient<C, Req, T, F, Fut>(
+        &self,
+        client: &C,
+        request: Req,
+        also: Option<&AtomicU64>,
+        mut call: F,
+    ) -> Result<T, tonic::Status>
+    where
+        C: Clone,
+        Req: Idempotent,
+        F: FnMut(C, Req) -> Fut,
+        Fut: Future<Output = Result<T, tonic::Status>>,
+    {
+        let tally = self.tally;
+        PATIENCE
+            .call_notify(
+                client,
+                request,
+                |c, r| {
+                    tally.calls.fetch_add(1, Ordering::Relaxed);
+                    if let Some(also) = also {
+                        also.fetch_add(1, Ordering::Relaxed);
+                    }
+                    call(c, r)
+                },
+                |_, _| {
+                    tally.shed.fetch_add(1, Ordering::Relaxed);
+                },
+            )
+            .await
+    }
+
+    /// From the waiting room to tickets (or not).
+    async fn buy(&mut self) -> Outcome {
+        let Some(admission) = self.queue().await else {
+            return Outcome::default();
+        };
+        self.tally.admitted.fetch_add(1, Ordering::Relaxed);
+        let quantity = match self.rng.random_range(0..10) {
+            0..=1 => 1,
+            2..=5 => 2,
+            6..=7 => 3,
+            _ => 4,
+        }
+        .min(self.crowd.args.per_user_limit);
+        let selection = self.choose(quantity).await;
+        let hold = match self.hold(&admission, quantity, selection).await {
+            Ok(h) => h,
+            Err(turned_away) => return turned_away,
+        };
+        self.tally.holds_ok.fetch_add(1, Ordering::Relaxed);
+        if self.rng.random::<f64>() >= self.crowd.args.pay_rate {
+            self.tally.walked_away.fetch_add(1, Ordering::Relaxed);
+            return Outcome::default();
+        }
+        let declined_first = self.rng.random::<f64>() < self.crowd.args.decline_rate;
+        Outcome {
+            tickets: self.pay(&hold.hold_id, self.i, declined_first).await,
+            waitlist: None,
+        }
+    }
+
+    /// Joins the line and polls until admitted (the ETA paces the polls): the admission token,
+    /// or `None` if the fan's place lapsed or a call failed.
+    async fn queue(&mut self) -> Option<String> {
+        let (tally, lat) = (self.tally, &self.crowd.lat);
+        let join_started = Instant::now();
+        let join = pb::JoinRequest {
+            event_id: self.crowd.event.event_id.clone(),
+            user_id: self.user.clone(),
+            session_id: "web".into(),
+        };
+        let joined = self
+            .patient(&self.f.room, join, None, |mut c, r| async move {
+                c.join(r).await
+            })
+            .await;
+        record(lat, |l| &mut l.join, join_started);
+        let Ok(ticket) = joined.map(tonic::Response::into_inner) else {
+            tally.error("join", None);
+            return None;
+        };
+        loop {
+            let poll_started = Instant::now();
+            let poll = pb::GetStatusRequest {
+                queue_token: ticket.queue_token.clone(),
+            };
+            let st = self
+                .patient(&self.f.room, poll, None, |mut c, r| async move {
+                    c.get_status(r).await
+                })
+                .await;
+            record(lat, |l| &mut l.status, poll_started);
+            let Ok(st) = st.map(tonic::Response::into_inner) else {
+                tally.error("status", None);
+                return None;
+            };
+            if st.state == pb::QueueState::Admitted as i32 {
+                if self.i >= self.crowd.preopen
+                    && st.position > 0
+                    && let Ok(mut p) = tally.positions.lock()
+                {
+                    p.push((self.i, st.position));
+                }
+                return Some(st.admission_token);
+            }
+            if st.state == pb::QueueState::Expired as i32 {
+                return None;
+            }
+            let wait = (u64::from(st.eta_seconds) * 300).clamp(50, 1_000);
+            tokio::time::sleep(Duration::from_millis(wait + self.rng.random_range(0..50))).await;
+        }
+    }
+
+    /// What the fan asks for: exact seats from the seat map (`--exact-rate`), best available
+    /// in a section (half of the fans), or anywhere (`None`).
+    async fn choose(&mut self, quantity: u32) -> Option<pb::hold_request::Selection> {
+        let args = &self.crowd.args;
+        let event = &self.crowd.event;
+        let roll: f64 = self.rng.random();
+        if roll < args.exact_rate && !event.reserved.is_empty() {
+            let section = &event.reserved[self.rng.random_range(0..event.reserved.len())];
+            self.pick_from_map(section, quantity).await
+        } else if roll < args.exact_rate + 0.5 {
+            let s = &event.all_sections[self.rng.random_range(0..event.all_sections.len())];
+            Some(pb::hold_request::Selection::BestAvailable(
+                pb::BestAvailable {
+                    section_id: s.clone(),
+                    quantity,
+                },
+            ))
+        } else {
+            None
+        }
+    }
+
+    /// Picks `q` adjacent seats that look free in the seat map of `section`, from a random row.
+    async fn pick_from_map(
+        &mut self,
+        section: &str,
+        q: u32,
+    ) -> Option<pb::hold_request::Selection> {
+        let map = self
+            .f
+            .events
+            .get_seat_map(pb::GetSeatMapRequest {
+                event_id: self.crowd.event.event_id.clone(),
+                section_id: section.into(),
+            })
+            .await
+            .ok()?
+            .into_inner();
+        let seats = &map.sections.first()?.seats;
+        let mut rows: Vec<&str> = seats.iter().map(|s| s.row.as_str()).collect();
+        rows.dedup();
+        let start = self.rng.random_range(0..rows.len().max(1));
+        for k in 0..rows.len() {
+            let row = rows[(start + k) % rows.len()];
+            let free: Vec<&pb::Seat> = seats
+                .iter()
+                .filter(|s| s.row == row && s.status == pb::SeatStatus::Available as i32)
+                .collect();
+            for w in free.windows(q as usize) {
+                if w.last()?.number - w[0].number == q - 1 {
+                    return Some(pb::hold_request::Selection::Seats(pb::SeatSelection {
+                        seat_ids: w.iter().map(|s| s.seat_id.clone()).collect(),
+                    }));
+                }
+            }
+        }
+        None
+    }
+
+    /// Holds `quantity` places, falling back to anywhere when the pick lost the race or its
+    /// section is gone; `Err` with the fan's outcome when the sale turned them away.
+    async fn hold(
+        &mut self,
+        admission: &str,
+        quantity: u32,
+        mut selection: Option<pb::hold_request::Selection>,
+    ) -> Result<pb::Hold, Outcome> {
+        let (tally, lat) = (self.tally, &self.crowd.lat);
+        let anywhere = pb::hold_request::Selection::BestAvailable(pb::BestAvailable {
+            section_id: String::new(),
+            quantity,
+        });
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let started = Instant::now();
+            let request = pb::HoldRequest {
+                event_id: self.crowd.event.event_id.clone(),
+                user_id: self.user.clone(),
+                admission_token: admission.to_owned(),
+                idempotency_key: format!("hold-{attempt}"),
+                selection: Some(selection.clone().unwrap_or(anywhere.clone())),
+            };
+            let r = self
+                .patient(&self.f.booking, request, None, |mut c, r| async move {
+                    c.hold(r).await
+                })
+                .await;
+            record(lat, |l| &mut l.hold, started);
+            match r {
+                Ok(h) => return Ok(h.into_inner()),
+                Err(s) if reason(&s) == "SEAT_UNAVAILABLE" && attempt < 3 => {
+                    // The map was stale: someone was faster. Best available will do.
+                    tally.stale_seat_map.fetch_add(1, Ordering::Relaxed);
+                    selection = None;
+                }
+                Err(s) if reason(&s) == "SOLD_OUT" && attempt < 3 && selection.is_some() => {
+                    selection = None; // that section is gone; anywhere will do
+                }
+                Err(s) if matches!(reason(&s).as_str(), "SOLD_OUT" | "SEAT_UNAVAILABLE") => {
+                    tally.sold_out.fetch_add(1, Ordering::Relaxed);
+                    let wait = self.rng.random::<f64>() < self.crowd.args.waitlist_rate;
+                    return Err(Outcome {
+                        tickets: Vec::new(),
+                        waitlist: wait.then_some(quantity),
+                    });
+                }
+                Err(s) => {
+                    tally.error("hold", Some(&s));
+                    return Err(Outcome::default());
+                }
+            }
+        }
+    }
+
+    /// Pays for `hold_id` with the card `tok_fan_{card}` (after a declined one if
+    /// `declined_first`): the tickets, or none if the hold lapsed or a call failed.
+    async fn pay(&mut self, hold_id: &str, card: usize, declined_first: bool) -> Vec<Ticket> {
+        let (tally, lat) = (self.tally, &self.crowd.lat);
+        let confirm = |token: String, key: &str| pb::ConfirmRequest {
+            hold_id: hold_id.into(),
+            user_id: self.user.clone(),
+            payment_token: token,
+            idempotency_key: key.into(),
+        };
+        if declined_first {
+            let request = confirm("tok_decline".into(), "pay-declined");
+            let r = self
+                .patient(&self.f.booking, request, None, |mut c, r| async move {
+                    c.confirm(r).await
+                })
+                .await;
+            match &r {
+                Err(s) if reason(s) == "PAYMENT_DECLINED" => {}
+                // Too slow to pay: the hold lapsed before the first card was even tried.
+                Err(s) if reason(s) == "HOLD_EXPIRED" => {
+                    tally.too_late.fetch_add(1, Ordering::Relaxed);
+                    return Vec::new();
+                }
+                _ => {
+                    tally.error("the declined card was not declined", r.as_ref().err());
+                    return Vec::new();
+                }
+            }
+        }
+        let started = Instant::now();
+        let request = confirm(format!("tok_fan_{card}"), "pay");
+        let r = self
+            .patient(&self.f.booking, request, None, |mut c, r| async move {
+                c.confirm(r).await
+            })
+            .await;
+        record(lat, |l| &mut l.confirm, started);
+        match r {
+            Ok(order) => {
+                tally.confirms_ok.fetch_add(1, Ordering::Relaxed);
+                if declined_first {
+                    tally.declined_then_paid.fetch_add(1, Ordering::Relaxed);
+                }
+                order
+                    .into_inner()
+                    .tickets
+                    .into_iter()
+                    .map(|t| (t.section_id, t.seat_id))
+                    .collect()
+            }
+            // Too slow to pay: the hold lapsed (it happens; the places went back on sale).
+            Err(s) if reason(&s) == "HOLD_EXPIRED" => {
+                tally.too_late.fetch_add(1, Ordering::Relaxed);
+                Vec::new()
+            }
+            Err(s) => {
+                tally.error("confirm", Some(&s));
+                Vec::new()
+            }
+        }
+    }
+
+    /// Joins the waitlist and buys the offer if one comes while the sale lasts.
+    async fn wait_on_waitlist(&mut self, quantity: u32) -> Vec<Ticket> {
+        let tally = self.tally;
+        let join = pb::JoinWaitlistRequest {
+            event_id: self.crowd.event.event_id.clone(),
+            user_id: self.user.clone(),
+            section_id: String::new(),
+            quantity,
+        };
+        let joined = self
+            .patient(&self.f.waitlist, join, None, |mut c, r| async move {
+                c.join_waitlist(r).await
+            })
+            .await;
+        let Ok(entry) = joined.map(tonic::Response::into_inner) else {
+            tally.error("join_waitlist", None);
+            return Vec::new();
+        };
+        tally.waitlist_joined.fetch_add(1, Ordering::Relaxed);
+        // Wait while places may still come back, or until an offer comes. Nothing can come back
+        // once every place is sold (no place free or held: orders are final), or once no fan is
+        // left in the line-hold-pay flow and nothing is held. A fan who left earlier would keep
+        // receiving offers that lapse, one TTL each (the contract has no way to leave the
+        // waitlist).
+        let ttl_ms = self.crowd.args.hold_ttl_ms;
+        let give_up = Instant::now() + Duration::from_millis(ttl_ms * 20 + 60_000);
+        // A quarter of the hold TTL, at most once a second: an offer is seen with most of its
+        // TTL left to pay in.
+        let every = Duration::from_millis((ttl_ms / 4).clamp(50, 1_000));
+        while Instant::now() < give_up {
+            tokio::time::sleep(every).await;
+            if tally.sold_out_for_good.load(Ordering::Acquire) {
+                break;
+            }
+            let check = pb::GetWaitlistEntryRequest {
+                entry_id: entry.entry_id.clone(),
+            };
+            let checked = self
+                .patient(
+                    &self.f.waitlist,
+                    check,
+                    Some(&tally.waitlist_checks),
+                    |mut c, r| async move { c.get_waitlist_entry(r).await },
+                )
+                .await;
+            let Ok(e) = checked.map(tonic::Response::into_inner) else {
+                continue;
+            };
+            if e.state == pb::WaitlistState::Offered as i32 {
+                let got = self.pay(&e.offered_hold_id, usize::MAX, false).await;
+                if !got.is_empty() {
+                    tally.waitlist_bought.fetch_add(1, Ordering::Relaxed);
+                }
+                return got;
+            }
+            if e.state != pb::WaitlistState::Waiting as i32 {
+                break;
+            }
+            if tally.in_sale.load(Ordering::Acquire) == 0 {
+                tally.calls.fetch_add(1, Ordering::Relaxed);
+                tally.waitlist_checks.fetch_add(1, Ordering::Relaxed);
+                if self.nothing_held().await {
+                    break;
+                }
+            }
+        }
+        Vec::new()
+    }
+
+    /// Whether the event holds no places right now (read fresh from the server).
+    async fn nothing_held(&mut self) -> bool {
+        match self
+            .f
+            .events
+            .get_event(pb::GetEventRequest {
+                event_id: self.crowd.event.event_id.clone(),
+            })
+            .await
+        {
+            Ok(e) => e.into_inner().sections.iter().all(|s| s.held == 0),
+            Err(_) => false,
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! The seeds' uncoordinated baseline (`--naive`), in-process: read a seat map, then book what
+//! looked free. Nothing stops two fans from booking one seat, so it oversells; that is the
+//! contrast the real sale is measured against.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::{FlashSaleArgs, Report};
+
+/// The seeds' uncoordinated baseline: every fan reads a seat map that is up to 100 ms old, then
+/// books what looked free with no atomic check (`if seat.free { seat.book() }` against a stale
+/// read). Nothing stops two fans from booking one seat.
+pub(crate) async fn run(args: &FlashSaleArgs) -> Report {
+    let seats = args.seats as usize;
+    let venue = Arc::new(Venue {
+        owners: (0..seats).map(|_| AtomicU64::new(0)).collect(),
+        map: Mutex::new(Arc::new(vec![true; seats])),
+        next: AtomicUsize::new(0),
+    });
+    let started = Instant::now();
+    let refresher = tokio::spawn(venue.clone().refresh_every_100_ms());
+    let per_fan = Duration::from_secs_f64(args.arrival_seconds.max(0.0) / args.fans as f64);
+    let workers: Vec<_> = (0..args.concurrency.min(1_024))
+        .map(|_| {
+            let fans = Fans {
+                count: args.fans,
+                seed: args.seed,
+                limit: args.per_user_limit,
+                started,
+                per_fan,
+            };
+            tokio::spawn(venue.clone().book(fans))
+        })
+        .collect();
+    for w in workers {
+        let _ = w.await;
+    }
+    refresher.abort();
+    venue.report(args, started)
+}
+
+/// The seats: how many times each was booked, and the (stale) map the fans read.
+struct Venue {
+    owners: Vec<AtomicU64>,
+    map: Mutex<Arc<Vec<bool>>>,
+    /// The next fan to arrive.
+    next: AtomicUsize,
+}
+
+/// The fans' arrivals and choices.
+struct Fans {
+    count: usize,
+    seed: u64,
+    limit: u32,
+    started: Instant,
+    per_fan: Duration,
+}
+
+impl Venue {
+    /// Redraws the map from the bookings every 100 ms.
+    async fn refresh_every_100_ms(self: Arc<Self>) {
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let fresh: Vec<bool> = self
+                .owners
+                .iter()
+                .map(|o| o.load(Ordering::Relaxed) == 0)
+                .collect();
+            if let Ok(mut m) = self.map.lock() {
+                *m = Arc::new(fresh);
+            }
+        }
+    }
+
+    /// One worker: takes the next fan at their arrival until none is left; each books 1 to 4
+    /// seats that looked free on the map.
+    async fn book(self: Arc<Self>, fans: Fans) {
+        let seats = self.owners.len();
+        loop {
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            if i >= fans.count {
+                break;
+            }
+            let arrival = fans.started + fans.per_fan * u32::try_from(i).unwrap_or(u32::MAX);
+            tokio::time::sleep_until(arrival.into()).await;
+            let mut rng = StdRng::seed_from_u64(fans.seed ^ i as u64);
+            let q = rng.random_range(1..=fans.limit.clamp(1, 4)) as usize;
+            let snapshot = self.map.lock().map(|m| m.clone()).unwrap_or_default();
+            // "10 seats left" is what the page said: book the first free-looking ones from
+            // a random place.
+            let start = rng.random_range(0..seats);
+            let picks: Vec<usize> = (0..seats)
+                .map(|k| (start + k) % seats)
+                .filter(|&s| snapshot[s])
+                .take(q)
+                .collect();
+            tokio::task::yield_now().await; // the network between the read and the write
+            for s in picks {
+                self.owners[s].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The figures: seats booked at least once (sold), more than once (double-booked), and
+    /// the bookings past one per seat (oversold).
+    fn report(&self, args: &FlashSaleArgs, started: Instant) -> Report {
+        let mut report = Report {
+            fans: args.fans,
+            seats: args.seats,
+            sale_seconds: started.elapsed().as_secs_f64(),
+            ..Report::default()
+        };
+        for o in &self.owners {
+            let n = o.load(Ordering::Relaxed);
+            report.tickets += n;
+            if n > 0 {
+                report.sold += 1;
+            }
+            if n > 1 {
+                report.double_booked += 1;
+            }
+        }
+        report.available = args.seats - report.sold;
+        report.oversold = report.tickets - u64::from(report.sold);
+        report
+    }
+}

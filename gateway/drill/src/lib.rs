@@ -1,0 +1,19 @@
+//! # boxoffice-drill
+//!
+//! The load tools of boxoffice, which play fans against a server over real gRPC (through
+//! `boxoffice-client`) and check what it promised:
+//! - [`flash_sale`]: `boxoffice flash-sale`, the onsale end to end, and its naive baseline;
+//! - [`sessions`]: `boxoffice sessions`, 50,000 checkout sessions open at once;
+//! - [`loadgen`]: `boxoffice loadgen`, throughput and latency of single RPCs.
+//!
+//! Shared by the first two: [`server_choice`] (an embedded server, or `--target`) and
+//! [`event`] (the sale's event layout); by the last two, [`measure`] (calls in concurrent
+//! streams, their throughput and latency percentiles).
+
+pub mod event;
+pub mod flash_sale;
+mod json;
+pub mod loadgen;
+pub mod measure;
+pub mod server_choice;
+pub mod sessions;

@@ -1,0 +1,296 @@
+//! `boxoffice loadgen`: drives a running server over real gRPC with N concurrent streams and
+//! reports throughput and latency percentiles (hdrhistogram) per RPC.
+//!
+//! In one run it measures the health check (an empty RPC: the ceiling any RPC can reach with
+//! this client on this machine), `WaitingRoomService.GetStatus` polls, and durable
+//! `BookingService.Hold`s, and reports each as a share of the ceiling.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use boxoffice_client::{Authed, Bearer, connect};
+use boxoffice_proto::v1 as pb;
+use pb::booking_service_client::BookingServiceClient;
+use pb::waiting_room_service_client::WaitingRoomServiceClient;
+use tonic::transport::Channel;
+
+use crate::measure::{RpcFigures, drive};
+
+/// Flags of `boxoffice loadgen`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct LoadgenArgs {
+    /// Server address.
+    #[arg(long, default_value = "http://127.0.0.1:50051")]
+    pub target: String,
+    /// Admin key (creates the benchmark event).
+    #[arg(long, env = "BOXOFFICE_ADMIN_KEY")]
+    pub admin_key: String,
+    /// Client key (everything else).
+    #[arg(long, env = "BOXOFFICE_CLIENT_KEY")]
+    pub client_key: String,
+    /// Concurrent streams.
+    #[arg(long, default_value_t = 64)]
+    pub concurrency: usize,
+    /// Requests per RPC measured.
+    #[arg(long, default_value_t = 20_000)]
+    pub requests: usize,
+    /// HTTP/2 connections shared by the streams.
+    #[arg(long, default_value_t = 4)]
+    pub connections: usize,
+}
+
+/// A loadgen run.
+#[derive(Clone, Debug)]
+pub struct LoadReport {
+    /// Concurrent streams.
+    pub concurrency: usize,
+    /// Health check (the ceiling), GetStatus, Hold.
+    pub rpcs: Vec<RpcFigures>,
+}
+
+impl fmt::Display for LoadReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ceiling = self.rpcs.first().map_or(1.0, RpcFigures::rate);
+        writeln!(
+            f,
+            "{:<12} {:>8} {:>7} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8}",
+            "rpc", "calls", "errors", "calls/s", "p50 µs", "p99 µs", "p999 µs", "max µs", "ceiling"
+        )?;
+        for r in &self.rpcs {
+            writeln!(
+                f,
+                "{:<12} {:>8} {:>7} {:>10.0} {:>9} {:>9} {:>9} {:>9} {:>7.0}%",
+                r.name,
+                r.calls,
+                r.errors,
+                r.rate(),
+                r.latency_us[0],
+                r.latency_us[1],
+                r.latency_us[2],
+                r.latency_us[3],
+                100.0 * r.rate() / ceiling
+            )?;
+        }
+        for r in &self.rpcs {
+            if let Some(e) = &r.first_error {
+                writeln!(f, "first {} error: {e}", r.name)?;
+            }
+        }
+        writeln!(
+            f,
+            "(concurrency {}; ceiling = the health check's rate)",
+            self.concurrency
+        )
+    }
+}
+
+/// Admission tokens for `users` fresh users of `event` (joins, then polls until admitted).
+async fn admit(
+    wr: &mut pb::waiting_room_service_client::WaitingRoomServiceClient<Authed>,
+    event: &str,
+    users: &[String],
+) -> anyhow::Result<Vec<String>> {
+    let mut queue = Vec::new();
+    for u in users {
+        let t = wr
+            .join(pb::JoinRequest {
+                event_id: event.into(),
+                user_id: u.clone(),
+                session_id: "loadgen".into(),
+            })
+            .await
+            .context("Join")?
+            .into_inner();
+        queue.push(t.queue_token);
+    }
+    let mut tokens = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for q in queue {
+        loop {
+            let s = wr
+                .get_status(pb::GetStatusRequest {
+                    queue_token: q.clone(),
+                })
+                .await
+                .context("GetStatus")?
+                .into_inner();
+            if s.state == pb::QueueState::Admitted as i32 {
+                tokens.push(s.admission_token);
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("not admitted within 60 s");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    Ok(tokens)
+}
+
+/// Runs the load and returns the figures.
+pub async fn run(args: LoadgenArgs) -> anyhow::Result<LoadReport> {
+    if args.concurrency == 0 || args.requests == 0 || args.connections == 0 {
+        bail!("--concurrency, --requests and --connections must be at least 1");
+    }
+    let mut channels = Vec::new();
+    for _ in 0..args.connections {
+        channels.push(connect(&args.target).await?);
+    }
+    let load = Load {
+        channels: Arc::new(channels),
+        client: Bearer::new(&args.client_key)?,
+        requests: args.requests,
+        concurrency: args.concurrency,
+    };
+    // 1. The ceiling: an empty RPC through the same client stack.
+    let health = load.health().await;
+    let event_id = format!("loadgen-{}", ulid_like());
+    load.create_event(&event_id, Bearer::new(&args.admin_key)?)
+        .await?;
+    // 2. Queue polls: one fan per stream, polling its status.
+    let status = load.polls(&event_id).await?;
+    // 3. Durable holds: one place each, spread over 16 sections, 100 per user.
+    let hold = load.holds(&event_id).await?;
+    Ok(LoadReport {
+        concurrency: args.concurrency,
+        rpcs: vec![health, status, hold],
+    })
+}
+
+/// The streams of a run: call `i` goes over channel `i % connections`, with the client key.
+#[derive(Clone)]
+struct Load {
+    channels: Arc<Vec<Channel>>,
+    client: Bearer,
+    requests: usize,
+    concurrency: usize,
+}
+
+impl Load {
+    fn channel(&self, i: usize) -> Channel {
+        self.channels[i % self.channels.len()].clone()
+    }
+
+    fn room(&self, i: usize) -> WaitingRoomServiceClient<Authed> {
+        WaitingRoomServiceClient::with_interceptor(self.channel(i), self.client.clone())
+    }
+
+    fn booking(&self, i: usize) -> BookingServiceClient<Authed> {
+        BookingServiceClient::with_interceptor(self.channel(i), self.client.clone())
+    }
+
+    /// The health check: an empty RPC, the ceiling of any RPC.
+    async fn health(&self) -> RpcFigures {
+        let channels = self.channels.clone();
+        drive("health", self.requests, self.concurrency, move |i| {
+            let mut c = tonic_health::pb::health_client::HealthClient::new(
+                channels[i % channels.len()].clone(),
+            );
+            async move {
+                c.check(tonic_health::pb::HealthCheckRequest {
+                    service: String::new(),
+                })
+                .await
+                .map(|_| ())
+            }
+        })
+        .await
+    }
+
+    /// The run's event: admission is instant, places are plenty (16 general-admission
+    /// sections of `requests` + 1,000 places).
+    async fn create_event(&self, event_id: &str, admin: Bearer) -> anyhow::Result<()> {
+        let capacity = u32::try_from(self.requests)
+            .unwrap_or(u32::MAX)
+            .saturating_add(1_000);
+        let mut events =
+            pb::event_service_client::EventServiceClient::with_interceptor(self.channel(0), admin);
+        events
+            .create_event(pb::CreateEventRequest {
+                event_id: event_id.into(),
+                name: "loadgen".into(),
+                sections: (0..16)
+                    .map(|s| pb::SectionSpec {
+                        section_id: format!("s{s}"),
+                        name: format!("S{s}"),
+                        price_cents: 100,
+                        layout: Some(pb::section_spec::Layout::GeneralAdmissionCapacity(capacity)),
+                    })
+                    .collect(),
+                hold_ttl_seconds: 600,
+                per_user_limit: 100,
+                admit_rate_per_second: 1_000_000,
+                admission_window_seconds: 3_600,
+                sale_opens_at_unix_ms: 0,
+            })
+            .await
+            .context("CreateEvent (is --admin-key an admin key?)")?;
+        Ok(())
+    }
+
+    /// `GetStatus` polls: one fan per stream joins, then every call polls a fan's status.
+    async fn polls(&self, event_id: &str) -> anyhow::Result<RpcFigures> {
+        let mut room = self.room(0);
+        let mut queue_tokens = Vec::new();
+        for t in 0..self.concurrency {
+            let joined = room
+                .join(pb::JoinRequest {
+                    event_id: event_id.into(),
+                    user_id: format!("{event_id}-poller-{t}"),
+                    session_id: "loadgen".into(),
+                })
+                .await
+                .context("Join")?;
+            queue_tokens.push(joined.into_inner().queue_token);
+        }
+        let load = self.clone();
+        Ok(
+            drive("GetStatus", self.requests, self.concurrency, move |i| {
+                let mut c = load.room(i);
+                let token = queue_tokens[i % queue_tokens.len()].clone();
+                async move {
+                    c.get_status(pb::GetStatusRequest { queue_token: token })
+                        .await
+                        .map(|_| ())
+                }
+            })
+            .await,
+        )
+    }
+
+    /// Durable holds: one place each, spread over 16 sections, 100 per (admitted) user.
+    async fn holds(&self, event_id: &str) -> anyhow::Result<RpcFigures> {
+        let users: Vec<String> = (0..self.requests.div_ceil(100))
+            .map(|u| format!("{event_id}-holder-{u}"))
+            .collect();
+        let tokens = admit(&mut self.room(0), event_id, &users).await?;
+        let (load, event_id) = (self.clone(), event_id.to_owned());
+        Ok(drive("Hold", self.requests, self.concurrency, move |i| {
+            let mut c = load.booking(i);
+            let req = pb::HoldRequest {
+                event_id: event_id.clone(),
+                user_id: users[i / 100].clone(),
+                admission_token: tokens[i / 100].clone(),
+                idempotency_key: format!("lg-{i}"),
+                selection: Some(pb::hold_request::Selection::BestAvailable(
+                    pb::BestAvailable {
+                        section_id: format!("s{}", i % 16),
+                        quantity: 1,
+                    },
+                )),
+            };
+            async move { c.hold(req).await.map(|_| ()) }
+        })
+        .await)
+    }
+}
+
+fn ulid_like() -> String {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    format!("{ms:x}")
+}

@@ -1,0 +1,92 @@
+//! Where a run's load goes: an embedded server on loopback, or one already running
+//! (`--target`). Shared by `flash-sale` and `sessions`.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use boxoffice_engine::Durability;
+use boxoffice_gateway::server::{self, Running, ServerConfig};
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+
+/// The server flags of a run: an embedded server (the default), or `--target`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ServerChoice {
+    /// Data dir of the embedded server (default: a temporary dir, removed at the end).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// sync: fsync before every acknowledgement (group commit); buffered: for benchmarks only.
+    #[arg(
+        long,
+        default_value_t = Durability::Sync,
+        value_parser = PossibleValuesParser::new(Durability::NAMES).try_map(|s| s.parse::<Durability>())
+    )]
+    pub durability: Durability,
+    /// Run against a server already running there (e.g. http://127.0.0.1:50051) instead of an
+    /// embedded one; needs `--api-key`.
+    #[arg(long)]
+    pub target: Option<String>,
+    /// An admin key of the `--target` server (the run creates its events with it).
+    #[arg(long, env = "BOXOFFICE_ADMIN_KEY")]
+    pub api_key: Option<String>,
+}
+
+/// The server of a run. The embedded one is on loopback with a temporary (or given) data dir, a
+/// durable log, a generated admin key, no metrics port and no periodic reconciliation (the run
+/// reconciles at its end).
+pub(crate) struct Backend {
+    /// The embedded server (`None` with `--target`).
+    pub server: Option<Running>,
+    /// The embedded server's temporary data dir, removed when dropped.
+    _temp: Option<tempfile::TempDir>,
+    /// `http://HOST:PORT`.
+    pub target: String,
+    /// An admin key of the server.
+    pub admin_key: String,
+}
+
+impl ServerChoice {
+    /// Connects the choice: starts the embedded server (admin key `embedded_key`, at most
+    /// `queue_max` fans per waiting room), or checks that `--target` came with `--api-key`.
+    pub(crate) async fn open(&self, embedded_key: &str, queue_max: u32) -> anyhow::Result<Backend> {
+        match (&self.target, &self.api_key) {
+            (Some(t), Some(k)) => {
+                return Ok(Backend {
+                    server: None,
+                    _temp: None,
+                    target: t.clone(),
+                    admin_key: k.clone(),
+                });
+            }
+            (Some(_), None) => bail!("--target needs --api-key (an admin key of that server)"),
+            (None, _) => {}
+        }
+        let (temp, dir) = match &self.data_dir {
+            Some(d) => (None, d.clone()),
+            None => {
+                let t = tempfile::tempdir().context("creating a temporary data dir")?;
+                let dir = t.path().to_path_buf();
+                (Some(t), dir)
+            }
+        };
+        let mut secret = [0u8; 32];
+        rand::RngCore::fill_bytes(&mut rand::rng(), &mut secret);
+        let mut cfg = ServerConfig::new(embedded_key, "embedded-client", &secret);
+        cfg.listen = "127.0.0.1:0".parse()?;
+        cfg.metrics_listen = None;
+        cfg.data_dir = dir;
+        cfg.durability = self.durability;
+        cfg.in_flight_max = 8_192;
+        cfg.queue_max = queue_max;
+        cfg.reconcile_every = None;
+        let mut server = server::start(cfg)
+            .await
+            .context("starting the embedded server")?;
+        server.wait_ready().await?;
+        Ok(Backend {
+            target: format!("http://{}", server.addr),
+            server: Some(server),
+            _temp: temp,
+            admin_key: embedded_key.to_owned(),
+        })
+    }
+}
