@@ -3,26 +3,15 @@
 
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, watch};
 
 use crate::core::SectionCore;
 use crate::engine::Engine;
 use crate::error::{EngineError, Rejection};
 use crate::types::{
-    EventId, EventSpec, EventTerms, EventView, Layout, SeatId, SeatMap, SeatView, SectionId,
-    SectionSeats, SectionSnapshot, SectionSummary,
+    CatalogRecord, EventId, EventSpec, EventTerms, EventView, Layout, SeatId, SeatMap, SeatView,
+    SectionId, SectionSeats, SectionSnapshot, SectionSummary,
 };
-
-/// What the catalog stream records.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) enum CatalogRecord {
-    EventCreated {
-        spec: EventSpec,
-        event_id: EventId,
-        created_at_ms: u64,
-    },
-}
 
 /// One section as the engine's catalog sees it: its published snapshot (the publisher outlives
 /// the section's actor, so a restarted actor publishes on the same channel).

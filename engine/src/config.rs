@@ -4,11 +4,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::clock::{Clock, SystemClock};
+use crate::error::StorageError;
 use crate::limits::{
     CHECKPOINT_EVERY_RECORDS_DEFAULT, LEDGER_SHARDS_DEFAULT, SECTION_INFLIGHT_MAX_DEFAULT,
     WAITLIST_MAX_DEFAULT,
 };
-use crate::payment::{PaymentProvider, SimulatedConfig};
+use crate::payment::{PaymentProvider, SimulatedConfig, SimulatedProvider};
 use crate::store::{Durability, LogSink};
 
 /// How the engine runs. `EngineConfig::new(dir)` gives the defaults.
@@ -31,7 +32,8 @@ pub struct EngineConfig {
     pub checkpoint_every_records: u64,
     /// Most fans waiting on one event's waitlist; past it `QUEUE_FULL`.
     pub waitlist_max: usize,
-    /// The payment provider (`None`: the built-in simulated one, recording in the data dir).
+    /// The payment provider (`None`: the built-in simulated one, recording in the data dir's
+    /// sled database; a log outside sled needs one set, as [`EngineConfig::with_sink`] does).
     pub payments: Option<Arc<dyn PaymentProvider>>,
     /// How the built-in simulated provider behaves (when `payments` is `None`).
     pub simulated_payments: SimulatedConfig,
@@ -55,11 +57,21 @@ impl EngineConfig {
         }
     }
 
-    /// Defaults, with the log in `sink` instead of a data dir.
-    pub fn with_sink(sink: Arc<dyn LogSink>) -> EngineConfig {
-        EngineConfig {
+    /// Defaults, with the log in `sink` instead of a data dir, and the simulated payment
+    /// provider recording in a temporary database that lives as long as this config (and its
+    /// clones): engines opened one after another on the same sink and config share their
+    /// charges, as they share their log.
+    pub fn with_sink(sink: Arc<dyn LogSink>) -> Result<EngineConfig, StorageError> {
+        let db = sled::Config::new()
+            .temporary(true)
+            .open()
+            .map_err(|e| StorageError::Io(format!("payments: {e}")))?;
+        let payments = SimulatedProvider::open(&db, SimulatedConfig::default())
+            .map_err(|e| StorageError::Io(format!("payments: {e}")))?;
+        Ok(EngineConfig {
             sink: Some(sink),
+            payments: Some(payments),
             ..EngineConfig::new(PathBuf::new())
-        }
+        })
     }
 }

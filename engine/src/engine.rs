@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, OnceLock, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
@@ -18,15 +18,15 @@ use crate::catalog::EventEntry;
 use crate::config::EngineConfig;
 use crate::core::SectionCore;
 use crate::error::{EngineError, Rejection, StorageError};
-use crate::ledger::{Ledger, LedgerMsg, LedgerShard, ShardArgs, ShardState};
+use crate::ledger::Ledger;
 use crate::payment::{PaymentProvider, SimulatedProvider};
 use crate::recovery::{CatalogEntry, RecoveryReport, recover};
 use crate::router::Router;
 use crate::section::{Listener, Notices, SectionMsg};
 use crate::store::{LogSink, SledSink, Store, StreamWriter, names};
-use crate::supervisor::{Role, Roles, Supervisor, SupervisorArgs};
+use crate::supervisor::{Roles, Supervisor, SupervisorArgs, spawn_ledger, spawn_waitlist};
 use crate::types::{EventId, SectionId};
-use crate::waitlist::{WaitlistActor, WaitlistArgs, WaitlistCore, WaitlistMsg};
+use crate::waitlist::WaitlistMsg;
 
 /// Everything an engine handle shares.
 pub(crate) struct Inner {
@@ -78,8 +78,9 @@ async fn open_sink(config: &EngineConfig) -> Result<Arc<dyn LogSink>, EngineErro
     Ok(Arc::new(sink))
 }
 
-/// The payment provider: the configured one, or the simulated one recording beside the log
-/// (in a temporary database when the log is not in sled).
+/// The payment provider: the configured one, or the simulated one recording beside the log in
+/// its sled database. A log outside sled has no durable place for the simulated provider's
+/// record, so it needs a provider configured (charges must outlive a restart).
 fn open_payments(
     config: &EngineConfig,
     sink: &dyn LogSink,
@@ -87,66 +88,34 @@ fn open_payments(
     if let Some(p) = &config.payments {
         return Ok(p.clone());
     }
-    let db = match sink.sled_db() {
-        Some(db) => db,
-        None => sled::Config::new()
-            .temporary(true)
-            .open()
-            .map_err(|e| StorageError::Io(format!("payments: {e}")))?,
-    };
+    let db = sink.sled_db().ok_or_else(|| StorageError::Open {
+        path: String::new(),
+        reason: "a log outside sled needs EngineConfig::payments \
+                 (EngineConfig::with_sink sets the simulated provider)"
+            .into(),
+    })?;
     Ok(
         SimulatedProvider::open(&db, config.simulated_payments.clone())
             .map_err(|e| StorageError::Io(format!("payments: {e}")))?,
     )
 }
 
-/// Starts the ledger shards, supervised, with quotas and idempotency answers recovered.
-async fn spawn_ledger(
-    states: Vec<ShardState>,
-    last: &[u64],
-    store: &Arc<Store>,
-    config: &EngineConfig,
-    supervisor: &ActorRef<()>,
-    roles: &Roles,
-) -> Result<Ledger, EngineError> {
-    let mut refs: Vec<ActorRef<LedgerMsg>> = Vec::with_capacity(states.len());
-    for (i, state) in states.into_iter().enumerate() {
-        let stream = StreamWriter::open(store.sink.as_ref(), &names::ledger(i), last[i])?;
-        let args = ShardArgs {
-            state,
-            stream,
-            store: store.clone(),
-            checkpoint_every: config.checkpoint_every_records,
+/// Nobody supervises the supervisor: if it ends while the engine serves (its children die with
+/// it), the engine stops visibly rather than answer `NOT_READY` forever.
+fn watch_supervisor(done: tokio::task::JoinHandle<()>, engine: Arc<OnceLock<Weak<Inner>>>) {
+    tokio::spawn(async move {
+        let how = match done.await {
+            Ok(()) => "ended".to_owned(),
+            Err(e) => format!("failed: {e}"),
         };
-        let (actor, _) = Actor::spawn_linked(None, LedgerShard, args, supervisor.get_cell())
-            .await
-            .map_err(|e| StorageError::Io(format!("cannot start a ledger shard: {e}")))?;
-        roles.insert(actor.get_id(), Role::Ledger(i));
-        refs.push(actor);
-    }
-    Ok(Ledger::new(refs))
-}
-
-/// Starts the waitlist actor, supervised, from its recovered core.
-pub(crate) async fn spawn_waitlist(
-    core: WaitlistCore,
-    last_seq: u64,
-    store: &Arc<Store>,
-    config: &EngineConfig,
-    supervisor: &ActorRef<()>,
-    roles: &Roles,
-) -> Result<ActorRef<WaitlistMsg>, EngineError> {
-    let args = WaitlistArgs {
-        core,
-        stream: StreamWriter::open(store.sink.as_ref(), names::WAITLIST, last_seq)?,
-        store: store.clone(),
-        checkpoint_every: config.checkpoint_every_records,
-    };
-    let (actor, _) = Actor::spawn_linked(None, WaitlistActor, args, supervisor.get_cell())
-        .await
-        .map_err(|e| StorageError::Io(format!("cannot start the waitlist: {e}")))?;
-    roles.insert(actor.get_id(), Role::Waitlist);
-    Ok(actor)
+        if let Some(inner) = engine.get().and_then(Weak::upgrade)
+            && inner.ready.load(Ordering::SeqCst)
+        {
+            Engine { inner }.stop_visibly(format!(
+                "the engine's supervisor {how}, and the actors with it"
+            ));
+        }
+    });
 }
 
 impl Engine {
@@ -160,7 +129,7 @@ impl Engine {
         let store = Arc::new(Store::start(sink.clone(), config.durability)?);
         let engine_slot = Arc::new(OnceLock::new());
         let roles: Roles = Arc::new(DashMap::new());
-        let (supervisor, _) = Actor::spawn(
+        let (supervisor, supervisor_done) = Actor::spawn(
             None,
             Supervisor,
             SupervisorArgs {
@@ -170,6 +139,7 @@ impl Engine {
         )
         .await
         .map_err(|e| StorageError::Io(format!("cannot start the supervisor: {e}")))?;
+        watch_supervisor(supervisor_done, engine_slot.clone());
         let ledger = spawn_ledger(
             recovered.ledger_states,
             &recovered.ledger_last,
@@ -214,6 +184,7 @@ impl Engine {
         metrics::gauge!("boxoffice_engine_recovery_seconds").set(started.elapsed().as_secs_f64());
         tracing::info!(?report, "engine recovered");
         let _ = engine.inner.recovery.set(report);
+        metrics::gauge!("boxoffice_engine_stopped").set(0.0);
         engine.inner.ready.store(true, Ordering::SeqCst);
         Ok(engine)
     }

@@ -126,7 +126,7 @@ pub enum StorageError {
     #[error("log write failed: {0}")]
     Io(String),
     /// The engine stopped accepting writes after an earlier storage failure.
-    #[error("engine halted after an earlier storage failure: {0}")]
+    #[error("the engine stopped: {0}")]
     Halted(String),
     /// The sold-seat backstop refused a second sale of one seat: an engine bug was caught.
     #[error("backstop refused a second sale of {key}")]

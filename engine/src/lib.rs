@@ -104,6 +104,7 @@ mod supervisor;
 mod test_support;
 pub mod types;
 pub mod waitlist;
+mod waitlist_calls;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::EngineConfig;

@@ -157,8 +157,10 @@ impl SimulatedProvider {
     ) -> Result<Arc<SimulatedProvider>, PaymentError> {
         Ok(Arc::new(SimulatedProvider {
             db: db.clone(),
-            by_key: db.open_tree("payments").map_err(io)?,
-            by_id: db.open_tree("payments_by_id").map_err(io)?,
+            by_key: db.open_tree(crate::store::names::PAYMENTS).map_err(io)?,
+            by_id: db
+                .open_tree(crate::store::names::PAYMENTS_BY_ID)
+                .map_err(io)?,
             config,
             lock: tokio::sync::Mutex::new(()),
             flushes: GroupFlush::default(),

@@ -5,13 +5,12 @@
 
 use std::collections::HashMap;
 
-use crate::catalog::CatalogRecord;
 use crate::codec;
 use crate::core::{SectionCore, SectionRecord};
 use crate::error::StorageError;
 use crate::ledger::{Answer, LedgerRecord, Rpc, ShardState, shard_index};
 use crate::store::{LogSink, names, read_stream};
-use crate::types::{EventId, EventSpec, HoldId, HoldStatus, SectionId, SectionSpec};
+use crate::types::{CatalogRecord, EventId, EventSpec, HoldId, HoldStatus, SectionId, SectionSpec};
 use crate::waitlist::{WaitlistCore, WaitlistRecord};
 
 /// What recovery found, for logs and metrics.

@@ -1,4 +1,5 @@
-//! Supervision: every actor of the engine is linked to one supervisor actor. When an actor
+//! Supervision: every actor of the engine is spawned here, linked to one supervisor actor, and
+//! registered with its role. When an actor
 //! panics (a failed invariant check, a bug), nothing it had not made durable was acknowledged,
 //! so its state can be rebuilt from its own log stream:
 //!
@@ -15,7 +16,6 @@
 //! replayed, also stops the engine. Never a silent, permanent `NOT_READY`.
 
 use std::collections::HashMap;
-use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 
@@ -23,15 +23,19 @@ use dashmap::DashMap;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::sync::watch;
 
+use crate::config::EngineConfig;
 use crate::core::SectionCore;
-use crate::engine::{Engine, Inner, spawn_waitlist};
+use crate::engine::{Engine, Inner};
 use crate::error::{EngineError, StorageError};
+use crate::ledger::{Ledger, LedgerMsg, LedgerShard, ShardArgs, ShardState};
 use crate::limits::ACTOR_RESTARTS_MAX;
 use crate::recovery::{RecoveryReport, recover_section, recover_waitlist};
 use crate::router::SectionHandle;
 use crate::section::{SectionActor, SectionArgs};
+use crate::store::Store;
 use crate::store::{StreamWriter, names};
 use crate::types::{EventId, SectionId, SectionSnapshot};
+use crate::waitlist::{WaitlistActor, WaitlistArgs, WaitlistCore, WaitlistMsg};
 
 /// What a supervised actor is.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -111,6 +115,55 @@ impl Actor for Supervisor {
     }
 }
 
+/// Starts the ledger shards, supervised, with quotas and idempotency answers recovered.
+pub(crate) async fn spawn_ledger(
+    states: Vec<ShardState>,
+    last: &[u64],
+    store: &Arc<Store>,
+    config: &EngineConfig,
+    supervisor: &ActorRef<()>,
+    roles: &Roles,
+) -> Result<Ledger, EngineError> {
+    let mut refs: Vec<ActorRef<LedgerMsg>> = Vec::with_capacity(states.len());
+    for (i, state) in states.into_iter().enumerate() {
+        let stream = StreamWriter::open(store.sink.as_ref(), &names::ledger(i), last[i])?;
+        let args = ShardArgs {
+            state,
+            stream,
+            store: store.clone(),
+            checkpoint_every: config.checkpoint_every_records,
+        };
+        let (actor, _) = Actor::spawn_linked(None, LedgerShard, args, supervisor.get_cell())
+            .await
+            .map_err(|e| StorageError::Io(format!("cannot start a ledger shard: {e}")))?;
+        roles.insert(actor.get_id(), Role::Ledger(i));
+        refs.push(actor);
+    }
+    Ok(Ledger::new(refs))
+}
+
+/// Starts the waitlist actor, supervised, from its recovered core.
+pub(crate) async fn spawn_waitlist(
+    core: WaitlistCore,
+    last_seq: u64,
+    store: &Arc<Store>,
+    config: &EngineConfig,
+    supervisor: &ActorRef<()>,
+    roles: &Roles,
+) -> Result<ActorRef<WaitlistMsg>, EngineError> {
+    let args = WaitlistArgs {
+        core,
+        stream: StreamWriter::open(store.sink.as_ref(), names::WAITLIST, last_seq)?,
+        store: store.clone(),
+        checkpoint_every: config.checkpoint_every_records,
+    };
+    let (actor, _) = Actor::spawn_linked(None, WaitlistActor, args, supervisor.get_cell())
+        .await
+        .map_err(|e| StorageError::Io(format!("cannot start the waitlist: {e}")))?;
+    roles.insert(actor.get_id(), Role::Waitlist);
+    Ok(actor)
+}
+
 impl Engine {
     /// Spawns a section's actor (supervised) from its core and its stream's last sequence
     /// number, publishing on `publisher`, and routes the section to it.
@@ -162,7 +215,7 @@ impl Engine {
             .increment(1);
         tracing::error!(?role, count, %reason, "an engine actor panicked");
         if count > ACTOR_RESTARTS_MAX {
-            self.fail_stop(format!(
+            self.stop_visibly(format!(
                 "{role:?} panicked {count} times (more than {ACTOR_RESTARTS_MAX}): {reason}"
             ));
             return;
@@ -171,7 +224,7 @@ impl Engine {
             Role::Section(e, s) => self.restart_section(e, s).await,
             Role::Waitlist => self.restart_waitlist().await,
             Role::Ledger(i) => {
-                self.fail_stop(format!(
+                self.stop_visibly(format!(
                     "ledger shard {i} panicked ({reason}); its quotas cannot be rebuilt while \
                      sections hold places"
                 ));
@@ -185,14 +238,15 @@ impl Engine {
                     .increment(1);
                 tracing::warn!(?role, "engine actor restarted from its log");
             }
-            Err(e) => self.fail_stop(format!("{role:?} could not be restarted: {e}")),
+            Err(e) => self.stop_visibly(format!("{role:?} could not be restarted: {e}")),
         }
     }
 
     /// Stops the engine visibly: every change is refused from now on, and why is told to whoever
-    /// watches ([`Engine::stopped`], health, logs, the `boxoffice_engine_stopped` gauge).
-    pub(crate) fn fail_stop(&self, reason: String) {
-        self.inner.store.halt_now(&reason);
+    /// watches ([`Engine::stopped`], health, logs, the `boxoffice_engine_stopped` gauge). For
+    /// the engine's own actors and for what serves beside it (a sweeper that died, say).
+    pub fn stop_visibly(&self, reason: impl Into<String>) {
+        self.inner.store.halt_now(&reason.into());
     }
 
     /// Rebuilds a section from its log and starts a new actor for it.
@@ -215,16 +269,15 @@ impl Engine {
             .iter()
             .find(|s| &s.section_id == section_id)
             .ok_or(crate::error::Rejection::SectionNotFound)?;
-        let sink = self.inner.store.sink.clone();
-        let rebuilt = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            recover_section(
-                sink.as_ref(),
-                event_id,
-                spec,
-                &mut RecoveryReport::default(),
-            )
-        }))
-        .map_err(|_| StorageError::Io("replaying the section's log panicked".into()))??;
+        let (sink, event, spec) = (
+            self.inner.store.sink.clone(),
+            event_id.clone(),
+            spec.clone(),
+        );
+        let rebuilt = replay_off_runtime("the section's", move || {
+            recover_section(sink.as_ref(), &event, &spec, &mut RecoveryReport::default())
+        })
+        .await?;
         let (core, last_seq) = rebuilt;
         self.spawn_section(core, last_seq, slot.publisher.clone())
             .await
@@ -234,10 +287,10 @@ impl Engine {
     async fn restart_waitlist(&self) -> Result<(), EngineError> {
         self.inner.store.barrier().await?;
         let sink = self.inner.store.sink.clone();
-        let (core, last_seq) = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        let (core, last_seq) = replay_off_runtime("the waitlist's", move || {
             recover_waitlist(sink.as_ref(), &mut RecoveryReport::default())
-        }))
-        .map_err(|_| StorageError::Io("replaying the waitlist's log panicked".into()))??;
+        })
+        .await?;
         let inner = &self.inner;
         let actor = spawn_waitlist(
             core,
@@ -250,5 +303,17 @@ impl Engine {
         .await?;
         *inner.waitlist.write().unwrap_or_else(|p| p.into_inner()) = actor;
         Ok(())
+    }
+}
+
+/// Replays a stream on a blocking thread (a long log must not hold a runtime worker); a panic
+/// while replaying is an error like a corrupt record.
+async fn replay_off_runtime<T: Send + 'static>(
+    what: &str,
+    replay: impl FnOnce() -> Result<T, StorageError> + Send + 'static,
+) -> Result<T, EngineError> {
+    match tokio::task::spawn_blocking(replay).await {
+        Ok(r) => Ok(r?),
+        Err(e) => Err(StorageError::Io(format!("replaying {what} log failed: {e}")).into()),
     }
 }

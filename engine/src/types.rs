@@ -484,6 +484,16 @@ pub struct SeatMap {
     pub sections: Vec<SectionSeats>,
 }
 
+/// What the catalog stream records.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum CatalogRecord {
+    EventCreated {
+        spec: EventSpec,
+        event_id: EventId,
+        created_at_ms: u64,
+    },
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -273,15 +273,37 @@ async fn recover(
             t.push(task);
         }
     }
-    let (actor, _) =
+    let (actor, sweeper_done) =
         boxoffice_sweeper::start(engine.clone(), boxoffice_sweeper::SweeperConfig::default())
             .await
             .context("starting the sweeper")?;
     let _ = sweeper.set(actor);
+    watch_sweeper(&engine, sweeper_done, &tasks);
     let _ = ready.set(api);
     set_health(&health, ServingStatus::Serving).await;
     follow_engine_stop(&engine, health, &tasks);
     Ok(())
+}
+
+/// Without the sweeper no hold would expire and no waitlist offer be made: if it ends while the
+/// server runs (a drain aborts this watch before it stops the sweeper), the engine stops
+/// visibly, and health with it.
+fn watch_sweeper(
+    engine: &Engine,
+    done: tokio::task::JoinHandle<()>,
+    tasks: &Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+) {
+    let engine = engine.clone();
+    let task = tokio::spawn(async move {
+        let how = match done.await {
+            Ok(()) => "ended".to_owned(),
+            Err(e) => format!("failed: {e}"),
+        };
+        engine.stop_visibly(format!("the sweeper {how}: holds would no longer expire"));
+    });
+    if let Ok(mut t) = tasks.lock() {
+        t.push(task);
+    }
 }
 
 /// Health follows the engine: once it stops for good (the log failed, an actor could not be
@@ -319,6 +341,11 @@ impl Running {
         boxoffice_sweeper::sync(self.sweeper.get()?).await
     }
 
+    /// The sweeper, once started (for tests that check what happens when it dies).
+    pub fn sweeper(&self) -> Option<ractor::ActorRef<boxoffice_sweeper::SweeperMsg>> {
+        self.sweeper.get().cloned()
+    }
+
     /// The engine, once recovered.
     pub fn engine(&self) -> Option<Engine> {
         self.ready.get().map(|a| a.engine.clone())
@@ -337,9 +364,7 @@ impl Running {
             let _ = tx.send(());
         }
         let served = tokio::time::timeout(self.grace, &mut self.grpc_task).await;
-        if let Some(s) = self.sweeper.get() {
-            let _ = s.stop_and_wait(None, Some(Duration::from_secs(5))).await;
-        }
+        // Background tasks first: the sweeper's watch must not take its stop for a failure.
         let tasks: Vec<_> = self
             .tasks
             .lock()
@@ -348,6 +373,9 @@ impl Running {
         for t in tasks {
             t.abort();
             let _ = t.await;
+        }
+        if let Some(s) = self.sweeper.get() {
+            let _ = s.stop_and_wait(None, Some(Duration::from_secs(5))).await;
         }
         if let Some(api) = self.ready.get() {
             api.stop();

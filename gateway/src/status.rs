@@ -111,13 +111,20 @@ impl From<ApiError> for Status {
                 none(),
             ),
             ApiError::Engine(EngineError::Storage(s)) => {
+                // A fixed text: the cause (an OS error, an actor's panic message naming other
+                // users) is for the server's log and health, never for callers.
                 let message = match &s {
                     StorageError::BackstopRefused { .. } => {
-                        "the log refused the write; nothing was acknowledged".to_owned()
+                        "the log refused the write; nothing was acknowledged"
                     }
-                    _ => format!("the log could not be made durable: {s}"),
+                    _ => "the engine stopped: nothing was acknowledged; retry after a restart",
                 };
-                status(Code::Unavailable, "STORAGE_FAILED", message, none())
+                status(
+                    Code::Unavailable,
+                    "STORAGE_FAILED",
+                    message.to_owned(),
+                    none(),
+                )
             }
             ApiError::Engine(EngineError::PaymentUnavailable { timeout, reason }) => {
                 // Not a definite answer: no order was made, and a retry with the same payment

@@ -96,6 +96,9 @@ pub enum SweeperMsg {
     Sync(RpcReplyPort<SweeperStats>),
 }
 
+/// How soon a section that answered `NOT_READY` (its actor restarting) is tried again, in ms.
+const SECTION_RETRY_MS: u64 = 50;
+
 /// The sweeper actor.
 pub struct Sweeper;
 
@@ -184,7 +187,12 @@ impl SweeperState {
                         .increment(expired.len() as u64);
                     self.set_deadline(event, section, next);
                 }
-                Err(EngineError::NotReady) => return false,
+                // The engine is shutting down: stop. Otherwise one section is being restarted
+                // by the engine's supervisor: try it again shortly, and go on with the others.
+                Err(EngineError::NotReady) if !self.engine.is_ready() => return false,
+                Err(EngineError::NotReady) => {
+                    self.set_deadline(event, section, Some(now + SECTION_RETRY_MS));
+                }
                 Err(e) => {
                     tracing::error!(error = %e, %event, %section, "expiry failed");
                     // Try again at the next wake-up rather than spin on it.

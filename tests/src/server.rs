@@ -172,6 +172,14 @@ impl TestServer {
             .expect("the server has recovered")
     }
 
+    /// The server's sweeper actor.
+    pub fn sweeper(&self) -> ractor::ActorRef<boxoffice_sweeper::SweeperMsg> {
+        self.running
+            .get()
+            .sweeper()
+            .expect("the server has recovered")
+    }
+
     /// A server with other options.
     pub fn builder() -> TestServerBuilder {
         TestServerBuilder {

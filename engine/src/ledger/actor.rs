@@ -106,7 +106,11 @@ impl Actor for LedgerShard {
                     let _ = reply.send(Err(e.into()));
                     return Ok(());
                 }
-                match st.state.decide_begin(&args) {
+                let decision = st.state.decide_begin(&args);
+                if decision.is_user_limit() {
+                    metrics::counter!("boxoffice_ledger_user_limit_total").increment(1);
+                }
+                match decision {
                     BeginDecision::Answer(answer) => {
                         let _ = reply.send(answer);
                     }

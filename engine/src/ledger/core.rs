@@ -1,6 +1,8 @@
-//! [`ShardState`]: one ledger shard as pure state. It decides what a request comes to
-//! (`decide_begin`, `decide_finish`: records to log and answers to give); `apply` and the quota
-//! bookkeeping are its only mutations. No IO, no actor.
+//! [`ShardState`]: one ledger shard as plain state, no IO, no actor, no metrics. It decides what a
+//! request comes to (`decide_begin`, `decide_finish`: records to log and answers to give) and keeps
+//! its in-memory bookkeeping as it decides (quota reserved, keys in flight): those are not logged
+//! (recovery derives quotas from the sections). The only logged change, a refusal given as a
+//! key's first answer, goes through `apply`.
 
 use std::collections::HashMap;
 
@@ -132,6 +134,23 @@ pub(crate) enum BeginDecision {
     Record(LedgerRecord, Begin),
 }
 
+impl BeginDecision {
+    /// Whether this is a refusal for the per-user limit.
+    pub(crate) fn is_user_limit(&self) -> bool {
+        matches!(
+            self,
+            BeginDecision::Answer(Err(EngineError::Rejected(Rejection::UserLimit { .. })))
+                | BeginDecision::Record(
+                    LedgerRecord::RejectionRecorded {
+                        rejection: Rejection::UserLimit { .. },
+                        ..
+                    },
+                    _
+                )
+        )
+    }
+}
+
 /// What a `finish` comes to.
 #[derive(Debug)]
 pub(crate) enum FinishDecision {
@@ -167,7 +186,6 @@ impl ShardState {
                     limit: args.limit,
                     used,
                 };
-                metrics::counter!("boxoffice_ledger_user_limit_total").increment(1);
                 return match &args.tag {
                     Some(tag) => BeginDecision::Record(
                         rejection_record(args, tag, rejection.clone()),

@@ -3,9 +3,13 @@
 //! It keeps two copies of everything: what was written, and what was durable at the last good
 //! [`sync`](LogSink::sync). A test (or a deterministic simulation) can
 //! - fail the next write ([`MemorySink::fail_next_write`]) or a later one,
-//! - fail the next sync ([`MemorySink::fail_next_sync`]) or a later one,
+//! - fail the next sync ([`MemorySink::fail_next_sync`]) or a later one: everything written
+//!   since the last good sync is then lost (as Linux may drop dirty pages after a failed fsync),
 //! - and lose everything after the last good sync ([`MemorySink::lose_unsynced`]), as a power cut
 //!   or `kill -9` would; an engine opened on the same sink afterwards recovers from what is left.
+//!
+//! A write fault counts every write (records, checkpoints, claims, compaction), in order. Every
+//! good sync copies the tables: this sink is for tests and simulations, not for large logs.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -251,11 +255,109 @@ impl LogSink for MemorySink {
     fn sync(&self) -> Result<(), StorageError> {
         if self.faults.fail_sync.fires() {
             self.faults.failed_syncs.fetch_add(1, Ordering::SeqCst);
+            // As Linux may after a failed fsync ("fsyncgate"): the dirty pages are dropped, so
+            // a later sync that succeeds does not bring them back.
+            self.lose_unsynced();
             return Err(StorageError::Io("injected fsync failure".into()));
         }
         let mut st = self.lock();
         st.durable = st.written.clone();
         self.faults.syncs.fetch_add(1, Ordering::SeqCst);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn records(sink: &MemorySink, name: &str) -> Vec<u64> {
+        sink.stream(name)
+            .and_then(|s| s.read_after(0))
+            .map(|r| r.into_iter().map(|(seq, _)| seq).collect())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn only_what_a_good_sync_covered_survives_a_crash() {
+        let sink = MemorySink::new();
+        let s = sink.stream("a").unwrap();
+        s.append(1, b"one").unwrap();
+        sink.sync().unwrap();
+        s.append(2, b"two").unwrap();
+        assert_eq!(
+            records(&sink, "a"),
+            vec![1, 2],
+            "written is readable at once"
+        );
+        assert_eq!(sink.durable_records("a").len(), 1);
+        sink.lose_unsynced();
+        assert_eq!(records(&sink, "a"), vec![1]);
+        assert_eq!(sink.syncs(), 1);
+    }
+
+    #[test]
+    fn a_failed_sync_loses_its_writes_and_a_later_sync_does_not_bring_them_back() {
+        let sink = MemorySink::new();
+        let s = sink.stream("a").unwrap();
+        s.append(1, b"one").unwrap();
+        sink.sync().unwrap();
+        s.append(2, b"two").unwrap();
+        sink.claim("seat", b"h2").unwrap();
+        sink.fail_next_sync();
+        assert!(sink.sync().is_err());
+        assert_eq!(sink.failed_syncs(), 1);
+        sink.sync().unwrap();
+        assert_eq!(records(&sink, "a"), vec![1]);
+        assert!(sink.claims().unwrap().is_empty());
+        // Only the armed sync failed.
+        s.append(3, b"three").unwrap();
+        sink.sync().unwrap();
+        assert_eq!(sink.durable_records("a").len(), 2);
+    }
+
+    #[test]
+    fn the_nth_write_fails_and_changes_nothing() {
+        let sink = MemorySink::new();
+        let s = sink.stream("a").unwrap();
+        sink.fail_write_after(2);
+        s.append(1, b"one").unwrap();
+        assert!(s.append(2, b"two").is_err());
+        s.append(3, b"three").unwrap();
+        assert_eq!(records(&sink, "a"), vec![1, 3]);
+        sink.fail_next_write();
+        assert!(sink.put_checkpoint("a", b"state").is_err());
+        assert_eq!(sink.checkpoint("a").unwrap(), None);
+    }
+
+    #[test]
+    fn claims_are_insert_if_absent() {
+        let sink = MemorySink::new();
+        assert_eq!(sink.claim("k", b"h1").unwrap(), Claim::Taken);
+        assert_eq!(sink.claim("k", b"h1").unwrap(), Claim::Already);
+        assert_eq!(
+            sink.claim("k", b"h2").unwrap(),
+            Claim::Refused(b"h1".to_vec())
+        );
+        sink.remove_claim("k").unwrap();
+        assert_eq!(sink.claim("k", b"h2").unwrap(), Claim::Taken);
+    }
+
+    #[test]
+    fn compaction_and_stream_names() {
+        let sink = MemorySink::new();
+        let s = sink.stream("a").unwrap();
+        for seq in 1..=5 {
+            s.append(seq, b"r").unwrap();
+        }
+        assert_eq!(s.remove_upto(3).unwrap(), 3);
+        assert_eq!(records(&sink, "a"), vec![4, 5]);
+        s.remove(5).unwrap();
+        assert_eq!(records(&sink, "a"), vec![4]);
+        sink.stream("b").unwrap();
+        assert_eq!(
+            sink.stream_names().unwrap(),
+            vec!["a".to_owned(), "b".to_owned()]
+        );
     }
 }

@@ -5,7 +5,8 @@
 //!   logs and replies.
 //! - `actor`: the one actor that owns the core and logs every change to its own stream
 //!   (`waitlist`) before replying, so entries and offers survive a restart.
-//! - `handle`: the engine's waitlist calls.
+//!
+//! The engine's waitlist calls are in `waitlist_calls` (the engine layer, above this one).
 //!
 //! The waitlist owns no places: the sweeper hands freed places to the head of the line by placing
 //! an ordinary hold in the fan's name and recording it here as an offer.
@@ -16,7 +17,6 @@ use crate::types::{EventId, HoldId, SectionId, UserId};
 
 mod actor;
 mod core;
-mod handle;
 
 pub(crate) use actor::{WaitlistActor, WaitlistArgs, WaitlistMsg};
 pub(crate) use core::JoinRequest;

@@ -1545,25 +1545,16 @@ async fn health_turns_not_serving_once_the_engine_stops_and_calls_say_storage_fa
         .await
         .unwrap();
     let mut h = tonic_health::pb::health_client::HealthClient::new(server.channel());
-    let status = async |h: &mut tonic_health::pb::health_client::HealthClient<_>| {
-        h.check(tonic_health::pb::HealthCheckRequest {
-            service: "boxoffice.v1.BookingService".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .status
-    };
     let serving = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
     let not_serving = tonic_health::pb::health_check_response::ServingStatus::NotServing as i32;
-    assert_eq!(status(&mut h).await, serving);
+    assert_eq!(health_of(&mut h).await, vec![serving; 2]);
     // A ledger shard that panics cannot be rebuilt while sections hold places: the engine stops.
     server
         .engine()
         .panic_ledger(&boxoffice_engine::UserId::from("ann"))
         .unwrap();
     periodic_check("health turns NOT_SERVING", PATIENCE, async || {
-        status(&mut h).await == not_serving
+        health_of(&mut h).await == vec![not_serving; 2]
     })
     .await;
     let err = a
@@ -1573,10 +1564,48 @@ async fn health_turns_not_serving_once_the_engine_stops_and_calls_say_storage_fa
         .unwrap_err();
     assert_eq!(err.code(), Code::Unavailable);
     assert_eq!(reason(&err), "STORAGE_FAILED");
-    assert!(
-        !err.message().contains("Os {"),
-        "no internal I/O text: {}",
-        err.message()
+    assert_eq!(
+        err.message(),
+        "the engine stopped: nothing was acknowledged; retry after a restart",
+        "callers get a fixed text, not the cause (a panic message naming other users)"
     );
+    server.shutdown().await;
+}
+
+/// Health of the whole server (`""`) and of the booking service, in that order.
+async fn health_of(
+    h: &mut tonic_health::pb::health_client::HealthClient<tonic::transport::Channel>,
+) -> Vec<i32> {
+    let mut out = Vec::new();
+    for service in ["", "boxoffice.v1.BookingService"] {
+        let r = h
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap();
+        out.push(r.into_inner().status);
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_whose_sweeper_dies_stops_visibly() {
+    let server = TestServer::start().await;
+    let mut h = tonic_health::pb::health_client::HealthClient::new(server.channel());
+    let serving = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
+    let not_serving = tonic_health::pb::health_check_response::ServingStatus::NotServing as i32;
+    assert_eq!(health_of(&mut h).await, vec![serving; 2]);
+    // Without a sweeper no hold would ever expire: the server must not go on as if all is well.
+    server.sweeper().kill();
+    periodic_check("health turns NOT_SERVING", PATIENCE, async || {
+        health_of(&mut h).await == vec![not_serving; 2]
+    })
+    .await;
+    let why = server
+        .engine()
+        .stopped()
+        .expect("the engine says why it stopped");
+    assert!(why.contains("sweeper"), "{why}");
     server.shutdown().await;
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use boxoffice_engine::{
     ACTOR_RESTARTS_MAX, Engine, EngineConfig, EngineError, EventId, HoldStatus, HoldView,
-    ManualClock, MemorySink, SectionId, StorageError, UserId, WaitlistState,
+    ManualClock, MemorySink, Rejection, SectionId, StorageError, UserId, WaitlistState,
 };
 use boxoffice_tests::wait::{PATIENCE, periodic_check};
 use boxoffice_tests::{T0_MS, any_section, event, ga, open};
@@ -29,7 +29,7 @@ async fn stopped(engine: &Engine) -> String {
 }
 
 fn memory_config(sink: &Arc<MemorySink>, clock: &Arc<ManualClock>) -> EngineConfig {
-    let mut c = EngineConfig::with_sink(sink.clone());
+    let mut c = EngineConfig::with_sink(sink.clone()).unwrap();
     c.clock = clock.clone();
     c
 }
@@ -49,6 +49,7 @@ async fn a_failed_fsync_acknowledges_nothing_of_its_batch() {
     sink.fail_sync_after(4);
     let mut acked: Vec<HoldView> = Vec::new();
     let mut refused = 0usize;
+    let mut failed_in_wave = None;
     for wave in 0..10 {
         let calls = (0..10).map(|i| {
             let engine = engine.clone();
@@ -60,21 +61,35 @@ async fn a_failed_fsync_acknowledges_nothing_of_its_batch() {
         });
         for r in futures_join(calls).await {
             match r {
-                Ok(view) => acked.push(view),
-                Err(EngineError::Storage(StorageError::Io(_) | StorageError::Halted(_))) => {
-                    refused += 1
+                Ok(view) => {
+                    assert!(
+                        failed_in_wave.is_none_or(|w| w == wave),
+                        "wave {wave} was acknowledged after the sync failed in an earlier wave"
+                    );
+                    acked.push(view);
+                }
+                Err(EngineError::Storage(StorageError::Halted(why))) => {
+                    assert!(
+                        why.contains("injected fsync failure"),
+                        "refused for the failed sync, not for something else: {why}"
+                    );
+                    failed_in_wave.get_or_insert(wave);
+                    refused += 1;
                 }
                 Err(other) => panic!("unexpected answer: {other:?}"),
             }
         }
     }
     assert_eq!(sink.failed_syncs(), 1, "exactly one sync failed");
+    let failed_in_wave = failed_in_wave.expect("the failed sync's batch had callers");
+    assert!(
+        failed_in_wave < 9 && refused >= 10 * (9 - failed_in_wave),
+        "every wave after the failure was refused"
+    );
     assert!(
         !acked.is_empty(),
         "batches before the failure were acknowledged"
     );
-    assert!(refused > 0, "the failed batch's callers heard an error");
-    assert_eq!(acked.len() + refused, 100);
     // Fail-stop: the engine says why and takes nothing more.
     assert!(engine.stopped().is_some_and(|r| r.contains("fsync")));
     assert!(!engine.is_ready());
@@ -120,26 +135,77 @@ async fn a_section_actor_that_panics_is_restarted_from_its_log() {
         .await
         .unwrap();
     let before = engine.hold(any_section("sp", "u1", 3)).await.unwrap();
-    engine
-        .panic_section(&EventId::from("sp"), &SectionId::from("ga"))
-        .await
-        .unwrap();
+    let (ev, sec) = (EventId::from("sp"), SectionId::from("ga"));
+    // Holds race the panic: some are decided before it, some are queued behind it in the dying
+    // actor's mailbox, some reach the restarted actor.
+    let race = |range: std::ops::Range<u32>| {
+        range
+            .map(|i| {
+                let engine = engine.clone();
+                tokio::spawn(async move {
+                    let user = format!("c{i}");
+                    (user.clone(), engine.hold(any_section("sp", &user, 1)).await)
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut racing = race(0..20);
+    engine.panic_section(&ev, &sec).await.unwrap();
+    racing.extend(race(20..40));
+    let mut acked = Vec::new();
+    let mut refused = Vec::new();
+    for (user, r) in futures_join(racing.into_iter()).await {
+        match r {
+            Ok(h) => acked.push((user, h)),
+            Err(EngineError::NotReady) => refused.push(user),
+            Err(other) => panic!("a hold racing a panic got {other:?}, not OK or NOT_READY"),
+        }
+    }
     restarted(&engine, 1).await;
-    // The next hold in that section succeeds, and nothing acknowledged before was lost.
+    // The next hold in that section succeeds, and nothing acknowledged was lost.
     let after = engine.hold(any_section("sp", "u2", 2)).await.unwrap();
     assert_eq!(after.status, HoldStatus::Held);
-    let again = engine.get_hold(&before.hold_id).await.unwrap();
-    assert_eq!(again.status, HoldStatus::Held);
-    let s = &engine.event(&EventId::from("sp")).unwrap().sections[0];
-    assert_eq!((s.held, s.available, s.sold), (5, 95, 0));
-    // Quotas still add up: u1 holds 3 of 10, so 8 more is refused and 7 is fine.
+    for (_, h) in acked.iter().chain([(String::new(), before.clone())].iter()) {
+        assert_eq!(
+            engine.get_hold(&h.hold_id).await.unwrap().status,
+            HoldStatus::Held,
+            "acknowledged hold {} lost in the restart",
+            h.hold_id
+        );
+    }
+    let s = &engine.event(&ev).unwrap().sections[0];
+    let held = 3 + 2 + acked.len() as u32;
     assert_eq!(
-        engine
-            .user_usage(&EventId::from("sp"), &UserId::from("u1"))
-            .await
-            .unwrap(),
-        3
+        (s.held, s.available, s.sold),
+        (held, 100 - held, 0),
+        "the rebuilt section counts exactly the acknowledged holds"
     );
+    // Quotas add up: a refused hold gave its place back, an acknowledged one kept it.
+    for (user, _) in &acked {
+        assert_eq!(
+            engine
+                .user_usage(&ev, &UserId::from(user.as_str()))
+                .await
+                .unwrap(),
+            1
+        );
+    }
+    for user in &refused {
+        assert_eq!(
+            engine
+                .user_usage(&ev, &UserId::from(user.as_str()))
+                .await
+                .unwrap(),
+            0,
+            "{user} was refused NOT_READY but its quota stayed taken"
+        );
+    }
+    // u1 holds 3 of 10: 8 more is refused, 7 is fine.
+    match engine.hold(any_section("sp", "u1", 8)).await {
+        Err(EngineError::Rejected(Rejection::UserLimit { limit: 10, used: 3 })) => {}
+        other => panic!("expected USER_LIMIT, got {other:?}"),
+    }
+    engine.hold(any_section("sp", "u1", 7)).await.unwrap();
     assert!(engine.stopped().is_none());
     assert!(engine.is_ready());
     assert!(engine.invariant_violations().await.unwrap().is_empty());
@@ -235,6 +301,14 @@ async fn a_section_that_keeps_panicking_stops_the_engine() {
     }
     engine.panic_section(&ev, &sec).await.unwrap();
     assert!(stopped(&engine).await.contains("panicked"));
-    assert!(engine.hold(any_section("kp", "u1", 1)).await.is_err());
+    assert_eq!(
+        engine.actor_restarts(),
+        u64::from(ACTOR_RESTARTS_MAX),
+        "no restart past the limit"
+    );
+    match engine.hold(any_section("kp", "u1", 1)).await {
+        Err(EngineError::Storage(StorageError::Halted(why))) => assert!(why.contains("panicked")),
+        other => panic!("expected the engine stopped visibly, got {other:?}"),
+    }
     engine.shutdown().await;
 }

@@ -1,10 +1,11 @@
-//! The engine's waitlist calls: join, read, and the sweeper's offer bookkeeping.
+//! The engine's waitlist calls: join, read, and the sweeper's offer bookkeeping, over the waitlist
+//! actor ([`crate::waitlist`]).
 
-use super::{JoinRequest, WaitlistMsg, WaitlistState, WaitlistView};
 use crate::engine::Engine;
 use crate::error::{EngineError, Rejection};
 use crate::section::Notice;
 use crate::types::{EventId, HoldId, SectionId, UserId, check_user_id};
+use crate::waitlist::{JoinRequest, WaitlistMsg, WaitlistState, WaitlistView};
 
 impl Engine {
     pub(crate) async fn ask_waitlist<T: Send + 'static>(
