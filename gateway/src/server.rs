@@ -116,13 +116,20 @@ async fn set_health(health: &HealthReporter, status: ServingStatus) {
     }
 }
 
-/// Binds, starts serving health at once, and recovers in the background. Use
-/// [`Running::wait_ready`] to wait for recovery.
-pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("binding the gRPC address {}", config.listen))?;
-    let addr = listener.local_addr()?;
+/// The gRPC services behind the gate, ready to serve.
+type GrpcRouter = tonic::transport::server::Router<
+    tower::layer::util::Stack<GateLayer, tower::layer::util::Identity>,
+>;
+
+/// The metrics endpoint: its bound address, its stop signal, its task.
+type MetricsServing = (
+    std::net::SocketAddr,
+    oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+);
+
+/// The API keys of `config`, each with its scope.
+fn keys_of(config: &ServerConfig) -> anyhow::Result<Keys> {
     let mut keys = Keys::default();
     for k in &config.admin_keys {
         keys.add(k, Scope::Admin).context("--admin-key")?;
@@ -130,17 +137,25 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
     for k in &config.client_keys {
         keys.add(k, Scope::Client).context("--client-key")?;
     }
-    let gate = Arc::new(Gate::new(keys, config.in_flight_max));
-    let (health, health_service) = tonic_health::server::health_reporter();
-    set_health(&health, ServingStatus::NotServing).await;
+    Ok(keys)
+}
+
+/// Every service behind the gate: health, reflection and the four `boxoffice.v1` services
+/// (which answer `NOT_READY` until `ready` is set).
+fn grpc_router(
+    gate: &Arc<Gate>,
+    health_service: tonic_health::pb::health_server::HealthServer<
+        impl tonic_health::pb::health_server::Health,
+    >,
+    ready: &Ready,
+) -> anyhow::Result<GrpcRouter> {
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(boxoffice_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .context("building the reflection service")?;
-    let ready: Ready = Arc::new(OnceLock::new());
     let max = MESSAGE_BYTES_MAX;
-    let router = tonic::transport::Server::builder()
+    Ok(tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .http2_max_pending_accept_reset_streams(Some(64))
@@ -165,7 +180,40 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
         .add_service(
             pb::waitlist_service_server::WaitlistServiceServer::new(WaitlistSvc(ready.clone()))
                 .max_decoding_message_size(max),
-        );
+        ))
+}
+
+/// Binds and serves `/metrics` on `addr`; returns the bound address, the stop signal, the task.
+async fn serve_metrics(addr: std::net::SocketAddr) -> anyhow::Result<MetricsServing> {
+    let l = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the metrics address {addr}"))?;
+    let maddr = l.local_addr()?;
+    let handle = crate::metrics::install();
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = rx.await;
+        };
+        if let Err(e) = crate::metrics::serve(l, handle, shutdown).await {
+            tracing::error!(error = %e, "metrics endpoint failed");
+        }
+    });
+    Ok((maddr, tx, task))
+}
+
+/// Binds, starts serving health at once, and recovers in the background. Use
+/// [`Running::wait_ready`] to wait for recovery.
+pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("binding the gRPC address {}", config.listen))?;
+    let addr = listener.local_addr()?;
+    let gate = Arc::new(Gate::new(keys_of(&config)?, config.in_flight_max));
+    let (health, health_service) = tonic_health::server::health_reporter();
+    set_health(&health, ServingStatus::NotServing).await;
+    let ready: Ready = Arc::new(OnceLock::new());
+    let router = grpc_router(&gate, health_service, &ready)?;
     let (stop_grpc, stop_rx) = oneshot::channel::<()>();
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let grpc_task = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async move {
@@ -175,21 +223,9 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
     let mut background = Vec::new();
     let (metrics_addr, stop_metrics) = match config.metrics_listen {
         Some(m) => {
-            let l = tokio::net::TcpListener::bind(m)
-                .await
-                .with_context(|| format!("binding the metrics address {m}"))?;
-            let maddr = l.local_addr()?;
-            let handle = crate::metrics::install();
-            let (tx, rx) = oneshot::channel::<()>();
-            background.push(tokio::spawn(async move {
-                let shutdown = async move {
-                    let _ = rx.await;
-                };
-                if let Err(e) = crate::metrics::serve(l, handle, shutdown).await {
-                    tracing::error!(error = %e, "metrics endpoint failed");
-                }
-            }));
-            (Some(maddr), Some(tx))
+            let (addr, stop, task) = serve_metrics(m).await?;
+            background.push(task);
+            (Some(addr), Some(stop))
         }
         None => (None, None),
     };
