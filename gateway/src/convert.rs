@@ -7,6 +7,8 @@ use boxoffice_engine::{
 };
 use boxoffice_proto::v1 as pb;
 
+use crate::limits::{FIELD_LEN_MAX, TOKEN_LEN_MAX};
+
 fn invalid(field: &str, reason: &str) -> Rejection {
     Rejection::invalid(field, reason)
 }
@@ -61,13 +63,23 @@ pub fn event_spec(req: pb::CreateEventRequest) -> Result<EventSpec, Rejection> {
     })
 }
 
-/// A required id field: non-empty and at most 256 bytes.
+/// A required id field: non-empty and at most [`FIELD_LEN_MAX`] bytes.
 pub fn required(field: &str, value: &str) -> Result<(), Rejection> {
+    required_upto(field, value, FIELD_LEN_MAX)
+}
+
+/// A required token field: non-empty and at most [`TOKEN_LEN_MAX`] bytes (every token the server
+/// signs fits: see [`crate::limits`]).
+pub fn required_token(field: &str, value: &str) -> Result<(), Rejection> {
+    required_upto(field, value, TOKEN_LEN_MAX)
+}
+
+fn required_upto(field: &str, value: &str, max: usize) -> Result<(), Rejection> {
     if value.is_empty() {
         return Err(invalid(field, "required"));
     }
-    if value.len() > 256 {
-        return Err(invalid(field, "at most 256 bytes"));
+    if value.len() > max {
+        return Err(invalid(field, &format!("at most {max} bytes")));
     }
     Ok(())
 }

@@ -18,6 +18,7 @@
 
 pub mod convert;
 pub mod gate;
+pub mod limits;
 pub mod metrics;
 pub mod server;
 pub mod services;

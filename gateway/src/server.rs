@@ -23,9 +23,8 @@ use crate::gate::{Gate, GateLayer, Keys, Scope};
 use crate::services::{Api, BookingSvc, EventSvc, Ready, WaitingRoomSvc, WaitlistSvc};
 use crate::tokens::TokenSigner;
 
-/// Largest gRPC message accepted: the largest legitimate request (an event with many sections
-/// and rows) is far below it.
-pub const MESSAGE_BYTES_MAX: usize = 256 * 1024;
+/// Largest request message decoded (see [`crate::limits`]).
+pub use crate::limits::MESSAGE_BYTES_MAX;
 
 /// Everything `serve` needs.
 #[derive(Clone)]
@@ -71,9 +70,9 @@ impl ServerConfig {
             client_keys: vec![client_key.to_owned()],
             token_secret: token_secret.to_vec(),
             durability: Durability::Sync,
-            in_flight_max: 4_096,
+            in_flight_max: crate::limits::IN_FLIGHT_MAX_DEFAULT,
             section_inflight_max: 10_000,
-            queue_max: 2_000_000,
+            queue_max: crate::limits::QUEUE_MAX_DEFAULT,
             grace: Duration::from_secs(10),
             clock: Arc::new(SystemClock),
             recovery_gate: None,
@@ -159,7 +158,7 @@ fn grpc_router(
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .http2_max_pending_accept_reset_streams(Some(64))
-        .max_concurrent_streams(Some(256))
+        .max_concurrent_streams(Some(crate::limits::STREAMS_PER_CONNECTION_MAX))
         .layer(GateLayer::new(gate.clone()))
         .add_service(health_service)
         .add_service(reflection)

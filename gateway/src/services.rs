@@ -15,12 +15,9 @@ use crate::status::ApiError;
 use crate::tokens::{Claims, TokenError, TokenKind, TokenSigner, seed_commitment};
 use crate::waiting_room::{JoinError, RoomConfig, Standing, WaitingRoom, spawn_admitter};
 
-/// How long a queue token stays valid.
-pub const QUEUE_TOKEN_TTL_MS: u64 = 24 * 60 * 60 * 1000;
-/// Default and largest `ListEvents` page.
-pub const LIST_PAGE_DEFAULT: usize = 50;
-/// Largest `ListEvents` page.
-pub const LIST_PAGE_MAX: usize = 500;
+pub use crate::limits::LIST_PAGE_DEFAULT;
+pub use crate::limits::LIST_PAGE_MAX;
+pub use crate::limits::QUEUE_TOKEN_TTL_MS;
 
 /// The services' shared state, set once recovery has finished (the server sets it; until then
 /// every call answers `UNAVAILABLE` / `NOT_READY`).
@@ -153,7 +150,7 @@ impl Api {
     /// Checks the admission token of a hold: bound to the event and user, admitted, in window.
     /// A queue token is accepted too once its position is admitted.
     fn check_admission(&self, token: &str, event: &EventTerms, user: &str) -> Result<(), ApiError> {
-        convert::required("admission_token", token)?;
+        convert::required_token("admission_token", token)?;
         let now = self.clock.now_ms();
         let event_id = event.event_id.as_str();
         match self
@@ -349,7 +346,7 @@ impl pb::waiting_room_service_server::WaitingRoomService for WaitingRoomSvc {
     async fn get_status(&self, req: Request<pb::GetStatusRequest>) -> Rpc<pb::QueueStatus> {
         let api = ready(&self.0)?;
         let token = req.into_inner().queue_token;
-        required("queue_token", &token)?;
+        convert::required_token("queue_token", &token).map_err(ApiError::from)?;
         let now = api.clock.now_ms();
         let q = api
             .signer

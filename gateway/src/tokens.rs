@@ -16,8 +16,7 @@ use sha2::{Digest, Sha256};
 type HmacSha256 = Hmac<Sha256>;
 
 const TOKEN_VERSION: u8 = 1;
-/// Longest token text accepted (a longer one is refused before any work).
-pub const TOKEN_LEN_MAX: usize = 512;
+pub use crate::limits::TOKEN_LEN_MAX;
 
 /// What a token is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -23,13 +23,11 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 
-/// Admission timer period.
-pub const ADMIT_TICK: Duration = Duration::from_millis(20);
+pub use crate::limits::ADMIT_TICK;
 const CHUNK: usize = 1 << 16;
 
 /// How a waiting room is configured (from its event).

@@ -1609,3 +1609,29 @@ async fn a_server_whose_sweeper_dies_stops_visibly() {
     assert!(why.contains("sweeper"), "{why}");
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_longest_ids_get_tokens_the_server_accepts_back() {
+    // 64-byte event and user ids (the engine's maximum): their queue and admission tokens are
+    // longer than other id fields may be, and must still be accepted by GetStatus and Hold.
+    let server = TestServer::start().await;
+    let clock = server.clock().clone();
+    let mut a = server.admin();
+    let ev = "e".repeat(boxoffice_engine::ID_LEN_MAX);
+    let user = "u".repeat(boxoffice_engine::ID_LEN_MAX);
+    a.events
+        .create_event(event(&ev, vec![ga("g", 10, 100)]))
+        .await
+        .unwrap();
+    let tok = admitted(&mut a, &clock, &ev, &user).await;
+    assert!(tok.len() > 256, "the admission token is {} bytes", tok.len());
+    assert!(tok.len() <= boxoffice_gateway::limits::TOKEN_LEN_MAX);
+    let hold = a
+        .booking
+        .hold(best(&ev, &user, &tok, "g", 2, ""))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(hold.quantity, 2);
+    server.shutdown().await;
+}
