@@ -3,7 +3,7 @@
 //!
 //! Limits bound what a caller may ask for (and so the work and memory one request can cost);
 //! defaults are what a zero or missing value means. The gateway's own limits (message size,
-//! token length, page sizes) live with the gateway's edge code.
+//! token length, page sizes) are in the gateway's `limits` module, checked against these.
 
 // ---- Caller input -------------------------------------------------------------------------
 
