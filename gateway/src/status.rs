@@ -1,5 +1,5 @@
 //! Every error the API answers, and its gRPC status: the code and the `google.rpc.ErrorInfo`
-//! reason of `shared/design/api.md`, with domain `boxoffice`. The match is exhaustive (no `_`
+//! reason of the contract (`docs/api.md`), with domain `boxoffice`. The match is exhaustive (no `_`
 //! arm): a new engine error cannot reach a client unmapped.
 
 use std::collections::HashMap;

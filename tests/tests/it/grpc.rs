@@ -1624,7 +1624,11 @@ async fn the_longest_ids_get_tokens_the_server_accepts_back() {
         .await
         .unwrap();
     let tok = admitted(&mut a, &clock, &ev, &user).await;
-    assert!(tok.len() > 256, "the admission token is {} bytes", tok.len());
+    assert!(
+        tok.len() > 256,
+        "the admission token is {} bytes",
+        tok.len()
+    );
     assert!(tok.len() <= boxoffice_gateway::limits::TOKEN_LEN_MAX);
     let hold = a
         .booking
