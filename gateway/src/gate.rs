@@ -1,9 +1,9 @@
 //! The gate: a tower layer in front of every gRPC service. In this order it
 //! 1. lets health checks and reflection through (load balancers and `grpcurl` need no key);
-//! 2. answers `UNAVAILABLE` / `NOT_READY` while the server drains for shutdown;
-//! 3. authenticates `authorization: Bearer <key>` (SHA-256 of the key compared in constant
+//! 2. authenticates `authorization: Bearer <key>` (SHA-256 of the key compared in constant
 //!    time against every configured key): `UNAUTHENTICATED` for no or an unknown key,
 //!    `PERMISSION_DENIED` for a client key on an admin RPC;
+//! 3. answers `UNAVAILABLE` / `NOT_READY` while the server drains for shutdown;
 //! 4. sheds at once with `RESOURCE_EXHAUSTED` / `OVERLOADED` when `in_flight_max` calls are
 //!    already running, before any work is done;
 //! 5. records each call's latency by method and gRPC code.
