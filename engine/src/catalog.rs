@@ -118,12 +118,14 @@ impl Engine {
 
     /// An event with its sections' latest counts.
     pub fn event(&self, event_id: &EventId) -> Result<EventView, EngineError> {
+        self.check_not_stopped()?;
         let e = self.entry(event_id)?;
         Ok(view_of(&e))
     }
 
     /// An event's settings without its sections (cheap: for the per-request paths).
     pub fn event_terms(&self, event_id: &EventId) -> Result<EventTerms, EngineError> {
+        self.check_not_stopped()?;
         let e = self.entry(event_id)?;
         Ok(EventTerms {
             event_id: e.event_id.clone(),
@@ -140,6 +142,7 @@ impl Engine {
         &self,
         event_id: &EventId,
     ) -> Result<Vec<(SectionId, u32)>, EngineError> {
+        self.check_not_stopped()?;
         let e = self.entry(event_id)?;
         Ok(e.sections
             .iter()
@@ -148,7 +151,8 @@ impl Engine {
     }
 
     /// Every event, ordered by id.
-    pub fn events(&self) -> Vec<EventView> {
+    pub fn events(&self) -> Result<Vec<EventView>, EngineError> {
+        self.check_not_stopped()?;
         let mut all: Vec<EventView> = self
             .inner
             .events
@@ -156,7 +160,7 @@ impl Engine {
             .map(|e| view_of(e.value()))
             .collect();
         all.sort_by(|a, b| a.event_id.cmp(&b.event_id));
-        all
+        Ok(all)
     }
 
     /// The latest published snapshots of an event (or of one section). Never enters a mailbox.
@@ -165,6 +169,7 @@ impl Engine {
         event_id: &EventId,
         section: Option<&SectionId>,
     ) -> Result<SeatMap, EngineError> {
+        self.check_not_stopped()?;
         let e = self.entry(event_id)?;
         let mut sections = Vec::new();
         for (slot, spec) in e.sections.iter().zip(&e.spec.sections) {

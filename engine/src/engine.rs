@@ -184,7 +184,7 @@ impl Engine {
         metrics::gauge!("boxoffice_engine_recovery_seconds").set(started.elapsed().as_secs_f64());
         tracing::info!(?report, "engine recovered");
         let _ = engine.inner.recovery.set(report);
-        metrics::gauge!("boxoffice_engine_stopped").set(0.0);
+        metrics::gauge!("boxoffice_store_halted").set(0.0);
         engine.inner.ready.store(true, Ordering::SeqCst);
         Ok(engine)
     }
@@ -235,6 +235,13 @@ impl Engine {
     /// How many actors were restarted after a panic.
     pub fn actor_restarts(&self) -> u64 {
         self.inner.restarts.load(Ordering::SeqCst)
+    }
+
+    /// Refuses once the engine stopped: published snapshots may show changes that were never
+    /// acknowledged (a batch whose sync failed), so reads stop too.
+    pub(crate) fn check_not_stopped(&self) -> Result<(), EngineError> {
+        self.inner.store.halt.check()?;
+        Ok(())
     }
 
     pub(crate) fn check_ready(&self) -> Result<(), EngineError> {

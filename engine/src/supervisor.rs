@@ -10,7 +10,7 @@
 //! - a **ledger** shard cannot be rebuilt safely while sections hold places (its quotas live only
 //!   in memory, derived from every section at start), so the engine **stops visibly**: every
 //!   change is refused, [`Engine::stopped`] says why (health turns `NOT_SERVING`), a log line and
-//!   the `boxoffice_engine_stopped` gauge.
+//!   the `boxoffice_store_halted` gauge.
 //!
 //! An actor restarted more than [`ACTOR_RESTARTS_MAX`] times, or one whose log cannot be
 //! replayed, also stops the engine. Never a silent, permanent `NOT_READY`.
@@ -243,7 +243,7 @@ impl Engine {
     }
 
     /// Stops the engine visibly: every change is refused from now on, and why is told to whoever
-    /// watches ([`Engine::stopped`], health, logs, the `boxoffice_engine_stopped` gauge). For
+    /// watches ([`Engine::stopped`], health, logs, the `boxoffice_store_halted` gauge). For
     /// the engine's own actors and for what serves beside it (a sweeper that died, say).
     pub fn stop_visibly(&self, reason: impl Into<String>) {
         self.inner.store.halt_now(&reason.into());

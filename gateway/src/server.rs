@@ -57,6 +57,9 @@ pub struct ServerConfig {
     pub recovery_gate: Option<Arc<Notify>>,
     /// How often the reconciliation runs in the server (`None`: never).
     pub reconcile_every: Option<Duration>,
+    /// The log in this engine config's sink instead of the data dir (tests and simulations:
+    /// `EngineConfig::with_sink(MemorySink::new())`). `None`: sled in `data_dir`.
+    pub engine: Option<EngineConfig>,
 }
 
 impl ServerConfig {
@@ -77,6 +80,7 @@ impl ServerConfig {
             clock: Arc::new(SystemClock),
             recovery_gate: None,
             reconcile_every: Some(Duration::from_secs(60)),
+            engine: None,
         }
     }
 }
@@ -272,7 +276,10 @@ async fn recover(
     if let Some(gate) = &config.recovery_gate {
         gate.notified().await;
     }
-    let mut ec = EngineConfig::new(&config.data_dir);
+    let mut ec = config
+        .engine
+        .clone()
+        .unwrap_or_else(|| EngineConfig::new(&config.data_dir));
     ec.durability = config.durability;
     ec.clock = config.clock.clone();
     ec.section_inflight_max = config.section_inflight_max;
@@ -412,8 +419,10 @@ impl Running {
         if let Some(s) = self.sweeper.get() {
             let _ = s.stop_and_wait(None, Some(Duration::from_secs(5))).await;
         }
+        let mut stopped = None;
         if let Some(api) = self.ready.get() {
             api.stop();
+            stopped = api.engine.stopped();
             api.engine.shutdown().await;
         }
         if let Some(tx) = self.stop_metrics.take() {
@@ -421,6 +430,11 @@ impl Running {
         }
         for t in self.background.drain(..) {
             t.abort();
+        }
+        if let Some(reason) = stopped {
+            // Not a clean stop: whatever was not acknowledged before the failure is not in the
+            // log. Say what failed; the binary exits non-zero.
+            anyhow::bail!("the engine had stopped ({reason}); restart to recover from the log");
         }
         match served {
             Ok(Ok(Ok(()))) => Ok(()),

@@ -248,7 +248,7 @@ impl pb::event_service_server::EventService for EventSvc {
             n => n.min(LIST_PAGE_MAX),
         };
         // The page token is the last event id of the previous page.
-        let all = api.engine.events();
+        let all = api.engine.events().map_err(ApiError::from)?;
         let start = if req.page_token.is_empty() {
             0
         } else {

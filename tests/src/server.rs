@@ -74,9 +74,16 @@ pub struct TestServerBuilder {
     queue_max: Option<u32>,
     in_flight_max: Option<usize>,
     recovery_gate: Option<Arc<Notify>>,
+    memory_log: Option<Arc<boxoffice_engine::MemorySink>>,
 }
 
 impl TestServerBuilder {
+    /// Keeps the log in `sink` (which a test can make fail) instead of the data dir.
+    pub fn memory_log(mut self, sink: Arc<boxoffice_engine::MemorySink>) -> Self {
+        self.memory_log = Some(sink);
+        self
+    }
+
     /// Runs on `home` (e.g. the home of a server that was shut down: a restart) instead of a
     /// new one.
     pub fn home(mut self, home: Home) -> Self {
@@ -127,6 +134,10 @@ impl TestServerBuilder {
         }
         if let Some(n) = self.in_flight_max {
             config.in_flight_max = n;
+        }
+        if let Some(sink) = self.memory_log {
+            config.engine =
+                Some(boxoffice_engine::EngineConfig::with_sink(sink).expect("a memory log"));
         }
         let gated = self.recovery_gate.is_some();
         config.recovery_gate = self.recovery_gate;
@@ -187,6 +198,7 @@ impl TestServer {
             queue_max: None,
             in_flight_max: None,
             recovery_gate: None,
+            memory_log: None,
         }
     }
 
@@ -241,12 +253,18 @@ impl TestServer {
 
     /// Drains and stops the server, and fails the test unless that went cleanly. The data dir
     /// stays as long as a clone of [`TestServer::home`] does.
-    pub async fn shutdown(mut self) {
-        if let Some(running) = self.running.0.take() {
-            running
-                .shutdown()
-                .await
-                .expect("the server shuts down cleanly");
+    pub async fn shutdown(self) {
+        self.shutdown_result()
+            .await
+            .expect("the server shuts down cleanly");
+    }
+
+    /// Drains and stops the server; what its shutdown said (an error if the engine had stopped,
+    /// as the binary's exit code would show).
+    pub async fn shutdown_result(mut self) -> anyhow::Result<()> {
+        match self.running.0.take() {
+            Some(running) => running.shutdown().await,
+            None => Ok(()),
         }
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! It keeps two copies of everything: what was written, and what was durable at the last good
 //! [`sync`](LogSink::sync). A test (or a deterministic simulation) can
-//! - fail the next write ([`MemorySink::fail_next_write`]) or a later one,
+//! - fail the next write ([`MemorySink::fail_next_write`]) or a later one, or every write as on a
+//!   full disk ([`MemorySink::fill_disk`]),
 //! - fail the next sync ([`MemorySink::fail_next_sync`]) or a later one: everything written
 //!   since the last good sync is then lost (as Linux may drop dirty pages after a failed fsync),
 //! - and lose everything after the last good sync ([`MemorySink::lose_unsynced`]), as a power cut
@@ -60,6 +61,8 @@ pub struct MemorySink {
 struct Shared {
     state: Mutex<State>,
     fail_write: Trigger,
+    /// Every write fails as on a full disk until freed.
+    full: std::sync::atomic::AtomicBool,
 }
 
 struct MemoryStream {
@@ -76,6 +79,11 @@ impl Shared {
     fn write(&self, change: impl FnOnce(&mut Tables)) -> Result<(), StorageError> {
         if self.fail_write.fires() {
             return Err(StorageError::Io("injected write failure".into()));
+        }
+        if self.full.load(Ordering::SeqCst) {
+            return Err(StorageError::Io(
+                "No space left on device (os error 28)".into(),
+            ));
         }
         change(&mut self.lock().written);
         Ok(())
@@ -112,6 +120,16 @@ impl MemorySink {
     /// The `nth` write from now fails (1: the next).
     pub fn fail_write_after(&self, nth: u64) {
         self.shared.fail_write.arm(nth);
+    }
+
+    /// From now on every write fails as on a full disk (`ENOSPC`), until [`MemorySink::free_disk`].
+    pub fn fill_disk(&self) {
+        self.shared.full.store(true, Ordering::SeqCst);
+    }
+
+    /// Writes succeed again (space was freed).
+    pub fn free_disk(&self) {
+        self.shared.full.store(false, Ordering::SeqCst);
     }
 
     /// The next sync fails (once); what it would have covered is not durable.

@@ -129,7 +129,7 @@ impl Halt {
         if first {
             tracing::error!(%reason, "the engine halts (fail-stop)");
             metrics::counter!("boxoffice_wal_halts_total").increment(1);
-            metrics::gauge!("boxoffice_engine_stopped").set(1.0);
+            metrics::gauge!("boxoffice_store_halted").set(1.0);
             self.watch.send_replace(Some(reason));
         }
     }

@@ -1569,7 +1569,11 @@ async fn health_turns_not_serving_once_the_engine_stops_and_calls_say_storage_fa
         "the engine stopped: nothing was acknowledged; retry after a restart",
         "callers get a fixed text, not the cause (a panic message naming other users)"
     );
-    server.shutdown().await;
+    let stop = server.shutdown_result().await.unwrap_err();
+    assert!(
+        format!("{stop:#}").contains("ledger shard"),
+        "the shutdown says what failed: {stop:#}"
+    );
 }
 
 /// Health of the whole server (`""`) and of the booking service, in that order.
@@ -1607,7 +1611,8 @@ async fn a_server_whose_sweeper_dies_stops_visibly() {
         .stopped()
         .expect("the engine says why it stopped");
     assert!(why.contains("sweeper"), "{why}");
-    server.shutdown().await;
+    let stop = server.shutdown_result().await.unwrap_err();
+    assert!(format!("{stop:#}").contains("sweeper"), "{stop:#}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1638,4 +1643,75 @@ async fn the_longest_ids_get_tokens_the_server_accepts_back() {
         .into_inner();
     assert_eq!(hold.quantity, 2);
     server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_stops_the_server_visibly_and_its_reads_with_it() {
+    let sink = boxoffice_engine::MemorySink::new();
+    let server = TestServer::builder().memory_log(sink.clone()).start().await;
+    let clock = server.clock().clone();
+    let mut a = server.admin();
+    a.events
+        .create_event(event("fd", vec![ga("g", 10, 100)]))
+        .await
+        .unwrap();
+    let tok = admitted(&mut a, &clock, "fd", "ann").await;
+    a.booking
+        .hold(best("fd", "ann", &tok, "g", 1, ""))
+        .await
+        .unwrap();
+    sink.fill_disk();
+    let err = a
+        .booking
+        .hold(best("fd", "ann", &tok, "g", 1, ""))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (err.code(), reason(&err).as_str()),
+        (Code::Unavailable, "STORAGE_FAILED")
+    );
+    assert!(
+        !err.message().contains("os error") && !err.message().contains("space"),
+        "no internal text: {}",
+        err.message()
+    );
+    // Reads stop too: the published counts may include the hold that was never acknowledged.
+    let reads = [
+        a.events
+            .get_event(pb::GetEventRequest {
+                event_id: "fd".into(),
+            })
+            .await
+            .map(|_| ()),
+        a.events
+            .get_seat_map(pb::GetSeatMapRequest {
+                event_id: "fd".into(),
+                section_id: String::new(),
+            })
+            .await
+            .map(|_| ()),
+        a.events
+            .list_events(pb::ListEventsRequest::default())
+            .await
+            .map(|_| ()),
+    ];
+    for read in reads {
+        let e = read.unwrap_err();
+        assert_eq!(
+            (e.code(), reason(&e).as_str()),
+            (Code::Unavailable, "STORAGE_FAILED")
+        );
+    }
+    let mut h = tonic_health::pb::health_client::HealthClient::new(server.channel());
+    let not_serving = tonic_health::pb::health_check_response::ServingStatus::NotServing as i32;
+    periodic_check("health turns NOT_SERVING", PATIENCE, async || {
+        health_of(&mut h).await == vec![not_serving; 2]
+    })
+    .await;
+    // The shutdown (SIGTERM, for the binary) is not clean, and says what failed.
+    let stop = server.shutdown_result().await.unwrap_err();
+    assert!(
+        format!("{stop:#}").contains("No space left on device"),
+        "{stop:#}"
+    );
 }

@@ -37,7 +37,7 @@ fn confirm(hold: &HoldView, key: &str) -> ConfirmRequest {
 /// Everything observable about the engine's state, for before/after comparisons.
 async fn state_of(engine: &Engine, users: &[&str]) -> Vec<String> {
     let mut out = Vec::new();
-    for e in engine.events() {
+    for e in engine.events().expect("the engine serves") {
         for s in &e.sections {
             let core = engine
                 .inspect_section(&e.event_id, &s.spec.section_id)

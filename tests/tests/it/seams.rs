@@ -312,3 +312,63 @@ async fn a_section_that_keeps_panicking_stops_the_engine() {
     }
     engine.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_fails_stops_the_engine_and_its_reads() {
+    for (fault, named) in [
+        ("write error", "injected write failure"),
+        ("fsync error", "injected fsync failure"),
+        ("full disk", "No space left on device"),
+    ] {
+        let sink = MemorySink::new();
+        let clock = Arc::new(ManualClock::new(T0_MS));
+        let config = memory_config(&sink, &clock);
+        let engine = Engine::open(config.clone()).await.unwrap();
+        let ev = EventId::from("sf");
+        engine
+            .create_event(event("sf", vec![ga("ga", 10, 100)], 60_000, 10))
+            .await
+            .unwrap();
+        let kept = engine.hold(any_section("sf", "u1", 1)).await.unwrap();
+        match fault {
+            "write error" => sink.fail_next_write(),
+            "fsync error" => sink.fail_next_sync(),
+            _ => sink.fill_disk(),
+        }
+        match engine.hold(any_section("sf", "u2", 2)).await {
+            Err(EngineError::Storage(_)) => {}
+            other => panic!("{fault}: the hold was answered {other:?}"),
+        }
+        let why = engine.stopped().unwrap_or_default();
+        assert!(why.contains(named), "{fault}: the stop names it: {why}");
+        // Nothing unacknowledged is shown: reads are refused, not served from the snapshot.
+        assert!(
+            matches!(engine.event(&ev), Err(EngineError::Storage(_))),
+            "{fault}"
+        );
+        assert!(
+            matches!(engine.seat_map(&ev, None), Err(EngineError::Storage(_))),
+            "{fault}"
+        );
+        assert!(
+            matches!(engine.events(), Err(EngineError::Storage(_))),
+            "{fault}"
+        );
+        engine.crash().await;
+        drop(engine);
+        sink.free_disk();
+        sink.lose_unsynced();
+        let engine = Engine::open(config).await.unwrap();
+        let s = &engine.event(&ev).unwrap().sections[0];
+        assert_eq!(
+            (s.held, s.available),
+            (1, 9),
+            "{fault}: only the acknowledged hold"
+        );
+        assert_eq!(
+            engine.get_hold(&kept.hold_id).await.unwrap().status,
+            HoldStatus::Held
+        );
+        engine.shutdown().await;
+    }
+}

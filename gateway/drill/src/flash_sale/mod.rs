@@ -217,7 +217,8 @@ mod tests {
             preopen_share: 0.2,
             admit_rate: 5_000,
             concurrency: 128,
-            hold_ttl_ms: 1_000,
+            // Long enough that a declined payer still pays in time on a loaded CI machine.
+            hold_ttl_ms: 2_000,
             pay_rate: 0.7,
             decline_rate: 0.2,
             exact_rate: 0.3,
