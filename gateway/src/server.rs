@@ -60,6 +60,9 @@ pub struct ServerConfig {
     /// The log in this engine config's sink instead of the data dir (tests and simulations:
     /// `EngineConfig::with_sink(MemorySink::new())`). `None`: sled in `data_dir`.
     pub engine: Option<EngineConfig>,
+    /// Start with a new ticket signing key although tickets were sold and the key is missing
+    /// (the tickets already sold no longer verify). Without it such a start is refused.
+    pub new_ticket_key: bool,
 }
 
 impl ServerConfig {
@@ -81,6 +84,7 @@ impl ServerConfig {
             recovery_gate: None,
             reconcile_every: Some(Duration::from_secs(60)),
             engine: None,
+            new_ticket_key: false,
         }
     }
 }
@@ -286,8 +290,14 @@ async fn recover(
     let engine = Engine::open(ec)
         .await
         .with_context(|| format!("recovering from {}", config.data_dir.display()))?;
-    let tickets = crate::tickets::TicketSigner::load_or_create(&config.data_dir)
-        .context("loading the ticket signing key")?;
+    let tickets = match ticket_signer(&config, &engine).await {
+        Ok(t) => t,
+        Err(e) => {
+            // Refused to start: stop the engine, so the data dir is free for the next try.
+            engine.shutdown().await;
+            return Err(e);
+        }
+    };
     let api = Arc::new(Api::new(
         engine.clone(),
         TokenSigner::new(&config.token_secret),
@@ -325,6 +335,35 @@ async fn recover(
     set_health(&health, ServingStatus::Serving).await;
     follow_engine_stop(&engine, health, &tasks);
     Ok(())
+}
+
+/// The ticket signing key of the data dir. A missing key is made anew only when no ticket was
+/// sold (a new data dir), or when the operator says so: silently replacing it would make every
+/// ticket already sold fail at the door.
+async fn ticket_signer(
+    config: &ServerConfig,
+    engine: &Engine,
+) -> anyhow::Result<crate::tickets::TicketSigner> {
+    use crate::tickets::{KEY_FILE, TicketSigner};
+    let path = config.data_dir.join(KEY_FILE);
+    if !path.exists() {
+        let sold = engine.orders().await.context("counting the orders")?.len();
+        if sold > 0 && !config.new_ticket_key {
+            anyhow::bail!(
+                "the ticket signing key {} is missing but {sold} orders were sold with it: \
+                 restore the file, or start with --new-ticket-key to sign new tickets with a new \
+                 key (the tickets already sold will not verify with it)",
+                path.display()
+            );
+        }
+        if sold > 0 {
+            tracing::warn!(
+                sold,
+                "a new ticket signing key: tickets sold before will not verify"
+            );
+        }
+    }
+    TicketSigner::load_or_create(&config.data_dir).context("loading the ticket signing key")
 }
 
 /// Without the sweeper no hold would expire and no waitlist offer be made: if it ends while the

@@ -75,9 +75,23 @@ pub struct TestServerBuilder {
     in_flight_max: Option<usize>,
     recovery_gate: Option<Arc<Notify>>,
     memory_log: Option<Arc<boxoffice_engine::MemorySink>>,
+    new_ticket_key: bool,
+    wait: bool,
 }
 
 impl TestServerBuilder {
+    /// Allows a new ticket signing key where tickets were sold (`serve --new-ticket-key`).
+    pub fn new_ticket_key(mut self) -> Self {
+        self.new_ticket_key = true;
+        self
+    }
+
+    /// Does not wait for recovery in [`TestServerBuilder::start`] (see [`TestServer::recovery`]).
+    pub fn no_wait(mut self) -> Self {
+        self.wait = false;
+        self
+    }
+
     /// Keeps the log in `sink` (which a test can make fail) instead of the data dir.
     pub fn memory_log(mut self, sink: Arc<boxoffice_engine::MemorySink>) -> Self {
         self.memory_log = Some(sink);
@@ -135,6 +149,7 @@ impl TestServerBuilder {
         if let Some(n) = self.in_flight_max {
             config.in_flight_max = n;
         }
+        config.new_ticket_key = self.new_ticket_key;
         if let Some(sink) = self.memory_log {
             config.engine =
                 Some(boxoffice_engine::EngineConfig::with_sink(sink).expect("a memory log"));
@@ -153,7 +168,7 @@ impl TestServerBuilder {
             channel,
             home,
         };
-        if !gated {
+        if !gated && self.wait {
             server.wait_ready().await;
         }
         server
@@ -199,16 +214,19 @@ impl TestServer {
             in_flight_max: None,
             recovery_gate: None,
             memory_log: None,
+            new_ticket_key: false,
+            wait: true,
         }
     }
 
     /// Waits until recovery has finished; fails the test if it failed.
     pub async fn wait_ready(&mut self) {
-        self.running
-            .get_mut()
-            .wait_ready()
-            .await
-            .expect("the server recovers");
+        self.recovery().await.expect("the server recovers");
+    }
+
+    /// Waits until recovery has finished, and says how it went (for tests of a refused start).
+    pub async fn recovery(&mut self) -> anyhow::Result<()> {
+        self.running.get_mut().wait_ready().await
     }
 
     /// The data dir and clock, to start another server on after this one is shut down.

@@ -74,6 +74,10 @@ pub struct ServeArgs {
     /// Seconds between reconciliation runs in the server (0: never).
     #[arg(long, env = "BOXOFFICE_RECONCILE_SECONDS", default_value_t = 60)]
     reconcile_seconds: u64,
+    /// Start with a new ticket signing key when the data dir's key is missing although tickets
+    /// were sold (those tickets will no longer verify). Without it such a start is refused.
+    #[arg(long, env = "BOXOFFICE_NEW_TICKET_KEY")]
+    new_ticket_key: bool,
 }
 
 /// Serves until SIGTERM or Ctrl-C, then drains.
@@ -143,6 +147,7 @@ fn config(args: ServeArgs) -> ServerConfig {
     config.grace = Duration::from_secs(args.grace_seconds);
     config.reconcile_every =
         (args.reconcile_seconds > 0).then(|| Duration::from_secs(args.reconcile_seconds));
+    config.new_ticket_key = args.new_ticket_key;
     config
 }
 

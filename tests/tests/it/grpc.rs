@@ -1715,3 +1715,57 @@ async fn a_full_disk_stops_the_server_visibly_and_its_reads_with_it() {
         "{stop:#}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_ticket_key_is_never_replaced_silently_once_tickets_were_sold() {
+    let server = TestServer::start().await;
+    let home = server.home().clone();
+    let clock = server.clock().clone();
+    let mut a = server.admin();
+    a.events
+        .create_event(event("tk", vec![ga("g", 10, 100)]))
+        .await
+        .unwrap();
+    let tok = admitted(&mut a, &clock, "tk", "ann").await;
+    let hold = a
+        .booking
+        .hold(best("tk", "ann", &tok, "g", 1, ""))
+        .await
+        .unwrap()
+        .into_inner();
+    a.booking
+        .confirm(pb::ConfirmRequest {
+            hold_id: hold.hold_id,
+            user_id: "ann".into(),
+            payment_token: "tok_a".into(),
+            idempotency_key: String::new(),
+        })
+        .await
+        .unwrap();
+    server.shutdown().await;
+    let key = home.path().join(boxoffice_gateway::tickets::KEY_FILE);
+    let old_key = std::fs::read_to_string(&key).unwrap();
+    std::fs::remove_file(&key).unwrap();
+    // Refused, naming the file and the way out; no new key is made behind the operator's back.
+    let mut refused = TestServer::builder()
+        .home(home.clone())
+        .no_wait()
+        .start()
+        .await;
+    let why = format!("{:#}", refused.recovery().await.unwrap_err());
+    assert!(
+        why.contains("ticket-signing.key") && why.contains("--new-ticket-key"),
+        "{why}"
+    );
+    assert!(!key.exists(), "no key was made");
+    let _ = refused.shutdown_result().await;
+    // Told to, it starts with a new key.
+    let renewed = TestServer::builder()
+        .home(home)
+        .new_ticket_key()
+        .start()
+        .await;
+    let new_key = std::fs::read_to_string(&key).unwrap();
+    assert_ne!(new_key, old_key);
+    renewed.shutdown().await;
+}
