@@ -596,28 +596,28 @@ fn the_saved_regressions_are_replayed() {
     );
 }
 
+/// Runs a case on a fresh two-worker runtime (the engine's actors need the multi-thread one).
+fn on_runtime(case: impl std::future::Future<Output = ()>) {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(case);
+}
+
 proptest! {
     #![proptest_config(config())]
 
     #[test]
     fn engine_matches_the_model(ops in proptest::collection::vec(op(), 1..40)) {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(run(ops, Log::Disk));
+        on_runtime(run(ops, Log::Disk));
     }
 
     /// The same, with the log in memory and every restart a power cut: whatever was not synced
     /// is gone, and no acknowledged change may be missing.
     #[test]
     fn engine_matches_the_model_across_power_cuts(ops in proptest::collection::vec(op(), 1..40)) {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(run(ops, Log::PowerCut(MemorySink::new())));
+        on_runtime(run(ops, Log::PowerCut(MemorySink::new())));
     }
 }
