@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, RwLock, Weak};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
@@ -100,24 +100,6 @@ fn open_payments(
     )
 }
 
-/// Nobody supervises the supervisor: if it ends while the engine serves (its children die with
-/// it), the engine stops visibly rather than answer `NOT_READY` forever.
-fn watch_supervisor(done: tokio::task::JoinHandle<()>, engine: Arc<OnceLock<Weak<Inner>>>) {
-    tokio::spawn(async move {
-        let how = match done.await {
-            Ok(()) => "ended".to_owned(),
-            Err(e) => format!("failed: {e}"),
-        };
-        if let Some(inner) = engine.get().and_then(Weak::upgrade)
-            && inner.ready.load(Ordering::SeqCst)
-        {
-            Engine { inner }.stop_visibly(format!(
-                "the engine's supervisor {how}, and the actors with it"
-            ));
-        }
-    });
-}
-
 impl Engine {
     /// Opens (or creates) the log, replays it and starts the actors. Returns once the engine is
     /// ready to serve.
@@ -139,7 +121,6 @@ impl Engine {
         )
         .await
         .map_err(|e| StorageError::Io(format!("cannot start the supervisor: {e}")))?;
-        watch_supervisor(supervisor_done, engine_slot.clone());
         let ledger = spawn_ledger(
             recovered.ledger_states,
             &recovered.ledger_last,
@@ -177,6 +158,8 @@ impl Engine {
         });
         let _ = engine_slot.set(Arc::downgrade(&inner));
         let engine = Engine { inner };
+        // Nobody supervises the supervisor: its children die with it.
+        engine.stop_when_ended("the engine's supervisor", supervisor_done);
         engine
             .start_recovered(recovered.events, recovered.cores)
             .await?;

@@ -249,6 +249,28 @@ impl Engine {
         self.inner.store.halt_now(&reason.into());
     }
 
+    /// Watches a task that must run as long as the engine serves (`what` names it): if it ends
+    /// while the engine serves, the engine stops visibly. Returns the watch; abort it before
+    /// stopping the task on purpose. Holds no strong reference to the engine.
+    pub fn stop_when_ended(
+        &self,
+        what: &'static str,
+        done: tokio::task::JoinHandle<()>,
+    ) -> tokio::task::JoinHandle<()> {
+        let engine = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            let how = match done.await {
+                Ok(()) => "ended".to_owned(),
+                Err(e) => format!("failed: {e}"),
+            };
+            if let Some(inner) = engine.upgrade()
+                && inner.ready.load(Ordering::SeqCst)
+            {
+                Engine { inner }.stop_visibly(format!("{what} {how}"));
+            }
+        })
+    }
+
     /// Rebuilds a section from its log and starts a new actor for it.
     async fn restart_section(
         &self,

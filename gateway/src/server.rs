@@ -330,7 +330,12 @@ async fn recover(
             .await
             .context("starting the sweeper")?;
     let _ = sweeper.set(actor);
-    watch_sweeper(&engine, sweeper_done, &tasks);
+    // Without the sweeper no hold would expire and no waitlist offer be made. A drain aborts
+    // this watch before it stops the sweeper.
+    let watch = engine.stop_when_ended("the sweeper (holds would no longer expire)", sweeper_done);
+    if let Ok(mut t) = tasks.lock() {
+        t.push(watch);
+    }
     let _ = ready.set(api);
     set_health(&health, ServingStatus::Serving).await;
     follow_engine_stop(&engine, health, &tasks);
@@ -364,27 +369,6 @@ async fn ticket_signer(
         }
     }
     TicketSigner::load_or_create(&config.data_dir).context("loading the ticket signing key")
-}
-
-/// Without the sweeper no hold would expire and no waitlist offer be made: if it ends while the
-/// server runs (a drain aborts this watch before it stops the sweeper), the engine stops
-/// visibly, and health with it.
-fn watch_sweeper(
-    engine: &Engine,
-    done: tokio::task::JoinHandle<()>,
-    tasks: &Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
-) {
-    let engine = engine.clone();
-    let task = tokio::spawn(async move {
-        let how = match done.await {
-            Ok(()) => "ended".to_owned(),
-            Err(e) => format!("failed: {e}"),
-        };
-        engine.stop_visibly(format!("the sweeper {how}: holds would no longer expire"));
-    });
-    if let Ok(mut t) = tasks.lock() {
-        t.push(task);
-    }
 }
 
 /// Health follows the engine: once it stops for good (the log failed, an actor could not be

@@ -104,3 +104,14 @@ pub fn event(id: &str, sections: Vec<SectionSpec>, ttl_ms: u64, per_user_limit: 
         sale_opens_at_ms: 0,
     }
 }
+
+/// Runs `case` to completion on a fresh two-worker runtime (the engine's actors need the
+/// multi-thread one): for tests that are not `#[tokio::test]`s (crash children, proptest cases).
+pub fn on_runtime<F: std::future::Future>(case: F) -> F::Output {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+        .block_on(case)
+}

@@ -13,7 +13,7 @@ use boxoffice_engine::{
 };
 use boxoffice_tests::child::{self, ChildTest};
 use boxoffice_tests::{
-    T0_MS, any_section as best, child_test_name, config, event, ga, open, reserved,
+    T0_MS, any_section as best, child_test_name, config, event, ga, on_runtime, open, reserved,
 };
 use tokio::sync::Semaphore;
 
@@ -271,12 +271,7 @@ fn crash_child_after_charge() {
         return; // Only does something when started by the parent below.
     };
     child::announce();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async move {
+    on_runtime(async move {
         let engine = Engine::open(EngineConfig::new(&dir)).await.unwrap();
         engine
             .create_event(event("k", vec![ga("g", 10, 700)], 600_000, 4))

@@ -15,7 +15,7 @@ use boxoffice_engine::{
     Selection, SystemClock, UserId,
 };
 use boxoffice_tests::child::{self, ChildTest};
-use boxoffice_tests::{child_test_name, event, ga, reserved};
+use boxoffice_tests::{child_test_name, event, ga, on_runtime, reserved};
 
 const DIR_VAR: &str = "BOXOFFICE_CRASH_DIR";
 
@@ -25,12 +25,7 @@ fn crash_child() {
         return; // Only does something when started by the parent below.
     };
     child::announce();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async move {
+    on_runtime(async move {
         let mut config = EngineConfig::new(&dir);
         config.clock = Arc::new(SystemClock);
         let engine = Engine::open(config).await.unwrap();

@@ -20,7 +20,7 @@ use boxoffice_engine::{
     ConfirmRequest, Engine, EngineConfig, EngineError, EventId, HoldId, HoldRequest, HoldStatus,
     HoldView, ManualClock, MemorySink, Rejection, SeatId, SeatStatus, SectionId, Selection, UserId,
 };
-use boxoffice_tests::{T0_MS, event, ga, reserved};
+use boxoffice_tests::{T0_MS, event, ga, on_runtime, reserved};
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 
@@ -594,16 +594,6 @@ fn the_saved_regressions_are_replayed() {
         "every saved seed is read from beside {}",
         file!()
     );
-}
-
-/// Runs a case on a fresh two-worker runtime (the engine's actors need the multi-thread one).
-fn on_runtime(case: impl std::future::Future<Output = ()>) {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(case);
 }
 
 proptest! {
