@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::clock::{Clock, SystemClock};
 use crate::error::StorageError;
+use crate::integrity::RecoveryMode;
 use crate::limits::{
     CHECKPOINT_EVERY_RECORDS_DEFAULT, LEDGER_SHARDS_DEFAULT, SECTION_INFLIGHT_MAX_DEFAULT,
     WAITLIST_MAX_DEFAULT,
@@ -37,6 +38,9 @@ pub struct EngineConfig {
     pub payments: Option<Arc<dyn PaymentProvider>>,
     /// How the built-in simulated provider behaves (when `payments` is `None`).
     pub simulated_payments: SimulatedConfig,
+    /// What recovery does with a damaged log: refuse to start (`Strict`, the default) or start
+    /// from what is there (`AcceptDamage`, an operator's choice; the report says what was found).
+    pub recovery_mode: RecoveryMode,
 }
 
 impl EngineConfig {
@@ -54,6 +58,7 @@ impl EngineConfig {
             waitlist_max: WAITLIST_MAX_DEFAULT,
             payments: None,
             simulated_payments: SimulatedConfig::default(),
+            recovery_mode: RecoveryMode::Strict,
         }
     }
 

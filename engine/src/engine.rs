@@ -107,8 +107,26 @@ impl Engine {
         let started = Instant::now();
         let sink = open_sink(&config).await?;
         let mut report = RecoveryReport::default();
-        let recovered = recover(sink.as_ref(), config.ledger_shards, &mut report)?;
-        let store = Arc::new(Store::start(sink.clone(), config.durability)?);
+        if config.recovery_mode == crate::integrity::RecoveryMode::Verify {
+            return Err(
+                StorageError::Io("an engine cannot open a log in verify mode".into()).into(),
+            );
+        }
+        let sink_ref = sink.clone();
+        let (shards, mode) = (config.ledger_shards, config.recovery_mode);
+        let (recovered, report_back) = tokio::task::spawn_blocking(move || {
+            let r = recover(sink_ref.as_ref(), shards, mode, &mut report);
+            (r, report)
+        })
+        .await
+        .map_err(|e| StorageError::Io(format!("recovery failed: {e}")))?;
+        let mut report = report_back;
+        let recovered = recovered?;
+        let store = Arc::new(Store::start(
+            sink.clone(),
+            config.durability,
+            recovered.marks.clone(),
+        )?);
         let engine_slot = Arc::new(OnceLock::new());
         let roles: Roles = Arc::new(DashMap::new());
         let (supervisor, supervisor_done) = Actor::spawn(

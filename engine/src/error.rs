@@ -144,6 +144,15 @@ pub enum StorageError {
         /// What failed (checksum, version, decoding).
         reason: String,
     },
+    /// Recovery found the log damaged (records missing or corrupt, claims that disagree) and
+    /// refused to start; nothing was changed. The summary names streams and sequence numbers.
+    #[error("start refused: the log is damaged ({count} found): {summary}")]
+    Damaged {
+        /// How many problems were found.
+        count: usize,
+        /// The first few, named.
+        summary: String,
+    },
     /// Opening the data dir failed.
     #[error("cannot open data dir {path}: {reason}")]
     Open {

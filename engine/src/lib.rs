@@ -91,6 +91,7 @@ pub mod engine;
 pub mod error;
 mod expiry;
 pub mod ids;
+pub mod integrity;
 mod ledger;
 pub mod limits;
 pub mod payment;
@@ -112,13 +113,14 @@ pub use core::SectionCore;
 pub use engine::Engine;
 pub use error::{EngineError, Rejection, StorageError};
 pub use expiry::ExpiredAndOffered;
+pub use integrity::{Damage, Findings, RecoveryMode, StreamSummary};
 pub use limits::*;
 pub use payment::{
     BoxFuture, Charge, ChargeStatus, PaymentError, PaymentProvider, SimulatedConfig,
     SimulatedProvider,
 };
 pub use reconcile::Finding;
-pub use recovery::RecoveryReport;
+pub use recovery::{RecoveryReport, verify_log};
 pub use router::Router;
 pub use section::{Listener, Notice};
 pub use store::{Durability, LogSink, MemorySink, SledSink};

@@ -2,14 +2,21 @@
 //! stream: the catalog, each section (from its checkpoint), the ledger shards, the sold-seat
 //! backstop, the waitlist. Quotas and idempotency answers are rebuilt from the sections' holds.
 //! A restarted section actor is rebuilt by the same [`recover_section`].
+//!
+//! Every stream is checked as it is read ([`crate::integrity`]): against the superblock's
+//! high-water marks, for gaps, checksums and records that do not fit. Nothing is changed until
+//! everything has been read: then, with no damage (or with damage an operator accepted), the
+//! planned repairs run (a torn tail dropped, an unacknowledged claim set aside, a missing claim
+//! restored) and the superblock is rewritten with what the log now holds.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use crate::codec;
 use crate::core::{SectionCore, SectionRecord};
 use crate::error::StorageError;
+use crate::integrity::{Damage, Findings, RecoveryMode, read_stream};
 use crate::ledger::{Answer, LedgerRecord, Rpc, ShardState, shard_index};
-use crate::store::{LogSink, names, read_stream};
+use crate::store::{LogSink, Marks, names};
 use crate::types::{CatalogRecord, EventId, EventSpec, HoldId, HoldStatus, SectionId, SectionSpec};
 use crate::waitlist::{WaitlistCore, WaitlistRecord};
 
@@ -24,10 +31,16 @@ pub struct RecoveryReport {
     pub records_replayed: u64,
     /// Streams that started from a checkpoint.
     pub checkpoints_loaded: usize,
-    /// Torn last records dropped.
+    /// Torn last records dropped (past their stream's acknowledged mark).
     pub torn_tails_dropped: usize,
-    /// Sold-seat keys without a durable confirm (a crash between claim and record), removed.
-    pub orphan_claims_removed: usize,
+    /// Sold-seat claims without a confirm in a whole log (a crash between the claim and its
+    /// record: never acknowledged), moved to the set-aside table.
+    pub claims_set_aside: usize,
+    /// Confirms whose sold-seat claim was missing (the record was written, the claim was not):
+    /// claimed again.
+    pub claims_restored: usize,
+    /// The integrity check: damage (accepted, if the engine started), actions, every stream.
+    pub integrity: Findings,
     /// Time recovery took, in ms.
     pub duration_ms: u64,
 }
@@ -44,39 +57,151 @@ pub(crate) struct Recovered {
     pub catalog_last: u64,
     pub ledger_states: Vec<ShardState>,
     pub ledger_last: Vec<u64>,
+    /// What the log holds now: the flusher starts from these marks.
+    pub marks: Marks,
 }
 
-fn corrupt(stream: &str, seq: u64, reason: impl Into<String>) -> StorageError {
-    StorageError::Corrupt {
-        stream: stream.to_owned(),
-        seq,
-        reason: reason.into(),
+/// A change recovery makes once it knows it may (no damage, or damage accepted; never in
+/// `Verify`).
+enum Repair {
+    DropTorn { stream: String, seq: u64 },
+    SetAside { key: String },
+    Restore { key: String, hold: HoldId },
+    Checkpoint { stream: String, blob: Vec<u8> },
+}
+
+/// Recovery's working state: what it found, what it will repair, how strict it is.
+pub(crate) struct Check {
+    pub marks: Marks,
+    pub mode: RecoveryMode,
+    pub found: Findings,
+    repairs: Vec<Repair>,
+}
+
+impl Check {
+    /// A check against `marks` (a section restart passes the store's current marks).
+    pub fn new(marks: Marks, mode: RecoveryMode) -> Check {
+        Check {
+            marks,
+            mode,
+            found: Findings::default(),
+            repairs: Vec::new(),
+        }
     }
+
+    /// Reads a stream, planning the removal of a torn tail.
+    fn read<T: serde::de::DeserializeOwned>(
+        &mut self,
+        sink: &dyn LogSink,
+        name: &str,
+        report: &mut RecoveryReport,
+    ) -> Result<crate::integrity::Replay<T>, StorageError> {
+        let replay = read_stream::<T>(sink, name, &self.marks, self.mode, &mut self.found)?;
+        if replay.dropped_tail {
+            report.torn_tails_dropped += 1;
+            self.repairs.push(Repair::DropTorn {
+                stream: name.to_owned(),
+                seq: replay.last_seq + 1,
+            });
+        }
+        Ok(replay)
+    }
+
+    /// A record that does not fit: damage (unless accepted before), and the record is skipped.
+    fn misfit(&mut self, stream: &str, seq: u64, reason: String) {
+        let d = Damage::Replay {
+            stream: stream.to_owned(),
+            seq,
+            reason,
+        };
+        self.found.damage_at(&self.marks, stream, seq, seq, d);
+    }
+
+    /// Refuses (strict) if anything was damaged.
+    pub fn refuse_if_damaged(&self) -> Result<(), StorageError> {
+        if self.found.damage.is_empty() || self.mode != RecoveryMode::Strict {
+            return Ok(());
+        }
+        Err(StorageError::Damaged {
+            count: self.found.damage.len(),
+            summary: self.found.summary(),
+        })
+    }
+}
+
+/// Reads the superblock; its absence where a log exists (or both copies damaged) is damage.
+fn read_marks(sink: &dyn LogSink, found: &mut Findings) -> Result<Marks, StorageError> {
+    let read = sink.superblock()?;
+    if let Some(marks) = read.marks {
+        for copy in read.damaged_copies {
+            found.notes.push(format!(
+                "superblock copy {copy} (the other copy is valid: a write torn by a crash)"
+            ));
+        }
+        return Ok(marks);
+    }
+    if holds_data(sink)? {
+        found.damage.push(if read.damaged_copies.is_empty() {
+            Damage::SuperblockMissing
+        } else {
+            Damage::SuperblockDamaged {
+                copies: read.damaged_copies,
+            }
+        });
+    } else if !read.damaged_copies.is_empty() {
+        found.notes.push(format!(
+            "superblock copies damaged before any record was written: {}",
+            read.damaged_copies.join("; ")
+        ));
+    }
+    Ok(Marks::default())
+}
+
+/// Whether the log holds any record, checkpoint or claim (empty trees do not count: reading a
+/// stream creates it).
+fn holds_data(sink: &dyn LogSink) -> Result<bool, StorageError> {
+    if !sink.claims()?.is_empty() {
+        return Ok(true);
+    }
+    for name in sink.stream_names()? {
+        if sink.checkpoint(&name)?.is_some() || !sink.stream(&name)?.read_after(0)?.is_empty() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// Replays the whole log (see the module docs).
 pub(crate) fn recover(
     sink: &dyn LogSink,
     ledger_shards: usize,
+    mode: RecoveryMode,
     report: &mut RecoveryReport,
 ) -> Result<Recovered, StorageError> {
-    let (events, catalog_last) = recover_catalog(sink, report)?;
+    let mut found = Findings::default();
+    let marks = read_marks(sink, &mut found)?;
+    let mut check = Check::new(marks, mode);
+    check.found = found;
+    let (events, catalog_last) = recover_catalog(sink, &mut check, report)?;
     let shards = ledger_shards.max(1);
     let mut ledger_states: Vec<ShardState> = (0..shards).map(|_| ShardState::default()).collect();
     let mut cores = HashMap::new();
     for (event_id, spec, _) in &events {
         for s in &spec.sections {
-            let (core, last_seq) = recover_section(sink, event_id, s, report)?;
+            let (core, last_seq) = recover_section(sink, event_id, s, &mut check, report)?;
             add_section_to_ledgers(&core, event_id, &mut ledger_states);
             report.sections += 1;
             cores.insert((event_id.clone(), s.section_id.clone()), (core, last_seq));
         }
         report.events += 1;
     }
-    let ledger_last = recover_ledgers(sink, &mut ledger_states, report)?;
-    recover_backstop(sink, &cores, report)?;
-    let (waitlist, waitlist_last) = recover_waitlist(sink, report)?;
-    sink.sync()?;
+    let ledger_last = recover_ledgers(sink, &mut ledger_states, &mut check, report)?;
+    let (waitlist, waitlist_last) = recover_waitlist(sink, &mut check, report)?;
+    check_unread_streams(sink, &mut check, report)?;
+    recover_backstop(sink, &cores, &mut check, report)?;
+    check.refuse_if_damaged()?;
+    let marks = finish(sink, &mut check)?;
+    report.integrity = check.found;
     Ok(Recovered {
         waitlist,
         waitlist_last,
@@ -85,16 +210,113 @@ pub(crate) fn recover(
         catalog_last,
         ledger_states,
         ledger_last,
+        marks,
     })
+}
+
+/// Checks a log without changing it (offline `check-log`): everything recovery would find.
+/// Errors only if the log cannot be read at all.
+pub fn verify_log(sink: &dyn LogSink) -> Result<Findings, StorageError> {
+    let mut report = RecoveryReport::default();
+    recover(
+        sink,
+        crate::limits::LEDGER_SHARDS_DEFAULT,
+        RecoveryMode::Verify,
+        &mut report,
+    )?;
+    Ok(report.integrity)
+}
+
+/// Streams nobody read (the superblock knows them, or sled has them, but no event or shard
+/// does: an event the catalog lost, say): checked for what was acknowledged in them.
+fn check_unread_streams(
+    sink: &dyn LogSink,
+    check: &mut Check,
+    report: &mut RecoveryReport,
+) -> Result<(), StorageError> {
+    let read: BTreeSet<String> = check
+        .found
+        .streams
+        .iter()
+        .map(|s| s.stream.clone())
+        .collect();
+    let mut unread: BTreeSet<String> = check.marks.streams.keys().cloned().collect();
+    unread.extend(sink.stream_names()?);
+    for name in unread.difference(&read) {
+        let replay = check.read::<Unchecked>(sink, name, report)?;
+        if !replay.records.is_empty() || replay.checkpoint.is_some() {
+            check.found.notes.push(format!(
+                "stream `{name}` is in the log but no event or shard reads it"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A record of a stream nobody reads: only its frame (version, checksum) is checked.
+struct Unchecked;
+
+impl<'de> serde::Deserialize<'de> for Unchecked {
+    fn deserialize<D: serde::Deserializer<'de>>(_: D) -> Result<Unchecked, D::Error> {
+        Ok(Unchecked)
+    }
+}
+
+/// Applies the planned repairs (if allowed), makes them durable, and writes the superblock with
+/// what the log now holds (accepted damage remembered). Nothing is written in `Verify`.
+fn finish(sink: &dyn LogSink, check: &mut Check) -> Result<Marks, StorageError> {
+    let mut marks = Marks {
+        streams: check
+            .found
+            .streams
+            .iter()
+            .map(|s| (s.stream.clone(), s.last))
+            .collect(),
+        claims: 0,
+        accepted: check.marks.accepted.clone(),
+    };
+    for d in &check.found.damage {
+        match d {
+            Damage::Gap { stream, from, to } => marks.accept(stream, *from, *to),
+            Damage::Record { stream, seq, .. } | Damage::Replay { stream, seq, .. } => {
+                marks.accept(stream, *seq, *seq)
+            }
+            _ => {}
+        }
+    }
+    if check.mode == RecoveryMode::Verify {
+        return Ok(marks);
+    }
+    if !check.found.damage.is_empty() {
+        check.found.actions.push(format!(
+            "started with {} damaged or missing parts accepted by the operator; the superblock \
+             now records what the log holds",
+            check.found.damage.len()
+        ));
+    }
+    for repair in std::mem::take(&mut check.repairs) {
+        match repair {
+            Repair::DropTorn { stream, seq } => sink.stream(&stream)?.remove(seq)?,
+            Repair::SetAside { key } => sink.set_claim_aside(&key)?,
+            Repair::Restore { key, hold } => {
+                sink.claim(&key, hold.as_str().as_bytes())?;
+            }
+            Repair::Checkpoint { stream, blob } => sink.put_checkpoint(&stream, &blob)?,
+        }
+    }
+    marks.claims = sink.claims()?.len() as u64;
+    sink.sync()?;
+    sink.put_superblock(&marks)?;
+    Ok(marks)
 }
 
 /// The catalog stream: every event created, in order.
 fn recover_catalog(
     sink: &dyn LogSink,
+    check: &mut Check,
     report: &mut RecoveryReport,
 ) -> Result<(Vec<CatalogEntry>, u64), StorageError> {
-    let catalog = read_stream::<CatalogRecord>(sink, names::CATALOG)?;
-    report.torn_tails_dropped += usize::from(catalog.dropped_tail);
+    let catalog = check.read::<CatalogRecord>(sink, names::CATALOG, report)?;
     let events = catalog
         .records
         .into_iter()
@@ -111,31 +333,87 @@ fn recover_catalog(
 
 /// One section's stream: its checkpoint (if any) and every record after it, applied to the pure
 /// core; the core's invariants are checked before it is trusted. Returns the core and the last
-/// sequence number of the stream.
+/// sequence number of the stream. A record that does not fit is damage and is skipped.
 pub(crate) fn recover_section(
     sink: &dyn LogSink,
     event_id: &EventId,
     spec: &SectionSpec,
+    check: &mut Check,
     report: &mut RecoveryReport,
 ) -> Result<(SectionCore, u64), StorageError> {
     let name = names::section(event_id, &spec.section_id);
-    let replay = read_stream::<SectionRecord>(sink, &name)?;
-    report.torn_tails_dropped += usize::from(replay.dropped_tail);
+    let replay = check.read::<SectionRecord>(sink, &name, report)?;
+    let fresh = || SectionCore::new(event_id.clone(), spec.clone());
+    let mut rewrite_checkpoint = false;
     let mut core = match &replay.checkpoint {
-        Some((seq, blob)) => {
+        Some((_, blob)) => {
             report.checkpoints_loaded += 1;
-            codec::decode::<SectionCore>(blob)
-                .map_err(|e| corrupt(&format!("checkpoints/{name}"), *seq, e.to_string()))?
+            codec::decode::<SectionCore>(blob).unwrap_or_else(|e| {
+                check.found.damage.push(Damage::Checkpoint {
+                    stream: name.clone(),
+                    reason: e.to_string(),
+                });
+                rewrite_checkpoint = true;
+                fresh()
+            })
         }
-        None => SectionCore::new(event_id.clone(), spec.clone()),
+        None => fresh(),
     };
     for (seq, record) in &replay.records {
-        core.apply(record).map_err(|e| corrupt(&name, *seq, e))?;
-        report.records_replayed += 1;
+        match core.apply(record) {
+            Ok(()) => report.records_replayed += 1,
+            Err(e) => check.misfit(&name, *seq, e),
+        }
     }
     core.check_invariants()
         .map_err(|e| corrupt(&name, replay.last_seq, e))?;
+    if rewrite_checkpoint {
+        // Accepted: the state as recovered replaces the damaged checkpoint.
+        check.repairs.push(Repair::Checkpoint {
+            stream: name.clone(),
+            blob: codec::encode(&(replay.last_seq, codec::encode(&core))),
+        });
+    }
     Ok((core, replay.last_seq))
+}
+
+fn corrupt(stream: &str, seq: u64, reason: impl Into<String>) -> StorageError {
+    StorageError::Corrupt {
+        stream: stream.to_owned(),
+        seq,
+        reason: reason.into(),
+    }
+}
+
+/// Rebuilds one section for a restarted actor, against the store's current marks; any damage
+/// is an error (the actor is not restarted).
+pub(crate) fn restart_section(
+    sink: &dyn LogSink,
+    event_id: &EventId,
+    spec: &SectionSpec,
+    marks: Marks,
+) -> Result<(SectionCore, u64), StorageError> {
+    let mut check = Check::new(marks, RecoveryMode::Strict);
+    let rebuilt = recover_section(
+        sink,
+        event_id,
+        spec,
+        &mut check,
+        &mut RecoveryReport::default(),
+    )?;
+    check.refuse_if_damaged()?;
+    Ok(rebuilt)
+}
+
+/// Rebuilds the waitlist for a restarted actor (see [`restart_section`]).
+pub(crate) fn restart_waitlist(
+    sink: &dyn LogSink,
+    marks: Marks,
+) -> Result<(WaitlistCore, u64), StorageError> {
+    let mut check = Check::new(marks, RecoveryMode::Strict);
+    let rebuilt = recover_waitlist(sink, &mut check, &mut RecoveryReport::default())?;
+    check.refuse_if_damaged()?;
+    Ok(rebuilt)
 }
 
 /// Quotas (places held or sold per user) and success answers of idempotency keys, from a
@@ -174,27 +452,41 @@ fn add_section_to_ledgers(core: &SectionCore, event_id: &EventId, ledgers: &mut 
 fn recover_ledgers(
     sink: &dyn LogSink,
     ledgers: &mut [ShardState],
+    check: &mut Check,
     report: &mut RecoveryReport,
 ) -> Result<Vec<u64>, StorageError> {
     let shards = ledgers.len();
     let mut ledger_last = vec![0u64; shards];
-    for name in sink.stream_names()? {
-        if !name.starts_with(names::LEDGER_PREFIX) {
-            continue;
-        }
-        let replay = read_stream::<LedgerRecord>(sink, &name)?;
-        report.torn_tails_dropped += usize::from(replay.dropped_tail);
+    let mut streams: BTreeSet<String> = sink
+        .stream_names()?
+        .into_iter()
+        .filter(|n| n.starts_with(names::LEDGER_PREFIX))
+        .collect();
+    // A shard stream the superblock knows must be read even if the log lost it entirely.
+    streams.extend(
+        check
+            .marks
+            .streams
+            .keys()
+            .filter(|n| n.starts_with(names::LEDGER_PREFIX))
+            .cloned(),
+    );
+    for name in streams {
+        let replay = check.read::<LedgerRecord>(sink, &name, report)?;
         if let Some(i) = names::ledger_shard(&name)
             && i < shards
         {
             ledger_last[i] = replay.last_seq;
         }
         let mut staging = ShardState::default();
-        if let Some((seq, blob)) = &replay.checkpoint {
+        if let Some((_, blob)) = &replay.checkpoint {
             report.checkpoints_loaded += 1;
-            staging
-                .load_checkpoint(blob)
-                .map_err(|e| corrupt(&format!("checkpoints/{name}"), *seq, e.to_string()))?;
+            if let Err(e) = staging.load_checkpoint(blob) {
+                check.found.damage.push(Damage::Checkpoint {
+                    stream: name.clone(),
+                    reason: e.to_string(),
+                });
+            }
         }
         for (_, record) in replay.records {
             report.records_replayed += 1;
@@ -207,36 +499,65 @@ fn recover_ledgers(
     Ok(ledger_last)
 }
 
-/// The backstop: a claim without a durable confirm is an orphan of a crash between the claim
-/// and the record (the confirm was never acknowledged); a confirm without its claim gets one.
+/// The backstop, checked against the orders: a claim naming another hold than the order is
+/// damage; a claim without a confirm is set aside if every stream is whole (the superblock proves
+/// the confirm was never acknowledged) and damage otherwise (its sale's record may be lost);
+/// fewer claims than the superblock counted is damage; a confirm without its claim gets it back.
 fn recover_backstop(
     sink: &dyn LogSink,
     cores: &HashMap<(EventId, SectionId), (SectionCore, u64)>,
+    check: &mut Check,
     report: &mut RecoveryReport,
 ) -> Result<(), StorageError> {
+    let whole = check.found.damage.is_empty();
     let mut expected: HashMap<String, HoldId> = HashMap::new();
     for (core, _) in cores.values() {
         expected.extend(core.all_sold_keys());
     }
-    for (key, value) in sink.claims()? {
+    let claims = sink.claims()?;
+    check.found.claims = claims.len() as u64;
+    check.found.claims_set_aside = sink.claims_set_aside()?.len() as u64;
+    if (claims.len() as u64) < check.marks.claims {
+        check.found.damage.push(Damage::ClaimsMissing {
+            expected: check.marks.claims,
+            found: claims.len() as u64,
+        });
+    }
+    for (key, value) in claims {
+        let holder = String::from_utf8_lossy(&value).into_owned();
         match expected.remove(&key) {
-            Some(hold) if hold.as_str().as_bytes() == value.as_slice() => {}
-            Some(hold) => {
-                return Err(corrupt(
-                    names::CLAIMS,
-                    0,
-                    format!("seat {key} is claimed by another hold than {hold}"),
+            Some(hold) if hold.as_str() == holder => {}
+            Some(hold) => check.found.damage.push(Damage::ClaimMismatch {
+                key,
+                claimed_by: holder,
+                sold_to: hold.to_string(),
+            }),
+            None if whole => {
+                tracing::warn!(key = %key, "setting aside a sold-seat claim never acknowledged");
+                check.found.actions.push(format!(
+                    "table `sold`: set aside the claim of seat {key} by {holder} (its confirm was \
+                     never acknowledged: every stream is whole)"
                 ));
+                report.claims_set_aside += 1;
+                check.repairs.push(Repair::SetAside { key });
             }
             None => {
-                tracing::warn!(key = %key, "removing a sold-seat claim without a durable confirm");
-                sink.remove_claim(&key)?;
-                report.orphan_claims_removed += 1;
+                check.found.actions.push(format!(
+                    "table `sold`: kept the claim of seat {key} by {holder}"
+                ));
+                check
+                    .found
+                    .damage
+                    .push(Damage::OrphanClaim { key, hold: holder });
             }
         }
     }
     for (key, hold) in expected {
-        sink.claim(&key, hold.as_str().as_bytes())?;
+        check.found.actions.push(format!(
+            "table `sold`: claimed seat {key} for {hold} again (its confirm is in the log)"
+        ));
+        report.claims_restored += 1;
+        check.repairs.push(Repair::Restore { key, hold });
     }
     Ok(())
 }
@@ -244,23 +565,28 @@ fn recover_backstop(
 /// The waitlist stream. Returns the core and the stream's last sequence number.
 pub(crate) fn recover_waitlist(
     sink: &dyn LogSink,
+    check: &mut Check,
     report: &mut RecoveryReport,
 ) -> Result<(WaitlistCore, u64), StorageError> {
-    let replay = read_stream::<WaitlistRecord>(sink, names::WAITLIST)?;
-    report.torn_tails_dropped += usize::from(replay.dropped_tail);
+    let replay = check.read::<WaitlistRecord>(sink, names::WAITLIST, report)?;
     let mut waitlist = match &replay.checkpoint {
-        Some((seq, blob)) => {
+        Some((_, blob)) => {
             report.checkpoints_loaded += 1;
-            codec::decode::<WaitlistCore>(blob)
-                .map_err(|e| corrupt("checkpoints/waitlist", *seq, e.to_string()))?
+            codec::decode::<WaitlistCore>(blob).unwrap_or_else(|e| {
+                check.found.damage.push(Damage::Checkpoint {
+                    stream: names::WAITLIST.to_owned(),
+                    reason: e.to_string(),
+                });
+                WaitlistCore::default()
+            })
         }
         None => WaitlistCore::default(),
     };
     for (seq, record) in &replay.records {
-        waitlist
-            .apply(record)
-            .map_err(|e| corrupt(names::WAITLIST, *seq, e))?;
-        report.records_replayed += 1;
+        match waitlist.apply(record) {
+            Ok(()) => report.records_replayed += 1,
+            Err(e) => check.misfit(names::WAITLIST, *seq, e),
+        }
     }
     Ok((waitlist, replay.last_seq))
 }

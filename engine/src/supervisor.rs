@@ -29,7 +29,7 @@ use crate::engine::{Engine, Inner};
 use crate::error::{EngineError, StorageError};
 use crate::ledger::{Ledger, LedgerMsg, LedgerShard, ShardArgs, ShardState};
 use crate::limits::ACTOR_RESTARTS_MAX;
-use crate::recovery::{RecoveryReport, recover_section, recover_waitlist};
+use crate::recovery::{restart_section, restart_waitlist};
 use crate::router::SectionHandle;
 use crate::section::{SectionActor, SectionArgs};
 use crate::store::Store;
@@ -296,8 +296,9 @@ impl Engine {
             event_id.clone(),
             spec.clone(),
         );
+        let marks = self.inner.store.durable_marks();
         let rebuilt = replay_off_runtime("the section's", move || {
-            recover_section(sink.as_ref(), &event, &spec, &mut RecoveryReport::default())
+            restart_section(sink.as_ref(), &event, &spec, marks)
         })
         .await?;
         let (core, last_seq) = rebuilt;
@@ -309,8 +310,9 @@ impl Engine {
     async fn restart_waitlist(&self) -> Result<(), EngineError> {
         self.inner.store.barrier().await?;
         let sink = self.inner.store.sink.clone();
+        let marks = self.inner.store.durable_marks();
         let (core, last_seq) = replay_off_runtime("the waitlist's", move || {
-            recover_waitlist(sink.as_ref(), &mut RecoveryReport::default())
+            restart_waitlist(sink.as_ref(), marks)
         })
         .await?;
         let inner = &self.inner;

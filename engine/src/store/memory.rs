@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::sink::{Claim, LogSink, StreamSink};
+use super::superblock::{Marks, SuperblockRead};
 use crate::error::StorageError;
 
 #[derive(Clone, Default)]
@@ -24,6 +25,7 @@ struct Tables {
     streams: BTreeMap<String, BTreeMap<u64, Vec<u8>>>,
     checkpoints: BTreeMap<String, Vec<u8>>,
     claims: BTreeMap<String, Vec<u8>>,
+    set_aside: BTreeMap<String, Vec<u8>>,
 }
 
 #[derive(Default)]
@@ -63,6 +65,8 @@ struct Shared {
     fail_write: Trigger,
     /// Every write fails as on a full disk until freed.
     full: std::sync::atomic::AtomicBool,
+    /// The superblock: durable as soon as it is written (it survives `lose_unsynced`).
+    superblock: Mutex<Option<Marks>>,
 }
 
 struct MemoryStream {
@@ -264,10 +268,49 @@ impl LogSink for MemorySink {
             .collect())
     }
 
-    fn remove_claim(&self, key: &str) -> Result<(), StorageError> {
+    fn set_claim_aside(&self, key: &str) -> Result<(), StorageError> {
         self.write(|t| {
-            t.claims.remove(key);
+            if let Some(holder) = t.claims.remove(key) {
+                t.set_aside.insert(key.to_owned(), holder);
+            }
         })
+    }
+
+    fn claims_set_aside(&self) -> Result<Vec<(String, Vec<u8>)>, StorageError> {
+        Ok(self
+            .lock()
+            .written
+            .set_aside
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
+    }
+
+    fn superblock(&self) -> Result<SuperblockRead, StorageError> {
+        let marks = self
+            .shared
+            .superblock
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        Ok(SuperblockRead {
+            marks,
+            damaged_copies: Vec::new(),
+        })
+    }
+
+    fn put_superblock(&self, marks: &Marks) -> Result<(), StorageError> {
+        if self.shared.full.load(Ordering::SeqCst) {
+            return Err(StorageError::Io(
+                "No space left on device (os error 28)".into(),
+            ));
+        }
+        *self
+            .shared
+            .superblock
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(marks.clone());
+        Ok(())
     }
 
     fn sync(&self) -> Result<(), StorageError> {
@@ -357,8 +400,25 @@ mod tests {
             sink.claim("k", b"h2").unwrap(),
             Claim::Refused(b"h1".to_vec())
         );
-        sink.remove_claim("k").unwrap();
+        sink.set_claim_aside("k").unwrap();
         assert_eq!(sink.claim("k", b"h2").unwrap(), Claim::Taken);
+        assert_eq!(
+            sink.claims_set_aside().unwrap(),
+            vec![("k".to_owned(), b"h1".to_vec())],
+            "set aside, not deleted"
+        );
+    }
+
+    #[test]
+    fn the_superblock_survives_a_crash_at_once() {
+        let sink = MemorySink::new();
+        let mut marks = Marks::default();
+        marks.raise("a", 3);
+        sink.put_superblock(&marks).unwrap();
+        sink.lose_unsynced();
+        assert_eq!(sink.superblock().unwrap().marks, Some(marks));
+        sink.fill_disk();
+        assert!(sink.put_superblock(&Marks::default()).is_err());
     }
 
     #[test]

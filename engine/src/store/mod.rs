@@ -4,11 +4,14 @@
 //! - [`sink`]: the [`LogSink`] seam; [`SledSink`] (the data dir) and [`MemorySink`] (tests and
 //!   simulation, with injected faults) implement it.
 //! - this module: [`Durability`], the flusher (group commit), the halt flag (fail-stop),
-//!   [`StreamWriter`] (numbering a stream's records) and [`read_stream`] (recovery's reader).
+//!   [`StreamWriter`] (numbering a stream's records). Recovery's checking reader is
+//!   [`crate::integrity::read_stream`].
+//! - [`superblock`]: each stream's high-water mark, written after every durable commit.
 //!
 //! Every stream has one writer (the actor that owns it), which numbers its records. Writers hand
 //! their records to the flusher thread over a channel; the flusher drains the channel, writes
-//! everything it drained, makes it durable with **one** [`LogSink::sync`] and only then runs the
+//! everything it drained, makes it durable with **one** [`LogSink::sync`], records the new
+//! high-water marks in the superblock ([`LogSink::put_superblock`]) and only then runs the
 //! completions, which send the replies. The flusher is a plain OS thread so the sync never
 //! blocks a runtime worker (and sled's `flush_async`, spacejam/sled#1308, is never used).
 //!
@@ -21,8 +24,6 @@ use std::sync::{Arc, Mutex, OnceLock, mpsc};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use serde::de::DeserializeOwned;
-
 use crate::codec;
 use crate::error::StorageError;
 
@@ -30,10 +31,12 @@ mod memory;
 pub mod names;
 mod sink;
 mod sled_sink;
+pub mod superblock;
 
 pub use memory::MemorySink;
 pub use sink::{Claim, LogSink, StreamSink};
 pub use sled_sink::{SledSink, open_db};
+pub use superblock::{Marks, SuperblockRead};
 
 /// When an acknowledged write is durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -162,6 +165,8 @@ pub(crate) struct Store {
     pub halt: Arc<Halt>,
     thread: Mutex<Option<JoinHandle<()>>>,
     compactor: Mutex<Option<JoinHandle<()>>>,
+    /// The marks last written to the superblock (what the log must hold now).
+    durable: Arc<Mutex<Marks>>,
 }
 
 /// Records covered by a durable checkpoint, to be removed off the commit path.
@@ -189,8 +194,12 @@ fn compact(rx: mpsc::Receiver<Compaction>, halt: Arc<Halt>) {
 }
 
 impl Store {
-    /// Starts the flusher over a sink.
-    pub fn start(sink: Arc<dyn LogSink>, durability: Durability) -> Result<Store, StorageError> {
+    /// Starts the flusher over a sink whose log holds (at least) `marks`.
+    pub fn start(
+        sink: Arc<dyn LogSink>,
+        durability: Durability,
+        marks: Marks,
+    ) -> Result<Store, StorageError> {
         let (tx, rx) = mpsc::channel();
         let halt = Arc::new(Halt::default());
         let (compact_tx, compact_rx) = mpsc::channel();
@@ -201,15 +210,22 @@ impl Store {
                 .spawn(move || compact(compact_rx, halt))
                 .map_err(|e| StorageError::Io(format!("cannot start the compactor thread: {e}")))?
         };
+        let durable = Arc::new(Mutex::new(marks.clone()));
         let flusher = Flusher {
             sink: sink.clone(),
             durability,
             halt: halt.clone(),
             compact: compact_tx,
+            marks,
+            dirty: false,
+            durable: durable.clone(),
         };
         let thread = std::thread::Builder::new()
             .name("boxoffice-wal".into())
-            .spawn(move || flusher.run(rx))
+            .spawn(move || {
+                let mut flusher = flusher;
+                flusher.run(rx)
+            })
             .map_err(|e| StorageError::Io(format!("cannot start the flusher thread: {e}")))?;
         Ok(Store {
             sink,
@@ -217,7 +233,16 @@ impl Store {
             halt,
             thread: Mutex::new(Some(thread)),
             compactor: Mutex::new(Some(compactor)),
+            durable,
         })
+    }
+
+    /// The marks last written to the superblock: every record up to them must be there.
+    pub fn durable_marks(&self) -> Marks {
+        self.durable
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Queues a job. If the flusher is gone the job's completion runs at once with an error.
@@ -281,6 +306,12 @@ struct Flusher {
     durability: Durability,
     halt: Arc<Halt>,
     compact: mpsc::Sender<Compaction>,
+    /// Every stream's highest written seq and the claims taken (durable at the next sync).
+    marks: Marks,
+    /// Whether `marks` changed since the superblock was last written.
+    dirty: bool,
+    /// The marks last written to the superblock, shared with [`Store::durable_mark`].
+    durable: Arc<Mutex<Marks>>,
 }
 
 /// What writing one batch left to do once it is durable.
@@ -294,7 +325,7 @@ struct Written {
 }
 
 impl Flusher {
-    fn run(self, rx: mpsc::Receiver<Job>) {
+    fn run(&mut self, rx: mpsc::Receiver<Job>) {
         let mut stop = false;
         while !stop {
             let Ok(first) = rx.recv() else { break };
@@ -309,19 +340,44 @@ impl Flusher {
             let written = self.write(batch);
             stop = written.stop;
             if (self.durability == Durability::Sync || stop) && self.halt.check().is_ok() {
-                let flush_started = Instant::now();
-                if let Err(e) = self.sink.sync() {
-                    self.halt.set(format!("flush failed: {e}"));
-                }
-                metrics::histogram!("boxoffice_wal_flush_seconds")
-                    .record(flush_started.elapsed().as_secs_f64());
+                self.make_durable();
             }
             self.finish(written, started);
         }
     }
 
+    /// Syncs the log, then writes the superblock with the marks it now covers. A failure of
+    /// either halts the store (and so fails every completion of the batch).
+    fn make_durable(&mut self) -> bool {
+        let flush_started = Instant::now();
+        let result = self.sink.sync().map_err(|e| format!("flush failed: {e}"));
+        metrics::histogram!("boxoffice_wal_flush_seconds")
+            .record(flush_started.elapsed().as_secs_f64());
+        let result = result.and_then(|()| {
+            if !self.dirty {
+                return Ok(());
+            }
+            let started = Instant::now();
+            self.sink
+                .put_superblock(&self.marks)
+                .map_err(|e| format!("superblock write failed: {e}"))?;
+            metrics::histogram!("boxoffice_wal_superblock_seconds")
+                .record(started.elapsed().as_secs_f64());
+            self.dirty = false;
+            *self.durable.lock().unwrap_or_else(|p| p.into_inner()) = self.marks.clone();
+            Ok(())
+        });
+        match result {
+            Ok(()) => true,
+            Err(reason) => {
+                self.halt.set(reason);
+                false
+            }
+        }
+    }
+
     /// Writes every job of a batch (nothing durable yet).
-    fn write(&self, batch: Vec<Job>) -> Written {
+    fn write(&mut self, batch: Vec<Job>) -> Written {
         let mut w = Written::default();
         for job in batch {
             match job {
@@ -350,11 +406,11 @@ impl Flusher {
 
     /// After the batch's sync: hands compactions on and runs the completions. A failed sync
     /// (or any halt) means none of the batch is known durable: every completion gets the error.
-    fn finish(&self, w: Written, started: Instant) {
+    fn finish(&mut self, w: Written, started: Instant) {
         let halted = self.halt.check().err();
         if halted.is_none() && !w.compactions.is_empty() {
             // Records may only go once their checkpoint is durable (Sync synced above).
-            let durable = self.durability == Durability::Sync || self.sink.sync().is_ok();
+            let durable = self.durability == Durability::Sync || self.make_durable();
             if durable {
                 for c in w.compactions {
                     let _ = self.compact.send(c);
@@ -374,7 +430,7 @@ impl Flusher {
         }
     }
 
-    fn append(&self, a: &Append) -> Result<(), StorageError> {
+    fn append(&mut self, a: &Append) -> Result<(), StorageError> {
         let result = self.claim_and_append(a);
         if let Err(e) = &result {
             self.halt.set(e.to_string());
@@ -382,11 +438,15 @@ impl Flusher {
         result
     }
 
-    fn claim_and_append(&self, a: &Append) -> Result<(), StorageError> {
+    fn claim_and_append(&mut self, a: &Append) -> Result<(), StorageError> {
         for (key, value) in &a.claims {
             match self.sink.claim(key, value)? {
+                Claim::Taken => {
+                    self.marks.claims += 1;
+                    self.dirty = true;
+                }
                 // The same hold claiming again (a retry after a crash) is not a second sale.
-                Claim::Taken | Claim::Already => {}
+                Claim::Already => {}
                 Claim::Refused(_) => {
                     return Err(StorageError::BackstopRefused { key: key.clone() });
                 }
@@ -394,6 +454,10 @@ impl Flusher {
         }
         for (seq, bytes) in &a.entries {
             a.stream.append(*seq, bytes)?;
+        }
+        if let Some((last, _)) = a.entries.last() {
+            self.marks.raise(a.stream.name(), *last);
+            self.dirty = true;
         }
         Ok(())
     }
@@ -406,70 +470,6 @@ impl Flusher {
             .record(started.elapsed().as_secs_f64());
         Ok(())
     }
-}
-
-/// A stream's records read back for recovery.
-pub(crate) struct Replay<T> {
-    /// The checkpointed state and the seq it covers.
-    pub checkpoint: Option<(u64, Vec<u8>)>,
-    /// Records after the checkpoint, in order.
-    pub records: Vec<(u64, T)>,
-    /// The highest seq seen (checkpoint or record): the writer continues after it.
-    pub last_seq: u64,
-    /// Whether a torn last record was dropped.
-    pub dropped_tail: bool,
-}
-
-/// Reads a stream: its checkpoint, then every record after it. A record that does not decode is
-/// dropped if it is the stream's last (a torn write), and refuses recovery anywhere else.
-pub(crate) fn read_stream<T: DeserializeOwned>(
-    sink: &dyn LogSink,
-    name: &str,
-) -> Result<Replay<T>, StorageError> {
-    let corrupt_checkpoint = |reason: String| StorageError::Corrupt {
-        stream: format!("checkpoints/{name}"),
-        seq: 0,
-        reason,
-    };
-    let checkpoint = match sink.checkpoint(name)? {
-        None => None,
-        Some(bytes) => Some(
-            codec::decode::<(u64, Vec<u8>)>(&bytes)
-                .map_err(|e| corrupt_checkpoint(e.to_string()))?,
-        ),
-    };
-    let stream = sink.stream(name)?;
-    let after = checkpoint.as_ref().map_or(0, |(s, _)| *s);
-    let mut last_seq = after;
-    let mut records = Vec::new();
-    let mut dropped_tail = false;
-    let mut iter = stream.read_after(after)?.into_iter().peekable();
-    while let Some((seq, value)) = iter.next() {
-        match codec::decode::<T>(&value) {
-            Ok(r) => {
-                records.push((seq, r));
-                last_seq = seq;
-            }
-            Err(e) if iter.peek().is_none() => {
-                tracing::warn!(stream = name, seq, error = %e, "dropping a torn last record");
-                stream.remove(seq)?;
-                dropped_tail = true;
-            }
-            Err(e) => {
-                return Err(StorageError::Corrupt {
-                    stream: name.to_owned(),
-                    seq,
-                    reason: e.to_string(),
-                });
-            }
-        }
-    }
-    Ok(Replay {
-        checkpoint,
-        records,
-        last_seq,
-        dropped_tail,
-    })
 }
 
 /// The writer's side of one stream: numbers records and hands them to the flusher.

@@ -8,6 +8,8 @@
 //! | `waitlist` | `WaitlistRecord`s |
 //! | checkpoints (per stream) | the stream's state up to a sequence number |
 //! | claims (`sold`) | `{event}/{section}/{seat}` (GA: `#{n}`) -> hold id: the sold-seat backstop |
+//! | `sold_set_aside` | claims recovery proved were never acknowledged, kept as evidence |
+//! | `superblock.0`, `superblock.1` (files beside sled's) | each stream's high-water mark |
 //!
 //! Record keys are sequence numbers (u64 big-endian in sled).
 
@@ -25,6 +27,8 @@ pub const SECTION_PREFIX: &str = "section/";
 pub const CHECKPOINTS: &str = "checkpoints";
 /// The sled tree of the sold-seat backstop's claims.
 pub const CLAIMS: &str = "sold";
+/// The sled tree of claims set aside by recovery (never deleted).
+pub const CLAIMS_SET_ASIDE: &str = "sold_set_aside";
 /// The simulated payment provider's trees (by idempotency key, by payment id).
 pub const PAYMENTS: &str = "payments";
 /// See [`PAYMENTS`].

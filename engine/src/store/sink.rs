@@ -7,13 +7,16 @@
 //! fail a sync, or lose everything after the last sync on command).
 //!
 //! The contract every implementation keeps:
-//! - Writes (`append`, `put_checkpoint`, `claim`, `remove_claim`, `remove_upto`) may be lost in a
-//!   crash until a later [`LogSink::sync`] returns `Ok`; after that they survive.
+//! - Writes (`append`, `put_checkpoint`, `claim`, `set_claim_aside`, `remove_upto`) may be lost in
+//!   a crash until a later [`LogSink::sync`] returns `Ok`; after that they survive.
+//! - `put_superblock` is durable when it returns `Ok` (it is written after a good sync, so the
+//!   marks it holds never run ahead of what the log holds).
 //! - A `sync` that returns an error promises nothing about any write since the last good sync.
 //! - `claim` is insert-if-absent: the first holder of a key keeps it.
 
 use std::sync::Arc;
 
+use super::superblock::{Marks, SuperblockRead};
 use crate::error::StorageError;
 
 /// What a [`LogSink::claim`] found.
@@ -56,8 +59,15 @@ pub trait LogSink: Send + Sync + 'static {
     fn claim(&self, key: &str, holder: &[u8]) -> Result<Claim, StorageError>;
     /// Every claim, as (key, holder).
     fn claims(&self) -> Result<Vec<(String, Vec<u8>)>, StorageError>;
-    /// Removes a claim.
-    fn remove_claim(&self, key: &str) -> Result<(), StorageError>;
+    /// Moves a claim out of the backstop into the set-aside table (kept, never deleted): a claim
+    /// recovery proved was never acknowledged (see [`crate::integrity`]).
+    fn set_claim_aside(&self, key: &str) -> Result<(), StorageError>;
+    /// Every claim set aside, as (key, holder).
+    fn claims_set_aside(&self) -> Result<Vec<(String, Vec<u8>)>, StorageError>;
+    /// The superblock as it is now (see [`superblock`](super::superblock)).
+    fn superblock(&self) -> Result<SuperblockRead, StorageError>;
+    /// Writes the superblock; durable when it returns `Ok`.
+    fn put_superblock(&self, marks: &Marks) -> Result<(), StorageError>;
     /// Makes every write so far durable. An error means none of them may be.
     fn sync(&self) -> Result<(), StorageError>;
     /// The sled database behind this sink, if there is one (for the simulated payment provider's

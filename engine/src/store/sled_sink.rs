@@ -5,6 +5,9 @@
 //! | one per stream (`catalog`, `section/{event}/{section}`, `ledger/{n}`, `waitlist`) | seq (u64 BE) | framed record |
 //! | `checkpoints` | stream name | framed `(seq, state blob)` |
 //! | `sold` | claim key | holder (hold id) |
+//! | `sold_set_aside` | claim key | holder: claims recovery set aside, kept as evidence |
+//!
+//! Beside sled's files: the two superblock copies (see [`superblock`](super::superblock)).
 //!
 //! `sync` is sled's `flush` (which writes sled's buffers and calls `sync_file_range`: that neither
 //! flushes the drive's write cache nor the file's metadata, sled#1452) followed by our own
@@ -17,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use super::names;
 use super::sink::{Claim, LogSink, StreamSink};
+use super::superblock::{Marks, SuperblockFiles, SuperblockRead};
 use crate::error::StorageError;
 
 fn io(e: sled::Error) -> StorageError {
@@ -43,9 +47,12 @@ pub struct SledSink {
     db: sled::Db,
     checkpoints: sled::Tree,
     claims: sled::Tree,
-    /// sled's data file (`{dir}/db`), synced after every flush; `None` for a database that has
-    /// no file (sled's temporary mode).
-    data_file: Option<std::fs::File>,
+    set_aside: sled::Tree,
+    /// sled's data file (`{dir}/db`), synced after every flush.
+    data_file: std::fs::File,
+    superblock: SuperblockFiles,
+    /// The superblock as found when this sink opened.
+    superblock_read: SuperblockRead,
 }
 
 struct SledStream {
@@ -73,22 +80,20 @@ impl SledSink {
                 other => break other?,
             }
         };
-        let mut sink = SledSink::over(db)?;
         let path = dir.join(SLED_DATA_FILE);
-        sink.data_file = Some(std::fs::File::open(&path).map_err(|e| StorageError::Open {
+        let data_file = std::fs::File::open(&path).map_err(|e| StorageError::Open {
             path: path.display().to_string(),
             reason: e.to_string(),
-        })?);
-        Ok(sink)
-    }
-
-    /// A sink over an open database.
-    pub fn over(db: sled::Db) -> Result<SledSink, StorageError> {
+        })?;
+        let (superblock, superblock_read) = SuperblockFiles::open(dir)?;
         Ok(SledSink {
             checkpoints: db.open_tree(names::CHECKPOINTS).map_err(io)?,
             claims: db.open_tree(names::CLAIMS).map_err(io)?,
+            set_aside: db.open_tree(names::CLAIMS_SET_ASIDE).map_err(io)?,
             db,
-            data_file: None,
+            data_file,
+            superblock,
+            superblock_read,
         })
     }
 }
@@ -153,6 +158,7 @@ impl LogSink for SledSink {
         let tables = [
             names::CHECKPOINTS,
             names::CLAIMS,
+            names::CLAIMS_SET_ASIDE,
             names::PAYMENTS,
             names::PAYMENTS_BY_ID,
         ];
@@ -195,30 +201,48 @@ impl LogSink for SledSink {
     }
 
     fn claims(&self) -> Result<Vec<(String, Vec<u8>)>, StorageError> {
-        self.claims
-            .iter()
-            .map(|item| {
-                let (k, v) = item.map_err(io)?;
-                Ok((String::from_utf8_lossy(&k).into_owned(), v.to_vec()))
-            })
-            .collect()
+        entries(&self.claims)
     }
 
-    fn remove_claim(&self, key: &str) -> Result<(), StorageError> {
-        self.claims.remove(key.as_bytes()).map_err(io)?;
+    fn set_claim_aside(&self, key: &str) -> Result<(), StorageError> {
+        if let Some(holder) = self.claims.get(key.as_bytes()).map_err(io)? {
+            self.set_aside.insert(key.as_bytes(), holder).map_err(io)?;
+            self.claims.remove(key.as_bytes()).map_err(io)?;
+        }
         Ok(())
+    }
+
+    fn claims_set_aside(&self) -> Result<Vec<(String, Vec<u8>)>, StorageError> {
+        entries(&self.set_aside)
+    }
+
+    fn superblock(&self) -> Result<SuperblockRead, StorageError> {
+        Ok(self.superblock_read.clone())
+    }
+
+    fn put_superblock(&self, marks: &Marks) -> Result<(), StorageError> {
+        self.superblock.write(marks)
     }
 
     fn sync(&self) -> Result<(), StorageError> {
         self.db.flush().map_err(io)?;
-        if let Some(file) = &self.data_file {
-            file.sync_data()
-                .map_err(|e| StorageError::Io(format!("fdatasync of the log: {e}")))?;
-        }
+        self.data_file
+            .sync_data()
+            .map_err(|e| StorageError::Io(format!("fdatasync of the log: {e}")))?;
         Ok(())
     }
 
     fn sled_db(&self) -> Option<sled::Db> {
         Some(self.db.clone())
     }
+}
+
+/// Every (key, value) of a tree, keys as text.
+fn entries(tree: &sled::Tree) -> Result<Vec<(String, Vec<u8>)>, StorageError> {
+    tree.iter()
+        .map(|item| {
+            let (k, v) = item.map_err(io)?;
+            Ok((String::from_utf8_lossy(&k).into_owned(), v.to_vec()))
+        })
+        .collect()
 }

@@ -7,6 +7,7 @@
 
 mod checkout;
 mod contention;
+mod damage;
 mod grpc;
 mod harness;
 mod kill9;

@@ -1,5 +1,5 @@
-//! Recovery: what was acknowledged survives a crash, a torn last record is dropped, a corrupt
-//! record in the middle refuses to start, checkpoints bound replay, the backstop refuses a
+//! Recovery: what was acknowledged survives a crash, a torn last record that was never
+//! acknowledged is dropped, a damaged acknowledged record refuses to start, checkpoints bound replay, the backstop refuses a
 //! second sale.
 
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
@@ -216,7 +216,7 @@ fn rewrite(dir: &std::path::Path, name: &str, key: &[u8], value: &[u8]) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn torn_last_record_is_dropped_at_any_byte() {
+async fn torn_last_record_past_the_mark_is_dropped_at_any_byte() {
     let probe = tempfile::tempdir().unwrap();
     let (records, _) = log_of_one_section(probe.path()).await;
     assert_eq!(records.len(), 5);
@@ -224,19 +224,22 @@ async fn torn_last_record_is_dropped_at_any_byte() {
     for cut in [0, 1, 4, 5, last_len / 2, last_len - 1] {
         let dir = tempfile::tempdir().unwrap();
         let (records, name) = log_of_one_section(dir.path()).await;
-        let (key, value) = &records[4];
-        rewrite(dir.path(), &name, key, &value[..cut]);
+        // A sixth record was being written when the process died: it was never acknowledged
+        // (the superblock's mark for the stream is 5), and only part of it reached the file.
+        let value = &records[4].1;
+        rewrite(dir.path(), &name, &6u64.to_be_bytes(), &value[..cut]);
         let clock = Arc::new(ManualClock::new(T0_MS));
         let engine = open(dir.path(), &clock).await;
         let report = engine.recovery_report();
         assert_eq!(report.torn_tails_dropped, 1, "cut at {cut}");
+        assert!(report.integrity.damage.is_empty(), "{report:?}");
         let s = &engine.event(&EventId::from("e2")).unwrap().sections[0];
         assert_eq!(
             (s.held, s.available),
-            (4, 96),
-            "the prefix survives, cut at {cut}"
+            (5, 95),
+            "every acknowledged hold survives, cut at {cut}"
         );
-        // The engine goes on from there: the next record gets a fresh place in the log.
+        // The engine goes on from there: the next record takes the torn one's place.
         engine
             .hold(best("e2", "floor", 1, "late", ""))
             .await
@@ -246,9 +249,31 @@ async fn torn_last_record_is_dropped_at_any_byte() {
         let engine = open(dir.path(), &clock).await;
         assert_eq!(
             engine.event(&EventId::from("e2")).unwrap().sections[0].held,
-            5
+            6
         );
         engine.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_acknowledged_last_record_refuses_to_start_and_names_it() {
+    for cut in [0usize, 3, 9] {
+        let dir = tempfile::tempdir().unwrap();
+        let (records, name) = log_of_one_section(dir.path()).await;
+        let (key, value) = &records[4];
+        rewrite(dir.path(), &name, key, &value[..cut.min(value.len() - 1)]);
+        let clock = Arc::new(ManualClock::new(T0_MS));
+        let err = Engine::open(config(dir.path(), &clock))
+            .await
+            .err()
+            .unwrap();
+        let message = err.to_string();
+        assert!(
+            matches!(err, EngineError::Storage(StorageError::Damaged { .. }))
+                && message.contains("section/e2/floor")
+                && message.contains("sequence 5"),
+            "cut at {cut}: {message}"
+        );
     }
 }
 
@@ -266,18 +291,24 @@ async fn corrupt_middle_record_refuses_to_start_and_names_it() {
         .await
         .err()
         .unwrap();
-    match &err {
-        EngineError::Storage(StorageError::Corrupt { stream, seq, .. }) => {
-            assert_eq!(stream, &name);
-            assert_eq!(*seq, 3, "the third record of the stream");
-        }
-        other => panic!("expected a corruption error, got {other:?}"),
-    }
+    assert!(
+        matches!(
+            &err,
+            EngineError::Storage(StorageError::Damaged { count: 1, .. })
+        ),
+        "{err:?}"
+    );
     let message = err.to_string();
     assert!(
         message.contains("section/e2/floor") && message.contains("sequence 3"),
         "{message}"
     );
+    // Refused means untouched: the damaged record is still there, and still refused.
+    let err = Engine::open(config(dir.path(), &clock))
+        .await
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("sequence 3"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -364,9 +395,10 @@ async fn backstop_refuses_a_second_sale_and_the_engine_stops() {
     engine.crash().await;
     drop(engine);
     // The refused confirm never reached the log: on restart the hold is still held, the planted
-    // claim (no confirm behind it) is removed, and the seat can be confirmed once.
+    // claim (no confirm behind it, in a whole log) is set aside, and the seat can be confirmed
+    // once.
     let engine = open(dir.path(), &clock).await;
-    assert_eq!(engine.recovery_report().orphan_claims_removed, 1);
+    assert_eq!(engine.recovery_report().claims_set_aside, 1);
     assert_eq!(
         engine.get_hold(&h.hold_id).await.unwrap().status,
         HoldStatus::Held

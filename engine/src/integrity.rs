@@ -1,0 +1,348 @@
+//! Log integrity: what recovery (and `boxoffice check-log`) checks, and what it does about it.
+//!
+//! The promise: after any restart either every acknowledged record of every stream is present,
+//! or the engine refuses to start and names what is missing or damaged. The evidence:
+//! - every record carries a CRC32 of its payload ([`codec`]);
+//! - every stream is numbered 1, 2, 3, … with no gaps (records a checkpoint covers are compacted
+//!   away, so a stream reads as its checkpoint's seq, then seq + 1, seq + 2, …);
+//! - the superblock ([`crate::store::superblock`]) holds each stream's high-water mark and the
+//!   number of sold-seat claims, written after every durable commit and before its replies.
+//!
+//! So a stream that ends below its mark, skips a number, holds a record that fails its checksum
+//! or does not fit the state, a checkpoint that does not decode, fewer claims than the superblock
+//! counted, or a claim that disagrees with the orders is [`Damage`]. The engine opened in
+//! [`RecoveryMode::Strict`] (the default) refuses to start on any of it;
+//! [`RecoveryMode::AcceptDamage`] (`serve --accept-damage REPORT_FILE`) starts from what is
+//! there and lists what it found and did; [`RecoveryMode::Verify`] (`check-log`) writes nothing.
+//!
+//! What is *not* damage, because the superblock proves it was never acknowledged: a last record
+//! past the stream's mark that fails its checksum (a torn write: dropped), and a sold-seat claim
+//! with no confirm behind it while every stream is whole (a crash between the claim and its
+//! record: the claim is set aside in its own table, never deleted).
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::codec;
+use crate::error::StorageError;
+use crate::store::{LogSink, Marks};
+
+/// How recovery treats damage.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RecoveryMode {
+    /// Refuse to start on any damage (the default).
+    #[default]
+    Strict,
+    /// Start from what is there; report what was found and done (an operator's explicit choice).
+    AcceptDamage,
+    /// Read and check only: write nothing (offline `check-log`).
+    Verify,
+}
+
+/// One thing wrong with a log. `Display` names the stream, the sequence numbers and the table.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Damage {
+    /// The data dir holds a log but neither superblock copy.
+    SuperblockMissing,
+    /// Both superblock copies fail to verify.
+    SuperblockDamaged {
+        /// Each copy and why.
+        copies: Vec<String>,
+    },
+    /// A stream ends below its high-water mark: acknowledged records are gone.
+    Missing {
+        /// The stream.
+        stream: String,
+        /// First missing sequence number.
+        from: u64,
+        /// Last missing sequence number (the mark).
+        to: u64,
+    },
+    /// Sequence numbers are missing inside a stream.
+    Gap {
+        /// The stream.
+        stream: String,
+        /// First missing sequence number.
+        from: u64,
+        /// Last missing sequence number.
+        to: u64,
+    },
+    /// A record fails its checksum or does not decode.
+    Record {
+        /// The stream.
+        stream: String,
+        /// Its sequence number.
+        seq: u64,
+        /// Why.
+        reason: String,
+    },
+    /// A record decodes but does not fit the state before it.
+    Replay {
+        /// The stream.
+        stream: String,
+        /// Its sequence number.
+        seq: u64,
+        /// Why.
+        reason: String,
+    },
+    /// A stream's checkpoint does not decode (or its state fails its invariants).
+    Checkpoint {
+        /// The stream.
+        stream: String,
+        /// Why.
+        reason: String,
+    },
+    /// Fewer sold-seat claims than the superblock counted.
+    ClaimsMissing {
+        /// Claims the superblock counted.
+        expected: u64,
+        /// Claims found.
+        found: u64,
+    },
+    /// A seat's claim names another hold than the order that sold it.
+    ClaimMismatch {
+        /// The claim key (`event/section/seat`).
+        key: String,
+        /// The hold the claim names.
+        claimed_by: String,
+        /// The hold whose order sold the seat.
+        sold_to: String,
+    },
+    /// A sold-seat claim with no confirm behind it, in a log that lost records: a sale whose
+    /// record may be gone (a fan may hold a ticket for this seat).
+    OrphanClaim {
+        /// The claim key.
+        key: String,
+        /// The hold it names.
+        hold: String,
+    },
+}
+
+impl std::fmt::Display for Damage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Damage::SuperblockMissing => write!(
+                f,
+                "superblock missing: the data dir holds a log but neither superblock.0 nor \
+                 superblock.1"
+            ),
+            Damage::SuperblockDamaged { copies } => write!(
+                f,
+                "superblock damaged: no copy verifies ({})",
+                copies.join("; ")
+            ),
+            Damage::Missing { stream, from, to } => write!(
+                f,
+                "stream `{stream}`: records at sequence {from} to {to} are missing \
+                 (acknowledged up to {to}, the log ends at {})",
+                from - 1
+            ),
+            Damage::Gap { stream, from, to } => write!(
+                f,
+                "stream `{stream}`: records at sequence {from} to {to} are missing (a gap)"
+            ),
+            Damage::Record {
+                stream,
+                seq,
+                reason,
+            } => write!(
+                f,
+                "stream `{stream}`: the record at sequence {seq} is damaged: {reason}"
+            ),
+            Damage::Replay {
+                stream,
+                seq,
+                reason,
+            } => write!(
+                f,
+                "stream `{stream}`: the record at sequence {seq} does not fit the state: {reason}"
+            ),
+            Damage::Checkpoint { stream, reason } => {
+                write!(f, "stream `{stream}`: its checkpoint is damaged: {reason}")
+            }
+            Damage::ClaimsMissing { expected, found } => write!(
+                f,
+                "table `sold`: {found} sold-seat claims, {expected} were acknowledged"
+            ),
+            Damage::ClaimMismatch {
+                key,
+                claimed_by,
+                sold_to,
+            } => write!(
+                f,
+                "table `sold`: seat {key} is claimed by {claimed_by} but sold to {sold_to}"
+            ),
+            Damage::OrphanClaim { key, hold } => write!(
+                f,
+                "table `sold`: seat {key} is claimed by {hold}, whose confirm is not in the log \
+                 (a sale whose record may be lost)"
+            ),
+        }
+    }
+}
+
+/// One stream as recovery read it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct StreamSummary {
+    /// The stream.
+    pub stream: String,
+    /// The seq its checkpoint covers, if it has one.
+    pub checkpoint: Option<u64>,
+    /// Records read after the checkpoint.
+    pub records: u64,
+    /// The last seq present (checkpoint or record).
+    pub last: u64,
+    /// The superblock's high-water mark.
+    pub acknowledged: u64,
+}
+
+/// Everything recovery found wrong (or merely noted), and what it did about it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Findings {
+    /// Damage: refuses a strict start.
+    pub damage: Vec<Damage>,
+    /// What recovery changed because of what it found (accepting damage, dropping a torn tail,
+    /// setting a claim aside, restoring a claim).
+    pub actions: Vec<String>,
+    /// Things worth knowing that are not damage (a superblock copy torn by a crash).
+    pub notes: Vec<String>,
+    /// Every stream read.
+    pub streams: Vec<StreamSummary>,
+    /// Sold-seat claims found.
+    pub claims: u64,
+    /// Sold-seat claims set aside before (by earlier recoveries).
+    pub claims_set_aside: u64,
+}
+
+impl Findings {
+    /// A one-paragraph summary of the damage, for an error message.
+    pub fn summary(&self) -> String {
+        const SHOWN: usize = 5;
+        let mut out = self
+            .damage
+            .iter()
+            .take(SHOWN)
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ");
+        if self.damage.len() > SHOWN {
+            out.push_str(&format!("; and {} more", self.damage.len() - SHOWN));
+        }
+        out
+    }
+}
+
+/// A stream's records read back for recovery.
+pub(crate) struct Replay<T> {
+    /// The checkpointed state and the seq it covers.
+    pub checkpoint: Option<(u64, Vec<u8>)>,
+    /// Records after the checkpoint that verify, in order.
+    pub records: Vec<(u64, T)>,
+    /// The highest seq present: the stream continues after it (after accepted damage that
+    /// lost a tail, the lost numbers are used again: the superblock is rebased).
+    pub last_seq: u64,
+    /// Whether a torn last record was dropped.
+    pub dropped_tail: bool,
+}
+
+impl Findings {
+    /// Records damage at `from..=to` of `stream`, unless an operator accepted it before.
+    pub(crate) fn damage_at(&mut self, marks: &Marks, stream: &str, from: u64, to: u64, d: Damage) {
+        if marks.is_accepted(stream, from, to) {
+            self.notes.push(format!("accepted earlier: {d}"));
+        } else {
+            self.damage.push(d);
+        }
+    }
+}
+
+/// Reads and checks a stream: its checkpoint, then every record after it, against the stream's
+/// high-water mark in `marks`. Damage goes to `found` (and the bad record is skipped); a torn
+/// last record past the mark is dropped (removed from the log unless `mode` is `Verify`).
+/// Errors only if the sink cannot be read at all.
+pub(crate) fn read_stream<T: DeserializeOwned>(
+    sink: &dyn LogSink,
+    name: &str,
+    marks: &Marks,
+    mode: RecoveryMode,
+    found: &mut Findings,
+) -> Result<Replay<T>, StorageError> {
+    let acknowledged = marks.of(name);
+    let checkpoint = match sink.checkpoint(name)? {
+        None => None,
+        Some(bytes) => match codec::decode::<(u64, Vec<u8>)>(&bytes) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                found.damage.push(Damage::Checkpoint {
+                    stream: name.to_owned(),
+                    reason: e.to_string(),
+                });
+                None
+            }
+        },
+    };
+    let stream = sink.stream(name)?;
+    let after = checkpoint.as_ref().map_or(0, |(s, _)| *s);
+    let mut expected = after + 1;
+    let mut records = Vec::new();
+    let mut dropped_tail = false;
+    let mut read = 0u64;
+    let mut iter = stream.read_after(after)?.into_iter().peekable();
+    while let Some((seq, value)) = iter.next() {
+        if seq > expected {
+            let gap = Damage::Gap {
+                stream: name.to_owned(),
+                from: expected,
+                to: seq - 1,
+            };
+            found.damage_at(marks, name, expected, seq - 1, gap);
+        }
+        expected = seq + 1;
+        read += 1;
+        match codec::decode::<T>(&value) {
+            Ok(r) => records.push((seq, r)),
+            Err(e) if iter.peek().is_none() && seq > acknowledged => {
+                tracing::warn!(stream = name, seq, error = %e, "dropping a torn last record");
+                if mode != RecoveryMode::Verify {
+                    stream.remove(seq)?;
+                }
+                found.actions.push(format!(
+                    "stream `{name}`: dropped the torn last record at sequence {seq} (past the \
+                     acknowledged mark {acknowledged}: never acknowledged)"
+                ));
+                dropped_tail = true;
+                expected = seq;
+            }
+            Err(e) => {
+                let bad = Damage::Record {
+                    stream: name.to_owned(),
+                    seq,
+                    reason: e.to_string(),
+                };
+                found.damage_at(marks, name, seq, seq, bad);
+            }
+        }
+    }
+    let present = expected - 1;
+    if present < acknowledged {
+        found.damage.push(Damage::Missing {
+            stream: name.to_owned(),
+            from: present + 1,
+            to: acknowledged,
+        });
+    }
+    found.streams.push(StreamSummary {
+        stream: name.to_owned(),
+        checkpoint: checkpoint.as_ref().map(|(s, _)| *s),
+        records: read,
+        last: present,
+        acknowledged,
+    });
+    Ok(Replay {
+        checkpoint,
+        records,
+        last_seq: present,
+        dropped_tail,
+    })
+}

@@ -1,0 +1,314 @@
+//! A damaged data dir: byte flips and truncations of sled's `db` file at offsets spread over the
+//! whole file, a lost or damaged superblock. Every case ends in one of two ways: the engine
+//! refuses to start and names the damage, or every acknowledged hold and order is there as it
+//! was acknowledged. Never a start that silently lost something.
+
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use boxoffice_engine::{
+    ConfirmRequest, Damage, Engine, EngineError, EventId, HoldId, HoldRequest, HoldStatus,
+    ManualClock, OrderId, RecoveryMode, SectionId, Selection, StorageError, UserId, verify_log,
+};
+use boxoffice_tests::{T0_MS, config, event, ga, open, reserved};
+
+/// What the client was told: every hold's last acknowledged status, every order's hold.
+#[derive(Default)]
+struct Acknowledged {
+    holds: BTreeMap<HoldId, HoldStatus>,
+    orders: BTreeMap<OrderId, HoldId>,
+}
+
+fn best(section: &str, q: u32, user: &str) -> HoldRequest {
+    HoldRequest {
+        event_id: EventId::from("show"),
+        user_id: UserId::from(user),
+        idempotency_key: format!("{user}-{section}"),
+        selection: Selection::BestAvailable {
+            section: Some(SectionId::from(section)),
+            quantity: q,
+        },
+    }
+}
+
+/// 150 holds over two sections; every fourth confirmed, every seventh released.
+async fn build(dir: &Path) -> Acknowledged {
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let engine = open(dir, &clock).await;
+    engine
+        .create_event(event(
+            "show",
+            vec![reserved("orch", 20, 20, 9_000), ga("floor", 1_000, 4_000)],
+            600_000,
+            4,
+        ))
+        .await
+        .unwrap();
+    let mut ack = Acknowledged::default();
+    for i in 0..150 {
+        let section = if i % 2 == 0 { "orch" } else { "floor" };
+        let h = engine
+            .hold(best(section, 1 + i % 2, &format!("fan{i}")))
+            .await
+            .unwrap();
+        ack.holds.insert(h.hold_id.clone(), HoldStatus::Held);
+        if i % 4 == 0 {
+            let order = engine
+                .confirm(ConfirmRequest {
+                    hold_id: h.hold_id.clone(),
+                    user_id: h.user_id.clone(),
+                    payment_ref: "tok_visa".into(),
+                    idempotency_key: format!("pay{i}"),
+                })
+                .await
+                .unwrap();
+            ack.holds.insert(h.hold_id.clone(), HoldStatus::Confirmed);
+            ack.orders.insert(order.order_id, h.hold_id);
+        } else if i % 7 == 0 {
+            engine.release(&h.hold_id, &h.user_id).await.unwrap();
+            ack.holds.insert(h.hold_id, HoldStatus::Released);
+        }
+    }
+    engine.shutdown().await;
+    drop(engine);
+    ack
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            std::fs::create_dir_all(&target).unwrap();
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+/// A copy of the data dir `base` with sled's `db` file cut to `len` bytes.
+fn truncated_copy(base: &Path, len: u64) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(base, dir.path());
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join("db"))
+        .unwrap();
+    f.set_len(len).unwrap();
+    dir
+}
+
+/// How one damaged start ended.
+#[derive(Debug)]
+enum Outcome {
+    /// Refused, with this message.
+    Refused(String),
+    /// Started, and every acknowledged record was there.
+    Intact,
+}
+
+/// Opens the damaged dir and checks the promise; panics (with `what`) if it is broken.
+async fn start_and_check(dir: &Path, ack: &Acknowledged, what: &str) -> Outcome {
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let engine = match Engine::open(config(dir, &clock)).await {
+        Err(e) => {
+            let message = e.to_string();
+            assert!(
+                matches!(
+                    e,
+                    EngineError::Storage(
+                        StorageError::Damaged { .. }
+                            | StorageError::Open { .. }
+                            | StorageError::Corrupt { .. }
+                    )
+                ),
+                "{what}: refused without naming damage: {e:?}"
+            );
+            return Outcome::Refused(message);
+        }
+        Ok(engine) => engine,
+    };
+    for (hold_id, status) in &ack.holds {
+        let found = engine.get_hold(hold_id).await;
+        match found {
+            Ok(h) => assert_eq!(
+                h.status, *status,
+                "{what}: hold {hold_id} changed after a start that reported nothing"
+            ),
+            Err(e) => panic!("{what}: acknowledged hold {hold_id} is gone ({e}), silently"),
+        }
+    }
+    for (order_id, hold_id) in &ack.orders {
+        let order = engine.get_order(order_id).await;
+        assert!(
+            order.as_ref().is_ok_and(|o| &o.hold_id == hold_id),
+            "{what}: acknowledged order {order_id} is gone or changed: {order:?}"
+        );
+    }
+    let violations = engine.invariant_violations().await.unwrap();
+    assert!(violations.is_empty(), "{what}: {violations:?}");
+    engine.shutdown().await;
+    Outcome::Intact
+}
+
+/// Offsets spread over a file of `len` bytes: `n` evenly spaced, off any page boundary.
+fn spread(len: u64, n: u64) -> Vec<u64> {
+    (0..n).map(|i| (i * len / n + 37 * i) % len).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn byte_flips_anywhere_in_the_log_refuse_or_lose_nothing() {
+    let base = tempfile::tempdir().unwrap();
+    let ack = build(base.path()).await;
+    let len = std::fs::metadata(base.path().join("db")).unwrap().len();
+    let (mut refused, mut intact) = (0, 0);
+    for offset in spread(len, 24) {
+        let dir = tempfile::tempdir().unwrap();
+        copy_dir(base.path(), dir.path());
+        let db = dir.path().join("db");
+        let mut bytes = std::fs::read(&db).unwrap();
+        for b in &mut bytes[offset as usize..(offset as usize + 4).min(len as usize)] {
+            *b ^= 0xA5;
+        }
+        std::fs::write(&db, &bytes).unwrap();
+        let what = format!("4 bytes flipped at offset {offset} of {len}");
+        match start_and_check(dir.path(), &ack, &what).await {
+            Outcome::Refused(message) => {
+                println!("{what}: {message}");
+                refused += 1;
+            }
+            Outcome::Intact => intact += 1,
+        }
+    }
+    println!("byte flips: {refused} refused with the damage named, {intact} with nothing lost");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncations_refuse_or_lose_nothing() {
+    let base = tempfile::tempdir().unwrap();
+    let ack = build(base.path()).await;
+    let len = std::fs::metadata(base.path().join("db")).unwrap().len();
+    let mut cuts: Vec<u64> = vec![1, 4096, 32 * 1024];
+    cuts.extend((1..8).map(|i| len * i / 8));
+    let mut refused = 0;
+    for cut in cuts.into_iter().filter(|c| *c < len) {
+        let dir = truncated_copy(base.path(), len - cut);
+        let what = format!("{cut} bytes cut off the end of {len}");
+        if let Outcome::Refused(message) = start_and_check(dir.path(), &ack, &what).await {
+            refused += 1;
+            println!("{what}: {message}");
+        }
+    }
+    assert!(
+        refused > 0,
+        "cutting most of the log must be noticed (the test would prove nothing otherwise)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_superblock_or_log_is_named_and_one_torn_copy_is_not_damage() {
+    let base = tempfile::tempdir().unwrap();
+    let ack = build(base.path()).await;
+
+    // Both superblock copies gone, the log intact: refused, named.
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(base.path(), dir.path());
+    for f in ["superblock.0", "superblock.1"] {
+        std::fs::remove_file(dir.path().join(f)).unwrap();
+    }
+    match start_and_check(dir.path(), &ack, "superblock deleted").await {
+        Outcome::Refused(m) => assert!(m.contains("superblock missing"), "{m}"),
+        Outcome::Intact => panic!("a log without its superblock started"),
+    }
+
+    // The log gone, the superblock kept: every stream's records are missing, named.
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(base.path(), dir.path());
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let p = entry.unwrap().path();
+        if !p
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("superblock")
+            && !p.file_name().unwrap().to_string_lossy().contains("ticket")
+        {
+            if p.is_dir() {
+                std::fs::remove_dir_all(&p).unwrap();
+            } else {
+                std::fs::remove_file(&p).unwrap();
+            }
+        }
+    }
+    match start_and_check(dir.path(), &ack, "log deleted").await {
+        Outcome::Refused(m) => assert!(
+            m.contains("stream `catalog`: records at sequence 1 to 1 are missing"),
+            "{m}"
+        ),
+        Outcome::Intact => panic!("an empty log started under a superblock that knew better"),
+    }
+
+    // One copy torn (as a crash mid-write leaves it): the other copy rules; nothing lost.
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(base.path(), dir.path());
+    std::fs::write(dir.path().join("superblock.0"), b"torn").unwrap();
+    assert!(matches!(
+        start_and_check(dir.path(), &ack, "one superblock copy torn").await,
+        Outcome::Intact
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_log_lists_damage_and_accept_damage_starts_and_remembers() {
+    let base = tempfile::tempdir().unwrap();
+    let ack = build(base.path()).await;
+    let len = std::fs::metadata(base.path().join("db")).unwrap().len();
+    // Half the log cut off: acknowledged records are lost.
+    let dir = truncated_copy(base.path(), len / 2);
+    let sink = boxoffice_engine::SledSink::open(dir.path(), std::time::Duration::from_secs(5));
+    let findings = verify_log(&sink.unwrap()).unwrap();
+    assert!(!findings.damage.is_empty(), "{findings:?}");
+    assert!(
+        findings
+            .damage
+            .iter()
+            .any(|d| matches!(d, Damage::Missing { .. })),
+        "{findings:?}"
+    );
+    // Verify wrote nothing: a strict start still refuses with the same damage.
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let refused = Engine::open(config(dir.path(), &clock))
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(&refused, EngineError::Storage(StorageError::Damaged { count, .. }) if *count == findings.damage.len()),
+        "{refused:?}"
+    );
+    // The operator accepts: the engine starts with what is there, says what it found.
+    let mut cfg = config(dir.path(), &clock);
+    cfg.recovery_mode = RecoveryMode::AcceptDamage;
+    let engine = Engine::open(cfg).await.unwrap();
+    let report = engine.recovery_report();
+    assert_eq!(report.integrity.damage, findings.damage);
+    assert!(!report.integrity.actions.is_empty());
+    assert!(engine.invariant_violations().await.unwrap().is_empty());
+    let present = {
+        let mut n = 0;
+        for h in ack.holds.keys() {
+            n += usize::from(engine.get_hold(h).await.is_ok());
+        }
+        n
+    };
+    assert!(present < ack.holds.len(), "half the log is gone");
+    engine.shutdown().await;
+    drop(engine);
+    // Accepted once is accepted: a plain start now succeeds, and nothing new is reported.
+    let engine = open(dir.path(), &clock).await;
+    assert!(engine.recovery_report().integrity.damage.is_empty());
+    engine.shutdown().await;
+}
