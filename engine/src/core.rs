@@ -80,6 +80,26 @@ pub enum SectionRecord {
         /// When.
         at_ms: u64,
     },
+    /// Places taken out of sale by an operator's `--accept-damage` start: the sold-seat backstop
+    /// claims them for holds whose sale records were lost (their fans may hold tickets).
+    PlacesWithdrawn {
+        /// The places, each with its backstop claim.
+        places: Vec<Withdrawn>,
+        /// When.
+        at_ms: u64,
+    },
+}
+
+/// A place taken out of sale because its sale record was lost (see
+/// [`SectionRecord::PlacesWithdrawn`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Withdrawn {
+    /// The seat index (reserved) or the place's ordinal (general admission).
+    pub place: u32,
+    /// The backstop key that claims it.
+    pub key: String,
+    /// The hold the claim names.
+    pub holder: String,
 }
 
 /// How a hold chooses its places inside one section.
@@ -182,6 +202,10 @@ pub struct SectionCore {
     holds: HashMap<HoldId, HoldEntry>,
     deadlines: BTreeSet<(u64, HoldId)>,
     orders: HashMap<OrderId, HoldId>,
+    /// Places withdrawn from sale (counted in `sold`).
+    withdrawn: Vec<Withdrawn>,
+    /// General admission: the ordinal the next sold place gets (past every withdrawn one).
+    next_place: u32,
 }
 
 impl SectionCore {
@@ -223,6 +247,8 @@ impl SectionCore {
             holds: HashMap::new(),
             deadlines: BTreeSet::new(),
             orders: HashMap::new(),
+            withdrawn: Vec::new(),
+            next_place: 0,
         }
     }
 
@@ -487,7 +513,7 @@ impl SectionCore {
                     payment_ref: payment_ref.clone(),
                     created_at_ms: *at_ms,
                     idem: idem.clone(),
-                    first_place: self.sold,
+                    first_place: self.next_place,
                 },
             )?,
             SectionRecord::HoldReleased { hold_id, .. } => {
@@ -496,6 +522,7 @@ impl SectionCore {
             SectionRecord::HoldExpired { hold_id, .. } => {
                 self.end_hold(hold_id, HoldStatus::Expired)?;
             }
+            SectionRecord::PlacesWithdrawn { places, .. } => self.apply_withdrawn(places)?,
         }
         self.assert_counts();
         Ok(())
@@ -550,8 +577,108 @@ impl SectionCore {
         }
         self.held -= q;
         self.sold += q;
+        if !self.is_reserved() {
+            self.next_place += q;
+        }
         self.orders.insert(order_id, hold_id.clone());
         Ok(())
+    }
+
+    /// Free places leave the sale, sold to nobody the log knows (see
+    /// [`SectionRecord::PlacesWithdrawn`]).
+    fn apply_withdrawn(&mut self, places: &[Withdrawn]) -> Result<(), String> {
+        let q = u32::try_from(places.len()).map_err(|_| "too many places withdrawn")?;
+        if self.available < q {
+            return Err(format!(
+                "{q} places withdrawn, {} available",
+                self.available
+            ));
+        }
+        for w in places {
+            if self.is_reserved() {
+                if self.seats.get(w.place as usize) != Some(&SeatStatus::Available) {
+                    return Err(format!("withdrawn seat {} is not available", w.place));
+                }
+                self.set_seat(w.place, SeatStatus::Sold);
+            } else {
+                self.next_place = self.next_place.max(w.place + 1);
+            }
+        }
+        self.available -= q;
+        self.sold += q;
+        self.withdrawn.extend_from_slice(places);
+        Ok(())
+    }
+
+    /// Plans taking the places of `claims` (backstop key, holder) out of sale: the record to
+    /// apply, and the live holds to release first (a held seat a lost sale claims). Keys that
+    /// are not this section's, or places already sold, are left out (returned as such).
+    pub fn plan_withdrawal(
+        &self,
+        claims: &[(String, String)],
+        now_ms: u64,
+    ) -> (Vec<SectionRecord>, Vec<String>) {
+        let prefix = format!("{}/{}/", self.event_id, self.spec.section_id);
+        let mut records = Vec::new();
+        let mut places = Vec::new();
+        let mut left = Vec::new();
+        let mut releasing = HashSet::new();
+        let mut free = self.available;
+        for (key, holder) in claims {
+            let Some(place) = key.strip_prefix(&prefix) else {
+                left.push(key.clone());
+                continue;
+            };
+            let place = if self.is_reserved() {
+                let Some(i) = self.seat_index(&SeatId::from(place)) else {
+                    left.push(key.clone());
+                    continue;
+                };
+                match self.seats[i as usize] {
+                    SeatStatus::Available => {}
+                    SeatStatus::Held => {
+                        if let Some((id, h)) = self
+                            .holds
+                            .iter()
+                            .find(|(_, h)| h.status == HoldStatus::Held && h.seats.contains(&i))
+                            && releasing.insert(id.clone())
+                        {
+                            free += h.quantity;
+                            records.push(SectionRecord::HoldReleased {
+                                hold_id: id.clone(),
+                                at_ms: now_ms,
+                            });
+                        }
+                    }
+                    SeatStatus::Sold => {
+                        left.push(key.clone());
+                        continue;
+                    }
+                }
+                i
+            } else {
+                match place.strip_prefix('#').and_then(|n| n.parse::<u32>().ok()) {
+                    Some(n) if free > 0 => n,
+                    _ => {
+                        left.push(key.clone());
+                        continue;
+                    }
+                }
+            };
+            free -= 1;
+            places.push(Withdrawn {
+                place,
+                key: key.clone(),
+                holder: holder.clone(),
+            });
+        }
+        if !places.is_empty() {
+            records.push(SectionRecord::PlacesWithdrawn {
+                places,
+                at_ms: now_ms,
+            });
+        }
+        (records, left)
     }
 
     fn end_hold(&mut self, hold_id: &HoldId, status: HoldStatus) -> Result<(), String> {
@@ -637,6 +764,23 @@ impl SectionCore {
                 }
             }
         }
+        for w in &self.withdrawn {
+            sold += 1;
+            if self.is_reserved() {
+                if self.seats[w.place as usize] != SeatStatus::Sold {
+                    return Err(format!("withdrawn seat {} is not sold", w.place));
+                }
+                if owner.contains_key(&w.place) {
+                    return Err(format!("withdrawn seat {} is in a hold", w.place));
+                }
+            }
+        }
+        let owned = owner.len()
+            + if self.is_reserved() {
+                self.withdrawn.len()
+            } else {
+                0
+            };
         if held != self.held || sold != self.sold {
             return Err(format!(
                 "holds say held {held} sold {sold}, counters say {} {}",
@@ -653,7 +797,7 @@ impl SectionCore {
             return Err("deadline index has ended holds".into());
         }
         if self.is_reserved() {
-            self.check_seats(owner.len())?;
+            self.check_seats(owned)?;
         }
         Ok(())
     }
@@ -772,9 +916,14 @@ impl SectionCore {
         }
     }
 
-    /// Backstop keys of every confirmed hold (recovery checks the store against them).
+    /// Backstop keys of every confirmed hold and withdrawn place (recovery checks the store
+    /// against them).
     pub fn all_sold_keys(&self) -> Vec<(String, HoldId)> {
-        let mut out = Vec::new();
+        let mut out: Vec<(String, HoldId)> = self
+            .withdrawn
+            .iter()
+            .map(|w| (w.key.clone(), HoldId::from(w.holder.as_str())))
+            .collect();
         for (id, h) in &self.holds {
             if h.status == HoldStatus::Confirmed {
                 out.extend(self.sold_keys(id).into_iter().map(|k| (k, id.clone())));

@@ -114,8 +114,9 @@ impl Engine {
         }
         let sink_ref = sink.clone();
         let (shards, mode) = (config.ledger_shards, config.recovery_mode);
+        let now_ms = config.clock.now_ms();
         let (recovered, report_back) = tokio::task::spawn_blocking(move || {
-            let r = recover(sink_ref.as_ref(), shards, mode, &mut report);
+            let r = recover(sink_ref.as_ref(), shards, mode, now_ms, &mut report);
             (r, report)
         })
         .await

@@ -64,10 +64,26 @@ pub(crate) struct Recovered {
 /// A change recovery makes once it knows it may (no damage, or damage accepted; never in
 /// `Verify`).
 enum Repair {
-    DropTorn { stream: String, seq: u64 },
-    SetAside { key: String },
-    Restore { key: String, hold: HoldId },
-    Checkpoint { stream: String, blob: Vec<u8> },
+    DropTorn {
+        stream: String,
+        seq: u64,
+    },
+    Append {
+        stream: String,
+        seq: u64,
+        bytes: Vec<u8>,
+    },
+    SetAside {
+        key: String,
+    },
+    Restore {
+        key: String,
+        hold: HoldId,
+    },
+    Checkpoint {
+        stream: String,
+        blob: Vec<u8>,
+    },
 }
 
 /// Recovery's working state: what it found, what it will repair, how strict it is.
@@ -76,6 +92,10 @@ pub(crate) struct Check {
     pub mode: RecoveryMode,
     pub found: Findings,
     repairs: Vec<Repair>,
+    /// Claims (key, holder) of sales whose records may be lost: withdrawn if damage is accepted.
+    orphans: Vec<(String, String)>,
+    /// Claim keys accepted now (mismatches, orphans that could not be withdrawn).
+    accepted_claims: Vec<String>,
 }
 
 impl Check {
@@ -86,6 +106,8 @@ impl Check {
             mode,
             found: Findings::default(),
             repairs: Vec::new(),
+            orphans: Vec::new(),
+            accepted_claims: Vec::new(),
         }
     }
 
@@ -176,6 +198,7 @@ pub(crate) fn recover(
     sink: &dyn LogSink,
     ledger_shards: usize,
     mode: RecoveryMode,
+    now_ms: u64,
     report: &mut RecoveryReport,
 ) -> Result<Recovered, StorageError> {
     let mut found = Findings::default();
@@ -189,7 +212,6 @@ pub(crate) fn recover(
     for (event_id, spec, _) in &events {
         for s in &spec.sections {
             let (core, last_seq) = recover_section(sink, event_id, s, &mut check, report)?;
-            add_section_to_ledgers(&core, event_id, &mut ledger_states);
             report.sections += 1;
             cores.insert((event_id.clone(), s.section_id.clone()), (core, last_seq));
         }
@@ -200,6 +222,12 @@ pub(crate) fn recover(
     check_unread_streams(sink, &mut check, report)?;
     recover_backstop(sink, &cores, &mut check, report)?;
     check.refuse_if_damaged()?;
+    if mode == RecoveryMode::AcceptDamage {
+        withdraw_orphans(&mut cores, &mut check, now_ms)?;
+    }
+    for ((event_id, _), (core, _)) in &cores {
+        add_section_to_ledgers(core, event_id, &mut ledger_states);
+    }
     let marks = finish(sink, &mut check)?;
     report.integrity = check.found;
     Ok(Recovered {
@@ -222,6 +250,7 @@ pub fn verify_log(sink: &dyn LogSink) -> Result<Findings, StorageError> {
         sink,
         crate::limits::LEDGER_SHARDS_DEFAULT,
         RecoveryMode::Verify,
+        0,
         &mut report,
     )?;
     Ok(report.integrity)
@@ -274,7 +303,11 @@ fn finish(sink: &dyn LogSink, check: &mut Check) -> Result<Marks, StorageError> 
             .collect(),
         claims: 0,
         accepted: check.marks.accepted.clone(),
+        accepted_claims: check.marks.accepted_claims.clone(),
     };
+    marks
+        .accepted_claims
+        .extend(check.accepted_claims.iter().cloned());
     for d in &check.found.damage {
         match d {
             Damage::Gap { stream, from, to } => marks.accept(stream, *from, *to),
@@ -297,6 +330,7 @@ fn finish(sink: &dyn LogSink, check: &mut Check) -> Result<Marks, StorageError> 
     for repair in std::mem::take(&mut check.repairs) {
         match repair {
             Repair::DropTorn { stream, seq } => sink.stream(&stream)?.remove(seq)?,
+            Repair::Append { stream, seq, bytes } => sink.stream(&stream)?.append(seq, &bytes)?,
             Repair::SetAside { key } => sink.set_claim_aside(&key)?,
             Repair::Restore { key, hold } => {
                 sink.claim(&key, hold.as_str().as_bytes())?;
@@ -527,11 +561,25 @@ fn recover_backstop(
         let holder = String::from_utf8_lossy(&value).into_owned();
         match expected.remove(&key) {
             Some(hold) if hold.as_str() == holder => {}
-            Some(hold) => check.found.damage.push(Damage::ClaimMismatch {
-                key,
-                claimed_by: holder,
-                sold_to: hold.to_string(),
-            }),
+            Some(hold) if check.marks.accepted_claims.contains(&key) => {
+                check.found.notes.push(format!(
+                    "accepted earlier: seat {key} is claimed by {holder} but sold to {hold}"
+                ));
+            }
+            Some(hold) => {
+                check.accepted_claims.push(key.clone());
+                check.found.damage.push(Damage::ClaimMismatch {
+                    key,
+                    claimed_by: holder,
+                    sold_to: hold.to_string(),
+                });
+            }
+            None if check.marks.accepted_claims.contains(&key) => {
+                check.found.notes.push(format!(
+                    "accepted earlier: seat {key} is claimed by {holder} with no sale in the log \
+                     (kept)"
+                ));
+            }
             None if whole => {
                 tracing::warn!(key = %key, "setting aside a sold-seat claim never acknowledged");
                 check.found.actions.push(format!(
@@ -542,9 +590,7 @@ fn recover_backstop(
                 check.repairs.push(Repair::SetAside { key });
             }
             None => {
-                check.found.actions.push(format!(
-                    "table `sold`: kept the claim of seat {key} by {holder}"
-                ));
+                check.orphans.push((key.clone(), holder.clone()));
                 check
                     .found
                     .damage
@@ -558,6 +604,67 @@ fn recover_backstop(
         ));
         report.claims_restored += 1;
         check.repairs.push(Repair::Restore { key, hold });
+    }
+    Ok(())
+}
+
+/// Accepted damage: the places of sales whose records are lost leave the sale (a live hold on
+/// such a seat is released first), recorded in their sections' logs; their claims stay. A claim
+/// no section can withdraw is kept and remembered as accepted.
+fn withdraw_orphans(
+    cores: &mut HashMap<(EventId, SectionId), (SectionCore, u64)>,
+    check: &mut Check,
+    now_ms: u64,
+) -> Result<(), StorageError> {
+    let mut left: BTreeSet<String> = check.orphans.iter().map(|(k, _)| k.clone()).collect();
+    let orphans = std::mem::take(&mut check.orphans);
+    for ((event_id, section_id), (core, last_seq)) in cores.iter_mut() {
+        let prefix = format!("{event_id}/{section_id}/");
+        let mine: Vec<(String, String)> = orphans
+            .iter()
+            .filter(|(k, _)| k.starts_with(&prefix))
+            .cloned()
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let (records, _) = core.plan_withdrawal(&mine, now_ms);
+        let name = names::section(event_id, section_id);
+        for record in records {
+            core.apply(&record)
+                .map_err(|e| corrupt(&name, *last_seq + 1, e))?;
+            *last_seq += 1;
+            match &record {
+                SectionRecord::HoldReleased { hold_id, .. } => check.found.actions.push(format!(
+                    "stream `{name}`: released hold {hold_id}: it held a seat a lost sale claims"
+                )),
+                SectionRecord::PlacesWithdrawn { places, .. } => {
+                    for w in places {
+                        left.remove(&w.key);
+                        check.found.actions.push(format!(
+                            "stream `{name}`: withdrew seat {} from sale (claimed by {}, whose \
+                             sale record is lost: its fan may hold a ticket)",
+                            w.key, w.holder
+                        ));
+                    }
+                }
+                _ => {}
+            }
+            check.repairs.push(Repair::Append {
+                stream: name.clone(),
+                seq: *last_seq,
+                bytes: codec::encode(&record),
+            });
+        }
+        if let Some(s) = check.found.streams.iter_mut().find(|s| s.stream == name) {
+            s.last = *last_seq;
+        }
+    }
+    for key in left {
+        check.found.actions.push(format!(
+            "table `sold`: kept the claim of seat {key}: no section could withdraw it"
+        ));
+        check.accepted_claims.push(key);
     }
     Ok(())
 }

@@ -12,7 +12,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use boxoffice_engine::{Clock, Durability, Engine, EngineConfig, SystemClock};
+use boxoffice_engine::{Clock, Durability, Engine, EngineConfig, RecoveryMode, SystemClock};
 use boxoffice_proto::v1 as pb;
 use tokio::sync::{Notify, oneshot};
 use tonic::transport::server::TcpIncoming;
@@ -63,6 +63,8 @@ pub struct ServerConfig {
     /// Start with a new ticket signing key although tickets were sold and the key is missing
     /// (the tickets already sold no longer verify). Without it such a start is refused.
     pub new_ticket_key: bool,
+    /// What recovery does with a damaged log (`Strict`: refuse to start).
+    pub recovery_mode: RecoveryMode,
 }
 
 impl ServerConfig {
@@ -85,6 +87,7 @@ impl ServerConfig {
             reconcile_every: Some(Duration::from_secs(60)),
             engine: None,
             new_ticket_key: false,
+            recovery_mode: RecoveryMode::Strict,
         }
     }
 }
@@ -287,6 +290,7 @@ async fn recover(
     ec.durability = config.durability;
     ec.clock = config.clock.clone();
     ec.section_inflight_max = config.section_inflight_max;
+    ec.recovery_mode = config.recovery_mode;
     let engine = Engine::open(ec)
         .await
         .with_context(|| format!("recovering from {}", config.data_dir.display()))?;

@@ -91,6 +91,20 @@ pub fn any_section(event: &str, user: &str, q: u32) -> boxoffice_engine::HoldReq
     }
 }
 
+/// A confirm of `hold` paid with the simulated provider's good test card, under idempotency
+/// key `key` (empty: none).
+pub fn pay_with_visa(
+    hold: &boxoffice_engine::HoldView,
+    key: &str,
+) -> boxoffice_engine::ConfirmRequest {
+    boxoffice_engine::ConfirmRequest {
+        hold_id: hold.hold_id.clone(),
+        user_id: hold.user_id.clone(),
+        payment_ref: "tok_visa".into(),
+        idempotency_key: key.into(),
+    }
+}
+
 /// An event spec with the given sections, TTL and per-user limit, open now.
 pub fn event(id: &str, sections: Vec<SectionSpec>, ttl_ms: u64, per_user_limit: u32) -> EventSpec {
     EventSpec {

@@ -38,6 +38,9 @@ pub struct Marks {
     /// Per stream: ranges of sequence numbers an operator accepted as lost or damaged
     /// (`serve --accept-damage`); later starts do not report them again.
     pub accepted: BTreeMap<String, Vec<(u64, u64)>>,
+    /// Sold-seat claims an operator accepted as disagreeing with the orders (or left without
+    /// a place to withdraw): kept, never set aside, not reported again.
+    pub accepted_claims: std::collections::BTreeSet<String>,
 }
 
 impl Marks {

@@ -11,11 +11,13 @@
 //!   measured.
 //! - `boxoffice ticket` ([`ticket`]): the e-tickets' public key, and offline verification.
 //! - `boxoffice reconcile` ([`reconcile`]): the offline reconciliation of a data dir.
+//! - `boxoffice check-log` ([`check_log`]): the offline integrity check of a data dir's log.
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod check_log;
 mod flash_sale;
 mod loadgen;
 mod reconcile;
@@ -56,6 +58,9 @@ enum Command {
     /// Check sold seats against orders, payments and the backstop (offline: the server must be
     /// stopped). Exits 1 if anything does not add up.
     Reconcile(reconcile::ReconcileArgs),
+    /// Check a stopped server's log offline: streams, counts, gaps, checksums, the backstop
+    /// against the orders. Exits 0 if whole, 1 on any damage, 2 if the check cannot run.
+    CheckLog(check_log::CheckLogArgs),
 }
 
 fn main() -> ExitCode {
@@ -84,6 +89,7 @@ fn main() -> ExitCode {
         Command::Sessions(args) => runtime.block_on(sessions::run(args)),
         Command::Ticket(command) => ticket::run(command),
         Command::Reconcile(args) => runtime.block_on(reconcile::run(args)),
+        Command::CheckLog(args) => return check_log::run(args),
     };
     match result {
         Ok(code) => code,

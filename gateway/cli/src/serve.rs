@@ -3,13 +3,13 @@
 //! variable.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
 use base64::Engine as _;
-use boxoffice_engine::Durability;
+use boxoffice_engine::{Durability, Engine, EngineError, RecoveryMode, StorageError};
 use boxoffice_gateway::server::{self, ServerConfig};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use rand::RngCore;
@@ -78,10 +78,22 @@ pub struct ServeArgs {
     /// were sold (those tickets will no longer verify). Without it such a start is refused.
     #[arg(long, env = "BOXOFFICE_NEW_TICKET_KEY")]
     new_ticket_key: bool,
+    /// Start even if the log is damaged (records missing or corrupt, claims without orders),
+    /// from what is there, and write what was found and done to REPORT_FILE (JSON). Without it
+    /// a damaged log refuses to start. Accepted damage is remembered: later starts do not
+    /// report it again.
+    #[arg(long, env = "BOXOFFICE_ACCEPT_DAMAGE", value_name = "REPORT_FILE")]
+    accept_damage: Option<PathBuf>,
 }
 
 /// Serves until SIGTERM or Ctrl-C, then drains.
 pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let accept_damage = args.accept_damage.clone();
+    if let Some(path) = &accept_damage {
+        // Fail before touching the log if the report cannot be written.
+        std::fs::write(path, b"")
+            .with_context(|| format!("--accept-damage: cannot write {}", path.display()))?;
+    }
     let config = config(args);
     let data_dir = config.data_dir.clone();
     let mut running = server::start(config).await?;
@@ -95,7 +107,27 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     println!("data dir {}; recovering...", data_dir.display());
     tokio::select! {
         r = running.wait_ready() => {
-            r.context("recovery failed")?;
+            if let Err(e) = r {
+                let damaged = e.chain().any(|c| {
+                    matches!(
+                        c.downcast_ref::<EngineError>(),
+                        Some(EngineError::Storage(StorageError::Damaged { .. }))
+                    )
+                });
+                if damaged {
+                    eprintln!(
+                        "the log in {dir} is damaged and was left as it is: \
+                         `boxoffice check-log --data-dir {dir}` lists everything found; \
+                         `boxoffice serve --accept-damage REPORT_FILE` starts from what is there",
+                        dir = data_dir.display()
+                    );
+                }
+                running.shutdown().await.ok();
+                return Err(e.context("recovery failed"));
+            }
+            if let (Some(path), Some(engine)) = (&accept_damage, running.engine()) {
+                write_damage_report(path, &data_dir, &engine)?;
+            }
             println!("ready: serving");
         }
         () = shutdown_signal() => {
@@ -109,6 +141,27 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     running.shutdown().await?;
     println!("stopped; log flushed");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Writes what recovery found and did (`--accept-damage`).
+fn write_damage_report(path: &Path, data_dir: &Path, engine: &Engine) -> anyhow::Result<()> {
+    let findings = engine.recovery_report().integrity;
+    let report = crate::check_log::report(data_dir, &findings, "serve --accept-damage");
+    std::fs::write(path, format!("{report:#}\n"))
+        .with_context(|| format!("writing the damage report {}", path.display()))?;
+    if findings.damage.is_empty() {
+        println!(
+            "accept-damage: the log was whole; report in {}",
+            path.display()
+        );
+    } else {
+        println!(
+            "accept-damage: started with {} damaged or missing parts accepted; report in {}",
+            findings.damage.len(),
+            path.display()
+        );
+    }
+    Ok(())
 }
 
 /// The server's config from the flags; keys that were not given are generated and printed.
@@ -148,6 +201,9 @@ fn config(args: ServeArgs) -> ServerConfig {
     config.reconcile_every =
         (args.reconcile_seconds > 0).then(|| Duration::from_secs(args.reconcile_seconds));
     config.new_ticket_key = args.new_ticket_key;
+    if args.accept_damage.is_some() {
+        config.recovery_mode = RecoveryMode::AcceptDamage;
+    }
     config
 }
 

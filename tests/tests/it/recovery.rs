@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use boxoffice_engine::raw::{open_db, section_stream, sled};
 use boxoffice_engine::{
-    ConfirmRequest, Engine, EngineError, EventId, HoldRequest, HoldStatus, HoldView, ManualClock,
-    Rejection, SeatId, SectionId, Selection, StorageError, UserId,
+    Engine, EngineError, EventId, HoldRequest, HoldStatus, HoldView, ManualClock, Rejection,
+    SeatId, SectionId, Selection, StorageError, UserId,
 };
 use boxoffice_tests::{T0_MS, config, event, ga, open, reserved};
 
@@ -25,14 +25,7 @@ fn best(event: &str, section: &str, q: u32, user: &str, key: &str) -> HoldReques
     }
 }
 
-fn confirm(hold: &HoldView, key: &str) -> ConfirmRequest {
-    ConfirmRequest {
-        hold_id: hold.hold_id.clone(),
-        user_id: hold.user_id.clone(),
-        payment_ref: "tok_visa".into(),
-        idempotency_key: key.into(),
-    }
-}
+use boxoffice_tests::pay_with_visa as confirm;
 
 /// Everything observable about the engine's state, for before/after comparisons.
 async fn state_of(engine: &Engine, users: &[&str]) -> Vec<String> {

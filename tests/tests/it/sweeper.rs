@@ -13,7 +13,7 @@ use boxoffice_engine::{
     Rejection, SectionId, UserId, WaitlistState,
 };
 use boxoffice_sweeper::{SweeperConfig, SweeperMsg, start, sync};
-use boxoffice_tests::{T0_MS, any_section as best, config, event, ga, open};
+use boxoffice_tests::{T0_MS, any_section as best, config, event, ga, open, pay_with_visa};
 use ractor::ActorRef;
 
 async fn poke(s: &ActorRef<SweeperMsg>) -> boxoffice_sweeper::SweeperStats {
@@ -115,14 +115,7 @@ async fn confirm_racing_expiry_has_exactly_one_outcome() {
     for h in holds.clone() {
         let engine = engine.clone();
         tasks.push(tokio::spawn(async move {
-            engine
-                .confirm(ConfirmRequest {
-                    hold_id: h.hold_id.clone(),
-                    user_id: h.user_id.clone(),
-                    payment_ref: "tok_visa".into(),
-                    idempotency_key: String::new(),
-                })
-                .await
+            engine.confirm(pay_with_visa(&h, "")).await
         }));
     }
     // The deadline passes while the confirms are in flight, and the sweeper runs.

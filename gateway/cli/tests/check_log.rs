@@ -1,0 +1,212 @@
+//! `boxoffice check-log` and `serve --accept-damage` on the command line: exit codes 0 (whole),
+//! 1 (damage, named), 2 (cannot run: no dir, no log, a server holds it); a damaged log refuses
+//! to serve and says what to do; `--accept-damage` starts, writes its report, and a later plain
+//! start and check find the log whole.
+
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use boxoffice_engine::{
+    ConfirmRequest, Engine, EngineConfig, EventId, EventSpec, HoldRequest, Layout, SectionId,
+    SectionSpec, Selection, UserId,
+};
+
+fn boxoffice(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_boxoffice"))
+        .args(args)
+        .env_remove("BOXOFFICE_DATA_DIR")
+        .output()
+        .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A data dir with 60 holds, every third confirmed, in a GA section.
+async fn build(dir: &Path) {
+    let engine = Engine::open(EngineConfig::new(dir)).await.unwrap();
+    engine
+        .create_event(EventSpec {
+            event_id: Some(EventId::from("show")),
+            name: "Show".into(),
+            sections: vec![SectionSpec {
+                section_id: SectionId::from("floor"),
+                name: "Floor".into(),
+                price_cents: 5_000,
+                layout: Layout::GeneralAdmission { capacity: 500 },
+            }],
+            hold_ttl_ms: 600_000,
+            per_user_limit: 4,
+            admit_rate_per_second: 0,
+            admission_window_ms: 0,
+            sale_opens_at_ms: 0,
+        })
+        .await
+        .unwrap();
+    for i in 0..60 {
+        let h = engine
+            .hold(HoldRequest {
+                event_id: EventId::from("show"),
+                user_id: UserId::from(format!("fan{i}").as_str()),
+                idempotency_key: String::new(),
+                selection: Selection::BestAvailable {
+                    section: Some(SectionId::from("floor")),
+                    quantity: 2,
+                },
+            })
+            .await
+            .unwrap();
+        if i % 3 == 0 {
+            engine
+                .confirm(ConfirmRequest {
+                    hold_id: h.hold_id.clone(),
+                    user_id: h.user_id.clone(),
+                    payment_ref: "tok_visa".into(),
+                    idempotency_key: String::new(),
+                })
+                .await
+                .unwrap();
+        }
+    }
+    engine.shutdown().await;
+}
+
+#[test]
+fn check_log_cannot_run_without_a_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope");
+    let out = boxoffice(&["check-log", "--data-dir", missing.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("no data dir there"), "{}", text(&out));
+    assert!(!missing.exists(), "a check never creates the dir");
+    let out = boxoffice(&["check-log", "--data-dir", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("no boxoffice log"), "{}", text(&out));
+    let out = boxoffice(&["check-log"]);
+    assert_eq!(out.status.code(), Some(2), "a data dir must be named");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_log_whole_then_damaged_then_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path()).await;
+    let d = dir.path().to_str().unwrap();
+
+    let out = boxoffice(&["check-log", "--data-dir", d]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("the log is whole"), "{}", text(&out));
+    assert!(text(&out).contains("section/show/floor"), "{}", text(&out));
+
+    // Cut half of sled's file off: acknowledged records are gone.
+    let db = dir.path().join("db");
+    let len = std::fs::metadata(&db).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&db)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let before = std::fs::read(&db).unwrap();
+    let out = boxoffice(&["check-log", "--data-dir", d]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("DAMAGE: stream `section/show/floor`: records at sequence"),
+        "{}",
+        text(&out)
+    );
+    let out = boxoffice(&["check-log", "--data-dir", d, "--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["whole"], false);
+    assert!(
+        json["damage"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("missing")
+    );
+    assert_eq!(
+        std::fs::read(&db).unwrap(),
+        before,
+        "check-log changed nothing"
+    );
+
+    // A plain start refuses, exits non-zero, and says what to do.
+    let serve = [
+        "serve",
+        "--data-dir",
+        d,
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ];
+    let out = boxoffice(&serve);
+    assert!(!out.status.success());
+    let said = text(&out);
+    assert!(
+        said.contains("the log is damaged") && said.contains("--accept-damage"),
+        "{said}"
+    );
+
+    // The operator accepts: it serves, and the report says what was found and done.
+    let report = dir.path().join("damage-report.json");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_boxoffice"))
+        .args(serve)
+        .args([
+            "--accept-damage",
+            report.to_str().unwrap(),
+            // `build` sold through the engine alone: no ticket key was ever made.
+            "--new-ticket-key",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines().map_while(Result::ok);
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        let ready = line.contains("ready: serving");
+        seen.push(line);
+        if ready {
+            break;
+        }
+    }
+    // Keep reading: a closed pipe would fail the server's next line.
+    let rest = std::thread::spawn(move || lines.collect::<Vec<_>>());
+    assert!(
+        seen.iter()
+            .any(|l| l.contains("accept-damage: started with")),
+        "{seen:#?}"
+    );
+    // While it runs, check-log cannot (the server holds the log).
+    let out = boxoffice(&["check-log", "--data-dir", d]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("running server"), "{}", text(&out));
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let exit = child.wait().unwrap();
+    let rest = rest.join().unwrap();
+    assert!(exit.success(), "{exit:?} {rest:#?}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(json["by"], "serve --accept-damage");
+    assert!(!json["damage"].as_array().unwrap().is_empty());
+    assert!(!json["actions"].as_array().unwrap().is_empty());
+
+    // Accepted once: the log is whole from now on.
+    std::thread::sleep(Duration::from_millis(200));
+    let out = boxoffice(&["check-log", "--data-dir", d]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+}
