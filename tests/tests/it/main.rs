@@ -14,3 +14,4 @@ mod model;
 mod recovery;
 mod seams;
 mod sweeper;
+mod tickets;
