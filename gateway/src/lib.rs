@@ -13,7 +13,8 @@
 //! - [`status`]: every error's gRPC code and `ErrorInfo` reason.
 //! - [`waiting_room`]: the line, the opening shuffle, admission at a rate.
 //! - [`tokens`]: HMAC-signed queue and admission tokens.
-//! - [`tickets`]: Ed25519-signed e-ticket codes, verifiable offline.
+//! - [`tickets`]: Ed25519-signed e-ticket codes naming their key, verifiable offline; the key
+//!   ring in the data dir and its rotation.
 //! - [`metrics`]: the Prometheus endpoint.
 
 pub mod convert;

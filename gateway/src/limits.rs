@@ -23,6 +23,10 @@ pub const ADMIT_TICK: Duration = Duration::from_millis(20);
 pub const IN_FLIGHT_MAX_DEFAULT: usize = 4_096;
 /// Default bound of fans in one waiting room (past it: `QUEUE_FULL`).
 pub const QUEUE_MAX_DEFAULT: u32 = 2_000_000;
+/// Most ticket keys a data dir's ring holds (the signing key and the retired ones whose tickets
+/// still verify); a rotation past it is refused. A code from before key ids is checked against
+/// each, so this also bounds that work.
+pub const TICKET_KEYS_MAX: usize = 16;
 /// HTTP/2 streams one connection may have open at once.
 pub const STREAMS_PER_CONNECTION_MAX: u32 = 256;
 
@@ -48,4 +52,6 @@ const _: () = {
     // answer and not HTTP/2 flow control's.
     assert!(IN_FLIGHT_MAX_DEFAULT >= STREAMS_PER_CONNECTION_MAX as usize);
     assert!(QUEUE_MAX_DEFAULT > 0);
+    // A rotation needs room for the old key and the new one.
+    assert!(TICKET_KEYS_MAX >= 2);
 };

@@ -9,7 +9,8 @@
 //!   latency.
 //! - `boxoffice sessions` ([`sessions`]): 50,000 checkout sessions holding 200,000 places at once,
 //!   measured.
-//! - `boxoffice ticket` ([`ticket`]): the e-tickets' public key, and offline verification.
+//! - `boxoffice ticket` ([`ticket`]): the e-tickets' public keys, offline verification, and the
+//!   rotation of the signing key.
 //! - `boxoffice reconcile` ([`reconcile`]): the offline reconciliation of a data dir.
 //! - `boxoffice check-log` ([`check_log`]): the offline integrity check of a data dir's log.
 
@@ -52,7 +53,7 @@ enum Command {
     /// Hold 50,000 checkout sessions (200,000 places across events) open at once, then pay or
     /// release them; embedded server by default. Exits 2 if the counts do not add up.
     Sessions(boxoffice_drill::sessions::SessionsArgs),
-    /// E-tickets: print the public key, or verify a ticket code offline.
+    /// E-tickets: list the public keys, verify a ticket code offline, or rotate the signing key.
     #[command(subcommand)]
     Ticket(ticket::TicketCommand),
     /// Check sold seats against orders, payments and the backstop (offline: the server must be
@@ -87,7 +88,7 @@ fn main() -> ExitCode {
         Command::FlashSale(args) => runtime.block_on(flash_sale::run(args)),
         Command::Loadgen(args) => runtime.block_on(loadgen::run(args)),
         Command::Sessions(args) => runtime.block_on(sessions::run(args)),
-        Command::Ticket(command) => ticket::run(command),
+        Command::Ticket(command) => runtime.block_on(ticket::run(command)),
         Command::Reconcile(args) => runtime.block_on(reconcile::run(args)),
         Command::CheckLog(args) => return check_log::run(args),
     };

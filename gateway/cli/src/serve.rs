@@ -75,7 +75,8 @@ pub struct ServeArgs {
     #[arg(long, env = "BOXOFFICE_RECONCILE_SECONDS", default_value_t = 60)]
     reconcile_seconds: u64,
     /// Start with a new ticket signing key when the data dir's key is missing although tickets
-    /// were sold (those tickets will no longer verify). Without it such a start is refused.
+    /// were sold (those tickets verify only if their public keys are kept in
+    /// `ticket-public-keys/`). Without it such a start is refused.
     #[arg(long, env = "BOXOFFICE_NEW_TICKET_KEY")]
     new_ticket_key: bool,
     /// Start even if the log is damaged (records missing or corrupt, claims without orders),

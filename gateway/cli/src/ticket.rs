@@ -1,18 +1,20 @@
-//! `boxoffice ticket`: the public key door scanners verify e-ticket codes with, and the offline
-//! verification of a code (exit code 1 if it is not genuine).
+//! `boxoffice ticket`: the public keys door scanners verify e-ticket codes with, the offline
+//! verification of a code (exit code 1 if it is not genuine), and the rotation of the signing
+//! key (offline: the server stopped).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use boxoffice_gateway::tickets;
+use boxoffice_gateway::tickets::{self, KeyRing, PublicKey};
 use clap::Subcommand;
 
 /// The subcommands of `boxoffice ticket`.
 #[derive(Subcommand, Debug)]
 pub enum TicketCommand {
-    /// Print the public key door scanners verify ticket codes with (hex).
+    /// List the public keys door scanners verify ticket codes with: one line each, `KID HEX
+    /// signing|verifying` (the signing key signs new tickets; every key listed verifies).
     PublicKey {
-        /// The server's data dir (where `ticket-signing.key` is).
+        /// The server's data dir (where `ticket-signing.key` and `ticket-public-keys/` are).
         #[arg(long, env = "BOXOFFICE_DATA_DIR", default_value = "boxoffice-data")]
         data_dir: PathBuf,
     },
@@ -20,41 +22,95 @@ pub enum TicketCommand {
     Verify {
         /// The code, as `Ticket.code` shows it.
         code: String,
-        /// The public key (hex); without it, the one of `--data-dir`.
+        /// A public key (hex) to verify with (repeatable: the code names the one it needs);
+        /// without it, the keys of `--data-dir`.
         #[arg(long)]
-        public_key: Option<String>,
+        public_key: Vec<String>,
         /// The server's data dir (used when no `--public-key` is given).
+        #[arg(long, env = "BOXOFFICE_DATA_DIR", default_value = "boxoffice-data")]
+        data_dir: PathBuf,
+    },
+    /// Make a new signing key; the old public keys stay, so tickets already sold keep verifying.
+    /// Offline: refused while a server runs on the data dir. Give scanners the new public key
+    /// before the next start.
+    RotateKey {
+        /// The server's data dir.
         #[arg(long, env = "BOXOFFICE_DATA_DIR", default_value = "boxoffice-data")]
         data_dir: PathBuf,
     },
 }
 
 /// Runs the subcommand; its exit code.
-pub fn run(command: TicketCommand) -> anyhow::Result<ExitCode> {
+pub async fn run(command: TicketCommand) -> anyhow::Result<ExitCode> {
     match command {
         TicketCommand::PublicKey { data_dir } => {
-            println!(
-                "{}",
-                tickets::TicketSigner::load(&data_dir)?.public_key_hex()
-            );
+            list(&load(&data_dir)?);
             Ok(ExitCode::SUCCESS)
         }
         TicketCommand::Verify {
             code,
             public_key,
             data_dir,
-        } => verify(&code, public_key, &data_dir),
+        } => verify(&code, &public_key, &data_dir),
+        TicketCommand::RotateKey { data_dir } => {
+            let r = boxoffice_gateway::server::rotate_ticket_key(&data_dir).await?;
+            match r.retired {
+                Some(old) => eprintln!("key {old} retired: its tickets keep verifying"),
+                None => eprintln!("there was no signing key; the kept public keys still verify"),
+            }
+            eprintln!(
+                "key {} signs from the next start; {} keys verify tickets:",
+                r.signing, r.keys
+            );
+            list(&load(&data_dir)?);
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 
-fn verify(code: &str, key: Option<String>, data_dir: &Path) -> anyhow::Result<ExitCode> {
-    let hex_key = match key {
-        Some(k) => k,
-        None => tickets::TicketSigner::load(data_dir)?.public_key_hex(),
+/// The ring of `data_dir`, refused when it holds no key at all (most likely the wrong dir).
+fn load(data_dir: &Path) -> anyhow::Result<KeyRing> {
+    let ring = KeyRing::load(data_dir)?;
+    anyhow::ensure!(
+        !ring.keys().is_empty(),
+        "no ticket keys in {} (neither {} nor {}/): is it the server's data dir?",
+        data_dir.display(),
+        tickets::KEY_FILE,
+        tickets::PUBLIC_KEYS_DIR
+    );
+    Ok(ring)
+}
+
+fn list(ring: &KeyRing) {
+    let signing = ring.signer().map(|s| s.kid());
+    for k in ring.keys() {
+        let role = if Some(k.kid()) == signing {
+            "signing"
+        } else {
+            "verifying"
+        };
+        println!("{} {} {role}", k.kid(), k.to_hex());
+    }
+    if signing.is_none() {
+        eprintln!(
+            "no signing key ({} is missing): the server will not start without --new-ticket-key",
+            tickets::KEY_FILE
+        );
+    }
+}
+
+fn verify(code: &str, hex_keys: &[String], data_dir: &Path) -> anyhow::Result<ExitCode> {
+    let keys = if hex_keys.is_empty() {
+        load(data_dir)?.keys().to_vec()
+    } else {
+        hex_keys
+            .iter()
+            .map(|k| PublicKey::from_hex(k).map_err(|e| anyhow::anyhow!("--public-key {k:?}: {e}")))
+            .collect::<anyhow::Result<Vec<_>>>()?
     };
-    let key = tickets::public_key(&hex_key).map_err(anyhow::Error::from)?;
-    match tickets::verify(code, &key) {
-        Ok(t) => {
+    match tickets::verify(code, &keys) {
+        Ok(v) => {
+            let t = v.claims;
             println!("valid ticket");
             println!("event   {}", t.event_id);
             println!("section {}", t.section_id);
@@ -68,6 +124,11 @@ fn verify(code: &str, key: Option<String>, data_dir: &Path) -> anyhow::Result<Ex
             );
             println!("order   {}", t.order_id);
             println!("ticket  {}", t.ticket_id);
+            if v.kid_in_code {
+                println!("key     {}", v.kid);
+            } else {
+                println!("key     {} (a code from before key ids)", v.kid);
+            }
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => {

@@ -104,48 +104,137 @@ async fn serve_with_no_setup_then_drain_on_sigterm() {
     assert!(exit.success(), "exit {exit:?}");
 }
 
+/// Runs `boxoffice ARGS`: (success, stdout, stderr).
+fn boxoffice(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_boxoffice"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+/// The lines of `ticket public-key`: (kid, hex, role).
+fn key_lines(stdout: &str) -> Vec<(String, String, String)> {
+    stdout
+        .lines()
+        .map(|l| {
+            let w: Vec<&str> = l.split(' ').collect();
+            assert_eq!(w.len(), 3, "{l:?}");
+            (w[0].to_owned(), w[1].to_owned(), w[2].to_owned())
+        })
+        .collect()
+}
+
 #[test]
-fn ticket_verify_and_reconcile_on_the_command_line() {
+fn ticket_keys_verify_rotate_and_reconcile_on_the_command_line() {
+    use boxoffice_gateway::tickets;
     let dir = tempfile::tempdir().unwrap();
-    let signer = boxoffice_gateway::tickets::TicketSigner::load_or_create(dir.path()).unwrap();
-    let code = signer.sign(&boxoffice_gateway::tickets::TicketClaims {
+    let signer = tickets::open_for_signing(dir.path(), true)
+        .unwrap()
+        .unwrap();
+    let claims = tickets::TicketClaims {
         event_id: "e".into(),
         section_id: "s".into(),
         seat_id: "s:A:1".into(),
         order_id: "e.s.o1".into(),
         ticket_id: "e.s.o1.1".into(),
-    });
-    let bin = env!("CARGO_BIN_EXE_boxoffice");
+    };
+    let code = signer.sign(&claims);
     let data_dir = dir.path().to_str().unwrap();
-    let out = Command::new(bin)
-        .args(["ticket", "public-key", "--data-dir", data_dir])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let public_key = String::from_utf8(out.stdout).unwrap().trim().to_owned();
-    assert_eq!(public_key, signer.public_key_hex());
-    let out = Command::new(bin)
-        .args(["ticket", "verify", &code, "--public-key", &public_key])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    assert!(String::from_utf8_lossy(&out.stdout).contains("valid ticket"));
+    let (ok, out, _) = boxoffice(&["ticket", "public-key", "--data-dir", data_dir]);
+    assert!(ok);
+    let first = signer.public_key();
+    assert_eq!(
+        key_lines(&out),
+        [(
+            first.kid().to_string(),
+            first.to_hex(),
+            "signing".to_owned()
+        )]
+    );
+    let (ok, out, _) = boxoffice(&["ticket", "verify", &code, "--public-key", &first.to_hex()]);
+    assert!(ok && out.contains("valid ticket"), "{out}");
+    assert!(out.contains(&format!("key     {}", first.kid())), "{out}");
     let mut forged = code.clone().into_bytes();
     forged[3] ^= 1;
     let forged = String::from_utf8(forged).unwrap();
-    let out = Command::new(bin)
-        .args(["ticket", "verify", &forged, "--data-dir", data_dir])
-        .output()
-        .unwrap();
-    assert!(!out.status.success(), "a forged code fails");
-    let out = Command::new(bin)
-        .args(["reconcile", "--data-dir", data_dir])
-        .output()
-        .unwrap();
+    let (ok, out, _) = boxoffice(&["ticket", "verify", &forged, "--data-dir", data_dir]);
     assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
+        !ok && out.contains("NOT VALID"),
+        "a forged code fails: {out}"
     );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("reconciliation clean"));
+
+    // Rotation: a new signing key, the old one still verifies.
+    let (ok, _, err) = boxoffice(&["ticket", "rotate-key", "--data-dir", data_dir]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains(&format!("key {} retired", first.kid())),
+        "{err}"
+    );
+    let (ok, out, _) = boxoffice(&["ticket", "public-key", "--data-dir", data_dir]);
+    assert!(ok);
+    let lines = key_lines(&out);
+    assert_eq!(lines.len(), 2, "{out}");
+    assert_eq!(lines[0].2, "signing");
+    assert_ne!(lines[0].0, first.kid().to_string());
+    assert_eq!(
+        lines[1],
+        (
+            first.kid().to_string(),
+            first.to_hex(),
+            "verifying".to_owned()
+        )
+    );
+    let (ok, out, _) = boxoffice(&["ticket", "verify", &code, "--data-dir", data_dir]);
+    assert!(ok && out.contains("valid ticket"), "{out}");
+    let (ok, out, _) = boxoffice(&[
+        "ticket",
+        "verify",
+        &code,
+        "--public-key",
+        &lines[0].1,
+        "--public-key",
+        &first.to_hex(),
+    ]);
+    assert!(ok && out.contains("valid ticket"), "{out}");
+    // A code whose key is not given: refused, naming the key.
+    let (ok, out, _) = boxoffice(&["ticket", "verify", &code, "--public-key", &lines[0].1]);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains(&format!("NOT VALID: signed with key {}", first.kid())),
+        "{out}"
+    );
+
+    // Bad input: clear errors.
+    let (ok, _, err) = boxoffice(&["ticket", "verify", &code, "--public-key", "zz"]);
+    assert!(
+        !ok && err.contains("--public-key \"zz\": invalid public key"),
+        "{err}"
+    );
+    let (ok, out, _) = boxoffice(&["ticket", "verify", "garbage", "--data-dir", data_dir]);
+    assert!(
+        !ok && out.contains("NOT VALID: malformed ticket code"),
+        "{out}"
+    );
+    let empty = tempfile::tempdir().unwrap();
+    let empty_dir = empty.path().to_str().unwrap();
+    for sub in ["public-key", "rotate-key"] {
+        let (ok, _, err) = boxoffice(&["ticket", sub, "--data-dir", empty_dir]);
+        assert!(!ok && err.contains("no ticket keys"), "{sub}: {err}");
+    }
+    let (ok, _, err) = boxoffice(&["ticket", "verify", &code, "--data-dir", empty_dir]);
+    assert!(!ok && err.contains("no ticket keys"), "{err}");
+    assert_eq!(
+        std::fs::read_dir(empty.path()).unwrap().count(),
+        0,
+        "nothing made"
+    );
+
+    let (ok, out, _) = boxoffice(&["reconcile", "--data-dir", data_dir]);
+    assert!(ok, "{out}");
+    assert!(out.contains("reconciliation clean"));
 }

@@ -15,3 +15,4 @@ mod model;
 mod recovery;
 mod seams;
 mod sweeper;
+mod tickets;
