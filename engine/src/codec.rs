@@ -39,8 +39,8 @@ pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     out
 }
 
-/// Decodes a framed record, checking version and checksum.
-pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
+/// Checks a framed record's version and checksum; returns its payload.
+pub fn verify(bytes: &[u8]) -> Result<&[u8], DecodeError> {
     if bytes.len() < HEADER_LEN {
         return Err(DecodeError::Truncated(bytes.len()));
     }
@@ -52,6 +52,12 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
     if crc32fast::hash(payload) != crc {
         return Err(DecodeError::Checksum);
     }
+    Ok(payload)
+}
+
+/// Decodes a framed record, checking version and checksum.
+pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
+    let payload = verify(bytes)?;
     let (value, used) = bincode::serde::decode_from_slice(payload, bincode::config::standard())
         .map_err(|e| DecodeError::Payload(e.to_string()))?;
     if used != payload.len() {

@@ -21,7 +21,6 @@
 //! record: the claim is set aside in its own table, never deleted).
 
 use serde::Serialize;
-use serde::de::DeserializeOwned;
 
 use crate::codec;
 use crate::error::StorageError;
@@ -260,13 +259,15 @@ impl Findings {
 /// Reads and checks a stream: its checkpoint, then every record after it, against the stream's
 /// high-water mark in `marks`. Damage goes to `found` (and the bad record is skipped); a torn
 /// last record past the mark is dropped (removed from the log unless `mode` is `Verify`).
-/// Errors only if the sink cannot be read at all.
-pub(crate) fn read_stream<T: DeserializeOwned>(
+/// `decode` turns a record's bytes into a `T` ([`codec::decode`]; for a stream nobody reads,
+/// only the frame: [`codec::verify`]). Errors only if the sink cannot be read at all.
+pub(crate) fn read_stream<T>(
     sink: &dyn LogSink,
     name: &str,
     marks: &Marks,
     mode: RecoveryMode,
     found: &mut Findings,
+    decode: impl Fn(&[u8]) -> Result<T, codec::DecodeError>,
 ) -> Result<Replay<T>, StorageError> {
     let acknowledged = marks.of(name);
     let checkpoint = match sink.checkpoint(name)? {
@@ -300,7 +301,7 @@ pub(crate) fn read_stream<T: DeserializeOwned>(
         }
         expected = seq + 1;
         read += 1;
-        match codec::decode::<T>(&value) {
+        match decode(&value) {
             Ok(r) => records.push((seq, r)),
             Err(e) if iter.peek().is_none() && seq > acknowledged => {
                 tracing::warn!(stream = name, seq, error = %e, "dropping a torn last record");

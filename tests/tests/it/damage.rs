@@ -352,3 +352,41 @@ async fn check_log_lists_damage_and_accept_damage_starts_and_remembers() {
     assert!(engine.recovery_report().integrity.damage.is_empty());
     engine.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_the_catalog_lost_is_named_and_its_streams_are_only_noted() {
+    let sink = boxoffice_engine::MemorySink::new();
+    let cfg = boxoffice_engine::EngineConfig::with_sink(sink.clone()).unwrap();
+    let engine = Engine::open(cfg).await.unwrap();
+    engine
+        .create_event(event("show", vec![ga("floor", 100, 4_000)], 600_000, 4))
+        .await
+        .unwrap();
+    for i in 0..5 {
+        engine
+            .hold(best("floor", 1, &format!("fan{i}")))
+            .await
+            .unwrap();
+    }
+    engine.shutdown().await;
+    use boxoffice_engine::LogSink as _;
+    sink.stream("catalog").unwrap().remove(1).unwrap();
+    let findings = verify_log(sink.as_ref()).unwrap();
+    assert_eq!(
+        findings.damage,
+        vec![Damage::Missing {
+            stream: "catalog".into(),
+            from: 1,
+            to: 1
+        }],
+        "only the catalog's record is damage; the section's records still verify"
+    );
+    assert!(
+        findings
+            .notes
+            .iter()
+            .any(|n| n.contains("section/show/floor") && n.contains("no event or shard reads it")),
+        "{:?}",
+        findings.notes
+    );
+}
