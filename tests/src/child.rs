@@ -5,7 +5,7 @@
 
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Lines, Write};
-use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 
 /// The line a child test prints before anything else it prints.
 pub const STARTED: &str = "BOXOFFICE-CHILD-TEST-STARTED";
@@ -38,30 +38,36 @@ pub fn announce() {
     let _ = out.flush();
 }
 
-/// This test binary, started again to run exactly one test, with its stdout read line by line.
+/// This test binary, started again to run exactly one test, with its stdout read line by line
+/// and its stdin open for [`ChildTest::send_line`].
 pub struct ChildTest {
     name: String,
     child: Child,
+    stdin: ChildStdin,
     lines: Lines<BufReader<ChildStdout>>,
     started: bool,
 }
 
 impl ChildTest {
     /// Starts this test binary running only the test called `name` (see [`child_test_name`]),
-    /// with `envs` set, its output not captured (`--nocapture`) and its stderr dropped.
+    /// with `envs` set, its output not captured (`--nocapture`), its stdin a pipe from the
+    /// parent and its stderr dropped.
     pub fn spawn(name: String, envs: &[(&str, &OsStr)]) -> ChildTest {
         let exe = std::env::current_exe().expect("the test binary's path");
         let mut child = Command::new(exe)
             .args(["--exact", &name, "--nocapture", "--test-threads=1"])
             .envs(envs.iter().copied())
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .expect("the child test starts");
+        let stdin = child.stdin.take().expect("piped stdin");
         let stdout = child.stdout.take().expect("piped stdout");
         ChildTest {
             name,
             child,
+            stdin,
             lines: BufReader::new(stdout).lines(),
             started: false,
         }
@@ -90,6 +96,14 @@ impl ChildTest {
             // The harness prints `test <name> ... ` without a line end before the test's output.
             self.started = line.ends_with(STARTED);
         }
+    }
+
+    /// Writes `line` to the child's stdin (for children that take commands there). Fails the
+    /// test if the child is gone.
+    pub fn send_line(&mut self, line: &str) {
+        writeln!(self.stdin, "{line}")
+            .and_then(|()| self.stdin.flush())
+            .unwrap_or_else(|e| panic!("the child test {:?} takes no more input: {e}", self.name));
     }
 
     /// Every line the child test prints from here until it closes its stdout.

@@ -1,11 +1,13 @@
 //! Shared helpers for the integration tests (`tests/it`): engines on temporary data dirs with a
 //! manual clock, small event layouts, and the rooms the tests share: a real gRPC server that
 //! stops on drop ([`server`]), polling with a bound instead of sleeping ([`wait`]), tables of
-//! calls that must be refused ([`cases`]), and crash children ([`child`]).
+//! calls that must be refused ([`cases`]), crash children ([`child`]), and a real server in a
+//! child process, to kill with SIGKILL ([`server_process`]).
 
 pub mod cases;
 pub mod child;
 pub mod server;
+pub mod server_process;
 pub mod wait;
 
 // The gRPC client: the only place the tests name where it comes from.
@@ -117,6 +119,11 @@ pub fn event(id: &str, sections: Vec<SectionSpec>, ttl_ms: u64, per_user_limit: 
         admission_window_ms: 0,
         sale_opens_at_ms: 0,
     }
+}
+
+/// Whether the slow tier runs (`BOXOFFICE_SLOW=1`): more cases and cycles of the same tests.
+pub fn slow_tier() -> bool {
+    std::env::var("BOXOFFICE_SLOW").is_ok_and(|v| v == "1")
 }
 
 /// Runs `case` to completion on a fresh two-worker runtime (the engine's actors need the

@@ -24,7 +24,7 @@ pub(crate) fn ga(id: &str, capacity: u32, price: u64) -> pb::SectionSpec {
     }
 }
 
-fn reserved(id: &str, rows: &[(&str, u32)], price: u64) -> pb::SectionSpec {
+pub(crate) fn reserved(id: &str, rows: &[(&str, u32)], price: u64) -> pb::SectionSpec {
     pb::SectionSpec {
         section_id: id.into(),
         name: id.to_uppercase(),
@@ -62,40 +62,67 @@ pub(crate) async fn admitted(
     event: &str,
     user: &str,
 ) -> String {
-    let t = c
-        .room
-        .join(pb::JoinRequest {
-            event_id: event.into(),
-            user_id: user.into(),
-            session_id: "s".into(),
-        })
+    admitted_all(c, || clock.advance_ms(20), event, &[user])
         .await
-        .unwrap()
-        .into_inner();
-    let what = format!("{user} is admitted to {event}");
-    let s = periodic_check(&what, PATIENCE, async || {
-        let s = c
+        .remove(0)
+}
+
+/// Joins `users` and polls until every one is admitted, calling `tick` after each poll that
+/// found one still waiting (a server on the system clock needs nothing: pass `|| {}`);
+/// returns their admission tokens, in order.
+pub(crate) async fn admitted_all(
+    c: &mut Clients,
+    tick: impl Fn(),
+    event: &str,
+    users: &[&str],
+) -> Vec<String> {
+    let mut queue_tokens = Vec::new();
+    for user in users {
+        let t = c
             .room
-            .get_status(pb::GetStatusRequest {
-                queue_token: t.queue_token.clone(),
+            .join(pb::JoinRequest {
+                event_id: event.into(),
+                user_id: (*user).into(),
+                session_id: "s".into(),
             })
             .await
             .unwrap()
             .into_inner();
-        if s.state == pb::QueueState::Admitted as i32 {
-            return Ok(s);
+        queue_tokens.push(t.queue_token);
+    }
+    let what = format!("{users:?} are admitted to {event}");
+    let admitted = periodic_check(&what, PATIENCE, async || {
+        let mut admitted = Vec::new();
+        for queue_token in &queue_tokens {
+            let s = c
+                .room
+                .get_status(pb::GetStatusRequest {
+                    queue_token: queue_token.clone(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            if s.state != pb::QueueState::Admitted as i32 {
+                tick();
+                return Err(s);
+            }
+            admitted.push(s);
         }
-        clock.advance_ms(20);
-        Err(s)
+        Ok(admitted)
     })
     .await;
-    assert!(s.admission_expires_at_unix_ms > 0);
-    s.admission_token
+    admitted
+        .into_iter()
+        .map(|s| {
+            assert!(s.admission_expires_at_unix_ms > 0);
+            s.admission_token
+        })
+        .collect()
 }
 
 /// Every section of `event`'s seat map (counts and seats), to check that a refused call
 /// changed nothing.
-async fn seats_of(c: &mut Clients, event: &str) -> Vec<pb::SectionSeats> {
+pub(crate) async fn seats_of(c: &mut Clients, event: &str) -> Vec<pb::SectionSeats> {
     c.events
         .get_seat_map(pb::GetSeatMapRequest {
             event_id: event.into(),

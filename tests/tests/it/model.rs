@@ -20,7 +20,7 @@ use boxoffice_engine::{
     ConfirmRequest, Engine, EngineConfig, EngineError, EventId, HoldId, HoldRequest, HoldStatus,
     HoldView, ManualClock, MemorySink, Rejection, SeatId, SeatStatus, SectionId, Selection, UserId,
 };
-use boxoffice_tests::{T0_MS, event, ga, on_runtime, reserved};
+use boxoffice_tests::{T0_MS, event, ga, on_runtime, reserved, slow_tier};
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 
@@ -554,11 +554,7 @@ fn cases() -> u32 {
     if let Ok(n) = std::env::var("PROPTEST_CASES") {
         return n.parse().unwrap_or(48);
     }
-    if std::env::var("BOXOFFICE_SLOW").is_ok_and(|v| v == "1") {
-        400
-    } else {
-        48
-    }
+    if slow_tier() { 400 } else { 48 }
 }
 
 /// The seeds of past failures are kept beside this file, in `model.proptest-regressions`, and
