@@ -7,6 +7,7 @@
 
 mod checkout;
 mod contention;
+mod crash_cycles;
 mod damage;
 mod grpc;
 mod harness;
