@@ -54,19 +54,31 @@ fn corrupt(stream: &str, seq: u64, reason: impl Into<String>) -> StorageError {
     }
 }
 
+/// What recovery needs to know beyond the log: the ledger's shape and the idempotency window.
+pub(crate) struct RecoverWith {
+    /// Number of ledger shards.
+    pub ledger_shards: usize,
+    /// The idempotency window, ms (sections forget ended holds by it as they replay).
+    pub window_ms: u64,
+    /// Now, by the engine's clock: idempotency answers older than the window are not kept.
+    pub now_ms: u64,
+}
+
 /// Replays the whole log (see the module docs).
 pub(crate) fn recover(
     sink: &dyn LogSink,
-    ledger_shards: usize,
+    with: &RecoverWith,
     report: &mut RecoveryReport,
 ) -> Result<Recovered, StorageError> {
     let (events, catalog_last) = recover_catalog(sink, report)?;
-    let shards = ledger_shards.max(1);
-    let mut ledger_states: Vec<ShardState> = (0..shards).map(|_| ShardState::default()).collect();
+    let shards = with.ledger_shards.max(1);
+    let mut ledger_states: Vec<ShardState> = (0..shards)
+        .map(|_| ShardState::new(with.window_ms))
+        .collect();
     let mut cores = HashMap::new();
     for (event_id, spec, _) in &events {
         for s in &spec.sections {
-            let (core, last_seq) = recover_section(sink, event_id, s, report)?;
+            let (core, last_seq) = recover_section(sink, event_id, s, with.window_ms, report)?;
             add_section_to_ledgers(&core, event_id, &mut ledger_states);
             report.sections += 1;
             cores.insert((event_id.clone(), s.section_id.clone()), (core, last_seq));
@@ -74,6 +86,9 @@ pub(crate) fn recover(
         report.events += 1;
     }
     let ledger_last = recover_ledgers(sink, &mut ledger_states, report)?;
+    for state in &mut ledger_states {
+        state.forget_due(with.now_ms, usize::MAX);
+    }
     recover_backstop(sink, &cores, report)?;
     let (waitlist, waitlist_last) = recover_waitlist(sink, report)?;
     sink.sync()?;
@@ -111,11 +126,13 @@ fn recover_catalog(
 
 /// One section's stream: its checkpoint (if any) and every record after it, applied to the pure
 /// core; the core's invariants are checked before it is trusted. Returns the core and the last
-/// sequence number of the stream.
+/// sequence number of the stream. The core forgets ended holds by `window_ms` as it replays,
+/// exactly as the live section did (by the records' own times).
 pub(crate) fn recover_section(
     sink: &dyn LogSink,
     event_id: &EventId,
     spec: &SectionSpec,
+    window_ms: u64,
     report: &mut RecoveryReport,
 ) -> Result<(SectionCore, u64), StorageError> {
     let name = names::section(event_id, &spec.section_id);
@@ -128,7 +145,8 @@ pub(crate) fn recover_section(
                 .map_err(|e| corrupt(&format!("checkpoints/{name}"), *seq, e.to_string()))?
         }
         None => SectionCore::new(event_id.clone(), spec.clone()),
-    };
+    }
+    .with_window_ms(window_ms);
     for (seq, record) in &replay.records {
         core.apply(record).map_err(|e| corrupt(&name, *seq, e))?;
         report.records_replayed += 1;
@@ -152,6 +170,7 @@ fn add_section_to_ledgers(core: &SectionCore, event_id: &EventId, ledgers: &mut 
                 view.user_id.clone(),
                 Rpc::Confirm,
                 tag,
+                order.created_at_ms,
                 Ok(Answer::Order(order)),
             );
         }
@@ -162,6 +181,7 @@ fn add_section_to_ledgers(core: &SectionCore, event_id: &EventId, ledgers: &mut 
                 view.user_id.clone(),
                 Rpc::Hold,
                 tag,
+                view.placed_at_ms,
                 Ok(Answer::Hold(first)),
             );
         }
@@ -200,8 +220,14 @@ fn recover_ledgers(
             report.records_replayed += 1;
             staging.apply(record);
         }
-        for (user_id, rpc, tag, rejection) in staging.into_rejections() {
-            ledgers[shard_index(&user_id, shards)].add_answer(user_id, rpc, &tag, Err(rejection));
+        for (user_id, rpc, tag, at_ms, rejection) in staging.into_rejections() {
+            ledgers[shard_index(&user_id, shards)].add_answer(
+                user_id,
+                rpc,
+                &tag,
+                at_ms,
+                Err(rejection),
+            );
         }
     }
     Ok(ledger_last)

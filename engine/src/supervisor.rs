@@ -291,13 +291,15 @@ impl Engine {
             .iter()
             .find(|s| &s.section_id == section_id)
             .ok_or(crate::error::Rejection::SectionNotFound)?;
-        let (sink, event, spec) = (
+        let (sink, event, spec, window_ms) = (
             self.inner.store.sink.clone(),
             event_id.clone(),
             spec.clone(),
+            self.window_ms(),
         );
         let rebuilt = replay_off_runtime("the section's", move || {
-            recover_section(sink.as_ref(), &event, &spec, &mut RecoveryReport::default())
+            let report = &mut RecoveryReport::default();
+            recover_section(sink.as_ref(), &event, &spec, window_ms, report)
         })
         .await?;
         let (core, last_seq) = rebuilt;
