@@ -100,3 +100,28 @@ impl EngineConfig {
         Ok(ms)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_idempotency_window_is_one_second_to_thirty_days() {
+        let mut c = EngineConfig::new("unused");
+        assert_eq!(c.idempotency_window_ms(), Ok(IDEMPOTENCY_WINDOW_MS_DEFAULT));
+        for ok in [IDEMPOTENCY_WINDOW_MS_MIN, IDEMPOTENCY_WINDOW_MS_MAX] {
+            c.idempotency_window = Duration::from_millis(ok);
+            assert_eq!(c.idempotency_window_ms(), Ok(ok));
+        }
+        for bad in [
+            Duration::ZERO,
+            Duration::from_millis(IDEMPOTENCY_WINDOW_MS_MIN - 1),
+            Duration::from_millis(IDEMPOTENCY_WINDOW_MS_MAX + 1),
+            Duration::MAX,
+        ] {
+            c.idempotency_window = bad;
+            let refused = c.idempotency_window_ms().unwrap_err();
+            assert_eq!(refused.field(), Some("idempotency_window"), "{bad:?}");
+        }
+    }
+}

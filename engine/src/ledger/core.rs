@@ -114,7 +114,8 @@ impl ShardState {
         *self.quotas.entry((event_id, user_id)).or_default() += quantity;
     }
 
-    /// Records a key's first answer, given at `at_ms`.
+    /// Records a key's first answer, given at `at_ms`. A key used again after its window may
+    /// have several answers in the log (recovery meets them in any order): the latest wins.
     pub fn add_answer(
         &mut self,
         user_id: UserId,
@@ -123,8 +124,14 @@ impl ShardState {
         at_ms: u64,
         answer: Result<Answer, Rejection>,
     ) {
+        let key = (user_id, rpc, tag.key.clone());
+        if let Some(Entry::Done { at_ms: newer, .. }) = self.keys.get(&key)
+            && *newer > at_ms
+        {
+            return;
+        }
         self.set_entry(
-            (user_id, rpc, tag.key.clone()),
+            key,
             Entry::Done {
                 fingerprint: tag.fingerprint,
                 at_ms,
@@ -515,6 +522,31 @@ mod tests {
                 assert_eq!(at_ms, 100 + WINDOW);
             }
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_latest_answer_of_a_key_used_again_after_its_window_wins_in_any_order() {
+        let tag = |fingerprint| IdemTag {
+            key: "k".into(),
+            fingerprint,
+        };
+        let u = || UserId::from("u");
+        let (older, newer) = (held_at(7), held_at(WINDOW + 7));
+        for order in [[0, 1], [1, 0]] {
+            let mut s = ShardState::new(WINDOW);
+            // Recovery may meet the newer answer first.
+            for i in order {
+                let (fp, at, answer) = [(1, 7, &older), (2, WINDOW + 7, &newer)][i];
+                s.add_answer(u(), Rpc::Hold, &tag(fp), at, Ok(answer.clone()));
+            }
+            s.forget_due(WINDOW + 8, usize::MAX);
+            let now = WINDOW + 8;
+            assert_eq!(
+                s.lookup(u(), Rpc::Hold, tag(2), now),
+                Some(Ok(newer.clone()))
+            );
+            assert_eq!(s.lookup(u(), Rpc::Hold, tag(1), now), None);
         }
     }
 

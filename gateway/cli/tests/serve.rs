@@ -149,3 +149,41 @@ fn ticket_verify_and_reconcile_on_the_command_line() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("reconciliation clean"));
 }
+
+/// A bad idempotency window, as a flag or in the environment, refuses to start before anything
+/// is opened: out of range (0, over 30 days) or not a number. The refusal names the flag.
+#[test]
+fn serve_refuses_a_bad_idempotency_window() {
+    let cwd = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_boxoffice");
+    let refused = |flag: Option<&str>, env: Option<&str>| {
+        let mut cmd = Command::new(bin);
+        cmd.args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ])
+        .current_dir(cwd.path())
+        .env_remove("BOXOFFICE_IDEMPOTENCY_WINDOW_SECONDS");
+        if let Some(v) = flag {
+            cmd.args(["--idempotency-window-seconds", v]);
+        }
+        if let Some(v) = env {
+            cmd.env("BOXOFFICE_IDEMPOTENCY_WINDOW_SECONDS", v);
+        }
+        let out = cmd.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{flag:?} {env:?}: {stderr}");
+        assert!(stderr.contains("--idempotency-window-seconds"), "{stderr}");
+    };
+    refused(Some("0"), None);
+    refused(Some("2592001"), None);
+    refused(Some("1d"), None);
+    refused(None, Some("-5"));
+    assert!(
+        !cwd.path().join("boxoffice-data").exists(),
+        "nothing was opened"
+    );
+}
