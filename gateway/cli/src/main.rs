@@ -11,6 +11,8 @@
 //!   measured.
 //! - `boxoffice ticket` ([`ticket`]): the e-tickets' public key, and offline verification.
 //! - `boxoffice reconcile` ([`reconcile`]): the offline reconciliation of a data dir.
+//! - `boxoffice soak` ([`soak`]): hold + release cycles against an in-process engine; resident
+//!   memory and the data dir's size, also after a restart.
 
 use std::process::ExitCode;
 
@@ -21,6 +23,7 @@ mod loadgen;
 mod reconcile;
 mod serve;
 mod sessions;
+mod soak;
 mod ticket;
 
 /// glibc's malloc spends a third of a sale's CPU in arena locks and chunk consolidation once a
@@ -56,6 +59,10 @@ enum Command {
     /// Check sold seats against orders, payments and the backstop (offline: the server must be
     /// stopped). Exits 1 if anything does not add up.
     Reconcile(reconcile::ReconcileArgs),
+    /// Hold and release places again and again (1,000,000 cycles by default) against an
+    /// in-process engine; report resident memory along the way and after a restart, and the
+    /// data dir's size. Exits 2 if the counts do not add up.
+    Soak(boxoffice_drill::soak::SoakArgs),
 }
 
 fn main() -> ExitCode {
@@ -84,6 +91,7 @@ fn main() -> ExitCode {
         Command::Sessions(args) => runtime.block_on(sessions::run(args)),
         Command::Ticket(command) => ticket::run(command),
         Command::Reconcile(args) => runtime.block_on(reconcile::run(args)),
+        Command::Soak(args) => runtime.block_on(soak::run(args)),
     };
     match result {
         Ok(code) => code,
