@@ -2,12 +2,14 @@
 //! in-process engine (no gRPC: the engine's memory is what is measured), nothing held at the end.
 //!
 //! 1. An engine on `--data-dir` (a temporary one by default) with `--idempotency-window-seconds`
-//!    (short by default: the run must last many windows for the window's share of memory to
-//!    reach its steady state; with the server's 24 hours it would measure the window, not a
-//!    leak), one event with one general-admission section of `--concurrency` places.
+//!    (1 s by default: the run must last many windows for the window's share of memory to reach
+//!    its steady state before the first sample; with the server's 24 hours it would measure a
+//!    day of remembered answers, not a leak), one event with one general-admission section of
+//!    `--concurrency` places.
 //! 2. `--concurrency` fans each hold one place with a fresh idempotency key and release it, again
 //!    and again, until `--cycles` cycles are done. Every `--sample-every` cycles: resident memory
-//!    (`VmRSS`) and what the engine remembers (holds, ended holds, idempotency keys).
+//!    (`VmRSS`), what the engine remembers (holds, ended holds, idempotency keys) and the data
+//!    dir's size.
 //! 3. At the end: nothing held, every place available, the fans' quotas zero, every hold and
 //!    release acknowledged; the engine shuts down and the data dir's size is taken.
 //! 4. A fresh process opens the data dir again (recovery from checkpoint + records) and reports
@@ -53,7 +55,7 @@ pub struct SoakArgs {
     /// that the run covers many windows (the server's default is 86400).
     #[arg(
         long,
-        default_value_t = 5,
+        default_value_t = 1,
         value_parser = clap::value_parser!(u64)
             .range(IDEMPOTENCY_WINDOW_MS_MIN / 1000..=IDEMPOTENCY_WINDOW_MS_MAX / 1000)
     )]
@@ -93,6 +95,8 @@ pub struct Sample {
     pub rss_bytes: Option<u64>,
     /// What the engine remembered.
     pub remembered: Remembered,
+    /// The data dir's size, bytes.
+    pub data_dir_bytes: u64,
 }
 
 /// What the fresh process found when it opened the data dir again.
@@ -214,19 +218,26 @@ impl fmt::Display for SoakReport {
         )?;
         writeln!(
             f,
-            "{:>10} {:>9} {:>8} {:>16} {:>12} {:>10}",
-            "cycles", "seconds", "RSS MiB", "holds remembered", "of which ended", "keys"
+            "{:>10} {:>9} {:>8} {:>16} {:>12} {:>10} {:>13}",
+            "cycles",
+            "seconds",
+            "RSS MiB",
+            "holds remembered",
+            "of which ended",
+            "keys",
+            "data dir MiB"
         )?;
         for s in &self.samples {
             writeln!(
                 f,
-                "{:>10} {:>9.1} {:>8} {:>16} {:>12} {:>10}",
+                "{:>10} {:>9.1} {:>8} {:>16} {:>12} {:>10} {:>13}",
                 s.cycles,
                 s.seconds,
                 mib(s.rss_bytes),
                 s.remembered.holds,
                 s.remembered.ended_holds,
-                s.remembered.idempotency_keys
+                s.remembered.idempotency_keys,
+                mib(Some(s.data_dir_bytes))
             )?;
         }
         let (capacity, available, held, sold) = self.counts_end;
@@ -317,6 +328,8 @@ struct Tally {
     done: AtomicU64,
     first_error: Mutex<Option<String>>,
     samples: tokio::sync::Mutex<Vec<Sample>>,
+    /// The data dir, sized at every sample.
+    dir: PathBuf,
 }
 
 impl Tally {
@@ -358,13 +371,14 @@ async fn cycle(engine: Engine, fan_no: u32, next: Arc<AtomicU64>, t: Arc<Tally>,
             Err(e) => t.failed("hold", e),
         }
         let done = t.done.fetch_add(1, Ordering::Relaxed) + 1;
-        if done % run.sample_every == 0 {
+        if done.is_multiple_of(run.sample_every) {
             let remembered = engine.remembered().await.unwrap_or_default();
             t.samples.lock().await.push(Sample {
                 cycles: done,
                 seconds: run.started.elapsed().as_secs_f64(),
                 rss_bytes: rss_bytes(),
                 remembered,
+                data_dir_bytes: dir_bytes(&t.dir),
             });
         }
     }
@@ -389,7 +403,10 @@ async fn cycles(dir: &Path, args: &SoakArgs) -> anyhow::Result<SoakReport> {
         Err(e) => bail!("creating the soak's event: {e}"),
     }
     let next = Arc::new(AtomicU64::new(0));
-    let tally = Arc::new(Tally::default());
+    let tally = Arc::new(Tally {
+        dir: dir.to_path_buf(),
+        ..Tally::default()
+    });
     let run = Run {
         cycles: args.cycles,
         sample_every: args.sample_every,
