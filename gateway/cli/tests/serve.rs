@@ -20,18 +20,24 @@ fn read_until(rx: &mpsc::Receiver<String>, needle: &str, seen: &mut Vec<String>)
     }
 }
 
+/// `boxoffice serve` on loopback ports the system picks, in `cwd`.
+fn serve_in(cwd: &std::path::Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_boxoffice"));
+    cmd.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ])
+    .current_dir(cwd);
+    cmd
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_with_no_setup_then_drain_on_sigterm() {
     let cwd = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_boxoffice"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ])
-        .current_dir(cwd.path())
+    let mut child = serve_in(cwd.path())
         .env_remove("BOXOFFICE_ADMIN_KEYS")
         .env_remove("BOXOFFICE_CLIENT_KEYS")
         .stdout(Stdio::piped())
@@ -155,18 +161,9 @@ fn ticket_verify_and_reconcile_on_the_command_line() {
 #[test]
 fn serve_refuses_a_bad_idempotency_window() {
     let cwd = tempfile::tempdir().unwrap();
-    let bin = env!("CARGO_BIN_EXE_boxoffice");
     let refused = |flag: Option<&str>, env: Option<&str>| {
-        let mut cmd = Command::new(bin);
-        cmd.args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ])
-        .current_dir(cwd.path())
-        .env_remove("BOXOFFICE_IDEMPOTENCY_WINDOW_SECONDS");
+        let mut cmd = serve_in(cwd.path());
+        cmd.env_remove("BOXOFFICE_IDEMPOTENCY_WINDOW_SECONDS");
         if let Some(v) = flag {
             cmd.args(["--idempotency-window-seconds", v]);
         }

@@ -32,11 +32,11 @@ use boxoffice_engine::{
     Durability, Engine, EngineConfig, EventId, EventSpec, HoldRequest, Layout, Remembered,
     SectionId, SectionSpec, Selection, UserId,
 };
-use clap::builder::{PossibleValuesParser, TypedValueParser};
 use serde::{Deserialize, Serialize};
 
 use crate::json;
 use crate::memory::{dir_bytes, rss_bytes};
+use crate::server_choice::durability_parser;
 
 /// The soak's event and section.
 const EVENT: &str = "soak";
@@ -68,7 +68,7 @@ pub struct SoakArgs {
     #[arg(
         long,
         default_value_t = Durability::Sync,
-        value_parser = PossibleValuesParser::new(Durability::NAMES).try_map(|s| s.parse::<Durability>())
+        value_parser = durability_parser()
     )]
     pub durability: Durability,
     /// Data dir of the engine's log (created if missing; reused as it is). None: a temporary one.
