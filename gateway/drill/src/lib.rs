@@ -9,9 +9,9 @@
 //!   against an in-process engine.
 //!
 //! Shared by the first two: [`server_choice`] (an embedded server, or `--target`) and
-//! [`event`] (the sale's event layout); by `loadgen` and `sessions`, [`measure`] (calls in concurrent
-//! streams, their throughput and latency percentiles); by `sessions` and `soak`, [`memory`]
-//! (resident memory, a directory's size).
+//! [`event`] (the sale's event layout); by `loadgen` and `sessions`, [`measure`] (calls in
+//! concurrent streams, their throughput and latency percentiles); by `sessions` and `soak`,
+//! [`memory`] (resident memory, a directory's size).
 
 pub mod event;
 pub mod flash_sale;
