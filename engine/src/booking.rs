@@ -41,6 +41,7 @@ impl Engine {
             rpc: Rpc::Hold,
             tag: tag.clone(),
             quantity,
+            now_ms: self.now_ms(),
         };
         match self.inner.ledger.begin(args()).await? {
             Begin::Replay(answer) => return replayed_hold(answer),
@@ -100,7 +101,7 @@ impl Engine {
         let found = self
             .inner
             .ledger
-            .lookup(req.user_id.clone(), Rpc::Hold, tag)
+            .lookup(req.user_id.clone(), Rpc::Hold, tag, self.now_ms())
             .await?;
         Ok(found.map(replayed_hold))
     }

@@ -74,6 +74,7 @@ impl Engine {
             .event_id
             .clone()
             .unwrap_or_else(|| EventId(format!("ev-{}", ulid::Ulid::generate()).to_lowercase()));
+        let window_ms = self.window_ms();
         let mut catalog = self.inner.catalog.lock().await;
         if self.inner.events.contains_key(&event_id) {
             return Err(Rejection::EventExists.into());
@@ -99,7 +100,10 @@ impl Engine {
         let sections = spec
             .sections
             .iter()
-            .map(|s| (SectionCore::new(event_id.clone(), s.clone()), 0))
+            .map(|s| {
+                let core = SectionCore::new(event_id.clone(), s.clone()).with_window_ms(window_ms);
+                (core, 0)
+            })
             .collect();
         self.start_event(event_id.clone(), spec, created_at_ms, sections)
             .await?;

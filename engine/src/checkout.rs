@@ -64,6 +64,7 @@ impl Engine {
             rpc: Rpc::Confirm,
             tag: tag.clone(),
             quantity: 0,
+            now_ms: self.now_ms(),
         };
         if tag.is_some() {
             match self.inner.ledger.begin(args()).await? {

@@ -2,12 +2,14 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
-use crate::error::StorageError;
+use crate::error::{Rejection, StorageError};
 use crate::integrity::RecoveryMode;
 use crate::limits::{
-    CHECKPOINT_EVERY_RECORDS_DEFAULT, LEDGER_SHARDS_DEFAULT, SECTION_INFLIGHT_MAX_DEFAULT,
+    CHECKPOINT_EVERY_RECORDS_DEFAULT, IDEMPOTENCY_WINDOW_MS_DEFAULT, IDEMPOTENCY_WINDOW_MS_MAX,
+    IDEMPOTENCY_WINDOW_MS_MIN, LEDGER_SHARDS_DEFAULT, SECTION_INFLIGHT_MAX_DEFAULT,
     WAITLIST_MAX_DEFAULT,
 };
 use crate::payment::{PaymentProvider, SimulatedConfig, SimulatedProvider};
@@ -33,6 +35,10 @@ pub struct EngineConfig {
     pub checkpoint_every_records: u64,
     /// Most fans waiting on one event's waitlist; past it `QUEUE_FULL`.
     pub waitlist_max: usize,
+    /// How long an idempotency key's first answer is replayed, and a released or expired hold
+    /// remembered, after it was given or ended (see [`crate::retention`]). 1 s to 30 days;
+    /// [`crate::Engine::open`] refuses anything else.
+    pub idempotency_window: Duration,
     /// The payment provider (`None`: the built-in simulated one, recording in the data dir's
     /// sled database; a log outside sled needs one set, as [`EngineConfig::with_sink`] does).
     pub payments: Option<Arc<dyn PaymentProvider>>,
@@ -45,7 +51,8 @@ pub struct EngineConfig {
 
 impl EngineConfig {
     /// Defaults: sled in `data_dir`, `Sync` durability, system clock, 4 ledger shards, 10,000
-    /// messages in flight per section, a checkpoint every 100,000 records.
+    /// messages in flight per section, a checkpoint every 100,000 records, a 24-hour
+    /// idempotency window.
     pub fn new(data_dir: impl Into<PathBuf>) -> EngineConfig {
         EngineConfig {
             data_dir: data_dir.into(),
@@ -56,6 +63,7 @@ impl EngineConfig {
             section_inflight_max: SECTION_INFLIGHT_MAX_DEFAULT,
             checkpoint_every_records: CHECKPOINT_EVERY_RECORDS_DEFAULT,
             waitlist_max: WAITLIST_MAX_DEFAULT,
+            idempotency_window: Duration::from_millis(IDEMPOTENCY_WINDOW_MS_DEFAULT),
             payments: None,
             simulated_payments: SimulatedConfig::default(),
             recovery_mode: RecoveryMode::Strict,
@@ -78,5 +86,47 @@ impl EngineConfig {
             payments: Some(payments),
             ..EngineConfig::new(PathBuf::new())
         })
+    }
+
+    /// The idempotency window in ms, if it is within the bounds (1 s to 30 days; else an
+    /// `InvalidRequest` naming `idempotency_window`).
+    pub fn idempotency_window_ms(&self) -> Result<u64, Rejection> {
+        let ms = u64::try_from(self.idempotency_window.as_millis()).unwrap_or(u64::MAX);
+        if !(IDEMPOTENCY_WINDOW_MS_MIN..=IDEMPOTENCY_WINDOW_MS_MAX).contains(&ms) {
+            return Err(Rejection::invalid(
+                "idempotency_window",
+                format!(
+                    "must be {} s to {} s",
+                    IDEMPOTENCY_WINDOW_MS_MIN / 1000,
+                    IDEMPOTENCY_WINDOW_MS_MAX / 1000
+                ),
+            ));
+        }
+        Ok(ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_idempotency_window_is_one_second_to_thirty_days() {
+        let mut c = EngineConfig::new("unused");
+        assert_eq!(c.idempotency_window_ms(), Ok(IDEMPOTENCY_WINDOW_MS_DEFAULT));
+        for ok in [IDEMPOTENCY_WINDOW_MS_MIN, IDEMPOTENCY_WINDOW_MS_MAX] {
+            c.idempotency_window = Duration::from_millis(ok);
+            assert_eq!(c.idempotency_window_ms(), Ok(ok));
+        }
+        for bad in [
+            Duration::ZERO,
+            Duration::from_millis(IDEMPOTENCY_WINDOW_MS_MIN - 1),
+            Duration::from_millis(IDEMPOTENCY_WINDOW_MS_MAX + 1),
+            Duration::MAX,
+        ] {
+            c.idempotency_window = bad;
+            let refused = c.idempotency_window_ms().unwrap_err();
+            assert_eq!(refused.field(), Some("idempotency_window"), "{bad:?}");
+        }
     }
 }

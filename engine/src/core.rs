@@ -11,12 +11,20 @@
 //!    rows are taken in decreasing number of free seats (ties: layout order) until they hold `n`;
 //!    within each row the free seats nearest its centre are taken.
 //! 3. If the section has fewer than `n` free seats: `SoldOut`.
+//!
+//! ## Retention
+//! A released or expired hold is forgotten once a record the section applies is one idempotency
+//! window after the hold ended (see [`crate::retention`]): `apply` does it, driven by the
+//! record's own time, so replay forgets exactly what the live section forgot. Confirmed holds
+//! (orders) stay.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::Rejection;
+use crate::limits::{FORGET_PER_STEP_MAX, IDEMPOTENCY_WINDOW_MS_DEFAULT};
+use crate::retention::ForgetIndex;
 use crate::types::{
     EventId, HoldId, HoldStatus, HoldView, Layout, OrderId, OrderView, SeatId, SeatStatus,
     SectionSnapshot, SectionSpec, TicketView, UserId,
@@ -100,6 +108,19 @@ pub struct Withdrawn {
     pub key: String,
     /// The hold the claim names.
     pub holder: String,
+}
+
+impl SectionRecord {
+    /// When the change happened, by the section's clock: the time `apply` forgets by.
+    pub fn at_ms(&self) -> u64 {
+        match self {
+            SectionRecord::HoldPlaced { placed_at_ms, .. } => *placed_at_ms,
+            SectionRecord::HoldConfirmed { at_ms, .. }
+            | SectionRecord::HoldReleased { at_ms, .. }
+            | SectionRecord::HoldExpired { at_ms, .. }
+            | SectionRecord::PlacesWithdrawn { at_ms, .. } => *at_ms,
+        }
+    }
 }
 
 /// How a hold chooses its places inside one section.
@@ -206,6 +227,16 @@ pub struct SectionCore {
     withdrawn: Vec<Withdrawn>,
     /// General admission: the ordinal the next sold place gets (past every withdrawn one).
     next_place: u32,
+    /// Released and expired holds by the time they ended: the order they are forgotten in.
+    ended: ForgetIndex<HoldId>,
+    /// The idempotency window: an ended hold is forgotten this long after it ended. Set by the
+    /// engine's configuration (never recorded: the same log replays under any window).
+    #[serde(skip, default = "default_window_ms")]
+    window_ms: u64,
+}
+
+fn default_window_ms() -> u64 {
+    IDEMPOTENCY_WINDOW_MS_DEFAULT
 }
 
 impl SectionCore {
@@ -249,7 +280,20 @@ impl SectionCore {
             orders: HashMap::new(),
             withdrawn: Vec::new(),
             next_place: 0,
+            ended: ForgetIndex::default(),
+            window_ms: IDEMPOTENCY_WINDOW_MS_DEFAULT,
         }
+    }
+
+    /// The same section, forgetting ended holds `window_ms` after they ended (at least 1 ms).
+    pub fn with_window_ms(mut self, window_ms: u64) -> SectionCore {
+        self.window_ms = window_ms.max(1);
+        self
+    }
+
+    /// (holds remembered, of which released or expired): live state plus the window's.
+    pub fn remembered(&self) -> (usize, usize) {
+        (self.holds.len(), self.ended.len())
     }
 
     /// The section's spec.
@@ -516,16 +560,36 @@ impl SectionCore {
                     first_place: self.next_place,
                 },
             )?,
-            SectionRecord::HoldReleased { hold_id, .. } => {
-                self.end_hold(hold_id, HoldStatus::Released)?;
+            SectionRecord::HoldReleased { hold_id, at_ms } => {
+                self.end_hold(hold_id, HoldStatus::Released, *at_ms)?;
             }
-            SectionRecord::HoldExpired { hold_id, .. } => {
-                self.end_hold(hold_id, HoldStatus::Expired)?;
+            SectionRecord::HoldExpired { hold_id, at_ms } => {
+                self.end_hold(hold_id, HoldStatus::Expired, *at_ms)?;
             }
             SectionRecord::PlacesWithdrawn { places, .. } => self.apply_withdrawn(places)?,
         }
         self.assert_counts();
+        self.forget_ended(record.at_ms());
         Ok(())
+    }
+
+    /// Forgets (at most [`FORGET_PER_STEP_MAX`]) released or expired holds that ended one
+    /// window or more before `now_ms`. Nothing refers to them any more (see
+    /// [`crate::retention`]); every record ends at most one hold, so this keeps up.
+    fn forget_ended(&mut self, now_ms: u64) {
+        for hold_id in self
+            .ended
+            .pop_due(now_ms, self.window_ms, FORGET_PER_STEP_MAX)
+        {
+            let gone = self.holds.remove(&hold_id);
+            debug_assert!(
+                gone.is_some_and(|h| matches!(
+                    h.status,
+                    HoldStatus::Released | HoldStatus::Expired
+                )),
+                "only ended holds are forgotten"
+            );
+        }
     }
 
     /// A new hold takes its places (all of them free, or the record does not fit).
@@ -681,7 +745,7 @@ impl SectionCore {
         (records, left)
     }
 
-    fn end_hold(&mut self, hold_id: &HoldId, status: HoldStatus) -> Result<(), String> {
+    fn end_hold(&mut self, hold_id: &HoldId, status: HoldStatus, at_ms: u64) -> Result<(), String> {
         let h = self
             .holds
             .get_mut(hold_id)
@@ -697,6 +761,7 @@ impl SectionCore {
         }
         self.held -= q;
         self.available += q;
+        self.ended.insert(at_ms, hold_id.clone());
         Ok(())
     }
 
@@ -795,6 +860,22 @@ impl SectionCore {
                 .count()
         {
             return Err("deadline index has ended holds".into());
+        }
+        let ended = self
+            .holds
+            .values()
+            .filter(|h| matches!(h.status, HoldStatus::Released | HoldStatus::Expired))
+            .count();
+        let indexed_ended = self.ended.keys().all(|id| {
+            self.holds
+                .get(id)
+                .is_some_and(|h| matches!(h.status, HoldStatus::Released | HoldStatus::Expired))
+        });
+        if ended != self.ended.len() || !indexed_ended {
+            return Err(format!(
+                "{ended} ended holds but {} in the index of holds to forget",
+                self.ended.len()
+            ));
         }
         if self.is_reserved() {
             self.check_seats(owned)?;
@@ -1216,6 +1297,144 @@ mod tests {
         assert!(matches!(rec, Some(SectionRecord::HoldExpired { .. })));
         assert_eq!(c.counts(), (5, 4, 0, 1));
         c.check_invariants().unwrap();
+    }
+
+    fn confirm_as(c: &mut SectionCore, h: &HoldView, now: u64) -> Result<Confirmed, Rejection> {
+        let order_id = OrderId::generate(&EventId::from("e"), &c.spec.section_id.clone());
+        c.confirm(
+            ConfirmHold {
+                hold_id: h.hold_id.clone(),
+                user_id: h.user_id.clone(),
+                order_id,
+                payment_ref: "p".into(),
+                idem: None,
+            },
+            now,
+        )
+        .0
+    }
+
+    #[test]
+    fn ended_holds_are_forgotten_a_window_after_they_ended_confirmed_ones_stay() {
+        let mut c = ga(10).with_window_ms(5_000);
+        let released = hold(&mut c, "a", Pick::Best(1), 0).unwrap();
+        let confirmed = hold(&mut c, "b", Pick::Best(1), 0).unwrap();
+        let expired = hold(&mut c, "c", Pick::Best(1), 0).unwrap();
+        c.release(&released.hold_id, &released.user_id, 100)
+            .0
+            .unwrap();
+        let order = confirm_as(&mut c, &confirmed, 200).unwrap().order;
+        assert_eq!(
+            c.expire_due(1_000, 10).len(),
+            1,
+            "c expires at its deadline"
+        );
+        assert_eq!(c.remembered(), (3, 2));
+        // A record 1 ms before the released hold's window passes forgets nothing.
+        hold(&mut c, "x", Pick::Best(1), 5_099).unwrap();
+        assert!(c.hold_view(&released.hold_id).is_some());
+        // The first record at the window's end forgets it; the others are not due yet.
+        hold(&mut c, "y", Pick::Best(1), 5_100).unwrap();
+        assert_eq!(c.hold_view(&released.hold_id), None);
+        assert_eq!(
+            c.release(&released.hold_id, &released.user_id, 5_100).0,
+            Err(Rejection::HoldNotFound)
+        );
+        assert!(c.hold_view(&expired.hold_id).is_some());
+        // Reading the clock forgets nothing: only records do (so replay agrees).
+        assert!(c.hold_view(&expired.hold_id).is_some());
+        hold(&mut c, "z", Pick::Best(1), 6_000).unwrap();
+        assert_eq!(
+            c.hold_view(&expired.hold_id),
+            None,
+            "expired at 1000, forgotten at 6000"
+        );
+        // The confirmed hold is an order: never forgotten.
+        hold(&mut c, "w", Pick::Best(1), 1_000_000).unwrap();
+        assert_eq!(
+            c.hold_view(&confirmed.hold_id).map(|h| h.status),
+            Some(HoldStatus::Confirmed)
+        );
+        assert_eq!(c.order_view(&order.order_id), Some(order));
+        assert_eq!(
+            c.counts(),
+            (10, 5, 4, 1),
+            "counts are untouched by forgetting"
+        );
+        c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn replay_and_a_checkpoint_forget_exactly_what_the_live_section_forgot() {
+        let window = 3_000;
+        let mut live = reserved(&[("A", 20), ("B", 20), ("C", 20)]).with_window_ms(window);
+        let mut log = Vec::new();
+        let mut checkpoint = None;
+        for i in 0..40u64 {
+            let now = i * 400;
+            let (v, rec) = live
+                .place_hold(
+                    PlaceHold {
+                        hold_id: HoldId::generate(&EventId::from("e"), &SectionId::from("s")),
+                        user_id: UserId::from(format!("u{i}").as_str()),
+                        pick: Pick::Best(1 + (i % 3) as u32),
+                        ttl_ms: 1_000,
+                        idem: None,
+                    },
+                    now,
+                )
+                .unwrap();
+            log.push(rec);
+            match i % 4 {
+                0 => log.extend(live.release(&v.hold_id, &v.user_id, now + 1).1),
+                1 => {
+                    let order_id = OrderId::generate(&EventId::from("e"), &SectionId::from("s"));
+                    let (r, rec) = live.confirm(
+                        ConfirmHold {
+                            hold_id: v.hold_id.clone(),
+                            user_id: v.user_id.clone(),
+                            order_id,
+                            payment_ref: "p".into(),
+                            idem: None,
+                        },
+                        now + 2,
+                    );
+                    r.unwrap();
+                    log.extend(rec);
+                }
+                _ => {}
+            }
+            log.extend(live.expire_due(now + 3, 100).into_iter().map(|(_, r)| r));
+            if i == 20 {
+                checkpoint = Some((log.len(), crate::codec::encode(&live)));
+            }
+        }
+        let (holds, ended) = live.remembered();
+        assert!(
+            holds < 40 && ended > 0,
+            "some ended holds are forgotten, some not yet"
+        );
+        let mut replayed = reserved(&[("A", 20), ("B", 20), ("C", 20)]).with_window_ms(window);
+        for r in &log {
+            replayed.apply(r).unwrap();
+        }
+        let (at, blob) = checkpoint.unwrap();
+        let mut from_checkpoint = crate::codec::decode::<SectionCore>(&blob)
+            .unwrap()
+            .with_window_ms(window);
+        for r in &log[at..] {
+            from_checkpoint.apply(r).unwrap();
+        }
+        for other in [&replayed, &from_checkpoint] {
+            other.check_invariants().unwrap();
+            assert_eq!(other.remembered(), live.remembered());
+            assert_eq!(other.snapshot(0), live.snapshot(0));
+            let mut ids: Vec<_> = other.holds.keys().collect();
+            let mut want: Vec<_> = live.holds.keys().collect();
+            ids.sort();
+            want.sort();
+            assert_eq!(ids, want, "the same holds remembered");
+        }
     }
 
     #[test]

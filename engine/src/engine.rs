@@ -20,7 +20,7 @@ use crate::core::SectionCore;
 use crate::error::{EngineError, Rejection, StorageError};
 use crate::ledger::Ledger;
 use crate::payment::{PaymentProvider, SimulatedProvider};
-use crate::recovery::{CatalogEntry, RecoveryReport, recover};
+use crate::recovery::{CatalogEntry, RecoverWith, RecoveryReport, recover};
 use crate::router::Router;
 use crate::section::{Listener, Notices, SectionMsg};
 use crate::store::{LogSink, SledSink, Store, StreamWriter, names};
@@ -105,6 +105,7 @@ impl Engine {
     /// ready to serve.
     pub async fn open(config: EngineConfig) -> Result<Engine, EngineError> {
         let started = Instant::now();
+        let window_ms = config.idempotency_window_ms()?;
         let sink = open_sink(&config).await?;
         let mut report = RecoveryReport::default();
         if config.recovery_mode == crate::integrity::RecoveryMode::Verify {
@@ -112,11 +113,15 @@ impl Engine {
                 StorageError::Io("an engine cannot open a log in verify mode".into()).into(),
             );
         }
+        let with = RecoverWith {
+            ledger_shards: config.ledger_shards,
+            window_ms,
+            now_ms: config.clock.now_ms(),
+            mode: config.recovery_mode,
+        };
         let sink_ref = sink.clone();
-        let (shards, mode) = (config.ledger_shards, config.recovery_mode);
-        let now_ms = config.clock.now_ms();
         let (recovered, report_back) = tokio::task::spawn_blocking(move || {
-            let r = recover(sink_ref.as_ref(), shards, mode, now_ms, &mut report);
+            let r = recover(sink_ref.as_ref(), &with, &mut report);
             (r, report)
         })
         .await
@@ -257,6 +262,34 @@ impl Engine {
     /// Now, by the engine's clock (ms since the Unix epoch).
     pub fn now_ms(&self) -> u64 {
         self.inner.config.clock.now_ms()
+    }
+
+    /// The idempotency window, ms (checked when the engine opened).
+    pub(crate) fn window_ms(&self) -> u64 {
+        self.inner
+            .config
+            .idempotency_window_ms()
+            .unwrap_or(crate::limits::IDEMPOTENCY_WINDOW_MS_DEFAULT)
+    }
+
+    /// What the engine remembers now: holds (live, and ended within the window) and
+    /// idempotency keys. Asks every section and ledger shard (for soaks and tests).
+    pub async fn remembered(&self) -> Result<crate::Remembered, EngineError> {
+        self.check_ready()?;
+        let mut r = crate::Remembered {
+            idempotency_keys: self.inner.ledger.keys_remembered().await?,
+            ..crate::Remembered::default()
+        };
+        for e in self.event_entries() {
+            for slot in &e.sections {
+                let (holds, ended) = self
+                    .ask(&e, &slot.section_id, SectionMsg::Remembered)
+                    .await?;
+                r.holds += holds;
+                r.ended_holds += ended;
+            }
+        }
+        Ok(r)
     }
 
     /// Sets the one listener of engine notices (deadline changes, ended holds, waitlist joins).

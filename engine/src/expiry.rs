@@ -149,6 +149,7 @@ impl Offering<'_> {
             rpc: Rpc::Hold,
             tag: None,
             quantity,
+            now_ms: self.engine.now_ms(),
         }
     }
 

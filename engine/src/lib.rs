@@ -23,6 +23,8 @@
 //!   `booking`, `checkout` (payment saga), `expiry`, `audit`; the [`Router`].
 //! - [`payment`]: the [`PaymentProvider`] trait and the simulated provider.
 //! - [`reconcile`]: the pure checks behind [`Engine::reconcile`].
+//! - [`retention`]: what is forgotten and when (the idempotency window): ended holds, old
+//!   idempotency answers and recorded rejections.
 //!
 //! ## Example
 //! ```
@@ -97,6 +99,7 @@ pub mod limits;
 pub mod payment;
 pub mod reconcile;
 mod recovery;
+pub mod retention;
 mod router;
 mod section;
 pub mod store;
@@ -121,6 +124,7 @@ pub use payment::{
 };
 pub use reconcile::Finding;
 pub use recovery::{RecoveryReport, verify_log};
+pub use retention::Remembered;
 pub use router::Router;
 pub use section::{Listener, Notice};
 pub use store::{Durability, LogSink, MemorySink, SledSink};

@@ -54,6 +54,20 @@ pub const WAITLIST_MAX_DEFAULT: usize = 100_000;
 /// Most times one actor is restarted after a panic before the engine stops instead.
 pub const ACTOR_RESTARTS_MAX: u32 = 5;
 
+// ---- Retention ([`crate::retention`]) -----------------------------------------------------------
+
+/// Default idempotency window (Stripe's 24 hours): a key's first answer is replayed for this
+/// long after it was given, and a released or expired hold is remembered this long after it
+/// ended. After it, both are forgotten.
+pub const IDEMPOTENCY_WINDOW_MS_DEFAULT: u64 = 24 * 60 * 60 * 1000;
+/// Shortest idempotency window a configuration may set (one second: soaks and tests).
+pub const IDEMPOTENCY_WINDOW_MS_MIN: u64 = 1_000;
+/// Longest idempotency window a configuration may set (30 days).
+pub const IDEMPOTENCY_WINDOW_MS_MAX: u64 = 30 * 24 * 60 * 60 * 1000;
+/// Most ended holds a section forgets, or idempotency answers a ledger shard forgets, in one
+/// step (bounded work per record or request).
+pub const FORGET_PER_STEP_MAX: usize = 64;
+
 // ---- Bounded work per step --------------------------------------------------------------------
 
 /// Most jobs the flusher takes into one batch (one fsync).
@@ -101,4 +115,13 @@ const _: () = {
     // A checkpoint period is at least a full flush batch (else checkpoints dominate the log).
     assert!(CHECKPOINT_EVERY_RECORDS_DEFAULT >= FLUSH_BATCH_JOBS_MAX as u64);
     assert!(LEDGER_SHARDS_DEFAULT > 0 && WAITLIST_MAX_DEFAULT > 0 && ACTOR_RESTARTS_MAX > 0);
+    // The default idempotency window is a valid window.
+    assert!(IDEMPOTENCY_WINDOW_MS_MIN > 0);
+    assert!(IDEMPOTENCY_WINDOW_MS_MIN <= IDEMPOTENCY_WINDOW_MS_DEFAULT);
+    assert!(IDEMPOTENCY_WINDOW_MS_DEFAULT <= IDEMPOTENCY_WINDOW_MS_MAX);
+    // With the default window, a hold's key replays for the whole life of the longest hold.
+    assert!(IDEMPOTENCY_WINDOW_MS_DEFAULT >= HOLD_TTL_MS_MAX);
+    // Every record or request adds at most one thing to forget: forgetting more than one per
+    // step catches up with any backlog.
+    assert!(FORGET_PER_STEP_MAX > 1);
 };

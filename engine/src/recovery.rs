@@ -204,25 +204,39 @@ fn holds_data(sink: &dyn LogSink) -> Result<bool, StorageError> {
     Ok(false)
 }
 
+/// What recovery needs to know beyond the log.
+pub(crate) struct RecoverWith {
+    /// Number of ledger shards.
+    pub ledger_shards: usize,
+    /// The idempotency window, ms (sections forget ended holds by it as they replay).
+    pub window_ms: u64,
+    /// Now, by the engine's clock: idempotency answers older than the window are not kept, and
+    /// places withdrawn for accepted damage are recorded at this time.
+    pub now_ms: u64,
+    /// What to do with damage.
+    pub mode: RecoveryMode,
+}
+
 /// Replays the whole log (see the module docs).
 pub(crate) fn recover(
     sink: &dyn LogSink,
-    ledger_shards: usize,
-    mode: RecoveryMode,
-    now_ms: u64,
+    with: &RecoverWith,
     report: &mut RecoveryReport,
 ) -> Result<Recovered, StorageError> {
     let mut found = Findings::default();
     let marks = read_marks(sink, &mut found)?;
-    let mut check = Check::new(marks, mode);
+    let mut check = Check::new(marks, with.mode);
     check.found = found;
     let (events, catalog_last) = recover_catalog(sink, &mut check, report)?;
-    let shards = ledger_shards.max(1);
-    let mut ledger_states: Vec<ShardState> = (0..shards).map(|_| ShardState::default()).collect();
+    let shards = with.ledger_shards.max(1);
+    let mut ledger_states: Vec<ShardState> = (0..shards)
+        .map(|_| ShardState::new(with.window_ms))
+        .collect();
     let mut cores = HashMap::new();
     for (event_id, spec, _) in &events {
         for s in &spec.sections {
-            let (core, last_seq) = recover_section(sink, event_id, s, &mut check, report)?;
+            let (core, last_seq) =
+                recover_section(sink, event_id, s, with.window_ms, &mut check, report)?;
             report.sections += 1;
             cores.insert((event_id.clone(), s.section_id.clone()), (core, last_seq));
         }
@@ -233,11 +247,14 @@ pub(crate) fn recover(
     check_unread_streams(sink, &mut check, report)?;
     recover_backstop(sink, &cores, &mut check, report)?;
     check.refuse_if_damaged()?;
-    if mode == RecoveryMode::AcceptDamage {
-        withdraw_orphans(&mut cores, &mut check, now_ms)?;
+    if with.mode == RecoveryMode::AcceptDamage {
+        withdraw_orphans(&mut cores, &mut check, with.now_ms)?;
     }
     for ((event_id, _), (core, _)) in &cores {
         add_section_to_ledgers(core, event_id, &mut ledger_states);
+    }
+    for state in &mut ledger_states {
+        state.forget_due(with.now_ms, usize::MAX);
     }
     let marks = finish(sink, &mut check)?;
     report.integrity = check.found;
@@ -257,13 +274,13 @@ pub(crate) fn recover(
 /// Errors only if the log cannot be read at all.
 pub fn verify_log(sink: &dyn LogSink) -> Result<Findings, StorageError> {
     let mut report = RecoveryReport::default();
-    recover(
-        sink,
-        crate::limits::LEDGER_SHARDS_DEFAULT,
-        RecoveryMode::Verify,
-        0,
-        &mut report,
-    )?;
+    let with = RecoverWith {
+        ledger_shards: crate::limits::LEDGER_SHARDS_DEFAULT,
+        window_ms: crate::limits::IDEMPOTENCY_WINDOW_MS_DEFAULT,
+        now_ms: 0,
+        mode: RecoveryMode::Verify,
+    };
+    recover(sink, &with, &mut report)?;
     Ok(report.integrity)
 }
 
@@ -370,11 +387,14 @@ fn recover_catalog(
 
 /// One section's stream: its checkpoint (if any) and every record after it, applied to the pure
 /// core; the core's invariants are checked before it is trusted. Returns the core and the last
-/// sequence number of the stream. A record that does not fit is damage and is skipped.
+/// sequence number of the stream. A record that does not fit is damage and is skipped. The core
+/// forgets ended holds by `window_ms` as it replays, exactly as the live section did (by the
+/// records' own times).
 pub(crate) fn recover_section(
     sink: &dyn LogSink,
     event_id: &EventId,
     spec: &SectionSpec,
+    window_ms: u64,
     check: &mut Check,
     report: &mut RecoveryReport,
 ) -> Result<(SectionCore, u64), StorageError> {
@@ -395,7 +415,8 @@ pub(crate) fn recover_section(
             })
         }
         None => fresh(),
-    };
+    }
+    .with_window_ms(window_ms);
     for (seq, record) in &replay.records {
         match core.apply(record) {
             Ok(()) => report.records_replayed += 1,
@@ -428,16 +449,12 @@ pub(crate) fn restart_section(
     sink: &dyn LogSink,
     event_id: &EventId,
     spec: &SectionSpec,
+    window_ms: u64,
     marks: Marks,
 ) -> Result<(SectionCore, u64), StorageError> {
     let mut check = Check::new(marks, RecoveryMode::Strict);
-    let rebuilt = recover_section(
-        sink,
-        event_id,
-        spec,
-        &mut check,
-        &mut RecoveryReport::default(),
-    )?;
+    let report = &mut RecoveryReport::default();
+    let rebuilt = recover_section(sink, event_id, spec, window_ms, &mut check, report)?;
     check.refuse_if_damaged()?;
     Ok(rebuilt)
 }
@@ -467,6 +484,7 @@ fn add_section_to_ledgers(core: &SectionCore, event_id: &EventId, ledgers: &mut 
                 view.user_id.clone(),
                 Rpc::Confirm,
                 tag,
+                order.created_at_ms,
                 Ok(Answer::Order(order)),
             );
         }
@@ -477,6 +495,7 @@ fn add_section_to_ledgers(core: &SectionCore, event_id: &EventId, ledgers: &mut 
                 view.user_id.clone(),
                 Rpc::Hold,
                 tag,
+                view.placed_at_ms,
                 Ok(Answer::Hold(first)),
             );
         }
@@ -529,8 +548,14 @@ fn recover_ledgers(
             report.records_replayed += 1;
             staging.apply(record);
         }
-        for (user_id, rpc, tag, rejection) in staging.into_rejections() {
-            ledgers[shard_index(&user_id, shards)].add_answer(user_id, rpc, &tag, Err(rejection));
+        for (user_id, rpc, tag, at_ms, rejection) in staging.into_rejections() {
+            ledgers[shard_index(&user_id, shards)].add_answer(
+                user_id,
+                rpc,
+                &tag,
+                at_ms,
+                Err(rejection),
+            );
         }
     }
     Ok(ledger_last)

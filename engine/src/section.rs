@@ -49,6 +49,8 @@ pub(crate) enum SectionMsg {
     Inspect(Reply<Box<SectionCore>>),
     /// The earliest deadline of an active hold.
     NextDeadline(Reply<Option<u64>>),
+    /// (holds remembered, of which ended): see [`SectionCore::remembered`].
+    Remembered(Reply<(usize, usize)>),
     /// Test support: panic in the handler (as a failed invariant check would).
     #[cfg(feature = "test-support")]
     Panic,
@@ -301,6 +303,9 @@ impl Actor for SectionActor {
             }
             Some(SectionMsg::NextDeadline(reply)) => {
                 send(reply, Ok(st.a.core.next_deadline_ms()));
+            }
+            Some(SectionMsg::Remembered(reply)) => {
+                send(reply, Ok(st.a.core.remembered()));
             }
             #[cfg(feature = "test-support")]
             Some(SectionMsg::Panic) => panic!("test support: a section actor was told to panic"),

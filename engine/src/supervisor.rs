@@ -291,14 +291,15 @@ impl Engine {
             .iter()
             .find(|s| &s.section_id == section_id)
             .ok_or(crate::error::Rejection::SectionNotFound)?;
-        let (sink, event, spec) = (
+        let (sink, event, spec, window_ms) = (
             self.inner.store.sink.clone(),
             event_id.clone(),
             spec.clone(),
+            self.window_ms(),
         );
         let marks = self.inner.store.durable_marks();
         let rebuilt = replay_off_runtime("the section's", move || {
-            restart_section(sink.as_ref(), &event, &spec, marks)
+            restart_section(sink.as_ref(), &event, &spec, window_ms, marks)
         })
         .await?;
         let (core, last_seq) = rebuilt;

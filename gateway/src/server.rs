@@ -51,6 +51,8 @@ pub struct ServerConfig {
     pub queue_max: u32,
     /// How long a drain waits for calls in flight.
     pub grace: Duration,
+    /// How long idempotency answers are replayed and ended holds remembered (1 s to 30 days).
+    pub idempotency_window: Duration,
     /// Wall clock.
     pub clock: Arc<dyn Clock>,
     /// Tests only: recovery waits until this is notified (to observe `NOT_SERVING`).
@@ -83,6 +85,9 @@ impl ServerConfig {
             section_inflight_max: 10_000,
             queue_max: crate::limits::QUEUE_MAX_DEFAULT,
             grace: Duration::from_secs(10),
+            idempotency_window: Duration::from_millis(
+                boxoffice_engine::limits::IDEMPOTENCY_WINDOW_MS_DEFAULT,
+            ),
             clock: Arc::new(SystemClock),
             recovery_gate: None,
             reconcile_every: Some(Duration::from_secs(60)),
@@ -292,6 +297,7 @@ async fn recover(
     ec.clock = config.clock.clone();
     ec.section_inflight_max = config.section_inflight_max;
     ec.recovery_mode = config.recovery_mode;
+    ec.idempotency_window = config.idempotency_window;
     let engine = Engine::open(ec)
         .await
         .with_context(|| format!("recovering from {}", config.data_dir.display()))?;

@@ -213,25 +213,31 @@ impl SweeperState {
         }
     }
 
+    /// Ends the waitlist entry an offered hold was made for: fulfilled if the hold was
+    /// confirmed, lapsed otherwise.
+    fn end_offer(&mut self, entry: String, confirmed: bool) {
+        let (state, outcome) = if confirmed {
+            self.stats.offers_accepted += 1;
+            (WaitlistState::Fulfilled, "accepted")
+        } else {
+            self.stats.offers_lapsed += 1;
+            (WaitlistState::Expired, "lapsed")
+        };
+        metrics::counter!("boxoffice_waitlist_offers_total", "outcome" => outcome).increment(1);
+        // Recorded in the background: the sweeper does not wait for the waitlist's fsync
+        // (deadlines would). `Sync` waits for these.
+        let engine = self.engine.clone();
+        self.pending_ends.spawn(async move {
+            if let Err(e) = engine.waitlist_end(&entry, state).await {
+                tracing::error!(error = %e, %entry, "cannot end a waitlist entry");
+            }
+        });
+        while self.pending_ends.try_join_next().is_some() {}
+    }
+
     async fn hold_ended(&mut self, hold: HoldView) {
         if let Some(entry) = self.offered.remove(&hold.hold_id) {
-            let (state, outcome) = if hold.status == HoldStatus::Confirmed {
-                self.stats.offers_accepted += 1;
-                (WaitlistState::Fulfilled, "accepted")
-            } else {
-                self.stats.offers_lapsed += 1;
-                (WaitlistState::Expired, "lapsed")
-            };
-            metrics::counter!("boxoffice_waitlist_offers_total", "outcome" => outcome).increment(1);
-            // Recorded in the background: the sweeper does not wait for the waitlist's fsync
-            // (deadlines would). `Sync` waits for these.
-            let engine = self.engine.clone();
-            self.pending_ends.spawn(async move {
-                if let Err(e) = engine.waitlist_end(&entry, state).await {
-                    tracing::error!(error = %e, %entry, "cannot end a waitlist entry");
-                }
-            });
-            while self.pending_ends.try_join_next().is_some() {}
+            self.end_offer(entry, hold.status == HoldStatus::Confirmed);
         }
         if self.handed_off.remove(&hold.hold_id) {
             return;
@@ -365,10 +371,19 @@ impl SweeperState {
             let Some(hold_id) = entry.offered_hold_id else {
                 continue;
             };
-            self.offered.insert(hold_id.clone(), entry.entry_id);
-            let hold = self.engine.get_hold(&hold_id).await?;
-            if hold.status != HoldStatus::Held {
-                self.hold_ended(hold).await;
+            match self.engine.get_hold(&hold_id).await {
+                Ok(hold) => {
+                    self.offered.insert(hold_id, entry.entry_id);
+                    if hold.status != HoldStatus::Held {
+                        self.hold_ended(hold).await;
+                    }
+                }
+                // Forgotten: it ended (released or expired; confirmed holds are never
+                // forgotten) an idempotency window ago or more, and the offer lapsed with it.
+                Err(EngineError::Rejected(Rejection::HoldNotFound)) => {
+                    self.end_offer(entry.entry_id, false);
+                }
+                Err(e) => return Err(e),
             }
         }
         for event in self.engine.waitlist_events().await? {

@@ -35,8 +35,11 @@ pub(crate) enum LedgerMsg {
         user_id: UserId,
         rpc: Rpc,
         tag: IdemTag,
+        now_ms: u64,
         reply: RpcReplyPort<Option<Result<Answer, Rejection>>>,
     },
+    /// How many idempotency keys the shard remembers.
+    KeysRemembered(RpcReplyPort<usize>),
     Usage {
         event_id: EventId,
         user_id: UserId,
@@ -137,9 +140,13 @@ impl Actor for LedgerShard {
                 user_id,
                 rpc,
                 tag,
+                now_ms,
                 reply,
             } => {
-                let _ = reply.send(st.state.lookup(user_id, rpc, tag));
+                let _ = reply.send(st.state.lookup(user_id, rpc, tag, now_ms));
+            }
+            LedgerMsg::KeysRemembered(reply) => {
+                let _ = reply.send(st.state.keys_len());
             }
             LedgerMsg::Usage {
                 event_id,

@@ -3,6 +3,10 @@
 //! its in-memory bookkeeping as it decides (quota reserved, keys in flight): those are not logged
 //! (recovery derives quotas from the sections). The only logged change, a refusal given as a
 //! key's first answer, goes through `apply`.
+//!
+//! A key's first answer is kept for the idempotency window from the time it was given
+//! ([`crate::retention`]): a lookup past it finds nothing (a new request), and each request
+//! forgets a bounded number of answers whose window has passed.
 
 use std::collections::HashMap;
 
@@ -11,10 +15,12 @@ use serde::{Deserialize, Serialize};
 use super::{Begin, BeginArgs};
 use crate::core::IdemTag;
 use crate::error::{EngineError, Rejection};
+use crate::limits::{FORGET_PER_STEP_MAX, IDEMPOTENCY_WINDOW_MS_DEFAULT};
+use crate::retention::{ForgetIndex, window_passed};
 use crate::types::{EventId, HoldView, OrderView, UserId};
 
 /// Which RPC an idempotency key belongs to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Rpc {
     /// `Hold`.
     Hold,
@@ -31,6 +37,16 @@ pub enum Answer {
     Order(OrderView),
 }
 
+impl Answer {
+    /// When the answer was given: the hold's placement, the order's creation.
+    pub fn at_ms(&self) -> u64 {
+        match self {
+            Answer::Hold(h) => h.placed_at_ms,
+            Answer::Order(o) => o.created_at_ms,
+        }
+    }
+}
+
 /// What the ledger's own stream records: rejections given as first answers.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LedgerRecord {
@@ -44,54 +60,143 @@ pub enum LedgerRecord {
         tag: IdemTag,
         /// The answer.
         rejection: Rejection,
+        /// When it was given (the idempotency window counts from here).
+        at_ms: u64,
     },
 }
 
 #[derive(Clone, Debug)]
 enum Entry {
     InFlight(u64),
-    Done(u64, Result<Answer, Rejection>),
+    Done {
+        fingerprint: u64,
+        /// When the answer was given.
+        at_ms: u64,
+        answer: Result<Answer, Rejection>,
+    },
 }
+
+/// An idempotency key: per user and RPC.
+type KeyId = (UserId, Rpc, String);
 
 /// The state of one ledger shard.
-#[derive(Default)]
 pub(crate) struct ShardState {
     quotas: HashMap<(EventId, UserId), u32>,
-    keys: HashMap<(UserId, Rpc, String), Entry>,
+    keys: HashMap<KeyId, Entry>,
+    /// Settled keys by the time of their answer: the order they are forgotten in.
+    answered: ForgetIndex<KeyId>,
+    /// The idempotency window, ms.
+    window_ms: u64,
 }
 
-/// What a shard's checkpoint holds: its recorded rejections (successes live in the sections).
-type ShardCheckpoint = Vec<(UserId, Rpc, IdemTag, Rejection)>;
+impl Default for ShardState {
+    fn default() -> ShardState {
+        ShardState::new(IDEMPOTENCY_WINDOW_MS_DEFAULT)
+    }
+}
+
+/// What a shard's checkpoint holds: its recorded rejections, with their times (successes live
+/// in the sections).
+type ShardCheckpoint = Vec<(UserId, Rpc, IdemTag, u64, Rejection)>;
 
 impl ShardState {
+    /// An empty shard keeping answers for `window_ms` (at least 1 ms).
+    pub fn new(window_ms: u64) -> ShardState {
+        ShardState {
+            quotas: HashMap::new(),
+            keys: HashMap::new(),
+            answered: ForgetIndex::default(),
+            window_ms: window_ms.max(1),
+        }
+    }
+
     pub fn add_quota(&mut self, event_id: EventId, user_id: UserId, quantity: u32) {
         *self.quotas.entry((event_id, user_id)).or_default() += quantity;
     }
 
+    /// Records a key's first answer, given at `at_ms`. A key used again after its window may
+    /// have several answers in the log (recovery meets them in any order): the latest wins.
     pub fn add_answer(
         &mut self,
         user_id: UserId,
         rpc: Rpc,
         tag: &IdemTag,
+        at_ms: u64,
         answer: Result<Answer, Rejection>,
     ) {
-        self.keys.insert(
-            (user_id, rpc, tag.key.clone()),
-            Entry::Done(tag.fingerprint, answer),
+        let key = (user_id, rpc, tag.key.clone());
+        if let Some(Entry::Done { at_ms: newer, .. }) = self.keys.get(&key)
+            && *newer > at_ms
+        {
+            return;
+        }
+        self.set_entry(
+            key,
+            Entry::Done {
+                fingerprint: tag.fingerprint,
+                at_ms,
+                answer,
+            },
         );
+    }
+
+    /// Sets a key's entry, keeping the index of answers to forget exact.
+    fn set_entry(&mut self, key: KeyId, entry: Entry) {
+        if let Some(Entry::Done { at_ms, .. }) = self.keys.get(&key) {
+            self.answered.remove(*at_ms, &key);
+        }
+        if let Entry::Done { at_ms, .. } = &entry {
+            self.answered.insert(*at_ms, key.clone());
+        }
+        self.keys.insert(key, entry);
+    }
+
+    fn remove_key(&mut self, key: &KeyId) {
+        if let Some(Entry::Done { at_ms, .. }) = self.keys.remove(key) {
+            self.answered.remove(at_ms, key);
+        }
+    }
+
+    /// Forgets at most `max` answers whose window has passed at `now_ms`; returns how many.
+    pub fn forget_due(&mut self, now_ms: u64, max: usize) -> usize {
+        let due = self.answered.pop_due(now_ms, self.window_ms, max);
+        for key in &due {
+            self.keys.remove(key);
+        }
+        due.len()
+    }
+
+    /// Keys remembered (settled and in flight).
+    pub fn keys_len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// The entry of a key, unless it is an answer whose window has passed at `now_ms`.
+    fn live_entry(&self, key: &KeyId, now_ms: u64) -> Option<&Entry> {
+        match self.keys.get(key) {
+            Some(Entry::Done { at_ms, .. }) if window_passed(*at_ms, now_ms, self.window_ms) => {
+                None
+            }
+            other => other,
+        }
     }
 
     pub(crate) fn checkpoint_state(&self) -> ShardCheckpoint {
         self.keys
             .iter()
             .filter_map(|((user, rpc, key), e)| match e {
-                Entry::Done(fp, Err(r)) => Some((
+                Entry::Done {
+                    fingerprint,
+                    at_ms,
+                    answer: Err(r),
+                } => Some((
                     user.clone(),
                     *rpc,
                     IdemTag {
                         key: key.clone(),
-                        fingerprint: *fp,
+                        fingerprint: *fingerprint,
                     },
+                    *at_ms,
                     r.clone(),
                 )),
                 _ => None,
@@ -107,8 +212,8 @@ impl ShardState {
     /// Loads a checkpoint blob written by `checkpoint_state`.
     pub fn load_checkpoint(&mut self, blob: &[u8]) -> Result<(), crate::codec::DecodeError> {
         let entries: ShardCheckpoint = crate::codec::decode(blob)?;
-        for (user, rpc, tag, r) in entries {
-            self.add_answer(user, rpc, &tag, Err(r));
+        for (user, rpc, tag, at_ms, r) in entries {
+            self.add_answer(user, rpc, &tag, at_ms, Err(r));
         }
         Ok(())
     }
@@ -120,7 +225,8 @@ impl ShardState {
                 rpc,
                 tag,
                 rejection,
-            } => self.add_answer(user_id, rpc, &tag, Err(rejection)),
+                at_ms,
+            } => self.add_answer(user_id, rpc, &tag, at_ms, Err(rejection)),
         }
     }
 }
@@ -163,20 +269,27 @@ pub(crate) enum FinishDecision {
 impl ShardState {
     /// Starts a request: replays a settled key, refuses a reused or in-flight one, reserves
     /// quota (refusing past the limit) and marks the key in flight.
+    /// A key whose answer is older than the window is unknown (a new request).
     pub(crate) fn decide_begin(&mut self, args: &BeginArgs) -> BeginDecision {
+        self.forget_due(args.now_ms, FORGET_PER_STEP_MAX);
         if let Some(tag) = &args.tag {
             let k = (args.user_id.clone(), args.rpc, tag.key.clone());
-            match self.keys.get(&k) {
-                Some(Entry::InFlight(fp) | Entry::Done(fp, _)) if *fp != tag.fingerprint => {
+            match self.live_entry(&k, args.now_ms) {
+                Some(
+                    Entry::InFlight(fp)
+                    | Entry::Done {
+                        fingerprint: fp, ..
+                    },
+                ) if *fp != tag.fingerprint => {
                     return BeginDecision::Answer(Err(Rejection::IdempotencyKeyReused.into()));
                 }
                 Some(Entry::InFlight(_)) => {
                     return BeginDecision::Answer(Err(Rejection::IdempotencyKeyInFlight.into()));
                 }
-                Some(Entry::Done(_, answer)) => {
+                Some(Entry::Done { answer, .. }) => {
                     return BeginDecision::Answer(Ok(Begin::Replay(answer.clone())));
                 }
-                None => {}
+                None => self.remove_key(&k),
             }
         }
         if args.quantity > 0 {
@@ -197,7 +310,7 @@ impl ShardState {
             self.add_quota(args.event_id.clone(), args.user_id.clone(), args.quantity);
         }
         if let Some(tag) = &args.tag {
-            self.keys.insert(
+            self.set_entry(
                 (args.user_id.clone(), args.rpc, tag.key.clone()),
                 Entry::InFlight(tag.fingerprint),
             );
@@ -226,32 +339,37 @@ impl ShardState {
             }
             Err(EngineError::Rejected(r)) => FinishDecision::Record(rejection_record(args, tag, r)),
             Err(_) => {
-                self.keys
-                    .remove(&(args.user_id.clone(), args.rpc, tag.key.clone()));
+                self.remove_key(&(args.user_id.clone(), args.rpc, tag.key.clone()));
                 FinishDecision::Done
             }
         }
     }
 
-    /// A success's answer, kept for replays (durable already in the section's record).
+    /// A success's answer, kept for replays (durable already in the section's record) from
+    /// the time it was given.
     pub(crate) fn settle(&mut self, args: &BeginArgs, answer: Answer) {
+        self.forget_due(args.now_ms, FORGET_PER_STEP_MAX);
         if let Some(tag) = &args.tag {
-            self.keys.insert(
-                (args.user_id.clone(), args.rpc, tag.key.clone()),
-                Entry::Done(tag.fingerprint, Ok(answer)),
-            );
+            let at_ms = answer.at_ms();
+            self.add_answer(args.user_id.clone(), args.rpc, tag, at_ms, Ok(answer));
         }
     }
 
-    /// The settled first answer of a key, if the request matches.
+    /// The settled first answer of a key, if the request matches and its window has not
+    /// passed at `now_ms`.
     pub(crate) fn lookup(
         &self,
         user_id: UserId,
         rpc: Rpc,
         tag: IdemTag,
+        now_ms: u64,
     ) -> Option<Result<Answer, Rejection>> {
-        match self.keys.get(&(user_id, rpc, tag.key)) {
-            Some(Entry::Done(fp, answer)) if *fp == tag.fingerprint => Some(answer.clone()),
+        match self.live_entry(&(user_id, rpc, tag.key), now_ms) {
+            Some(Entry::Done {
+                fingerprint,
+                answer,
+                ..
+            }) if *fingerprint == tag.fingerprint => Some(answer.clone()),
             _ => None,
         }
     }
@@ -292,5 +410,167 @@ fn rejection_record(args: &BeginArgs, tag: &IdemTag, rejection: Rejection) -> Le
         rpc: args.rpc,
         tag: tag.clone(),
         rejection,
+        at_ms: args.now_ms,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{HoldId, HoldStatus, SectionId};
+
+    const WINDOW: u64 = 10_000;
+
+    fn args(key: &str, fingerprint: u64, quantity: u32, now_ms: u64) -> BeginArgs {
+        BeginArgs {
+            event_id: EventId::from("e"),
+            user_id: UserId::from("u"),
+            limit: 4,
+            rpc: Rpc::Hold,
+            tag: Some(IdemTag {
+                key: key.into(),
+                fingerprint,
+            }),
+            quantity,
+            now_ms,
+        }
+    }
+
+    fn held_at(placed_at_ms: u64) -> Answer {
+        Answer::Hold(HoldView {
+            hold_id: HoldId::generate(&EventId::from("e"), &SectionId::from("s")),
+            event_id: EventId::from("e"),
+            user_id: UserId::from("u"),
+            section_id: SectionId::from("s"),
+            seat_ids: Vec::new(),
+            quantity: 1,
+            status: HoldStatus::Held,
+            placed_at_ms,
+            expires_at_ms: placed_at_ms + 1_000,
+        })
+    }
+
+    fn begin(state: &mut ShardState, a: &BeginArgs) -> Result<Begin, EngineError> {
+        match state.decide_begin(a) {
+            BeginDecision::Answer(r) => r,
+            BeginDecision::Record(record, answer) => {
+                state.apply(record);
+                Ok(answer)
+            }
+        }
+    }
+
+    fn is_proceed(r: &Result<Begin, EngineError>) -> bool {
+        matches!(r, Ok(Begin::Proceed))
+    }
+
+    #[test]
+    fn an_answer_replays_inside_the_window_and_is_forgotten_after_it() {
+        let mut s = ShardState::new(WINDOW);
+        assert!(is_proceed(&begin(&mut s, &args("k", 7, 1, 0))));
+        let first = held_at(5);
+        s.settle(&args("k", 7, 1, 5), first.clone());
+        // Inside the window (counted from the answer's time, 5): the first answer, and another
+        // request with the key is refused.
+        let last_inside = 5 + WINDOW - 1;
+        assert!(
+            matches!(begin(&mut s, &args("k", 7, 1, last_inside)), Ok(Begin::Replay(Ok(a))) if a == first)
+        );
+        assert!(matches!(
+            begin(&mut s, &args("k", 8, 1, last_inside)),
+            Err(EngineError::Rejected(Rejection::IdempotencyKeyReused))
+        ));
+        let tag = args("k", 7, 1, 0).tag.unwrap();
+        assert_eq!(
+            s.lookup(UserId::from("u"), Rpc::Hold, tag.clone(), last_inside),
+            Some(Ok(first))
+        );
+        // At the window's end the key is unknown: a lookup finds nothing, a retry is new.
+        assert_eq!(
+            s.lookup(UserId::from("u"), Rpc::Hold, tag, 5 + WINDOW),
+            None
+        );
+        assert!(is_proceed(&begin(&mut s, &args("k", 8, 1, 5 + WINDOW))));
+    }
+
+    #[test]
+    fn a_recorded_rejection_is_forgotten_after_the_window_too() {
+        let mut s = ShardState::new(WINDOW);
+        s.add_quota(EventId::from("e"), UserId::from("u"), 4);
+        let refused = begin(&mut s, &args("r", 1, 1, 100));
+        assert!(matches!(
+            refused,
+            Ok(Begin::Replay(Err(Rejection::UserLimit { .. })))
+        ));
+        // The rejection was recorded at 100: replayed until 100 + WINDOW.
+        assert!(matches!(
+            begin(&mut s, &args("r", 1, 1, 100 + WINDOW - 1)),
+            Ok(Begin::Replay(Err(Rejection::UserLimit { .. })))
+        ));
+        // It survives a checkpoint with its time.
+        let blob = crate::codec::encode(&s.checkpoint_state());
+        let mut restored = ShardState::new(WINDOW);
+        restored.load_checkpoint(&blob).unwrap();
+        restored.add_quota(EventId::from("e"), UserId::from("u"), 4);
+        assert_eq!(restored.checkpoint_state(), s.checkpoint_state());
+        // After the window, the same request is decided afresh (refused again, and recorded
+        // again with the new time).
+        s.refund(&EventId::from("e"), &UserId::from("u"), 4);
+        assert!(is_proceed(&begin(&mut s, &args("r", 1, 1, 100 + WINDOW))));
+        match restored.decide_begin(&args("r", 1, 1, 100 + WINDOW)) {
+            BeginDecision::Record(LedgerRecord::RejectionRecorded { at_ms, .. }, _) => {
+                assert_eq!(at_ms, 100 + WINDOW);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_latest_answer_of_a_key_used_again_after_its_window_wins_in_any_order() {
+        let tag = |fingerprint| IdemTag {
+            key: "k".into(),
+            fingerprint,
+        };
+        let u = || UserId::from("u");
+        let (older, newer) = (held_at(7), held_at(WINDOW + 7));
+        for order in [[0, 1], [1, 0]] {
+            let mut s = ShardState::new(WINDOW);
+            // Recovery may meet the newer answer first.
+            for i in order {
+                let (fp, at, answer) = [(1, 7, &older), (2, WINDOW + 7, &newer)][i];
+                s.add_answer(u(), Rpc::Hold, &tag(fp), at, Ok(answer.clone()));
+            }
+            s.forget_due(WINDOW + 8, usize::MAX);
+            let now = WINDOW + 8;
+            assert_eq!(
+                s.lookup(u(), Rpc::Hold, tag(2), now),
+                Some(Ok(newer.clone()))
+            );
+            assert_eq!(s.lookup(u(), Rpc::Hold, tag(1), now), None);
+        }
+    }
+
+    #[test]
+    fn requests_forget_old_answers_a_bounded_number_at_a_time() {
+        let mut s = ShardState::new(WINDOW);
+        let n = 3 * FORGET_PER_STEP_MAX as u64;
+        for i in 0..n {
+            let key = format!("k{i}");
+            assert!(is_proceed(&begin(&mut s, &args(&key, i, 0, i))));
+            s.settle(&args(&key, i, 0, i), held_at(i));
+        }
+        assert_eq!(s.keys_len(), n as usize);
+        let later = n + WINDOW;
+        s.decide_begin(&args("new", 0, 0, later));
+        assert_eq!(
+            s.keys_len(),
+            n as usize - FORGET_PER_STEP_MAX + 1,
+            "one step forgets at most FORGET_PER_STEP_MAX"
+        );
+        assert_eq!(
+            s.forget_due(later, usize::MAX),
+            n as usize - FORGET_PER_STEP_MAX
+        );
+        assert_eq!(s.keys_len(), 1, "only the new key, in flight");
     }
 }

@@ -10,7 +10,7 @@
 //! success is made durable by the section's own record (the hold or order carries the key and
 //! the request's fingerprint); a first answer that is a rejection is made durable by the ledger's
 //! own log stream before the caller hears it. Quotas are not logged: recovery derives them from
-//! the sections' holds.
+//! the sections' holds. Answers are kept for the idempotency window ([`crate::retention`]).
 
 //!
 //! - `core`: [`ShardState`], one shard as pure state (decides, applies).
@@ -47,6 +47,9 @@ pub(crate) struct BeginArgs {
     pub rpc: Rpc,
     pub tag: Option<IdemTag>,
     pub quantity: u32,
+    /// Now, by the engine's clock: answers older than the window are forgotten, and a
+    /// rejection recorded by this request is recorded at this time.
+    pub now_ms: u64,
 }
 
 /// Handle to the ledger shards.
@@ -134,6 +137,7 @@ impl Ledger {
         user_id: UserId,
         rpc: Rpc,
         tag: IdemTag,
+        now_ms: u64,
     ) -> Result<Option<Result<Answer, Rejection>>, EngineError> {
         self.shard(&user_id)
             .call(
@@ -141,6 +145,7 @@ impl Ledger {
                     user_id,
                     rpc,
                     tag,
+                    now_ms,
                     reply,
                 },
                 None,
@@ -171,6 +176,19 @@ impl Ledger {
         self.shard(user)
             .cast(LedgerMsg::Panic)
             .map_err(|_| EngineError::NotReady)
+    }
+
+    /// Idempotency keys every shard remembers.
+    pub async fn keys_remembered(&self) -> Result<usize, EngineError> {
+        let mut n = 0;
+        for shard in self.shards.iter() {
+            n += shard
+                .call(LedgerMsg::KeysRemembered, None)
+                .await
+                .map_err(gone)?
+                .success_or(EngineError::NotReady)?;
+        }
+        Ok(n)
     }
 
     pub fn actors(&self) -> &[ActorRef<LedgerMsg>] {

@@ -13,6 +13,8 @@
 //!   rotation of the signing key.
 //! - `boxoffice reconcile` ([`reconcile`]): the offline reconciliation of a data dir.
 //! - `boxoffice check-log` ([`check_log`]): the offline integrity check of a data dir's log.
+//! - `boxoffice soak` ([`soak`]): hold + release cycles against an in-process engine; resident
+//!   memory and the data dir's size, also after a restart.
 
 use std::process::ExitCode;
 
@@ -24,6 +26,7 @@ mod loadgen;
 mod reconcile;
 mod serve;
 mod sessions;
+mod soak;
 mod ticket;
 
 /// glibc's malloc spends a third of a sale's CPU in arena locks and chunk consolidation once a
@@ -62,6 +65,10 @@ enum Command {
     /// Check a stopped server's log offline: streams, counts, gaps, checksums, the backstop
     /// against the orders. Exits 0 if whole, 1 on any damage, 2 if the check cannot run.
     CheckLog(check_log::CheckLogArgs),
+    /// Hold and release places again and again (1,000,000 cycles by default) against an
+    /// in-process engine; report resident memory along the way and after a restart, and the
+    /// data dir's size. Exits 2 if the counts do not add up.
+    Soak(boxoffice_drill::soak::SoakArgs),
 }
 
 fn main() -> ExitCode {
@@ -91,6 +98,7 @@ fn main() -> ExitCode {
         Command::Ticket(command) => runtime.block_on(ticket::run(command)),
         Command::Reconcile(args) => runtime.block_on(reconcile::run(args)),
         Command::CheckLog(args) => return check_log::run(args),
+        Command::Soak(args) => runtime.block_on(soak::run(args)),
     };
     match result {
         Ok(code) => code,

@@ -9,6 +9,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use base64::Engine as _;
+use boxoffice_engine::limits::{
+    IDEMPOTENCY_WINDOW_MS_DEFAULT, IDEMPOTENCY_WINDOW_MS_MAX, IDEMPOTENCY_WINDOW_MS_MIN,
+};
 use boxoffice_engine::{Durability, Engine, EngineError, RecoveryMode, StorageError};
 use boxoffice_gateway::server::{self, ServerConfig};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
@@ -71,6 +74,16 @@ pub struct ServeArgs {
     /// Seconds a shutdown (SIGTERM, Ctrl-C) waits for calls in flight.
     #[arg(long, env = "BOXOFFICE_GRACE_SECONDS", default_value_t = 10)]
     grace_seconds: u64,
+    /// Seconds an idempotency key's first answer is replayed, and a released or expired hold
+    /// remembered, after it was given or ended (1 to 2592000, 30 days).
+    #[arg(
+        long,
+        env = "BOXOFFICE_IDEMPOTENCY_WINDOW_SECONDS",
+        default_value_t = IDEMPOTENCY_WINDOW_MS_DEFAULT / 1000,
+        value_parser = clap::value_parser!(u64)
+            .range(IDEMPOTENCY_WINDOW_MS_MIN / 1000..=IDEMPOTENCY_WINDOW_MS_MAX / 1000)
+    )]
+    idempotency_window_seconds: u64,
     /// Seconds between reconciliation runs in the server (0: never).
     #[arg(long, env = "BOXOFFICE_RECONCILE_SECONDS", default_value_t = 60)]
     reconcile_seconds: u64,
@@ -199,6 +212,7 @@ fn config(args: ServeArgs) -> ServerConfig {
     config.section_inflight_max = args.section_inflight_max;
     config.queue_max = args.queue_max;
     config.grace = Duration::from_secs(args.grace_seconds);
+    config.idempotency_window = Duration::from_secs(args.idempotency_window_seconds);
     config.reconcile_every =
         (args.reconcile_seconds > 0).then(|| Duration::from_secs(args.reconcile_seconds));
     config.new_ticket_key = args.new_ticket_key;

@@ -20,18 +20,24 @@ fn read_until(rx: &mpsc::Receiver<String>, needle: &str, seen: &mut Vec<String>)
     }
 }
 
+/// `boxoffice serve` on loopback ports the system picks, in `cwd`.
+fn serve_in(cwd: &std::path::Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_boxoffice"));
+    cmd.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ])
+    .current_dir(cwd);
+    cmd
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_with_no_setup_then_drain_on_sigterm() {
     let cwd = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_boxoffice"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ])
-        .current_dir(cwd.path())
+    let mut child = serve_in(cwd.path())
         .env_remove("BOXOFFICE_ADMIN_KEYS")
         .env_remove("BOXOFFICE_CLIENT_KEYS")
         .stdout(Stdio::piped())
@@ -237,4 +243,33 @@ fn ticket_keys_verify_rotate_and_reconcile_on_the_command_line() {
     let (ok, out, _) = boxoffice(&["reconcile", "--data-dir", data_dir]);
     assert!(ok, "{out}");
     assert!(out.contains("reconciliation clean"));
+}
+
+/// A bad idempotency window, as a flag or in the environment, refuses to start before anything
+/// is opened: out of range (0, over 30 days) or not a number. The refusal names the flag.
+#[test]
+fn serve_refuses_a_bad_idempotency_window() {
+    let cwd = tempfile::tempdir().unwrap();
+    let refused = |flag: Option<&str>, env: Option<&str>| {
+        let mut cmd = serve_in(cwd.path());
+        cmd.env_remove("BOXOFFICE_IDEMPOTENCY_WINDOW_SECONDS");
+        if let Some(v) = flag {
+            cmd.args(["--idempotency-window-seconds", v]);
+        }
+        if let Some(v) = env {
+            cmd.env("BOXOFFICE_IDEMPOTENCY_WINDOW_SECONDS", v);
+        }
+        let out = cmd.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{flag:?} {env:?}: {stderr}");
+        assert!(stderr.contains("--idempotency-window-seconds"), "{stderr}");
+    };
+    refused(Some("0"), None);
+    refused(Some("2592001"), None);
+    refused(Some("1d"), None);
+    refused(None, Some("-5"));
+    assert!(
+        !cwd.path().join("boxoffice-data").exists(),
+        "nothing was opened"
+    );
 }

@@ -4,16 +4,21 @@
 //! `boxoffice-client`) and check what it promised:
 //! - [`flash_sale`]: `boxoffice flash-sale`, the onsale end to end, and its naive baseline;
 //! - [`sessions`]: `boxoffice sessions`, 50,000 checkout sessions open at once;
-//! - [`loadgen`]: `boxoffice loadgen`, throughput and latency of single RPCs.
+//! - [`loadgen`]: `boxoffice loadgen`, throughput and latency of single RPCs;
+//! - [`soak`]: `boxoffice soak`, memory and disk over a long run of hold + release cycles
+//!   against an in-process engine.
 //!
 //! Shared by the first two: [`server_choice`] (an embedded server, or `--target`) and
-//! [`event`] (the sale's event layout); by the last two, [`measure`] (calls in concurrent
-//! streams, their throughput and latency percentiles).
+//! [`event`] (the sale's event layout); by `loadgen` and `sessions`, [`measure`] (calls in
+//! concurrent streams, their throughput and latency percentiles); by `sessions` and `soak`,
+//! [`memory`] (resident memory, a directory's size).
 
 pub mod event;
 pub mod flash_sale;
 mod json;
 pub mod loadgen;
 pub mod measure;
+pub mod memory;
 pub mod server_choice;
 pub mod sessions;
+pub mod soak;

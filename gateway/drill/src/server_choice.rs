@@ -8,6 +8,11 @@ use boxoffice_engine::Durability;
 use boxoffice_gateway::server::{self, Running, ServerConfig};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 
+/// The parser of a `--durability` flag: `sync` or `buffered`.
+pub fn durability_parser() -> impl TypedValueParser<Value = Durability> {
+    PossibleValuesParser::new(Durability::NAMES).try_map(|s| s.parse::<Durability>())
+}
+
 /// The server flags of a run: an embedded server (the default), or `--target`.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct ServerChoice {
@@ -18,7 +23,7 @@ pub struct ServerChoice {
     #[arg(
         long,
         default_value_t = Durability::Sync,
-        value_parser = PossibleValuesParser::new(Durability::NAMES).try_map(|s| s.parse::<Durability>())
+        value_parser = durability_parser()
     )]
     pub durability: Durability,
     /// Run against a server already running there (e.g. http://127.0.0.1:50051) instead of an

@@ -8,6 +8,12 @@
 //! of the process over the sled log, and (the second property) a power cut over a `MemorySink`,
 //! which loses everything after the last good sync.
 //!
+//! Retention runs with a short idempotency window (`WINDOW_MS`, half a hold TTL): a
+//! key's answer is forgotten one window after it was given (a retry is a new request), and a
+//! released or expired hold is forgotten by its section at the first record it applies one
+//! window or more after the hold ended (`HOLD_NOT_FOUND` from then on). The model forgets by the
+//! same rules; after a restart the replayed engine must have forgotten exactly the same holds.
+//!
 //! `PROPTEST_CASES` sets the number of cases (default 48; the slow tier `BOXOFFICE_SLOW=1`
 //! runs 400).
 
@@ -25,6 +31,8 @@ use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 
 const TTL_MS: u64 = 30_000;
+/// The idempotency window of the model runs: short, so that sequences reach it.
+const WINDOW_MS: u64 = 15_000;
 const LIMIT: u32 = 4;
 const USERS: usize = 4;
 
@@ -102,6 +110,10 @@ struct MHold {
     /// Seat indices (reserved) in layout order.
     seats: Vec<usize>,
     status: HoldStatus,
+    /// When it was released or expired.
+    ended_at: Option<u64>,
+    /// Its section forgot it (an ended hold, one window after it ended).
+    forgotten: bool,
 }
 
 #[derive(Default)]
@@ -112,8 +124,9 @@ struct Model {
     ga_held: u32,
     ga_sold: u32,
     holds: Vec<MHold>,
-    /// (user, rpc, key) -> (request fingerprint as debug text, first answer as debug text)
-    keys: HashMap<(usize, &'static str, u8), (String, String)>,
+    /// (user, rpc, key) -> (request fingerprint as debug text, first answer as debug text,
+    /// when the answer was given)
+    keys: HashMap<(usize, &'static str, u8), (String, String, u64)>,
 }
 
 impl Model {
@@ -172,6 +185,32 @@ impl Model {
             }
         }
         self.holds[h].status = status;
+        if matches!(status, HoldStatus::Released | HoldStatus::Expired) {
+            self.holds[h].ended_at = Some(self.now);
+        }
+    }
+
+    /// A record was applied in `section` now: it forgets the section's holds that ended one
+    /// window or more ago.
+    fn recorded(&mut self, section: usize) {
+        let now = self.now;
+        for h in &mut self.holds {
+            if h.section == section && h.ended_at.is_some_and(|at| now - at >= WINDOW_MS) {
+                h.forgotten = true;
+            }
+        }
+    }
+
+    /// The first answer of a key, unless its window has passed (then the key is forgotten).
+    fn key(&mut self, k: (usize, &'static str, u8)) -> Option<(String, String)> {
+        match self.keys.get(&k) {
+            Some((_, _, at)) if self.now - at >= WINDOW_MS => {
+                self.keys.remove(&k);
+                None
+            }
+            Some((fp, answer, _)) => Some((fp.clone(), answer.clone())),
+            None => None,
+        }
     }
 }
 
@@ -214,10 +253,29 @@ async fn compare(engine: &Engine, m: &Model) {
         assert_eq!(avail, m.available(i), "available in {}", section_name(i));
     }
     for h in &m.holds {
-        let now = engine.get_hold(&h.view.hold_id).await.unwrap();
+        let now = engine.get_hold(&h.view.hold_id).await;
+        if h.forgotten {
+            assert_eq!(
+                rejection(&now),
+                Some(Rejection::HoldNotFound),
+                "forgotten {h:?}"
+            );
+            continue;
+        }
+        let now = now.unwrap();
         assert_eq!(now.status, h.status, "status of {}", h.view.hold_id);
         assert_eq!(now.expires_at_ms, h.view.expires_at_ms);
     }
+    let remembered = engine.remembered().await.unwrap();
+    let kept = m.holds.iter().filter(|h| !h.forgotten);
+    let ended = kept
+        .clone()
+        .filter(|h| matches!(h.status, HoldStatus::Released | HoldStatus::Expired));
+    assert_eq!(
+        (remembered.holds, remembered.ended_holds),
+        (kept.count(), ended.count()),
+        "holds remembered (all, ended)"
+    );
     for u in 0..USERS {
         let used = engine
             .user_usage(&ev, &UserId::from(user_name(u)))
@@ -239,7 +297,7 @@ enum Log {
 async fn run(ops: Vec<Op>, log: Log) {
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(T0_MS));
-    let config = match &log {
+    let mut config = match &log {
         Log::Disk => boxoffice_tests::config(dir.path(), &clock),
         Log::PowerCut(sink) => {
             let mut c = EngineConfig::with_sink(sink.clone()).unwrap();
@@ -247,6 +305,7 @@ async fn run(ops: Vec<Op>, log: Log) {
             c
         }
     };
+    config.idempotency_window = std::time::Duration::from_millis(WINDOW_MS);
     let reopen = || async { Engine::open(config.clone()).await.unwrap() };
     let mut engine = reopen().await;
     engine
@@ -334,16 +393,16 @@ async fn run(ops: Vec<Op>, log: Log) {
                 };
                 let first_key = key.map(|k| (caller, "confirm", k));
                 if let Some(k) = first_key
-                    && let Some((fp, answer)) = m.keys.get(&k)
+                    && let Some((fp, answer)) = m.key(k)
                 {
-                    if fp == &format!("{:?}", mh.view.hold_id) {
-                        assert_eq!(&format!("{r:?}"), answer, "replay of confirm");
+                    if fp == format!("{:?}", mh.view.hold_id) {
+                        assert_eq!(format!("{r:?}"), answer, "replay of confirm");
                     } else {
                         assert_eq!(rejection(&r), Some(Rejection::IdempotencyKeyReused));
                     }
                     continue;
                 }
-                let expected = if wrong_user {
+                let expected = if wrong_user || mh.forgotten {
                     Some(Rejection::HoldNotFound)
                 } else {
                     match mh.status {
@@ -358,15 +417,17 @@ async fn run(ops: Vec<Op>, log: Log) {
                         let order = r.as_ref().unwrap();
                         assert_eq!(order.tickets.len() as u32, mh.view.quantity);
                         m.set(h, HoldStatus::Confirmed);
+                        m.recorded(mh.section);
                     }
                     (Some(Rejection::HoldExpired), HoldStatus::Held) => {
-                        m.set(h, HoldStatus::Expired)
+                        m.set(h, HoldStatus::Expired);
+                        m.recorded(mh.section);
                     }
                     _ => {}
                 }
                 if let Some(k) = first_key {
-                    m.keys
-                        .insert(k, (format!("{:?}", mh.view.hold_id), format!("{r:?}")));
+                    let answer = (format!("{:?}", mh.view.hold_id), format!("{r:?}"), m.now);
+                    m.keys.insert(k, answer);
                 }
             }
             Op::Release { hold } => {
@@ -377,15 +438,20 @@ async fn run(ops: Vec<Op>, log: Log) {
                 let mh = m.holds[h].clone();
                 let r = engine.release(&mh.view.hold_id, &mh.view.user_id).await;
                 let expected = match mh.status {
+                    _ if mh.forgotten => Some(Rejection::HoldNotFound),
                     HoldStatus::Held if m.now < mh.view.expires_at_ms => None,
                     HoldStatus::Held | HoldStatus::Expired => Some(Rejection::HoldExpired),
                     _ => Some(Rejection::HoldNotActive),
                 };
                 assert_eq!(rejection(&r), expected, "release");
                 match (&expected, mh.status) {
-                    (None, _) => m.set(h, HoldStatus::Released),
+                    (None, _) => {
+                        m.set(h, HoldStatus::Released);
+                        m.recorded(mh.section);
+                    }
                     (Some(Rejection::HoldExpired), HoldStatus::Held) => {
-                        m.set(h, HoldStatus::Expired)
+                        m.set(h, HoldStatus::Expired);
+                        m.recorded(mh.section);
                     }
                     _ => {}
                 }
@@ -409,6 +475,7 @@ async fn run(ops: Vec<Op>, log: Log) {
                     {
                         want.push(m.holds[h].view.hold_id.clone());
                         m.set(h, HoldStatus::Expired);
+                        m.recorded(m.holds[h].section);
                     }
                 }
                 got.sort();
@@ -449,10 +516,10 @@ async fn hold(
     let r = engine.hold(req).await;
     let k = key.map(|k| (user, "hold", k));
     if let Some(k) = k
-        && let Some((fp, answer)) = m.keys.get(&k)
+        && let Some((fp, answer)) = m.key(k)
     {
-        if fp == &format!("{selection:?}") {
-            assert_eq!(&format!("{r:?}"), answer, "replay returns the first answer");
+        if fp == format!("{selection:?}") {
+            assert_eq!(format!("{r:?}"), answer, "replay returns the first answer");
         } else {
             assert_eq!(rejection(&r), Some(Rejection::IdempotencyKeyReused));
         }
@@ -465,7 +532,7 @@ async fn hold(
     let got = rejection(&r);
     if let Some(k) = k {
         m.keys
-            .insert(k, (format!("{selection:?}"), format!("{r:?}")));
+            .insert(k, (format!("{selection:?}"), format!("{r:?}"), m.now));
     }
     let used = m.usage(user);
     if used + quantity > LIMIT {
@@ -546,7 +613,10 @@ async fn hold(
         section,
         seats,
         status: HoldStatus::Held,
+        ended_at: None,
+        forgotten: false,
     });
+    m.recorded(section);
     None
 }
 

@@ -400,3 +400,163 @@ async fn backstop_refuses_a_second_sale_and_the_engine_stops() {
     assert_eq!(order.tickets[0].seat_id, Some(SeatId::from("orch:A:1")));
     engine.shutdown().await;
 }
+
+/// Retention across a restart: released holds leave their section one idempotency window after
+/// they ended (at the section's first record after that), checkpoints then carry only what is
+/// left, and the engine rebuilt from checkpoint + records forgets exactly the same holds; keys
+/// and recorded rejections older than the window are new requests, before and after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forgotten_holds_stay_forgotten_after_a_restart_and_checkpoints_keep_only_live_state() {
+    const WINDOW_MS: u64 = 60_000;
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let mut cfg = config(dir.path(), &clock);
+    cfg.checkpoint_every_records = 10;
+    cfg.idempotency_window = std::time::Duration::from_millis(WINDOW_MS);
+    let engine = Engine::open(cfg.clone()).await.unwrap();
+    engine
+        .create_event(event("e4", vec![ga("floor", 100, 100)], 30_000, 4))
+        .await
+        .unwrap();
+    let cycle = |user: String, key: String| {
+        let engine = engine.clone();
+        async move {
+            let h = engine
+                .hold(best("e4", "floor", 1, &user, &key))
+                .await
+                .unwrap();
+            engine.release(&h.hold_id, &h.user_id).await.unwrap();
+            h
+        }
+    };
+    let mut old = Vec::new();
+    for i in 0..30 {
+        old.push(cycle(format!("u{}", i % 5), format!("k{i}")).await);
+    }
+    let bought = engine
+        .hold(best("e4", "floor", 1, "buyer", "b"))
+        .await
+        .unwrap();
+    let order = engine.confirm(confirm(&bought, "pay")).await.unwrap();
+    let refused = engine.hold(best("e4", "floor", 5, "buyer", "big")).await;
+    assert!(matches!(
+        refused,
+        Err(EngineError::Rejected(Rejection::UserLimit { .. }))
+    ));
+    let remembered = engine.remembered().await.unwrap();
+    assert_eq!((remembered.holds, remembered.ended_holds), (31, 30));
+    assert_eq!(
+        engine.hold(best("e4", "floor", 1, "buyer", "big")).await,
+        Err(Rejection::IdempotencyKeyReused.into())
+    );
+
+    // One window later the clock alone forgets nothing: a record does.
+    clock.advance_ms(WINDOW_MS);
+    assert_eq!(
+        engine.get_hold(&old[0].hold_id).await.unwrap().status,
+        HoldStatus::Released
+    );
+    let mut recent = Vec::new();
+    for i in 0..12 {
+        recent.push(cycle(format!("v{i}"), format!("r{i}")).await);
+    }
+    for h in &old {
+        assert_eq!(
+            engine.get_hold(&h.hold_id).await,
+            Err(Rejection::HoldNotFound.into())
+        );
+    }
+    assert_eq!(
+        engine.release(&old[0].hold_id, &old[0].user_id).await,
+        Err(Rejection::HoldNotFound.into())
+    );
+    let remembered = engine.remembered().await.unwrap();
+    assert_eq!((remembered.holds, remembered.ended_holds), (13, 12));
+    // Keys older than the window are new requests: another hold, another request with "big",
+    // and a confirm key that no longer replays its order.
+    let again = engine
+        .hold(best("e4", "floor", 1, "u0", "k0"))
+        .await
+        .unwrap();
+    assert_ne!(again.hold_id, old[0].hold_id);
+    engine
+        .release(&again.hold_id, &again.user_id)
+        .await
+        .unwrap();
+    // (Inside the window this other request with "big" would be IDEMPOTENCY_KEY_REUSED.)
+    let big = engine
+        .hold(best("e4", "floor", 1, "buyer", "big"))
+        .await
+        .unwrap();
+    engine.release(&big.hold_id, &big.user_id).await.unwrap();
+    assert_eq!(
+        engine.confirm(confirm(&bought, "pay")).await,
+        Err(Rejection::HoldNotActive.into())
+    );
+    assert_eq!(
+        engine.get_order(&order.order_id).await.unwrap(),
+        order,
+        "orders stay"
+    );
+
+    let users: Vec<String> = (0..5)
+        .map(|u| format!("u{u}"))
+        .chain((0..12).map(|v| format!("v{v}")))
+        .chain(["buyer".to_owned()])
+        .collect();
+    let users: Vec<&str> = users.iter().map(String::as_str).collect();
+    let before = state_of(&engine, &users).await;
+    let remembered = engine.remembered().await.unwrap();
+    engine.crash().await;
+    drop(engine);
+
+    // The section's checkpoint (written after the forgetting) carries only what is left.
+    {
+        let db = open_db(dir.path()).unwrap();
+        let name = section_stream(&EventId::from("e4"), &SectionId::from("floor"));
+        let blob = db
+            .open_tree("checkpoints")
+            .unwrap()
+            .get(name)
+            .unwrap()
+            .unwrap();
+        let (_, state): (u64, Vec<u8>) = boxoffice_engine::codec::decode(&blob).unwrap();
+        let core: boxoffice_engine::SectionCore = boxoffice_engine::codec::decode(&state).unwrap();
+        let (holds, _) = core.remembered();
+        assert!(holds <= remembered.holds, "{holds} holds in the checkpoint");
+        assert!(old.iter().all(|h| core.hold_view(&h.hold_id).is_none()));
+    }
+
+    let engine = Engine::open(cfg).await.unwrap();
+    assert!(engine.recovery_report().checkpoints_loaded >= 1);
+    assert_eq!(state_of(&engine, &users).await, before);
+    let after = engine.remembered().await.unwrap();
+    assert_eq!(
+        (after.holds, after.ended_holds),
+        (remembered.holds, remembered.ended_holds)
+    );
+    assert_eq!(
+        engine.get_hold(&old[5].hold_id).await,
+        Err(Rejection::HoldNotFound.into())
+    );
+    // A key inside the window still replays after the restart.
+    let replay = engine
+        .hold(best("e4", "floor", 1, "v3", "r3"))
+        .await
+        .unwrap();
+    assert_eq!(replay, recent[3]);
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_with_a_bad_idempotency_window_does_not_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let mut cfg = config(dir.path(), &clock);
+    cfg.idempotency_window = std::time::Duration::from_millis(999);
+    match Engine::open(cfg).await {
+        Err(EngineError::Rejected(r)) => assert_eq!(r.field(), Some("idempotency_window")),
+        Err(e) => panic!("{e:?}"),
+        Ok(_) => panic!("opened with a window under one second"),
+    }
+}

@@ -33,7 +33,8 @@ use crate::server_choice::ServerChoice;
 mod phases;
 mod report;
 
-pub use report::{SessionsReport, peak_rss_bytes};
+pub use crate::memory::peak_rss_bytes;
+pub use report::SessionsReport;
 
 use phases::{Sessions, slots};
 

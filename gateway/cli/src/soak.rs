@@ -1,0 +1,33 @@
+//! `boxoffice soak`: hold + release cycles against an in-process engine, memory and disk
+//! measured (`boxoffice_drill::soak`); the restart half runs in a fresh `boxoffice soak
+//! --reopen-only` process. Exit code 2 if the counts do not add up.
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use boxoffice_drill::soak::{self, SoakArgs};
+
+/// Runs the subcommand; its exit code.
+pub async fn run(args: SoakArgs) -> anyhow::Result<ExitCode> {
+    if args.reopen_only {
+        print!("{}", soak::reopen(&args).await?.json());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let exe = std::env::current_exe().context("finding this program to restart it")?;
+    let command = [exe.into_os_string(), OsString::from("soak")];
+    let json = args.json.clone();
+    let report = soak::run(args, &command).await?;
+    print!("{report}");
+    if let Some(path) = json {
+        std::fs::write(&path, report.json())
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if report.clean() {
+        println!("result: nothing held at the end; the counts add up");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!("result: FAILED: the counts do not add up (see above)");
+        Ok(ExitCode::from(2))
+    }
+}
