@@ -6,8 +6,10 @@
 
 use serde::{Serialize, de::DeserializeOwned};
 
-/// The version byte written in front of every record today.
-pub const CODEC_VERSION: u8 = 1;
+/// The version byte written in front of every record today. Version 2 came with the
+/// superblock, retention times in ledger records and withdrawn places in section checkpoints;
+/// version 1 logs are refused at start (no migration: nothing before it was released).
+pub const CODEC_VERSION: u8 = 2;
 const HEADER_LEN: usize = 5;
 
 /// Why bytes did not decode.

@@ -674,6 +674,49 @@ impl SectionCore {
         Ok(())
     }
 
+    /// Plans taking every live hold's places out of sale (accepted damage in this section's
+    /// log: any of them may have been paid for in the records that were lost): each hold is
+    /// released, then its places withdrawn, claimed for it.
+    pub fn plan_withdraw_live(&self, now_ms: u64) -> Vec<SectionRecord> {
+        let mut live: Vec<(&HoldId, &HoldEntry)> = self
+            .holds
+            .iter()
+            .filter(|(_, h)| h.status == HoldStatus::Held)
+            .collect();
+        live.sort_by(|a, b| a.0.cmp(b.0));
+        let prefix = format!("{}/{}", self.event_id, self.spec.section_id);
+        let mut records = Vec::new();
+        let mut places = Vec::new();
+        let mut next = self.next_place;
+        for (id, h) in live {
+            records.push(SectionRecord::HoldReleased {
+                hold_id: id.clone(),
+                at_ms: now_ms,
+            });
+            if self.is_reserved() {
+                places.extend(h.seats.iter().map(|&seat| Withdrawn {
+                    place: seat,
+                    key: format!("{prefix}/{}", self.seat_id(seat)),
+                    holder: id.to_string(),
+                }));
+            } else {
+                places.extend((next..next + h.quantity).map(|n| Withdrawn {
+                    place: n,
+                    key: format!("{prefix}/#{n}"),
+                    holder: id.to_string(),
+                }));
+                next += h.quantity;
+            }
+        }
+        if !places.is_empty() {
+            records.push(SectionRecord::PlacesWithdrawn {
+                places,
+                at_ms: now_ms,
+            });
+        }
+        records
+    }
+
     /// Plans taking the places of `claims` (backstop key, holder) out of sale: the record to
     /// apply, and the live holds to release first (a held seat a lost sale claims). Keys that
     /// are not this section's, or places already sold, are left out (returned as such).

@@ -127,7 +127,35 @@ impl Engine {
         .await
         .map_err(|e| StorageError::Io(format!("recovery failed: {e}")))?;
         let mut report = report_back;
-        let recovered = recovered?;
+        let recovered = match recovered {
+            Ok(r) if report.integrity.damage.is_empty() => {
+                sink.drop_evidence();
+                r
+            }
+            Ok(r) => {
+                if let Some(kept) = sink.keep_evidence() {
+                    report.integrity.actions.push(format!(
+                        "kept the log's files as they were before this start in {kept}"
+                    ));
+                }
+                r
+            }
+            Err(StorageError::Damaged { count, summary, .. }) => {
+                let evidence = sink.keep_evidence();
+                return Err(StorageError::Damaged {
+                    count,
+                    summary,
+                    evidence,
+                }
+                .into());
+            }
+            Err(e) => {
+                if let Some(kept) = sink.keep_evidence() {
+                    tracing::error!(error = %e, kept, "recovery failed; the log's files as they were are kept");
+                }
+                return Err(e.into());
+            }
+        };
         let store = Arc::new(Store::start(
             sink.clone(),
             config.durability,

@@ -146,12 +146,15 @@ pub enum StorageError {
     },
     /// Recovery found the log damaged (records missing or corrupt, claims that disagree) and
     /// refused to start; nothing was changed. The summary names streams and sequence numbers.
-    #[error("start refused: the log is damaged ({count} found): {summary}")]
+    #[error("start refused: the log is damaged ({count} found): {summary}{}", evidence.as_ref().map(|e| format!("; the log's files as they were before this start are kept in {e}")).unwrap_or_default())]
     Damaged {
         /// How many problems were found.
         count: usize,
         /// The first few, named.
         summary: String,
+        /// Where the log's files are kept as they were before this start (sled rewrites a
+        /// damaged tail when it opens), if the sink keeps such a copy.
+        evidence: Option<String>,
     },
     /// Opening the data dir failed.
     #[error("cannot open data dir {path}: {reason}")]

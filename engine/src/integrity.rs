@@ -85,12 +85,15 @@ pub enum Damage {
         /// Why.
         reason: String,
     },
-    /// A stream's checkpoint does not decode (or its state fails its invariants).
+    /// A stream's checkpoint does not decode.
     Checkpoint {
         /// The stream.
         stream: String,
         /// Why.
         reason: String,
+        /// CRC32 of the damaged bytes (so that accepting this damage accepts this checkpoint
+        /// only, not a later one).
+        fingerprint: u32,
     },
     /// Fewer sold-seat claims than the superblock counted.
     ClaimsMissing {
@@ -157,9 +160,11 @@ impl std::fmt::Display for Damage {
                 f,
                 "stream `{stream}`: the record at sequence {seq} does not fit the state: {reason}"
             ),
-            Damage::Checkpoint { stream, reason } => {
-                write!(f, "stream `{stream}`: its checkpoint is damaged: {reason}")
-            }
+            Damage::Checkpoint { stream, reason, .. } => write!(
+                f,
+                "stream `{stream}`: its checkpoint is damaged ({reason}): the records it covers \
+                 were compacted away"
+            ),
             Damage::ClaimsMissing { expected, found } => write!(
                 f,
                 "table `sold`: {found} sold-seat claims, {expected} were acknowledged"
@@ -238,8 +243,8 @@ pub(crate) struct Replay<T> {
     pub checkpoint: Option<(u64, Vec<u8>)>,
     /// Records after the checkpoint that verify, in order.
     pub records: Vec<(u64, T)>,
-    /// The highest seq present: the stream continues after it (after accepted damage that
-    /// lost a tail, the lost numbers are used again: the superblock is rebased).
+    /// The seq the stream continues after: the highest seq present, or its mark if records
+    /// up to the mark were lost (and that loss accepted): numbers are never used twice.
     pub last_seq: u64,
     /// Whether a torn last record was dropped.
     pub dropped_tail: bool,
@@ -254,18 +259,53 @@ impl Findings {
             self.damage.push(d);
         }
     }
+
+    /// Records a checkpoint of `stream` whose `bytes` do not decode, unless an operator
+    /// accepted this very checkpoint before.
+    pub(crate) fn checkpoint_damage(
+        &mut self,
+        marks: &Marks,
+        stream: &str,
+        bytes: &[u8],
+        reason: String,
+    ) {
+        let d = Damage::Checkpoint {
+            stream: stream.to_owned(),
+            reason,
+            fingerprint: crc32fast::hash(bytes),
+        };
+        if marks.accepted_checkpoints.contains(&checkpoint_key(&d)) {
+            self.notes.push(format!("accepted earlier: {d}"));
+        } else {
+            self.damage.push(d);
+        }
+    }
+}
+
+/// How [`Marks::accepted_checkpoints`] names an accepted damaged checkpoint.
+pub(crate) fn checkpoint_key(d: &Damage) -> String {
+    match d {
+        Damage::Checkpoint {
+            stream,
+            fingerprint,
+            ..
+        } => format!("{stream}#{fingerprint:08x}"),
+        other => other.to_string(),
+    }
 }
 
 /// Reads and checks a stream: its checkpoint, then every record after it, against the stream's
-/// high-water mark in `marks`. Damage goes to `found` (and the bad record is skipped); a torn
-/// last record past the mark is dropped (removed from the log unless `mode` is `Verify`).
+/// high-water mark in `marks`. Damage goes to `found` (and the bad record is skipped). A last
+/// record past the mark that does not decode is a torn write (`dropped_tail`: the caller plans
+/// its removal), but only if `marks` came from a valid superblock (`trusted`); without one,
+/// nothing proves it was never acknowledged, and it is damage. Reading changes nothing.
 /// `decode` turns a record's bytes into a `T` ([`codec::decode`]; for a stream nobody reads,
 /// only the frame: [`codec::verify`]). Errors only if the sink cannot be read at all.
 pub(crate) fn read_stream<T>(
     sink: &dyn LogSink,
     name: &str,
     marks: &Marks,
-    mode: RecoveryMode,
+    trusted: bool,
     found: &mut Findings,
     decode: impl Fn(&[u8]) -> Result<T, codec::DecodeError>,
 ) -> Result<Replay<T>, StorageError> {
@@ -275,10 +315,7 @@ pub(crate) fn read_stream<T>(
         Some(bytes) => match codec::decode::<(u64, Vec<u8>)>(&bytes) {
             Ok(c) => Some(c),
             Err(e) => {
-                found.damage.push(Damage::Checkpoint {
-                    stream: name.to_owned(),
-                    reason: e.to_string(),
-                });
+                found.checkpoint_damage(marks, name, &bytes, e.to_string());
                 None
             }
         },
@@ -303,11 +340,8 @@ pub(crate) fn read_stream<T>(
         read += 1;
         match decode(&value) {
             Ok(r) => records.push((seq, r)),
-            Err(e) if iter.peek().is_none() && seq > acknowledged => {
-                tracing::warn!(stream = name, seq, error = %e, "dropping a torn last record");
-                if mode != RecoveryMode::Verify {
-                    stream.remove(seq)?;
-                }
+            Err(e) if trusted && iter.peek().is_none() && seq > acknowledged => {
+                tracing::warn!(stream = name, seq, error = %e, "a torn last record");
                 found.actions.push(format!(
                     "stream `{name}`: dropped the torn last record at sequence {seq} (past the \
                      acknowledged mark {acknowledged}: never acknowledged)"
@@ -327,11 +361,12 @@ pub(crate) fn read_stream<T>(
     }
     let present = expected - 1;
     if present < acknowledged {
-        found.damage.push(Damage::Missing {
+        let missing = Damage::Missing {
             stream: name.to_owned(),
             from: present + 1,
             to: acknowledged,
-        });
+        };
+        found.damage_at(marks, name, present + 1, acknowledged, missing);
     }
     found.streams.push(StreamSummary {
         stream: name.to_owned(),
@@ -343,7 +378,9 @@ pub(crate) fn read_stream<T>(
     Ok(Replay {
         checkpoint,
         records,
-        last_seq: present,
+        // Numbers are never used twice: after an accepted loss the stream goes on past the
+        // mark (the lost range stays accepted).
+        last_seq: present.max(acknowledged),
         dropped_tail,
     })
 }

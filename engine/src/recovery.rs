@@ -96,6 +96,8 @@ pub(crate) struct Check {
     orphans: Vec<(String, String)>,
     /// Claim keys accepted now (mismatches, orphans that could not be withdrawn).
     accepted_claims: Vec<String>,
+    /// Whether `marks` come from a valid superblock (else no tail may count as torn).
+    trusted: bool,
 }
 
 impl Check {
@@ -108,6 +110,7 @@ impl Check {
             repairs: Vec::new(),
             orphans: Vec::new(),
             accepted_claims: Vec::new(),
+            trusted: true,
         }
     }
 
@@ -129,7 +132,14 @@ impl Check {
         report: &mut RecoveryReport,
         decode: impl Fn(&[u8]) -> Result<T, codec::DecodeError>,
     ) -> Result<crate::integrity::Replay<T>, StorageError> {
-        let replay = read_stream(sink, name, &self.marks, self.mode, &mut self.found, decode)?;
+        let replay = read_stream(
+            sink,
+            name,
+            &self.marks,
+            self.trusted,
+            &mut self.found,
+            decode,
+        )?;
         if replay.dropped_tail {
             report.torn_tails_dropped += 1;
             self.repairs.push(Repair::DropTorn {
@@ -158,12 +168,14 @@ impl Check {
         Err(StorageError::Damaged {
             count: self.found.damage.len(),
             summary: self.found.summary(),
+            evidence: None,
         })
     }
 }
 
 /// Reads the superblock; its absence where a log exists (or both copies damaged) is damage.
-fn read_marks(sink: &dyn LogSink, found: &mut Findings) -> Result<Marks, StorageError> {
+/// Returns the marks and whether they come from a valid superblock.
+fn read_marks(sink: &dyn LogSink, found: &mut Findings) -> Result<(Marks, bool), StorageError> {
     let read = sink.superblock()?;
     if let Some(marks) = read.marks {
         for copy in read.damaged_copies {
@@ -171,7 +183,7 @@ fn read_marks(sink: &dyn LogSink, found: &mut Findings) -> Result<Marks, Storage
                 "superblock copy {copy} (the other copy is valid: a write torn by a crash)"
             ));
         }
-        return Ok(marks);
+        return Ok((marks, true));
     }
     if holds_data(sink)? {
         found.damage.push(if read.damaged_copies.is_empty() {
@@ -186,8 +198,40 @@ fn read_marks(sink: &dyn LogSink, found: &mut Findings) -> Result<Marks, Storage
             "superblock copies damaged before any record was written: {}",
             read.damaged_copies.join("; ")
         ));
+        // Nothing was ever acknowledged: a torn first record may be dropped.
+        return Ok((Marks::default(), true));
     }
-    Ok(Marks::default())
+    Ok((
+        Marks::default(),
+        !found.damage.iter().any(is_superblock_damage),
+    ))
+}
+
+fn is_superblock_damage(d: &Damage) -> bool {
+    matches!(
+        d,
+        Damage::SuperblockMissing | Damage::SuperblockDamaged { .. }
+    )
+}
+
+/// A log written by a boxoffice from before the superblock and log format 2 is not read (the
+/// record shapes changed with it): refused with a clear message, before anything is touched.
+fn refuse_older_format(sink: &dyn LogSink) -> Result<(), StorageError> {
+    let first = sink.stream(names::CATALOG)?.read_after(0)?;
+    if let Some((_, bytes)) = first.first()
+        && bytes.first().is_some_and(|v| *v < codec::CODEC_VERSION)
+    {
+        return Err(StorageError::Open {
+            path: String::new(),
+            reason: format!(
+                "the log was written by an older boxoffice (log format {}; this version reads \
+                 format {} only, with no migration): start from a new data dir",
+                bytes[0],
+                codec::CODEC_VERSION
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Whether the log holds any record, checkpoint or claim (empty trees do not count: reading a
@@ -223,10 +267,12 @@ pub(crate) fn recover(
     with: &RecoverWith,
     report: &mut RecoveryReport,
 ) -> Result<Recovered, StorageError> {
+    refuse_older_format(sink)?;
     let mut found = Findings::default();
-    let marks = read_marks(sink, &mut found)?;
+    let (marks, trusted) = read_marks(sink, &mut found)?;
     let mut check = Check::new(marks, with.mode);
     check.found = found;
+    check.trusted = trusted;
     let (events, catalog_last) = recover_catalog(sink, &mut check, report)?;
     let shards = with.ledger_shards.max(1);
     let mut ledger_states: Vec<ShardState> = (0..shards)
@@ -324,13 +370,23 @@ fn finish(sink: &dyn LogSink, check: &mut Check) -> Result<Marks, StorageError> 
         claims: 0,
         accepted: check.marks.accepted.clone(),
         accepted_claims: check.marks.accepted_claims.clone(),
+        accepted_checkpoints: check.marks.accepted_checkpoints.clone(),
     };
     marks
         .accepted_claims
         .extend(check.accepted_claims.iter().cloned());
     for d in &check.found.damage {
         match d {
-            Damage::Gap { stream, from, to } => marks.accept(stream, *from, *to),
+            Damage::Gap { stream, from, to } | Damage::Missing { stream, from, to } => {
+                marks.accept(stream, *from, *to);
+                // The stream goes on past the lost records: its mark stays.
+                marks.raise(stream, *to);
+            }
+            Damage::Checkpoint { .. } => {
+                marks
+                    .accepted_checkpoints
+                    .insert(crate::integrity::checkpoint_key(d));
+            }
             Damage::Record { stream, seq, .. } | Damage::Replay { stream, seq, .. } => {
                 marks.accept(stream, *seq, *seq)
             }
@@ -406,10 +462,9 @@ pub(crate) fn recover_section(
         Some((_, blob)) => {
             report.checkpoints_loaded += 1;
             codec::decode::<SectionCore>(blob).unwrap_or_else(|e| {
-                check.found.damage.push(Damage::Checkpoint {
-                    stream: name.clone(),
-                    reason: e.to_string(),
-                });
+                check
+                    .found
+                    .checkpoint_damage(&check.marks, &name, blob, e.to_string());
                 rewrite_checkpoint = true;
                 fresh()
             })
@@ -538,10 +593,9 @@ fn recover_ledgers(
         if let Some((_, blob)) = &replay.checkpoint {
             report.checkpoints_loaded += 1;
             if let Err(e) = staging.load_checkpoint(blob) {
-                check.found.damage.push(Damage::Checkpoint {
-                    stream: name.clone(),
-                    reason: e.to_string(),
-                });
+                check
+                    .found
+                    .checkpoint_damage(&check.marks, &name, blob, e.to_string());
             }
         }
         for (_, record) in replay.records {
@@ -637,8 +691,10 @@ fn recover_backstop(
 }
 
 /// Accepted damage: the places of sales whose records are lost leave the sale (a live hold on
-/// such a seat is released first), recorded in their sections' logs; their claims stay. A claim
-/// no section can withdraw is kept and remembered as accepted.
+/// such a seat is released first), recorded in their sections' logs; their claims stay. In a
+/// section whose records may be lost (its stream damaged, or claims missing anywhere), every live
+/// hold may have been paid for in the lost records: its places leave the sale too, claimed for
+/// it. A claim no section can withdraw is kept and remembered as accepted.
 fn withdraw_orphans(
     cores: &mut HashMap<(EventId, SectionId), (SectionCore, u64)>,
     check: &mut Check,
@@ -646,46 +702,39 @@ fn withdraw_orphans(
 ) -> Result<(), StorageError> {
     let mut left: BTreeSet<String> = check.orphans.iter().map(|(k, _)| k.clone()).collect();
     let orphans = std::mem::take(&mut check.orphans);
+    let claims_lost = check
+        .found
+        .damage
+        .iter()
+        .any(|d| matches!(d, Damage::ClaimsMissing { .. }));
+    let damaged: BTreeSet<String> = check
+        .found
+        .damage
+        .iter()
+        .filter_map(|d| match d {
+            Damage::Missing { stream, .. }
+            | Damage::Gap { stream, .. }
+            | Damage::Record { stream, .. }
+            | Damage::Replay { stream, .. }
+            | Damage::Checkpoint { stream, .. } => Some(stream.clone()),
+            _ => None,
+        })
+        .collect();
     for ((event_id, section_id), (core, last_seq)) in cores.iter_mut() {
         let prefix = format!("{event_id}/{section_id}/");
+        let name = names::section(event_id, section_id);
         let mine: Vec<(String, String)> = orphans
             .iter()
             .filter(|(k, _)| k.starts_with(&prefix))
             .cloned()
             .collect();
-        if mine.is_empty() {
-            continue;
+        if !mine.is_empty() {
+            let records = core.plan_withdrawal(&mine, now_ms).0;
+            append_withdrawal(core, last_seq, &name, records, check, &mut left)?;
         }
-        let (records, _) = core.plan_withdrawal(&mine, now_ms);
-        let name = names::section(event_id, section_id);
-        for record in records {
-            core.apply(&record)
-                .map_err(|e| corrupt(&name, *last_seq + 1, e))?;
-            *last_seq += 1;
-            match &record {
-                SectionRecord::HoldReleased { hold_id, .. } => check.found.actions.push(format!(
-                    "stream `{name}`: released hold {hold_id}: it held a seat a lost sale claims"
-                )),
-                SectionRecord::PlacesWithdrawn { places, .. } => {
-                    for w in places {
-                        left.remove(&w.key);
-                        check.found.actions.push(format!(
-                            "stream `{name}`: withdrew seat {} from sale (claimed by {}, whose \
-                             sale record is lost: its fan may hold a ticket)",
-                            w.key, w.holder
-                        ));
-                    }
-                }
-                _ => {}
-            }
-            check.repairs.push(Repair::Append {
-                stream: name.clone(),
-                seq: *last_seq,
-                bytes: codec::encode(&record),
-            });
-        }
-        if let Some(s) = check.found.streams.iter_mut().find(|s| s.stream == name) {
-            s.last = *last_seq;
+        if claims_lost || damaged.contains(&name) {
+            let records = core.plan_withdraw_live(now_ms);
+            append_withdrawal(core, last_seq, &name, records, check, &mut left)?;
         }
     }
     for key in left {
@@ -693,6 +742,59 @@ fn withdraw_orphans(
             "table `sold`: kept the claim of seat {key}: no section could withdraw it"
         ));
         check.accepted_claims.push(key);
+    }
+    Ok(())
+}
+
+/// Applies withdrawal records to a recovered section, plans their append after `last_seq`, and
+/// says what was done. A withdrawn place with no surviving claim (a live hold's) is claimed.
+fn append_withdrawal(
+    core: &mut SectionCore,
+    last_seq: &mut u64,
+    name: &str,
+    records: Vec<SectionRecord>,
+    check: &mut Check,
+    orphans_left: &mut BTreeSet<String>,
+) -> Result<(), StorageError> {
+    for record in records {
+        core.apply(&record)
+            .map_err(|e| corrupt(name, *last_seq + 1, e))?;
+        *last_seq += 1;
+        match &record {
+            SectionRecord::HoldReleased { hold_id, .. } => check.found.actions.push(format!(
+                "stream `{name}`: released hold {hold_id} to take its places out of sale"
+            )),
+            SectionRecord::PlacesWithdrawn { places, .. } => {
+                for w in places {
+                    if orphans_left.remove(&w.key) {
+                        check.found.actions.push(format!(
+                            "stream `{name}`: withdrew seat {} from sale (claimed by {}, whose \
+                             sale record is lost: its fan may hold a ticket)",
+                            w.key, w.holder
+                        ));
+                    } else {
+                        check.found.actions.push(format!(
+                            "stream `{name}`: withdrew seat {} of live hold {} from sale (records \
+                             were lost: it may have been paid for)",
+                            w.key, w.holder
+                        ));
+                        check.repairs.push(Repair::Restore {
+                            key: w.key.clone(),
+                            hold: HoldId::from(w.holder.as_str()),
+                        });
+                    }
+                }
+            }
+            _ => {}
+        }
+        check.repairs.push(Repair::Append {
+            stream: name.to_owned(),
+            seq: *last_seq,
+            bytes: codec::encode(&record),
+        });
+    }
+    if let Some(s) = check.found.streams.iter_mut().find(|s| s.stream == name) {
+        s.last = *last_seq;
     }
     Ok(())
 }
@@ -708,10 +810,9 @@ pub(crate) fn recover_waitlist(
         Some((_, blob)) => {
             report.checkpoints_loaded += 1;
             codec::decode::<WaitlistCore>(blob).unwrap_or_else(|e| {
-                check.found.damage.push(Damage::Checkpoint {
-                    stream: names::WAITLIST.to_owned(),
-                    reason: e.to_string(),
-                });
+                check
+                    .found
+                    .checkpoint_damage(&check.marks, names::WAITLIST, blob, e.to_string());
                 WaitlistCore::default()
             })
         }

@@ -271,7 +271,8 @@ impl LogSink for MemorySink {
     fn set_claim_aside(&self, key: &str) -> Result<(), StorageError> {
         self.write(|t| {
             if let Some(holder) = t.claims.remove(key) {
-                t.set_aside.insert(key.to_owned(), holder);
+                t.set_aside
+                    .insert(super::sink::set_aside_key(key, &holder), holder);
             }
         })
     }
@@ -404,9 +405,12 @@ mod tests {
         assert_eq!(sink.claim("k", b"h2").unwrap(), Claim::Taken);
         assert_eq!(
             sink.claims_set_aside().unwrap(),
-            vec![("k".to_owned(), b"h1".to_vec())],
+            vec![("k@h1".to_owned(), b"h1".to_vec())],
             "set aside, not deleted"
         );
+        // The same seat set aside again for another holder keeps both.
+        sink.set_claim_aside("k").unwrap();
+        assert_eq!(sink.claims_set_aside().unwrap().len(), 2);
     }
 
     #[test]

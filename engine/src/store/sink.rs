@@ -19,6 +19,12 @@ use std::sync::Arc;
 use super::superblock::{Marks, SuperblockRead};
 use crate::error::StorageError;
 
+/// The key a claim is set aside under: `{key}@{holder}`, so that the same seat set aside on two
+/// restarts for two holders keeps both.
+pub(crate) fn set_aside_key(key: &str, holder: &[u8]) -> String {
+    format!("{key}@{}", String::from_utf8_lossy(holder))
+}
+
 /// What a [`LogSink::claim`] found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Claim {
@@ -75,4 +81,12 @@ pub trait LogSink: Send + Sync + 'static {
     fn sled_db(&self) -> Option<sled::Db> {
         None
     }
+    /// Recovery refused a damaged log: keeps the copy of the files as they were before this
+    /// open (sled rewrites a damaged tail when it opens) where nothing overwrites it; returns
+    /// where. `None`: this sink keeps no such copy.
+    fn keep_evidence(&self) -> Option<String> {
+        None
+    }
+    /// Recovery found the log whole (or accepted its damage): the copy is not needed.
+    fn drop_evidence(&self) {}
 }

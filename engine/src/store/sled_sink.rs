@@ -5,7 +5,7 @@
 //! | one per stream (`catalog`, `section/{event}/{section}`, `ledger/{n}`, `waitlist`) | seq (u64 BE) | framed record |
 //! | `checkpoints` | stream name | framed `(seq, state blob)` |
 //! | `sold` | claim key | holder (hold id) |
-//! | `sold_set_aside` | claim key | holder: claims recovery set aside, kept as evidence |
+//! | `sold_set_aside` | `{claim key}@{holder}` | holder: claims recovery set aside, kept as evidence |
 //!
 //! Beside sled's files: the two superblock copies (see [`superblock`](super::superblock)).
 //!
@@ -53,6 +53,8 @@ pub struct SledSink {
     superblock: SuperblockFiles,
     /// The superblock as found when this sink opened.
     superblock_read: SuperblockRead,
+    /// The data dir.
+    dir: std::path::PathBuf,
 }
 
 struct SledStream {
@@ -64,12 +66,38 @@ impl SledSink {
     /// Opens (or creates) the database under `dir`. sled releases its file lock from a
     /// background thread a little after the last handle of a previous instance is dropped (in
     /// this process or a dying one): a busy lock is retried for up to `lock_wait`.
+    ///
+    /// sled rewrites its files when it opens them: past the first message that fails its
+    /// checksum, everything is wiped as a torn tail. So the files are first copied to
+    /// `{dir}/pre-open/` (the evidence, should recovery find the log damaged: see
+    /// [`LogSink::keep_evidence`]); recovery drops the copy once the log proves whole.
     pub fn open(dir: &Path, lock_wait: Duration) -> Result<SledSink, StorageError> {
+        SledSink::open_inner(dir, lock_wait, true)
+    }
+
+    /// [`SledSink::open`] without the copy of the files as they were (for a log that is itself
+    /// a copy, as `check-log` makes).
+    pub fn open_without_evidence(
+        dir: &Path,
+        lock_wait: Duration,
+    ) -> Result<SledSink, StorageError> {
+        SledSink::open_inner(dir, lock_wait, false)
+    }
+
+    fn open_inner(
+        dir: &Path,
+        lock_wait: Duration,
+        evidence: bool,
+    ) -> Result<SledSink, StorageError> {
         std::fs::create_dir_all(dir).map_err(|e| StorageError::Open {
             path: dir.display().to_string(),
             reason: e.to_string(),
         })?;
         let deadline = Instant::now() + lock_wait;
+        let evidence = evidence && dir.join(SLED_DATA_FILE).is_file();
+        if evidence {
+            copy_before_open(dir, deadline)?;
+        }
         let db = loop {
             match open_db(dir) {
                 Err(StorageError::Open { reason, .. })
@@ -94,6 +122,7 @@ impl SledSink {
             data_file,
             superblock,
             superblock_read,
+            dir: dir.to_owned(),
         })
     }
 }
@@ -206,7 +235,10 @@ impl LogSink for SledSink {
 
     fn set_claim_aside(&self, key: &str) -> Result<(), StorageError> {
         if let Some(holder) = self.claims.get(key.as_bytes()).map_err(io)? {
-            self.set_aside.insert(key.as_bytes(), holder).map_err(io)?;
+            let aside = super::sink::set_aside_key(key, &holder);
+            self.set_aside
+                .insert(aside.as_bytes(), holder)
+                .map_err(io)?;
             self.claims.remove(key.as_bytes()).map_err(io)?;
         }
         Ok(())
@@ -235,6 +267,95 @@ impl LogSink for SledSink {
     fn sled_db(&self) -> Option<sled::Db> {
         Some(self.db.clone())
     }
+
+    fn keep_evidence(&self) -> Option<String> {
+        let from = self.dir.join(PRE_OPEN);
+        if !from.is_dir() {
+            return None;
+        }
+        let ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        let to = self.dir.join(format!("damaged-{ms}"));
+        match std::fs::rename(&from, &to) {
+            Ok(()) => Some(to.display().to_string()),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot keep the log's files as they were");
+                Some(from.display().to_string())
+            }
+        }
+    }
+
+    fn drop_evidence(&self) {
+        let dir = self.dir.join(PRE_OPEN);
+        if dir.is_dir()
+            && let Err(e) = std::fs::remove_dir_all(&dir)
+        {
+            tracing::warn!(error = %e, "cannot remove {}", dir.display());
+        }
+    }
+}
+
+/// Where [`SledSink::open`] copies sled's files before sled opens (and may rewrite) them.
+pub const PRE_OPEN: &str = "pre-open";
+
+/// Copies sled's files (everything in `dir` but our own: the superblock, ticket keys, earlier
+/// copies) to `{dir}/pre-open/`, once no other instance holds sled's lock on `db`.
+fn copy_before_open(dir: &Path, deadline: Instant) -> Result<(), StorageError> {
+    let fail = |what: &str, e: std::io::Error| StorageError::Open {
+        path: dir.display().to_string(),
+        reason: format!("{what}: {e}"),
+    };
+    let db = std::fs::File::open(dir.join(SLED_DATA_FILE)).map_err(|e| fail("opening db", e))?;
+    loop {
+        match db.try_lock() {
+            Ok(()) => break,
+            Err(std::fs::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(StorageError::Open {
+                    path: dir.display().to_string(),
+                    reason: "could not acquire lock on db: another instance holds it".into(),
+                });
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(fail("locking db", e)),
+        }
+    }
+    let to = dir.join(PRE_OPEN);
+    if to.exists() {
+        std::fs::remove_dir_all(&to).map_err(|e| fail("clearing pre-open", e))?;
+    }
+    std::fs::create_dir(&to).map_err(|e| fail("creating pre-open", e))?;
+    copy_sled_files(dir, &to).map_err(|e| fail("copying the log before opening it", e))?;
+    db.unlock().map_err(|e| fail("unlocking db", e))?;
+    Ok(())
+}
+
+/// sled's own files and dirs: `db`, `conf`, `snap.*`, `blobs/`.
+fn copy_sled_files(from: &Path, to: &Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let sled_file = name == SLED_DATA_FILE || name == "conf" || name.starts_with("snap.");
+        if sled_file && entry.file_type()?.is_file() {
+            std::fs::copy(entry.path(), to.join(&name))?;
+        } else if name == "blobs" && entry.file_type()?.is_dir() {
+            std::fs::create_dir_all(to.join(&name))?;
+            copy_sled_files_all(&entry.path(), &to.join(&name))?;
+        }
+    }
+    Ok(())
+}
+
+fn copy_sled_files_all(from: &Path, to: &Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        if entry.file_type()?.is_file() {
+            std::fs::copy(entry.path(), to.join(entry.file_name()))?;
+        }
+    }
+    Ok(())
 }
 
 /// Every (key, value) of a tree, keys as text.

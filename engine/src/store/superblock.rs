@@ -41,6 +41,8 @@ pub struct Marks {
     /// Sold-seat claims an operator accepted as disagreeing with the orders (or left without
     /// a place to withdraw): kept, never set aside, not reported again.
     pub accepted_claims: std::collections::BTreeSet<String>,
+    /// Damaged checkpoints an operator accepted, as `{stream}#{crc32 of their bytes}`.
+    pub accepted_checkpoints: std::collections::BTreeSet<String>,
 }
 
 impl Marks {
