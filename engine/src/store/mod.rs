@@ -10,10 +10,12 @@
 //!
 //! Every stream has one writer (the actor that owns it), which numbers its records. Writers hand
 //! their records to the flusher thread over a channel; the flusher drains the channel, writes
-//! everything it drained, makes it durable with **one** [`LogSink::sync`], records the new
-//! high-water marks in the superblock ([`LogSink::put_superblock`]) and only then runs the
-//! completions, which send the replies. The flusher is a plain OS thread so the sync never
-//! blocks a runtime worker (and sled's `flush_async`, spacejam/sled#1308, is never used).
+//! everything it drained and makes it durable with **one** [`LogSink::sync`]; then the acker
+//! thread records the new high-water marks in the superblock ([`LogSink::put_superblock`]) and
+//! only then runs the completions, which send the replies. The acker works beside the flusher,
+//! so one commit's superblock write overlaps the next commit's writes and sync. Both are plain
+//! OS threads so a sync never blocks a runtime worker (and sled's `flush_async`,
+//! spacejam/sled#1308, is never used).
 //!
 //! Fail-stop: after a write or flush error, or a backstop refusal, the store halts: every pending
 //! and later job fails with a storage error and nothing more is acknowledged (PostgreSQL's answer
@@ -83,7 +85,7 @@ impl std::str::FromStr for Durability {
 
 pub use crate::limits::FLUSH_BATCH_JOBS_MAX;
 
-/// A completion run by the flusher thread once a job is durable (or failed).
+/// A completion run by the acker thread once a job is durable (or failed).
 pub(crate) type Done = Box<dyn FnOnce(Result<(), StorageError>) + Send>;
 
 pub(crate) struct Append {
@@ -211,6 +213,14 @@ impl Store {
                 .map_err(|e| StorageError::Io(format!("cannot start the compactor thread: {e}")))?
         };
         let durable = Arc::new(Mutex::new(marks.clone()));
+        let (ack_tx, ack_rx) = mpsc::channel();
+        let acker = {
+            let (sink, halt, durable) = (sink.clone(), halt.clone(), durable.clone());
+            std::thread::Builder::new()
+                .name("boxoffice-ack".into())
+                .spawn(move || acker(ack_rx, sink, halt, durable))
+                .map_err(|e| StorageError::Io(format!("cannot start the acker thread: {e}")))?
+        };
         let flusher = Flusher {
             sink: sink.clone(),
             durability,
@@ -218,7 +228,8 @@ impl Store {
             compact: compact_tx,
             marks,
             dirty: false,
-            durable: durable.clone(),
+            ack: Some(ack_tx),
+            acker: Some(acker),
         };
         let thread = std::thread::Builder::new()
             .name("boxoffice-wal".into())
@@ -308,10 +319,58 @@ struct Flusher {
     compact: mpsc::Sender<Compaction>,
     /// Every stream's highest written seq and the claims taken (durable at the next sync).
     marks: Marks,
-    /// Whether `marks` changed since the superblock was last written.
+    /// Whether `marks` changed since they were last handed to the acker.
     dirty: bool,
-    /// The marks last written to the superblock, shared with [`Store::durable_mark`].
+    /// The acker thread: writes each synced batch's marks to the superblock, then replies.
+    ack: Option<mpsc::Sender<Ack>>,
+    acker: Option<JoinHandle<()>>,
+}
+
+/// A written batch handed to the acker: its marks (to write to the superblock first, if the
+/// batch was synced and changed them), and its completions with what the flusher knew.
+struct Ack {
+    marks: Option<Marks>,
+    halted: Option<StorageError>,
+    completions: Vec<(Done, Result<(), StorageError>)>,
+}
+
+/// The acker: for each batch in order, writes its marks to the superblock (made durable), then
+/// runs its completions, which send the replies. It runs beside the flusher, so the superblock
+/// write of one commit overlaps the writing and syncing of the next; a reply still leaves only
+/// after both its records and the superblock that counts them are durable. A failed superblock
+/// write halts the store and fails this batch and every later one.
+fn acker(
+    rx: mpsc::Receiver<Ack>,
+    sink: Arc<dyn LogSink>,
+    halt: Arc<Halt>,
     durable: Arc<Mutex<Marks>>,
+) {
+    let mut failed: Option<StorageError> = None;
+    while let Ok(ack) = rx.recv() {
+        if let (Some(marks), None) = (ack.marks, &failed) {
+            let started = Instant::now();
+            match sink.put_superblock(&marks) {
+                Ok(()) => {
+                    metrics::histogram!("boxoffice_wal_superblock_seconds")
+                        .record(started.elapsed().as_secs_f64());
+                    *durable.lock().unwrap_or_else(|p| p.into_inner()) = marks;
+                }
+                Err(e) => {
+                    let reason = format!("superblock write failed: {e}");
+                    halt.set(reason.clone());
+                    failed = Some(StorageError::Halted(reason));
+                }
+            }
+        }
+        let halted = ack.halted.or_else(|| failed.clone());
+        for (done, r) in ack.completions {
+            let r = match (&halted, r) {
+                (Some(h), Ok(())) => Err(h.clone()),
+                (_, r) => r,
+            };
+            done(r);
+        }
+    }
 }
 
 /// What writing one batch left to do once it is durable.
@@ -339,38 +398,28 @@ impl Flusher {
             let started = Instant::now();
             let written = self.write(batch);
             stop = written.stop;
-            if (self.durability == Durability::Sync || stop) && self.halt.check().is_ok() {
-                self.make_durable();
-            }
-            self.finish(written, started);
+            let synced = (self.durability == Durability::Sync || stop)
+                && self.halt.check().is_ok()
+                && self.sync();
+            self.finish(written, started, synced);
+        }
+        // Every batch's replies are out before the store reports closed.
+        drop(self.ack.take());
+        if let Some(h) = self.acker.take() {
+            let _ = h.join();
         }
     }
 
-    /// Syncs the log, then writes the superblock with the marks it now covers. A failure of
-    /// either halts the store (and so fails every completion of the batch).
-    fn make_durable(&mut self) -> bool {
+    /// Syncs the log; a failure halts the store (and so fails every completion of the batch).
+    fn sync(&mut self) -> bool {
         let flush_started = Instant::now();
-        let result = self.sink.sync().map_err(|e| format!("flush failed: {e}"));
+        let result = self.sink.sync();
         metrics::histogram!("boxoffice_wal_flush_seconds")
             .record(flush_started.elapsed().as_secs_f64());
-        let result = result.and_then(|()| {
-            if !self.dirty {
-                return Ok(());
-            }
-            let started = Instant::now();
-            self.sink
-                .put_superblock(&self.marks)
-                .map_err(|e| format!("superblock write failed: {e}"))?;
-            metrics::histogram!("boxoffice_wal_superblock_seconds")
-                .record(started.elapsed().as_secs_f64());
-            self.dirty = false;
-            *self.durable.lock().unwrap_or_else(|p| p.into_inner()) = self.marks.clone();
-            Ok(())
-        });
         match result {
             Ok(()) => true,
-            Err(reason) => {
-                self.halt.set(reason);
+            Err(e) => {
+                self.halt.set(format!("flush failed: {e}"));
                 false
             }
         }
@@ -404,29 +453,43 @@ impl Flusher {
         w
     }
 
-    /// After the batch's sync: hands compactions on and runs the completions. A failed sync
-    /// (or any halt) means none of the batch is known durable: every completion gets the error.
-    fn finish(&mut self, w: Written, started: Instant) {
+    /// After the batch's sync: hands compactions on, and the completions to the acker (with
+    /// the marks to write first, if the batch was synced). A failed sync (or any halt) means
+    /// none of the batch is known durable: every completion gets the error.
+    fn finish(&mut self, w: Written, started: Instant, mut synced: bool) {
         let halted = self.halt.check().err();
         if halted.is_none() && !w.compactions.is_empty() {
             // Records may only go once their checkpoint is durable (Sync synced above).
-            let durable = self.durability == Durability::Sync || self.make_durable();
-            if durable {
+            if self.durability != Durability::Sync {
+                synced = self.sync();
+            }
+            if synced {
                 for c in w.compactions {
                     let _ = self.compact.send(c);
                 }
             }
         }
+        let halted = self.halt.check().err();
+        let marks = (synced && halted.is_none() && std::mem::take(&mut self.dirty))
+            .then(|| self.marks.clone());
         metrics::histogram!("boxoffice_wal_batch_records").record(w.records as f64);
         metrics::counter!("boxoffice_wal_records_total").increment(w.records as u64);
         metrics::counter!("boxoffice_wal_bytes_total").increment(w.bytes as u64);
         metrics::histogram!("boxoffice_wal_batch_seconds").record(started.elapsed().as_secs_f64());
-        for (done, r) in w.completions {
-            let r = match (&halted, r) {
-                (Some(h), Ok(())) => Err(h.clone()),
-                (_, r) => r,
-            };
-            done(r);
+        let ack = Ack {
+            marks,
+            halted,
+            completions: w.completions,
+        };
+        if let Some(tx) = &self.ack
+            && let Err(mpsc::SendError(ack)) = tx.send(ack)
+        {
+            // The acker is gone (it cannot be, short of a panic): nothing is acknowledged.
+            let closed = StorageError::Halted("the log's acker stopped".into());
+            self.halt.set(closed.to_string());
+            for (done, _) in ack.completions {
+                done(Err(closed.clone()));
+            }
         }
     }
 
