@@ -73,6 +73,9 @@ pub enum SectionRecord {
         at_ms: u64,
         /// Idempotency key of the confirm request, if any.
         idem: Option<IdemTag>,
+        /// General admission: the ordinal of the order's first place (its backstop keys are
+        /// `#first_place` on), recorded so a replay never renumbers (0 for reserved seats).
+        first_place: u32,
     },
     /// The holder gave the places back.
     HoldReleased {
@@ -422,6 +425,11 @@ impl SectionCore {
             payment_ref: cmd.payment_ref,
             at_ms: now_ms,
             idem: cmd.idem,
+            first_place: if self.is_reserved() {
+                0
+            } else {
+                self.next_place
+            },
         };
         self.apply(&record)
             .expect("a confirm just decided always applies");
@@ -550,6 +558,7 @@ impl SectionCore {
                 payment_ref,
                 at_ms,
                 idem,
+                first_place,
             } => self.apply_confirmed(
                 hold_id,
                 OrderEntry {
@@ -557,7 +566,7 @@ impl SectionCore {
                     payment_ref: payment_ref.clone(),
                     created_at_ms: *at_ms,
                     idem: idem.clone(),
-                    first_place: self.next_place,
+                    first_place: *first_place,
                 },
             )?,
             SectionRecord::HoldReleased { hold_id, at_ms } => {
@@ -633,6 +642,7 @@ impl SectionCore {
         }
         h.status = HoldStatus::Confirmed;
         let order_id = order.order_id.clone();
+        let first_place = order.first_place;
         h.order = Some(order);
         let (q, expires, seats) = (h.quantity, h.expires_at_ms, h.seats.clone());
         self.deadlines.remove(&(expires, hold_id.clone()));
@@ -642,7 +652,8 @@ impl SectionCore {
         self.held -= q;
         self.sold += q;
         if !self.is_reserved() {
-            self.next_place += q;
+            // Past this order's places (a replay that skipped a lost order keeps the numbers).
+            self.next_place = self.next_place.max(first_place + q);
         }
         self.orders.insert(order_id, hold_id.clone());
         Ok(())
@@ -1271,6 +1282,57 @@ mod tests {
         );
         assert_eq!(r.unwrap_err().field(), Some("seat_ids"));
         assert_eq!(c.counts(), before, "nothing changed");
+    }
+
+    #[test]
+    fn general_admission_ordinals_are_recorded_so_a_replay_that_lost_an_order_keeps_them() {
+        let mut live = ga(10);
+        let mut log = Vec::new();
+        let mut keys = Vec::new();
+        for (user, q) in [("a", 2), ("b", 3)] {
+            let id = HoldId::generate(&EventId::from("e"), &SectionId::from("floor"));
+            let (_, placed) = live
+                .place_hold(
+                    PlaceHold {
+                        hold_id: id.clone(),
+                        user_id: UserId::from(user),
+                        pick: Pick::Best(q),
+                        ttl_ms: 1_000,
+                        idem: None,
+                    },
+                    0,
+                )
+                .unwrap();
+            log.push(placed);
+            let (r, confirmed) = live.confirm(
+                ConfirmHold {
+                    hold_id: id,
+                    user_id: UserId::from(user),
+                    order_id: OrderId::generate(&EventId::from("e"), &SectionId::from("floor")),
+                    payment_ref: "tok_ok".into(),
+                    idem: None,
+                },
+                1,
+            );
+            keys.push(r.unwrap().sold_keys);
+            log.push(confirmed.unwrap());
+        }
+        assert_eq!(keys[1], ["e/floor/#2", "e/floor/#3", "e/floor/#4"]);
+        // A replay that lost a's confirm (accepted damage) still numbers b's places #2..#4,
+        // and the next sale starts after them.
+        let mut replayed = ga(10);
+        for (i, r) in log.iter().enumerate() {
+            if i != 1 {
+                replayed.apply(r).unwrap();
+            }
+        }
+        let b_keys: Vec<String> = replayed
+            .all_sold_keys()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(b_keys, keys[1]);
+        assert_eq!(replayed.next_place, 5);
     }
 
     #[test]
