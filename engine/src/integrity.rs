@@ -320,13 +320,18 @@ pub(crate) fn read_stream<T>(
             }
         },
     };
-    let stream = sink.stream(name)?;
     let after = checkpoint.as_ref().map_or(0, |(s, _)| *s);
+    // A stream the log does not have is read as empty, without creating it.
+    let stored = if sink.stream_names()?.iter().any(|n| n == name) {
+        sink.stream(name)?.read_after(after)?
+    } else {
+        Vec::new()
+    };
     let mut expected = after + 1;
     let mut records = Vec::new();
     let mut dropped_tail = false;
     let mut read = 0u64;
-    let mut iter = stream.read_after(after)?.into_iter().peekable();
+    let mut iter = stored.into_iter().peekable();
     while let Some((seq, value)) = iter.next() {
         if seq > expected {
             let gap = Damage::Gap {

@@ -217,6 +217,9 @@ fn is_superblock_damage(d: &Damage) -> bool {
 /// A log written by a boxoffice from before the superblock and log format 2 is not read (the
 /// record shapes changed with it): refused with a clear message, before anything is touched.
 fn refuse_older_format(sink: &dyn LogSink) -> Result<(), StorageError> {
+    if !sink.stream_names()?.iter().any(|n| n == names::CATALOG) {
+        return Ok(());
+    }
     let first = sink.stream(names::CATALOG)?.read_after(0)?;
     if let Some((_, bytes)) = first.first()
         && bytes.first().is_some_and(|v| *v < codec::CODEC_VERSION)

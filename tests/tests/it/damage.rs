@@ -246,6 +246,19 @@ async fn a_lost_superblock_or_log_is_named_and_one_torn_copy_is_not_damage() {
         ),
         Outcome::Intact => panic!("an empty log started under a superblock that knew better"),
     }
+    // Refused means untouched: reading the streams the superblock knows created none of them.
+    let db = boxoffice_engine::raw::open_db(dir.path()).unwrap();
+    let trees: Vec<String> = db
+        .tree_names()
+        .iter()
+        .map(|n| String::from_utf8_lossy(n).into_owned())
+        .collect();
+    assert!(
+        !trees
+            .iter()
+            .any(|n| n == "catalog" || n.starts_with("section/") || n.starts_with("ledger/")),
+        "{trees:?}"
+    );
 
     // One copy torn (as a crash mid-write leaves it): the other copy rules; nothing lost.
     let dir = tempfile::tempdir().unwrap();
