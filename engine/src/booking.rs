@@ -20,8 +20,15 @@ use crate::types::{
 
 impl Engine {
     /// Holds places: exact seats, or best available in a section or anywhere in the event.
-    /// Reserves the user's quota first and gives it back if the hold fails.
+    /// Reserves the user's quota first and gives it back if the hold fails. Runs to the end
+    /// even if the caller stops waiting (see [`Engine::detached`]).
     pub async fn hold(&self, req: HoldRequest) -> Result<HoldView, EngineError> {
+        let engine = self.clone();
+        self.detached(async move { engine.hold_now(req).await })
+            .await
+    }
+
+    async fn hold_now(&self, req: HoldRequest) -> Result<HoldView, EngineError> {
         self.check_ready()?;
         check_user_id(&req.user_id)?;
         check_idempotency_key(&req.idempotency_key)?;
@@ -107,7 +114,18 @@ impl Engine {
     }
 
     /// Releases a hold (by its holder). Its places are free again and count against nobody.
+    /// Runs to the end even if the caller stops waiting.
     pub async fn release(
+        &self,
+        hold_id: &HoldId,
+        user_id: &UserId,
+    ) -> Result<HoldView, EngineError> {
+        let (engine, h, u) = (self.clone(), hold_id.clone(), user_id.clone());
+        self.detached(async move { engine.release_now(&h, &u).await })
+            .await
+    }
+
+    async fn release_now(
         &self,
         hold_id: &HoldId,
         user_id: &UserId,

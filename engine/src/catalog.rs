@@ -65,8 +65,14 @@ impl Engine {
     }
 
     /// Creates an event: validates the spec (zero values take the defaults), logs it durably and
-    /// starts one actor per section.
+    /// starts one actor per section. Runs to the end even if the caller stops waiting.
     pub async fn create_event(&self, spec: EventSpec) -> Result<EventView, EngineError> {
+        let engine = self.clone();
+        self.detached(async move { engine.create_event_now(spec).await })
+            .await
+    }
+
+    async fn create_event_now(&self, spec: EventSpec) -> Result<EventView, EngineError> {
         self.check_ready()?;
         let spec = spec.with_defaults();
         spec.validate()?;

@@ -40,7 +40,15 @@ impl Engine {
     /// is refunded and the answer is `HoldExpired`. Never a charge without a ticket or a refund
     /// (short of a crash between the charge and the order, which a retry or the reconciliation
     /// settles).
+    ///
+    /// Runs to the end even if the caller stops waiting (see [`Engine::detached`]).
     pub async fn confirm(&self, req: ConfirmRequest) -> Result<OrderView, EngineError> {
+        let engine = self.clone();
+        self.detached(async move { engine.confirm_now(req).await })
+            .await
+    }
+
+    async fn confirm_now(&self, req: ConfirmRequest) -> Result<OrderView, EngineError> {
         self.check_ready()?;
         check_user_id(&req.user_id)?;
         check_idempotency_key(&req.idempotency_key)?;

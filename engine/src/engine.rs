@@ -326,6 +326,24 @@ impl Engine {
         self.inner.notices.set(listener).is_ok()
     }
 
+    /// Runs an engine call on a task of its own and waits for it. A caller that stops waiting
+    /// (a gRPC deadline, a dropped future) drops only its wait: the call still runs to its end,
+    /// so a ledger reservation is always settled, an idempotency key never stays in flight, and a
+    /// charge always ends in an order or a refund. (Dropping the call itself between its awaits
+    /// would leave those half done.)
+    pub(crate) async fn detached<T: Send + 'static>(
+        &self,
+        work: impl std::future::Future<Output = Result<T, EngineError>> + Send + 'static,
+    ) -> Result<T, EngineError> {
+        match tokio::spawn(work).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(error = %e, "an engine call panicked");
+                Err(StorageError::Io(format!("an engine call failed: {e}")).into())
+            }
+        }
+    }
+
     /// Sends a message to a section actor, refusing if its queue is at the bound.
     pub(crate) async fn ask<T: Send + 'static>(
         &self,

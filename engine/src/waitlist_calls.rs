@@ -22,7 +22,21 @@ impl Engine {
 
     /// Joins an event's waitlist for `quantity` places (all or nothing) in `section` (`None`:
     /// any). A fan has at most one active entry per event: joining again returns it.
+    ///
+    /// Runs to the end even if the caller stops waiting.
     pub async fn join_waitlist(
+        &self,
+        event_id: &EventId,
+        user_id: &UserId,
+        section: Option<SectionId>,
+        quantity: u32,
+    ) -> Result<WaitlistView, EngineError> {
+        let (engine, e, u) = (self.clone(), event_id.clone(), user_id.clone());
+        self.detached(async move { engine.join_waitlist_now(&e, &u, section, quantity).await })
+            .await
+    }
+
+    async fn join_waitlist_now(
         &self,
         event_id: &EventId,
         user_id: &UserId,
