@@ -21,6 +21,9 @@ pub const LIST_PAGE_MAX: usize = 500;
 pub const ADMIT_TICK: Duration = Duration::from_millis(20);
 /// Default bound of calls in flight through the gate (past it: `OVERLOADED`).
 pub const IN_FLIGHT_MAX_DEFAULT: usize = 4_096;
+/// The retry delay an `OVERLOADED` answer suggests (`google.rpc.RetryInfo`): where a client's
+/// exponential backoff should start.
+pub const OVERLOADED_RETRY_DELAY: Duration = Duration::from_millis(100);
 /// Default bound of fans in one waiting room (past it: `QUEUE_FULL`).
 pub const QUEUE_MAX_DEFAULT: u32 = 2_000_000;
 /// Most ticket keys a data dir's ring holds (the signing key and the retired ones whose tickets

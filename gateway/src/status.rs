@@ -98,12 +98,15 @@ impl From<ApiError> for Status {
         let none = HashMap::new;
         match e {
             ApiError::Engine(EngineError::Rejected(r)) => rejection_status(&r),
-            ApiError::Engine(EngineError::Overloaded(what)) | ApiError::Overloaded(what) => status(
-                Code::ResourceExhausted,
-                "OVERLOADED",
-                format!("overloaded ({what}); back off and retry"),
-                none(),
-            ),
+            ApiError::Engine(EngineError::Overloaded(what)) | ApiError::Overloaded(what) => {
+                let mut details = ErrorDetails::with_error_info("OVERLOADED", DOMAIN, none());
+                details.set_retry_info(Some(crate::limits::OVERLOADED_RETRY_DELAY));
+                Status::with_error_details(
+                    Code::ResourceExhausted,
+                    format!("overloaded ({what}); back off and retry"),
+                    details,
+                )
+            }
             ApiError::Engine(EngineError::NotReady) | ApiError::NotReady => status(
                 Code::Unavailable,
                 "NOT_READY",

@@ -1,5 +1,6 @@
 //! `boxoffice reconcile`: the reconciliation of a stopped server's data dir: every sold seat has
-//! one order, one claim and one captured payment. Exit code 1 on any finding.
+//! one order, one claim and one captured payment. Exit code 1 on any finding, 2 if there is no
+//! log to reconcile (a missing dir is an error, not a clean store).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -18,6 +19,14 @@ pub struct ReconcileArgs {
 /// Runs the subcommand; its exit code.
 pub async fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     let data_dir = args.data_dir;
+    // A data dir that is not there is an error, never a clean (empty) store.
+    if !data_dir.join("db").is_file() {
+        eprintln!(
+            "error: no boxoffice log in {} (no such dir, or no `db` file in it)",
+            data_dir.display()
+        );
+        return Ok(ExitCode::from(2));
+    }
     let engine = Engine::open(EngineConfig::new(&data_dir))
         .await
         .with_context(|| format!("opening {}", data_dir.display()))?;

@@ -38,7 +38,8 @@ pub struct ServeArgs {
     #[arg(
         long = "admin-key",
         env = "BOXOFFICE_ADMIN_KEYS",
-        value_delimiter = ','
+        value_delimiter = ',',
+        hide_env_values = true
     )]
     admin_keys: Vec<String>,
     /// API key with client scope (repeatable; comma-separated in the variable). None given:
@@ -46,7 +47,8 @@ pub struct ServeArgs {
     #[arg(
         long = "client-key",
         env = "BOXOFFICE_CLIENT_KEYS",
-        value_delimiter = ','
+        value_delimiter = ',',
+        hide_env_values = true
     )]
     client_keys: Vec<String>,
     /// Secret that signs queue and admission tokens (and derives shuffle seeds). None given:

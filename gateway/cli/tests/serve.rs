@@ -273,3 +273,38 @@ fn serve_refuses_a_bad_idempotency_window() {
         "nothing was opened"
     );
 }
+
+#[test]
+fn secrets_are_never_printed_and_a_missing_dir_is_not_a_clean_store() {
+    let bin = env!("CARGO_BIN_EXE_boxoffice");
+    for (args, var) in [
+        (vec!["serve", "--help"], "BOXOFFICE_ADMIN_KEYS"),
+        (vec!["serve", "--help"], "BOXOFFICE_CLIENT_KEYS"),
+        (vec!["serve", "--help"], "BOXOFFICE_TOKEN_SECRET"),
+        (vec!["loadgen", "--help"], "BOXOFFICE_ADMIN_KEY"),
+        (vec!["loadgen", "--help"], "BOXOFFICE_CLIENT_KEY"),
+        (vec!["flash-sale", "--help"], "BOXOFFICE_ADMIN_KEY"),
+    ] {
+        let out = Command::new(bin)
+            .args(&args)
+            .env(var, "s3cr3t-value")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains(var), "{args:?} documents {var}");
+        assert!(
+            !text.contains("s3cr3t-value"),
+            "{args:?} printed {var}'s value"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("typo");
+    let out = Command::new(bin)
+        .args(["reconcile", "--data-dir", missing.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no boxoffice log"));
+    assert!(!missing.exists(), "reconcile does not create the dir");
+}

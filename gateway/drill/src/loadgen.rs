@@ -25,10 +25,10 @@ pub struct LoadgenArgs {
     #[arg(long, default_value = "http://127.0.0.1:50051")]
     pub target: String,
     /// Admin key (creates the benchmark event).
-    #[arg(long, env = "BOXOFFICE_ADMIN_KEY")]
+    #[arg(long, env = "BOXOFFICE_ADMIN_KEY", hide_env_values = true)]
     pub admin_key: String,
     /// Client key (everything else).
-    #[arg(long, env = "BOXOFFICE_CLIENT_KEY")]
+    #[arg(long, env = "BOXOFFICE_CLIENT_KEY", hide_env_values = true)]
     pub client_key: String,
     /// Concurrent streams.
     #[arg(long, default_value_t = 64)]

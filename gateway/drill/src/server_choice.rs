@@ -31,7 +31,7 @@ pub struct ServerChoice {
     #[arg(long)]
     pub target: Option<String>,
     /// An admin key of the `--target` server (the run creates its events with it).
-    #[arg(long, env = "BOXOFFICE_ADMIN_KEY")]
+    #[arg(long, env = "BOXOFFICE_ADMIN_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
 }
 

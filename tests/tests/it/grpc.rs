@@ -1155,6 +1155,13 @@ async fn overload_is_shed_at_once_not_queued() {
                 match r {
                     Ok(_) => ok += 1,
                     Err(s) if s.code() == Code::ResourceExhausted && reason(&s) == "OVERLOADED" => {
+                        use tonic_types::StatusExt as _;
+                        let retry = s.get_details_retry_info().and_then(|r| r.retry_delay);
+                        assert_eq!(
+                            retry,
+                            Some(std::time::Duration::from_millis(100)),
+                            "OVERLOADED suggests where backoff starts"
+                        );
                         shed += 1
                     }
                     Err(s) => panic!("unexpected {s:?}"),
