@@ -65,7 +65,9 @@ impl Engine {
     }
 
     /// Creates an event: validates the spec (zero values take the defaults), logs it durably and
-    /// starts one actor per section. Runs to the end even if the caller stops waiting.
+    /// starts one actor per section. Idempotent by event id: the same spec again returns the
+    /// event as it is now; another spec under an existing id is `EventExists`. Runs to the end
+    /// even if the caller stops waiting.
     pub async fn create_event(&self, spec: EventSpec) -> Result<EventView, EngineError> {
         let engine = self.clone();
         self.detached(async move { engine.create_event_now(spec).await })
@@ -82,7 +84,15 @@ impl Engine {
             .unwrap_or_else(|| EventId(format!("ev-{}", ulid::Ulid::generate()).to_lowercase()));
         let window_ms = self.window_ms();
         let mut catalog = self.inner.catalog.lock().await;
-        if self.inner.events.contains_key(&event_id) {
+        if let Some(existing) = self.inner.events.get(&event_id).map(|e| e.spec.clone()) {
+            // A retry of the same request (a lost answer, a deadline) gets the event; another
+            // spec under the id is refused.
+            let mut asked = spec.clone();
+            asked.event_id = Some(event_id.clone());
+            if asked == existing {
+                drop(catalog);
+                return self.event(&event_id);
+            }
             return Err(Rejection::EventExists.into());
         }
         let created_at_ms = self.now_ms();

@@ -441,6 +441,35 @@ async fn bad_input_is_refused_with_the_field_and_changes_nothing() {
             .await,
         Err(Rejection::EventExists.into())
     );
+    // The same request again (a retry after a lost answer), even many at once, answers the one
+    // event; another spec under its id is refused.
+    let again = event("again", vec![ga("x", 7, 1)], 0, 0);
+    let tries: Vec<_> = (0..8)
+        .map(|_| {
+            let (engine, spec) = (engine.clone(), again.clone());
+            tokio::spawn(async move { engine.create_event(spec).await })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for t in tries {
+        answers.push(t.await.unwrap().unwrap());
+    }
+    assert!(answers.iter().all(|a| a == &answers[0]), "{answers:?}");
+    assert_eq!(
+        engine
+            .events()
+            .unwrap()
+            .iter()
+            .filter(|e| e.event_id == EventId::from("again"))
+            .count(),
+        1
+    );
+    let mut other = again.clone();
+    other.sections[0] = ga("x", 8, 1);
+    assert_eq!(
+        engine.create_event(other).await,
+        Err(Rejection::EventExists.into())
+    );
     // Nothing changed anywhere.
     for s in engine.event(&EventId::from("bad")).unwrap().sections {
         assert_eq!((s.held, s.sold), (0, 0));
