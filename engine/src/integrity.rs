@@ -121,6 +121,20 @@ pub enum Damage {
     },
 }
 
+impl Damage {
+    /// The stream this damage is in, if it is in one (not the superblock or the claims).
+    pub fn stream(&self) -> Option<&str> {
+        match self {
+            Damage::Missing { stream, .. }
+            | Damage::Gap { stream, .. }
+            | Damage::Record { stream, .. }
+            | Damage::Replay { stream, .. }
+            | Damage::Checkpoint { stream, .. } => Some(stream),
+            _ => None,
+        }
+    }
+}
+
 impl std::fmt::Display for Damage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -300,10 +314,13 @@ pub(crate) fn checkpoint_key(d: &Damage) -> String {
 /// its removal), but only if `marks` came from a valid superblock (`trusted`); without one,
 /// nothing proves it was never acknowledged, and it is damage. Reading changes nothing.
 /// `decode` turns a record's bytes into a `T` ([`codec::decode`]; for a stream nobody reads,
-/// only the frame: [`codec::verify`]). Errors only if the sink cannot be read at all.
+/// only the frame: [`codec::verify`]). A stream the log does not have (`stored` is false: the
+/// superblock alone knows it) is read as empty, without creating it. Errors only if the sink
+/// cannot be read at all.
 pub(crate) fn read_stream<T>(
     sink: &dyn LogSink,
     name: &str,
+    stored: bool,
     marks: &Marks,
     trusted: bool,
     found: &mut Findings,
@@ -321,8 +338,7 @@ pub(crate) fn read_stream<T>(
         },
     };
     let after = checkpoint.as_ref().map_or(0, |(s, _)| *s);
-    // A stream the log does not have is read as empty, without creating it.
-    let stored = if sink.stream_names()?.iter().any(|n| n == name) {
+    let stored = if stored {
         sink.stream(name)?.read_after(after)?
     } else {
         Vec::new()

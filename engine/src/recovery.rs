@@ -98,6 +98,8 @@ pub(crate) struct Check {
     accepted_claims: Vec<String>,
     /// Whether `marks` come from a valid superblock (else no tail may count as torn).
     trusted: bool,
+    /// The streams the log has, listed once at the first read.
+    stored: Option<BTreeSet<String>>,
 }
 
 impl Check {
@@ -111,6 +113,7 @@ impl Check {
             orphans: Vec::new(),
             accepted_claims: Vec::new(),
             trusted: true,
+            stored: None,
         }
     }
 
@@ -132,9 +135,14 @@ impl Check {
         report: &mut RecoveryReport,
         decode: impl Fn(&[u8]) -> Result<T, codec::DecodeError>,
     ) -> Result<crate::integrity::Replay<T>, StorageError> {
+        if self.stored.is_none() {
+            self.stored = Some(sink.stream_names()?.into_iter().collect());
+        }
+        let stored = self.stored.as_ref().is_some_and(|s| s.contains(name));
         let replay = read_stream(
             sink,
             name,
+            stored,
             &self.marks,
             self.trusted,
             &mut self.found,
@@ -714,14 +722,8 @@ fn withdraw_orphans(
         .found
         .damage
         .iter()
-        .filter_map(|d| match d {
-            Damage::Missing { stream, .. }
-            | Damage::Gap { stream, .. }
-            | Damage::Record { stream, .. }
-            | Damage::Replay { stream, .. }
-            | Damage::Checkpoint { stream, .. } => Some(stream.clone()),
-            _ => None,
-        })
+        .filter_map(Damage::stream)
+        .map(str::to_owned)
         .collect();
     for ((event_id, section_id), (core, last_seq)) in cores.iter_mut() {
         let prefix = format!("{event_id}/{section_id}/");
