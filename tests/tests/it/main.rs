@@ -15,6 +15,7 @@ mod harness;
 mod kill9;
 mod model;
 mod recovery;
+mod refunds;
 mod seams;
 mod sweeper;
 mod tickets;
