@@ -9,6 +9,7 @@ mod cancellation;
 mod checkout;
 mod contention;
 mod crash_cycles;
+mod create_event;
 mod damage;
 mod grpc;
 mod harness;
