@@ -6,14 +6,15 @@
 //! 3. answers `UNAVAILABLE` / `NOT_READY` while the server drains for shutdown;
 //! 4. sheds at once with `RESOURCE_EXHAUSTED` / `OVERLOADED` when `in_flight_max` calls are
 //!    already running, before any work is done;
-//! 5. records each call's latency by method and gRPC code.
+//! 5. answers `DEADLINE_EXCEEDED` when the caller's deadline (`grpc-timeout`) passes first;
+//! 6. records each call's latency by method and gRPC code.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -87,6 +88,8 @@ pub struct Gate {
     in_flight: AtomicUsize,
     in_flight_max: usize,
     draining: AtomicBool,
+    /// The drain flag for those who wait on it (health watches end on it).
+    drain: tokio::sync::watch::Sender<bool>,
 }
 
 impl Gate {
@@ -97,12 +100,19 @@ impl Gate {
             in_flight: AtomicUsize::new(0),
             in_flight_max,
             draining: AtomicBool::new(false),
+            drain: tokio::sync::watch::Sender::new(false),
         }
     }
 
-    /// From now on new calls get `UNAVAILABLE`.
+    /// From now on new calls get `UNAVAILABLE`, and health watches end.
     pub fn start_draining(&self) {
         self.draining.store(true, Ordering::SeqCst);
+        self.drain.send_replace(true);
+    }
+
+    /// Turns true when the drain starts.
+    pub fn draining_signal(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.drain.subscribe()
     }
 
     /// Calls running now.
@@ -230,17 +240,13 @@ fn code_label(res: &http::Response<Body>) -> &'static str {
 /// INTERNAL or OUT_OF_RANGE and no details; the contract says INVALID_ARGUMENT /
 /// INVALID_REQUEST.
 fn undecodable_as_invalid(res: http::Response<Body>) -> http::Response<Body> {
-    let header = |name: &str| {
-        res.headers()
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
+    // tonic percent-encodes `grpc-message`: read the status back as tonic parses it.
+    let Some(status) = tonic::Status::from_header_map(res.headers()) else {
+        return res;
     };
-    let code = header("grpc-status").and_then(|c| c.parse::<i32>().ok());
-    let message = header("grpc-message").unwrap_or_default();
-    let undecodable = match code {
-        Some(13) => message.contains("decode"),
-        Some(11) => message.contains("too large"),
+    let undecodable = match status.code() {
+        tonic::Code::Internal => status.message().contains("decode"),
+        tonic::Code::OutOfRange => status.message().contains("too large"),
         _ => false,
     };
     if !undecodable {
@@ -251,6 +257,36 @@ fn undecodable_as_invalid(res: http::Response<Body>) -> http::Response<Body> {
         "the message does not decode, or is too large",
     );
     tonic::Status::from(ApiError::from(r)).into_http()
+}
+
+/// The caller's deadline (`grpc-timeout`), shortened by a millisecond so it fires before
+/// tonic's timer for the same deadline (which answers `CANCELLED`). `None`: no deadline, or a
+/// header tonic will refuse anyway.
+fn client_deadline(headers: &http::HeaderMap) -> Option<Duration> {
+    let value = headers.get("grpc-timeout")?.to_str().ok()?;
+    if value.len() < 2 || value.len() > 9 {
+        return None;
+    }
+    let (digits, unit) = value.split_at(value.len() - 1);
+    let n: u64 = digits.parse().ok()?;
+    let d = match unit {
+        "H" => Duration::from_secs(n.checked_mul(3_600)?),
+        "M" => Duration::from_secs(n.checked_mul(60)?),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    };
+    Some(d.saturating_sub(Duration::from_millis(1)))
+}
+
+/// The answer to a call whose deadline passed: `DEADLINE_EXCEEDED`, no reason (docs/api.md 7.3).
+fn deadline_exceeded() -> http::Response<Body> {
+    tonic::Status::deadline_exceeded(
+        "the call's deadline (grpc-timeout) expired before it finished",
+    )
+    .into_http()
 }
 
 impl<S> Service<http::Request<Body>> for GateService<S>
@@ -300,8 +336,18 @@ where
             metrics::counter!("boxoffice_gateway_shed_total", "scope" => "gate").increment(1);
             return refuse(ApiError::Overloaded("gate"));
         }
+        let deadline = client_deadline(req.headers());
         Box::pin(async move {
-            let res = inner.call(req).await;
+            let call = inner.call(req);
+            let res = match deadline {
+                // A call whose caller has given up is answered DEADLINE_EXCEEDED (tonic's own
+                // timeout would answer CANCELLED a moment later); the engine's work finishes on
+                // its own (engine calls are detached).
+                Some(d) => tokio::time::timeout(d, call)
+                    .await
+                    .unwrap_or_else(|_| Ok(deadline_exceeded())),
+                None => call.await,
+            };
             drop(guard);
             res.map(|r| {
                 let r = undecodable_as_invalid(r);
@@ -316,6 +362,25 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn client_deadlines_are_read_as_grpc_says() {
+        let of = |v: &str| {
+            let mut h = http::HeaderMap::new();
+            h.insert("grpc-timeout", http::HeaderValue::from_str(v).unwrap());
+            client_deadline(&h)
+        };
+        assert_eq!(of("5m"), Some(Duration::from_millis(4)));
+        assert_eq!(of("2S"), Some(Duration::from_millis(1_999)));
+        assert_eq!(of("1M"), Some(Duration::from_millis(59_999)));
+        assert_eq!(of("1H"), Some(Duration::from_millis(3_599_999)));
+        assert_eq!(of("300u"), Some(Duration::ZERO));
+        assert_eq!(of("99999999n"), Some(Duration::from_nanos(98_999_999)));
+        for bad in ["", "m", "5", "5x", "123456789m", "-5m", "5.0S"] {
+            assert_eq!(of(bad), None, "{bad:?}");
+        }
+        assert_eq!(client_deadline(&http::HeaderMap::new()), None);
+    }
 
     #[test]
     fn keys_have_scopes() {

@@ -16,9 +16,11 @@
 //! - [`tickets`]: Ed25519-signed e-ticket codes naming their key, verifiable offline; the key
 //!   ring in the data dir and its rotation.
 //! - [`metrics`]: the Prometheus endpoint.
+//! - [`health`]: `grpc.health.v1.Health` whose watches end when the drain starts.
 
 pub mod convert;
 pub mod gate;
+pub mod health;
 pub mod limits;
 pub mod metrics;
 pub mod server;

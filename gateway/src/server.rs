@@ -174,6 +174,14 @@ fn grpc_router(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .context("building the reflection service")?;
+    // The same descriptors over the older v1alpha protocol (grpcurl and most reflection
+    // clients ask for v1 first and fall back; some, like Python's, speak only v1alpha).
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(boxoffice_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .context("building the v1alpha reflection service")?;
+    let gzip = tonic::codec::CompressionEncoding::Gzip;
     let max = MESSAGE_BYTES_MAX;
     Ok(tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
@@ -183,23 +191,32 @@ fn grpc_router(
         .layer(GateLayer::new(gate.clone()))
         .add_service(health_service)
         .add_service(reflection)
+        .add_service(reflection_v1alpha)
         .add_service(
             pb::event_service_server::EventServiceServer::new(EventSvc(ready.clone()))
-                .max_decoding_message_size(max),
+                .max_decoding_message_size(max)
+                .accept_compressed(gzip)
+                .send_compressed(gzip),
         )
         .add_service(
             pb::waiting_room_service_server::WaitingRoomServiceServer::new(WaitingRoomSvc(
                 ready.clone(),
             ))
-            .max_decoding_message_size(max),
+            .max_decoding_message_size(max)
+            .accept_compressed(gzip)
+            .send_compressed(gzip),
         )
         .add_service(
             pb::booking_service_server::BookingServiceServer::new(BookingSvc(ready.clone()))
-                .max_decoding_message_size(max),
+                .max_decoding_message_size(max)
+                .accept_compressed(gzip)
+                .send_compressed(gzip),
         )
         .add_service(
             pb::waitlist_service_server::WaitlistServiceServer::new(WaitlistSvc(ready.clone()))
-                .max_decoding_message_size(max),
+                .max_decoding_message_size(max)
+                .accept_compressed(gzip)
+                .send_compressed(gzip),
         ))
 }
 
@@ -230,7 +247,8 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
         .with_context(|| format!("binding the gRPC address {}", config.listen))?;
     let addr = listener.local_addr()?;
     let gate = Arc::new(Gate::new(keys_of(&config)?, config.in_flight_max));
-    let (health, health_service) = tonic_health::server::health_reporter();
+    let (health, _) = tonic_health::server::health_reporter();
+    let health_service = crate::health::service(&health, gate.draining_signal());
     set_health(&health, ServingStatus::NotServing).await;
     let ready: Ready = Arc::new(OnceLock::new());
     let router = grpc_router(&gate, health_service, &ready)?;

@@ -78,6 +78,7 @@ pub struct TestServerBuilder {
     new_ticket_key: bool,
     wait: bool,
     settlement: Option<(Option<Duration>, Duration)>,
+    payments: Option<Arc<dyn boxoffice_engine::PaymentProvider>>,
 }
 
 impl TestServerBuilder {
@@ -111,6 +112,12 @@ impl TestServerBuilder {
     /// (`serve --reconcile-seconds`, `--refund-grace-seconds`).
     pub fn settlement(mut self, every: Option<Duration>, grace: Duration) -> Self {
         self.settlement = Some((every, grace));
+        self
+    }
+
+    /// Charges through `provider` instead of the simulated one in the data dir.
+    pub fn payments(mut self, provider: Arc<dyn boxoffice_engine::PaymentProvider>) -> Self {
+        self.payments = Some(provider);
         self
     }
 
@@ -166,6 +173,14 @@ impl TestServerBuilder {
         if let Some(sink) = self.memory_log {
             config.engine =
                 Some(boxoffice_engine::EngineConfig::with_sink(sink).expect("a memory log"));
+        }
+        if let Some(p) = self.payments {
+            let mut ec = config
+                .engine
+                .take()
+                .unwrap_or_else(|| boxoffice_engine::EngineConfig::new(home.path()));
+            ec.payments = Some(p);
+            config.engine = Some(ec);
         }
         let gated = self.recovery_gate.is_some();
         config.recovery_gate = self.recovery_gate;
@@ -230,6 +245,7 @@ impl TestServer {
             new_ticket_key: false,
             wait: true,
             settlement: None,
+            payments: None,
         }
     }
 
@@ -256,6 +272,11 @@ impl TestServer {
     /// The manual clock of the server.
     pub fn clock(&self) -> &Arc<ManualClock> {
         self.home.clock()
+    }
+
+    /// The gRPC address.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.running.get().addr
     }
 
     /// The address of the metrics endpoint.

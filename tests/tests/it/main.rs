@@ -11,6 +11,7 @@ mod contention;
 mod crash_cycles;
 mod create_event;
 mod damage;
+mod edges;
 mod grpc;
 mod harness;
 mod kill9;
