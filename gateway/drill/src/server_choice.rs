@@ -32,8 +32,8 @@ pub struct ServerChoice {
     /// embedded one; needs `--admin-key` or `--admin-key-file`.
     #[arg(long)]
     pub target: Option<String>,
-    /// An admin key of the `--target` server (the run creates its events with it). Old name:
-    /// `--api-key`.
+    /// An admin key of the `--target` server (the run creates its events with it).
+    // Old name (hidden, still accepted): `--api-key`.
     #[arg(
         long,
         alias = "api-key",

@@ -20,8 +20,8 @@ pub struct FlashSaleArgs {
     /// Share of fans who join the waiting room before the sale opens (shuffled at the opening).
     #[arg(long, default_value_t = 0.1)]
     pub preopen_share: f64,
-    /// Waiting-room admissions per second (the event's `admit_rate_per_second`). Old name:
-    /// `--admit-rate`.
+    /// Waiting-room admissions per second (the event's `admit_rate_per_second`).
+    // Old name (hidden, still accepted): `--admit-rate`.
     #[arg(long, alias = "admit-rate", default_value_t = 20_000)]
     pub admit_rate_per_second: u32,
     /// Fans in flight at once (concurrent client tasks).
@@ -35,19 +35,20 @@ pub struct FlashSaleArgs {
     /// `--hold-ttl-seconds`.
     #[arg(long, hide = true, conflicts_with = "hold_ttl_seconds")]
     pub hold_ttl_ms: Option<u64>,
-    /// Share of holders who pay (0 to 1). Old name: `--pay-rate`.
+    /// Share of holders who pay (0 to 1).
+    // Old name (hidden, still accepted): `--pay-rate`.
     #[arg(long, alias = "pay-rate", default_value_t = 0.7)]
     pub pay_share: f64,
-    /// Share of payers whose first card is declined (they pay with another). Old name:
-    /// `--decline-rate`.
+    /// Share of payers whose first card is declined (they pay with another).
+    // Old name (hidden, still accepted): `--decline-rate`.
     #[arg(long, alias = "decline-rate", default_value_t = 0.1)]
     pub decline_share: f64,
-    /// Share of fans who pick exact seats from the seat map (the rest take best available). Old
-    /// name: `--exact-rate`.
+    /// Share of fans who pick exact seats from the seat map (the rest take best available).
+    // Old name (hidden, still accepted): `--exact-rate`.
     #[arg(long, alias = "exact-rate", default_value_t = 0.05)]
     pub exact_share: f64,
-    /// Share of fans turned away with SOLD_OUT who join the waitlist. Old name:
-    /// `--waitlist-rate`.
+    /// Share of fans turned away with SOLD_OUT who join the waitlist.
+    // Old name (hidden, still accepted): `--waitlist-rate`.
     #[arg(long, alias = "waitlist-rate", default_value_t = 0.02)]
     pub waitlist_share: f64,
     /// Places one fan may hold or own.
