@@ -25,9 +25,10 @@ pub struct CheckLogArgs {
     /// The data dir to check (a stopped server's).
     #[arg(long, env = "BOXOFFICE_DATA_DIR")]
     data_dir: PathBuf,
-    /// Print the report as JSON instead of text.
-    #[arg(long)]
-    json: bool,
+    /// The report as JSON: `--json` alone prints it instead of the text; `--json FILE` prints
+    /// the text and also writes the JSON to FILE, as the drills' `--json FILE` do.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
+    json: Option<PathBuf>,
 }
 
 /// Runs the subcommand; its exit code.
@@ -38,10 +39,19 @@ pub fn run(args: CheckLogArgs) -> Exit {
             crate::error_exit(&e)
         }
         Ok(findings) => {
-            if args.json {
-                println!("{:#}", report(&args.data_dir, &findings, "check-log"));
-            } else {
-                print_text(&findings);
+            match &args.json {
+                Some(path) if path.as_os_str() == "-" => {
+                    println!("{:#}", report(&args.data_dir, &findings, "check-log"));
+                }
+                Some(path) => {
+                    print_text(&findings);
+                    let json = report(&args.data_dir, &findings, "check-log");
+                    if let Err(e) = std::fs::write(path, format!("{json:#}\n")) {
+                        eprintln!("error: writing {}: {e}", path.display());
+                        return Exit::Failed;
+                    }
+                }
+                None => print_text(&findings),
             }
             if findings.damage.is_empty() {
                 Exit::Ok

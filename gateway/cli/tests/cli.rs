@@ -399,6 +399,10 @@ fn key_files_wrongly_given_are_usage_errors() {
             ),
             "BOXOFFICE_ADMIN_KEYS_FILE",
         ),
+        (
+            serve(&[], &[("BOXOFFICE_SECTION_INFLIGHT_MAX", "lots")]),
+            "BOXOFFICE_SECTION_INFLIGHT_MAX",
+        ),
         (serve(&["--admin-key-file", m], &[]), m),
         (serve(&[], &[("BOXOFFICE_CLIENT_KEY_FILE", m)]), m),
         (serve(&["--token-secret-file", e], &[]), e),
