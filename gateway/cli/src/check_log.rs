@@ -35,7 +35,10 @@ pub struct CheckLogArgs {
 pub fn run(args: CheckLogArgs) -> Exit {
     match check(&args.data_dir) {
         Err(e) => {
-            eprintln!("error: cannot check {}: {e:#}", args.data_dir.display());
+            crate::error(format_args!(
+                "cannot check {}: {e:#}",
+                args.data_dir.display()
+            ));
             crate::error_exit(&e)
         }
         Ok(findings) => {
@@ -47,7 +50,7 @@ pub fn run(args: CheckLogArgs) -> Exit {
                     print_text(&findings);
                     let json = report(&args.data_dir, &findings, "check-log");
                     if let Err(e) = std::fs::write(path, format!("{json:#}\n")) {
-                        eprintln!("error: writing {}: {e}", path.display());
+                        crate::error(format_args!("writing {}: {e}", path.display()));
                         return Exit::Failed;
                     }
                 }

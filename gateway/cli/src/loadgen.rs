@@ -13,7 +13,7 @@ pub async fn run(args: LoadgenArgs) -> anyhow::Result<Exit> {
     match report.failures() {
         None => Ok(Exit::Ok),
         Some(what) => {
-            eprintln!("loadgen: FAILED: {what}");
+            crate::error(format_args!("loadgen: FAILED: {what}"));
             Ok(Exit::Failed)
         }
     }

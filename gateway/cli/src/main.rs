@@ -21,8 +21,10 @@
 //! codes ([`Exit`], shown by every `--help`), logs as text (colour only on a terminal) or JSON
 //! (`--log-format json`).
 
+use std::fmt::Display;
 use std::io::IsTerminal;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
@@ -143,9 +145,33 @@ fn command() -> clap::Command {
     with_exit_codes(Cli::command())
 }
 
+/// Whether log lines are JSON (`--log-format json`): then the command's own errors and warnings
+/// are log events too, so that every stderr line is JSON.
+static LOG_JSON: AtomicBool = AtomicBool::new(false);
+
+/// Says on stderr that the command failed: `error: MESSAGE`, or an ERROR event with
+/// `--log-format json`.
+pub fn error(message: impl Display) {
+    if LOG_JSON.load(Ordering::Relaxed) {
+        tracing::error!("{message}");
+    } else {
+        eprintln!("error: {message}");
+    }
+}
+
+/// Warns on stderr: `warning: MESSAGE`, or a WARN event with `--log-format json`.
+pub fn warn(message: impl Display) {
+    if LOG_JSON.load(Ordering::Relaxed) {
+        tracing::warn!("{message}");
+    } else {
+        eprintln!("warning: {message}");
+    }
+}
+
 /// Log lines on stderr: `RUST_LOG` levels (default warn), text or JSON; colour only when stderr
 /// is a terminal and `NO_COLOR` is unset or empty.
 fn init_logging(format: LogFormat) {
+    LOG_JSON.store(format == LogFormat::Json, Ordering::Relaxed);
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     let builder = tracing_subscriber::fmt()
@@ -186,7 +212,7 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the runtime: {e}");
+            error(format_args!("cannot start the runtime: {e}"));
             return Exit::Failed.into();
         }
     };
@@ -203,7 +229,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code.into(),
         Err(e) => {
-            eprintln!("error: {e:#}");
+            error(format_args!("{e:#}"));
             error_exit(&e).into()
         }
     }

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
+use boxoffice_drill::secret::UsageError;
 use boxoffice_engine::{Engine, EngineConfig};
 
 use crate::Exit;
@@ -22,11 +23,11 @@ pub async fn run(args: ReconcileArgs) -> anyhow::Result<Exit> {
     let data_dir = args.data_dir;
     // A data dir that is not there is an error, never a clean (empty) store.
     if !data_dir.join("db").is_file() {
-        eprintln!(
-            "error: no boxoffice log in {} (no such dir, or no `db` file in it)",
+        return Err(UsageError::new(format!(
+            "no boxoffice log in {} (no such dir, or no `db` file in it)",
             data_dir.display()
-        );
-        return Ok(Exit::Usage);
+        ))
+        .into());
     }
     let engine = Engine::open(EngineConfig::new(&data_dir))
         .await

@@ -170,12 +170,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<Exit> {
                     )
                 });
                 if damaged {
-                    eprintln!(
+                    crate::error(format_args!(
                         "the log in {dir} is damaged and was left as it is: \
                          `boxoffice check-log --data-dir {dir}` lists everything found; \
                          `boxoffice serve --accept-damage REPORT_FILE` starts from what is there",
                         dir = data_dir.display()
-                    );
+                    ));
                 }
                 running.shutdown().await.ok();
                 return Err(e.context("recovery failed"));
@@ -290,9 +290,7 @@ fn config(args: ServeArgs) -> Result<ServerConfig, UsageError> {
     let secret = match token_secret {
         Some(s) if !s.is_empty() => s.into_bytes(),
         _ => {
-            eprintln!(
-                "warning: no --token-secret: using a random one; tokens will not survive a restart"
-            );
+            crate::warn("no --token-secret: using a random one; tokens will not survive a restart");
             random_text(32).into_bytes()
         }
     };

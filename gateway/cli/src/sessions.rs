@@ -12,10 +12,10 @@ pub async fn run(args: SessionsArgs) -> anyhow::Result<Exit> {
     Ok(if report.clean() {
         Exit::Ok
     } else if report.promises_kept() {
-        eprintln!("FAILED: calls failed or holds were refused (see above)");
+        crate::error("FAILED: calls failed or holds were refused (see above)");
         Exit::Failed
     } else {
-        eprintln!("FAILED: the places do not add up: a broken promise (see above)");
+        crate::error("FAILED: the places do not add up: a broken promise (see above)");
         Exit::BrokenPromise
     })
 }

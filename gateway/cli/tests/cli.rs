@@ -270,20 +270,14 @@ async fn keys_from_files_serve_and_are_never_printed() {
 
 /// The old names still work: `BOXOFFICE_ADMIN_KEYS` / `BOXOFFICE_CLIENT_KEYS` (comma-separated)
 /// and `--section-inflight-max` for the server; `--api-key`, `--hold-ttl-ms`, `--pay-rate`,
-/// `--admit-rate`, ... for flash-sale. And `--log-format json` writes one JSON object per line.
+/// `--admit-rate`, ... for flash-sale. And `--log-format json` (or `BOXOFFICE_LOG_FORMAT=json`)
+/// writes one JSON object per line, the command's own warnings and errors included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn old_names_still_work_and_json_logs_parse() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(
         dir.path(),
-        &[
-            "--section-inflight-max",
-            "5000",
-            "--token-secret",
-            "t",
-            "--log-format",
-            "json",
-        ],
+        &["--section-inflight-max", "5000", "--log-format", "json"],
         &[
             ("BOXOFFICE_ADMIN_KEYS", "adm-old-1,adm-old-2"),
             ("BOXOFFICE_CLIENT_KEYS", "cli-old"),
@@ -345,6 +339,32 @@ async fn old_names_still_work_and_json_logs_parse() {
         assert!(v["fields"].is_object(), "{line}");
     }
     assert!(stderr.contains("engine recovered"), "{stderr}");
+    // The command's own warnings are JSON events too (no --token-secret was given).
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.contains("\"level\":\"WARN\"") && l.contains("no --token-secret")),
+        "{stderr}"
+    );
+
+    // And its errors: the variable works as the flag does.
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("typo");
+    let out = boxoffice(&["reconcile", "--data-dir", missing.to_str().unwrap()])
+        .env("BOXOFFICE_LOG_FORMAT", "json")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let line = String::from_utf8(out.stderr).unwrap();
+    let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
+    assert_eq!(v["level"], "ERROR", "{line}");
+    assert!(
+        v["fields"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no boxoffice log"),
+        "{line}"
+    );
 }
 
 /// A key given twice (value and file, in any mix of flags and variables), a file that is not
