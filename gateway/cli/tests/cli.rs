@@ -62,7 +62,17 @@ struct Server {
     addr: String,
     stdout: Vec<String>,
     lines: mpsc::Receiver<String>,
-    stderr: std::thread::JoinHandle<Vec<u8>>,
+    stderr: Option<std::thread::JoinHandle<Vec<u8>>>,
+}
+
+impl Drop for Server {
+    /// A test that fails before [`Server::stop`] leaves no server running.
+    fn drop(&mut self) {
+        if self.stderr.is_some() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
 }
 
 impl Server {
@@ -122,7 +132,7 @@ impl Server {
             addr,
             stdout,
             lines,
-            stderr,
+            stderr: Some(stderr),
         }
     }
 
@@ -140,7 +150,8 @@ impl Server {
         let exit = self.child.wait().unwrap();
         assert!(exit.success(), "serve exit {exit:?}");
         self.stdout.extend(self.lines.try_iter());
-        (self.stdout.join("\n"), self.stderr.join().unwrap())
+        let stderr = self.stderr.take().unwrap().join().unwrap();
+        (self.stdout.join("\n"), stderr)
     }
 }
 
