@@ -38,8 +38,14 @@ fn serve_in(cwd: &std::path::Path) -> Command {
 async fn serve_with_no_setup_then_drain_on_sigterm() {
     let cwd = tempfile::tempdir().unwrap();
     let mut child = serve_in(cwd.path())
+        .env_remove("BOXOFFICE_ADMIN_KEY")
+        .env_remove("BOXOFFICE_CLIENT_KEY")
+        .env_remove("BOXOFFICE_ADMIN_KEY_FILE")
+        .env_remove("BOXOFFICE_CLIENT_KEY_FILE")
         .env_remove("BOXOFFICE_ADMIN_KEYS")
         .env_remove("BOXOFFICE_CLIENT_KEYS")
+        .env_remove("BOXOFFICE_ADMIN_KEYS_FILE")
+        .env_remove("BOXOFFICE_CLIENT_KEYS_FILE")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -278,9 +284,10 @@ fn serve_refuses_a_bad_idempotency_window() {
 fn secrets_are_never_printed_and_a_missing_dir_is_not_a_clean_store() {
     let bin = env!("CARGO_BIN_EXE_boxoffice");
     for (args, var) in [
-        (vec!["serve", "--help"], "BOXOFFICE_ADMIN_KEYS"),
-        (vec!["serve", "--help"], "BOXOFFICE_CLIENT_KEYS"),
+        (vec!["serve", "--help"], "BOXOFFICE_ADMIN_KEY"),
+        (vec!["serve", "--help"], "BOXOFFICE_CLIENT_KEY"),
         (vec!["serve", "--help"], "BOXOFFICE_TOKEN_SECRET"),
+        (vec!["serve", "--help"], "BOXOFFICE_TOKEN_SECRET_FILE"),
         (vec!["loadgen", "--help"], "BOXOFFICE_ADMIN_KEY"),
         (vec!["loadgen", "--help"], "BOXOFFICE_CLIENT_KEY"),
         (vec!["flash-sale", "--help"], "BOXOFFICE_ADMIN_KEY"),

@@ -254,11 +254,11 @@ impl<'a> Fan<'a> {
             Err(turned_away) => return turned_away,
         };
         self.tally.holds_ok.fetch_add(1, Ordering::Relaxed);
-        if self.rng.random::<f64>() >= self.crowd.args.pay_rate {
+        if self.rng.random::<f64>() >= self.crowd.args.pay_share {
             self.tally.walked_away.fetch_add(1, Ordering::Relaxed);
             return Outcome::default();
         }
-        let declined_first = self.rng.random::<f64>() < self.crowd.args.decline_rate;
+        let declined_first = self.rng.random::<f64>() < self.crowd.args.decline_share;
         Outcome {
             tickets: self.pay(&hold.hold_id, self.i, declined_first).await,
             waitlist: None,
@@ -323,10 +323,10 @@ impl<'a> Fan<'a> {
         let args = &self.crowd.args;
         let event = &self.crowd.event;
         let roll: f64 = self.rng.random();
-        if roll < args.exact_rate && !event.reserved.is_empty() {
+        if roll < args.exact_share && !event.reserved.is_empty() {
             let section = &event.reserved[self.rng.random_range(0..event.reserved.len())];
             self.pick_from_map(section, quantity).await
-        } else if roll < args.exact_rate + 0.5 {
+        } else if roll < args.exact_share + 0.5 {
             let s = &event.all_sections[self.rng.random_range(0..event.all_sections.len())];
             Some(pb::hold_request::Selection::BestAvailable(
                 pb::BestAvailable {
@@ -418,7 +418,7 @@ impl<'a> Fan<'a> {
                 }
                 Err(s) if matches!(reason(&s).as_str(), "SOLD_OUT" | "SEAT_UNAVAILABLE") => {
                     tally.sold_out.fetch_add(1, Ordering::Relaxed);
-                    let wait = self.rng.random::<f64>() < self.crowd.args.waitlist_rate;
+                    let wait = self.rng.random::<f64>() < self.crowd.args.waitlist_share;
                     return Err(Outcome {
                         tickets: Vec::new(),
                         waitlist: wait.then_some(quantity),
@@ -519,7 +519,7 @@ impl<'a> Fan<'a> {
         // left in the line-hold-pay flow and nothing is held. A fan who left earlier would keep
         // receiving offers that lapse, one TTL each (the contract has no way to leave the
         // waitlist).
-        let ttl_ms = self.crowd.args.hold_ttl_ms;
+        let ttl_ms = self.crowd.args.hold_ttl_ms();
         let give_up = Instant::now() + Duration::from_millis(ttl_ms * 20 + 60_000);
         // A quarter of the hold TTL, at most once a second: an offer is seen with most of its
         // TTL left to pay in.

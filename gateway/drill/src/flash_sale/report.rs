@@ -169,14 +169,20 @@ impl Report {
         }
     }
 
-    /// Whether the run kept every promise.
+    /// Whether the run kept every promise and no call failed unexpectedly.
     pub fn clean(&self) -> bool {
+        self.errors == 0 && self.promises_kept()
+    }
+
+    /// Whether the seats add up: none oversold or sold twice, the engine's invariants and the
+    /// reconciliation clean, one ticket per sold seat, nothing left held. `false` is a broken
+    /// promise (exit code 3); calls that failed alone are not (exit code 1).
+    pub fn promises_kept(&self) -> bool {
         self.oversold == 0
             && self.double_booked == 0
             && self.invariant_violations == 0
             && self.reconciliation_findings == 0
             && self.tickets == u64::from(self.sold)
-            && self.errors == 0
             && self.held == 0
             && self.available + self.sold == self.seats
     }
