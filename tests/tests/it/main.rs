@@ -13,6 +13,7 @@ mod damage;
 mod grpc;
 mod harness;
 mod kill9;
+mod metrics;
 mod model;
 mod recovery;
 mod seams;
