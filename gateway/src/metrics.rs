@@ -325,6 +325,20 @@ pub const FAMILIES: &[Family] = &[
         Series::Sets(finding_kinds),
     ),
     family(
+        "boxoffice_refunds_pending",
+        Gauge,
+        COUNT,
+        "Captured charges without a sale waiting out --refund-grace-seconds before the server refunds them (set by each reconciliation pass).",
+        Series::One,
+    ),
+    family(
+        "boxoffice_refunds_total",
+        Counter,
+        COUNT,
+        "Captured charges the server refunded because their hold ended without an order, by cause.",
+        Series::Sets(refund_causes),
+    ),
+    family(
         "boxoffice_reconcile_last_findings",
         Gauge,
         COUNT,
@@ -545,6 +559,10 @@ fn charge_outcomes() -> Vec<Labels> {
     one("outcome", &["captured", "declined"])
 }
 
+fn refund_causes() -> Vec<Labels> {
+    one("cause", &["charge_without_sale"])
+}
+
 fn offer_outcomes() -> Vec<Labels> {
     one("outcome", &["made", "accepted", "lapsed"])
 }
@@ -731,4 +749,55 @@ pub async fn serve(
 /// The address a listener is bound to, for logs.
 pub fn describe(addr: SocketAddr) -> String {
     format!("http://{addr}/metrics")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every family some crate of the server emits (a `counter!`, `gauge!` or `histogram!`
+    /// naming a `boxoffice_` family in engine/, sweeper/, gateway/) is in [`FAMILIES`], once.
+    #[test]
+    fn every_family_emitted_is_listed_once() {
+        fn sources(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+            for entry in std::fs::read_dir(dir).expect("a source dir").flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    sources(&path, out);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    out.push(path);
+                }
+            }
+        }
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut files = Vec::new();
+        for dir in ["engine/src", "sweeper/src", "gateway/src"] {
+            sources(&root.join(dir), &mut files);
+        }
+        let mut emitted = std::collections::BTreeSet::new();
+        for file in files {
+            let text = std::fs::read_to_string(&file).expect("a source file");
+            for mac in ["counter!(", "gauge!(", "histogram!("] {
+                for (at, _) in text.match_indices(mac) {
+                    let rest = text[at + mac.len()..].trim_start();
+                    if let Some(name) = rest.strip_prefix("\"boxoffice_") {
+                        let end = name.find('"').expect("a closing quote");
+                        emitted.insert(format!("boxoffice_{}", &name[..end]));
+                    }
+                }
+            }
+        }
+        assert!(emitted.len() > 30, "found {emitted:?}");
+        let listed: Vec<&str> = FAMILIES.iter().map(|f| f.name).collect();
+        for name in &emitted {
+            assert!(
+                listed.contains(&name.as_str()),
+                "{name} is emitted but not in FAMILIES"
+            );
+        }
+        let mut unique = listed.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), listed.len(), "a family listed twice");
+    }
 }
