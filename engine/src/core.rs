@@ -494,6 +494,14 @@ impl SectionCore {
         Some((Ended { hold }, record))
     }
 
+    /// Active holds whose deadline is at or before `now_ms`: due for expiry, not expired yet.
+    pub fn holds_past_deadline(&self, now_ms: u64) -> usize {
+        self.deadlines
+            .iter()
+            .take_while(|(deadline, _)| *deadline <= now_ms)
+            .count()
+    }
+
     /// The earliest deadline of an active hold, if any.
     pub fn next_deadline_ms(&self) -> Option<u64> {
         self.deadlines.first().map(|(d, _)| *d)

@@ -130,6 +130,7 @@ pub use retention::Remembered;
 pub use router::Router;
 pub use section::{Listener, Notice};
 pub use store::{Durability, LogSink, MemorySink, SledSink};
+pub use supervisor::ACTOR_KINDS;
 pub use types::*;
 pub use waitlist::{WaitlistState, WaitlistView};
 

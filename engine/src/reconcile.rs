@@ -57,7 +57,17 @@ pub enum Finding {
 }
 
 impl Finding {
-    /// A short label for metrics.
+    /// Every [`Finding::kind`], for metrics labels made ready before the first finding.
+    pub const KINDS: [&'static str; 6] = [
+        "section_inconsistent",
+        "sold_without_claim",
+        "claim_without_sale",
+        "order_not_paid",
+        "payment_on_several_orders",
+        "captured_without_order",
+    ];
+
+    /// A short label for metrics (one of [`Finding::KINDS`]).
     pub fn kind(&self) -> &'static str {
         match self {
             Finding::SectionInconsistent { .. } => "section_inconsistent",

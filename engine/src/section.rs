@@ -49,6 +49,8 @@ pub(crate) enum SectionMsg {
     Inspect(Reply<Box<SectionCore>>),
     /// The earliest deadline of an active hold.
     NextDeadline(Reply<Option<u64>>),
+    /// How many active holds are past their deadline now (the sweeper's backlog).
+    PastDeadline(Reply<usize>),
     /// (holds remembered, of which ended): see [`SectionCore::remembered`].
     Remembered(Reply<(usize, usize)>),
     /// Test support: panic in the handler (as a failed invariant check would).
@@ -108,6 +110,8 @@ pub(crate) struct SectionState {
 struct Counters {
     labels: [(&'static str, String); 2],
     depth: metrics::Gauge,
+    /// Places by state (`available`, `held`, `sold`), set with every published snapshot.
+    places: [metrics::Gauge; 3],
     holds: Counter,
     confirms: Counter,
     releases: Counter,
@@ -118,13 +122,35 @@ struct Counters {
 impl Counters {
     fn new(event: &str, section: &str) -> Counters {
         let labels = [("event", event.to_owned()), ("section", section.to_owned())];
+        let place = |state: &'static str| {
+            metrics::gauge!(
+                "boxoffice_section_places",
+                "event" => event.to_owned(),
+                "section" => section.to_owned(),
+                "state" => state
+            )
+        };
+        let mut rejections = HashMap::new();
+        // Every reason at 0 from the section's start, not from its first refusal.
+        for r in Rejection::every() {
+            let reason = r.reason();
+            rejections.entry(reason).or_insert_with(|| {
+                metrics::counter!(
+                    "boxoffice_section_rejections_total",
+                    "event" => event.to_owned(),
+                    "section" => section.to_owned(),
+                    "reason" => reason
+                )
+            });
+        }
         Counters {
             depth: metrics::gauge!("boxoffice_section_mailbox_depth", &labels),
+            places: [place("available"), place("held"), place("sold")],
             holds: metrics::counter!("boxoffice_section_holds_total", &labels),
             confirms: metrics::counter!("boxoffice_section_confirms_total", &labels),
             releases: metrics::counter!("boxoffice_section_releases_total", &labels),
             expired: metrics::counter!("boxoffice_section_expired_total", &labels),
-            rejections: HashMap::new(),
+            rejections,
             labels,
         }
     }
@@ -199,6 +225,11 @@ impl SectionState {
     fn publish(&mut self, now_ms: u64) {
         self.since_publish = 0;
         let snap = self.a.core.snapshot(now_ms);
+        // Three atomic stores: the gauges follow the published counts, no lock taken.
+        let [available, held, sold] = &self.counters.places;
+        available.set(f64::from(snap.available));
+        held.set(f64::from(snap.held));
+        sold.set(f64::from(snap.sold));
         self.a.snapshot.send_replace(Arc::new(snap));
     }
 }
@@ -303,6 +334,9 @@ impl Actor for SectionActor {
             }
             Some(SectionMsg::NextDeadline(reply)) => {
                 send(reply, Ok(st.a.core.next_deadline_ms()));
+            }
+            Some(SectionMsg::PastDeadline(reply)) => {
+                send(reply, Ok(st.a.core.holds_past_deadline(now)));
             }
             Some(SectionMsg::Remembered(reply)) => {
                 send(reply, Ok(st.a.core.remembered()));

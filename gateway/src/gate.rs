@@ -7,7 +7,10 @@
 //! 4. sheds at once with `RESOURCE_EXHAUSTED` / `OVERLOADED` when `in_flight_max` calls are
 //!    already running, before any work is done;
 //! 5. answers `DEADLINE_EXCEEDED` when the caller's deadline (`grpc-timeout`) passes first;
-//! 6. records each call's latency by method and gRPC code.
+//! 6. records each call's outcome (`boxoffice_rpc_handled_total`) and latency
+//!    (`boxoffice_rpc_duration_seconds`) by method, gRPC code and `ErrorInfo` reason; the calls
+//!    in flight and the bound are read at each scrape ([`Gate::in_flight`],
+//!    [`Gate::in_flight_max`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -120,6 +123,11 @@ impl Gate {
         self.in_flight.load(Ordering::SeqCst)
     }
 
+    /// Calls in flight past which new ones are shed with `OVERLOADED`.
+    pub fn in_flight_max(&self) -> usize {
+        self.in_flight_max
+    }
+
     fn authenticate(&self, req: &http::Request<Body>) -> Result<(), ApiError> {
         let key = req
             .headers()
@@ -182,43 +190,37 @@ impl Drop for InFlight {
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
+/// The RPCs the gate labels by name (health and reflection pass it unmeasured); any other
+/// path is `other`. Bounded cardinality: only our own RPC names become labels.
+pub const METHODS: &[&str] = &[
+    "CreateEvent",
+    "GetEvent",
+    "ListEvents",
+    "GetSeatMap",
+    "Join",
+    "GetStatus",
+    "Hold",
+    "Confirm",
+    "Release",
+    "GetHold",
+    "GetOrder",
+    "JoinWaitlist",
+    "GetWaitlistEntry",
+    "other",
+];
+
 fn method_label(path: &str) -> &'static str {
-    // Bounded cardinality: only our own RPC names become labels.
-    const KNOWN: &[&str] = &[
-        "CreateEvent",
-        "GetEvent",
-        "ListEvents",
-        "GetSeatMap",
-        "Join",
-        "GetStatus",
-        "Hold",
-        "Confirm",
-        "Release",
-        "GetHold",
-        "GetOrder",
-        "JoinWaitlist",
-        "GetWaitlistEntry",
-        "Check",
-        "Watch",
-    ];
     let name = path.rsplit('/').next().unwrap_or("");
-    KNOWN
+    METHODS
         .iter()
         .find(|k| **k == name)
         .copied()
         .unwrap_or("other")
 }
 
-fn code_label(res: &http::Response<Body>) -> &'static str {
-    // Errors are trailers-only responses: the status is in the headers. No status header means
-    // the call went on to send a body and trailers: OK for our unary RPCs.
-    let code = res
-        .headers()
-        .get("grpc-status")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<i32>().ok())
-        .unwrap_or(0);
-    match tonic::Code::from_i32(code) {
+/// The label of a gRPC code: its name as the contract spells it.
+pub fn code_name(code: tonic::Code) -> &'static str {
+    match code {
         tonic::Code::Ok => "OK",
         tonic::Code::Cancelled => "CANCELLED",
         tonic::Code::InvalidArgument => "INVALID_ARGUMENT",
@@ -234,6 +236,27 @@ fn code_label(res: &http::Response<Body>) -> &'static str {
         tonic::Code::Unauthenticated => "UNAUTHENTICATED",
         _ => "OTHER",
     }
+}
+
+/// The outcome of a call as labels: (code, reason). Errors are trailers-only responses: the
+/// status and its details are in the headers. No status header means the call went on to send
+/// a body and trailers: OK for our unary RPCs.
+fn outcome(res: &http::Response<Body>) -> (&'static str, &'static str) {
+    match tonic::Status::from_header_map(res.headers()) {
+        Some(s) if s.code() != tonic::Code::Ok => {
+            (code_name(s.code()), crate::status::reason_label(&s))
+        }
+        _ => ("OK", "none"),
+    }
+}
+
+/// Counts a finished call and records its latency, by method, code and reason.
+fn record(method: &'static str, res: &http::Response<Body>, started: Instant) {
+    let (code, reason) = outcome(res);
+    let labels = [("method", method), ("code", code), ("reason", reason)];
+    metrics::counter!("boxoffice_rpc_handled_total", &labels).increment(1);
+    metrics::histogram!("boxoffice_rpc_duration_seconds", &labels)
+        .record(started.elapsed().as_secs_f64());
 }
 
 /// tonic answers a request body it cannot decode (bad protobuf, invalid UTF-8, too large) with
@@ -316,8 +339,7 @@ where
         let gate = self.gate.clone();
         let refuse = |e: ApiError| -> Self::Future {
             let res = tonic::Status::from(e).into_http();
-            metrics::histogram!("boxoffice_rpc_duration_seconds", "method" => method, "code" => code_label(&res))
-                .record(started.elapsed().as_secs_f64());
+            record(method, &res, started);
             Box::pin(async move { Ok(res) })
         };
         if let Err(e) = gate.authenticate(&req) {
@@ -351,8 +373,7 @@ where
             drop(guard);
             res.map(|r| {
                 let r = undecodable_as_invalid(r);
-                metrics::histogram!("boxoffice_rpc_duration_seconds", "method" => method, "code" => code_label(&r))
-                    .record(started.elapsed().as_secs_f64());
+                record(method, &r, started);
                 r
             })
         })

@@ -220,19 +220,25 @@ fn grpc_router(
         ))
 }
 
-/// Binds and serves `/metrics` on `addr`; returns the bound address, the stop signal, the task.
-async fn serve_metrics(addr: std::net::SocketAddr) -> anyhow::Result<MetricsServing> {
+/// Binds and serves `/metrics` on `addr` (reading the gate's calls in flight at each scrape);
+/// returns the bound address, the stop signal, the task.
+async fn serve_metrics(
+    addr: std::net::SocketAddr,
+    gate: Arc<Gate>,
+) -> anyhow::Result<MetricsServing> {
     let l = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding the metrics address {addr}"))?;
     let maddr = l.local_addr()?;
     let handle = crate::metrics::install();
+    crate::metrics::set_in_flight(gate.in_flight(), gate.in_flight_max());
+    let collect = move || crate::metrics::set_in_flight(gate.in_flight(), gate.in_flight_max());
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
         let shutdown = async move {
             let _ = rx.await;
         };
-        if let Err(e) = crate::metrics::serve(l, handle, shutdown).await {
+        if let Err(e) = crate::metrics::serve(l, handle, collect, shutdown).await {
             tracing::error!(error = %e, "metrics endpoint failed");
         }
     });
@@ -261,8 +267,13 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
     let mut background = Vec::new();
     let (metrics_addr, stop_metrics) = match config.metrics_listen {
         Some(m) => {
-            let (addr, stop, task) = serve_metrics(m).await?;
+            let (addr, stop, task) = serve_metrics(m, gate.clone()).await?;
             background.push(task);
+            let ready = ready.clone();
+            background.push(crate::metrics::spawn_sampler(
+                config.data_dir.clone(),
+                move || ready.get().map(|api| api.engine.clone()),
+            ));
             (Some(addr), Some(stop))
         }
         None => (None, None),
@@ -331,6 +342,10 @@ async fn recover(
             return Err(e);
         }
     };
+    // The series of every recovered event, at 0 before its first call.
+    for e in engine.events().unwrap_or_default() {
+        crate::metrics::register_event(e.event_id.as_str());
+    }
     let api = Arc::new(Api::new(
         engine.clone(),
         TokenSigner::new(&config.token_secret),

@@ -229,6 +229,7 @@ impl pb::event_service_server::EventService for EventSvc {
             .create_event_keyed(spec, &key)
             .await
             .map_err(ApiError::from)?;
+        crate::metrics::register_event(e.event_id.as_str());
         ok(api.event_proto(e))
     }
 

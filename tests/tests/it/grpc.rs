@@ -179,7 +179,7 @@ pub(crate) fn best(
     }
 }
 
-fn seats(event: &str, user: &str, token: &str, ids: &[&str]) -> pb::HoldRequest {
+pub(crate) fn seats(event: &str, user: &str, token: &str, ids: &[&str]) -> pb::HoldRequest {
     pb::HoldRequest {
         event_id: event.into(),
         user_id: user.into(),
@@ -1184,7 +1184,7 @@ async fn overload_is_shed_at_once_not_queued() {
 }
 
 /// GET /metrics with a bare HTTP/1.0 request.
-async fn scrape(addr: std::net::SocketAddr) -> String {
+pub(crate) async fn scrape(addr: std::net::SocketAddr) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")

@@ -15,6 +15,7 @@ mod edges;
 mod grpc;
 mod harness;
 mod kill9;
+mod metrics;
 mod model;
 mod recovery;
 mod refunds;
