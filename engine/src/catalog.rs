@@ -10,7 +10,7 @@ use crate::engine::Engine;
 use crate::error::{EngineError, Rejection};
 use crate::types::{
     CatalogRecord, EventId, EventSpec, EventTerms, EventView, Layout, SeatId, SeatMap, SeatView,
-    SectionId, SectionSeats, SectionSnapshot, SectionSummary,
+    SectionId, SectionSeats, SectionSnapshot, SectionSummary, check_idempotency_key,
 };
 
 /// One section as the engine's catalog sees it: its published snapshot (the publisher outlives
@@ -27,6 +27,18 @@ pub(crate) struct EventEntry {
     pub event_id: EventId,
     pub created_at_ms: u64,
     pub sections: Vec<SectionSlot>,
+}
+
+/// The id of the event a keyed create without an event id makes: `ev-` and 32 hex digits of
+/// SHA-256 over the key (so every retry with the key names the same event).
+pub fn event_id_of_key(key: &str) -> EventId {
+    use sha2::Digest;
+    let digest = sha2::Sha256::new()
+        .chain_update(b"boxoffice CreateEvent idempotency key\0")
+        .chain_update(key.as_bytes())
+        .finalize();
+    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    EventId(format!("ev-{hex}"))
 }
 
 impl Engine {
@@ -69,19 +81,36 @@ impl Engine {
     /// event as it is now; another spec under an existing id is `EventExists`. Runs to the end
     /// even if the caller stops waiting.
     pub async fn create_event(&self, spec: EventSpec) -> Result<EventView, EngineError> {
+        self.create_event_keyed(spec, "").await
+    }
+
+    /// [`Engine::create_event`] with an idempotency key for a spec without an event id: the
+    /// event's id is derived from the key ([`event_id_of_key`]), so a retry with the key and the
+    /// same spec answers the event the first call made (whether or not its answer arrived), and
+    /// the key with another spec is `IdempotencyKeyReused`. The key lasts as long as the event.
+    /// With an event id, or an empty key, the key plays no part.
+    pub async fn create_event_keyed(
+        &self,
+        spec: EventSpec,
+        idempotency_key: &str,
+    ) -> Result<EventView, EngineError> {
         let engine = self.clone();
-        self.detached(async move { engine.create_event_now(spec).await })
+        let key = idempotency_key.to_owned();
+        self.detached(async move { engine.create_event_now(spec, &key).await })
             .await
     }
 
-    async fn create_event_now(&self, spec: EventSpec) -> Result<EventView, EngineError> {
+    async fn create_event_now(&self, spec: EventSpec, key: &str) -> Result<EventView, EngineError> {
         self.check_ready()?;
+        check_idempotency_key(key)?;
         let spec = spec.with_defaults();
         spec.validate()?;
-        let event_id = spec
-            .event_id
-            .clone()
-            .unwrap_or_else(|| EventId(format!("ev-{}", ulid::Ulid::generate()).to_lowercase()));
+        let keyed = spec.event_id.is_none() && !key.is_empty();
+        let event_id = match &spec.event_id {
+            Some(id) => id.clone(),
+            None if keyed => event_id_of_key(key),
+            None => EventId(format!("ev-{}", ulid::Ulid::generate()).to_lowercase()),
+        };
         let window_ms = self.window_ms();
         let mut catalog = self.inner.catalog.lock().await;
         if let Some(existing) = self.inner.events.get(&event_id).map(|e| e.spec.clone()) {
@@ -93,7 +122,12 @@ impl Engine {
                 drop(catalog);
                 return self.event(&event_id);
             }
-            return Err(Rejection::EventExists.into());
+            return Err(if keyed {
+                Rejection::IdempotencyKeyReused
+            } else {
+                Rejection::EventExists
+            }
+            .into());
         }
         let created_at_ms = self.now_ms();
         let mut spec = spec;

@@ -99,6 +99,7 @@ pub mod limits;
 pub mod payment;
 pub mod reconcile;
 mod recovery;
+mod refunds;
 pub mod retention;
 mod router;
 mod section;
@@ -124,6 +125,7 @@ pub use payment::{
 };
 pub use reconcile::Finding;
 pub use recovery::{RecoveryReport, verify_log};
+pub use refunds::Settlement;
 pub use retention::Remembered;
 pub use router::Router;
 pub use section::{Listener, Notice};

@@ -80,8 +80,7 @@ pub(crate) struct Books<'a> {
     pub charges: &'a [Charge],
 }
 
-/// Everything that does not add up in `books` (pure: no IO). Also counts the findings in
-/// metrics and logs each.
+/// Everything that does not add up in `books` (pure: no IO; [`report`] counts and logs them).
 pub(crate) fn check(books: &Books<'_>) -> Vec<Finding> {
     let mut findings = Vec::new();
     let mut expected_claims: HashMap<String, String> = HashMap::new();
@@ -112,12 +111,16 @@ pub(crate) fn check(books: &Books<'_>) -> Vec<Finding> {
         }
     }
     check_payments(&orders, books.charges, &mut findings);
-    for f in &findings {
+    findings
+}
+
+/// Counts `findings` in metrics and logs each.
+pub(crate) fn report(findings: &[Finding]) {
+    for f in findings {
         metrics::counter!("boxoffice_reconcile_findings_total", "kind" => f.kind()).increment(1);
         tracing::error!(finding = ?f, "reconciliation finding");
     }
     metrics::gauge!("boxoffice_reconcile_last_findings").set(findings.len() as f64);
-    findings
 }
 
 /// Every order is paid by exactly one captured charge of its amount, and every captured charge

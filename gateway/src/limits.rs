@@ -58,3 +58,5 @@ const _: () = {
     // A rotation needs room for the old key and the new one.
     assert!(TICKET_KEYS_MAX >= 2);
 };
+/// Seconds a captured charge stays without a sale before the server refunds it (docs/api.md 3.3).
+pub const REFUND_GRACE_SECONDS_DEFAULT: u64 = 60;

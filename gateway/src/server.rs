@@ -57,8 +57,11 @@ pub struct ServerConfig {
     pub clock: Arc<dyn Clock>,
     /// Tests only: recovery waits until this is notified (to observe `NOT_SERVING`).
     pub recovery_gate: Option<Arc<Notify>>,
-    /// How often the reconciliation runs in the server (`None`: never).
+    /// How often the reconciliation runs in the server (`None`: never). Each pass also refunds
+    /// captured charges left without a sale for at least `refund_grace`.
     pub reconcile_every: Option<Duration>,
+    /// How long a captured charge stays without a sale before a reconciliation pass refunds it.
+    pub refund_grace: Duration,
     /// The log in this engine config's sink instead of the data dir (tests and simulations:
     /// `EngineConfig::with_sink(MemorySink::new())`). `None`: sled in `data_dir`.
     pub engine: Option<EngineConfig>,
@@ -91,6 +94,7 @@ impl ServerConfig {
             clock: Arc::new(SystemClock),
             recovery_gate: None,
             reconcile_every: Some(Duration::from_secs(60)),
+            refund_grace: Duration::from_secs(crate::limits::REFUND_GRACE_SECONDS_DEFAULT),
             engine: None,
             new_ticket_key: false,
             recovery_mode: RecoveryMode::Strict,
@@ -317,16 +321,20 @@ async fn recover(
         config.queue_max,
     ));
     if let Some(every) = config.reconcile_every {
-        // The periodic reconciliation: findings become a metric and a log line each.
+        // The periodic reconciliation: findings become a metric and a log line each; charges
+        // left without a sale are refunded once their grace has passed.
         let engine = engine.clone();
+        let grace = config.refund_grace;
         let task = tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             tick.tick().await;
             loop {
                 tick.tick().await;
-                match engine.reconcile().await {
-                    Ok(f) if f.is_empty() => tracing::debug!("reconciliation clean"),
-                    Ok(f) => tracing::error!(findings = f.len(), "reconciliation found problems"),
+                match engine.settle_and_reconcile(grace).await {
+                    Ok((f, _)) if f.is_empty() => tracing::debug!("reconciliation clean"),
+                    Ok((f, _)) => {
+                        tracing::error!(findings = f.len(), "reconciliation found problems")
+                    }
                     Err(boxoffice_engine::EngineError::NotReady) => break,
                     Err(e) => tracing::warn!(error = %e, "reconciliation could not run"),
                 }

@@ -222,10 +222,12 @@ fn event_id(field: &str, v: String) -> Result<EventId, ApiError> {
 impl pb::event_service_server::EventService for EventSvc {
     async fn create_event(&self, req: Request<pb::CreateEventRequest>) -> Rpc<pb::Event> {
         let api = ready(&self.0)?;
-        let spec = convert::event_spec(req.into_inner()).map_err(ApiError::from)?;
+        let mut req = req.into_inner();
+        let key = std::mem::take(&mut req.idempotency_key);
+        let spec = convert::event_spec(req).map_err(ApiError::from)?;
         let e = api
             .engine
-            .create_event(spec)
+            .create_event_keyed(spec, &key)
             .await
             .map_err(ApiError::from)?;
         ok(api.event_proto(e))

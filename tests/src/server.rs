@@ -77,6 +77,7 @@ pub struct TestServerBuilder {
     memory_log: Option<Arc<boxoffice_engine::MemorySink>>,
     new_ticket_key: bool,
     wait: bool,
+    settlement: Option<(Option<Duration>, Duration)>,
 }
 
 impl TestServerBuilder {
@@ -102,6 +103,14 @@ impl TestServerBuilder {
     /// new one.
     pub fn home(mut self, home: Home) -> Self {
         self.home = Some(home);
+        self
+    }
+
+    /// The reconciliation pass runs `every` (`None`: never, the test calls
+    /// `Engine::settle_and_reconcile` itself) and refunds charges without a sale after `grace`
+    /// (`serve --reconcile-seconds`, `--refund-grace-seconds`).
+    pub fn settlement(mut self, every: Option<Duration>, grace: Duration) -> Self {
+        self.settlement = Some((every, grace));
         self
     }
 
@@ -150,6 +159,10 @@ impl TestServerBuilder {
             config.in_flight_max = n;
         }
         config.new_ticket_key = self.new_ticket_key;
+        if let Some((every, grace)) = self.settlement {
+            config.reconcile_every = every;
+            config.refund_grace = grace;
+        }
         if let Some(sink) = self.memory_log {
             config.engine =
                 Some(boxoffice_engine::EngineConfig::with_sink(sink).expect("a memory log"));
@@ -216,6 +229,7 @@ impl TestServer {
             memory_log: None,
             new_ticket_key: false,
             wait: true,
+            settlement: None,
         }
     }
 

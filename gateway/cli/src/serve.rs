@@ -13,6 +13,7 @@ use boxoffice_engine::limits::{
     IDEMPOTENCY_WINDOW_MS_DEFAULT, IDEMPOTENCY_WINDOW_MS_MAX, IDEMPOTENCY_WINDOW_MS_MIN,
 };
 use boxoffice_engine::{Durability, Engine, EngineError, RecoveryMode, StorageError};
+use boxoffice_gateway::limits::REFUND_GRACE_SECONDS_DEFAULT;
 use boxoffice_gateway::server::{self, ServerConfig};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use rand::RngCore;
@@ -89,6 +90,10 @@ pub struct ServeArgs {
     /// Seconds between reconciliation runs in the server (0: never).
     #[arg(long, env = "BOXOFFICE_RECONCILE_SECONDS", default_value_t = 60)]
     reconcile_seconds: u64,
+    /// Seconds a captured charge stays without a sale (its hold released or expired, no order
+    /// paid by it) before the reconciliation pass refunds it.
+    #[arg(long, env = "BOXOFFICE_REFUND_GRACE_SECONDS", default_value_t = REFUND_GRACE_SECONDS_DEFAULT)]
+    refund_grace_seconds: u64,
     /// Start with a new ticket signing key when the data dir's key is missing although tickets
     /// were sold (those tickets verify only if their public keys are kept in
     /// `ticket-public-keys/`). Without it such a start is refused.
@@ -215,6 +220,7 @@ fn config(args: ServeArgs) -> ServerConfig {
     config.queue_max = args.queue_max;
     config.grace = Duration::from_secs(args.grace_seconds);
     config.idempotency_window = Duration::from_secs(args.idempotency_window_seconds);
+    config.refund_grace = Duration::from_secs(args.refund_grace_seconds);
     config.reconcile_every =
         (args.reconcile_seconds > 0).then(|| Duration::from_secs(args.reconcile_seconds));
     config.new_ticket_key = args.new_ticket_key;

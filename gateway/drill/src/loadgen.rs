@@ -224,6 +224,7 @@ impl Load {
                 admit_rate_per_second: 1_000_000,
                 admission_window_seconds: 3_600,
                 sale_opens_at_unix_ms: 0,
+                idempotency_key: String::new(),
             })
             .await
             .context("CreateEvent (is --admin-key an admin key?)")?;

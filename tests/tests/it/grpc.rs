@@ -51,6 +51,7 @@ pub(crate) fn event(id: &str, sections: Vec<pb::SectionSpec>) -> pb::CreateEvent
         admit_rate_per_second: 1_000,
         admission_window_seconds: 120,
         sale_opens_at_unix_ms: 0,
+        idempotency_key: String::new(),
     }
 }
 
@@ -135,7 +136,7 @@ pub(crate) async fn seats_of(c: &mut Clients, event: &str) -> Vec<pb::SectionSea
 }
 
 /// Every event, through every page of `ListEvents`.
-async fn all_events(c: &mut Clients) -> Vec<pb::Event> {
+pub(crate) async fn all_events(c: &mut Clients) -> Vec<pb::Event> {
     let mut events = Vec::new();
     let mut token = String::new();
     loop {
