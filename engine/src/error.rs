@@ -74,6 +74,10 @@ pub enum Rejection {
         /// Places the user held or owned when asking.
         used: u32,
     },
+    /// `JoinWaitlist` while the places wanted are free to hold (kept last: rejections are
+    /// stored as idempotency answers, encoded by variant index).
+    #[error("places available: hold them instead of joining the waitlist")]
+    PlacesAvailable,
 }
 
 impl Rejection {
@@ -141,6 +145,7 @@ impl Rejection {
             Rejection::IdempotencyKeyReused => "IDEMPOTENCY_KEY_REUSED",
             Rejection::IdempotencyKeyInFlight => "IDEMPOTENCY_KEY_IN_FLIGHT",
             Rejection::UserLimit { .. } => "USER_LIMIT",
+            Rejection::PlacesAvailable => "PLACES_AVAILABLE",
         }
     }
 }

@@ -45,6 +45,9 @@ pub(crate) enum SectionMsg {
     ExpireHoldIfDue(HoldId, Reply<bool>),
     GetHold(HoldId, Reply<HoldView>),
     GetOrder(OrderId, Reply<OrderView>),
+    /// The places free now (neither held, sold nor withdrawn): what a best-available hold
+    /// may take. Answered in mailbox order, once everything before it is durable.
+    Available(Reply<u32>),
     /// A copy of the core, for invariant checks and tests.
     Inspect(Reply<Box<SectionCore>>),
     /// The earliest deadline of an active hold.
@@ -328,6 +331,15 @@ impl Actor for SectionActor {
                         .order_view(&order_id)
                         .ok_or(Rejection::OrderNotFound);
                 st.commit(Vec::new(), Vec::new(), Vec::new(), after(reply, answer));
+            }
+            Some(SectionMsg::Available(reply)) => {
+                let (_, available, _, _) = st.a.core.counts();
+                st.commit(
+                    Vec::new(),
+                    Vec::new(),
+                    Vec::new(),
+                    after(reply, Ok(available)),
+                );
             }
             Some(SectionMsg::Inspect(reply)) => {
                 send(reply, Ok(Box::new(st.a.core.clone())));

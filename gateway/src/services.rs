@@ -147,7 +147,8 @@ impl Api {
         }
     }
 
-    /// Checks the admission token of a hold: bound to the event and user, admitted, in window.
+    /// Checks the admission token of a hold or a waitlist join: bound to the event and user,
+    /// admitted, in window.
     /// A queue token is accepted too once its position is admitted.
     fn check_admission(&self, token: &str, event: &EventTerms, user: &str) -> Result<(), ApiError> {
         convert::required_token("admission_token", token)?;
@@ -490,11 +491,12 @@ impl pb::booking_service_server::BookingService for BookingSvc {
 
     async fn get_hold(&self, req: Request<pb::GetHoldRequest>) -> Rpc<pb::Hold> {
         let api = ready(&self.0)?;
-        let id = req.into_inner().hold_id;
-        required("hold_id", &id)?;
+        let req = req.into_inner();
+        required("hold_id", &req.hold_id)?;
+        user_id(&req.user_id)?;
         let h = api
             .engine
-            .get_hold(&HoldId(id))
+            .get_hold_of(&HoldId(req.hold_id), &UserId(req.user_id))
             .await
             .map_err(ApiError::from)?;
         ok(convert::hold(h))
@@ -502,11 +504,12 @@ impl pb::booking_service_server::BookingService for BookingSvc {
 
     async fn get_order(&self, req: Request<pb::GetOrderRequest>) -> Rpc<pb::Order> {
         let api = ready(&self.0)?;
-        let id = req.into_inner().order_id;
-        required("order_id", &id)?;
+        let req = req.into_inner();
+        required("order_id", &req.order_id)?;
+        user_id(&req.user_id)?;
         let o = api
             .engine
-            .get_order(&OrderId(id))
+            .get_order_of(&OrderId(req.order_id), &UserId(req.user_id))
             .await
             .map_err(ApiError::from)?;
         ok(convert::order(o, &api.tickets))
@@ -525,10 +528,27 @@ impl pb::waitlist_service_server::WaitlistService for WaitlistSvc {
                 ApiError::from(Rejection::invalid("quantity", "must be at least 1")).into(),
             );
         }
+        let event = api.engine.event_terms(&id).map_err(ApiError::from)?;
+        let user = UserId(req.user_id);
+        // Behind the line, as `Hold` is: the same admission, checked the same way.
+        if let Err(e) = api.check_admission(&req.admission_token, &event, user.as_str()) {
+            // A retry after the window closed still finds the entry the first call made (the
+            // token is expired, but genuine and bound to this event and user).
+            if e == ApiError::TokenExpired
+                && let Some(entry) = api
+                    .engine
+                    .active_waitlist_entry(&id, &user)
+                    .await
+                    .map_err(ApiError::from)?
+            {
+                return ok(convert::waitlist_entry(entry));
+            }
+            return Err(e.into());
+        }
         let section = (!req.section_id.is_empty()).then_some(SectionId(req.section_id));
         let entry = api
             .engine
-            .join_waitlist(&id, &UserId(req.user_id), section, req.quantity)
+            .join_waitlist(&id, &user, section, req.quantity)
             .await
             .map_err(ApiError::from)?;
         ok(convert::waitlist_entry(entry))
@@ -539,11 +559,12 @@ impl pb::waitlist_service_server::WaitlistService for WaitlistSvc {
         req: Request<pb::GetWaitlistEntryRequest>,
     ) -> Rpc<pb::WaitlistEntry> {
         let api = ready(&self.0)?;
-        let id = req.into_inner().entry_id;
-        required("entry_id", &id)?;
+        let req = req.into_inner();
+        required("entry_id", &req.entry_id)?;
+        user_id(&req.user_id)?;
         let entry = api
             .engine
-            .waitlist_entry(&id)
+            .waitlist_entry_of(&req.entry_id, &UserId(req.user_id))
             .await
             .map_err(ApiError::from)?;
         ok(convert::waitlist_entry(entry))

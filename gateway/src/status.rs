@@ -82,7 +82,8 @@ fn rejection_status(r: &Rejection) -> Status {
         | Rejection::HoldExpired
         | Rejection::HoldNotActive
         | Rejection::PaymentDeclined
-        | Rejection::IdempotencyKeyReused => Code::FailedPrecondition,
+        | Rejection::IdempotencyKeyReused
+        | Rejection::PlacesAvailable => Code::FailedPrecondition,
         Rejection::IdempotencyKeyInFlight => Code::Aborted,
         Rejection::UserLimit { limit, used } => {
             meta.insert("limit".to_owned(), limit.to_string());
@@ -276,6 +277,7 @@ mod tests {
             (Rejection::HoldNotActive, Code::FailedPrecondition),
             (Rejection::PaymentDeclined, Code::FailedPrecondition),
             (Rejection::IdempotencyKeyReused, Code::FailedPrecondition),
+            (Rejection::PlacesAvailable, Code::FailedPrecondition),
             (Rejection::IdempotencyKeyInFlight, Code::Aborted),
             (
                 Rejection::UserLimit { limit: 4, used: 3 },

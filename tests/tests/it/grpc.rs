@@ -666,6 +666,7 @@ async fn booking_end_to_end_with_every_documented_error() {
         .booking
         .get_order(pb::GetOrderRequest {
             order_id: order.order_id.clone(),
+            user_id: "ann".into(),
         })
         .await
         .unwrap()
@@ -675,6 +676,7 @@ async fn booking_end_to_end_with_every_documented_error() {
         c.booking
             .get_order(pb::GetOrderRequest {
                 order_id: "b.orch.o123".into(),
+                user_id: "ann".into(),
             })
             .await,
         Code::NotFound,
@@ -684,6 +686,7 @@ async fn booking_end_to_end_with_every_documented_error() {
         .booking
         .get_hold(pb::GetHoldRequest {
             hold_id: h1.hold_id.clone(),
+            user_id: "ann".into(),
         })
         .await
         .unwrap()
@@ -693,6 +696,7 @@ async fn booking_end_to_end_with_every_documented_error() {
         c.booking
             .get_hold(pb::GetHoldRequest {
                 hold_id: "junk".into(),
+                user_id: "ann".into(),
             })
             .await,
         Code::NotFound,
@@ -1074,6 +1078,7 @@ async fn health_is_not_serving_until_recovery_and_restart_keeps_holds_and_orders
         a.booking
             .get_hold(pb::GetHoldRequest {
                 hold_id: hold.hold_id.clone(),
+                user_id: "ann".into(),
             })
             .await,
         Code::Unavailable,
@@ -1096,6 +1101,7 @@ async fn health_is_not_serving_until_recovery_and_restart_keeps_holds_and_orders
         .booking
         .get_hold(pb::GetHoldRequest {
             hold_id: hold.hold_id.clone(),
+            user_id: "ann".into(),
         })
         .await
         .unwrap()
@@ -1123,6 +1129,7 @@ async fn health_is_not_serving_until_recovery_and_restart_keeps_holds_and_orders
         .booking
         .get_order(pb::GetOrderRequest {
             order_id: order.order_id.clone(),
+            user_id: "ann".into(),
         })
         .await
         .unwrap()
@@ -1328,12 +1335,16 @@ async fn waitlist_gets_the_released_places_over_grpc() {
         Code::FailedPrecondition,
         "SOLD_OUT",
     );
+    // Bob and Cat come through the waiting room: the waitlist is behind the line too.
+    let tokens = admitted_all(&mut c, || clock.advance_ms(20), "wl", &["bob", "cat"]).await;
+    let (bob_tok, cat_tok) = (&tokens[0], &tokens[1]);
     // Bad input and unknown ids.
-    let join = |user: &str, section: &str, q: u32| pb::JoinWaitlistRequest {
+    let join = |user: &str, token: &str, section: &str, q: u32| pb::JoinWaitlistRequest {
         event_id: "wl".into(),
         user_id: user.into(),
         section_id: section.into(),
         quantity: q,
+        admission_token: token.into(),
     };
     // Refused joins take no place in the line: Bob and Cat below are its first two.
     check_error_cases(
@@ -1341,19 +1352,21 @@ async fn waitlist_gets_the_released_places_over_grpc() {
         vec![
             case(
                 "no places",
-                join("bob", "orch", 0),
+                join("bob", bob_tok, "orch", 0),
                 Code::InvalidArgument,
                 "INVALID_REQUEST",
-            ),
+            )
+            .field("quantity"),
             case(
                 "more places than the per-user limit",
-                join("bob", "orch", 9),
+                join("bob", bob_tok, "orch", 9),
                 Code::InvalidArgument,
                 "INVALID_REQUEST",
-            ),
+            )
+            .field("quantity"),
             case(
                 "a section that does not exist",
-                join("bob", "nope", 1),
+                join("bob", bob_tok, "nope", 1),
                 Code::NotFound,
                 "SECTION_NOT_FOUND",
             ),
@@ -1361,41 +1374,61 @@ async fn waitlist_gets_the_released_places_over_grpc() {
                 "an event that does not exist",
                 pb::JoinWaitlistRequest {
                     event_id: "nope".into(),
-                    ..join("bob", "", 1)
+                    ..join("bob", bob_tok, "", 1)
                 },
                 Code::NotFound,
                 "EVENT_NOT_FOUND",
             ),
+            case(
+                "the floor's place is free: hold it",
+                join("bob", bob_tok, "floor", 1),
+                Code::FailedPrecondition,
+                "PLACES_AVAILABLE",
+            ),
+            case(
+                "any section, and the floor's place is free",
+                join("bob", bob_tok, "", 1),
+                Code::FailedPrecondition,
+                "PLACES_AVAILABLE",
+            ),
         ],
         async |r| c.waitlist.join_waitlist(r).await,
-        async || seats_of(&mut look, "wl").await,
+        async || {
+            let waiting = server.engine().waitlist_len(&"wl".into()).await.unwrap();
+            (seats_of(&mut look, "wl").await, waiting)
+        },
     )
     .await;
     expect_err(
         c.waitlist
             .get_waitlist_entry(pb::GetWaitlistEntryRequest {
                 entry_id: "wl.wnothing".into(),
+                user_id: "bob".into(),
             })
             .await,
         Code::NotFound,
         "ENTRY_NOT_FOUND",
     );
-    // Bob and Cat wait for the orchestra.
+    // Bob and Cat wait for the orchestra (sold out, although the floor is not).
     let bob = c
         .waitlist
-        .join_waitlist(join("bob", "orch", 2))
+        .join_waitlist(join("bob", bob_tok, "orch", 2))
         .await
         .unwrap()
         .into_inner();
     let cat = c
         .waitlist
-        .join_waitlist(join("cat", "orch", 1))
+        .join_waitlist(join("cat", cat_tok, "orch", 1))
         .await
         .unwrap()
         .into_inner();
     assert_eq!((bob.position, cat.position), (1, 2));
     assert_eq!(bob.state, pb::WaitlistState::Waiting as i32);
     assert!(bob.offered_hold_id.is_empty());
+    let entry = |id: &str, user: &str| pb::GetWaitlistEntryRequest {
+        entry_id: id.into(),
+        user_id: user.into(),
+    };
     // Ann releases: the places go to Bob, the head of the line, as a hold in his name.
     c.booking
         .release(pb::ReleaseRequest {
@@ -1407,9 +1440,7 @@ async fn waitlist_gets_the_released_places_over_grpc() {
     let offered = periodic_check("bob's entry is offered", PATIENCE, async || {
         let e = c
             .waitlist
-            .get_waitlist_entry(pb::GetWaitlistEntryRequest {
-                entry_id: bob.entry_id.clone(),
-            })
+            .get_waitlist_entry(entry(&bob.entry_id, "bob"))
             .await
             .unwrap()
             .into_inner();
@@ -1425,6 +1456,7 @@ async fn waitlist_gets_the_released_places_over_grpc() {
         .booking
         .get_hold(pb::GetHoldRequest {
             hold_id: offered.offered_hold_id.clone(),
+            user_id: "bob".into(),
         })
         .await
         .unwrap()
@@ -1437,9 +1469,7 @@ async fn waitlist_gets_the_released_places_over_grpc() {
     // Cat moved up; Bob confirms and his entry is fulfilled.
     let cat_now = c
         .waitlist
-        .get_waitlist_entry(pb::GetWaitlistEntryRequest {
-            entry_id: cat.entry_id.clone(),
-        })
+        .get_waitlist_entry(entry(&cat.entry_id, "cat"))
         .await
         .unwrap()
         .into_inner();
@@ -1459,9 +1489,7 @@ async fn waitlist_gets_the_released_places_over_grpc() {
     periodic_check("bob's entry is fulfilled", PATIENCE, async || {
         let e = c
             .waitlist
-            .get_waitlist_entry(pb::GetWaitlistEntryRequest {
-                entry_id: bob.entry_id.clone(),
-            })
+            .get_waitlist_entry(entry(&bob.entry_id, "bob"))
             .await
             .unwrap()
             .into_inner();
@@ -1528,6 +1556,7 @@ async fn checkout_over_grpc_declines_times_out_and_issues_verifiable_tickets() {
                 .booking
                 .get_hold(pb::GetHoldRequest {
                     hold_id: hold.hold_id.clone(),
+                    user_id: "ann".into(),
                 })
                 .await
                 .unwrap()
@@ -1568,6 +1597,7 @@ async fn checkout_over_grpc_declines_times_out_and_issues_verifiable_tickets() {
         .booking
         .get_order(pb::GetOrderRequest {
             order_id: order.order_id.clone(),
+            user_id: "ann".into(),
         })
         .await
         .unwrap()

@@ -17,6 +17,7 @@ mod harness;
 mod kill9;
 mod metrics;
 mod model;
+mod owners;
 mod recovery;
 mod refunds;
 mod seams;

@@ -194,6 +194,7 @@ async fn a_charge_left_without_a_sale_is_refunded_after_its_grace() {
             .booking
             .get_order(pb::GetOrderRequest {
                 order_id: o.order_id.clone(),
+                user_id: o.user_id.clone(),
             })
             .await
             .unwrap()

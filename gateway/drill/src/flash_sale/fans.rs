@@ -2,8 +2,9 @@
 //!
 //! A fan joins the line and polls until admitted, holds 1 to 4 places (exact seats picked from
 //! the seat map, best available in a section, or anywhere), then pays (maybe with a declined
-//! card first) or walks away. Turned away with SOLD_OUT, a fan may wait on the waitlist and buy
-//! what it offers. At most `--concurrency` fans are between joining and paying at once.
+//! card first) or walks away. Turned away with SOLD_OUT, a fan may wait on the waitlist (with
+//! their admission, as the contract wants) and buy what it offers; if places came back
+//! meanwhile (PLACES_AVAILABLE), they hold those instead. At most `--concurrency` fans are between joining and paying at once.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -157,8 +158,8 @@ async fn one_fan(crowd: &Crowd, i: usize, slot: SemaphorePermit<'_>, in_sale: In
     let mut outcome = fan.buy().await;
     drop(in_sale);
     drop(slot);
-    if let Some(quantity) = outcome.waitlist.take() {
-        outcome.tickets = fan.wait_on_waitlist(quantity).await;
+    if let Some((quantity, admission)) = outcome.waitlist.take() {
+        outcome.tickets = fan.wait_on_waitlist(quantity, &admission).await;
     }
     if !outcome.tickets.is_empty() {
         if let Ok(mut t) = crowd.tickets.lock() {
@@ -170,11 +171,12 @@ async fn one_fan(crowd: &Crowd, i: usize, slot: SemaphorePermit<'_>, in_sale: In
     }
 }
 
-/// What a fan got, and whether they go on to wait on the waitlist (for this many places).
+/// What a fan got, and whether they go on to wait on the waitlist (for this many places, with
+/// this admission token).
 #[derive(Default)]
 struct Outcome {
     tickets: Vec<Ticket>,
-    waitlist: Option<u32>,
+    waitlist: Option<(u32, String)>,
 }
 
 /// One fan: their clients, their name, their own seeded choices.
@@ -249,7 +251,7 @@ impl<'a> Fan<'a> {
         }
         .min(self.crowd.args.per_user_limit);
         let selection = self.choose(quantity).await;
-        let hold = match self.hold(&admission, quantity, selection).await {
+        let hold = match self.hold(&admission, "hold", quantity, selection).await {
             Ok(h) => h,
             Err(turned_away) => return turned_away,
         };
@@ -377,10 +379,12 @@ impl<'a> Fan<'a> {
     }
 
     /// Holds `quantity` places, falling back to anywhere when the pick lost the race or its
-    /// section is gone; `Err` with the fan's outcome when the sale turned them away.
+    /// section is gone; `Err` with the fan's outcome when the sale turned them away. The
+    /// idempotency keys are `{key}-{attempt}`.
     async fn hold(
         &mut self,
         admission: &str,
+        key: &str,
         quantity: u32,
         mut selection: Option<pb::hold_request::Selection>,
     ) -> Result<pb::Hold, Outcome> {
@@ -397,7 +401,7 @@ impl<'a> Fan<'a> {
                 event_id: self.crowd.event.event_id.clone(),
                 user_id: self.user.clone(),
                 admission_token: admission.to_owned(),
-                idempotency_key: format!("hold-{attempt}"),
+                idempotency_key: format!("{key}-{attempt}"),
                 selection: Some(selection.clone().unwrap_or(anywhere.clone())),
             };
             let r = self
@@ -421,7 +425,7 @@ impl<'a> Fan<'a> {
                     let wait = self.rng.random::<f64>() < self.crowd.args.waitlist_share;
                     return Err(Outcome {
                         tickets: Vec::new(),
-                        waitlist: wait.then_some(quantity),
+                        waitlist: wait.then(|| (quantity, admission.to_owned())),
                     });
                 }
                 Err(s) => {
@@ -495,23 +499,53 @@ impl<'a> Fan<'a> {
         }
     }
 
-    /// Joins the waitlist and buys the offer if one comes while the sale lasts.
-    async fn wait_on_waitlist(&mut self, quantity: u32) -> Vec<Ticket> {
+    /// Joins the waitlist (with the fan's admission) and buys the offer if one comes while the
+    /// sale lasts. Places that came back since the fan was turned away are refused to the
+    /// waitlist (`PLACES_AVAILABLE`): the fan holds and pays for them instead, or joins again if
+    /// someone was faster.
+    async fn wait_on_waitlist(&mut self, quantity: u32, admission: &str) -> Vec<Ticket> {
         let tally = self.tally;
-        let join = pb::JoinWaitlistRequest {
-            event_id: self.crowd.event.event_id.clone(),
-            user_id: self.user.clone(),
-            section_id: String::new(),
-            quantity,
-        };
-        let joined = self
-            .patient(&self.f.waitlist, join, None, |mut c, r| async move {
-                c.join_waitlist(r).await
-            })
-            .await;
-        let Ok(entry) = joined.map(tonic::Response::into_inner) else {
-            tally.error("join_waitlist", None);
-            return Vec::new();
+        let mut tries = 0;
+        let entry = loop {
+            tries += 1;
+            let join = pb::JoinWaitlistRequest {
+                event_id: self.crowd.event.event_id.clone(),
+                user_id: self.user.clone(),
+                section_id: String::new(),
+                quantity,
+                admission_token: admission.to_owned(),
+            };
+            let joined = self
+                .patient(&self.f.waitlist, join, None, |mut c, r| async move {
+                    c.join_waitlist(r).await
+                })
+                .await;
+            match joined {
+                Ok(e) => break e.into_inner(),
+                Err(s) if reason(&s) == "PLACES_AVAILABLE" && tries <= 3 => {
+                    tally
+                        .waitlist_places_available
+                        .fetch_add(1, Ordering::Relaxed);
+                    match self
+                        .hold(admission, &format!("rehold-{tries}"), quantity, None)
+                        .await
+                    {
+                        Ok(h) => {
+                            tally.holds_ok.fetch_add(1, Ordering::Relaxed);
+                            return self.pay(&h.hold_id, self.i, false).await;
+                        }
+                        // Sold out again: join again.
+                        Err(Outcome {
+                            waitlist: Some(_), ..
+                        }) => {}
+                        Err(_) => return Vec::new(),
+                    }
+                }
+                Err(s) => {
+                    tally.error("join_waitlist", Some(&s));
+                    return Vec::new();
+                }
+            }
         };
         tally.waitlist_joined.fetch_add(1, Ordering::Relaxed);
         // Wait while places may still come back, or until an offer comes. Nothing can come back
@@ -531,6 +565,7 @@ impl<'a> Fan<'a> {
             }
             let check = pb::GetWaitlistEntryRequest {
                 entry_id: entry.entry_id.clone(),
+                user_id: self.user.clone(),
             };
             let checked = self
                 .patient(

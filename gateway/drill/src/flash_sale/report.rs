@@ -79,6 +79,9 @@ pub struct Report {
     pub waitlist_joined: u64,
     /// Waitlist offers confirmed.
     pub waitlist_bought: u64,
+    /// Waitlist joins refused with `PLACES_AVAILABLE` (places had come back since the
+    /// `SOLD_OUT`): the fan held them instead.
+    pub waitlist_places_available: u64,
     /// Payments declined once and paid with another card.
     pub declined_then_paid: u64,
     /// Requests the gate shed and the fans retried.
@@ -270,8 +273,11 @@ impl Report {
             ),
             ("SOLD_OUT answers", self.sold_out_answers.to_string()),
             (
-                "waitlist: joined / bought",
-                format!("{} / {}", self.waitlist_joined, self.waitlist_bought),
+                "waitlist: joined / bought / PLACES_AVAILABLE (held instead)",
+                format!(
+                    "{} / {} / {}",
+                    self.waitlist_joined, self.waitlist_bought, self.waitlist_places_available
+                ),
             ),
             (
                 "declined once, then paid",
@@ -386,6 +392,7 @@ impl Report {
         self.declined_then_paid = n(&tally.declined_then_paid);
         self.waitlist_joined = n(&tally.waitlist_joined);
         self.waitlist_bought = n(&tally.waitlist_bought);
+        self.waitlist_places_available = n(&tally.waitlist_places_available);
         self.errors = n(&tally.errors);
         self.fcfs_after_opening = tally.positions.lock().ok().and_then(|mut p| fcfs(&mut p));
         self.first_error = tally.first_error.lock().ok().and_then(|f| f.clone());
