@@ -10,7 +10,7 @@ use crate::engine::Engine;
 use crate::error::{EngineError, Rejection};
 use crate::types::{
     CatalogRecord, EventId, EventSpec, EventTerms, EventView, Layout, SeatId, SeatMap, SeatView,
-    SectionId, SectionSeats, SectionSnapshot, SectionSummary,
+    SectionId, SectionSeats, SectionSnapshot, SectionSpec, SectionSummary,
 };
 
 /// One section as the engine's catalog sees it: its published snapshot (the publisher outlives
@@ -19,6 +19,16 @@ pub(crate) struct SectionSlot {
     pub section_id: SectionId,
     pub snapshot: watch::Receiver<Arc<SectionSnapshot>>,
     pub publisher: Arc<watch::Sender<Arc<SectionSnapshot>>>,
+}
+
+/// One section of an event for a reader that builds its own views of it: see
+/// [`Engine::section_feeds`].
+#[derive(Clone, Debug)]
+pub struct SectionFeed {
+    /// The section's spec (its layout: rows and seats in snapshot order).
+    pub spec: SectionSpec,
+    /// The section's published snapshots.
+    pub snapshots: watch::Receiver<Arc<SectionSnapshot>>,
 }
 
 /// An event as the engine's catalog holds it.
@@ -42,7 +52,7 @@ impl Engine {
         let mut slots = Vec::with_capacity(sections.len());
         for (core, last_seq) in sections {
             let section_id = core.spec().section_id.clone();
-            let (tx, rx) = watch::channel(Arc::new(core.snapshot(self.now_ms())));
+            let (tx, rx) = watch::channel(Arc::new(core.snapshot(self.now_ms(), last_seq)));
             let publisher = Arc::new(tx);
             self.spawn_section(core, last_seq, publisher.clone())
                 .await?;
@@ -235,6 +245,29 @@ impl Engine {
             as_of_ms,
             sections,
         })
+    }
+
+    /// Where a reader that builds its own view of an event's sections (the gateway's seat maps)
+    /// gets them: per section in event order, its spec and its published snapshots (a `watch`
+    /// receiver: `borrow()` is the latest, never entering a mailbox). An event's sections never
+    /// change, so a reader may keep these for the life of the engine.
+    pub fn section_feeds(&self, event_id: &EventId) -> Result<Vec<SectionFeed>, EngineError> {
+        self.check_not_stopped()?;
+        let e = self.entry(event_id)?;
+        Ok(e.sections
+            .iter()
+            .zip(&e.spec.sections)
+            .map(|(slot, spec)| SectionFeed {
+                spec: spec.clone(),
+                snapshots: slot.snapshot.clone(),
+            })
+            .collect())
+    }
+
+    /// Whether the engine still serves reads: `Storage` once it stopped (its published counts
+    /// could include a change that was never acknowledged).
+    pub fn check_reads(&self) -> Result<(), EngineError> {
+        self.check_not_stopped()
     }
 
     pub(crate) fn event_entries(&self) -> Vec<Arc<EventEntry>> {

@@ -32,6 +32,15 @@ pub enum ApiError {
     Unauthenticated,
     /// A client key on an admin RPC.
     PermissionDenied,
+    /// A whole-event seat map larger than one response may be.
+    SeatMapTooLarge {
+        /// The event.
+        event_id: String,
+        /// The map's size, bytes (an upper bound, within 30 bytes per section).
+        size: usize,
+        /// The largest response, bytes.
+        limit: usize,
+    },
 }
 
 impl From<EngineError> for ApiError {
@@ -172,6 +181,23 @@ impl From<ApiError> for Status {
                 "missing or unknown API key: send `authorization: Bearer <key>`",
             ),
             ApiError::PermissionDenied => Status::permission_denied("this RPC needs an admin key"),
+            ApiError::SeatMapTooLarge {
+                event_id,
+                size,
+                limit,
+            } => status(
+                Code::ResourceExhausted,
+                "SEAT_MAP_TOO_LARGE",
+                format!(
+                    "the seat map of event {event_id} takes {size} bytes, over the {limit}-byte \
+                     limit of a response: ask for one section at a time (section_id), and for \
+                     the rest of a large section from next_first_row (first_row)"
+                ),
+                HashMap::from([
+                    ("size".to_owned(), size.to_string()),
+                    ("limit".to_owned(), limit.to_string()),
+                ]),
+            ),
         }
     }
 }
