@@ -193,7 +193,10 @@ impl Engine {
         Ok(all)
     }
 
-    /// The latest published snapshots of an event (or of one section). Never enters a mailbox.
+    /// The latest published snapshots of an event (or of one section), built per call (the
+    /// gateway's shared maps are `gateway::seat_maps`). Never enters a mailbox. The latest
+    /// snapshot of a section shows every change made so far, so the map is true now: `as_of_ms`
+    /// is now (not the time a snapshot was published, which is old for an idle section).
     pub fn seat_map(
         &self,
         event_id: &EventId,
@@ -201,6 +204,7 @@ impl Engine {
     ) -> Result<SeatMap, EngineError> {
         self.check_not_stopped()?;
         let e = self.entry(event_id)?;
+        let now = self.now_ms();
         let mut sections = Vec::new();
         for (slot, spec) in e.sections.iter().zip(&e.spec.sections) {
             if section.is_some_and(|s| s != &slot.section_id) {
@@ -233,16 +237,15 @@ impl Engine {
                 held: snap.held,
                 sold: snap.sold,
                 seats,
-                as_of_ms: snap.as_of_ms,
+                as_of_ms: now,
             });
         }
         if sections.is_empty() {
             return Err(Rejection::SectionNotFound.into());
         }
-        let as_of_ms = sections.iter().map(|s| s.as_of_ms).min().unwrap_or(0);
         Ok(SeatMap {
             event_id: event_id.clone(),
-            as_of_ms,
+            as_of_ms: now,
             sections,
         })
     }

@@ -473,7 +473,7 @@ pub struct SectionSeats {
     pub sold: u32,
     /// Seats, empty for general admission.
     pub seats: Vec<SeatView>,
-    /// When this section's snapshot was taken.
+    /// When this section's seats and counts were known true.
     pub as_of_ms: u64,
 }
 
@@ -482,7 +482,7 @@ pub struct SectionSeats {
 pub struct SeatMap {
     /// The event.
     pub event_id: EventId,
-    /// The oldest `as_of` of the sections shown: the whole map was true at least then.
+    /// When the whole map was known true (built from the latest snapshots: when it was read).
     pub as_of_ms: u64,
     /// Sections in event order.
     pub sections: Vec<SectionSeats>,

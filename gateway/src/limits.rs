@@ -42,7 +42,7 @@ pub const SEAT_MAP_BYTES_MIN: usize = 256 * 1024;
 /// Largest response limit a server may set.
 pub const SEAT_MAP_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// How long a section's built map is still answered after it was last known true, although
-/// the section changed since, ms: under a flash sale a big section's map is rebuilt at most
+/// the section changed since, ms (a map is reused for less than this): under a flash sale a big section's map is rebuilt at most
 /// about once per this, not with every hold. The contract's "a few seconds".
 pub const SEAT_MAP_STALENESS_MS_DEFAULT: u64 = 1_000;
 

@@ -6,7 +6,7 @@
 //! read after a change, by one reader while the others wait or take the previous map; a hold
 //! never builds anything. A read takes the map it finds if the section has not changed since
 //! (the map is true now) or if the map was known true at most the staleness window ago
-//! ([`SEAT_MAP_STALENESS_MS_DEFAULT`]); otherwise it builds anew. Under a flash sale, where a big
+//! (less than [`SEAT_MAP_STALENESS_MS_DEFAULT`]); otherwise it builds anew. Under a flash sale, where a big
 //! section changes with every hold, that is at most one build per section per window.
 //!
 //! A response ([`SeatMapReply`]) is written straight from the shared bytes (tonic copies them
@@ -56,8 +56,9 @@ pub struct SeatMapAsk {
 
 impl SeatMaps {
     /// Seat maps answering at most `limit_bytes` per response (clamped to
-    /// [`SEAT_MAP_BYTES_MIN`]..=[`SEAT_MAP_BYTES_MAX`]) and reusing a map for `staleness_ms`
-    /// after it was last known true.
+    /// [`SEAT_MAP_BYTES_MIN`]..=[`SEAT_MAP_BYTES_MAX`]) and reusing a map of a section that
+    /// changed since for less than `staleness_ms` after it was last known true (0: a change is
+    /// always shown at once).
     pub fn new(limit_bytes: usize, staleness_ms: u64) -> SeatMaps {
         SeatMaps {
             events: DashMap::new(),
@@ -77,7 +78,11 @@ impl SeatMaps {
         }
         let feeds = engine.section_feeds(event_id)?;
         let maps = EventMaps {
-            sections: feeds.into_iter().map(SectionMaps::new).map(Arc::new).collect(),
+            sections: feeds
+                .into_iter()
+                .map(SectionMaps::new)
+                .map(Arc::new)
+                .collect(),
         };
         Ok(self
             .events
@@ -137,7 +142,9 @@ impl SeatMaps {
             let rows = if ask.section.is_some() {
                 // Whole rows from `first_row` while they fit; at least one (the smallest limit
                 // holds the largest row).
-                let budget = self.limit_bytes.saturating_sub(header + SECTION_HEADER_LEN_MAX);
+                let budget = self
+                    .limit_bytes
+                    .saturating_sub(header + SECTION_HEADER_LEN_MAX);
                 let rows = built.rows_fitting(ask.first_row as usize, budget);
                 if rows.end < built.row_ends.len() {
                     next_first_row = rows.end as u32;
@@ -207,8 +214,7 @@ impl SectionMaps {
 
     /// The most this section adds to a response.
     fn len_max(&self) -> usize {
-        let body = SECTION_HEADER_LEN_MAX + self.seats_len;
-        1 + encoded_len_varint(body as u64) + body
+        SECTION_HEADER_LEN_MAX + self.seats_len
     }
 
     /// How many maps were built (tests).
@@ -218,11 +224,15 @@ impl SectionMaps {
     }
 
     fn latest(&self) -> Option<Arc<Built>> {
-        self.latest.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.latest
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// The latest map if it will do for a reader at `now` who saw the section at `version`,
-    /// with the time it is known true.
+    /// with the time it is known true: the section has not changed since it was built, or it
+    /// was known true less than `staleness_ms` ago (0: never a map of an older version).
     fn usable(&self, version: u64, now: u64, staleness_ms: u64) -> Option<(Arc<Built>, u64)> {
         let b = self.latest()?;
         if b.version == version {
@@ -231,7 +241,7 @@ impl SectionMaps {
             return Some((b, now));
         }
         let true_at = b.true_at_ms.load(Ordering::Acquire);
-        (b.version > version || now.saturating_sub(true_at) <= staleness_ms).then_some((b, true_at))
+        (b.version > version || now.saturating_sub(true_at) < staleness_ms).then_some((b, true_at))
     }
 
     /// The map a reader gets now, with the time it is known true.
@@ -363,8 +373,10 @@ const MAP_AS_OF: u32 = 2;
 const MAP_SECTIONS: u32 = 3;
 const MAP_NEXT_FIRST_ROW: u32 = 4;
 
-/// Most bytes of a `SectionSeats` besides its seats: id (64 bytes), four counts and a time.
-const SECTION_HEADER_LEN_MAX: usize = 1 + 1 + boxoffice_engine::limits::ID_LEN_MAX + 4 * 6 + 11;
+/// Most bytes one `sections` entry of a `SeatMap` takes besides its seats: its key and length
+/// (1 + 5), the section id (1 + 1 + 64), four counts (4 x 6) and a time (1 + 10).
+const SECTION_HEADER_LEN_MAX: usize =
+    1 + 5 + 1 + 1 + boxoffice_engine::limits::ID_LEN_MAX + 4 * 6 + 1 + 10;
 
 fn decimal_len(mut n: u32) -> usize {
     let mut len = 1;
@@ -421,7 +433,10 @@ fn put_seat(buf: &mut BytesMut, section: &str, row: &str, n: u32, status: i32) {
     encode_key(SECTION_SEATS, WireType::LengthDelimited, buf);
     encode_varint(seat_body_len(section, row, n) as u64, buf);
     encode_key(SEAT_ID, WireType::LengthDelimited, buf);
-    encode_varint((section.len() + 1 + row.len() + 1 + decimal_len(n)) as u64, buf);
+    encode_varint(
+        (section.len() + 1 + row.len() + 1 + decimal_len(n)) as u64,
+        buf,
+    );
     buf.put_slice(section.as_bytes());
     buf.put_u8(b':');
     buf.put_slice(row.as_bytes());
@@ -436,8 +451,9 @@ fn put_seat(buf: &mut BytesMut, section: &str, row: &str, n: u32, status: i32) {
     encode_varint(status as u64, buf);
 }
 
+/// Most bytes of a `SeatMap` besides its sections: the event id, a time (1 + 10) and
+/// `next_first_row` (1 + 5).
 fn event_header_len(event_id: &str) -> usize {
-    // event id, time, next_first_row
     len_field(event_id.len()) + 11 + 6
 }
 
@@ -634,7 +650,10 @@ mod tests {
             built: Arc::new(built),
             as_of_unix_ms: 1_000,
         });
-        assert_eq!((s.section_id.as_str(), s.capacity, s.available), ("orch", 1015, 1013));
+        assert_eq!(
+            (s.section_id.as_str(), s.capacity, s.available),
+            ("orch", 1015, 1013)
+        );
         assert_eq!((s.held, s.sold, s.as_of_unix_ms), (1, 1, 1_000));
         assert_eq!(s.seats.len(), 1015);
         let mut i = 0;
@@ -642,7 +661,10 @@ mod tests {
             for n in 1..=count {
                 let seat = &s.seats[i];
                 let id = SeatId::new(&SectionId::from("orch"), row, n);
-                assert_eq!((seat.seat_id.as_str(), seat.row.as_str()), (id.0.as_str(), row));
+                assert_eq!(
+                    (seat.seat_id.as_str(), seat.row.as_str()),
+                    (id.0.as_str(), row)
+                );
                 assert_eq!(seat.number, n);
                 assert_eq!(seat.status, seat_status(seats[i]));
                 i += 1;
@@ -703,14 +725,22 @@ mod tests {
         let mut seats = vec![SeatStatus::Available; 2000];
         seats[0] = SeatStatus::Held;
         feed.send_replace(Arc::new(snapshot(seats.clone(), 2, 15_200)));
-        clock.advance_ms(1_000);
+        clock.advance_ms(999);
         let (b, as_of) = maps.read(clock.as_ref(), 1_000).await.expect("a map");
         assert!(Arc::ptr_eq(&b, &first));
         assert_eq!((as_of, maps.builds()), (15_000, 1));
-        // Past the window: rebuilt once from the latest snapshot, which shows the hold.
+        // At the window's end: rebuilt once from the latest snapshot, which shows the hold.
         clock.advance_ms(1);
         let (b, as_of) = maps.read(clock.as_ref(), 1_000).await.expect("a map");
-        assert_eq!((b.version, b.held, as_of, maps.builds()), (2, 1, 16_001, 2));
+        assert_eq!((b.version, b.held, as_of, maps.builds()), (2, 1, 16_000, 2));
+        // Without a window, a change is shown at once.
+        feed.send_replace(Arc::new(snapshot(
+            vec![SeatStatus::Available; 2000],
+            3,
+            16_000,
+        )));
+        let (b, _) = maps.read(clock.as_ref(), 0).await.expect("a map");
+        assert_eq!((b.version, b.held, maps.builds()), (3, 0, 3));
         let (again, _) = maps.read(clock.as_ref(), 1_000).await.expect("a map");
         assert!(Arc::ptr_eq(&b, &again));
         assert_eq!(maps.builds(), 2);

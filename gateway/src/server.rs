@@ -102,9 +102,7 @@ impl ServerConfig {
             new_ticket_key: false,
             recovery_mode: RecoveryMode::Strict,
             seat_map_max_bytes: crate::limits::SEAT_MAP_BYTES_DEFAULT,
-            seat_map_staleness: Duration::from_millis(
-                crate::limits::SEAT_MAP_STALENESS_MS_DEFAULT,
-            ),
+            seat_map_staleness: Duration::from_millis(crate::limits::SEAT_MAP_STALENESS_MS_DEFAULT),
         }
     }
 }

@@ -318,7 +318,11 @@ impl tonic::server::UnaryService<pb::GetSeatMapRequest> for SeatMapMethod {
 
     fn call(&mut self, req: Request<pb::GetSeatMapRequest>) -> Self::Future {
         let ready = self.0.clone();
-        Box::pin(async move { Ok(Response::new(seat_map_reply(&ready, req.into_inner()).await?)) })
+        Box::pin(async move {
+            Ok(Response::new(
+                seat_map_reply(&ready, req.into_inner()).await?,
+            ))
+        })
     }
 }
 

@@ -77,6 +77,8 @@ pub struct TestServerBuilder {
     memory_log: Option<Arc<boxoffice_engine::MemorySink>>,
     new_ticket_key: bool,
     wait: bool,
+    seat_map_max_bytes: Option<usize>,
+    seat_map_staleness: Duration,
 }
 
 impl TestServerBuilder {
@@ -108,6 +110,20 @@ impl TestServerBuilder {
     /// At most `n` fans in a waiting-room line.
     pub fn queue_max(mut self, n: u32) -> Self {
         self.queue_max = Some(n);
+        self
+    }
+
+    /// `GetSeatMap` answers at most `n` bytes (`serve --seat-map-max-bytes`).
+    pub fn seat_map_max_bytes(mut self, n: usize) -> Self {
+        self.seat_map_max_bytes = Some(n);
+        self
+    }
+
+    /// A section's seat map is reused for `window` after it was last known true although the
+    /// section changed since (the server's default is 1 s; test servers use 0, so every read
+    /// shows every change before it).
+    pub fn seat_map_staleness(mut self, window: Duration) -> Self {
+        self.seat_map_staleness = window;
         self
     }
 
@@ -149,6 +165,10 @@ impl TestServerBuilder {
         if let Some(n) = self.in_flight_max {
             config.in_flight_max = n;
         }
+        if let Some(n) = self.seat_map_max_bytes {
+            config.seat_map_max_bytes = n;
+        }
+        config.seat_map_staleness = self.seat_map_staleness;
         config.new_ticket_key = self.new_ticket_key;
         if let Some(sink) = self.memory_log {
             config.engine =
@@ -216,6 +236,8 @@ impl TestServer {
             memory_log: None,
             new_ticket_key: false,
             wait: true,
+            seat_map_max_bytes: None,
+            seat_map_staleness: Duration::ZERO,
         }
     }
 

@@ -120,18 +120,24 @@ pub(crate) async fn admitted_all(
         .collect()
 }
 
-/// Every section of `event`'s seat map (counts and seats), to check that a refused call
-/// changed nothing.
+/// Every section of `event`'s seat map (counts and seats, without their times), to check that
+/// a refused call changed nothing.
 pub(crate) async fn seats_of(c: &mut Clients, event: &str) -> Vec<pb::SectionSeats> {
-    c.events
+    let mut sections = c
+        .events
         .get_seat_map(pb::GetSeatMapRequest {
             event_id: event.into(),
             section_id: String::new(),
+            first_row: 0,
         })
         .await
         .unwrap()
         .into_inner()
-        .sections
+        .sections;
+    for s in &mut sections {
+        s.as_of_unix_ms = 0;
+    }
+    sections
 }
 
 /// Every event, through every page of `ListEvents`.
@@ -383,6 +389,7 @@ async fn event_service_end_to_end() {
         .get_seat_map(pb::GetSeatMapRequest {
             event_id: "show".into(),
             section_id: String::new(),
+            first_row: 0,
         })
         .await
         .unwrap()
@@ -407,6 +414,7 @@ async fn event_service_end_to_end() {
         .get_seat_map(pb::GetSeatMapRequest {
             event_id: "show".into(),
             section_id: "floor".into(),
+            first_row: 0,
         })
         .await
         .unwrap()
@@ -417,6 +425,7 @@ async fn event_service_end_to_end() {
             .get_seat_map(pb::GetSeatMapRequest {
                 event_id: "show".into(),
                 section_id: "x".into(),
+                first_row: 0,
             })
             .await,
         Code::NotFound,
@@ -721,6 +730,7 @@ async fn booking_end_to_end_with_every_documented_error() {
         .get_seat_map(pb::GetSeatMapRequest {
             event_id: "b".into(),
             section_id: "floor".into(),
+            first_row: 0,
         })
         .await
         .unwrap()
@@ -1732,6 +1742,7 @@ async fn a_full_disk_stops_the_server_visibly_and_its_reads_with_it() {
             .get_seat_map(pb::GetSeatMapRequest {
                 event_id: "fd".into(),
                 section_id: String::new(),
+                first_row: 0,
             })
             .await
             .map(|_| ()),

@@ -16,5 +16,6 @@ mod kill9;
 mod model;
 mod recovery;
 mod seams;
+mod seat_maps;
 mod sweeper;
 mod tickets;
