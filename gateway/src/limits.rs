@@ -46,6 +46,10 @@ pub const SEAT_MAP_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// about once per this, not with every hold. The contract's "a few seconds".
 pub const SEAT_MAP_STALENESS_MS_DEFAULT: u64 = 1_000;
 
+/// A section's built seat map that nobody read for this long is dropped (built again by the
+/// next read), ms: the maps kept are those in use.
+pub const SEAT_MAP_IDLE_MS: u64 = 60_000;
+
 /// Most bytes one seat takes in a seat map: its key and length (3), the id `section:row:n`
 /// with the longest ids (64 + 1 + 16 + 1 + 7) and its key and length (2), the row label (16
 /// + 2), the number (1 + 3) and the status (2).
@@ -87,4 +91,6 @@ const _: () = {
     );
     assert!(SEAT_MAP_BYTES_MIN <= SEAT_MAP_BYTES_DEFAULT);
     assert!(SEAT_MAP_BYTES_DEFAULT <= SEAT_MAP_BYTES_MAX);
+    // A map is dropped only well after the staleness window.
+    assert!(SEAT_MAP_IDLE_MS >= 10 * SEAT_MAP_STALENESS_MS_DEFAULT);
 };

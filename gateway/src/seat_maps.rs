@@ -28,7 +28,8 @@ use prost::encoding::{DecodeContext, WireType, encode_key, encode_varint, encode
 
 use crate::convert::seat_status;
 pub use crate::limits::{
-    SEAT_MAP_BYTES_DEFAULT, SEAT_MAP_BYTES_MAX, SEAT_MAP_BYTES_MIN, SEAT_MAP_STALENESS_MS_DEFAULT,
+    SEAT_MAP_BYTES_DEFAULT, SEAT_MAP_BYTES_MAX, SEAT_MAP_BYTES_MIN, SEAT_MAP_IDLE_MS,
+    SEAT_MAP_STALENESS_MS_DEFAULT,
 };
 use crate::status::ApiError;
 
@@ -37,6 +38,8 @@ pub struct SeatMaps {
     events: DashMap<EventId, Arc<EventMaps>>,
     limit_bytes: usize,
     staleness_ms: u64,
+    /// When the next read looks for maps nobody read for [`SEAT_MAP_IDLE_MS`], ms.
+    next_sweep_ms: AtomicU64,
 }
 
 /// The sections of one event (they never change once the event exists).
@@ -64,6 +67,30 @@ impl SeatMaps {
             events: DashMap::new(),
             limit_bytes: limit_bytes.clamp(SEAT_MAP_BYTES_MIN, SEAT_MAP_BYTES_MAX),
             staleness_ms,
+            next_sweep_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// Drops the maps nobody read for [`SEAT_MAP_IDLE_MS`] (the next read builds them again):
+    /// the memory kept is that of the maps in use, not of every map ever read. Runs at most
+    /// once per [`SEAT_MAP_IDLE_MS`] / 4, from a read.
+    fn drop_idle(&self, now: u64) {
+        let due = self.next_sweep_ms.load(Ordering::Acquire);
+        let next = now + SEAT_MAP_IDLE_MS / 4;
+        if now < due
+            || self
+                .next_sweep_ms
+                .compare_exchange(due, next, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            return;
+        }
+        for event in &self.events {
+            for s in &event.sections {
+                if now.saturating_sub(s.last_read_ms.load(Ordering::Acquire)) >= SEAT_MAP_IDLE_MS {
+                    s.latest.lock().unwrap_or_else(|e| e.into_inner()).take();
+                }
+            }
         }
     }
 
@@ -99,6 +126,7 @@ impl SeatMaps {
         ask: SeatMapAsk,
     ) -> Result<SeatMapReply, ApiError> {
         engine.check_reads()?;
+        self.drop_idle(clock.now_ms());
         let event = self.event(engine, &ask.event_id)?;
         let header = event_header_len(ask.event_id.as_str());
         let chosen: Vec<&Arc<SectionMaps>> = match &ask.section {
@@ -190,6 +218,8 @@ pub(crate) struct SectionMaps {
     latest: Mutex<Option<Arc<Built>>>,
     building: tokio::sync::Mutex<()>,
     builds: AtomicU64,
+    /// The last time a reader asked for this section's map, ms.
+    last_read_ms: AtomicU64,
 }
 
 impl SectionMaps {
@@ -202,6 +232,7 @@ impl SectionMaps {
             latest: Mutex::new(None),
             building: tokio::sync::Mutex::new(()),
             builds: AtomicU64::new(0),
+            last_read_ms: AtomicU64::new(0),
         }
     }
 
@@ -251,7 +282,9 @@ impl SectionMaps {
         staleness_ms: u64,
     ) -> Result<(Arc<Built>, u64), ApiError> {
         let version = self.snapshots.borrow().version;
-        if let Some(hit) = self.usable(version, clock.now_ms(), staleness_ms) {
+        let now = clock.now_ms();
+        self.last_read_ms.fetch_max(now, Ordering::AcqRel);
+        if let Some(hit) = self.usable(version, now, staleness_ms) {
             return Ok(hit);
         }
         let _one_builder = self.building.lock().await;
@@ -733,6 +766,9 @@ mod tests {
         clock.advance_ms(1);
         let (b, as_of) = maps.read(clock.as_ref(), 1_000).await.expect("a map");
         assert_eq!((b.version, b.held, as_of, maps.builds()), (2, 1, 16_000, 2));
+        let (again, _) = maps.read(clock.as_ref(), 1_000).await.expect("a map");
+        assert!(Arc::ptr_eq(&b, &again));
+        assert_eq!(maps.builds(), 2);
         // Without a window, a change is shown at once.
         feed.send_replace(Arc::new(snapshot(
             vec![SeatStatus::Available; 2000],
@@ -741,8 +777,42 @@ mod tests {
         )));
         let (b, _) = maps.read(clock.as_ref(), 0).await.expect("a map");
         assert_eq!((b.version, b.held, maps.builds()), (3, 0, 3));
-        let (again, _) = maps.read(clock.as_ref(), 1_000).await.expect("a map");
-        assert!(Arc::ptr_eq(&b, &again));
-        assert_eq!(maps.builds(), 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn maps_nobody_reads_are_dropped() {
+        let clock = Arc::new(ManualClock::new(100_000));
+        let all = SeatMaps::new(SEAT_MAP_BYTES_DEFAULT, 1_000);
+        let free = || vec![SeatStatus::Available; 10];
+        let (read, _f1) = maps(spec(&[("A", 10)]), snapshot(free(), 1, 0));
+        let (idle, _f2) = maps(spec(&[("A", 10)]), snapshot(free(), 1, 0));
+        all.events.insert(
+            EventId::from("e"),
+            Arc::new(EventMaps {
+                sections: vec![read.clone(), idle.clone()],
+            }),
+        );
+        read.read(clock.as_ref(), 1_000).await.expect("a map");
+        idle.read(clock.as_ref(), 1_000).await.expect("a map");
+        all.drop_idle(clock.now_ms());
+        assert!(read.latest().is_some() && idle.latest().is_some());
+        clock.advance_ms(SEAT_MAP_IDLE_MS - 1);
+        read.read(clock.as_ref(), 1_000).await.expect("a map");
+        all.drop_idle(clock.now_ms());
+        assert!(
+            read.latest().is_some() && idle.latest().is_some(),
+            "not idle yet"
+        );
+        // Sweeps come at most once per quarter of the idle time.
+        clock.advance_ms(SEAT_MAP_IDLE_MS / 4);
+        read.read(clock.as_ref(), 1_000).await.expect("a map");
+        all.drop_idle(clock.now_ms());
+        assert!(read.latest().is_some(), "read a moment ago");
+        assert!(
+            idle.latest().is_none(),
+            "nobody read it for the idle time: dropped"
+        );
+        idle.read(clock.as_ref(), 1_000).await.expect("a map");
+        assert_eq!(idle.builds(), 2, "built again when read again");
     }
 }

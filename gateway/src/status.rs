@@ -285,6 +285,15 @@ mod tests {
             ),
             (ApiError::QueueFull, Code::ResourceExhausted, "QUEUE_FULL"),
             (
+                ApiError::SeatMapTooLarge {
+                    event_id: "e".into(),
+                    size: 5_000_000,
+                    limit: 4_194_304,
+                },
+                Code::ResourceExhausted,
+                "SEAT_MAP_TOO_LARGE",
+            ),
+            (
                 ApiError::Overloaded("gate"),
                 Code::ResourceExhausted,
                 "OVERLOADED",
