@@ -198,11 +198,7 @@ impl SeatMaps {
 }
 
 fn invalid(field: &str, reason: String) -> ApiError {
-    Rejection::InvalidRequest {
-        field: field.to_owned(),
-        reason,
-    }
-    .into()
+    Rejection::invalid(field, reason).into()
 }
 
 fn ms(t: u64) -> i64 {
