@@ -36,7 +36,7 @@ pub enum ApiError {
     SeatMapTooLarge {
         /// The event.
         event_id: String,
-        /// The map's size, bytes (an upper bound, within 30 bytes per section).
+        /// The map's size, bytes (an upper bound: at most about 110 bytes per section above it).
         size: usize,
         /// The largest response, bytes.
         limit: usize,
