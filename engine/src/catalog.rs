@@ -10,7 +10,7 @@ use crate::engine::Engine;
 use crate::error::{EngineError, Rejection};
 use crate::types::{
     CatalogRecord, EventId, EventSpec, EventTerms, EventView, Layout, SeatId, SeatMap, SeatView,
-    SectionId, SectionSeats, SectionSnapshot, SectionSummary, check_idempotency_key,
+    SectionId, SectionSeats, SectionSnapshot, SectionSpec, SectionSummary, check_idempotency_key,
 };
 
 /// One section as the engine's catalog sees it: its published snapshot (the publisher outlives
@@ -19,6 +19,16 @@ pub(crate) struct SectionSlot {
     pub section_id: SectionId,
     pub snapshot: watch::Receiver<Arc<SectionSnapshot>>,
     pub publisher: Arc<watch::Sender<Arc<SectionSnapshot>>>,
+}
+
+/// One section of an event for a reader that builds its own views of it: see
+/// [`Engine::section_feeds`].
+#[derive(Clone, Debug)]
+pub struct SectionFeed {
+    /// The section's spec (its layout: rows and seats in snapshot order).
+    pub spec: SectionSpec,
+    /// The section's published snapshots.
+    pub snapshots: watch::Receiver<Arc<SectionSnapshot>>,
 }
 
 /// An event as the engine's catalog holds it.
@@ -54,7 +64,7 @@ impl Engine {
         let mut slots = Vec::with_capacity(sections.len());
         for (core, last_seq) in sections {
             let section_id = core.spec().section_id.clone();
-            let (tx, rx) = watch::channel(Arc::new(core.snapshot(self.now_ms())));
+            let (tx, rx) = watch::channel(Arc::new(core.snapshot(self.now_ms(), last_seq)));
             let publisher = Arc::new(tx);
             self.spawn_section(core, last_seq, publisher.clone())
                 .await?;
@@ -217,7 +227,10 @@ impl Engine {
         Ok(all)
     }
 
-    /// The latest published snapshots of an event (or of one section). Never enters a mailbox.
+    /// The latest published snapshots of an event (or of one section), built per call (the
+    /// gateway's shared maps are `gateway::seat_maps`). Never enters a mailbox. The latest
+    /// snapshot of a section shows every change made so far, so the map is true now: `as_of_ms`
+    /// is now (not the time a snapshot was published, which is old for an idle section).
     pub fn seat_map(
         &self,
         event_id: &EventId,
@@ -225,6 +238,7 @@ impl Engine {
     ) -> Result<SeatMap, EngineError> {
         self.check_not_stopped()?;
         let e = self.entry(event_id)?;
+        let now = self.now_ms();
         let mut sections = Vec::new();
         for (slot, spec) in e.sections.iter().zip(&e.spec.sections) {
             if section.is_some_and(|s| s != &slot.section_id) {
@@ -257,18 +271,40 @@ impl Engine {
                 held: snap.held,
                 sold: snap.sold,
                 seats,
-                as_of_ms: snap.as_of_ms,
+                as_of_ms: now,
             });
         }
         if sections.is_empty() {
             return Err(Rejection::SectionNotFound.into());
         }
-        let as_of_ms = sections.iter().map(|s| s.as_of_ms).min().unwrap_or(0);
         Ok(SeatMap {
             event_id: event_id.clone(),
-            as_of_ms,
+            as_of_ms: now,
             sections,
         })
+    }
+
+    /// Where a reader that builds its own view of an event's sections (the gateway's seat maps)
+    /// gets them: per section in event order, its spec and its published snapshots (a `watch`
+    /// receiver: `borrow()` is the latest, never entering a mailbox). An event's sections never
+    /// change, so a reader may keep these for the life of the engine.
+    pub fn section_feeds(&self, event_id: &EventId) -> Result<Vec<SectionFeed>, EngineError> {
+        self.check_not_stopped()?;
+        let e = self.entry(event_id)?;
+        Ok(e.sections
+            .iter()
+            .zip(&e.spec.sections)
+            .map(|(slot, spec)| SectionFeed {
+                spec: spec.clone(),
+                snapshots: slot.snapshot.clone(),
+            })
+            .collect())
+    }
+
+    /// Whether the engine still serves reads: `Storage` once it stopped (its published counts
+    /// could include a change that was never acknowledged).
+    pub fn check_reads(&self) -> Result<(), EngineError> {
+        self.check_not_stopped()
     }
 
     pub(crate) fn event_entries(&self) -> Vec<Arc<EventEntry>> {

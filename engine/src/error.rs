@@ -121,6 +121,7 @@ impl Rejection {
             Rejection::IdempotencyKeyReused,
             Rejection::IdempotencyKeyInFlight,
             Rejection::UserLimit { limit: 1, used: 1 },
+            Rejection::PlacesAvailable,
         ]
     }
 
@@ -260,6 +261,7 @@ mod tests {
             Rejection::IdempotencyKeyReused => 15,
             Rejection::IdempotencyKeyInFlight => 16,
             Rejection::UserLimit { .. } => 17,
+            Rejection::PlacesAvailable => 18,
         }
     }
 
@@ -267,6 +269,6 @@ mod tests {
     fn every_kind_is_listed() {
         let mut seen: Vec<usize> = Rejection::every().iter().map(kind).collect();
         seen.sort_unstable();
-        assert_eq!(seen, (0..18).collect::<Vec<_>>());
+        assert_eq!(seen, (0..19).collect::<Vec<_>>());
     }
 }

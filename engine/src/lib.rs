@@ -111,6 +111,7 @@ pub mod types;
 pub mod waitlist;
 mod waitlist_calls;
 
+pub use catalog::SectionFeed;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::EngineConfig;
 pub use core::SectionCore;

@@ -12,7 +12,9 @@
 //! mailbox) with every change, before the change's records go to the flusher, so a caller that
 //! got its reply reads its own change (or a later one); and, for the `as_of` time, when its
 //! queue runs empty or every [`SNAPSHOT_EVERY_MESSAGES`] messages. A snapshot is the counts and
-//! one byte per seat: a copy of a few KB at most.
+//! one byte per seat (up to 1 MB for the largest section), with its version (the last record
+//! of the stream it shows): readers that build something from a snapshot (the gateway's seat
+//! maps) rebuild only when the version moved.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -185,11 +187,12 @@ impl SectionState {
         ended: Vec<HoldView>,
         reply: impl FnOnce(Result<(), StorageError>) + Send + 'static,
     ) {
+        let last_numbered = self.a.stream.next_seq - 1;
         if self.publish_due || !records.is_empty() {
             self.publish_due = false;
-            self.publish(self.a.clock.now_ms());
+            // The snapshot shows these records' change: its version is their last number.
+            self.publish(self.a.clock.now_ms(), last_numbered + records.len() as u64);
         }
-        let last_numbered = self.a.stream.next_seq - 1;
         if records.is_empty() && self.durable_seq.load(Ordering::Acquire) >= last_numbered {
             reply(Ok(()));
             return;
@@ -225,9 +228,9 @@ impl SectionState {
         );
     }
 
-    fn publish(&mut self, now_ms: u64) {
+    fn publish(&mut self, now_ms: u64, version: u64) {
         self.since_publish = 0;
-        let snap = self.a.core.snapshot(now_ms);
+        let snap = self.a.core.snapshot(now_ms, version);
         // Three atomic stores: the gauges follow the published counts, no lock taken.
         let [available, held, sold] = &self.counters.places;
         available.set(f64::from(snap.available));
@@ -283,7 +286,8 @@ impl Actor for SectionActor {
             reported_deadline: None,
         };
         let now = st.a.clock.now_ms();
-        st.publish(now);
+        let version = st.a.stream.next_seq - 1;
+        st.publish(now, version);
         Ok(st)
     }
 
@@ -479,7 +483,8 @@ impl SectionState {
         }
         // A message that committed nothing published nothing yet.
         if std::mem::take(&mut self.publish_due) {
-            self.publish(now);
+            let version = self.a.stream.next_seq - 1;
+            self.publish(now, version);
         }
     }
 }

@@ -10,6 +10,8 @@
 //! - [`gate`]: the tower layer: auth, draining, shedding, RPC metrics.
 //! - [`services`]: the four services over one shared [`Api`](services::Api).
 //! - [`convert`]: protobuf <-> engine types, validated once at the edge.
+//! - [`seat_maps`]: seat maps built once per change of a section, shared and sent pre-encoded,
+//!   within a response size limit.
 //! - [`status`]: every error's gRPC code and `ErrorInfo` reason.
 //! - [`waiting_room`]: the line, the opening shuffle, admission at a rate.
 //! - [`tokens`]: HMAC-signed queue and admission tokens.
@@ -23,6 +25,7 @@ pub mod gate;
 pub mod health;
 pub mod limits;
 pub mod metrics;
+pub mod seat_maps;
 pub mod server;
 pub mod services;
 pub mod status;

@@ -20,7 +20,8 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use crate::gate::{Gate, GateLayer, Keys, Scope};
-use crate::services::{Api, BookingSvc, EventSvc, Ready, WaitingRoomSvc, WaitlistSvc};
+use crate::seat_maps::SeatMaps;
+use crate::services::{Api, BookingSvc, EventRoutes, Ready, WaitingRoomSvc, WaitlistSvc};
 use crate::tokens::TokenSigner;
 
 /// Largest request message decoded (see [`crate::limits`]).
@@ -71,6 +72,12 @@ pub struct ServerConfig {
     pub new_ticket_key: bool,
     /// What recovery does with a damaged log (`Strict`: refuse to start).
     pub recovery_mode: RecoveryMode,
+    /// Largest `GetSeatMap` response, bytes (kept within
+    /// [`SEAT_MAP_BYTES_MIN`](crate::limits::SEAT_MAP_BYTES_MIN) to
+    /// [`SEAT_MAP_BYTES_MAX`](crate::limits::SEAT_MAP_BYTES_MAX)).
+    pub seat_map_max_bytes: usize,
+    /// How long a section's seat map is still answered after it was last known true.
+    pub seat_map_staleness: Duration,
 }
 
 impl ServerConfig {
@@ -98,6 +105,8 @@ impl ServerConfig {
             engine: None,
             new_ticket_key: false,
             recovery_mode: RecoveryMode::Strict,
+            seat_map_max_bytes: crate::limits::SEAT_MAP_BYTES_DEFAULT,
+            seat_map_staleness: Duration::from_millis(crate::limits::SEAT_MAP_STALENESS_MS_DEFAULT),
         }
     }
 }
@@ -168,6 +177,7 @@ fn grpc_router(
         impl tonic_health::pb::health_server::Health,
     >,
     ready: &Ready,
+    seat_map_max_bytes: usize,
 ) -> anyhow::Result<GrpcRouter> {
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(boxoffice_proto::FILE_DESCRIPTOR_SET)
@@ -192,12 +202,12 @@ fn grpc_router(
         .add_service(health_service)
         .add_service(reflection)
         .add_service(reflection_v1alpha)
-        .add_service(
-            pb::event_service_server::EventServiceServer::new(EventSvc(ready.clone()))
-                .max_decoding_message_size(max)
-                .accept_compressed(gzip)
-                .send_compressed(gzip),
-        )
+        .add_service(EventRoutes::new(
+            ready.clone(),
+            max,
+            // A seat map at the limit, and the few bytes of framing a bound may miss.
+            seat_map_max_bytes + 1_024,
+        ))
         .add_service(
             pb::waiting_room_service_server::WaitingRoomServiceServer::new(WaitingRoomSvc(
                 ready.clone(),
@@ -257,7 +267,11 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
     let health_service = crate::health::service(&health, gate.draining_signal());
     set_health(&health, ServingStatus::NotServing).await;
     let ready: Ready = Arc::new(OnceLock::new());
-    let router = grpc_router(&gate, health_service, &ready)?;
+    let seat_map_max_bytes = config.seat_map_max_bytes.clamp(
+        crate::limits::SEAT_MAP_BYTES_MIN,
+        crate::limits::SEAT_MAP_BYTES_MAX,
+    );
+    let router = grpc_router(&gate, health_service, &ready, seat_map_max_bytes)?;
     let (stop_grpc, stop_rx) = oneshot::channel::<()>();
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let grpc_task = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async move {
@@ -352,6 +366,10 @@ async fn recover(
         tickets,
         config.clock.clone(),
         config.queue_max,
+        SeatMaps::new(
+            config.seat_map_max_bytes,
+            u64::try_from(config.seat_map_staleness.as_millis()).unwrap_or(u64::MAX),
+        ),
     ));
     if let Some(every) = config.reconcile_every {
         // The periodic reconciliation: findings become a metric and a log line each; charges

@@ -11,6 +11,7 @@ use dashmap::DashMap;
 use tonic::{Request, Response, Status};
 
 use crate::convert;
+use crate::seat_maps::{SeatMapAsk, SeatMapReply, SeatMaps};
 use crate::status::ApiError;
 use crate::tokens::{Claims, TokenError, TokenKind, TokenSigner, seed_commitment};
 use crate::waiting_room::{JoinError, RoomConfig, Standing, WaitingRoom, spawn_admitter};
@@ -35,6 +36,8 @@ pub struct Api {
     pub queue_max: u32,
     /// Signs e-ticket codes.
     pub tickets: crate::tickets::TicketSigner,
+    /// Seat maps, built once per change and shared.
+    pub seat_maps: SeatMaps,
     rooms: DashMap<EventId, Arc<WaitingRoom>>,
     admitters: DashMap<EventId, tokio::task::JoinHandle<()>>,
 }
@@ -47,6 +50,7 @@ impl Api {
         tickets: crate::tickets::TicketSigner,
         clock: Arc<dyn Clock>,
         queue_max: u32,
+        seat_maps: SeatMaps,
     ) -> Api {
         Api {
             engine,
@@ -54,6 +58,7 @@ impl Api {
             tickets,
             clock,
             queue_max,
+            seat_maps,
             rooms: DashMap::new(),
             admitters: DashMap::new(),
         }
@@ -282,16 +287,119 @@ impl pb::event_service_server::EventService for EventSvc {
         })
     }
 
+    /// Served by [`EventRoutes`] from the shared pre-encoded maps; this decodes the same answer
+    /// into a message for a server that mounts the generated service alone.
     async fn get_seat_map(&self, req: Request<pb::GetSeatMapRequest>) -> Rpc<pb::SeatMap> {
-        let api = ready(&self.0)?;
-        let req = req.into_inner();
-        let id = event_id("event_id", req.event_id)?;
-        let section = (!req.section_id.is_empty()).then_some(SectionId(req.section_id));
-        let map = api
-            .engine
-            .seat_map(&id, section.as_ref())
-            .map_err(ApiError::from)?;
-        ok(convert::seat_map(map))
+        use prost::Message as _;
+        let reply = seat_map_reply(&self.0, req.into_inner()).await?;
+        let map = pb::SeatMap::decode(reply.encode_to_vec().as_slice())
+            .map_err(|e| Status::internal(format!("a seat map that does not decode: {e}")))?;
+        ok(map)
+    }
+}
+
+/// `GetSeatMap`: the shared maps of the sections asked for, within the response limit.
+async fn seat_map_reply(r: &Ready, req: pb::GetSeatMapRequest) -> Result<SeatMapReply, Status> {
+    let api = ready(r)?;
+    let ask = SeatMapAsk {
+        event_id: event_id("event_id", req.event_id)?,
+        section: (!req.section_id.is_empty()).then_some(SectionId(req.section_id)),
+        first_row: req.first_row,
+    };
+    Ok(api
+        .seat_maps
+        .read(&api.engine, api.clock.as_ref(), ask)
+        .await?)
+}
+
+/// `GetSeatMap` as the server answers it: the pre-encoded maps, written out as a `SeatMap`.
+#[derive(Clone)]
+struct SeatMapMethod(Ready);
+
+impl tonic::server::UnaryService<pb::GetSeatMapRequest> for SeatMapMethod {
+    type Response = SeatMapReply;
+    type Future = BoxFuture<Response<SeatMapReply>, Status>;
+
+    fn call(&mut self, req: Request<pb::GetSeatMapRequest>) -> Self::Future {
+        let ready = self.0.clone();
+        Box::pin(async move {
+            Ok(Response::new(
+                seat_map_reply(&ready, req.into_inner()).await?,
+            ))
+        })
+    }
+}
+
+type BoxFuture<T, E> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, E>> + Send>>;
+
+use tonic::codec::CompressionEncoding;
+
+/// `EventService` as mounted (gzip accepted and offered, as on every service): the generated
+/// service, except `GetSeatMap`, which answers with
+/// [`SeatMapReply`] (the same bytes on the wire as `SeatMap`, written from shared pre-encoded
+/// sections instead of a message built per reader).
+#[derive(Clone)]
+pub struct EventRoutes {
+    inner: pb::event_service_server::EventServiceServer<EventSvc>,
+    ready: Ready,
+    decode_max: usize,
+    encode_max: usize,
+}
+
+impl EventRoutes {
+    /// The service over `ready`, decoding requests up to `decode_max` bytes and encoding seat
+    /// maps up to `encode_max`.
+    pub fn new(ready: Ready, decode_max: usize, encode_max: usize) -> EventRoutes {
+        EventRoutes {
+            inner: pb::event_service_server::EventServiceServer::new(EventSvc(ready.clone()))
+                .max_decoding_message_size(decode_max)
+                .accept_compressed(CompressionEncoding::Gzip)
+                .send_compressed(CompressionEncoding::Gzip),
+            ready,
+            decode_max,
+            encode_max,
+        }
+    }
+}
+
+impl tonic::server::NamedService for EventRoutes {
+    const NAME: &'static str = "boxoffice.v1.EventService";
+}
+
+/// The path of `GetSeatMap`.
+const GET_SEAT_MAP: &str = "/boxoffice.v1.EventService/GetSeatMap";
+
+impl<B> tower::Service<http::Request<B>> for EventRoutes
+where
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        if req.uri().path() != GET_SEAT_MAP {
+            return tower::Service::call(&mut self.inner, req);
+        }
+        let method = SeatMapMethod(self.ready.clone());
+        let (decode_max, encode_max) = (self.decode_max, self.encode_max);
+        Box::pin(async move {
+            let codec = tonic_prost::ProstCodec::<SeatMapReply, pb::GetSeatMapRequest>::default();
+            let mut gzip = tonic::codec::EnabledCompressionEncodings::default();
+            gzip.enable(CompressionEncoding::Gzip);
+            let mut grpc = tonic::server::Grpc::new(codec)
+                .apply_compression_config(gzip, gzip)
+                .apply_max_message_size_config(Some(decode_max), Some(encode_max));
+            Ok(grpc.unary(method, req).await)
+        })
     }
 }
 

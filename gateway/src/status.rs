@@ -32,6 +32,15 @@ pub enum ApiError {
     Unauthenticated,
     /// A client key on an admin RPC.
     PermissionDenied,
+    /// A whole-event seat map larger than one response may be.
+    SeatMapTooLarge {
+        /// The event.
+        event_id: String,
+        /// The map's size, bytes (an upper bound: at most about 110 bytes per section above it).
+        size: usize,
+        /// The largest response, bytes.
+        limit: usize,
+    },
 }
 
 impl From<EngineError> for ApiError {
@@ -173,6 +182,23 @@ impl From<ApiError> for Status {
                 "missing or unknown API key: send `authorization: Bearer <key>`",
             ),
             ApiError::PermissionDenied => Status::permission_denied("this RPC needs an admin key"),
+            ApiError::SeatMapTooLarge {
+                event_id,
+                size,
+                limit,
+            } => status(
+                Code::ResourceExhausted,
+                "SEAT_MAP_TOO_LARGE",
+                format!(
+                    "the seat map of event {event_id} takes {size} bytes, over the {limit}-byte \
+                     limit of a response: ask for one section at a time (section_id), and for \
+                     the rest of a large section from next_first_row (first_row)"
+                ),
+                HashMap::from([
+                    ("size".to_owned(), size.to_string()),
+                    ("limit".to_owned(), limit.to_string()),
+                ]),
+            ),
         }
     }
 }
@@ -201,6 +227,11 @@ fn every_error() -> Vec<ApiError> {
         ApiError::NotReady,
         ApiError::Unauthenticated,
         ApiError::PermissionDenied,
+        ApiError::SeatMapTooLarge {
+            event_id: String::new(),
+            size: 0,
+            limit: 0,
+        },
     ]);
     all
 }
@@ -318,6 +349,7 @@ mod tests {
             ApiError::NotReady => 11,
             ApiError::Unauthenticated => 12,
             ApiError::PermissionDenied => 13,
+            ApiError::SeatMapTooLarge { .. } => 14,
         }
     }
 
@@ -326,7 +358,7 @@ mod tests {
         let mut seen: Vec<usize> = every_error().iter().map(kind).collect();
         seen.sort_unstable();
         seen.dedup();
-        assert_eq!(seen, (0..14).collect::<Vec<_>>());
+        assert_eq!(seen, (0..15).collect::<Vec<_>>());
     }
 
     /// The reasons table of docs/api.md (section 7.2) is the list the server answers: the same
@@ -403,6 +435,15 @@ mod tests {
                 "NOT_ADMITTED",
             ),
             (ApiError::QueueFull, Code::ResourceExhausted, "QUEUE_FULL"),
+            (
+                ApiError::SeatMapTooLarge {
+                    event_id: "e".into(),
+                    size: 5_000_000,
+                    limit: 4_194_304,
+                },
+                Code::ResourceExhausted,
+                "SEAT_MAP_TOO_LARGE",
+            ),
             (
                 ApiError::Overloaded("gate"),
                 Code::ResourceExhausted,

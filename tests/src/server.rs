@@ -79,6 +79,8 @@ pub struct TestServerBuilder {
     wait: bool,
     settlement: Option<(Option<Duration>, Duration)>,
     payments: Option<Arc<dyn boxoffice_engine::PaymentProvider>>,
+    seat_map_max_bytes: Option<usize>,
+    seat_map_staleness: Duration,
 }
 
 impl TestServerBuilder {
@@ -127,6 +129,20 @@ impl TestServerBuilder {
         self
     }
 
+    /// `GetSeatMap` answers at most `n` bytes (`serve --seat-map-max-bytes`).
+    pub fn seat_map_max_bytes(mut self, n: usize) -> Self {
+        self.seat_map_max_bytes = Some(n);
+        self
+    }
+
+    /// A section's seat map is reused for `window` after it was last known true although the
+    /// section changed since (the server's default is 1 s; test servers use 0, so every read
+    /// shows every change before it).
+    pub fn seat_map_staleness(mut self, window: Duration) -> Self {
+        self.seat_map_staleness = window;
+        self
+    }
+
     /// At most `n` calls in flight; more are shed.
     pub fn in_flight_max(mut self, n: usize) -> Self {
         self.in_flight_max = Some(n);
@@ -165,6 +181,10 @@ impl TestServerBuilder {
         if let Some(n) = self.in_flight_max {
             config.in_flight_max = n;
         }
+        if let Some(n) = self.seat_map_max_bytes {
+            config.seat_map_max_bytes = n;
+        }
+        config.seat_map_staleness = self.seat_map_staleness;
         config.new_ticket_key = self.new_ticket_key;
         if let Some((every, grace)) = self.settlement {
             config.reconcile_every = every;
@@ -246,6 +266,8 @@ impl TestServer {
             wait: true,
             settlement: None,
             payments: None,
+            seat_map_max_bytes: None,
+            seat_map_staleness: Duration::ZERO,
         }
     }
 

@@ -21,6 +21,7 @@ use boxoffice_engine::limits::{
 };
 use boxoffice_engine::{Durability, Engine, EngineError, RecoveryMode, StorageError};
 use boxoffice_gateway::limits::REFUND_GRACE_SECONDS_DEFAULT;
+use boxoffice_gateway::limits::{SEAT_MAP_BYTES_DEFAULT, SEAT_MAP_BYTES_MAX, SEAT_MAP_BYTES_MIN};
 use boxoffice_gateway::server::{self, ServerConfig};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use rand::RngCore;
@@ -103,6 +104,18 @@ pub struct ServeArgs {
     /// Fans per waiting room before Join answers QUEUE_FULL.
     #[arg(long, env = "BOXOFFICE_QUEUE_MAX", default_value_t = 2_000_000)]
     queue_max: u32,
+    /// Largest GetSeatMap response, bytes (262144 to 67108864). A whole-event map over it is
+    /// refused with RESOURCE_EXHAUSTED / SEAT_MAP_TOO_LARGE; one section is answered in pages
+    /// of whole rows within it.
+    #[arg(
+        long,
+        env = "BOXOFFICE_SEAT_MAP_MAX_BYTES",
+        default_value_t = SEAT_MAP_BYTES_DEFAULT,
+        value_parser = clap::value_parser!(u64)
+            .range(SEAT_MAP_BYTES_MIN as u64..=SEAT_MAP_BYTES_MAX as u64)
+            .try_map(usize::try_from)
+    )]
+    seat_map_max_bytes: usize,
     /// Seconds a shutdown (SIGTERM, Ctrl-C) waits for calls in flight.
     #[arg(long, env = "BOXOFFICE_GRACE_SECONDS", default_value_t = 10)]
     grace_seconds: u64,
@@ -304,6 +317,7 @@ fn config(args: ServeArgs) -> Result<ServerConfig, UsageError> {
     config.in_flight_max = args.in_flight_max;
     config.section_inflight_max = section_in_flight_max;
     config.queue_max = args.queue_max;
+    config.seat_map_max_bytes = args.seat_map_max_bytes;
     config.grace = Duration::from_secs(args.grace_seconds);
     config.idempotency_window = Duration::from_secs(args.idempotency_window_seconds);
     config.refund_grace = Duration::from_secs(args.refund_grace_seconds);

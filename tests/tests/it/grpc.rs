@@ -121,18 +121,24 @@ pub(crate) async fn admitted_all(
         .collect()
 }
 
-/// Every section of `event`'s seat map (counts and seats), to check that a refused call
-/// changed nothing.
+/// Every section of `event`'s seat map (counts and seats, without their times), to check that
+/// a refused call changed nothing.
 pub(crate) async fn seats_of(c: &mut Clients, event: &str) -> Vec<pb::SectionSeats> {
-    c.events
+    let mut sections = c
+        .events
         .get_seat_map(pb::GetSeatMapRequest {
             event_id: event.into(),
             section_id: String::new(),
+            first_row: 0,
         })
         .await
         .unwrap()
         .into_inner()
-        .sections
+        .sections;
+    for s in &mut sections {
+        s.as_of_unix_ms = 0;
+    }
+    sections
 }
 
 /// Every event, through every page of `ListEvents`.
@@ -384,6 +390,7 @@ async fn event_service_end_to_end() {
         .get_seat_map(pb::GetSeatMapRequest {
             event_id: "show".into(),
             section_id: String::new(),
+            first_row: 0,
         })
         .await
         .unwrap()
@@ -408,6 +415,7 @@ async fn event_service_end_to_end() {
         .get_seat_map(pb::GetSeatMapRequest {
             event_id: "show".into(),
             section_id: "floor".into(),
+            first_row: 0,
         })
         .await
         .unwrap()
@@ -418,6 +426,7 @@ async fn event_service_end_to_end() {
             .get_seat_map(pb::GetSeatMapRequest {
                 event_id: "show".into(),
                 section_id: "x".into(),
+                first_row: 0,
             })
             .await,
         Code::NotFound,
@@ -726,6 +735,7 @@ async fn booking_end_to_end_with_every_documented_error() {
         .get_seat_map(pb::GetSeatMapRequest {
             event_id: "b".into(),
             section_id: "floor".into(),
+            first_row: 0,
         })
         .await
         .unwrap()
@@ -1763,6 +1773,7 @@ async fn a_full_disk_stops_the_server_visibly_and_its_reads_with_it() {
             .get_seat_map(pb::GetSeatMapRequest {
                 event_id: "fd".into(),
                 section_id: String::new(),
+                first_row: 0,
             })
             .await
             .map(|_| ()),

@@ -21,5 +21,6 @@ mod owners;
 mod recovery;
 mod refunds;
 mod seams;
+mod seat_maps;
 mod sweeper;
 mod tickets;

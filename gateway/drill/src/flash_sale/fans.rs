@@ -353,6 +353,7 @@ impl<'a> Fan<'a> {
             .get_seat_map(pb::GetSeatMapRequest {
                 event_id: self.crowd.event.event_id.clone(),
                 section_id: section.into(),
+                first_row: 0,
             })
             .await
             .ok()?
