@@ -325,6 +325,13 @@ pub const FAMILIES: &[Family] = &[
         Series::Sets(finding_kinds),
     ),
     family(
+        "boxoffice_seat_map_builds_total",
+        Counter,
+        COUNT,
+        "Seat maps of a section built (encoded) for GetSeatMap: one per change that a reader asked for, shared by every reader of that version.",
+        Series::One,
+    ),
+    family(
         "boxoffice_refunds_pending",
         Gauge,
         COUNT,
