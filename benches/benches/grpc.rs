@@ -59,6 +59,7 @@ async fn env() -> Env {
             admit_rate_per_second: 1_000_000,
             admission_window_seconds: 86_400,
             sale_opens_at_unix_ms: 0,
+            join_pow_difficulty_bits: 0,
         })
         .await
         .expect("event");
@@ -75,6 +76,7 @@ async fn env() -> Env {
                 event_id: "bench".into(),
                 user_id: user.clone(),
                 session_id: "s".into(),
+                ..Default::default()
             })
             .await
             .expect("join")

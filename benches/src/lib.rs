@@ -48,6 +48,7 @@ pub fn ga_event(event_id: &EventId, sections: usize, capacity: u32) -> EventSpec
         admit_rate_per_second: 0,
         admission_window_ms: 0,
         sale_opens_at_ms: 0,
+        join_pow_difficulty_bits: 0,
     }
 }
 

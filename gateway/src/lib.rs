@@ -12,7 +12,8 @@
 //! - [`convert`]: protobuf <-> engine types, validated once at the edge.
 //! - [`status`]: every error's gRPC code and `ErrorInfo` reason.
 //! - [`waiting_room`]: the line, the opening shuffle, admission at a rate.
-//! - [`tokens`]: HMAC-signed queue and admission tokens.
+//! - [`tokens`]: HMAC-signed queue and admission tokens (and join challenges).
+//! - [`pow`]: the proof of work before `Join`: stateless challenges, checked once each.
 //! - [`tickets`]: Ed25519-signed e-ticket codes naming their key, verifiable offline; the key
 //!   ring in the data dir and its rotation.
 //! - [`metrics`]: the Prometheus endpoint.
@@ -21,6 +22,7 @@ pub mod convert;
 pub mod gate;
 pub mod limits;
 pub mod metrics;
+pub mod pow;
 pub mod server;
 pub mod services;
 pub mod status;

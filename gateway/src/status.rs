@@ -24,6 +24,8 @@ pub enum ApiError {
     NotAdmitted,
     /// The waiting room is full.
     QueueFull,
+    /// The proof of work before `Join` is missing, wrong, expired or used.
+    Pow(crate::pow::PowError),
     /// Shed before doing any work.
     Overloaded(&'static str),
     /// Recovering or shutting down.
@@ -168,6 +170,25 @@ impl From<ApiError> for Status {
                 "the waiting room is full; back off and retry".into(),
                 none(),
             ),
+            ApiError::Pow(e) => {
+                use crate::pow::PowError;
+                let message = match e {
+                    PowError::Required => {
+                        "this event asks for a proof of work: GetJoinChallenge, solve it, join with it"
+                    }
+                    PowError::Invalid => {
+                        "the join challenge is not this server's for this event and user, or the nonce does not solve it"
+                    }
+                    PowError::Expired => "the join challenge expired: get a new one",
+                    PowError::Reused => "the join challenge was used already: get a new one",
+                };
+                status(
+                    Code::FailedPrecondition,
+                    e.reason(),
+                    message.to_owned(),
+                    none(),
+                )
+            }
             ApiError::Unauthenticated => Status::unauthenticated(
                 "missing or unknown API key: send `authorization: Bearer <key>`",
             ),
@@ -258,6 +279,26 @@ mod tests {
                 "NOT_ADMITTED",
             ),
             (ApiError::QueueFull, Code::ResourceExhausted, "QUEUE_FULL"),
+            (
+                ApiError::Pow(crate::pow::PowError::Required),
+                Code::FailedPrecondition,
+                "POW_REQUIRED",
+            ),
+            (
+                ApiError::Pow(crate::pow::PowError::Invalid),
+                Code::FailedPrecondition,
+                "POW_INVALID",
+            ),
+            (
+                ApiError::Pow(crate::pow::PowError::Expired),
+                Code::FailedPrecondition,
+                "POW_EXPIRED",
+            ),
+            (
+                ApiError::Pow(crate::pow::PowError::Reused),
+                Code::FailedPrecondition,
+                "POW_REUSED",
+            ),
             (
                 ApiError::Overloaded("gate"),
                 Code::ResourceExhausted,

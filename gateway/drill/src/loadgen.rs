@@ -99,6 +99,7 @@ async fn admit(
                 event_id: event.into(),
                 user_id: u.clone(),
                 session_id: "loadgen".into(),
+                ..Default::default()
             })
             .await
             .context("Join")?
@@ -224,6 +225,7 @@ impl Load {
                 admit_rate_per_second: 1_000_000,
                 admission_window_seconds: 3_600,
                 sale_opens_at_unix_ms: 0,
+                join_pow_difficulty_bits: 0,
             })
             .await
             .context("CreateEvent (is --admin-key an admin key?)")?;
@@ -240,6 +242,7 @@ impl Load {
                     event_id: event_id.into(),
                     user_id: format!("{event_id}-poller-{t}"),
                     session_id: "loadgen".into(),
+                ..Default::default()
                 })
                 .await
                 .context("Join")?;

@@ -51,6 +51,7 @@ pub(crate) fn event(id: &str, sections: Vec<pb::SectionSpec>) -> pb::CreateEvent
         admit_rate_per_second: 1_000,
         admission_window_seconds: 120,
         sale_opens_at_unix_ms: 0,
+        join_pow_difficulty_bits: 0,
     }
 }
 
@@ -84,6 +85,7 @@ pub(crate) async fn admitted_all(
                 event_id: event.into(),
                 user_id: (*user).into(),
                 session_id: "s".into(),
+                ..Default::default()
             })
             .await
             .unwrap()
@@ -802,6 +804,7 @@ async fn waiting_room_shuffles_before_opening_and_admits_in_order() {
                 event_id: "w".into(),
                 user_id: format!("u{u}"),
                 session_id: "s".into(),
+                ..Default::default()
             })
             .await
             .unwrap()
@@ -815,6 +818,7 @@ async fn waiting_room_shuffles_before_opening_and_admits_in_order() {
             event_id: "w".into(),
             user_id: "u7".into(),
             session_id: "s".into(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -905,6 +909,7 @@ async fn waiting_room_shuffles_before_opening_and_admits_in_order() {
             event_id: "w".into(),
             user_id: "late".into(),
             session_id: "s".into(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -964,6 +969,7 @@ async fn waiting_room_shuffles_before_opening_and_admits_in_order() {
                 event_id: "nope".into(),
                 user_id: "u".into(),
                 session_id: String::new(),
+                ..Default::default()
             })
             .await,
         Code::NotFound,
@@ -986,6 +992,7 @@ async fn the_queue_has_a_maximum() {
                 event_id: "q".into(),
                 user_id: format!("u{u}"),
                 session_id: String::new(),
+                ..Default::default()
             })
             .await
             .unwrap();
@@ -996,6 +1003,7 @@ async fn the_queue_has_a_maximum() {
                 event_id: "q".into(),
                 user_id: "u9".into(),
                 session_id: String::new(),
+                ..Default::default()
             })
             .await,
         Code::ResourceExhausted,
@@ -1020,6 +1028,7 @@ async fn health_is_not_serving_until_recovery_and_restart_keeps_holds_and_orders
             event_id: "r".into(),
             user_id: "zed".into(),
             session_id: "s".into(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -1150,6 +1159,7 @@ async fn overload_is_shed_at_once_not_queued() {
                         event_id: "o".into(),
                         user_id: format!("t{t}-{i}"),
                         session_id: String::new(),
+                        ..Default::default()
                     })
                     .await;
                 match r {
