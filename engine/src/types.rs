@@ -671,8 +671,11 @@ mod tests {
             join_pow_difficulty_bits: 20,
             ..spec
         };
-        let bytes =
-            crate::codec::encode(&CatalogRecord::event_created(hard.clone(), EventId::from("e1"), 6));
+        let bytes = crate::codec::encode(&CatalogRecord::event_created(
+            hard.clone(),
+            EventId::from("e1"),
+            6,
+        ));
         let back: CatalogRecord = crate::codec::decode(&bytes).unwrap();
         assert_eq!(back.into_event(), (EventId::from("e1"), hard.clone(), 6));
         assert_eq!(

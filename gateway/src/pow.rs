@@ -5,7 +5,10 @@
 //!
 //! - **Challenges are stateless**: `GetJoinChallenge` signs one with the token secret (a token of
 //!   kind [`TokenKind::JoinChallenge`]: event, user, a random 64-bit nonce, the time it was
-//!   issued, the difficulty, the expiry) and keeps nothing. Issuing one costs one HMAC.
+//!   issued, the server's instance, the expiry) and keeps nothing. Issuing one costs one HMAC.
+//!   The instance is random per server start, like the waiting room's epoch: the set of used
+//!   challenges lives in memory, so a challenge from before a restart is refused as expired
+//!   rather than made usable once more.
 //! - **Solving** is the client's work: a nonce such that SHA-256(challenge || nonce) has
 //!   `difficulty_bits` leading zero bits ([`boxoffice_proto::pow`]), about `2^bits` hashes.
 //! - **Checking** costs one HMAC (the signature, with the binding to the event and user and the
@@ -79,6 +82,8 @@ pub struct Used(u128);
 /// Issues and checks join challenges; remembers the used ones until they expire.
 pub struct JoinChallenges {
     ttl_ms: u64,
+    /// Random per instance (server start): challenges of another instance are refused.
+    instance: u64,
     used: DashMap<u128, u64>,
 }
 
@@ -87,6 +92,7 @@ impl JoinChallenges {
     pub fn new(ttl_ms: u64) -> JoinChallenges {
         JoinChallenges {
             ttl_ms: ttl_ms.max(1),
+            instance: rand::random(),
             used: DashMap::new(),
         }
     }
@@ -96,13 +102,13 @@ impl JoinChallenges {
         self.ttl_ms
     }
 
-    /// A new challenge for `user_id` joining `event_id` at `bits` of difficulty, at `now_ms`.
+    /// A new challenge for `user_id` joining `event_id`, at `now_ms` (its difficulty is the
+    /// event's, which never changes).
     pub fn issue(
         &self,
         signer: &TokenSigner,
         event_id: &str,
         user_id: &str,
-        bits: u32,
         now_ms: u64,
     ) -> Issued {
         let expires_at_ms = now_ms.saturating_add(self.ttl_ms);
@@ -112,7 +118,7 @@ impl JoinChallenges {
             user_id: user_id.to_owned(),
             number: rand::random(),
             at_ms: now_ms,
-            epoch: u64::from(bits),
+            epoch: self.instance,
             expires_at_ms,
         });
         Issued {
@@ -122,8 +128,9 @@ impl JoinChallenges {
     }
 
     /// Checks a `Join`'s proof of work for an event asking for `bits` (> 0): the challenge's
-    /// signature, its binding to `event_id` and `user_id` and to this difficulty, its expiry at
-    /// `now_ms`, the solution, then that it was not used before; on success it is used now.
+    /// signature, its binding to `event_id` and `user_id`, its expiry at `now_ms` (and that this
+    /// instance issued it), the solution, then that it was not used before; on success it is
+    /// used now.
     #[allow(clippy::too_many_arguments)]
     pub fn check(
         &self,
@@ -150,8 +157,11 @@ impl JoinChallenges {
                 TokenError::Invalid => PowError::Invalid,
                 TokenError::Expired => PowError::Expired,
             })?;
-        if claims.epoch != u64::from(bits) || !boxoffice_proto::pow::is_solution(challenge, nonce, bits)
-        {
+        if claims.epoch != self.instance {
+            // Issued before a restart: the used set of then is gone.
+            return Err(PowError::Expired);
+        }
+        if !boxoffice_proto::pow::is_solution(challenge, nonce, bits) {
             return Err(PowError::Invalid);
         }
         match self.used.entry(id) {
@@ -215,7 +225,7 @@ mod tests {
     #[test]
     fn a_solved_challenge_admits_once_and_every_bad_one_is_refused_with_its_reason() {
         let (s, c) = setup();
-        let issued = c.issue(&s, "e1", "ann", 8, NOW);
+        let issued = c.issue(&s, "e1", "ann", NOW);
         assert_eq!(issued.expires_at_ms, NOW + 60_000);
         let nonce = solve(&issued.challenge, 8);
         let check = |ch: &str, n: u64, ev: &str, user: &str, bits: u32, now: u64| {
@@ -223,15 +233,34 @@ mod tests {
         };
         let ch = issued.challenge.as_str();
         assert_eq!(check("", 0, "e1", "ann", 8, NOW), Err(PowError::Required));
-        assert_eq!(check(ch, nonce, "e2", "ann", 8, NOW), Err(PowError::Invalid));
-        assert_eq!(check(ch, nonce, "e1", "bob", 8, NOW), Err(PowError::Invalid));
         assert_eq!(
-            check(ch, nonce, "e1", "ann", 9, NOW),
-            Err(PowError::Invalid),
-            "issued at another difficulty"
+            check(ch, nonce, "e2", "ann", 8, NOW),
+            Err(PowError::Invalid)
         );
-        let wrong = (0..).find(|n| !boxoffice_proto::pow::is_solution(ch, *n, 8)).unwrap();
-        assert_eq!(check(ch, wrong, "e1", "ann", 8, NOW), Err(PowError::Invalid));
+        assert_eq!(
+            check(ch, nonce, "e1", "bob", 8, NOW),
+            Err(PowError::Invalid)
+        );
+        let restarted = JoinChallenges::new(60_000);
+        assert_eq!(
+            restarted.check(&s, ch, nonce, "e1", "ann", 8, NOW),
+            Err(PowError::Expired),
+            "issued by the server before a restart (same secret)"
+        );
+        let harder =
+            boxoffice_proto::pow::leading_zero_bits(&boxoffice_proto::pow::pow_hash(ch, nonce)) + 1;
+        assert_eq!(
+            check(ch, nonce, "e1", "ann", harder, NOW),
+            Err(PowError::Invalid),
+            "a hash too weak for the event's difficulty"
+        );
+        let wrong = (0..)
+            .find(|n| !boxoffice_proto::pow::is_solution(ch, *n, 8))
+            .unwrap();
+        assert_eq!(
+            check(ch, wrong, "e1", "ann", 8, NOW),
+            Err(PowError::Invalid)
+        );
         assert_eq!(
             check(ch, nonce, "e1", "ann", 8, NOW + 60_000),
             Err(PowError::Expired),
@@ -243,13 +272,30 @@ mod tests {
         c.give_back(used);
         assert!(check(ch, nonce, "e1", "ann", 8, NOW).is_ok(), "given back");
         // Another challenge for the same fan is another challenge.
-        let other = c.issue(&s, "e1", "ann", 8, NOW);
+        let other = c.issue(&s, "e1", "ann", NOW);
         assert_ne!(other.challenge, issued.challenge);
-        assert!(check(&other.challenge, solve(&other.challenge, 8), "e1", "ann", 8, NOW).is_ok());
+        assert!(
+            check(
+                &other.challenge,
+                solve(&other.challenge, 8),
+                "e1",
+                "ann",
+                8,
+                NOW
+            )
+            .is_ok()
+        );
         // Another secret's challenge, or a tampered one, is invalid.
-        let foreign = c.issue(&TokenSigner::new(b"other"), "e1", "ann", 8, NOW);
+        let foreign = c.issue(&TokenSigner::new(b"other"), "e1", "ann", NOW);
         assert_eq!(
-            check(&foreign.challenge, solve(&foreign.challenge, 8), "e1", "ann", 8, NOW),
+            check(
+                &foreign.challenge,
+                solve(&foreign.challenge, 8),
+                "e1",
+                "ann",
+                8,
+                NOW
+            ),
             Err(PowError::Invalid)
         );
         let mut tampered = ch.as_bytes().to_vec();
@@ -266,7 +312,7 @@ mod tests {
             user_id: "ann".into(),
             number: 1,
             at_ms: NOW,
-            epoch: 8,
+            epoch: c.instance,
             expires_at_ms: NOW + 1_000,
         });
         assert_eq!(
@@ -278,21 +324,45 @@ mod tests {
     #[test]
     fn pruning_forgets_only_expired_challenges() {
         let (s, c) = setup();
-        let early = c.issue(&s, "e1", "ann", 1, NOW);
-        let late = c.issue(&s, "e1", "bob", 1, NOW + 30_000);
+        let early = c.issue(&s, "e1", "ann", NOW);
+        let late = c.issue(&s, "e1", "bob", NOW + 30_000);
         for (i, u) in [(&early, "ann"), (&late, "bob")] {
-            c.check(&s, &i.challenge, solve(&i.challenge, 1), "e1", u, 1, NOW + 30_000)
-                .unwrap();
+            c.check(
+                &s,
+                &i.challenge,
+                solve(&i.challenge, 1),
+                "e1",
+                u,
+                1,
+                NOW + 30_000,
+            )
+            .unwrap();
         }
         assert_eq!(c.prune(NOW + 59_999), 2);
         assert_eq!(c.prune(NOW + 60_000), 1, "the early one expired");
         // The late one is still refused as reused; the early one as expired, not as new.
         assert_eq!(
-            c.check(&s, &late.challenge, solve(&late.challenge, 1), "e1", "bob", 1, NOW + 60_000),
+            c.check(
+                &s,
+                &late.challenge,
+                solve(&late.challenge, 1),
+                "e1",
+                "bob",
+                1,
+                NOW + 60_000
+            ),
             Err(PowError::Reused)
         );
         assert_eq!(
-            c.check(&s, &early.challenge, solve(&early.challenge, 1), "e1", "ann", 1, NOW + 60_000),
+            c.check(
+                &s,
+                &early.challenge,
+                solve(&early.challenge, 1),
+                "e1",
+                "ann",
+                1,
+                NOW + 60_000
+            ),
             Err(PowError::Expired)
         );
         assert_eq!(c.prune(NOW + 90_000), 0);

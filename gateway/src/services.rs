@@ -401,13 +401,9 @@ impl pb::waiting_room_service_server::WaitingRoomService for WaitingRoomSvc {
         if bits == 0 {
             return ok(pb::JoinChallenge::default());
         }
-        let issued = api.challenges.issue(
-            &api.signer,
-            id.as_str(),
-            &req.user_id,
-            bits,
-            api.clock.now_ms(),
-        );
+        let issued =
+            api.challenges
+                .issue(&api.signer, id.as_str(), &req.user_id, api.clock.now_ms());
         ok(pb::JoinChallenge {
             challenge: issued.challenge,
             difficulty_bits: bits,

@@ -8,7 +8,7 @@
 //! epoch (a token from a room that no longer exists, say before a restart, matches no room); for
 //! an admission token `number` is their position and `at_ms` when they were admitted; for a join
 //! challenge (the proof of work before `Join`, [`crate::pow`]) `number` is a random nonce,
-//! `at_ms` when it was issued and `epoch` the difficulty it was issued at.
+//! `at_ms` when it was issued and `epoch` the random instance of the server that issued it.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;

@@ -242,7 +242,7 @@ impl Load {
                     event_id: event_id.into(),
                     user_id: format!("{event_id}-poller-{t}"),
                     session_id: "loadgen".into(),
-                ..Default::default()
+                    ..Default::default()
                 })
                 .await
                 .context("Join")?;

@@ -14,6 +14,7 @@ mod grpc;
 mod harness;
 mod kill9;
 mod model;
+mod pow;
 mod recovery;
 mod seams;
 mod sweeper;
