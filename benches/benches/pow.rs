@@ -20,9 +20,8 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use boxoffice_client::{Bearer, connect, join_request, pow};
+use boxoffice_client::{Bearer, join_request, pow};
 use boxoffice_gateway::pow::JoinChallenges;
-use boxoffice_gateway::server::{ServerConfig, start};
 use boxoffice_gateway::tokens::TokenSigner;
 use boxoffice_proto::v1 as pb;
 use criterion::{BenchmarkId, Criterion, SamplingMode, criterion_group, criterion_main};
@@ -140,25 +139,8 @@ fn verify(c: &mut Criterion) {
 }
 
 fn join_rpc(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (server, ch) = rt.block_on(async {
-        let mut cfg = ServerConfig::new("bench-admin", "bench-client", b"bench-secret");
-        cfg.listen = "127.0.0.1:0".parse().expect("addr");
-        cfg.metrics_listen = None;
-        cfg.data_dir = dir.path().to_path_buf();
-        cfg.reconcile_every = None;
-        let mut server = start(cfg).await.expect("server");
-        server.wait_ready().await.expect("ready");
-        let ch = connect(&format!("http://{}", server.addr))
-            .await
-            .expect("connect");
-        (server, ch)
-    });
+    let rt = boxoffice_benches::runtime();
+    let (_dir, server, ch) = rt.block_on(boxoffice_benches::grpc_server());
     let key = Bearer::new("bench-admin").expect("key");
     let clients = boxoffice_client::Clients::new(&ch, &key);
     for bits in [0u32, 12] {

@@ -66,6 +66,35 @@ async fn refused(c: &mut Clients, what: &str, request: pb::JoinRequest, code: Co
     }
 }
 
+/// The `join_pow_difficulty_bits` `GetEvent` answers for `event_id`.
+async fn difficulty_of(c: &mut Clients, event_id: &str) -> u32 {
+    let e = pb::GetEventRequest {
+        event_id: event_id.into(),
+    };
+    c.events
+        .get_event(e)
+        .await
+        .unwrap()
+        .into_inner()
+        .join_pow_difficulty_bits
+}
+
+/// The position of the place a `Join` that must succeed answers.
+async fn position(c: &mut Clients, request: pb::JoinRequest) -> u64 {
+    c.room.join(request).await.unwrap().into_inner().position
+}
+
+/// A `Join` with `challenge` solved.
+fn solved_join(
+    event_id: &str,
+    user: &str,
+    session: &str,
+    challenge: &pb::JoinChallenge,
+) -> pb::JoinRequest {
+    let nonce = solve(&challenge.challenge, challenge.difficulty_bits);
+    join(event_id, user, session, &challenge.challenge, nonce)
+}
+
 /// A nonce that does not solve `challenge` at `bits`.
 fn wrong_nonce(challenge: &str, bits: u32) -> u64 {
     (0..).find(|n| !is_solution(challenge, *n, bits)).unwrap()
@@ -84,15 +113,7 @@ async fn a_join_needs_a_solved_challenge_of_this_event_and_user_used_once() {
         .into_inner();
     assert_eq!(created.join_pow_difficulty_bits, BITS, "echoed on Event");
     c.events.create_event(pow_event("q", BITS)).await.unwrap();
-    let got = c
-        .events
-        .get_event(pb::GetEventRequest {
-            event_id: "p".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(got.join_pow_difficulty_bits, BITS);
+    assert_eq!(difficulty_of(&mut c, "p").await, BITS);
 
     // The challenge: signed text, the event's difficulty, an expiry from the server's clock.
     let ann = challenge(&mut c, "p", "ann").await;
@@ -109,80 +130,14 @@ async fn a_join_needs_a_solved_challenge_of_this_event_and_user_used_once() {
     let cal = challenge(&mut c, "p", "cal").await;
     let cal_nonce = solve(&cal.challenge, BITS);
 
-    // Every refusal, each leaving the session without a place.
-    refused(
-        &mut c,
-        "no solution",
-        join("p", "ann", "tab-1", "", 0),
-        Code::FailedPrecondition,
-        "POW_REQUIRED",
-    )
-    .await;
-    refused(
-        &mut c,
-        "a nonce alone",
-        join("p", "ann", "tab-1", "", nonce),
-        Code::FailedPrecondition,
-        "POW_REQUIRED",
-    )
-    .await;
-    refused(
-        &mut c,
-        "a wrong nonce",
-        join(
-            "p",
-            "ann",
-            "tab-1",
-            &ann.challenge,
-            wrong_nonce(&ann.challenge, BITS),
-        ),
-        Code::FailedPrecondition,
-        "POW_INVALID",
-    )
-    .await;
+    // Challenges that must not admit ann: bob's, another event's, ann's own changed in one
+    // character of its signed payload (still base64url), and a queue token of an event without
+    // proof of work; each solved.
     let bob = challenge(&mut c, "p", "bob").await;
-    refused(
-        &mut c,
-        "another user's challenge, solved",
-        join(
-            "p",
-            "ann",
-            "tab-1",
-            &bob.challenge,
-            solve(&bob.challenge, BITS),
-        ),
-        Code::FailedPrecondition,
-        "POW_INVALID",
-    )
-    .await;
     let other_event = challenge(&mut c, "q", "ann").await;
-    refused(
-        &mut c,
-        "another event's challenge, solved",
-        join(
-            "p",
-            "ann",
-            "tab-1",
-            &other_event.challenge,
-            solve(&other_event.challenge, BITS),
-        ),
-        Code::FailedPrecondition,
-        "POW_INVALID",
-    )
-    .await;
-    // Tampered: one character of the signed payload changed (still base64url), solved anew.
     let mut tampered = ann.challenge.clone().into_bytes();
     tampered[5] = if tampered[5] == b'A' { b'B' } else { b'A' };
     let tampered = String::from_utf8(tampered).unwrap();
-    refused(
-        &mut c,
-        "a tampered challenge, solved",
-        join("p", "ann", "tab-1", &tampered, solve(&tampered, BITS)),
-        Code::FailedPrecondition,
-        "POW_INVALID",
-    )
-    .await;
-    // Not a challenge at all: a queue token of the free event, solved.
     c.events.create_event(pow_event("free", 0)).await.unwrap();
     let queue_token = c
         .room
@@ -191,14 +146,37 @@ async fn a_join_needs_a_solved_challenge_of_this_event_and_user_used_once() {
         .unwrap()
         .into_inner()
         .queue_token;
-    refused(
-        &mut c,
-        "a queue token as the challenge",
-        join("p", "ann", "tab-1", &queue_token, solve(&queue_token, BITS)),
-        Code::FailedPrecondition,
-        "POW_INVALID",
-    )
-    .await;
+    let solved = |ch: &str| (ch.to_owned(), solve(ch, BITS));
+    let refusals = [
+        ("no solution", (String::new(), 0), "POW_REQUIRED"),
+        ("a nonce alone", (String::new(), nonce), "POW_REQUIRED"),
+        (
+            "a wrong nonce",
+            (ann.challenge.clone(), wrong_nonce(&ann.challenge, BITS)),
+            "POW_INVALID",
+        ),
+        (
+            "another user's challenge",
+            solved(&bob.challenge),
+            "POW_INVALID",
+        ),
+        (
+            "another event's challenge",
+            solved(&other_event.challenge),
+            "POW_INVALID",
+        ),
+        ("a tampered challenge", solved(&tampered), "POW_INVALID"),
+        (
+            "a queue token as the challenge",
+            solved(&queue_token),
+            "POW_INVALID",
+        ),
+    ];
+    // Every refusal, each leaving the session without a place.
+    for (what, (ch, n), reason) in refusals {
+        let request = join("p", "ann", "tab-1", &ch, n);
+        refused(&mut c, what, request, Code::FailedPrecondition, reason).await;
+    }
     refused(
         &mut c,
         "a challenge over 512 bytes",
@@ -207,6 +185,7 @@ async fn a_join_needs_a_solved_challenge_of_this_event_and_user_used_once() {
         "INVALID_REQUEST",
     )
     .await;
+
     // The solved challenge admits into line: the first place (no refusal above took one).
     let placed = c
         .room
@@ -230,13 +209,11 @@ async fn a_join_needs_a_solved_challenge_of_this_event_and_user_used_once() {
     // The place is this session's: joining again (a retry after a lost answer, with the used
     // challenge, or a refresh without one) returns it, without a new proof of work.
     for (ch, n) in [(ann.challenge.as_str(), nonce), ("", 0)] {
-        let again = c
-            .room
-            .join(join("p", "ann", "tab-1", ch, n))
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(again.position, 1, "the same place");
+        assert_eq!(
+            position(&mut c, join("p", "ann", "tab-1", ch, n)).await,
+            1,
+            "the same place"
+        );
     }
     // The same challenge for another session (a bot taking a second place with one solution):
     // refused, and that session has no place.
@@ -251,33 +228,15 @@ async fn a_join_needs_a_solved_challenge_of_this_event_and_user_used_once() {
     // A fresh challenge gives that session the next place.
     let fresh = challenge(&mut c, "p", "ann").await;
     assert_ne!(fresh.challenge, ann.challenge, "every challenge is new");
-    let second = c
-        .room
-        .join(join(
-            "p",
-            "ann",
-            "tab-2",
-            &fresh.challenge,
-            solve(&fresh.challenge, BITS),
-        ))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(second.position, 2);
+    assert_eq!(
+        position(&mut c, solved_join("p", "ann", "tab-2", &fresh)).await,
+        2
+    );
     // Bob's challenge is still his to use.
-    let bobs = c
-        .room
-        .join(join(
-            "p",
-            "bob",
-            "web",
-            &bob.challenge,
-            solve(&bob.challenge, BITS),
-        ))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(bobs.position, 3);
+    assert_eq!(
+        position(&mut c, solved_join("p", "bob", "web", &bob)).await,
+        3
+    );
     // Expired: cal's solved challenge once the server's clock reaches its expiry (exclusive).
     clock.set_ms(u64::try_from(cal.expires_at_unix_ms).unwrap());
     refused(
@@ -307,21 +266,12 @@ async fn an_event_without_pow_joins_as_before_and_bad_difficulties_are_refused()
         pb::JoinChallenge::default(),
         "difficulty 0, no challenge, no expiry"
     );
-    let t = c
-        .room
-        .join(join("free", "ann", "s", "", 0))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(t.position, 1);
+    assert_eq!(position(&mut c, join("free", "ann", "s", "", 0)).await, 1);
     // Challenge fields on an event without proof of work are ignored.
-    let t = c
-        .room
-        .join(join("free", "bob", "s", "whatever", 7))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(t.position, 2);
+    assert_eq!(
+        position(&mut c, join("free", "bob", "s", "whatever", 7)).await,
+        2
+    );
 
     // The challenge RPC's own errors.
     expect_err(
@@ -403,54 +353,38 @@ async fn the_difficulty_survives_a_restart_and_older_challenges_do_not() {
 
     let server = TestServer::builder().home(home).start().await;
     let mut c = server.admin();
-    let e = c
-        .events
-        .get_event(pb::GetEventRequest {
-            event_id: "p".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(e.join_pow_difficulty_bits, BITS, "recovered from the log");
-    refused(
-        &mut c,
-        "no solution after the restart",
-        join("p", "ann", "s", "", 0),
-        Code::FailedPrecondition,
-        "POW_REQUIRED",
-    )
-    .await;
+    assert_eq!(
+        difficulty_of(&mut c, "p").await,
+        BITS,
+        "recovered from the log"
+    );
     // The used set of the last run is gone, so challenges it issued are refused (used or not,
     // and although the token secret is the same): fans get new ones, as they join again.
-    refused(
-        &mut c,
-        "a challenge used before the restart",
-        join("p", "ann", "s", &used.challenge, used_nonce),
-        Code::FailedPrecondition,
-        "POW_EXPIRED",
-    )
-    .await;
-    refused(
-        &mut c,
-        "a challenge issued before the restart",
-        join("p", "bob", "s", &unused.challenge, unused_nonce),
-        Code::FailedPrecondition,
-        "POW_EXPIRED",
-    )
-    .await;
+    let refusals = [
+        (
+            "no solution after the restart",
+            join("p", "ann", "s", "", 0),
+            "POW_REQUIRED",
+        ),
+        (
+            "a challenge used before the restart",
+            join("p", "ann", "s", &used.challenge, used_nonce),
+            "POW_EXPIRED",
+        ),
+        (
+            "a challenge issued before the restart",
+            join("p", "bob", "s", &unused.challenge, unused_nonce),
+            "POW_EXPIRED",
+        ),
+    ];
+    for (what, request, reason) in refusals {
+        refused(&mut c, what, request, Code::FailedPrecondition, reason).await;
+    }
     let fresh = challenge(&mut c, "p", "ann").await;
-    let t = c
-        .room
-        .join(join(
-            "p",
-            "ann",
-            "s",
-            &fresh.challenge,
-            solve(&fresh.challenge, BITS),
-        ))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(t.position, 1, "the first place of the new line");
+    assert_eq!(
+        position(&mut c, solved_join("p", "ann", "s", &fresh)).await,
+        1,
+        "the first place of the new line"
+    );
     server.shutdown().await;
 }
