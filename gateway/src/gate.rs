@@ -181,6 +181,7 @@ fn method_label(path: &str) -> &'static str {
         "GetSeatMap",
         "Join",
         "GetStatus",
+        "GetJoinChallenge",
         "Hold",
         "Confirm",
         "Release",
