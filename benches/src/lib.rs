@@ -111,19 +111,6 @@ pub fn thousands(n: u64) -> String {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn thousands_groups_digits() {
-        assert_eq!(thousands(0), "0");
-        assert_eq!(thousands(999), "999");
-        assert_eq!(thousands(1_000), "1,000");
-        assert_eq!(thousands(1_234_567), "1,234,567");
-    }
-}
-
 /// An embedded gRPC server for the benches (`Durability::Sync`, loopback, admin key
 /// `bench-admin`, no metrics endpoint, no periodic reconciliation) on a temporary data dir,
 /// recovered and ready, and a channel to it. Keep the dir as long as the server.
@@ -145,4 +132,17 @@ pub async fn grpc_server() -> (
         .await
         .expect("connect");
     (dir, server, ch)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thousands_groups_digits() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1_000), "1,000");
+        assert_eq!(thousands(1_234_567), "1,234,567");
+    }
 }

@@ -320,7 +320,7 @@ impl pb::waiting_room_service_server::WaitingRoomService for WaitingRoomSvc {
         if req.join_challenge.len() > crate::limits::TOKEN_LEN_MAX {
             return Err(ApiError::from(Rejection::invalid(
                 "join_challenge",
-                &format!("at most {} bytes", crate::limits::TOKEN_LEN_MAX),
+                format!("at most {} bytes", crate::limits::TOKEN_LEN_MAX),
             ))
             .into());
         }
