@@ -48,6 +48,7 @@ async fn env() -> Env {
             admit_rate_per_second: 1_000_000,
             admission_window_seconds: 86_400,
             sale_opens_at_unix_ms: 0,
+            idempotency_key: String::new(),
             join_pow_difficulty_bits: 0,
         })
         .await

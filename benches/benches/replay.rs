@@ -149,17 +149,7 @@ fn checkpoint_label(every: u64) -> String {
 }
 
 fn dir_size(path: &std::path::Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(path) else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .map(|e| match e.metadata() {
-            Ok(m) if m.is_dir() => dir_size(&e.path()),
-            Ok(m) => m.len(),
-            Err(_) => 0,
-        })
-        .sum()
+    boxoffice_engine::store::disk_usage(path).total
 }
 
 /// Restart times seen for one log, for the summary line.

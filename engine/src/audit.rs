@@ -9,6 +9,13 @@ use crate::reconcile::{self, Books, Finding};
 use crate::section::SectionMsg;
 use crate::types::{EventId, OrderView, SectionId};
 
+/// The books of [`Books`], owned.
+pub(crate) struct OwnedBooks {
+    pub sections: Vec<(String, SectionCore)>,
+    pub claims: Vec<(String, Vec<u8>)>,
+    pub charges: Vec<crate::payment::Charge>,
+}
+
 impl Engine {
     /// A copy of a section's core, from its actor (queued behind everything sent before).
     pub(crate) async fn section_core(
@@ -34,7 +41,21 @@ impl Engine {
 
     /// Checks sold seats against orders, payments and the sold-seat backstop, and every
     /// section's counters; returns what does not add up.
+    /// Every finding is counted in `boxoffice_reconcile_findings_total` and logged. Changes
+    /// nothing (the server's periodic pass, [`Engine::settle_and_reconcile`], also refunds).
     pub async fn reconcile(&self) -> Result<Vec<Finding>, EngineError> {
+        let books = self.books().await?;
+        let findings = reconcile::check(&Books {
+            sections: &books.sections,
+            claims: &books.claims,
+            charges: &books.charges,
+        });
+        reconcile::report(&findings);
+        Ok(findings)
+    }
+
+    /// What reconciliation compares, gathered now.
+    pub(crate) async fn books(&self) -> Result<OwnedBooks, EngineError> {
         let sections = self.section_cores().await?;
         let claims = self.inner.store.sink.claims()?;
         let charges =
@@ -46,11 +67,11 @@ impl Engine {
                     timeout: false,
                     reason: e.to_string(),
                 })?;
-        Ok(reconcile::check(&Books {
-            sections: &sections,
-            claims: &claims,
-            charges: &charges,
-        }))
+        Ok(OwnedBooks {
+            sections,
+            claims,
+            charges,
+        })
     }
 
     /// Every section whose state breaks an invariant (counts, seats, holds, orders), one line

@@ -153,6 +153,30 @@ impl Engine {
             .map_err(not_found_as(Rejection::HoldNotFound))
     }
 
+    /// A hold as it is now, to its holder only: another user's hold is `HOLD_NOT_FOUND`,
+    /// exactly as an unknown id is (nothing tells them apart).
+    pub async fn get_hold_of(
+        &self,
+        hold_id: &HoldId,
+        user_id: &UserId,
+    ) -> Result<HoldView, EngineError> {
+        check_user_id(user_id)?;
+        let h = self.get_hold(hold_id).await?;
+        owned_by(h, |h| &h.user_id, user_id, Rejection::HoldNotFound)
+    }
+
+    /// An order, to its buyer only: another user's order is `ORDER_NOT_FOUND`, exactly as an
+    /// unknown id is.
+    pub async fn get_order_of(
+        &self,
+        order_id: &OrderId,
+        user_id: &UserId,
+    ) -> Result<OrderView, EngineError> {
+        check_user_id(user_id)?;
+        let o = self.get_order(order_id).await?;
+        owned_by(o, |o| &o.user_id, user_id, Rejection::OrderNotFound)
+    }
+
     /// An order.
     pub async fn get_order(&self, order_id: &OrderId) -> Result<OrderView, EngineError> {
         self.check_ready()?;
@@ -192,6 +216,20 @@ pub(crate) fn idem_tag<T: Serialize>(key: &str, request: &T) -> Option<IdemTag> 
         key: key.to_owned(),
         fingerprint: fingerprint(request),
     })
+}
+
+/// `found` if `user` owns it, else `not_found` (the answer for an unknown id).
+pub(crate) fn owned_by<T>(
+    found: T,
+    owner: impl Fn(&T) -> &UserId,
+    user: &UserId,
+    not_found: Rejection,
+) -> Result<T, EngineError> {
+    if owner(&found) == user {
+        Ok(found)
+    } else {
+        Err(not_found.into())
+    }
 }
 
 pub(crate) fn not_found_as(r: Rejection) -> impl Fn(EngineError) -> EngineError {

@@ -10,7 +10,7 @@ use crate::engine::Engine;
 use crate::error::{EngineError, Rejection};
 use crate::types::{
     CatalogRecord, EventId, EventSpec, EventTerms, EventView, Layout, SeatId, SeatMap, SeatView,
-    SectionId, SectionSeats, SectionSnapshot, SectionSummary,
+    SectionId, SectionSeats, SectionSnapshot, SectionSpec, SectionSummary, check_idempotency_key,
 };
 
 /// One section as the engine's catalog sees it: its published snapshot (the publisher outlives
@@ -21,12 +21,34 @@ pub(crate) struct SectionSlot {
     pub publisher: Arc<watch::Sender<Arc<SectionSnapshot>>>,
 }
 
+/// One section of an event for a reader that builds its own views of it: see
+/// [`Engine::section_feeds`].
+#[derive(Clone, Debug)]
+pub struct SectionFeed {
+    /// The section's spec (its layout: rows and seats in snapshot order).
+    pub spec: SectionSpec,
+    /// The section's published snapshots.
+    pub snapshots: watch::Receiver<Arc<SectionSnapshot>>,
+}
+
 /// An event as the engine's catalog holds it.
 pub(crate) struct EventEntry {
     pub spec: EventSpec,
     pub event_id: EventId,
     pub created_at_ms: u64,
     pub sections: Vec<SectionSlot>,
+}
+
+/// The id of the event a keyed create without an event id makes: `ev-` and 32 hex digits of
+/// SHA-256 over the key (so every retry with the key names the same event).
+pub fn event_id_of_key(key: &str) -> EventId {
+    use sha2::Digest;
+    let digest = sha2::Sha256::new()
+        .chain_update(b"boxoffice CreateEvent idempotency key\0")
+        .chain_update(key.as_bytes())
+        .finalize();
+    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    EventId(format!("ev-{hex}"))
 }
 
 impl Engine {
@@ -42,7 +64,7 @@ impl Engine {
         let mut slots = Vec::with_capacity(sections.len());
         for (core, last_seq) in sections {
             let section_id = core.spec().section_id.clone();
-            let (tx, rx) = watch::channel(Arc::new(core.snapshot(self.now_ms())));
+            let (tx, rx) = watch::channel(Arc::new(core.snapshot(self.now_ms(), last_seq)));
             let publisher = Arc::new(tx);
             self.spawn_section(core, last_seq, publisher.clone())
                 .await?;
@@ -69,19 +91,36 @@ impl Engine {
     /// event as it is now; another spec under an existing id is `EventExists`. Runs to the end
     /// even if the caller stops waiting.
     pub async fn create_event(&self, spec: EventSpec) -> Result<EventView, EngineError> {
+        self.create_event_keyed(spec, "").await
+    }
+
+    /// [`Engine::create_event`] with an idempotency key for a spec without an event id: the
+    /// event's id is derived from the key ([`event_id_of_key`]), so a retry with the key and the
+    /// same spec answers the event the first call made (whether or not its answer arrived), and
+    /// the key with another spec is `IdempotencyKeyReused`. The key lasts as long as the event.
+    /// With an event id, or an empty key, the key plays no part.
+    pub async fn create_event_keyed(
+        &self,
+        spec: EventSpec,
+        idempotency_key: &str,
+    ) -> Result<EventView, EngineError> {
         let engine = self.clone();
-        self.detached(async move { engine.create_event_now(spec).await })
+        let key = idempotency_key.to_owned();
+        self.detached(async move { engine.create_event_now(spec, &key).await })
             .await
     }
 
-    async fn create_event_now(&self, spec: EventSpec) -> Result<EventView, EngineError> {
+    async fn create_event_now(&self, spec: EventSpec, key: &str) -> Result<EventView, EngineError> {
         self.check_ready()?;
+        check_idempotency_key(key)?;
         let spec = spec.with_defaults();
         spec.validate()?;
-        let event_id = spec
-            .event_id
-            .clone()
-            .unwrap_or_else(|| EventId(format!("ev-{}", ulid::Ulid::generate()).to_lowercase()));
+        let keyed = spec.event_id.is_none() && !key.is_empty();
+        let event_id = match &spec.event_id {
+            Some(id) => id.clone(),
+            None if keyed => event_id_of_key(key),
+            None => EventId(format!("ev-{}", ulid::Ulid::generate()).to_lowercase()),
+        };
         let window_ms = self.window_ms();
         let mut catalog = self.inner.catalog.lock().await;
         if let Some(existing) = self.inner.events.get(&event_id).map(|e| e.spec.clone()) {
@@ -93,7 +132,12 @@ impl Engine {
                 drop(catalog);
                 return self.event(&event_id);
             }
-            return Err(Rejection::EventExists.into());
+            return Err(if keyed {
+                Rejection::IdempotencyKeyReused
+            } else {
+                Rejection::EventExists
+            }
+            .into());
         }
         let created_at_ms = self.now_ms();
         let mut spec = spec;
@@ -180,7 +224,10 @@ impl Engine {
         Ok(all)
     }
 
-    /// The latest published snapshots of an event (or of one section). Never enters a mailbox.
+    /// The latest published snapshots of an event (or of one section), built per call (the
+    /// gateway's shared maps are `gateway::seat_maps`). Never enters a mailbox. The latest
+    /// snapshot of a section shows every change made so far, so the map is true now: `as_of_ms`
+    /// is now (not the time a snapshot was published, which is old for an idle section).
     pub fn seat_map(
         &self,
         event_id: &EventId,
@@ -188,6 +235,7 @@ impl Engine {
     ) -> Result<SeatMap, EngineError> {
         self.check_not_stopped()?;
         let e = self.entry(event_id)?;
+        let now = self.now_ms();
         let mut sections = Vec::new();
         for (slot, spec) in e.sections.iter().zip(&e.spec.sections) {
             if section.is_some_and(|s| s != &slot.section_id) {
@@ -220,18 +268,40 @@ impl Engine {
                 held: snap.held,
                 sold: snap.sold,
                 seats,
-                as_of_ms: snap.as_of_ms,
+                as_of_ms: now,
             });
         }
         if sections.is_empty() {
             return Err(Rejection::SectionNotFound.into());
         }
-        let as_of_ms = sections.iter().map(|s| s.as_of_ms).min().unwrap_or(0);
         Ok(SeatMap {
             event_id: event_id.clone(),
-            as_of_ms,
+            as_of_ms: now,
             sections,
         })
+    }
+
+    /// Where a reader that builds its own view of an event's sections (the gateway's seat maps)
+    /// gets them: per section in event order, its spec and its published snapshots (a `watch`
+    /// receiver: `borrow()` is the latest, never entering a mailbox). An event's sections never
+    /// change, so a reader may keep these for the life of the engine.
+    pub fn section_feeds(&self, event_id: &EventId) -> Result<Vec<SectionFeed>, EngineError> {
+        self.check_not_stopped()?;
+        let e = self.entry(event_id)?;
+        Ok(e.sections
+            .iter()
+            .zip(&e.spec.sections)
+            .map(|(slot, spec)| SectionFeed {
+                spec: spec.clone(),
+                snapshots: slot.snapshot.clone(),
+            })
+            .collect())
+    }
+
+    /// Whether the engine still serves reads: `Storage` once it stopped (its published counts
+    /// could include a change that was never acknowledged).
+    pub fn check_reads(&self) -> Result<(), EngineError> {
+        self.check_not_stopped()
     }
 
     pub(crate) fn event_entries(&self) -> Vec<Arc<EventEntry>> {

@@ -80,7 +80,10 @@ impl Engine {
                 Begin::Proceed => {}
             }
         }
-        let outcome = self.checkout(&event, &section_id, &req, tag.clone()).await;
+        let outcome = {
+            let _running = self.inner.orphans.checkout(&req.hold_id);
+            self.checkout(&event, &section_id, &req, tag.clone()).await
+        };
         let label = match &outcome {
             Ok(_) => "confirmed",
             Err(EngineError::Rejected(r)) => r.reason(),

@@ -494,6 +494,14 @@ impl SectionCore {
         Some((Ended { hold }, record))
     }
 
+    /// Active holds whose deadline is at or before `now_ms`: due for expiry, not expired yet.
+    pub fn holds_past_deadline(&self, now_ms: u64) -> usize {
+        self.deadlines
+            .iter()
+            .take_while(|(deadline, _)| *deadline <= now_ms)
+            .count()
+    }
+
     /// The earliest deadline of an active hold, if any.
     pub fn next_deadline_ms(&self) -> Option<u64> {
         self.deadlines.first().map(|(d, _)| *d)
@@ -1140,8 +1148,9 @@ impl SectionCore {
         })
     }
 
-    /// The availability snapshot the actor publishes.
-    pub fn snapshot(&self, now_ms: u64) -> SectionSnapshot {
+    /// The availability snapshot the actor publishes: true at `now_ms`, showing every change up
+    /// to the stream's record `version`.
+    pub fn snapshot(&self, now_ms: u64, version: u64) -> SectionSnapshot {
         SectionSnapshot {
             section_id: self.spec.section_id.clone(),
             capacity: self.capacity,
@@ -1150,6 +1159,7 @@ impl SectionCore {
             sold: self.sold,
             seats: self.seats.clone(),
             as_of_ms: now_ms,
+            version,
         }
     }
 
@@ -1533,7 +1543,7 @@ mod tests {
         for other in [&replayed, &from_checkpoint] {
             other.check_invariants().unwrap();
             assert_eq!(other.remembered(), live.remembered());
-            assert_eq!(other.snapshot(0), live.snapshot(0));
+            assert_eq!(other.snapshot(0, 0), live.snapshot(0, 0));
             let mut ids: Vec<_> = other.holds.keys().collect();
             let mut want: Vec<_> = live.holds.keys().collect();
             ids.sort();
@@ -1571,7 +1581,7 @@ mod tests {
         for r in &log {
             replayed.apply(r).unwrap();
         }
-        assert_eq!(replayed.snapshot(0), c.snapshot(0));
+        assert_eq!(replayed.snapshot(0, 0), c.snapshot(0, 0));
         replayed.check_invariants().unwrap();
         // A record that does not fit is refused, not applied.
         assert!(replayed.apply(&log[0]).is_err());

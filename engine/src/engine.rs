@@ -45,6 +45,8 @@ pub(crate) struct Inner {
     pub roles: Roles,
     /// Actors restarted after a panic.
     pub restarts: AtomicU64,
+    /// Captured charges without a sale, and the checkouts running (see [`crate::refunds`]).
+    pub orphans: crate::refunds::Orphans,
 }
 
 impl Inner {
@@ -207,6 +209,7 @@ impl Engine {
             supervisor,
             roles,
             restarts: AtomicU64::new(0),
+            orphans: Default::default(),
         });
         let _ = engine_slot.set(Arc::downgrade(&inner));
         let engine = Engine { inner };

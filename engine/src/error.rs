@@ -74,6 +74,10 @@ pub enum Rejection {
         /// Places the user held or owned when asking.
         used: u32,
     },
+    /// `JoinWaitlist` while the places wanted are free to hold (kept last: rejections are
+    /// stored as idempotency answers, encoded by variant index).
+    #[error("places available: hold them instead of joining the waitlist")]
+    PlacesAvailable,
 }
 
 impl Rejection {
@@ -91,6 +95,34 @@ impl Rejection {
             Rejection::InvalidRequest { field, .. } => Some(field),
             _ => None,
         }
+    }
+
+    /// One rejection of every kind (with placeholder data): the bounded set of reasons the
+    /// engine can answer, for the API's list of reasons and for metrics labels made ready
+    /// before the first one happens. `every_kind_is_listed` checks that none is missing.
+    pub fn every() -> Vec<Rejection> {
+        let seat = SeatId::from("section:A:1");
+        vec![
+            Rejection::invalid("request", "example"),
+            Rejection::EventNotFound,
+            Rejection::SectionNotFound,
+            Rejection::SeatNotFound(seat.clone()),
+            Rejection::HoldNotFound,
+            Rejection::OrderNotFound,
+            Rejection::EntryNotFound,
+            Rejection::QueueFull,
+            Rejection::EventExists,
+            Rejection::SaleNotOpen,
+            Rejection::SoldOut,
+            Rejection::SeatUnavailable(seat),
+            Rejection::HoldExpired,
+            Rejection::HoldNotActive,
+            Rejection::PaymentDeclined,
+            Rejection::IdempotencyKeyReused,
+            Rejection::IdempotencyKeyInFlight,
+            Rejection::UserLimit { limit: 1, used: 1 },
+            Rejection::PlacesAvailable,
+        ]
     }
 
     /// The API's reason code (`SOLD_OUT`, ...), as `google.rpc.ErrorInfo.reason` carries it.
@@ -114,6 +146,7 @@ impl Rejection {
             Rejection::IdempotencyKeyReused => "IDEMPOTENCY_KEY_REUSED",
             Rejection::IdempotencyKeyInFlight => "IDEMPOTENCY_KEY_IN_FLIGHT",
             Rejection::UserLimit { .. } => "USER_LIMIT",
+            Rejection::PlacesAvailable => "PLACES_AVAILABLE",
         }
     }
 }
@@ -199,5 +232,43 @@ impl EngineError {
             EngineError::Rejected(r) => Some(r),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The position of a rejection's kind; exhaustive, so a new kind must be placed here, and
+    /// the test below then fails until [`Rejection::every`] lists it too.
+    fn kind(r: &Rejection) -> usize {
+        match r {
+            Rejection::InvalidRequest { .. } => 0,
+            Rejection::EventNotFound => 1,
+            Rejection::SectionNotFound => 2,
+            Rejection::SeatNotFound(_) => 3,
+            Rejection::HoldNotFound => 4,
+            Rejection::OrderNotFound => 5,
+            Rejection::EntryNotFound => 6,
+            Rejection::QueueFull => 7,
+            Rejection::EventExists => 8,
+            Rejection::SaleNotOpen => 9,
+            Rejection::SoldOut => 10,
+            Rejection::SeatUnavailable(_) => 11,
+            Rejection::HoldExpired => 12,
+            Rejection::HoldNotActive => 13,
+            Rejection::PaymentDeclined => 14,
+            Rejection::IdempotencyKeyReused => 15,
+            Rejection::IdempotencyKeyInFlight => 16,
+            Rejection::UserLimit { .. } => 17,
+            Rejection::PlacesAvailable => 18,
+        }
+    }
+
+    #[test]
+    fn every_kind_is_listed() {
+        let mut seen: Vec<usize> = Rejection::every().iter().map(kind).collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..19).collect::<Vec<_>>());
     }
 }

@@ -110,6 +110,25 @@ impl Engine {
         Ok(out)
     }
 
+    /// Active holds past their deadline in every section, by the engine's clock: what the
+    /// sweeper has yet to expire (its backlog; a few are normal for a moment after each
+    /// deadline). Asks every section at once; a section that cannot answer (its queue full,
+    /// restarting) fails the whole count.
+    pub async fn holds_past_deadline(&self) -> Result<u64, EngineError> {
+        self.check_ready()?;
+        let entries = self.event_entries();
+        let asks = entries.iter().flat_map(|e| {
+            e.sections
+                .iter()
+                .map(move |slot| self.ask(e, &slot.section_id, SectionMsg::PastDeadline))
+        });
+        let mut due = 0u64;
+        for n in futures_util::future::join_all(asks).await {
+            due += n? as u64;
+        }
+        Ok(due)
+    }
+
     /// The earliest deadline of any active hold, if any (for the sweeper's sleep).
     pub async fn next_deadline_ms(&self) -> Result<Option<u64>, EngineError> {
         self.check_ready()?;

@@ -100,6 +100,7 @@ pub mod limits;
 pub mod payment;
 pub mod reconcile;
 mod recovery;
+mod refunds;
 pub mod retention;
 mod router;
 mod section;
@@ -111,6 +112,7 @@ pub mod types;
 pub mod waitlist;
 mod waitlist_calls;
 
+pub use catalog::SectionFeed;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::EngineConfig;
 pub use core::SectionCore;
@@ -125,10 +127,12 @@ pub use payment::{
 };
 pub use reconcile::Finding;
 pub use recovery::{RecoveryReport, verify_log};
+pub use refunds::Settlement;
 pub use retention::Remembered;
 pub use router::Router;
 pub use section::{Listener, Notice};
 pub use store::{Durability, LogSink, MemorySink, SledSink};
+pub use supervisor::ACTOR_KINDS;
 pub use types::*;
 pub use waitlist::{WaitlistState, WaitlistView};
 

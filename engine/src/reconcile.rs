@@ -57,7 +57,17 @@ pub enum Finding {
 }
 
 impl Finding {
-    /// A short label for metrics.
+    /// Every [`Finding::kind`], for metrics labels made ready before the first finding.
+    pub const KINDS: [&'static str; 6] = [
+        "section_inconsistent",
+        "sold_without_claim",
+        "claim_without_sale",
+        "order_not_paid",
+        "payment_on_several_orders",
+        "captured_without_order",
+    ];
+
+    /// A short label for metrics (one of [`Finding::KINDS`]).
     pub fn kind(&self) -> &'static str {
         match self {
             Finding::SectionInconsistent { .. } => "section_inconsistent",
@@ -80,8 +90,7 @@ pub(crate) struct Books<'a> {
     pub charges: &'a [Charge],
 }
 
-/// Everything that does not add up in `books` (pure: no IO). Also counts the findings in
-/// metrics and logs each.
+/// Everything that does not add up in `books` (pure: no IO; [`report`] counts and logs them).
 pub(crate) fn check(books: &Books<'_>) -> Vec<Finding> {
     let mut findings = Vec::new();
     let mut expected_claims: HashMap<String, String> = HashMap::new();
@@ -112,12 +121,16 @@ pub(crate) fn check(books: &Books<'_>) -> Vec<Finding> {
         }
     }
     check_payments(&orders, books.charges, &mut findings);
-    for f in &findings {
+    findings
+}
+
+/// Counts `findings` in metrics and logs each.
+pub(crate) fn report(findings: &[Finding]) {
+    for f in findings {
         metrics::counter!("boxoffice_reconcile_findings_total", "kind" => f.kind()).increment(1);
         tracing::error!(finding = ?f, "reconciliation finding");
     }
     metrics::gauge!("boxoffice_reconcile_last_findings").set(findings.len() as f64);
-    findings
 }
 
 /// Every order is paid by exactly one captured charge of its amount, and every captured charge

@@ -12,7 +12,9 @@
 //! mailbox) with every change, before the change's records go to the flusher, so a caller that
 //! got its reply reads its own change (or a later one); and, for the `as_of` time, when its
 //! queue runs empty or every [`SNAPSHOT_EVERY_MESSAGES`] messages. A snapshot is the counts and
-//! one byte per seat: a copy of a few KB at most.
+//! one byte per seat (up to 1 MB for the largest section), with its version (the last record
+//! of the stream it shows): readers that build something from a snapshot (the gateway's seat
+//! maps) rebuild only when the version moved.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -45,10 +47,15 @@ pub(crate) enum SectionMsg {
     ExpireHoldIfDue(HoldId, Reply<bool>),
     GetHold(HoldId, Reply<HoldView>),
     GetOrder(OrderId, Reply<OrderView>),
+    /// The places free now (neither held, sold nor withdrawn): what a best-available hold
+    /// may take. Answered in mailbox order, once everything before it is durable.
+    Available(Reply<u32>),
     /// A copy of the core, for invariant checks and tests.
     Inspect(Reply<Box<SectionCore>>),
     /// The earliest deadline of an active hold.
     NextDeadline(Reply<Option<u64>>),
+    /// How many active holds are past their deadline now (the sweeper's backlog).
+    PastDeadline(Reply<usize>),
     /// (holds remembered, of which ended): see [`SectionCore::remembered`].
     Remembered(Reply<(usize, usize)>),
     /// Test support: panic in the handler (as a failed invariant check would).
@@ -108,6 +115,8 @@ pub(crate) struct SectionState {
 struct Counters {
     labels: [(&'static str, String); 2],
     depth: metrics::Gauge,
+    /// Places by state (`available`, `held`, `sold`), set with every published snapshot.
+    places: [metrics::Gauge; 3],
     holds: Counter,
     confirms: Counter,
     releases: Counter,
@@ -118,13 +127,35 @@ struct Counters {
 impl Counters {
     fn new(event: &str, section: &str) -> Counters {
         let labels = [("event", event.to_owned()), ("section", section.to_owned())];
+        let place = |state: &'static str| {
+            metrics::gauge!(
+                "boxoffice_section_places",
+                "event" => event.to_owned(),
+                "section" => section.to_owned(),
+                "state" => state
+            )
+        };
+        let mut rejections = HashMap::new();
+        // Every reason at 0 from the section's start, not from its first refusal.
+        for r in Rejection::every() {
+            let reason = r.reason();
+            rejections.entry(reason).or_insert_with(|| {
+                metrics::counter!(
+                    "boxoffice_section_rejections_total",
+                    "event" => event.to_owned(),
+                    "section" => section.to_owned(),
+                    "reason" => reason
+                )
+            });
+        }
         Counters {
             depth: metrics::gauge!("boxoffice_section_mailbox_depth", &labels),
+            places: [place("available"), place("held"), place("sold")],
             holds: metrics::counter!("boxoffice_section_holds_total", &labels),
             confirms: metrics::counter!("boxoffice_section_confirms_total", &labels),
             releases: metrics::counter!("boxoffice_section_releases_total", &labels),
             expired: metrics::counter!("boxoffice_section_expired_total", &labels),
-            rejections: HashMap::new(),
+            rejections,
             labels,
         }
     }
@@ -156,11 +187,12 @@ impl SectionState {
         ended: Vec<HoldView>,
         reply: impl FnOnce(Result<(), StorageError>) + Send + 'static,
     ) {
+        let last_numbered = self.a.stream.next_seq - 1;
         if self.publish_due || !records.is_empty() {
             self.publish_due = false;
-            self.publish(self.a.clock.now_ms());
+            // The snapshot shows these records' change: its version is their last number.
+            self.publish(self.a.clock.now_ms(), last_numbered + records.len() as u64);
         }
-        let last_numbered = self.a.stream.next_seq - 1;
         if records.is_empty() && self.durable_seq.load(Ordering::Acquire) >= last_numbered {
             reply(Ok(()));
             return;
@@ -196,9 +228,14 @@ impl SectionState {
         );
     }
 
-    fn publish(&mut self, now_ms: u64) {
+    fn publish(&mut self, now_ms: u64, version: u64) {
         self.since_publish = 0;
-        let snap = self.a.core.snapshot(now_ms);
+        let snap = self.a.core.snapshot(now_ms, version);
+        // Three atomic stores: the gauges follow the published counts, no lock taken.
+        let [available, held, sold] = &self.counters.places;
+        available.set(f64::from(snap.available));
+        held.set(f64::from(snap.held));
+        sold.set(f64::from(snap.sold));
         self.a.snapshot.send_replace(Arc::new(snap));
     }
 }
@@ -249,7 +286,8 @@ impl Actor for SectionActor {
             reported_deadline: None,
         };
         let now = st.a.clock.now_ms();
-        st.publish(now);
+        let version = st.a.stream.next_seq - 1;
+        st.publish(now, version);
         Ok(st)
     }
 
@@ -298,11 +336,23 @@ impl Actor for SectionActor {
                         .ok_or(Rejection::OrderNotFound);
                 st.commit(Vec::new(), Vec::new(), Vec::new(), after(reply, answer));
             }
+            Some(SectionMsg::Available(reply)) => {
+                let (_, available, _, _) = st.a.core.counts();
+                st.commit(
+                    Vec::new(),
+                    Vec::new(),
+                    Vec::new(),
+                    after(reply, Ok(available)),
+                );
+            }
             Some(SectionMsg::Inspect(reply)) => {
                 send(reply, Ok(Box::new(st.a.core.clone())));
             }
             Some(SectionMsg::NextDeadline(reply)) => {
                 send(reply, Ok(st.a.core.next_deadline_ms()));
+            }
+            Some(SectionMsg::PastDeadline(reply)) => {
+                send(reply, Ok(st.a.core.holds_past_deadline(now)));
             }
             Some(SectionMsg::Remembered(reply)) => {
                 send(reply, Ok(st.a.core.remembered()));
@@ -433,7 +483,8 @@ impl SectionState {
         }
         // A message that committed nothing published nothing yet.
         if std::mem::take(&mut self.publish_due) {
-            self.publish(now);
+            let version = self.a.stream.next_seq - 1;
+            self.publish(now, version);
         }
     }
 }

@@ -46,6 +46,7 @@ pub(crate) enum Role {
 }
 
 impl Role {
+    /// One of [`ACTOR_KINDS`].
     fn kind(&self) -> &'static str {
         match self {
             Role::Section(..) => "section",
@@ -54,6 +55,9 @@ impl Role {
         }
     }
 }
+
+/// The kinds of supervised actors, as the `actor` label of the panic and restart counters.
+pub const ACTOR_KINDS: [&str; 3] = ["section", "waitlist", "ledger"];
 
 /// Supervised actors by id.
 pub(crate) type Roles = Arc<DashMap<ActorId, Role>>;

@@ -405,6 +405,10 @@ pub struct SectionSnapshot {
     pub seats: Vec<SeatStatus>,
     /// When this was true, ms since the Unix epoch.
     pub as_of_ms: u64,
+    /// The change it shows: the sequence number of the last record of the section's stream it
+    /// includes. Two snapshots with the same version show the same seats and counts; a change
+    /// always publishes a higher one (also across a restart of the section's actor).
+    pub version: u64,
 }
 
 /// Summary of a section in an event view.
@@ -483,7 +487,7 @@ pub struct SectionSeats {
     pub sold: u32,
     /// Seats, empty for general admission.
     pub seats: Vec<SeatView>,
-    /// When this section's snapshot was taken.
+    /// When this section's seats and counts were known true.
     pub as_of_ms: u64,
 }
 
@@ -492,7 +496,7 @@ pub struct SectionSeats {
 pub struct SeatMap {
     /// The event.
     pub event_id: EventId,
-    /// The oldest `as_of` of the sections shown: the whole map was true at least then.
+    /// When the whole map was known true (built from the latest snapshots: when it was read).
     pub as_of_ms: u64,
     /// Sections in event order.
     pub sections: Vec<SectionSeats>,

@@ -1,9 +1,10 @@
 //! The engine's waitlist calls: join, read, and the sweeper's offer bookkeeping, over the waitlist
 //! actor ([`crate::waitlist`]).
 
+use crate::catalog::EventEntry;
 use crate::engine::Engine;
 use crate::error::{EngineError, Rejection};
-use crate::section::Notice;
+use crate::section::{Notice, SectionMsg};
 use crate::types::{EventId, HoldId, SectionId, UserId, check_user_id};
 use crate::waitlist::{JoinRequest, WaitlistMsg, WaitlistState, WaitlistView};
 
@@ -21,7 +22,10 @@ impl Engine {
     }
 
     /// Joins an event's waitlist for `quantity` places (all or nothing) in `section` (`None`:
-    /// any). A fan has at most one active entry per event: joining again returns it.
+    /// any). A fan has at most one active entry per event: joining again returns it. Without
+    /// one, the join is refused with `PLACES_AVAILABLE` while `quantity` places are free to
+    /// hold in the section (in any one section, for any): the waitlist is for places that
+    /// cannot be held now.
     ///
     /// Runs to the end even if the caller stops waiting.
     pub async fn join_waitlist(
@@ -61,6 +65,12 @@ impl Engine {
             )
             .into());
         }
+        // A fan who has an active entry gets it back (a retry), whatever the places now.
+        if let Some(v) = self.active_waitlist_entry(event_id, user_id).await? {
+            return Ok(v);
+        }
+        self.refuse_if_places_free(&e, section.as_ref(), quantity)
+            .await?;
         let join = JoinRequest {
             entry_id: format!("{event_id}.w{}", ulid::Ulid::generate()),
             event_id: event_id.clone(),
@@ -82,11 +92,68 @@ impl Engine {
         Ok(view)
     }
 
+    /// `PLACES_AVAILABLE` if `quantity` places are free now in `section`, or in any one
+    /// section of the event for `None` (a hold, and an offer, never spans sections).
+    ///
+    /// Asked of the section actors themselves, in their mailbox order, not read from a
+    /// published snapshot: every hold, release and expiry they took before is counted. A
+    /// place freed after a section answered (a release racing this join) is not lost on the
+    /// fan: the join is followed by an offer of whatever is free then
+    /// ([`Notice::WaitlistJoined`]), as for any fan who waits.
+    async fn refuse_if_places_free(
+        &self,
+        event: &EventEntry,
+        section: Option<&SectionId>,
+        quantity: u32,
+    ) -> Result<(), EngineError> {
+        let sections: Vec<SectionId> = match section {
+            Some(s) => vec![s.clone()],
+            None => event
+                .sections
+                .iter()
+                .map(|s| s.section_id.clone())
+                .collect(),
+        };
+        for s in &sections {
+            let free = self.ask(event, s, SectionMsg::Available).await?;
+            if free >= quantity {
+                return Err(Rejection::PlacesAvailable.into());
+            }
+        }
+        Ok(())
+    }
+
     /// A waitlist entry.
     pub async fn waitlist_entry(&self, entry_id: &str) -> Result<WaitlistView, EngineError> {
         self.check_ready()?;
         let id = entry_id.to_owned();
         self.ask_waitlist(|reply| WaitlistMsg::Get(id, reply)).await
+    }
+
+    /// The fan's active (waiting or offered) entry for the event, if any: what joining again
+    /// would answer. Changes nothing (for callers that must answer a retry before re-checking
+    /// a permission that may have lapsed since: an admission window).
+    pub async fn active_waitlist_entry(
+        &self,
+        event_id: &EventId,
+        user_id: &UserId,
+    ) -> Result<Option<WaitlistView>, EngineError> {
+        self.check_ready()?;
+        let (e, u) = (event_id.clone(), user_id.clone());
+        self.ask_waitlist(|reply| WaitlistMsg::Active(e, u, reply))
+            .await
+    }
+
+    /// A waitlist entry, to its fan only: another user's entry is `ENTRY_NOT_FOUND`, exactly
+    /// as an unknown id is (an entry names the hold offered to its fan).
+    pub async fn waitlist_entry_of(
+        &self,
+        entry_id: &str,
+        user_id: &UserId,
+    ) -> Result<WaitlistView, EngineError> {
+        check_user_id(user_id)?;
+        let v = self.waitlist_entry(entry_id).await?;
+        crate::booking::owned_by(v, |v| &v.user_id, user_id, Rejection::EntryNotFound)
     }
 
     /// The first `n` waiting entries of an event that would take places of `section`.

@@ -199,35 +199,6 @@ pub fn section_kind(k: SectionKind) -> i32 {
     }) as i32
 }
 
-/// A seat map as the API shows it.
-pub fn seat_map(m: boxoffice_engine::SeatMap) -> pb::SeatMap {
-    pb::SeatMap {
-        event_id: m.event_id.0,
-        as_of_unix_ms: ms(m.as_of_ms),
-        sections: m
-            .sections
-            .into_iter()
-            .map(|s| pb::SectionSeats {
-                section_id: s.section_id.0,
-                capacity: s.capacity,
-                available: s.available,
-                held: s.held,
-                sold: s.sold,
-                seats: s
-                    .seats
-                    .into_iter()
-                    .map(|seat| pb::Seat {
-                        seat_id: seat.seat_id.0,
-                        row: seat.row,
-                        number: seat.number,
-                        status: seat_status(seat.status),
-                    })
-                    .collect(),
-            })
-            .collect(),
-    }
-}
-
 /// A waitlist entry as the API shows it.
 pub fn waitlist_entry(e: boxoffice_engine::WaitlistView) -> pb::WaitlistEntry {
     use boxoffice_engine::WaitlistState as S;

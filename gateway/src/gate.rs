@@ -6,14 +6,18 @@
 //! 3. answers `UNAVAILABLE` / `NOT_READY` while the server drains for shutdown;
 //! 4. sheds at once with `RESOURCE_EXHAUSTED` / `OVERLOADED` when `in_flight_max` calls are
 //!    already running, before any work is done;
-//! 5. records each call's latency by method and gRPC code.
+//! 5. answers `DEADLINE_EXCEEDED` when the caller's deadline (`grpc-timeout`) passes first;
+//! 6. records each call's outcome (`boxoffice_rpc_handled_total`) and latency
+//!    (`boxoffice_rpc_duration_seconds`) by method, gRPC code and `ErrorInfo` reason; the calls
+//!    in flight and the bound are read at each scrape ([`Gate::in_flight`],
+//!    [`Gate::in_flight_max`]).
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -87,6 +91,8 @@ pub struct Gate {
     in_flight: AtomicUsize,
     in_flight_max: usize,
     draining: AtomicBool,
+    /// The drain flag for those who wait on it (health watches end on it).
+    drain: tokio::sync::watch::Sender<bool>,
 }
 
 impl Gate {
@@ -97,17 +103,29 @@ impl Gate {
             in_flight: AtomicUsize::new(0),
             in_flight_max,
             draining: AtomicBool::new(false),
+            drain: tokio::sync::watch::Sender::new(false),
         }
     }
 
-    /// From now on new calls get `UNAVAILABLE`.
+    /// From now on new calls get `UNAVAILABLE`, and health watches end.
     pub fn start_draining(&self) {
         self.draining.store(true, Ordering::SeqCst);
+        self.drain.send_replace(true);
+    }
+
+    /// Turns true when the drain starts.
+    pub fn draining_signal(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.drain.subscribe()
     }
 
     /// Calls running now.
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Calls in flight past which new ones are shed with `OVERLOADED`.
+    pub fn in_flight_max(&self) -> usize {
+        self.in_flight_max
     }
 
     fn authenticate(&self, req: &http::Request<Body>) -> Result<(), ApiError> {
@@ -172,44 +190,38 @@ impl Drop for InFlight {
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
+/// The RPCs the gate labels by name (health and reflection pass it unmeasured); any other
+/// path is `other`. Bounded cardinality: only our own RPC names become labels.
+pub const METHODS: &[&str] = &[
+    "CreateEvent",
+    "GetEvent",
+    "ListEvents",
+    "GetSeatMap",
+    "Join",
+    "GetStatus",
+    "GetJoinChallenge",
+    "Hold",
+    "Confirm",
+    "Release",
+    "GetHold",
+    "GetOrder",
+    "JoinWaitlist",
+    "GetWaitlistEntry",
+    "other",
+];
+
 fn method_label(path: &str) -> &'static str {
-    // Bounded cardinality: only our own RPC names become labels.
-    const KNOWN: &[&str] = &[
-        "CreateEvent",
-        "GetEvent",
-        "ListEvents",
-        "GetSeatMap",
-        "Join",
-        "GetStatus",
-        "GetJoinChallenge",
-        "Hold",
-        "Confirm",
-        "Release",
-        "GetHold",
-        "GetOrder",
-        "JoinWaitlist",
-        "GetWaitlistEntry",
-        "Check",
-        "Watch",
-    ];
     let name = path.rsplit('/').next().unwrap_or("");
-    KNOWN
+    METHODS
         .iter()
         .find(|k| **k == name)
         .copied()
         .unwrap_or("other")
 }
 
-fn code_label(res: &http::Response<Body>) -> &'static str {
-    // Errors are trailers-only responses: the status is in the headers. No status header means
-    // the call went on to send a body and trailers: OK for our unary RPCs.
-    let code = res
-        .headers()
-        .get("grpc-status")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<i32>().ok())
-        .unwrap_or(0);
-    match tonic::Code::from_i32(code) {
+/// The label of a gRPC code: its name as the contract spells it.
+pub fn code_name(code: tonic::Code) -> &'static str {
+    match code {
         tonic::Code::Ok => "OK",
         tonic::Code::Cancelled => "CANCELLED",
         tonic::Code::InvalidArgument => "INVALID_ARGUMENT",
@@ -227,21 +239,38 @@ fn code_label(res: &http::Response<Body>) -> &'static str {
     }
 }
 
+/// The outcome of a call as labels: (code, reason). Errors are trailers-only responses: the
+/// status and its details are in the headers. No status header means the call went on to send
+/// a body and trailers: OK for our unary RPCs.
+fn outcome(res: &http::Response<Body>) -> (&'static str, &'static str) {
+    match tonic::Status::from_header_map(res.headers()) {
+        Some(s) if s.code() != tonic::Code::Ok => {
+            (code_name(s.code()), crate::status::reason_label(&s))
+        }
+        _ => ("OK", "none"),
+    }
+}
+
+/// Counts a finished call and records its latency, by method, code and reason.
+fn record(method: &'static str, res: &http::Response<Body>, started: Instant) {
+    let (code, reason) = outcome(res);
+    let labels = [("method", method), ("code", code), ("reason", reason)];
+    metrics::counter!("boxoffice_rpc_handled_total", &labels).increment(1);
+    metrics::histogram!("boxoffice_rpc_duration_seconds", &labels)
+        .record(started.elapsed().as_secs_f64());
+}
+
 /// tonic answers a request body it cannot decode (bad protobuf, invalid UTF-8, too large) with
 /// INTERNAL or OUT_OF_RANGE and no details; the contract says INVALID_ARGUMENT /
 /// INVALID_REQUEST.
 fn undecodable_as_invalid(res: http::Response<Body>) -> http::Response<Body> {
-    let header = |name: &str| {
-        res.headers()
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
+    // tonic percent-encodes `grpc-message`: read the status back as tonic parses it.
+    let Some(status) = tonic::Status::from_header_map(res.headers()) else {
+        return res;
     };
-    let code = header("grpc-status").and_then(|c| c.parse::<i32>().ok());
-    let message = header("grpc-message").unwrap_or_default();
-    let undecodable = match code {
-        Some(13) => message.contains("decode"),
-        Some(11) => message.contains("too large"),
+    let undecodable = match status.code() {
+        tonic::Code::Internal => status.message().contains("decode"),
+        tonic::Code::OutOfRange => status.message().contains("too large"),
         _ => false,
     };
     if !undecodable {
@@ -252,6 +281,36 @@ fn undecodable_as_invalid(res: http::Response<Body>) -> http::Response<Body> {
         "the message does not decode, or is too large",
     );
     tonic::Status::from(ApiError::from(r)).into_http()
+}
+
+/// The caller's deadline (`grpc-timeout`), shortened by a millisecond so it fires before
+/// tonic's timer for the same deadline (which answers `CANCELLED`). `None`: no deadline, or a
+/// header tonic will refuse anyway.
+fn client_deadline(headers: &http::HeaderMap) -> Option<Duration> {
+    let value = headers.get("grpc-timeout")?.to_str().ok()?;
+    if value.len() < 2 || value.len() > 9 {
+        return None;
+    }
+    let (digits, unit) = value.split_at(value.len() - 1);
+    let n: u64 = digits.parse().ok()?;
+    let d = match unit {
+        "H" => Duration::from_secs(n.checked_mul(3_600)?),
+        "M" => Duration::from_secs(n.checked_mul(60)?),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    };
+    Some(d.saturating_sub(Duration::from_millis(1)))
+}
+
+/// The answer to a call whose deadline passed: `DEADLINE_EXCEEDED`, no reason (docs/api.md 7.3).
+fn deadline_exceeded() -> http::Response<Body> {
+    tonic::Status::deadline_exceeded(
+        "the call's deadline (grpc-timeout) expired before it finished",
+    )
+    .into_http()
 }
 
 impl<S> Service<http::Request<Body>> for GateService<S>
@@ -281,8 +340,7 @@ where
         let gate = self.gate.clone();
         let refuse = |e: ApiError| -> Self::Future {
             let res = tonic::Status::from(e).into_http();
-            metrics::histogram!("boxoffice_rpc_duration_seconds", "method" => method, "code" => code_label(&res))
-                .record(started.elapsed().as_secs_f64());
+            record(method, &res, started);
             Box::pin(async move { Ok(res) })
         };
         if let Err(e) = gate.authenticate(&req) {
@@ -301,13 +359,22 @@ where
             metrics::counter!("boxoffice_gateway_shed_total", "scope" => "gate").increment(1);
             return refuse(ApiError::Overloaded("gate"));
         }
+        let deadline = client_deadline(req.headers());
         Box::pin(async move {
-            let res = inner.call(req).await;
+            let call = inner.call(req);
+            let res = match deadline {
+                // A call whose caller has given up is answered DEADLINE_EXCEEDED (tonic's own
+                // timeout would answer CANCELLED a moment later); the engine's work finishes on
+                // its own (engine calls are detached).
+                Some(d) => tokio::time::timeout(d, call)
+                    .await
+                    .unwrap_or_else(|_| Ok(deadline_exceeded())),
+                None => call.await,
+            };
             drop(guard);
             res.map(|r| {
                 let r = undecodable_as_invalid(r);
-                metrics::histogram!("boxoffice_rpc_duration_seconds", "method" => method, "code" => code_label(&r))
-                    .record(started.elapsed().as_secs_f64());
+                record(method, &r, started);
                 r
             })
         })
@@ -317,6 +384,25 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn client_deadlines_are_read_as_grpc_says() {
+        let of = |v: &str| {
+            let mut h = http::HeaderMap::new();
+            h.insert("grpc-timeout", http::HeaderValue::from_str(v).unwrap());
+            client_deadline(&h)
+        };
+        assert_eq!(of("5m"), Some(Duration::from_millis(4)));
+        assert_eq!(of("2S"), Some(Duration::from_millis(1_999)));
+        assert_eq!(of("1M"), Some(Duration::from_millis(59_999)));
+        assert_eq!(of("1H"), Some(Duration::from_millis(3_599_999)));
+        assert_eq!(of("300u"), Some(Duration::ZERO));
+        assert_eq!(of("99999999n"), Some(Duration::from_nanos(98_999_999)));
+        for bad in ["", "m", "5", "5x", "123456789m", "-5m", "5.0S"] {
+            assert_eq!(of(bad), None, "{bad:?}");
+        }
+        assert_eq!(client_deadline(&http::HeaderMap::new()), None);
+    }
 
     #[test]
     fn keys_have_scopes() {

@@ -10,6 +10,8 @@
 //! - [`gate`]: the tower layer: auth, draining, shedding, RPC metrics.
 //! - [`services`]: the four services over one shared [`Api`](services::Api).
 //! - [`convert`]: protobuf <-> engine types, validated once at the edge.
+//! - [`seat_maps`]: seat maps built once per change of a section, shared and sent pre-encoded,
+//!   within a response size limit.
 //! - [`status`]: every error's gRPC code and `ErrorInfo` reason.
 //! - [`waiting_room`]: the line, the opening shuffle, admission at a rate.
 //! - [`tokens`]: HMAC-signed queue and admission tokens (and join challenges).
@@ -17,12 +19,15 @@
 //! - [`tickets`]: Ed25519-signed e-ticket codes naming their key, verifiable offline; the key
 //!   ring in the data dir and its rotation.
 //! - [`metrics`]: the Prometheus endpoint.
+//! - [`health`]: `grpc.health.v1.Health` whose watches end when the drain starts.
 
 pub mod convert;
 pub mod gate;
+pub mod health;
 pub mod limits;
 pub mod metrics;
 pub mod pow;
+pub mod seat_maps;
 pub mod server;
 pub mod services;
 pub mod status;

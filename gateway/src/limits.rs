@@ -35,6 +35,28 @@ pub const QUEUE_MAX_DEFAULT: u32 = 2_000_000;
 pub const TICKET_KEYS_MAX: usize = 16;
 /// HTTP/2 streams one connection may have open at once.
 pub const STREAMS_PER_CONNECTION_MAX: u32 = 256;
+/// Default largest `GetSeatMap` response, bytes (`serve --seat-map-max-bytes`): a client's
+/// default receive limit (4 MiB in grpc-go and tonic). A whole event over it is refused
+/// (`SEAT_MAP_TOO_LARGE`); one section is answered in pages of whole rows within it.
+pub const SEAT_MAP_BYTES_DEFAULT: usize = 4 * 1024 * 1024;
+/// Smallest response limit a server may set: the largest row (1,000 seats with the longest
+/// ids and labels) fits in one page.
+pub const SEAT_MAP_BYTES_MIN: usize = 256 * 1024;
+/// Largest response limit a server may set.
+pub const SEAT_MAP_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// How long a section's built map is still answered after it was last known true, although
+/// the section changed since, ms (a map is reused for less than this): under a flash sale a big section's map is rebuilt at most
+/// about once per this, not with every hold. The contract's "a few seconds".
+pub const SEAT_MAP_STALENESS_MS_DEFAULT: u64 = 1_000;
+
+/// A section's built seat map that nobody read for this long is dropped (built again by the
+/// next read), ms: the maps kept are those in use.
+pub const SEAT_MAP_IDLE_MS: u64 = 60_000;
+
+/// Most bytes one seat takes in a seat map: its key and length (3), the id `section:row:n`
+/// with the longest ids (64 + 1 + 16 + 1 + 7) and its key and length (2), the row label (16
+/// + 2), the number (1 + 3) and the status (2).
+const SEAT_IN_MAP_BYTES_MAX: usize = 3 + (64 + 1 + 16 + 1 + 7) + 2 + 16 + 2 + 1 + 3 + 2;
 
 /// Base64 (no padding) length of `n` bytes.
 const fn base64_len(n: usize) -> usize {
@@ -62,4 +84,20 @@ const _: () = {
     assert!(JOIN_CHALLENGE_TTL_MS_DEFAULT > 0);
     // A rotation needs room for the old key and the new one.
     assert!(TICKET_KEYS_MAX >= 2);
+    // The smallest seat-map page holds the largest row with room for the headers.
+    assert!(
+        boxoffice_engine::limits::ID_LEN_MAX <= 64
+            && boxoffice_engine::limits::ROW_LABEL_LEN_MAX <= 16
+            && boxoffice_engine::limits::SEATS_PER_ROW_MAX <= 9_999_999
+    );
+    assert!(
+        SEAT_IN_MAP_BYTES_MAX * boxoffice_engine::limits::SEATS_PER_ROW_MAX as usize + 1_024
+            <= SEAT_MAP_BYTES_MIN
+    );
+    assert!(SEAT_MAP_BYTES_MIN <= SEAT_MAP_BYTES_DEFAULT);
+    assert!(SEAT_MAP_BYTES_DEFAULT <= SEAT_MAP_BYTES_MAX);
+    // A map is dropped only well after the staleness window.
+    assert!(SEAT_MAP_IDLE_MS >= 10 * SEAT_MAP_STALENESS_MS_DEFAULT);
 };
+/// Seconds a captured charge stays without a sale before the server refunds it (docs/api.md 3.3).
+pub const REFUND_GRACE_SECONDS_DEFAULT: u64 = 60;

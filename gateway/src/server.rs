@@ -20,7 +20,8 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use crate::gate::{Gate, GateLayer, Keys, Scope};
-use crate::services::{Api, BookingSvc, EventSvc, Ready, WaitingRoomSvc, WaitlistSvc};
+use crate::seat_maps::SeatMaps;
+use crate::services::{Api, BookingSvc, EventRoutes, Ready, WaitingRoomSvc, WaitlistSvc};
 use crate::tokens::TokenSigner;
 
 /// Largest request message decoded (see [`crate::limits`]).
@@ -59,8 +60,11 @@ pub struct ServerConfig {
     pub clock: Arc<dyn Clock>,
     /// Tests only: recovery waits until this is notified (to observe `NOT_SERVING`).
     pub recovery_gate: Option<Arc<Notify>>,
-    /// How often the reconciliation runs in the server (`None`: never).
+    /// How often the reconciliation runs in the server (`None`: never). Each pass also refunds
+    /// captured charges left without a sale for at least `refund_grace`.
     pub reconcile_every: Option<Duration>,
+    /// How long a captured charge stays without a sale before a reconciliation pass refunds it.
+    pub refund_grace: Duration,
     /// The log in this engine config's sink instead of the data dir (tests and simulations:
     /// `EngineConfig::with_sink(MemorySink::new())`). `None`: sled in `data_dir`.
     pub engine: Option<EngineConfig>,
@@ -70,6 +74,12 @@ pub struct ServerConfig {
     pub new_ticket_key: bool,
     /// What recovery does with a damaged log (`Strict`: refuse to start).
     pub recovery_mode: RecoveryMode,
+    /// Largest `GetSeatMap` response, bytes (kept within
+    /// [`SEAT_MAP_BYTES_MIN`](crate::limits::SEAT_MAP_BYTES_MIN) to
+    /// [`SEAT_MAP_BYTES_MAX`](crate::limits::SEAT_MAP_BYTES_MAX)).
+    pub seat_map_max_bytes: usize,
+    /// How long a section's seat map is still answered after it was last known true.
+    pub seat_map_staleness: Duration,
 }
 
 impl ServerConfig {
@@ -94,9 +104,12 @@ impl ServerConfig {
             clock: Arc::new(SystemClock),
             recovery_gate: None,
             reconcile_every: Some(Duration::from_secs(60)),
+            refund_grace: Duration::from_secs(crate::limits::REFUND_GRACE_SECONDS_DEFAULT),
             engine: None,
             new_ticket_key: false,
             recovery_mode: RecoveryMode::Strict,
+            seat_map_max_bytes: crate::limits::SEAT_MAP_BYTES_DEFAULT,
+            seat_map_staleness: Duration::from_millis(crate::limits::SEAT_MAP_STALENESS_MS_DEFAULT),
         }
     }
 }
@@ -167,12 +180,21 @@ fn grpc_router(
         impl tonic_health::pb::health_server::Health,
     >,
     ready: &Ready,
+    seat_map_max_bytes: usize,
 ) -> anyhow::Result<GrpcRouter> {
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(boxoffice_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .context("building the reflection service")?;
+    // The same descriptors over the older v1alpha protocol (grpcurl and most reflection
+    // clients ask for v1 first and fall back; some, like Python's, speak only v1alpha).
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(boxoffice_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .context("building the v1alpha reflection service")?;
+    let gzip = tonic::codec::CompressionEncoding::Gzip;
     let max = MESSAGE_BYTES_MAX;
     Ok(tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
@@ -182,39 +204,54 @@ fn grpc_router(
         .layer(GateLayer::new(gate.clone()))
         .add_service(health_service)
         .add_service(reflection)
-        .add_service(
-            pb::event_service_server::EventServiceServer::new(EventSvc(ready.clone()))
-                .max_decoding_message_size(max),
-        )
+        .add_service(reflection_v1alpha)
+        .add_service(EventRoutes::new(
+            ready.clone(),
+            max,
+            // A seat map at the limit, and the few bytes of framing a bound may miss.
+            seat_map_max_bytes + 1_024,
+        ))
         .add_service(
             pb::waiting_room_service_server::WaitingRoomServiceServer::new(WaitingRoomSvc(
                 ready.clone(),
             ))
-            .max_decoding_message_size(max),
+            .max_decoding_message_size(max)
+            .accept_compressed(gzip)
+            .send_compressed(gzip),
         )
         .add_service(
             pb::booking_service_server::BookingServiceServer::new(BookingSvc(ready.clone()))
-                .max_decoding_message_size(max),
+                .max_decoding_message_size(max)
+                .accept_compressed(gzip)
+                .send_compressed(gzip),
         )
         .add_service(
             pb::waitlist_service_server::WaitlistServiceServer::new(WaitlistSvc(ready.clone()))
-                .max_decoding_message_size(max),
+                .max_decoding_message_size(max)
+                .accept_compressed(gzip)
+                .send_compressed(gzip),
         ))
 }
 
-/// Binds and serves `/metrics` on `addr`; returns the bound address, the stop signal, the task.
-async fn serve_metrics(addr: std::net::SocketAddr) -> anyhow::Result<MetricsServing> {
+/// Binds and serves `/metrics` on `addr` (reading the gate's calls in flight at each scrape);
+/// returns the bound address, the stop signal, the task.
+async fn serve_metrics(
+    addr: std::net::SocketAddr,
+    gate: Arc<Gate>,
+) -> anyhow::Result<MetricsServing> {
     let l = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding the metrics address {addr}"))?;
     let maddr = l.local_addr()?;
     let handle = crate::metrics::install();
+    crate::metrics::set_in_flight(gate.in_flight(), gate.in_flight_max());
+    let collect = move || crate::metrics::set_in_flight(gate.in_flight(), gate.in_flight_max());
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
         let shutdown = async move {
             let _ = rx.await;
         };
-        if let Err(e) = crate::metrics::serve(l, handle, shutdown).await {
+        if let Err(e) = crate::metrics::serve(l, handle, collect, shutdown).await {
             tracing::error!(error = %e, "metrics endpoint failed");
         }
     });
@@ -229,10 +266,15 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
         .with_context(|| format!("binding the gRPC address {}", config.listen))?;
     let addr = listener.local_addr()?;
     let gate = Arc::new(Gate::new(keys_of(&config)?, config.in_flight_max));
-    let (health, health_service) = tonic_health::server::health_reporter();
+    let (health, _) = tonic_health::server::health_reporter();
+    let health_service = crate::health::service(&health, gate.draining_signal());
     set_health(&health, ServingStatus::NotServing).await;
     let ready: Ready = Arc::new(OnceLock::new());
-    let router = grpc_router(&gate, health_service, &ready)?;
+    let seat_map_max_bytes = config.seat_map_max_bytes.clamp(
+        crate::limits::SEAT_MAP_BYTES_MIN,
+        crate::limits::SEAT_MAP_BYTES_MAX,
+    );
+    let router = grpc_router(&gate, health_service, &ready, seat_map_max_bytes)?;
     let (stop_grpc, stop_rx) = oneshot::channel::<()>();
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let grpc_task = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async move {
@@ -242,8 +284,13 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
     let mut background = Vec::new();
     let (metrics_addr, stop_metrics) = match config.metrics_listen {
         Some(m) => {
-            let (addr, stop, task) = serve_metrics(m).await?;
+            let (addr, stop, task) = serve_metrics(m, gate.clone()).await?;
             background.push(task);
+            let ready = ready.clone();
+            background.push(crate::metrics::spawn_sampler(
+                config.data_dir.clone(),
+                move || ready.get().map(|api| api.engine.clone()),
+            ));
             (Some(addr), Some(stop))
         }
         None => (None, None),
@@ -312,25 +359,37 @@ async fn recover(
             return Err(e);
         }
     };
+    // The series of every recovered event, at 0 before its first call.
+    for e in engine.events().unwrap_or_default() {
+        crate::metrics::register_event(e.event_id.as_str());
+    }
     let api = Arc::new(Api::new(
         engine.clone(),
         TokenSigner::new(&config.token_secret),
         tickets,
         config.clock.clone(),
         config.queue_max,
+        SeatMaps::new(
+            config.seat_map_max_bytes,
+            u64::try_from(config.seat_map_staleness.as_millis()).unwrap_or(u64::MAX),
+        ),
         u64::try_from(config.join_challenge_ttl.as_millis()).unwrap_or(u64::MAX),
     ));
     if let Some(every) = config.reconcile_every {
-        // The periodic reconciliation: findings become a metric and a log line each.
+        // The periodic reconciliation: findings become a metric and a log line each; charges
+        // left without a sale are refunded once their grace has passed.
         let engine = engine.clone();
+        let grace = config.refund_grace;
         let task = tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             tick.tick().await;
             loop {
                 tick.tick().await;
-                match engine.reconcile().await {
-                    Ok(f) if f.is_empty() => tracing::debug!("reconciliation clean"),
-                    Ok(f) => tracing::error!(findings = f.len(), "reconciliation found problems"),
+                match engine.settle_and_reconcile(grace).await {
+                    Ok((f, _)) if f.is_empty() => tracing::debug!("reconciliation clean"),
+                    Ok((f, _)) => {
+                        tracing::error!(findings = f.len(), "reconciliation found problems")
+                    }
                     Err(boxoffice_engine::EngineError::NotReady) => break,
                     Err(e) => tracing::warn!(error = %e, "reconciliation could not run"),
                 }

@@ -12,6 +12,7 @@ use tonic::{Request, Response, Status};
 
 use crate::convert;
 use crate::pow::{JoinChallenges, spawn_pruner};
+use crate::seat_maps::{SeatMapAsk, SeatMapReply, SeatMaps};
 use crate::status::ApiError;
 use crate::tokens::{Claims, TokenError, TokenKind, TokenSigner, seed_commitment};
 use crate::waiting_room::{JoinError, RoomConfig, Standing, WaitingRoom, spawn_admitter};
@@ -36,6 +37,8 @@ pub struct Api {
     pub queue_max: u32,
     /// Signs e-ticket codes.
     pub tickets: crate::tickets::TicketSigner,
+    /// Seat maps, built once per change and shared.
+    pub seat_maps: SeatMaps,
     /// Join challenges (the proof of work before `Join`) and the set of used ones.
     pub challenges: Arc<JoinChallenges>,
     rooms: DashMap<EventId, Arc<WaitingRoom>>,
@@ -52,6 +55,7 @@ impl Api {
         tickets: crate::tickets::TicketSigner,
         clock: Arc<dyn Clock>,
         queue_max: u32,
+        seat_maps: SeatMaps,
         join_challenge_ttl_ms: u64,
     ) -> Api {
         let challenges = Arc::new(JoinChallenges::new(join_challenge_ttl_ms));
@@ -62,6 +66,7 @@ impl Api {
             tickets,
             clock,
             queue_max,
+            seat_maps,
             challenges,
             rooms: DashMap::new(),
             admitters: DashMap::new(),
@@ -159,7 +164,8 @@ impl Api {
         }
     }
 
-    /// Checks the admission token of a hold: bound to the event and user, admitted, in window.
+    /// Checks the admission token of a hold or a waitlist join: bound to the event and user,
+    /// admitted, in window.
     /// A queue token is accepted too once its position is admitted.
     fn check_admission(&self, token: &str, event: &EventTerms, user: &str) -> Result<(), ApiError> {
         convert::required_token("admission_token", token)?;
@@ -233,12 +239,15 @@ fn event_id(field: &str, v: String) -> Result<EventId, ApiError> {
 impl pb::event_service_server::EventService for EventSvc {
     async fn create_event(&self, req: Request<pb::CreateEventRequest>) -> Rpc<pb::Event> {
         let api = ready(&self.0)?;
-        let spec = convert::event_spec(req.into_inner()).map_err(ApiError::from)?;
+        let mut req = req.into_inner();
+        let key = std::mem::take(&mut req.idempotency_key);
+        let spec = convert::event_spec(req).map_err(ApiError::from)?;
         let e = api
             .engine
-            .create_event(spec)
+            .create_event_keyed(spec, &key)
             .await
             .map_err(ApiError::from)?;
+        crate::metrics::register_event(e.event_id.as_str());
         ok(api.event_proto(e))
     }
 
@@ -290,16 +299,119 @@ impl pb::event_service_server::EventService for EventSvc {
         })
     }
 
+    /// Served by [`EventRoutes`] from the shared pre-encoded maps; this decodes the same answer
+    /// into a message for a server that mounts the generated service alone.
     async fn get_seat_map(&self, req: Request<pb::GetSeatMapRequest>) -> Rpc<pb::SeatMap> {
-        let api = ready(&self.0)?;
-        let req = req.into_inner();
-        let id = event_id("event_id", req.event_id)?;
-        let section = (!req.section_id.is_empty()).then_some(SectionId(req.section_id));
-        let map = api
-            .engine
-            .seat_map(&id, section.as_ref())
-            .map_err(ApiError::from)?;
-        ok(convert::seat_map(map))
+        use prost::Message as _;
+        let reply = seat_map_reply(&self.0, req.into_inner()).await?;
+        let map = pb::SeatMap::decode(reply.encode_to_vec().as_slice())
+            .map_err(|e| Status::internal(format!("a seat map that does not decode: {e}")))?;
+        ok(map)
+    }
+}
+
+/// `GetSeatMap`: the shared maps of the sections asked for, within the response limit.
+async fn seat_map_reply(r: &Ready, req: pb::GetSeatMapRequest) -> Result<SeatMapReply, Status> {
+    let api = ready(r)?;
+    let ask = SeatMapAsk {
+        event_id: event_id("event_id", req.event_id)?,
+        section: (!req.section_id.is_empty()).then_some(SectionId(req.section_id)),
+        first_row: req.first_row,
+    };
+    Ok(api
+        .seat_maps
+        .read(&api.engine, api.clock.as_ref(), ask)
+        .await?)
+}
+
+/// `GetSeatMap` as the server answers it: the pre-encoded maps, written out as a `SeatMap`.
+#[derive(Clone)]
+struct SeatMapMethod(Ready);
+
+impl tonic::server::UnaryService<pb::GetSeatMapRequest> for SeatMapMethod {
+    type Response = SeatMapReply;
+    type Future = BoxFuture<Response<SeatMapReply>, Status>;
+
+    fn call(&mut self, req: Request<pb::GetSeatMapRequest>) -> Self::Future {
+        let ready = self.0.clone();
+        Box::pin(async move {
+            Ok(Response::new(
+                seat_map_reply(&ready, req.into_inner()).await?,
+            ))
+        })
+    }
+}
+
+type BoxFuture<T, E> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, E>> + Send>>;
+
+use tonic::codec::CompressionEncoding;
+
+/// `EventService` as mounted (gzip accepted and offered, as on every service): the generated
+/// service, except `GetSeatMap`, which answers with
+/// [`SeatMapReply`] (the same bytes on the wire as `SeatMap`, written from shared pre-encoded
+/// sections instead of a message built per reader).
+#[derive(Clone)]
+pub struct EventRoutes {
+    inner: pb::event_service_server::EventServiceServer<EventSvc>,
+    ready: Ready,
+    decode_max: usize,
+    encode_max: usize,
+}
+
+impl EventRoutes {
+    /// The service over `ready`, decoding requests up to `decode_max` bytes and encoding seat
+    /// maps up to `encode_max`.
+    pub fn new(ready: Ready, decode_max: usize, encode_max: usize) -> EventRoutes {
+        EventRoutes {
+            inner: pb::event_service_server::EventServiceServer::new(EventSvc(ready.clone()))
+                .max_decoding_message_size(decode_max)
+                .accept_compressed(CompressionEncoding::Gzip)
+                .send_compressed(CompressionEncoding::Gzip),
+            ready,
+            decode_max,
+            encode_max,
+        }
+    }
+}
+
+impl tonic::server::NamedService for EventRoutes {
+    const NAME: &'static str = "boxoffice.v1.EventService";
+}
+
+/// The path of `GetSeatMap`.
+const GET_SEAT_MAP: &str = "/boxoffice.v1.EventService/GetSeatMap";
+
+impl<B> tower::Service<http::Request<B>> for EventRoutes
+where
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        if req.uri().path() != GET_SEAT_MAP {
+            return tower::Service::call(&mut self.inner, req);
+        }
+        let method = SeatMapMethod(self.ready.clone());
+        let (decode_max, encode_max) = (self.decode_max, self.encode_max);
+        Box::pin(async move {
+            let codec = tonic_prost::ProstCodec::<SeatMapReply, pb::GetSeatMapRequest>::default();
+            let mut gzip = tonic::codec::EnabledCompressionEncodings::default();
+            gzip.enable(CompressionEncoding::Gzip);
+            let mut grpc = tonic::server::Grpc::new(codec)
+                .apply_compression_config(gzip, gzip)
+                .apply_max_message_size_config(Some(decode_max), Some(encode_max));
+            Ok(grpc.unary(method, req).await)
+        })
     }
 }
 
@@ -555,11 +667,12 @@ impl pb::booking_service_server::BookingService for BookingSvc {
 
     async fn get_hold(&self, req: Request<pb::GetHoldRequest>) -> Rpc<pb::Hold> {
         let api = ready(&self.0)?;
-        let id = req.into_inner().hold_id;
-        required("hold_id", &id)?;
+        let req = req.into_inner();
+        required("hold_id", &req.hold_id)?;
+        user_id(&req.user_id)?;
         let h = api
             .engine
-            .get_hold(&HoldId(id))
+            .get_hold_of(&HoldId(req.hold_id), &UserId(req.user_id))
             .await
             .map_err(ApiError::from)?;
         ok(convert::hold(h))
@@ -567,11 +680,12 @@ impl pb::booking_service_server::BookingService for BookingSvc {
 
     async fn get_order(&self, req: Request<pb::GetOrderRequest>) -> Rpc<pb::Order> {
         let api = ready(&self.0)?;
-        let id = req.into_inner().order_id;
-        required("order_id", &id)?;
+        let req = req.into_inner();
+        required("order_id", &req.order_id)?;
+        user_id(&req.user_id)?;
         let o = api
             .engine
-            .get_order(&OrderId(id))
+            .get_order_of(&OrderId(req.order_id), &UserId(req.user_id))
             .await
             .map_err(ApiError::from)?;
         ok(convert::order(o, &api.tickets))
@@ -590,10 +704,27 @@ impl pb::waitlist_service_server::WaitlistService for WaitlistSvc {
                 ApiError::from(Rejection::invalid("quantity", "must be at least 1")).into(),
             );
         }
+        let event = api.engine.event_terms(&id).map_err(ApiError::from)?;
+        let user = UserId(req.user_id);
+        // Behind the line, as `Hold` is: the same admission, checked the same way.
+        if let Err(e) = api.check_admission(&req.admission_token, &event, user.as_str()) {
+            // A retry after the window closed still finds the entry the first call made (the
+            // token is expired, but genuine and bound to this event and user).
+            if e == ApiError::TokenExpired
+                && let Some(entry) = api
+                    .engine
+                    .active_waitlist_entry(&id, &user)
+                    .await
+                    .map_err(ApiError::from)?
+            {
+                return ok(convert::waitlist_entry(entry));
+            }
+            return Err(e.into());
+        }
         let section = (!req.section_id.is_empty()).then_some(SectionId(req.section_id));
         let entry = api
             .engine
-            .join_waitlist(&id, &UserId(req.user_id), section, req.quantity)
+            .join_waitlist(&id, &user, section, req.quantity)
             .await
             .map_err(ApiError::from)?;
         ok(convert::waitlist_entry(entry))
@@ -604,11 +735,12 @@ impl pb::waitlist_service_server::WaitlistService for WaitlistSvc {
         req: Request<pb::GetWaitlistEntryRequest>,
     ) -> Rpc<pb::WaitlistEntry> {
         let api = ready(&self.0)?;
-        let id = req.into_inner().entry_id;
-        required("entry_id", &id)?;
+        let req = req.into_inner();
+        required("entry_id", &req.entry_id)?;
+        user_id(&req.user_id)?;
         let entry = api
             .engine
-            .waitlist_entry(&id)
+            .waitlist_entry_of(&req.entry_id, &UserId(req.user_id))
             .await
             .map_err(ApiError::from)?;
         ok(convert::waitlist_entry(entry))

@@ -34,6 +34,15 @@ pub enum ApiError {
     Unauthenticated,
     /// A client key on an admin RPC.
     PermissionDenied,
+    /// A whole-event seat map larger than one response may be.
+    SeatMapTooLarge {
+        /// The event.
+        event_id: String,
+        /// The map's size, bytes (an upper bound: at most about 110 bytes per section above it).
+        size: usize,
+        /// The largest response, bytes.
+        limit: usize,
+    },
 }
 
 impl From<EngineError> for ApiError {
@@ -84,7 +93,8 @@ fn rejection_status(r: &Rejection) -> Status {
         | Rejection::HoldExpired
         | Rejection::HoldNotActive
         | Rejection::PaymentDeclined
-        | Rejection::IdempotencyKeyReused => Code::FailedPrecondition,
+        | Rejection::IdempotencyKeyReused
+        | Rejection::PlacesAvailable => Code::FailedPrecondition,
         Rejection::IdempotencyKeyInFlight => Code::Aborted,
         Rejection::UserLimit { limit, used } => {
             meta.insert("limit".to_owned(), limit.to_string());
@@ -193,7 +203,92 @@ impl From<ApiError> for Status {
                 "missing or unknown API key: send `authorization: Bearer <key>`",
             ),
             ApiError::PermissionDenied => Status::permission_denied("this RPC needs an admin key"),
+            ApiError::SeatMapTooLarge {
+                event_id,
+                size,
+                limit,
+            } => status(
+                Code::ResourceExhausted,
+                "SEAT_MAP_TOO_LARGE",
+                format!(
+                    "the seat map of event {event_id} takes {size} bytes, over the {limit}-byte \
+                     limit of a response: ask for one section at a time (section_id), and for \
+                     the rest of a large section from next_first_row (first_row)"
+                ),
+                HashMap::from([
+                    ("size".to_owned(), size.to_string()),
+                    ("limit".to_owned(), limit.to_string()),
+                ]),
+            ),
         }
+    }
+}
+
+/// One error of every kind the API answers: every rejection of the engine, every other engine
+/// error, every error of the gateway's own. `every_error_kind_is_listed` checks none is missing.
+fn every_error() -> Vec<ApiError> {
+    let mut all: Vec<ApiError> = Rejection::every().into_iter().map(ApiError::from).collect();
+    all.extend([
+        ApiError::Engine(EngineError::Overloaded("section")),
+        ApiError::Engine(EngineError::NotReady),
+        ApiError::Engine(EngineError::Storage(StorageError::Io(String::new()))),
+        ApiError::Engine(EngineError::PaymentUnavailable {
+            timeout: true,
+            reason: String::new(),
+        }),
+        ApiError::Engine(EngineError::PaymentUnavailable {
+            timeout: false,
+            reason: String::new(),
+        }),
+        ApiError::TokenInvalid("token"),
+        ApiError::TokenExpired,
+        ApiError::NotAdmitted,
+        ApiError::QueueFull,
+        ApiError::Overloaded("gate"),
+        ApiError::NotReady,
+        ApiError::Unauthenticated,
+        ApiError::PermissionDenied,
+        ApiError::SeatMapTooLarge {
+            event_id: String::new(),
+            size: 0,
+            limit: 0,
+        },
+        ApiError::Pow(crate::pow::PowError::Required),
+        ApiError::Pow(crate::pow::PowError::Invalid),
+        ApiError::Pow(crate::pow::PowError::Expired),
+        ApiError::Pow(crate::pow::PowError::Reused),
+    ]);
+    all
+}
+
+/// Every `ErrorInfo.reason` the server answers, each with its gRPC code, in the order of
+/// [`every_error`], each once: the one list of reasons (docs/api.md section 7.2 is checked
+/// against it). Derived from the mapping above, so it cannot drift from what clients get.
+pub fn reasons() -> &'static [(String, Code)] {
+    static REASONS: std::sync::OnceLock<Vec<(String, Code)>> = std::sync::OnceLock::new();
+    REASONS.get_or_init(|| {
+        let mut out: Vec<(String, Code)> = Vec::new();
+        for e in every_error() {
+            let s = Status::from(e);
+            if let Some(reason) = reason_of(&s)
+                && !out.iter().any(|(r, _)| *r == reason)
+            {
+                out.push((reason, s.code()));
+            }
+        }
+        out
+    })
+}
+
+/// The reason as a metrics label: one of [`reasons`], `none` for a status without one,
+/// `other` for one not in the list (never a caller's text: the label set stays bounded).
+pub fn reason_label(status: &Status) -> &'static str {
+    match reason_of(status) {
+        None => "none",
+        Some(r) => reasons()
+            .iter()
+            .find(|(known, _)| *known == r)
+            .map_or("other", |(known, _)| known.as_str()),
     }
 }
 
@@ -238,6 +333,7 @@ mod tests {
             (Rejection::HoldNotActive, Code::FailedPrecondition),
             (Rejection::PaymentDeclined, Code::FailedPrecondition),
             (Rejection::IdempotencyKeyReused, Code::FailedPrecondition),
+            (Rejection::PlacesAvailable, Code::FailedPrecondition),
             (Rejection::IdempotencyKeyInFlight, Code::Aborted),
             (
                 Rejection::UserLimit { limit: 4, used: 3 },
@@ -258,6 +354,92 @@ mod tests {
         let details = s.get_error_details();
         let violations = &details.bad_request().expect("BadRequest").field_violations;
         assert_eq!(violations[0].field, "sections[0].name");
+    }
+
+    /// Exhaustive over every kind of error: a new kind must be placed here, and then the
+    /// test fails until `every_error` lists it.
+    fn kind(e: &ApiError) -> usize {
+        match e {
+            ApiError::Engine(EngineError::Rejected(_)) => 0,
+            ApiError::Engine(EngineError::Overloaded(_)) => 1,
+            ApiError::Engine(EngineError::NotReady) => 2,
+            ApiError::Engine(EngineError::Storage(_)) => 3,
+            ApiError::Engine(EngineError::PaymentUnavailable { timeout: true, .. }) => 4,
+            ApiError::Engine(EngineError::PaymentUnavailable { timeout: false, .. }) => 5,
+            ApiError::TokenInvalid(_) => 6,
+            ApiError::TokenExpired => 7,
+            ApiError::NotAdmitted => 8,
+            ApiError::QueueFull => 9,
+            ApiError::Overloaded(_) => 10,
+            ApiError::NotReady => 11,
+            ApiError::Unauthenticated => 12,
+            ApiError::PermissionDenied => 13,
+            ApiError::SeatMapTooLarge { .. } => 14,
+            ApiError::Pow(_) => 15,
+        }
+    }
+
+    #[test]
+    fn every_error_kind_is_listed() {
+        let mut seen: Vec<usize> = every_error().iter().map(kind).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen, (0..16).collect::<Vec<_>>());
+    }
+
+    /// The reasons table of docs/api.md (section 7.2) is the list the server answers: the same
+    /// reasons, each with the same code, and the count it states.
+    #[test]
+    fn the_documented_reasons_are_the_answered_ones() {
+        let doc = include_str!("../../docs/api.md");
+        let start = doc.find("### 7.2 Reasons").expect("section 7.2");
+        let end = start + doc[start..].find("### 7.3").expect("section 7.3");
+        let table = &doc[start..end];
+        let mut documented: Vec<(String, String)> = table
+            .lines()
+            .filter_map(|l| {
+                let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+                let reason = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
+                let code = cells.get(2)?.strip_prefix('`')?.strip_suffix('`')?;
+                Some((reason.to_owned(), code.to_owned()))
+            })
+            .collect();
+        let mut answered: Vec<(String, String)> = reasons()
+            .iter()
+            .map(|(r, c)| {
+                // `Code`'s Debug is CamelCase; the contract spells codes in SCREAMING_SNAKE.
+                let mut name = String::new();
+                for (i, ch) in format!("{c:?}").chars().enumerate() {
+                    if ch.is_ascii_uppercase() && i > 0 {
+                        name.push('_');
+                    }
+                    name.push(ch.to_ascii_uppercase());
+                }
+                (r.clone(), name)
+            })
+            .collect();
+        assert!(
+            table.contains(&format!("That is {} reasons.", answered.len())),
+            "section 7.2 states another count than {}",
+            answered.len()
+        );
+        documented.sort();
+        answered.sort();
+        assert_eq!(documented, answered);
+    }
+
+    #[test]
+    fn reason_labels_are_bounded() {
+        let sold_out: Status = ApiError::from(Rejection::SoldOut).into();
+        assert_eq!(reason_label(&sold_out), "SOLD_OUT");
+        assert_eq!(reason_label(&Status::unauthenticated("no key")), "none");
+        let foreign = status(
+            Code::FailedPrecondition,
+            "SOMEONE_ELSES_REASON",
+            String::new(),
+            HashMap::new(),
+        );
+        assert_eq!(reason_label(&foreign), "other");
     }
 
     #[test]
@@ -298,6 +480,15 @@ mod tests {
                 ApiError::Pow(crate::pow::PowError::Reused),
                 Code::FailedPrecondition,
                 "POW_REUSED",
+            ),
+            (
+                ApiError::SeatMapTooLarge {
+                    event_id: "e".into(),
+                    size: 5_000_000,
+                    limit: 4_194_304,
+                },
+                Code::ResourceExhausted,
+                "SEAT_MAP_TOO_LARGE",
             ),
             (
                 ApiError::Overloaded("gate"),

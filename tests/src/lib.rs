@@ -2,10 +2,12 @@
 //! manual clock, small event layouts, and the rooms the tests share: a real gRPC server that
 //! stops on drop ([`server`]), polling with a bound instead of sleeping ([`wait`]), tables of
 //! calls that must be refused ([`cases`]), crash children ([`child`]), and a real server in a
-//! child process, to kill with SIGKILL ([`server_process`]).
+//! child process, to kill with SIGKILL ([`server_process`]), and a payment provider that holds
+//! charges until the test lets them through ([`payments`]).
 
 pub mod cases;
 pub mod child;
+pub mod payments;
 pub mod server;
 pub mod server_process;
 pub mod wait;

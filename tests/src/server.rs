@@ -77,6 +77,10 @@ pub struct TestServerBuilder {
     memory_log: Option<Arc<boxoffice_engine::MemorySink>>,
     new_ticket_key: bool,
     wait: bool,
+    settlement: Option<(Option<Duration>, Duration)>,
+    payments: Option<Arc<dyn boxoffice_engine::PaymentProvider>>,
+    seat_map_max_bytes: Option<usize>,
+    seat_map_staleness: Duration,
 }
 
 impl TestServerBuilder {
@@ -105,9 +109,37 @@ impl TestServerBuilder {
         self
     }
 
+    /// The reconciliation pass runs `every` (`None`: never, the test calls
+    /// `Engine::settle_and_reconcile` itself) and refunds charges without a sale after `grace`
+    /// (`serve --reconcile-seconds`, `--refund-grace-seconds`).
+    pub fn settlement(mut self, every: Option<Duration>, grace: Duration) -> Self {
+        self.settlement = Some((every, grace));
+        self
+    }
+
+    /// Charges through `provider` instead of the simulated one in the data dir.
+    pub fn payments(mut self, provider: Arc<dyn boxoffice_engine::PaymentProvider>) -> Self {
+        self.payments = Some(provider);
+        self
+    }
+
     /// At most `n` fans in a waiting-room line.
     pub fn queue_max(mut self, n: u32) -> Self {
         self.queue_max = Some(n);
+        self
+    }
+
+    /// `GetSeatMap` answers at most `n` bytes (`serve --seat-map-max-bytes`).
+    pub fn seat_map_max_bytes(mut self, n: usize) -> Self {
+        self.seat_map_max_bytes = Some(n);
+        self
+    }
+
+    /// A section's seat map is reused for `window` after it was last known true although the
+    /// section changed since (the server's default is 1 s; test servers use 0, so every read
+    /// shows every change before it).
+    pub fn seat_map_staleness(mut self, window: Duration) -> Self {
+        self.seat_map_staleness = window;
         self
     }
 
@@ -149,10 +181,26 @@ impl TestServerBuilder {
         if let Some(n) = self.in_flight_max {
             config.in_flight_max = n;
         }
+        if let Some(n) = self.seat_map_max_bytes {
+            config.seat_map_max_bytes = n;
+        }
+        config.seat_map_staleness = self.seat_map_staleness;
         config.new_ticket_key = self.new_ticket_key;
+        if let Some((every, grace)) = self.settlement {
+            config.reconcile_every = every;
+            config.refund_grace = grace;
+        }
         if let Some(sink) = self.memory_log {
             config.engine =
                 Some(boxoffice_engine::EngineConfig::with_sink(sink).expect("a memory log"));
+        }
+        if let Some(p) = self.payments {
+            let mut ec = config
+                .engine
+                .take()
+                .unwrap_or_else(|| boxoffice_engine::EngineConfig::new(home.path()));
+            ec.payments = Some(p);
+            config.engine = Some(ec);
         }
         let gated = self.recovery_gate.is_some();
         config.recovery_gate = self.recovery_gate;
@@ -216,6 +264,10 @@ impl TestServer {
             memory_log: None,
             new_ticket_key: false,
             wait: true,
+            settlement: None,
+            payments: None,
+            seat_map_max_bytes: None,
+            seat_map_staleness: Duration::ZERO,
         }
     }
 
@@ -242,6 +294,11 @@ impl TestServer {
     /// The manual clock of the server.
     pub fn clock(&self) -> &Arc<ManualClock> {
         self.home.clock()
+    }
+
+    /// The gRPC address.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.running.get().addr
     }
 
     /// The address of the metrics endpoint.

@@ -31,9 +31,14 @@ use crate::{Bearer, Clients, connect};
 
 /// The variable naming the data dir of the child's server.
 pub const DIR_VAR: &str = "BOXOFFICE_SERVER_PROCESS_DIR";
+/// Set (to anything) for a child whose server also serves `/metrics` on `127.0.0.1:0`: a
+/// process of its own has a metrics recorder of its own, untouched by other tests.
+pub const METRICS_VAR: &str = "BOXOFFICE_SERVER_PROCESS_METRICS";
 
 /// The child's line once it serves: this, a space, the gRPC address.
 const SERVING: &str = "SERVER-PROCESS-SERVING";
+/// The child's line before [`SERVING`] when it serves metrics: this, a space, their address.
+const METRICS: &str = "SERVER-PROCESS-METRICS";
 /// The child's line when its server did not start: this, a space, why.
 const FAILED: &str = "SERVER-PROCESS-FAILED";
 /// The command on the child's stdin that asks for an audit.
@@ -52,7 +57,8 @@ pub fn serve(dir: &str) {
     crate::on_runtime(async move {
         let mut config = ServerConfig::new(ADMIN, CLIENT, SECRET);
         config.listen = SocketAddr::from(([127, 0, 0, 1], 0));
-        config.metrics_listen = None;
+        config.metrics_listen =
+            std::env::var_os(METRICS_VAR).map(|_| SocketAddr::from(([127, 0, 0, 1], 0)));
         config.data_dir = dir.into();
         config.grace = Duration::from_secs(1);
         config.reconcile_every = None; // the parent asks for audits when it wants them
@@ -66,6 +72,9 @@ pub fn serve(dir: &str) {
         let Some(engine) = running.engine() else {
             return println!("{FAILED} no engine after recovery");
         };
+        if let Some(m) = running.metrics_addr {
+            println!("{METRICS} {m}");
+        }
         println!("{SERVING} {}", running.addr);
         // Commands come on stdin, read by a plain thread (blocking reads) and handed over.
         let (tx, mut commands) = tokio::sync::mpsc::unbounded_channel();
@@ -138,6 +147,7 @@ pub struct Audit {
 pub struct ServerProcess {
     child: ChildTest,
     addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
     channel: Channel,
 }
 
@@ -146,12 +156,32 @@ impl ServerProcess {
     /// and connects; or says why the server did not start (its recovery refused the data dir,
     /// or the process ended).
     pub async fn start(test: String, dir: &Path) -> anyhow::Result<ServerProcess> {
-        let mut child = ChildTest::spawn(test, &[(DIR_VAR, dir.as_os_str())]);
+        Self::start_with(test, dir, &[]).await
+    }
+
+    /// [`ServerProcess::start`] for a server that also serves `/metrics`
+    /// ([`ServerProcess::metrics_addr`]).
+    pub async fn start_with_metrics(test: String, dir: &Path) -> anyhow::Result<ServerProcess> {
+        Self::start_with(test, dir, &[(METRICS_VAR, "1".as_ref())]).await
+    }
+
+    async fn start_with(
+        test: String,
+        dir: &Path,
+        envs: &[(&str, &std::ffi::OsStr)],
+    ) -> anyhow::Result<ServerProcess> {
+        let mut all = vec![(DIR_VAR, dir.as_os_str())];
+        all.extend_from_slice(envs);
+        let mut child = ChildTest::spawn(test, &all);
+        let mut metrics_addr = None;
         let addr = tokio::task::block_in_place(|| {
             loop {
                 let Some(line) = child.next_line() else {
                     anyhow::bail!("the server process ended before serving");
                 };
+                if let Some(addr) = line.strip_prefix(METRICS) {
+                    metrics_addr = Some(addr.trim().parse::<SocketAddr>()?);
+                }
                 if let Some(addr) = line.strip_prefix(SERVING) {
                     break Ok(addr.trim().parse::<SocketAddr>()?);
                 }
@@ -164,6 +194,7 @@ impl ServerProcess {
         Ok(ServerProcess {
             child,
             addr,
+            metrics_addr,
             channel,
         })
     }
@@ -171,6 +202,11 @@ impl ServerProcess {
     /// The gRPC address.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The metrics address (a server started with [`ServerProcess::start_with_metrics`]).
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
     }
 
     /// Clients with the admin key.

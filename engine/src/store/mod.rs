@@ -37,7 +37,7 @@ pub mod superblock;
 
 pub use memory::MemorySink;
 pub use sink::{Claim, LogSink, StreamSink};
-pub use sled_sink::{SledSink, open_db};
+pub use sled_sink::{DiskUsage, SledSink, disk_usage, open_db};
 pub use superblock::{Marks, SuperblockRead};
 
 /// When an acknowledged write is durable.

@@ -332,15 +332,55 @@ fn copy_before_open(dir: &Path, deadline: Instant) -> Result<(), StorageError> {
     Ok(())
 }
 
+/// Whether `name` in a data dir is one of sled's own files (`db`, `conf`, `snap.*`).
+fn is_sled_file(name: &str) -> bool {
+    name == SLED_DATA_FILE || name == "conf" || name.starts_with("snap.")
+}
+
+/// sled's own dir of large values.
+const SLED_BLOBS_DIR: &str = "blobs";
+
+/// What a data dir takes on disk, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DiskUsage {
+    /// The log: sled's files (`db`, `conf`, `snap.*`, `blobs/`) and the superblock.
+    pub log: u64,
+    /// Everything under the data dir (the log, ticket keys, kept copies of a damaged log).
+    pub total: u64,
+}
+
+/// Walks `dir` (a missing dir takes 0 bytes): sizes of files, as `metadata().len()` says.
+pub fn disk_usage(dir: &Path) -> DiskUsage {
+    let mut usage = DiskUsage::default();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return usage;
+    };
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let bytes = match entry.file_type() {
+            Ok(t) if t.is_dir() => disk_usage(&entry.path()).total,
+            Ok(_) => entry.metadata().map_or(0, |m| m.len()),
+            Err(_) => 0,
+        };
+        usage.total += bytes;
+        if is_sled_file(&name)
+            || name == SLED_BLOBS_DIR
+            || super::superblock::FILES.contains(&name.as_str())
+        {
+            usage.log += bytes;
+        }
+    }
+    usage
+}
+
 /// sled's own files and dirs: `db`, `conf`, `snap.*`, `blobs/`.
 fn copy_sled_files(from: &Path, to: &Path) -> std::io::Result<()> {
     for entry in std::fs::read_dir(from)? {
         let entry = entry?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        let sled_file = name == SLED_DATA_FILE || name == "conf" || name.starts_with("snap.");
-        if sled_file && entry.file_type()?.is_file() {
+        if is_sled_file(&name) && entry.file_type()?.is_file() {
             std::fs::copy(entry.path(), to.join(&name))?;
-        } else if name == "blobs" && entry.file_type()?.is_dir() {
+        } else if name == SLED_BLOBS_DIR && entry.file_type()?.is_dir() {
             std::fs::create_dir_all(to.join(&name))?;
             copy_sled_files_all(&entry.path(), &to.join(&name))?;
         }
@@ -366,4 +406,33 @@ fn entries(tree: &sled::Tree) -> Result<Vec<(String, Vec<u8>)>, StorageError> {
             Ok((String::from_utf8_lossy(&k).into_owned(), v.to_vec()))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disk_usage_tells_the_log_from_the_rest() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let write = |name: &str, n: usize| {
+            let path = dir.path().join(name);
+            std::fs::create_dir_all(path.parent().expect("a parent")).expect("mkdir");
+            std::fs::write(path, vec![0u8; n]).expect("write");
+        };
+        write("db", 10);
+        write("conf", 1);
+        write("snap.0000001", 2);
+        write("blobs/17", 4);
+        write("superblock.0", 3);
+        write("superblock.1", 3);
+        write("ticket-signing.key", 5);
+        write("damaged-1/db", 7);
+        let usage = disk_usage(dir.path());
+        assert_eq!(usage, DiskUsage { log: 23, total: 35 });
+        assert_eq!(
+            disk_usage(&dir.path().join("missing")),
+            DiskUsage::default()
+        );
+    }
 }

@@ -9,7 +9,7 @@ use super::core::{Decision, JoinRequest};
 use super::{WaitlistCore, WaitlistRecord, WaitlistState, WaitlistView};
 use crate::error::{EngineError, Rejection, StorageError};
 use crate::store::{Store, StreamWriter};
-use crate::types::{EventId, HoldId, SectionId};
+use crate::types::{EventId, HoldId, SectionId, UserId};
 
 type Reply<T> = RpcReplyPort<Result<T, EngineError>>;
 
@@ -17,6 +17,8 @@ type Reply<T> = RpcReplyPort<Result<T, EngineError>>;
 pub(crate) enum WaitlistMsg {
     Join(JoinRequest, usize, Reply<WaitlistView>),
     Get(String, Reply<WaitlistView>),
+    /// The fan's active (waiting or offered) entry for the event, if any.
+    Active(EventId, UserId, Reply<Option<WaitlistView>>),
     Candidates(EventId, Option<SectionId>, usize, Reply<Vec<WaitlistView>>),
     Offer(String, HoldId, Reply<WaitlistView>),
     End(String, WaitlistState, Reply<WaitlistView>),
@@ -112,6 +114,9 @@ impl Actor for WaitlistActor {
             }
             WaitlistMsg::Get(id, reply) => {
                 let _ = reply.send(st.core.view(&id).ok_or(Rejection::EntryNotFound.into()));
+            }
+            WaitlistMsg::Active(event, user, reply) => {
+                let _ = reply.send(Ok(st.core.active_of(&event, &user)));
             }
             WaitlistMsg::Candidates(event, section, n, reply) => {
                 let _ = reply.send(Ok(st.core.candidates(&event, section.as_ref(), n)));

@@ -3,18 +3,21 @@
 //! sold-seat claims against the orders. Nothing in the data dir is changed: the check runs on a
 //! copy (sled's own start-up may rewrite its files).
 //!
-//! Exit codes: 0 the log is whole, 1 damage found (each named), 2 the check could not run (no
-//! such dir, no log in it, a server holds it, a copy failed). A missing dir is an error, never a
-//! clean store.
+//! Exit codes (the table of every subcommand, [`crate::Exit`]): 0 the log is whole, 1 damage
+//! found (each named) or the check failed while running (the copy, or sled cannot open the
+//! log), 2 there is nothing to check (no such dir, no log in it, a server holds it). A missing
+//! dir is an error, never a clean store.
 //!
 //! The same report, as JSON, is what `serve --accept-damage REPORT_FILE` writes.
 
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
+use boxoffice_drill::secret::UsageError;
 use boxoffice_engine::{Findings, SledSink, verify_log};
+
+use crate::Exit;
 
 /// Flags of `boxoffice check-log`.
 #[derive(clap::Args, Debug)]
@@ -22,46 +25,55 @@ pub struct CheckLogArgs {
     /// The data dir to check (a stopped server's).
     #[arg(long, env = "BOXOFFICE_DATA_DIR")]
     data_dir: PathBuf,
-    /// Print the report as JSON instead of text.
-    #[arg(long)]
-    json: bool,
+    /// The report as JSON: `--json` alone prints it instead of the text; `--json FILE` prints
+    /// the text and also writes the JSON to FILE, as the drills' `--json FILE` do.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
+    json: Option<PathBuf>,
 }
 
-/// Exit code when the check found damage.
-const DAMAGED: u8 = 1;
-/// Exit code when the check could not run.
-const CANNOT_RUN: u8 = 2;
-
 /// Runs the subcommand; its exit code.
-pub fn run(args: CheckLogArgs) -> ExitCode {
+pub fn run(args: CheckLogArgs) -> Exit {
     match check(&args.data_dir) {
         Err(e) => {
-            eprintln!("error: cannot check {}: {e:#}", args.data_dir.display());
-            ExitCode::from(CANNOT_RUN)
+            crate::error(format_args!(
+                "cannot check {}: {e:#}",
+                args.data_dir.display()
+            ));
+            crate::error_exit(&e)
         }
         Ok(findings) => {
-            if args.json {
-                println!("{:#}", report(&args.data_dir, &findings, "check-log"));
-            } else {
-                print_text(&findings);
+            match &args.json {
+                Some(path) if path.as_os_str() == "-" => {
+                    println!("{:#}", report(&args.data_dir, &findings, "check-log"));
+                }
+                Some(path) => {
+                    print_text(&findings);
+                    let json = report(&args.data_dir, &findings, "check-log");
+                    if let Err(e) = std::fs::write(path, format!("{json:#}\n")) {
+                        crate::error(format_args!("writing {}: {e}", path.display()));
+                        return Exit::Failed;
+                    }
+                }
+                None => print_text(&findings),
             }
             if findings.damage.is_empty() {
-                ExitCode::SUCCESS
+                Exit::Ok
             } else {
-                ExitCode::from(DAMAGED)
+                Exit::Failed
             }
         }
     }
 }
 
-/// Checks `data_dir` on a copy; errors if the check cannot run.
+/// Checks `data_dir` on a copy; errors if the check cannot run (a [`UsageError`] when there is
+/// nothing to check).
 fn check(data_dir: &Path) -> anyhow::Result<Findings> {
     if !data_dir.is_dir() {
-        bail!("no data dir there");
+        return Err(UsageError::new("no data dir there").into());
     }
     let db = data_dir.join("db");
     if !db.is_file() {
-        bail!("no boxoffice log in it (no `db` file)");
+        return Err(UsageError::new("no boxoffice log in it (no `db` file)").into());
     }
     // sled holds an exclusive flock on `db` while a server runs: refuse rather than copy a log
     // that is being written.
@@ -70,7 +82,7 @@ fn check(data_dir: &Path) -> anyhow::Result<Findings> {
     match file.try_lock() {
         Ok(()) => {}
         Err(std::fs::TryLockError::WouldBlock) => {
-            bail!("a running server holds it: stop the server first")
+            return Err(UsageError::new("a running server holds it: stop the server first").into());
         }
         Err(std::fs::TryLockError::Error(e)) => return Err(e).context("locking `db`"),
     }

@@ -1,13 +1,20 @@
 //! `boxoffice loadgen`: drives a running server (`boxoffice_drill::loadgen`) and prints the
-//! throughput and latency of each RPC.
-
-use std::process::ExitCode;
+//! throughput and latency of each RPC. Every call of the run is expected to succeed: if any
+//! failed, a summary on stderr and exit code 1.
 
 use boxoffice_drill::loadgen::{self, LoadgenArgs};
 
+use crate::Exit;
+
 /// Runs the subcommand; its exit code.
-pub async fn run(args: LoadgenArgs) -> anyhow::Result<ExitCode> {
+pub async fn run(args: LoadgenArgs) -> anyhow::Result<Exit> {
     let report = loadgen::run(args).await?;
     print!("{report}");
-    Ok(ExitCode::SUCCESS)
+    match report.failures() {
+        None => Ok(Exit::Ok),
+        Some(what) => {
+            crate::error(format_args!("loadgen: FAILED: {what}"));
+            Ok(Exit::Failed)
+        }
+    }
 }

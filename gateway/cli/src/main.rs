@@ -15,10 +15,18 @@
 //! - `boxoffice check-log` ([`check_log`]): the offline integrity check of a data dir's log.
 //! - `boxoffice soak` ([`soak`]): hold + release cycles against an in-process engine; resident
 //!   memory and the data dir's size, also after a restart.
+//!
+//! One vocabulary across subcommands: the same flag and variable for the same thing (keys as a
+//! value or in a `-file`, `-seconds`/`-ms` flags in the unit of their name), one table of exit
+//! codes ([`Exit`], shown by every `--help`), logs as text (colour only on a terminal) or JSON
+//! (`--log-format json`).
 
+use std::fmt::Display;
+use std::io::IsTerminal;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 mod check_log;
 mod flash_sale;
@@ -34,6 +42,51 @@ mod ticket;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// The exit codes of every subcommand (the table [`EXIT_CODES`] is in every `--help` and in
+/// README.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// 0: done, nothing found.
+    Ok = 0,
+    /// 1: findings or failed checks (reconcile's findings, check-log's damage, a ticket that is
+    /// not genuine, loadgen's failed calls), or an error while running (a server unreachable, a
+    /// file that cannot be written).
+    Failed = 1,
+    /// 2: usage: a bad flag or value (clap's own errors too), an unreadable or empty key file, a
+    /// value and its file both given, nothing to work on (no log in the data dir, the data dir
+    /// held by a running server). Nothing was done.
+    Usage = 2,
+    /// 3: a broken promise: a seat oversold or sold twice, an acknowledged sale lost, places
+    /// that do not add up (the checks of flash-sale, sessions and soak).
+    BrokenPromise = 3,
+}
+
+impl From<Exit> for ExitCode {
+    fn from(e: Exit) -> ExitCode {
+        ExitCode::from(e as u8)
+    }
+}
+
+/// The exit-code table of every subcommand's `--help`.
+pub const EXIT_CODES: &str = "\
+Exit codes:
+  0  ok
+  1  findings or failed checks (reconcile findings, check-log damage, a ticket not genuine,
+     loadgen calls that failed), or an error while running
+  2  usage: a bad flag or value, an unreadable or empty key file, a value and its file both
+     given, nothing to work on (no log in the data dir, a server holds it)
+  3  a broken promise: a seat oversold or sold twice, an acknowledged sale lost, places that
+     do not add up (flash-sale, sessions, soak)";
+
+/// How log lines (stderr) are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines; colour only when stderr is a terminal and NO_COLOR is not set.
+    Text,
+    /// One JSON object per line (timestamp, level, target, fields).
+    Json,
+}
+
 #[derive(Parser, Debug)]
 #[command(
     name = "boxoffice",
@@ -41,6 +94,16 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
     about = "Flash-sale ticket inventory engine"
 )]
 struct Cli {
+    /// Log lines on stderr as text or as JSON (one object per line). Levels: RUST_LOG
+    /// (default warn).
+    #[arg(
+        long,
+        global = true,
+        env = "BOXOFFICE_LOG_FORMAT",
+        value_enum,
+        default_value_t = LogFormat::Text
+    )]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -49,45 +112,108 @@ struct Cli {
 enum Command {
     /// Run the gRPC server (health and reflection on the same port, metrics on their own).
     Serve(serve::ServeArgs),
-    /// Run a flash sale end to end against an embedded engine and check every seat.
+    /// Run a flash sale end to end against an embedded engine and check every seat. Exits 3 if
+    /// the sale broke a promise.
     FlashSale(boxoffice_drill::flash_sale::FlashSaleArgs),
-    /// Drive a running server with concurrent streams; report throughput and latency.
+    /// Drive a running server with concurrent streams; report throughput and latency. Exits 1
+    /// if any call failed.
     Loadgen(boxoffice_drill::loadgen::LoadgenArgs),
     /// Hold 50,000 checkout sessions (200,000 places across events) open at once, then pay or
-    /// release them; embedded server by default. Exits 2 if the counts do not add up.
+    /// release them; embedded server by default. Exits 3 if the places do not add up.
     Sessions(boxoffice_drill::sessions::SessionsArgs),
     /// E-tickets: list the public keys, verify a ticket code offline, or rotate the signing key.
     #[command(subcommand)]
     Ticket(ticket::TicketCommand),
     /// Check sold seats against orders, payments and the backstop (offline: the server must be
-    /// stopped). Exits 1 if anything does not add up.
+    /// stopped). Exits 1 if anything does not add up, 2 if there is no log.
     Reconcile(reconcile::ReconcileArgs),
     /// Check a stopped server's log offline: streams, counts, gaps, checksums, the backstop
-    /// against the orders. Exits 0 if whole, 1 on any damage, 2 if the check cannot run.
+    /// against the orders. Exits 0 if whole, 1 on any damage, 2 if there is no log to check
+    /// (or a server holds it).
     CheckLog(check_log::CheckLogArgs),
     /// Hold and release places again and again (1,000,000 cycles by default) against an
     /// in-process engine; report resident memory along the way and after a restart, and the
-    /// data dir's size. Exits 2 if the counts do not add up.
+    /// data dir's size. Exits 3 if places leaked.
     Soak(boxoffice_drill::soak::SoakArgs),
 }
 
+/// The command line with the exit-code table after every (sub)command's help.
+fn command() -> clap::Command {
+    fn with_exit_codes(cmd: clap::Command) -> clap::Command {
+        cmd.after_help(EXIT_CODES).mut_subcommands(with_exit_codes)
+    }
+    with_exit_codes(Cli::command())
+}
+
+/// Whether log lines are JSON (`--log-format json`): then the command's own errors and warnings
+/// are log events too, so that every stderr line is JSON.
+static LOG_JSON: AtomicBool = AtomicBool::new(false);
+
+/// Says on stderr that the command failed: `error: MESSAGE`, or an ERROR event with
+/// `--log-format json`.
+pub fn error(message: impl Display) {
+    if LOG_JSON.load(Ordering::Relaxed) {
+        tracing::error!("{message}");
+    } else {
+        eprintln!("error: {message}");
+    }
+}
+
+/// Warns on stderr: `warning: MESSAGE`, or a WARN event with `--log-format json`.
+pub fn warn(message: impl Display) {
+    if LOG_JSON.load(Ordering::Relaxed) {
+        tracing::warn!("{message}");
+    } else {
+        eprintln!("warning: {message}");
+    }
+}
+
+/// Log lines on stderr: `RUST_LOG` levels (default warn), text or JSON; colour only when stderr
+/// is a terminal and `NO_COLOR` is unset or empty.
+fn init_logging(format: LogFormat) {
+    LOG_JSON.store(format == LogFormat::Json, Ordering::Relaxed);
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder
+            .with_ansi(colour(std::io::stderr().is_terminal()))
+            .init(),
+        LogFormat::Json => builder.json().with_ansi(false).init(),
+    }
+}
+
+/// Whether to colour: on a terminal, unless `NO_COLOR` is set to anything but empty.
+fn colour(terminal: bool) -> bool {
+    terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+/// The exit code of a subcommand's error: [`Exit::Usage`] for a usage error, else
+/// [`Exit::Failed`].
+fn error_exit(e: &anyhow::Error) -> Exit {
+    if boxoffice_drill::secret::is_usage(e) {
+        Exit::Usage
+    } else {
+        Exit::Failed
+    }
+}
+
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let cli = Cli::parse();
+    let cli = match Cli::from_arg_matches(&command().get_matches()) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    init_logging(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
+            error(format_args!("cannot start the runtime: {e}"));
+            return Exit::Failed.into();
         }
     };
     let result = match cli.command {
@@ -97,14 +223,44 @@ fn main() -> ExitCode {
         Command::Sessions(args) => runtime.block_on(sessions::run(args)),
         Command::Ticket(command) => runtime.block_on(ticket::run(command)),
         Command::Reconcile(args) => runtime.block_on(reconcile::run(args)),
-        Command::CheckLog(args) => return check_log::run(args),
+        Command::CheckLog(args) => Ok(check_log::run(args)),
         Command::Soak(args) => runtime.block_on(soak::run(args)),
     };
     match result {
-        Ok(code) => code,
+        Ok(code) => code.into(),
         Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            error(format_args!("{e:#}"));
+            error_exit(&e).into()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_are_the_documented_ones() {
+        assert_eq!(Exit::Ok as u8, 0);
+        assert_eq!(Exit::Failed as u8, 1);
+        assert_eq!(Exit::Usage as u8, 2);
+        assert_eq!(Exit::BrokenPromise as u8, 3);
+        let usage = anyhow::Error::new(boxoffice_drill::secret::UsageError::new("bad"))
+            .context("reading the keys");
+        assert_eq!(error_exit(&usage), Exit::Usage);
+        assert_eq!(error_exit(&anyhow::anyhow!("unreachable")), Exit::Failed);
+        for line in ["0  ok", "1  findings", "2  usage", "3  a broken promise"] {
+            assert!(EXIT_CODES.contains(line), "{line}");
+        }
+    }
+
+    #[test]
+    fn no_colour_off_a_terminal() {
+        assert!(!colour(false));
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        command().debug_assert();
     }
 }

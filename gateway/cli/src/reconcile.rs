@@ -1,12 +1,14 @@
 //! `boxoffice reconcile`: the reconciliation of a stopped server's data dir: every sold seat has
-//! one order, one claim and one captured payment. Exit code 1 on any finding, 2 if there is no
-//! log to reconcile (a missing dir is an error, not a clean store).
+//! one order, one claim and one captured payment. Exit code 1 on any finding, 2 (usage) if there
+//! is no log to reconcile (a missing dir is an error, not a clean store).
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 use anyhow::Context;
+use boxoffice_drill::secret::UsageError;
 use boxoffice_engine::{Engine, EngineConfig};
+
+use crate::Exit;
 
 /// Flags of `boxoffice reconcile`.
 #[derive(clap::Args, Debug)]
@@ -17,15 +19,15 @@ pub struct ReconcileArgs {
 }
 
 /// Runs the subcommand; its exit code.
-pub async fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
+pub async fn run(args: ReconcileArgs) -> anyhow::Result<Exit> {
     let data_dir = args.data_dir;
     // A data dir that is not there is an error, never a clean (empty) store.
     if !data_dir.join("db").is_file() {
-        eprintln!(
-            "error: no boxoffice log in {} (no such dir, or no `db` file in it)",
+        return Err(UsageError::new(format!(
+            "no boxoffice log in {} (no such dir, or no `db` file in it)",
             data_dir.display()
-        );
-        return Ok(ExitCode::from(2));
+        ))
+        .into());
     }
     let engine = Engine::open(EngineConfig::new(&data_dir))
         .await
@@ -37,11 +39,11 @@ pub async fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
         println!(
             "reconciliation clean: {orders} orders, every sold seat has one order, one claim and one captured payment"
         );
-        return Ok(ExitCode::SUCCESS);
+        return Ok(Exit::Ok);
     }
     for f in &findings {
         println!("FINDING {}: {f:?}", f.kind());
     }
     println!("{} findings", findings.len());
-    Ok(ExitCode::FAILURE)
+    Ok(Exit::Failed)
 }

@@ -1,21 +1,32 @@
 //! `boxoffice serve`: the gRPC server with no setup needed (generated keys, a data dir under the
 //! current directory), draining on SIGTERM or Ctrl-C. Every flag also reads a `BOXOFFICE_*`
-//! variable.
+//! variable; every key and the token secret can also be given in a file (`--admin-key-file`,
+//! `BOXOFFICE_ADMIN_KEY_FILE`, ...), as Docker and Kubernetes mount secrets.
+//!
+//! Names: the flag and the variable of a key are singular, as the clients' (`--admin-key`,
+//! `BOXOFFICE_ADMIN_KEY`); the server takes several: the flag repeated, the variable
+//! comma-separated, the file one per line. The old plural variables (`BOXOFFICE_ADMIN_KEYS`,
+//! `BOXOFFICE_CLIENT_KEYS`, and their `_FILE`s) and `--section-inflight-max`
+//! (`BOXOFFICE_SECTION_INFLIGHT_MAX`) are still read when the canonical names are not given.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
 use base64::Engine as _;
+use boxoffice_drill::secret::{self, UsageError};
 use boxoffice_engine::limits::{
     IDEMPOTENCY_WINDOW_MS_DEFAULT, IDEMPOTENCY_WINDOW_MS_MAX, IDEMPOTENCY_WINDOW_MS_MIN,
 };
 use boxoffice_engine::{Durability, Engine, EngineError, RecoveryMode, StorageError};
+use boxoffice_gateway::limits::REFUND_GRACE_SECONDS_DEFAULT;
+use boxoffice_gateway::limits::{SEAT_MAP_BYTES_DEFAULT, SEAT_MAP_BYTES_MAX, SEAT_MAP_BYTES_MIN};
 use boxoffice_gateway::server::{self, ServerConfig};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use rand::RngCore;
+
+use crate::Exit;
 
 /// Flags of `boxoffice serve`.
 #[derive(clap::Args, Debug)]
@@ -33,28 +44,44 @@ pub struct ServeArgs {
     /// Data dir of the write-ahead log (created if missing; replayed on start).
     #[arg(long, env = "BOXOFFICE_DATA_DIR", default_value = "boxoffice-data")]
     data_dir: PathBuf,
-    /// API key with admin scope (repeatable; comma-separated in the variable). None given:
-    /// one is generated and printed.
+    /// API key with admin scope (repeatable; comma-separated in the variable). None given
+    /// (nor a file): one is generated and printed.
     #[arg(
         long = "admin-key",
-        env = "BOXOFFICE_ADMIN_KEYS",
+        env = "BOXOFFICE_ADMIN_KEY",
         value_delimiter = ',',
-        hide_env_values = true
+        hide_env_values = true,
+        conflicts_with = "admin_key_file"
     )]
     admin_keys: Vec<String>,
-    /// API key with client scope (repeatable; comma-separated in the variable). None given:
-    /// one is generated and printed.
+    /// A file of API keys with admin scope, one per line.
+    #[arg(long, env = "BOXOFFICE_ADMIN_KEY_FILE", hide_env_values = true)]
+    admin_key_file: Option<PathBuf>,
+    /// API key with client scope (repeatable; comma-separated in the variable). None given
+    /// (nor a file): one is generated and printed.
     #[arg(
         long = "client-key",
-        env = "BOXOFFICE_CLIENT_KEYS",
+        env = "BOXOFFICE_CLIENT_KEY",
         value_delimiter = ',',
-        hide_env_values = true
+        hide_env_values = true,
+        conflicts_with = "client_key_file"
     )]
     client_keys: Vec<String>,
-    /// Secret that signs queue and admission tokens (and derives shuffle seeds). None given:
-    /// a random one, so tokens do not survive a restart.
-    #[arg(long, env = "BOXOFFICE_TOKEN_SECRET", hide_env_values = true)]
+    /// A file of API keys with client scope, one per line.
+    #[arg(long, env = "BOXOFFICE_CLIENT_KEY_FILE", hide_env_values = true)]
+    client_key_file: Option<PathBuf>,
+    /// Secret that signs queue and admission tokens (and derives shuffle seeds). None given
+    /// (nor a file): a random one, so tokens do not survive a restart.
+    #[arg(
+        long,
+        env = "BOXOFFICE_TOKEN_SECRET",
+        hide_env_values = true,
+        conflicts_with = "token_secret_file"
+    )]
     token_secret: Option<String>,
+    /// A file holding the token secret (trailing newline trimmed).
+    #[arg(long, env = "BOXOFFICE_TOKEN_SECRET_FILE", hide_env_values = true)]
+    token_secret_file: Option<PathBuf>,
     /// sync: fsync (group commit) before every acknowledgement; buffered: benchmarks only,
     /// a crash can lose the last ~500 ms of acknowledged work.
     #[arg(
@@ -67,12 +94,28 @@ pub struct ServeArgs {
     /// Calls in flight at once before the gate sheds with RESOURCE_EXHAUSTED / OVERLOADED.
     #[arg(long, env = "BOXOFFICE_IN_FLIGHT_MAX", default_value_t = 4_096)]
     in_flight_max: usize,
-    /// Requests queued per section actor before shedding.
-    #[arg(long, env = "BOXOFFICE_SECTION_INFLIGHT_MAX", default_value_t = 10_000)]
-    section_inflight_max: usize,
+    /// Requests queued per section actor before shedding [default: 10000].
+    #[arg(
+        long,
+        alias = "section-inflight-max",
+        env = "BOXOFFICE_SECTION_IN_FLIGHT_MAX"
+    )]
+    section_in_flight_max: Option<usize>,
     /// Fans per waiting room before Join answers QUEUE_FULL.
     #[arg(long, env = "BOXOFFICE_QUEUE_MAX", default_value_t = 2_000_000)]
     queue_max: u32,
+    /// Largest GetSeatMap response, bytes (262144 to 67108864). A whole-event map over it is
+    /// refused with RESOURCE_EXHAUSTED / SEAT_MAP_TOO_LARGE; one section is answered in pages
+    /// of whole rows within it.
+    #[arg(
+        long,
+        env = "BOXOFFICE_SEAT_MAP_MAX_BYTES",
+        default_value_t = SEAT_MAP_BYTES_DEFAULT,
+        value_parser = clap::value_parser!(u64)
+            .range(SEAT_MAP_BYTES_MIN as u64..=SEAT_MAP_BYTES_MAX as u64)
+            .try_map(usize::try_from)
+    )]
+    seat_map_max_bytes: usize,
     /// Seconds a join challenge (the proof of work before Join, for events that ask for one)
     /// stays valid from GetJoinChallenge (1 to 86400).
     #[arg(
@@ -98,6 +141,10 @@ pub struct ServeArgs {
     /// Seconds between reconciliation runs in the server (0: never).
     #[arg(long, env = "BOXOFFICE_RECONCILE_SECONDS", default_value_t = 60)]
     reconcile_seconds: u64,
+    /// Seconds a captured charge stays without a sale (its hold released or expired, no order
+    /// paid by it) before the reconciliation pass refunds it.
+    #[arg(long, env = "BOXOFFICE_REFUND_GRACE_SECONDS", default_value_t = REFUND_GRACE_SECONDS_DEFAULT)]
+    refund_grace_seconds: u64,
     /// Start with a new ticket signing key when the data dir's key is missing although tickets
     /// were sold (those tickets verify only if their public keys are kept in
     /// `ticket-public-keys/`). Without it such a start is refused.
@@ -112,14 +159,19 @@ pub struct ServeArgs {
 }
 
 /// Serves until SIGTERM or Ctrl-C, then drains.
-pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+pub async fn run(args: ServeArgs) -> anyhow::Result<Exit> {
+    // Keys and flags first: a usage error opens nothing.
     let accept_damage = args.accept_damage.clone();
+    let config = config(args)?;
     if let Some(path) = &accept_damage {
         // Fail before touching the log if the report cannot be written.
-        std::fs::write(path, b"")
-            .with_context(|| format!("--accept-damage: cannot write {}", path.display()))?;
+        std::fs::write(path, b"").map_err(|e| {
+            UsageError::new(format!(
+                "--accept-damage: cannot write {}: {e}",
+                path.display()
+            ))
+        })?;
     }
-    let config = config(args);
     let data_dir = config.data_dir.clone();
     let mut running = server::start(config).await?;
     println!(
@@ -140,12 +192,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
                     )
                 });
                 if damaged {
-                    eprintln!(
+                    crate::error(format_args!(
                         "the log in {dir} is damaged and was left as it is: \
                          `boxoffice check-log --data-dir {dir}` lists everything found; \
                          `boxoffice serve --accept-damage REPORT_FILE` starts from what is there",
                         dir = data_dir.display()
-                    );
+                    ));
                 }
                 running.shutdown().await.ok();
                 return Err(e.context("recovery failed"));
@@ -158,14 +210,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         () = shutdown_signal() => {
             println!("signal during recovery: stopping");
             running.shutdown().await?;
-            return Ok(ExitCode::SUCCESS);
+            return Ok(Exit::Ok);
         }
     }
     shutdown_signal().await;
     println!("draining...");
     running.shutdown().await?;
     println!("stopped; log flushed");
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::Ok)
 }
 
 /// Writes what recovery found and did (`--accept-damage`).
@@ -189,10 +241,64 @@ fn write_damage_report(path: &Path, data_dir: &Path, engine: &Engine) -> anyhow:
     Ok(())
 }
 
-/// The server's config from the flags; keys that were not given are generated and printed.
-fn config(args: ServeArgs) -> ServerConfig {
-    let mut admin_keys = args.admin_keys;
-    let mut client_keys = args.client_keys;
+/// Default of `--section-in-flight-max`.
+const SECTION_IN_FLIGHT_MAX_DEFAULT: usize = 10_000;
+
+/// Keys of one scope: the canonical flag, variable or file, else the old plural variables
+/// `old_var` / `old_file_var`.
+fn keys(
+    file_flag: &str,
+    values: Vec<String>,
+    file: Option<PathBuf>,
+    old_var: &str,
+    old_file_var: &str,
+) -> Result<Vec<String>, UsageError> {
+    let (values, file) = if values.is_empty() && file.is_none() {
+        secret::legacy_pair(old_var, old_file_var)?
+    } else {
+        (values, file)
+    };
+    secret::many(file_flag, values, file.as_deref())
+}
+
+/// `--section-in-flight-max`, else the old `BOXOFFICE_SECTION_INFLIGHT_MAX`, else the default.
+fn section_in_flight_max(given: Option<usize>) -> Result<usize, UsageError> {
+    if let Some(n) = given {
+        return Ok(n);
+    }
+    match secret::legacy_env("BOXOFFICE_SECTION_INFLIGHT_MAX") {
+        None => Ok(SECTION_IN_FLIGHT_MAX_DEFAULT),
+        Some(v) => v.trim().parse().map_err(|_| {
+            UsageError::new(format!(
+                "BOXOFFICE_SECTION_INFLIGHT_MAX (now --section-in-flight-max): {v:?} is not a count"
+            ))
+        }),
+    }
+}
+
+/// The server's config from the flags; keys that were not given are generated and printed. A
+/// key file that cannot be read, or old and new names that disagree, is a [`UsageError`].
+fn config(args: ServeArgs) -> Result<ServerConfig, UsageError> {
+    let mut admin_keys = keys(
+        "--admin-key-file",
+        args.admin_keys,
+        args.admin_key_file,
+        "BOXOFFICE_ADMIN_KEYS",
+        "BOXOFFICE_ADMIN_KEYS_FILE",
+    )?;
+    let mut client_keys = keys(
+        "--client-key-file",
+        args.client_keys,
+        args.client_key_file,
+        "BOXOFFICE_CLIENT_KEYS",
+        "BOXOFFICE_CLIENT_KEYS_FILE",
+    )?;
+    let token_secret = secret::one(
+        "--token-secret-file",
+        args.token_secret,
+        args.token_secret_file.as_deref(),
+    )?;
+    let section_in_flight_max = section_in_flight_max(args.section_in_flight_max)?;
     if admin_keys.is_empty() {
         let k = format!("adm_{}", random_text(18));
         println!("generated admin key:  {k}");
@@ -203,12 +309,10 @@ fn config(args: ServeArgs) -> ServerConfig {
         println!("generated client key: {k}");
         client_keys.push(k);
     }
-    let secret = match args.token_secret {
+    let secret = match token_secret {
         Some(s) if !s.is_empty() => s.into_bytes(),
         _ => {
-            eprintln!(
-                "warning: no --token-secret: using a random one; tokens will not survive a restart"
-            );
+            crate::warn("no --token-secret: using a random one; tokens will not survive a restart");
             random_text(32).into_bytes()
         }
     };
@@ -220,18 +324,20 @@ fn config(args: ServeArgs) -> ServerConfig {
     config.client_keys = client_keys;
     config.durability = args.durability;
     config.in_flight_max = args.in_flight_max;
-    config.section_inflight_max = args.section_inflight_max;
+    config.section_inflight_max = section_in_flight_max;
     config.queue_max = args.queue_max;
+    config.seat_map_max_bytes = args.seat_map_max_bytes;
     config.join_challenge_ttl = Duration::from_secs(args.join_challenge_ttl_seconds);
     config.grace = Duration::from_secs(args.grace_seconds);
     config.idempotency_window = Duration::from_secs(args.idempotency_window_seconds);
+    config.refund_grace = Duration::from_secs(args.refund_grace_seconds);
     config.reconcile_every =
         (args.reconcile_seconds > 0).then(|| Duration::from_secs(args.reconcile_seconds));
     config.new_ticket_key = args.new_ticket_key;
     if args.accept_damage.is_some() {
         config.recovery_mode = RecoveryMode::AcceptDamage;
     }
-    config
+    Ok(config)
 }
 
 fn random_text(bytes: usize) -> String {

@@ -1,17 +1,21 @@
 //! `boxoffice sessions`: the concurrent checkout sessions (`boxoffice_drill::sessions`); prints
-//! the report, exit code 2 if the counts do not add up.
-
-use std::process::ExitCode;
+//! the report; exit code 3 if the places do not add up, 1 if only calls failed or were refused.
 
 use boxoffice_drill::sessions::{self, SessionsArgs};
 
+use crate::Exit;
+
 /// Runs the subcommand; its exit code.
-pub async fn run(args: SessionsArgs) -> anyhow::Result<ExitCode> {
+pub async fn run(args: SessionsArgs) -> anyhow::Result<Exit> {
     let report = sessions::run(args).await?;
     print!("{report}");
     Ok(if report.clean() {
-        ExitCode::SUCCESS
+        Exit::Ok
+    } else if report.promises_kept() {
+        crate::error("FAILED: calls failed or holds were refused (see above)");
+        Exit::Failed
     } else {
-        ExitCode::from(2)
+        crate::error("FAILED: the places do not add up: a broken promise (see above)");
+        Exit::BrokenPromise
     })
 }

@@ -1,18 +1,19 @@
 //! `boxoffice soak`: hold + release cycles against an in-process engine, memory and disk
 //! measured (`boxoffice_drill::soak`); the restart half runs in a fresh `boxoffice soak
-//! --reopen-only` process. Exit code 2 if the counts do not add up.
+//! --reopen-only` process. Exit code 3 if places leaked, 1 if only cycles failed.
 
 use std::ffi::OsString;
-use std::process::ExitCode;
 
 use anyhow::Context;
 use boxoffice_drill::soak::{self, SoakArgs};
 
+use crate::Exit;
+
 /// Runs the subcommand; its exit code.
-pub async fn run(args: SoakArgs) -> anyhow::Result<ExitCode> {
+pub async fn run(args: SoakArgs) -> anyhow::Result<Exit> {
     if args.reopen_only {
         print!("{}", soak::reopen(&args).await?.json());
-        return Ok(ExitCode::SUCCESS);
+        return Ok(Exit::Ok);
     }
     let exe = std::env::current_exe().context("finding this program to restart it")?;
     let command = [exe.into_os_string(), OsString::from("soak")];
@@ -25,9 +26,12 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<ExitCode> {
     }
     if report.clean() {
         println!("result: nothing held at the end; the counts add up");
-        Ok(ExitCode::SUCCESS)
+        Ok(Exit::Ok)
+    } else if report.promises_kept() {
+        println!("result: FAILED: cycles failed (see above); nothing leaked");
+        Ok(Exit::Failed)
     } else {
         println!("result: FAILED: the counts do not add up (see above)");
-        Ok(ExitCode::from(2))
+        Ok(Exit::BrokenPromise)
     }
 }

@@ -3,10 +3,11 @@
 //! key (offline: the server stopped).
 
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 use boxoffice_gateway::tickets::{self, KeyRing, PublicKey};
 use clap::Subcommand;
+
+use crate::Exit;
 
 /// The subcommands of `boxoffice ticket`.
 #[derive(Subcommand, Debug)]
@@ -41,11 +42,11 @@ pub enum TicketCommand {
 }
 
 /// Runs the subcommand; its exit code.
-pub async fn run(command: TicketCommand) -> anyhow::Result<ExitCode> {
+pub async fn run(command: TicketCommand) -> anyhow::Result<Exit> {
     match command {
         TicketCommand::PublicKey { data_dir } => {
             list(&load(&data_dir)?);
-            Ok(ExitCode::SUCCESS)
+            Ok(Exit::Ok)
         }
         TicketCommand::Verify {
             code,
@@ -63,7 +64,7 @@ pub async fn run(command: TicketCommand) -> anyhow::Result<ExitCode> {
                 r.signing, r.keys
             );
             list(&load(&data_dir)?);
-            Ok(ExitCode::SUCCESS)
+            Ok(Exit::Ok)
         }
     }
 }
@@ -99,7 +100,7 @@ fn list(ring: &KeyRing) {
     }
 }
 
-fn verify(code: &str, hex_keys: &[String], data_dir: &Path) -> anyhow::Result<ExitCode> {
+fn verify(code: &str, hex_keys: &[String], data_dir: &Path) -> anyhow::Result<Exit> {
     let keys = if hex_keys.is_empty() {
         load(data_dir)?.keys().to_vec()
     } else {
@@ -129,11 +130,11 @@ fn verify(code: &str, hex_keys: &[String], data_dir: &Path) -> anyhow::Result<Ex
             } else {
                 println!("key     {} (a code from before key ids)", v.kid);
             }
-            Ok(ExitCode::SUCCESS)
+            Ok(Exit::Ok)
         }
         Err(e) => {
             println!("NOT VALID: {e}");
-            Ok(ExitCode::FAILURE)
+            Ok(Exit::Failed)
         }
     }
 }

@@ -128,6 +128,21 @@ async fn check_log_whole_then_damaged_then_accepted() {
     assert_eq!(out.status.code(), Some(1));
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json["whole"], false);
+    // `--json FILE`, as the drills': the text on stdout, the same JSON in the file.
+    let out_dir = tempfile::tempdir().unwrap();
+    let file = out_dir.path().join("check-log.json");
+    let out = boxoffice(&[
+        "check-log",
+        "--json",
+        file.to_str().unwrap(),
+        "--data-dir",
+        d,
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("DAMAGE: stream"), "{}", text(&out));
+    let written: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(written["damage"], json["damage"]);
     assert!(
         json["damage"][0]["message"]
             .as_str()

@@ -38,8 +38,14 @@ fn serve_in(cwd: &std::path::Path) -> Command {
 async fn serve_with_no_setup_then_drain_on_sigterm() {
     let cwd = tempfile::tempdir().unwrap();
     let mut child = serve_in(cwd.path())
+        .env_remove("BOXOFFICE_ADMIN_KEY")
+        .env_remove("BOXOFFICE_CLIENT_KEY")
+        .env_remove("BOXOFFICE_ADMIN_KEY_FILE")
+        .env_remove("BOXOFFICE_CLIENT_KEY_FILE")
         .env_remove("BOXOFFICE_ADMIN_KEYS")
         .env_remove("BOXOFFICE_CLIENT_KEYS")
+        .env_remove("BOXOFFICE_ADMIN_KEYS_FILE")
+        .env_remove("BOXOFFICE_CLIENT_KEYS_FILE")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -274,13 +280,35 @@ fn serve_refuses_a_bad_idempotency_window() {
     );
 }
 
+/// A seat-map response limit outside 256 KiB to 64 MiB refuses to start, naming the flag,
+/// before anything is opened.
+#[test]
+fn serve_refuses_a_seat_map_limit_out_of_range() {
+    let cwd = tempfile::tempdir().unwrap();
+    for v in ["262143", "67108865", "4MiB"] {
+        let out = serve_in(cwd.path())
+            .env_remove("BOXOFFICE_SEAT_MAP_MAX_BYTES")
+            .args(["--seat-map-max-bytes", v])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{v}: {stderr}");
+        assert!(stderr.contains("--seat-map-max-bytes"), "{stderr}");
+    }
+    assert!(
+        !cwd.path().join("boxoffice-data").exists(),
+        "nothing was opened"
+    );
+}
+
 #[test]
 fn secrets_are_never_printed_and_a_missing_dir_is_not_a_clean_store() {
     let bin = env!("CARGO_BIN_EXE_boxoffice");
     for (args, var) in [
-        (vec!["serve", "--help"], "BOXOFFICE_ADMIN_KEYS"),
-        (vec!["serve", "--help"], "BOXOFFICE_CLIENT_KEYS"),
+        (vec!["serve", "--help"], "BOXOFFICE_ADMIN_KEY"),
+        (vec!["serve", "--help"], "BOXOFFICE_CLIENT_KEY"),
         (vec!["serve", "--help"], "BOXOFFICE_TOKEN_SECRET"),
+        (vec!["serve", "--help"], "BOXOFFICE_TOKEN_SECRET_FILE"),
         (vec!["loadgen", "--help"], "BOXOFFICE_ADMIN_KEY"),
         (vec!["loadgen", "--help"], "BOXOFFICE_CLIENT_KEY"),
         (vec!["flash-sale", "--help"], "BOXOFFICE_ADMIN_KEY"),

@@ -86,6 +86,7 @@ pub fn create_request(
         admit_rate_per_second,
         admission_window_seconds,
         sale_opens_at_unix_ms,
+        idempotency_key: String::new(),
         join_pow_difficulty_bits: spec.join_pow_difficulty_bits,
     }
 }

@@ -11,7 +11,8 @@
 //! Shared by the first two: [`server_choice`] (an embedded server, or `--target`) and
 //! [`event`] (the sale's event layout); by `loadgen` and `sessions`, [`measure`] (calls in
 //! concurrent streams, their throughput and latency percentiles); by `sessions` and `soak`,
-//! [`memory`] (resident memory, a directory's size).
+//! [`memory`] (resident memory, a directory's size); by all, [`secret`] (keys given as values
+//! or in files, and the usage errors that exit with code 2).
 
 pub mod event;
 pub mod flash_sale;
@@ -19,6 +20,7 @@ mod json;
 pub mod loadgen;
 pub mod measure;
 pub mod memory;
+pub mod secret;
 pub mod server_choice;
 pub mod sessions;
 pub mod soak;

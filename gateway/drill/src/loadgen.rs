@@ -4,8 +4,13 @@
 //! In one run it measures the health check (an empty RPC: the ceiling any RPC can reach with
 //! this client on this machine), `WaitingRoomService.GetStatus` polls, and durable
 //! `BookingService.Hold`s, and reports each as a share of the ceiling.
+//!
+//! The run's event is made so that every call can succeed (admission is instant, places and the
+//! per-user limit are plenty): any call that fails (shed with `OVERLOADED`, refused, timed out)
+//! is a failed check, [`LoadReport::failures`] says which, and the command exits with code 1.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,6 +22,7 @@ use pb::waiting_room_service_client::WaitingRoomServiceClient;
 use tonic::transport::Channel;
 
 use crate::measure::{RpcFigures, drive};
+use crate::secret::{self, UsageError};
 
 /// Flags of `boxoffice loadgen`.
 #[derive(clap::Args, Debug, Clone)]
@@ -25,11 +31,29 @@ pub struct LoadgenArgs {
     #[arg(long, default_value = "http://127.0.0.1:50051")]
     pub target: String,
     /// Admin key (creates the benchmark event).
-    #[arg(long, env = "BOXOFFICE_ADMIN_KEY", hide_env_values = true)]
-    pub admin_key: String,
+    #[arg(
+        long,
+        env = "BOXOFFICE_ADMIN_KEY",
+        hide_env_values = true,
+        conflicts_with = "admin_key_file",
+        required_unless_present = "admin_key_file"
+    )]
+    pub admin_key: Option<String>,
+    /// A file holding the admin key (trailing newline trimmed).
+    #[arg(long, env = "BOXOFFICE_ADMIN_KEY_FILE", hide_env_values = true)]
+    pub admin_key_file: Option<PathBuf>,
     /// Client key (everything else).
-    #[arg(long, env = "BOXOFFICE_CLIENT_KEY", hide_env_values = true)]
-    pub client_key: String,
+    #[arg(
+        long,
+        env = "BOXOFFICE_CLIENT_KEY",
+        hide_env_values = true,
+        conflicts_with = "client_key_file",
+        required_unless_present = "client_key_file"
+    )]
+    pub client_key: Option<String>,
+    /// A file holding the client key (trailing newline trimmed).
+    #[arg(long, env = "BOXOFFICE_CLIENT_KEY_FILE", hide_env_values = true)]
+    pub client_key_file: Option<PathBuf>,
     /// Concurrent streams.
     #[arg(long, default_value_t = 64)]
     pub concurrency: usize,
@@ -86,6 +110,33 @@ impl fmt::Display for LoadReport {
     }
 }
 
+impl LoadReport {
+    /// The calls that failed, all RPCs together.
+    pub fn failed_calls(&self) -> u64 {
+        self.rpcs.iter().map(|r| r.errors).sum()
+    }
+
+    /// What failed, one line (`None` if every call succeeded): e.g. `269 of 300 Hold calls
+    /// failed (first: ResourceExhausted OVERLOADED: ...)`, per RPC.
+    pub fn failures(&self) -> Option<String> {
+        let parts: Vec<String> = self
+            .rpcs
+            .iter()
+            .filter(|r| r.errors > 0)
+            .map(|r| {
+                format!(
+                    "{} of {} {} calls failed (first: {})",
+                    r.errors,
+                    r.calls,
+                    r.name,
+                    r.first_error.as_deref().unwrap_or("?")
+                )
+            })
+            .collect();
+        (!parts.is_empty()).then(|| parts.join("; "))
+    }
+}
+
 /// Admission tokens for `users` fresh users of `event` (joins, then polls until admitted).
 async fn admit(
     wr: &mut pb::waiting_room_service_client::WaitingRoomServiceClient<Authed>,
@@ -133,22 +184,37 @@ async fn admit(
 /// Runs the load and returns the figures.
 pub async fn run(args: LoadgenArgs) -> anyhow::Result<LoadReport> {
     if args.concurrency == 0 || args.requests == 0 || args.connections == 0 {
-        bail!("--concurrency, --requests and --connections must be at least 1");
+        return Err(UsageError::new(
+            "--concurrency, --requests and --connections must be at least 1",
+        )
+        .into());
     }
+    let admin_key = secret::one(
+        "--admin-key-file",
+        args.admin_key.clone(),
+        args.admin_key_file.as_deref(),
+    )?
+    .ok_or_else(|| UsageError::new("an admin key is needed: --admin-key or --admin-key-file"))?;
+    let client_key = secret::one(
+        "--client-key-file",
+        args.client_key.clone(),
+        args.client_key_file.as_deref(),
+    )?
+    .ok_or_else(|| UsageError::new("a client key is needed: --client-key or --client-key-file"))?;
     let mut channels = Vec::new();
     for _ in 0..args.connections {
         channels.push(connect(&args.target).await?);
     }
     let load = Load {
         channels: Arc::new(channels),
-        client: Bearer::new(&args.client_key)?,
+        client: Bearer::new(&client_key)?,
         requests: args.requests,
         concurrency: args.concurrency,
     };
     // 1. The ceiling: an empty RPC through the same client stack.
     let health = load.health().await;
     let event_id = format!("loadgen-{}", ulid_like());
-    load.create_event(&event_id, Bearer::new(&args.admin_key)?)
+    load.create_event(&event_id, Bearer::new(&admin_key)?)
         .await?;
     // 2. Queue polls: one fan per stream, polling its status.
     let status = load.polls(&event_id).await?;
@@ -225,6 +291,7 @@ impl Load {
                 admit_rate_per_second: 1_000_000,
                 admission_window_seconds: 3_600,
                 sale_opens_at_unix_ms: 0,
+                idempotency_key: String::new(),
                 join_pow_difficulty_bits: 0,
             })
             .await

@@ -23,17 +23,7 @@ pub fn peak_rss_bytes() -> Option<u64> {
 
 /// The sum of the lengths of every file under `dir` (0 for a directory that does not exist).
 pub fn dir_bytes(dir: &Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    entries
-        .filter_map(Result::ok)
-        .map(|e| match e.file_type() {
-            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
-            Ok(_) => e.metadata().map_or(0, |m| m.len()),
-            Err(_) => 0,
-        })
-        .sum()
+    boxoffice_engine::store::disk_usage(dir).total
 }
 
 #[cfg(test)]

@@ -3,10 +3,12 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use boxoffice_engine::Durability;
 use boxoffice_gateway::server::{self, Running, ServerConfig};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
+
+use crate::secret::{self, UsageError};
 
 /// The parser of a `--durability` flag: `sync` or `buffered`.
 pub fn durability_parser() -> impl TypedValueParser<Value = Durability> {
@@ -27,12 +29,22 @@ pub struct ServerChoice {
     )]
     pub durability: Durability,
     /// Run against a server already running there (e.g. http://127.0.0.1:50051) instead of an
-    /// embedded one; needs `--api-key`.
+    /// embedded one; needs `--admin-key` or `--admin-key-file`.
     #[arg(long)]
     pub target: Option<String>,
     /// An admin key of the `--target` server (the run creates its events with it).
-    #[arg(long, env = "BOXOFFICE_ADMIN_KEY", hide_env_values = true)]
-    pub api_key: Option<String>,
+    // Old name (hidden, still accepted): `--api-key`.
+    #[arg(
+        long,
+        alias = "api-key",
+        env = "BOXOFFICE_ADMIN_KEY",
+        hide_env_values = true,
+        conflicts_with = "admin_key_file"
+    )]
+    pub admin_key: Option<String>,
+    /// A file holding the admin key of the `--target` server (trailing newline trimmed).
+    #[arg(long, env = "BOXOFFICE_ADMIN_KEY_FILE", hide_env_values = true)]
+    pub admin_key_file: Option<PathBuf>,
 }
 
 /// The server of a run. The embedded one is on loopback with a temporary (or given) data dir, a
@@ -51,19 +63,27 @@ pub(crate) struct Backend {
 
 impl ServerChoice {
     /// Connects the choice: starts the embedded server (admin key `embedded_key`, at most
-    /// `queue_max` fans per waiting room), or checks that `--target` came with `--api-key`.
+    /// `queue_max` fans per waiting room), or checks that `--target` came with an admin key
+    /// (`--admin-key` or `--admin-key-file`; a [`UsageError`] if not, or if the file cannot be
+    /// read).
     pub(crate) async fn open(&self, embedded_key: &str, queue_max: u32) -> anyhow::Result<Backend> {
-        match (&self.target, &self.api_key) {
-            (Some(t), Some(k)) => {
-                return Ok(Backend {
-                    server: None,
-                    _temp: None,
-                    target: t.clone(),
-                    admin_key: k.clone(),
-                });
-            }
-            (Some(_), None) => bail!("--target needs --api-key (an admin key of that server)"),
-            (None, _) => {}
+        if let Some(t) = &self.target {
+            let key = secret::one(
+                "--admin-key-file",
+                self.admin_key.clone(),
+                self.admin_key_file.as_deref(),
+            )?
+            .ok_or_else(|| {
+                UsageError::new(
+                    "--target needs --admin-key or --admin-key-file (an admin key of that server)",
+                )
+            })?;
+            return Ok(Backend {
+                server: None,
+                _temp: None,
+                target: t.clone(),
+                admin_key: key,
+            });
         }
         let (temp, dir) = match &self.data_dir {
             Some(d) => (None, d.clone()),

@@ -174,11 +174,18 @@ impl SoakReport {
     /// Whether the counts add up: every cycle acknowledged, nothing held, nothing owed, and the
     /// reopened engine agrees.
     pub fn clean(&self) -> bool {
-        let (capacity, available, held, sold) = self.counts_end;
         self.errors == 0
             && self.holds == self.cycles
             && self.releases == self.cycles
-            && held == 0
+            && self.promises_kept()
+    }
+
+    /// Whether nothing leaked: nothing held or sold at the end, every place available again, no
+    /// quota owed, nothing held after the restart. `false` is a broken promise (exit code 3);
+    /// failed cycles alone are not (exit code 1).
+    pub fn promises_kept(&self) -> bool {
+        let (capacity, available, held, sold) = self.counts_end;
+        held == 0
             && sold == 0
             && available == capacity
             && self.quota_end == 0

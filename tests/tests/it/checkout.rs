@@ -7,15 +7,14 @@ use std::ffi::OsStr;
 use std::sync::Arc;
 
 use boxoffice_engine::{
-    BoxFuture, Charge, ChargeStatus, ConfirmRequest, Engine, EngineConfig, EngineError, EventId,
-    Finding, HoldId, HoldRequest, HoldStatus, HoldView, ManualClock, PaymentError, PaymentProvider,
-    Rejection, SeatId, Selection, SimulatedConfig, SimulatedProvider, UserId,
+    Charge, ChargeStatus, ConfirmRequest, Engine, EngineConfig, EngineError, EventId, Finding,
+    HoldId, HoldRequest, HoldStatus, HoldView, ManualClock, Rejection, SeatId, Selection, UserId,
 };
 use boxoffice_tests::child::{self, ChildTest};
+use boxoffice_tests::payments::Gated;
 use boxoffice_tests::{
     T0_MS, any_section as best, child_test_name, config, event, ga, on_runtime, open, reserved,
 };
-use tokio::sync::Semaphore;
 
 fn pay(hold: &HoldView, token: &str, key: &str) -> ConfirmRequest {
     ConfirmRequest {
@@ -148,53 +147,13 @@ async fn declined_then_another_card_timeout_then_retry_error_charges_nothing() {
     engine.shutdown().await;
 }
 
-/// A provider that holds every charge until the test lets it through.
-struct Gated {
-    inner: Arc<SimulatedProvider>,
-    gate: Arc<Semaphore>,
-    arrived: Arc<Semaphore>,
-}
-
-impl PaymentProvider for Gated {
-    fn charge<'a>(
-        &'a self,
-        key: &'a str,
-        amount_cents: u64,
-        token: &'a str,
-    ) -> BoxFuture<'a, Result<Charge, PaymentError>> {
-        Box::pin(async move {
-            self.arrived.add_permits(1);
-            self.gate.acquire().await.unwrap().forget();
-            self.inner.charge(key, amount_cents, token).await
-        })
-    }
-    fn refund<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Charge, PaymentError>> {
-        self.inner.refund(id)
-    }
-    fn lookup<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Charge>, PaymentError>> {
-        self.inner.lookup(key)
-    }
-    fn charges(&self) -> BoxFuture<'_, Result<Vec<Charge>, PaymentError>> {
-        self.inner.charges()
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paid_after_expiry_is_rescued_or_refunded_never_lost() {
     let dir = tempfile::tempdir().unwrap();
     let payments_dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(T0_MS));
-    let payments_db = boxoffice_engine::raw::sled::Config::new()
-        .path(payments_dir.path())
-        .open()
-        .unwrap();
-    let gate = Arc::new(Semaphore::new(0));
-    let arrived = Arc::new(Semaphore::new(0));
-    let provider = Arc::new(Gated {
-        inner: SimulatedProvider::open(&payments_db, SimulatedConfig::default()).unwrap(),
-        gate: gate.clone(),
-        arrived: arrived.clone(),
-    });
+    let provider = Gated::open(payments_dir.path());
+    let (gate, arrived) = (provider.gate.clone(), provider.arrived.clone());
     let mut cfg = config(dir.path(), &clock);
     cfg.payments = Some(provider);
     let engine = Engine::open(cfg).await.unwrap();

@@ -868,11 +868,14 @@ fn to_check<V>(
     fresh.into_iter().chain(older).collect()
 }
 
-/// Reads every id of `ids` with `read`, a few at a time.
-async fn read_all<T, F, Fut>(ids: Vec<String>, read: F) -> BTreeMap<String, Result<T, Status>>
+/// Reads every (id, owner) of `ids` with `read`, a few at a time.
+async fn read_all<T, F, Fut>(
+    ids: Vec<(String, String)>,
+    read: F,
+) -> BTreeMap<String, Result<T, Status>>
 where
     T: Send + 'static,
-    F: Fn(String) -> Fut + Clone + Send + 'static,
+    F: Fn(String, String) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = Result<Response<T>, Status>> + Send,
 {
     let mut readers = JoinSet::new();
@@ -880,8 +883,8 @@ where
         let (chunk, read) = (chunk.to_vec(), read.clone());
         readers.spawn(async move {
             let mut out = Vec::new();
-            for id in chunk {
-                let got = read(id.clone()).await.map(Response::into_inner);
+            for (id, user) in chunk {
+                let got = read(id.clone(), user).await.map(Response::into_inner);
                 out.push((id, got));
             }
             out
@@ -902,9 +905,20 @@ fn status_name(status: i32) -> String {
 /// Every acknowledged hold is there, the same hold, in a status its fate allows.
 async fn check_holds(c: &Clients, book: &mut Book, ids: Vec<String>, wrong: &mut Vec<String>) {
     let booking = c.booking.clone();
-    let got = read_all(ids, move |hold_id| {
+    let ids = ids
+        .into_iter()
+        .map(|id| {
+            let user = book.holds[&id].ask.user.clone();
+            (id, user)
+        })
+        .collect();
+    let got = read_all(ids, move |hold_id, user_id| {
         let mut booking = booking.clone();
-        async move { booking.get_hold(pb::GetHoldRequest { hold_id }).await }
+        async move {
+            booking
+                .get_hold(pb::GetHoldRequest { hold_id, user_id })
+                .await
+        }
     })
     .await;
     for (id, found) in got {
@@ -949,9 +963,20 @@ async fn check_holds(c: &Clients, book: &mut Book, ids: Vec<String>, wrong: &mut
 /// Every acknowledged order is there, exactly as first answered, for the places of its hold.
 async fn check_orders(c: &Clients, book: &mut Book, ids: Vec<String>, wrong: &mut Vec<String>) {
     let booking = c.booking.clone();
-    let got = read_all(ids, move |order_id| {
+    let ids = ids
+        .into_iter()
+        .map(|id| {
+            let user = book.orders[&id].ask.user.clone();
+            (id, user)
+        })
+        .collect();
+    let got = read_all(ids, move |order_id, user_id| {
         let mut booking = booking.clone();
-        async move { booking.get_order(pb::GetOrderRequest { order_id }).await }
+        async move {
+            booking
+                .get_order(pb::GetOrderRequest { order_id, user_id })
+                .await
+        }
     })
     .await;
     for (id, found) in got {

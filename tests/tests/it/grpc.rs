@@ -51,6 +51,7 @@ pub(crate) fn event(id: &str, sections: Vec<pb::SectionSpec>) -> pb::CreateEvent
         admit_rate_per_second: 1_000,
         admission_window_seconds: 120,
         sale_opens_at_unix_ms: 0,
+        idempotency_key: String::new(),
         join_pow_difficulty_bits: 0,
     }
 }
@@ -122,22 +123,28 @@ pub(crate) async fn admitted_all(
         .collect()
 }
 
-/// Every section of `event`'s seat map (counts and seats), to check that a refused call
-/// changed nothing.
+/// Every section of `event`'s seat map (counts and seats, without their times), to check that
+/// a refused call changed nothing.
 pub(crate) async fn seats_of(c: &mut Clients, event: &str) -> Vec<pb::SectionSeats> {
-    c.events
+    let mut sections = c
+        .events
         .get_seat_map(pb::GetSeatMapRequest {
             event_id: event.into(),
             section_id: String::new(),
+            first_row: 0,
         })
         .await
         .unwrap()
         .into_inner()
-        .sections
+        .sections;
+    for s in &mut sections {
+        s.as_of_unix_ms = 0;
+    }
+    sections
 }
 
 /// Every event, through every page of `ListEvents`.
-async fn all_events(c: &mut Clients) -> Vec<pb::Event> {
+pub(crate) async fn all_events(c: &mut Clients) -> Vec<pb::Event> {
     let mut events = Vec::new();
     let mut token = String::new();
     loop {
@@ -180,7 +187,7 @@ pub(crate) fn best(
     }
 }
 
-fn seats(event: &str, user: &str, token: &str, ids: &[&str]) -> pb::HoldRequest {
+pub(crate) fn seats(event: &str, user: &str, token: &str, ids: &[&str]) -> pb::HoldRequest {
     pb::HoldRequest {
         event_id: event.into(),
         user_id: user.into(),
@@ -385,6 +392,7 @@ async fn event_service_end_to_end() {
         .get_seat_map(pb::GetSeatMapRequest {
             event_id: "show".into(),
             section_id: String::new(),
+            first_row: 0,
         })
         .await
         .unwrap()
@@ -409,6 +417,7 @@ async fn event_service_end_to_end() {
         .get_seat_map(pb::GetSeatMapRequest {
             event_id: "show".into(),
             section_id: "floor".into(),
+            first_row: 0,
         })
         .await
         .unwrap()
@@ -419,6 +428,7 @@ async fn event_service_end_to_end() {
             .get_seat_map(pb::GetSeatMapRequest {
                 event_id: "show".into(),
                 section_id: "x".into(),
+                first_row: 0,
             })
             .await,
         Code::NotFound,
@@ -667,6 +677,7 @@ async fn booking_end_to_end_with_every_documented_error() {
         .booking
         .get_order(pb::GetOrderRequest {
             order_id: order.order_id.clone(),
+            user_id: "ann".into(),
         })
         .await
         .unwrap()
@@ -676,6 +687,7 @@ async fn booking_end_to_end_with_every_documented_error() {
         c.booking
             .get_order(pb::GetOrderRequest {
                 order_id: "b.orch.o123".into(),
+                user_id: "ann".into(),
             })
             .await,
         Code::NotFound,
@@ -685,6 +697,7 @@ async fn booking_end_to_end_with_every_documented_error() {
         .booking
         .get_hold(pb::GetHoldRequest {
             hold_id: h1.hold_id.clone(),
+            user_id: "ann".into(),
         })
         .await
         .unwrap()
@@ -694,6 +707,7 @@ async fn booking_end_to_end_with_every_documented_error() {
         c.booking
             .get_hold(pb::GetHoldRequest {
                 hold_id: "junk".into(),
+                user_id: "ann".into(),
             })
             .await,
         Code::NotFound,
@@ -723,6 +737,7 @@ async fn booking_end_to_end_with_every_documented_error() {
         .get_seat_map(pb::GetSeatMapRequest {
             event_id: "b".into(),
             section_id: "floor".into(),
+            first_row: 0,
         })
         .await
         .unwrap()
@@ -1082,6 +1097,7 @@ async fn health_is_not_serving_until_recovery_and_restart_keeps_holds_and_orders
         a.booking
             .get_hold(pb::GetHoldRequest {
                 hold_id: hold.hold_id.clone(),
+                user_id: "ann".into(),
             })
             .await,
         Code::Unavailable,
@@ -1104,6 +1120,7 @@ async fn health_is_not_serving_until_recovery_and_restart_keeps_holds_and_orders
         .booking
         .get_hold(pb::GetHoldRequest {
             hold_id: hold.hold_id.clone(),
+            user_id: "ann".into(),
         })
         .await
         .unwrap()
@@ -1131,6 +1148,7 @@ async fn health_is_not_serving_until_recovery_and_restart_keeps_holds_and_orders
         .booking
         .get_order(pb::GetOrderRequest {
             order_id: order.order_id.clone(),
+            user_id: "ann".into(),
         })
         .await
         .unwrap()
@@ -1193,7 +1211,7 @@ async fn overload_is_shed_at_once_not_queued() {
 }
 
 /// GET /metrics with a bare HTTP/1.0 request.
-async fn scrape(addr: std::net::SocketAddr) -> String {
+pub(crate) async fn scrape(addr: std::net::SocketAddr) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
@@ -1337,12 +1355,16 @@ async fn waitlist_gets_the_released_places_over_grpc() {
         Code::FailedPrecondition,
         "SOLD_OUT",
     );
+    // Bob and Cat come through the waiting room: the waitlist is behind the line too.
+    let tokens = admitted_all(&mut c, || clock.advance_ms(20), "wl", &["bob", "cat"]).await;
+    let (bob_tok, cat_tok) = (&tokens[0], &tokens[1]);
     // Bad input and unknown ids.
-    let join = |user: &str, section: &str, q: u32| pb::JoinWaitlistRequest {
+    let join = |user: &str, token: &str, section: &str, q: u32| pb::JoinWaitlistRequest {
         event_id: "wl".into(),
         user_id: user.into(),
         section_id: section.into(),
         quantity: q,
+        admission_token: token.into(),
     };
     // Refused joins take no place in the line: Bob and Cat below are its first two.
     check_error_cases(
@@ -1350,19 +1372,21 @@ async fn waitlist_gets_the_released_places_over_grpc() {
         vec![
             case(
                 "no places",
-                join("bob", "orch", 0),
+                join("bob", bob_tok, "orch", 0),
                 Code::InvalidArgument,
                 "INVALID_REQUEST",
-            ),
+            )
+            .field("quantity"),
             case(
                 "more places than the per-user limit",
-                join("bob", "orch", 9),
+                join("bob", bob_tok, "orch", 9),
                 Code::InvalidArgument,
                 "INVALID_REQUEST",
-            ),
+            )
+            .field("quantity"),
             case(
                 "a section that does not exist",
-                join("bob", "nope", 1),
+                join("bob", bob_tok, "nope", 1),
                 Code::NotFound,
                 "SECTION_NOT_FOUND",
             ),
@@ -1370,41 +1394,61 @@ async fn waitlist_gets_the_released_places_over_grpc() {
                 "an event that does not exist",
                 pb::JoinWaitlistRequest {
                     event_id: "nope".into(),
-                    ..join("bob", "", 1)
+                    ..join("bob", bob_tok, "", 1)
                 },
                 Code::NotFound,
                 "EVENT_NOT_FOUND",
             ),
+            case(
+                "the floor's place is free: hold it",
+                join("bob", bob_tok, "floor", 1),
+                Code::FailedPrecondition,
+                "PLACES_AVAILABLE",
+            ),
+            case(
+                "any section, and the floor's place is free",
+                join("bob", bob_tok, "", 1),
+                Code::FailedPrecondition,
+                "PLACES_AVAILABLE",
+            ),
         ],
         async |r| c.waitlist.join_waitlist(r).await,
-        async || seats_of(&mut look, "wl").await,
+        async || {
+            let waiting = server.engine().waitlist_len(&"wl".into()).await.unwrap();
+            (seats_of(&mut look, "wl").await, waiting)
+        },
     )
     .await;
     expect_err(
         c.waitlist
             .get_waitlist_entry(pb::GetWaitlistEntryRequest {
                 entry_id: "wl.wnothing".into(),
+                user_id: "bob".into(),
             })
             .await,
         Code::NotFound,
         "ENTRY_NOT_FOUND",
     );
-    // Bob and Cat wait for the orchestra.
+    // Bob and Cat wait for the orchestra (sold out, although the floor is not).
     let bob = c
         .waitlist
-        .join_waitlist(join("bob", "orch", 2))
+        .join_waitlist(join("bob", bob_tok, "orch", 2))
         .await
         .unwrap()
         .into_inner();
     let cat = c
         .waitlist
-        .join_waitlist(join("cat", "orch", 1))
+        .join_waitlist(join("cat", cat_tok, "orch", 1))
         .await
         .unwrap()
         .into_inner();
     assert_eq!((bob.position, cat.position), (1, 2));
     assert_eq!(bob.state, pb::WaitlistState::Waiting as i32);
     assert!(bob.offered_hold_id.is_empty());
+    let entry = |id: &str, user: &str| pb::GetWaitlistEntryRequest {
+        entry_id: id.into(),
+        user_id: user.into(),
+    };
     // Ann releases: the places go to Bob, the head of the line, as a hold in his name.
     c.booking
         .release(pb::ReleaseRequest {
@@ -1416,9 +1460,7 @@ async fn waitlist_gets_the_released_places_over_grpc() {
     let offered = periodic_check("bob's entry is offered", PATIENCE, async || {
         let e = c
             .waitlist
-            .get_waitlist_entry(pb::GetWaitlistEntryRequest {
-                entry_id: bob.entry_id.clone(),
-            })
+            .get_waitlist_entry(entry(&bob.entry_id, "bob"))
             .await
             .unwrap()
             .into_inner();
@@ -1434,6 +1476,7 @@ async fn waitlist_gets_the_released_places_over_grpc() {
         .booking
         .get_hold(pb::GetHoldRequest {
             hold_id: offered.offered_hold_id.clone(),
+            user_id: "bob".into(),
         })
         .await
         .unwrap()
@@ -1446,9 +1489,7 @@ async fn waitlist_gets_the_released_places_over_grpc() {
     // Cat moved up; Bob confirms and his entry is fulfilled.
     let cat_now = c
         .waitlist
-        .get_waitlist_entry(pb::GetWaitlistEntryRequest {
-            entry_id: cat.entry_id.clone(),
-        })
+        .get_waitlist_entry(entry(&cat.entry_id, "cat"))
         .await
         .unwrap()
         .into_inner();
@@ -1468,9 +1509,7 @@ async fn waitlist_gets_the_released_places_over_grpc() {
     periodic_check("bob's entry is fulfilled", PATIENCE, async || {
         let e = c
             .waitlist
-            .get_waitlist_entry(pb::GetWaitlistEntryRequest {
-                entry_id: bob.entry_id.clone(),
-            })
+            .get_waitlist_entry(entry(&bob.entry_id, "bob"))
             .await
             .unwrap()
             .into_inner();
@@ -1537,6 +1576,7 @@ async fn checkout_over_grpc_declines_times_out_and_issues_verifiable_tickets() {
                 .booking
                 .get_hold(pb::GetHoldRequest {
                     hold_id: hold.hold_id.clone(),
+                    user_id: "ann".into(),
                 })
                 .await
                 .unwrap()
@@ -1577,6 +1617,7 @@ async fn checkout_over_grpc_declines_times_out_and_issues_verifiable_tickets() {
         .booking
         .get_order(pb::GetOrderRequest {
             order_id: order.order_id.clone(),
+            user_id: "ann".into(),
         })
         .await
         .unwrap()
@@ -1742,6 +1783,7 @@ async fn a_full_disk_stops_the_server_visibly_and_its_reads_with_it() {
             .get_seat_map(pb::GetSeatMapRequest {
                 event_id: "fd".into(),
                 section_id: String::new(),
+                first_row: 0,
             })
             .await
             .map(|_| ()),

@@ -230,6 +230,8 @@ async fn the_waitlist_actor_that_panics_is_restarted_with_its_entries() {
         .await
         .unwrap();
     let ev = EventId::from("wp");
+    // The one place is held: the waitlist takes joins only for places that cannot be held.
+    engine.hold(any_section("wp", "h", 1)).await.unwrap();
     let entry = engine
         .join_waitlist(&ev, &UserId::from("w1"), None, 1)
         .await

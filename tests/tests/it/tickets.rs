@@ -50,10 +50,11 @@ async fn a_ticket_sold() -> (TestServer, pb::Order) {
     (server, ann)
 }
 
-async fn code_of(c: &mut Clients, order_id: &str) -> String {
+async fn code_of(c: &mut Clients, order: &pb::Order) -> String {
     c.booking
         .get_order(pb::GetOrderRequest {
-            order_id: order_id.into(),
+            order_id: order.order_id.clone(),
+            user_id: order.user_id.clone(),
         })
         .await
         .unwrap()
@@ -142,7 +143,7 @@ async fn a_ticket_sold_before_a_rotation_verifies_after_it_and_after_restarts() 
         let mut c = server.client();
         // The order shows its ticket under the key that signs now; the code sold before
         // keeps verifying, and so does the one from before key ids.
-        let reissued = code_of(&mut c, &ann.order_id).await;
+        let reissued = code_of(&mut c, &ann).await;
         assert_eq!(kid_of(&reissued), second.to_string(), "restart {restart}");
         let keys = ring(&home);
         assert_eq!(keys.signer().unwrap().kid(), second);

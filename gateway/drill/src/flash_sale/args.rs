@@ -2,8 +2,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::bail;
-
+use crate::secret::UsageError;
 use crate::server_choice::ServerChoice;
 
 /// Flags of `boxoffice flash-sale`.
@@ -21,27 +20,37 @@ pub struct FlashSaleArgs {
     /// Share of fans who join the waiting room before the sale opens (shuffled at the opening).
     #[arg(long, default_value_t = 0.1)]
     pub preopen_share: f64,
-    /// Waiting-room admissions per second.
-    #[arg(long, default_value_t = 20_000)]
-    pub admit_rate: u32,
+    /// Waiting-room admissions per second (the event's `admit_rate_per_second`).
+    // Old name (hidden, still accepted): `--admit-rate`.
+    #[arg(long, alias = "admit-rate", default_value_t = 20_000)]
+    pub admit_rate_per_second: u32,
     /// Fans in flight at once (concurrent client tasks).
     #[arg(long, default_value_t = 2_048)]
     pub concurrency: usize,
-    /// Hold TTL in ms (rounded up to whole seconds): walked-away holds come back after this.
-    #[arg(long, default_value_t = 2_000)]
-    pub hold_ttl_ms: u64,
-    /// Share of holders who pay.
-    #[arg(long, default_value_t = 0.7)]
-    pub pay_rate: f64,
+    /// Hold TTL in seconds (the event's `hold_ttl_seconds`): walked-away holds come back after
+    /// this.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
+    pub hold_ttl_seconds: u64,
+    /// The old `--hold-ttl-ms` (milliseconds, rounded up to whole seconds); hidden, use
+    /// `--hold-ttl-seconds`.
+    #[arg(long, hide = true, conflicts_with = "hold_ttl_seconds")]
+    pub hold_ttl_ms: Option<u64>,
+    /// Share of holders who pay (0 to 1).
+    // Old name (hidden, still accepted): `--pay-rate`.
+    #[arg(long, alias = "pay-rate", default_value_t = 0.7)]
+    pub pay_share: f64,
     /// Share of payers whose first card is declined (they pay with another).
-    #[arg(long, default_value_t = 0.1)]
-    pub decline_rate: f64,
+    // Old name (hidden, still accepted): `--decline-rate`.
+    #[arg(long, alias = "decline-rate", default_value_t = 0.1)]
+    pub decline_share: f64,
     /// Share of fans who pick exact seats from the seat map (the rest take best available).
-    #[arg(long, default_value_t = 0.05)]
-    pub exact_rate: f64,
+    // Old name (hidden, still accepted): `--exact-rate`.
+    #[arg(long, alias = "exact-rate", default_value_t = 0.05)]
+    pub exact_share: f64,
     /// Share of fans turned away with SOLD_OUT who join the waitlist.
-    #[arg(long, default_value_t = 0.02)]
-    pub waitlist_rate: f64,
+    // Old name (hidden, still accepted): `--waitlist-rate`.
+    #[arg(long, alias = "waitlist-rate", default_value_t = 0.02)]
+    pub waitlist_share: f64,
     /// Places one fan may hold or own.
     #[arg(long, default_value_t = 4)]
     pub per_user_limit: u32,
@@ -68,29 +77,42 @@ pub struct FlashSaleArgs {
 }
 
 impl FlashSaleArgs {
-    /// Refuses counts of zero and shares outside 0..=1.
-    pub(crate) fn check(&self) -> anyhow::Result<()> {
+    /// Refuses counts of zero and shares outside 0..=1 (a [`UsageError`]).
+    pub(crate) fn check(&self) -> Result<(), UsageError> {
         if self.fans == 0 || self.seats < 4 || self.concurrency == 0 {
-            bail!("--fans and --concurrency must be at least 1, --seats at least 4");
+            return Err(UsageError::new(
+                "--fans and --concurrency must be at least 1, --seats at least 4",
+            ));
         }
         if self.join_pow_bits > boxoffice_engine::limits::JOIN_POW_DIFFICULTY_BITS_MAX {
-            bail!(
+            return Err(UsageError::new(format!(
                 "--join-pow-bits is at most {}",
                 boxoffice_engine::limits::JOIN_POW_DIFFICULTY_BITS_MAX
-            );
+            )));
         }
         for (name, v) in [
-            ("--pay-rate", self.pay_rate),
-            ("--exact-rate", self.exact_rate),
-            ("--decline-rate", self.decline_rate),
-            ("--waitlist-rate", self.waitlist_rate),
+            ("--pay-share", self.pay_share),
+            ("--exact-share", self.exact_share),
+            ("--decline-share", self.decline_share),
+            ("--waitlist-share", self.waitlist_share),
             ("--preopen-share", self.preopen_share),
         ] {
             if !(0.0..=1.0).contains(&v) {
-                bail!("{name} is a share between 0 and 1");
+                return Err(UsageError::new(format!(
+                    "{name} is a share between 0 and 1"
+                )));
             }
         }
         Ok(())
+    }
+
+    /// The hold TTL in ms: `--hold-ttl-seconds`, or the old `--hold-ttl-ms` rounded up to whole
+    /// seconds (the contract's unit).
+    pub fn hold_ttl_ms(&self) -> u64 {
+        match self.hold_ttl_ms {
+            Some(ms) => ms.div_ceil(1000).max(1) * 1000,
+            None => self.hold_ttl_seconds.saturating_mul(1000),
+        }
     }
 
     /// Fans who join before the opening (those with a lower index).

@@ -3,8 +3,9 @@
 //! A fan joins the line (first solving the event's join challenge, if it asks for a proof of
 //! work) and polls until admitted, holds 1 to 4 places (exact seats picked from
 //! the seat map, best available in a section, or anywhere), then pays (maybe with a declined
-//! card first) or walks away. Turned away with SOLD_OUT, a fan may wait on the waitlist and buy
-//! what it offers. At most `--concurrency` fans are between joining and paying at once.
+//! card first) or walks away. Turned away with SOLD_OUT, a fan may wait on the waitlist (with
+//! their admission, as the contract wants) and buy what it offers; if places came back
+//! meanwhile (PLACES_AVAILABLE), they hold those instead. At most `--concurrency` fans are between joining and paying at once.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -165,8 +166,8 @@ async fn one_fan(crowd: &Crowd, i: usize, slot: SemaphorePermit<'_>, in_sale: In
     let mut outcome = fan.buy().await;
     drop(in_sale);
     drop(slot);
-    if let Some(quantity) = outcome.waitlist.take() {
-        outcome.tickets = fan.wait_on_waitlist(quantity).await;
+    if let Some((quantity, admission)) = outcome.waitlist.take() {
+        outcome.tickets = fan.wait_on_waitlist(quantity, &admission).await;
     }
     if !outcome.tickets.is_empty() {
         if let Ok(mut t) = crowd.tickets.lock() {
@@ -178,11 +179,12 @@ async fn one_fan(crowd: &Crowd, i: usize, slot: SemaphorePermit<'_>, in_sale: In
     }
 }
 
-/// What a fan got, and whether they go on to wait on the waitlist (for this many places).
+/// What a fan got, and whether they go on to wait on the waitlist (for this many places, with
+/// this admission token).
 #[derive(Default)]
 struct Outcome {
     tickets: Vec<Ticket>,
-    waitlist: Option<u32>,
+    waitlist: Option<(u32, String)>,
 }
 
 /// One fan: their clients, their name, their own seeded choices.
@@ -257,16 +259,16 @@ impl<'a> Fan<'a> {
         }
         .min(self.crowd.args.per_user_limit);
         let selection = self.choose(quantity).await;
-        let hold = match self.hold(&admission, quantity, selection).await {
+        let hold = match self.hold(&admission, "hold", quantity, selection).await {
             Ok(h) => h,
             Err(turned_away) => return turned_away,
         };
         self.tally.holds_ok.fetch_add(1, Ordering::Relaxed);
-        if self.rng.random::<f64>() >= self.crowd.args.pay_rate {
+        if self.rng.random::<f64>() >= self.crowd.args.pay_share {
             self.tally.walked_away.fetch_add(1, Ordering::Relaxed);
             return Outcome::default();
         }
-        let declined_first = self.rng.random::<f64>() < self.crowd.args.decline_rate;
+        let declined_first = self.rng.random::<f64>() < self.crowd.args.decline_share;
         Outcome {
             tickets: self.pay(&hold.hold_id, self.i, declined_first).await,
             waitlist: None,
@@ -381,10 +383,10 @@ impl<'a> Fan<'a> {
         let args = &self.crowd.args;
         let event = &self.crowd.event;
         let roll: f64 = self.rng.random();
-        if roll < args.exact_rate && !event.reserved.is_empty() {
+        if roll < args.exact_share && !event.reserved.is_empty() {
             let section = &event.reserved[self.rng.random_range(0..event.reserved.len())];
             self.pick_from_map(section, quantity).await
-        } else if roll < args.exact_rate + 0.5 {
+        } else if roll < args.exact_share + 0.5 {
             let s = &event.all_sections[self.rng.random_range(0..event.all_sections.len())];
             Some(pb::hold_request::Selection::BestAvailable(
                 pb::BestAvailable {
@@ -409,6 +411,7 @@ impl<'a> Fan<'a> {
             .get_seat_map(pb::GetSeatMapRequest {
                 event_id: self.crowd.event.event_id.clone(),
                 section_id: section.into(),
+                first_row: 0,
             })
             .await
             .ok()?
@@ -435,10 +438,12 @@ impl<'a> Fan<'a> {
     }
 
     /// Holds `quantity` places, falling back to anywhere when the pick lost the race or its
-    /// section is gone; `Err` with the fan's outcome when the sale turned them away.
+    /// section is gone; `Err` with the fan's outcome when the sale turned them away. The
+    /// idempotency keys are `{key}-{attempt}`.
     async fn hold(
         &mut self,
         admission: &str,
+        key: &str,
         quantity: u32,
         mut selection: Option<pb::hold_request::Selection>,
     ) -> Result<pb::Hold, Outcome> {
@@ -455,7 +460,7 @@ impl<'a> Fan<'a> {
                 event_id: self.crowd.event.event_id.clone(),
                 user_id: self.user.clone(),
                 admission_token: admission.to_owned(),
-                idempotency_key: format!("hold-{attempt}"),
+                idempotency_key: format!("{key}-{attempt}"),
                 selection: Some(selection.clone().unwrap_or(anywhere.clone())),
             };
             let r = self
@@ -476,10 +481,10 @@ impl<'a> Fan<'a> {
                 }
                 Err(s) if matches!(reason(&s).as_str(), "SOLD_OUT" | "SEAT_UNAVAILABLE") => {
                     tally.sold_out.fetch_add(1, Ordering::Relaxed);
-                    let wait = self.rng.random::<f64>() < self.crowd.args.waitlist_rate;
+                    let wait = self.rng.random::<f64>() < self.crowd.args.waitlist_share;
                     return Err(Outcome {
                         tickets: Vec::new(),
-                        waitlist: wait.then_some(quantity),
+                        waitlist: wait.then(|| (quantity, admission.to_owned())),
                     });
                 }
                 Err(s) => {
@@ -553,23 +558,53 @@ impl<'a> Fan<'a> {
         }
     }
 
-    /// Joins the waitlist and buys the offer if one comes while the sale lasts.
-    async fn wait_on_waitlist(&mut self, quantity: u32) -> Vec<Ticket> {
+    /// Joins the waitlist (with the fan's admission) and buys the offer if one comes while the
+    /// sale lasts. Places that came back since the fan was turned away are refused to the
+    /// waitlist (`PLACES_AVAILABLE`): the fan holds and pays for them instead, or joins again if
+    /// someone was faster.
+    async fn wait_on_waitlist(&mut self, quantity: u32, admission: &str) -> Vec<Ticket> {
         let tally = self.tally;
-        let join = pb::JoinWaitlistRequest {
-            event_id: self.crowd.event.event_id.clone(),
-            user_id: self.user.clone(),
-            section_id: String::new(),
-            quantity,
-        };
-        let joined = self
-            .patient(&self.f.waitlist, join, None, |mut c, r| async move {
-                c.join_waitlist(r).await
-            })
-            .await;
-        let Ok(entry) = joined.map(tonic::Response::into_inner) else {
-            tally.error("join_waitlist", None);
-            return Vec::new();
+        let mut tries = 0;
+        let entry = loop {
+            tries += 1;
+            let join = pb::JoinWaitlistRequest {
+                event_id: self.crowd.event.event_id.clone(),
+                user_id: self.user.clone(),
+                section_id: String::new(),
+                quantity,
+                admission_token: admission.to_owned(),
+            };
+            let joined = self
+                .patient(&self.f.waitlist, join, None, |mut c, r| async move {
+                    c.join_waitlist(r).await
+                })
+                .await;
+            match joined {
+                Ok(e) => break e.into_inner(),
+                Err(s) if reason(&s) == "PLACES_AVAILABLE" && tries <= 3 => {
+                    tally
+                        .waitlist_places_available
+                        .fetch_add(1, Ordering::Relaxed);
+                    match self
+                        .hold(admission, &format!("rehold-{tries}"), quantity, None)
+                        .await
+                    {
+                        Ok(h) => {
+                            tally.holds_ok.fetch_add(1, Ordering::Relaxed);
+                            return self.pay(&h.hold_id, self.i, false).await;
+                        }
+                        // Sold out again: join again.
+                        Err(Outcome {
+                            waitlist: Some(_), ..
+                        }) => {}
+                        Err(_) => return Vec::new(),
+                    }
+                }
+                Err(s) => {
+                    tally.error("join_waitlist", Some(&s));
+                    return Vec::new();
+                }
+            }
         };
         tally.waitlist_joined.fetch_add(1, Ordering::Relaxed);
         // Wait while places may still come back, or until an offer comes. Nothing can come back
@@ -577,7 +612,7 @@ impl<'a> Fan<'a> {
         // left in the line-hold-pay flow and nothing is held. A fan who left earlier would keep
         // receiving offers that lapse, one TTL each (the contract has no way to leave the
         // waitlist).
-        let ttl_ms = self.crowd.args.hold_ttl_ms;
+        let ttl_ms = self.crowd.args.hold_ttl_ms();
         let give_up = Instant::now() + Duration::from_millis(ttl_ms * 20 + 60_000);
         // A quarter of the hold TTL, at most once a second: an offer is seen with most of its
         // TTL left to pay in.
@@ -589,6 +624,7 @@ impl<'a> Fan<'a> {
             }
             let check = pb::GetWaitlistEntryRequest {
                 entry_id: entry.entry_id.clone(),
+                user_id: self.user.clone(),
             };
             let checked = self
                 .patient(

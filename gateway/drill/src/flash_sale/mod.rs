@@ -5,11 +5,11 @@
 //! priced per section) and lets 100,000 fans at it through real tonic clients:
 //! - 10% join the waiting room before the sale opens (they are shuffled at the opening), the rest
 //!   arrive over `--arrival-seconds`; every fan polls `GetStatus` until admitted (admission runs
-//!   at `--admit-rate`);
+//!   at `--admit-rate-per-second`);
 //! - admitted fans hold 1 to 4 places: some pick exact seats from the (as-of) seat map, some best
 //!   available in a section, the rest anywhere;
-//! - about `--pay-rate` pay (some with a card that is declined first, then another); the others
-//!   walk away and their holds expire after `--hold-ttl-ms`;
+//! - about `--pay-share` pay (some with a card that is declined first, then another); the others
+//!   walk away and their holds expire after `--hold-ttl-seconds`;
 //! - some fans turned away with SOLD_OUT join the waitlist and buy what it offers them;
 //! - with `--join-pow-bits N` the event asks for a proof of work before `Join`: every fan fetches
 //!   a challenge and solves it first (on as many threads as the machine has cores), and the
@@ -95,7 +95,7 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
     let crowd = Arc::new(Crowd::new(args.clone(), event, channels, bearer, tally));
     fans::arrive(crowd.clone(), &arrivals).await?;
     let sale_seconds = started.elapsed().as_secs_f64();
-    let view = await_expiry(&mut admin, &event_id, args.hold_ttl_ms).await?;
+    let view = await_expiry(&mut admin, &event_id, args.hold_ttl_ms()).await?;
     let samples = progress.stop();
     let mut report = Report {
         fans: args.fans,
@@ -125,14 +125,14 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
     Ok(report)
 }
 
-/// Creates the sale's event: sections as [`sale_event`], admission at `--admit-rate`, the
+/// Creates the sale's event: sections as [`sale_event`], admission at `--admit-rate-per-second`, the
 /// opening `opens_in` from now.
 async fn create_event(
     admin: &mut Events,
     args: &FlashSaleArgs,
     opens_in: Duration,
 ) -> anyhow::Result<SaleEvent> {
-    let mut spec = sale_event(args.seats, args.hold_ttl_ms, args.per_user_limit);
+    let mut spec = sale_event(args.seats, args.hold_ttl_ms(), args.per_user_limit);
     spec.join_pow_difficulty_bits = args.join_pow_bits;
     let now_ms = u64::try_from(
         std::time::SystemTime::now()
@@ -142,13 +142,13 @@ async fn create_event(
     let event = admin
         .create_event(create_request(
             &spec,
-            u32::try_from(args.hold_ttl_ms.div_ceil(1000).max(1)).unwrap_or(600),
-            args.admit_rate,
+            u32::try_from(args.hold_ttl_ms() / 1000).unwrap_or(600),
+            args.admit_rate_per_second,
             120,
             i64::try_from(now_ms + u64::try_from(opens_in.as_millis())?)?,
         ))
         .await
-        .context("creating the sale's event (is --api-key an admin key?)")?
+        .context("creating the sale's event (is --admin-key an admin key?)")?
         .into_inner();
     let reserved = event
         .sections
@@ -221,14 +221,15 @@ mod tests {
             seats,
             arrival_seconds: 0.5,
             preopen_share: 0.2,
-            admit_rate: 5_000,
+            admit_rate_per_second: 5_000,
             concurrency: 128,
             // Long enough that a declined payer still pays in time on a loaded CI machine.
-            hold_ttl_ms: 2_000,
-            pay_rate: 0.7,
-            decline_rate: 0.2,
-            exact_rate: 0.3,
-            waitlist_rate: 0.3,
+            hold_ttl_seconds: 2,
+            hold_ttl_ms: None,
+            pay_share: 0.7,
+            decline_share: 0.2,
+            exact_share: 0.3,
+            waitlist_share: 0.3,
             per_user_limit: 4,
             join_pow_bits: 0,
             server: ServerChoice {
@@ -324,10 +325,10 @@ mod tests {
     async fn bad_flags_are_refused() {
         assert!(run(small(0, 200)).await.is_err());
         let mut a = small(10, 200);
-        a.pay_rate = 1.5;
+        a.pay_share = 1.5;
         assert!(run(a).await.is_err());
         let mut a = small(10, 200);
         a.server.target = Some("http://127.0.0.1:1".into());
-        assert!(run(a).await.is_err(), "--target without --api-key");
+        assert!(run(a).await.is_err(), "--target without --admin-key");
     }
 }

@@ -79,6 +79,9 @@ pub struct Report {
     pub waitlist_joined: u64,
     /// Waitlist offers confirmed.
     pub waitlist_bought: u64,
+    /// Waitlist joins refused with `PLACES_AVAILABLE` (places had come back since the
+    /// `SOLD_OUT`): the fan held them instead.
+    pub waitlist_places_available: u64,
     /// Payments declined once and paid with another card.
     pub declined_then_paid: u64,
     /// Requests the gate shed and the fans retried.
@@ -179,14 +182,20 @@ impl Report {
         }
     }
 
-    /// Whether the run kept every promise.
+    /// Whether the run kept every promise and no call failed unexpectedly.
     pub fn clean(&self) -> bool {
+        self.errors == 0 && self.promises_kept()
+    }
+
+    /// Whether the seats add up: none oversold or sold twice, the engine's invariants and the
+    /// reconciliation clean, one ticket per sold seat, nothing left held. `false` is a broken
+    /// promise (exit code 3); calls that failed alone are not (exit code 1).
+    pub fn promises_kept(&self) -> bool {
         self.oversold == 0
             && self.double_booked == 0
             && self.invariant_violations == 0
             && self.reconciliation_findings == 0
             && self.tickets == u64::from(self.sold)
-            && self.errors == 0
             && self.held == 0
             && self.available + self.sold == self.seats
     }
@@ -274,8 +283,11 @@ impl Report {
             ),
             ("SOLD_OUT answers", self.sold_out_answers.to_string()),
             (
-                "waitlist: joined / bought",
-                format!("{} / {}", self.waitlist_joined, self.waitlist_bought),
+                "waitlist: joined / bought / PLACES_AVAILABLE (held instead)",
+                format!(
+                    "{} / {} / {}",
+                    self.waitlist_joined, self.waitlist_bought, self.waitlist_places_available
+                ),
             ),
             (
                 "declined once, then paid",
@@ -405,6 +417,7 @@ impl Report {
         self.declined_then_paid = n(&tally.declined_then_paid);
         self.waitlist_joined = n(&tally.waitlist_joined);
         self.waitlist_bought = n(&tally.waitlist_bought);
+        self.waitlist_places_available = n(&tally.waitlist_places_available);
         self.errors = n(&tally.errors);
         self.pow_solved = n(&tally.pow_solved);
         self.pow_solve_seconds = n(&tally.pow_solve_ns) as f64 / 1e9;

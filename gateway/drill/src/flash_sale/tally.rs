@@ -25,6 +25,8 @@ pub(crate) struct Tally {
     pub declined_then_paid: AtomicU64,
     pub waitlist_joined: AtomicU64,
     pub waitlist_bought: AtomicU64,
+    /// Waitlist joins refused with `PLACES_AVAILABLE`: the fan held instead.
+    pub waitlist_places_available: AtomicU64,
     /// Payers whose hold expired before they paid (`HOLD_EXPIRED` on `Confirm`).
     pub too_late: AtomicU64,
     /// Seen by the progress sampler: no place free and none held, so every place is sold and

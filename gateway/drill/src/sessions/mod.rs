@@ -21,13 +21,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use boxoffice_client::{Authed, Bearer, Clients, connect};
 use boxoffice_engine::{EventSpec, Layout, RowSpec, SectionId, SectionSpec};
 use boxoffice_gateway::server::Running;
 use boxoffice_proto::v1::event_service_client::EventServiceClient;
 
 use crate::event::{RESERVED_SECTIONS, create_request, sale_event};
+use crate::secret::UsageError;
 use crate::server_choice::ServerChoice;
 
 mod phases;
@@ -133,15 +134,19 @@ pub async fn run(args: SessionsArgs) -> anyhow::Result<SessionsReport> {
 }
 
 impl SessionsArgs {
-    fn check(&self) -> anyhow::Result<()> {
+    /// Refuses counts of zero, a quantity outside 1..=4 and a share outside 0..=1 (a
+    /// [`UsageError`]).
+    fn check(&self) -> Result<(), UsageError> {
         if self.sessions == 0 || self.events == 0 || self.concurrency == 0 {
-            bail!("--sessions, --events and --concurrency must be at least 1");
+            return Err(UsageError::new(
+                "--sessions, --events and --concurrency must be at least 1",
+            ));
         }
         if !(1..=4).contains(&self.quantity) {
-            bail!("--quantity must be 1 to 4");
+            return Err(UsageError::new("--quantity must be 1 to 4"));
         }
         if !(0.0..=1.0).contains(&self.pay_share) {
-            bail!("--pay-share must be between 0 and 1");
+            return Err(UsageError::new("--pay-share must be between 0 and 1"));
         }
         Ok(())
     }
@@ -164,7 +169,7 @@ async fn create_events(
         let ev = admin
             .create_event(create_request(&spec, 600, 1_000_000, 3_600, 0))
             .await
-            .context("creating an event (is --api-key an admin key?)")?
+            .context("creating an event (is --admin-key an admin key?)")?
             .into_inner();
         event_ids.push(ev.event_id);
     }

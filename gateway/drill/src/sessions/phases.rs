@@ -100,12 +100,12 @@ impl Sessions {
         let (s, holds) = (self.clone(), holds.clone());
         drive("GetHold (all held)", self.n, self.concurrency, move |i| {
             let mut booking = s.client(i).booking;
-            let hold = taken(&holds, i);
+            let request = taken(&holds, i).map(|hold_id| pb::GetHoldRequest {
+                hold_id,
+                user_id: s.user(i),
+            });
             async move {
-                let h = booking
-                    .get_hold(pb::GetHoldRequest { hold_id: hold? })
-                    .await?
-                    .into_inner();
+                let h = booking.get_hold(request?).await?.into_inner();
                 if h.status == pb::HoldStatus::Held as i32 {
                     Ok(())
                 } else {

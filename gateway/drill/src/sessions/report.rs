@@ -91,12 +91,20 @@ impl SessionsReport {
         let expected = self.sessions as u64 * u64::from(self.quantity);
         self.held_at_peak == expected
             && self.holds_refused == 0
-            && self.held_at_end == 0
+            && self.phases.iter().all(|p| p.errors == 0)
+            && self.promises_kept()
+    }
+
+    /// Whether the places add up: nothing held at the end, one sale per paid place, sold and
+    /// available make up every place, the invariants and the reconciliation clean. `false` is a
+    /// broken promise (exit code 3); refused holds or failed calls alone are not (exit code 1).
+    pub fn promises_kept(&self) -> bool {
+        let expected = self.sessions as u64 * u64::from(self.quantity);
+        self.held_at_end == 0
             && self.sold == self.paid * u64::from(self.quantity)
             && self.sold + self.available == expected
             && self.invariant_violations.unwrap_or(0) == 0
             && self.reconciliation_findings.unwrap_or(0) == 0
-            && self.phases.iter().all(|p| p.errors == 0)
     }
 
     /// The report as one line of JSON.

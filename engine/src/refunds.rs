@@ -1,0 +1,230 @@
+//! Refunds of money kept without a sale.
+//!
+//! A charge can be captured and still end without an order: the provider took the money but
+//! its answer was lost (`tok_timeout`), and the fan then released the hold or let it expire; or
+//! the process died between the charge and the order; or the fan paid again with another token
+//! after a lost answer. Checkout refunds what it knows to be orphaned at once; these are the
+//! charges it cannot know about, and [`Engine::settle_and_reconcile`] refunds them.
+//!
+//! A captured charge is **orphaned** when no order is paid by it, its hold (named by the
+//! charge's key, `{hold_id}:{token fingerprint}`) has ended (released, expired, or confirmed by
+//! another payment), and no checkout of that hold is running. It is refunded by the first pass
+//! at least `grace` after a pass first found it orphaned; just before the refund the section's
+//! orders are read again, so an order made meanwhile (a paid-late rescue) keeps its payment.
+//! Charges whose hold is still held are left alone: a retry of `Confirm` may still turn them
+//! into an order, and once the hold expires they become orphans. Whatever can't be tied to a
+//! hold of this engine stays a reconciliation finding for a person to look at.
+
+use std::collections::HashSet;
+
+use dashmap::DashMap;
+
+use crate::engine::Engine;
+use crate::error::EngineError;
+use crate::payment::{Charge, ChargeStatus};
+use crate::reconcile::{self, Books, Finding};
+use crate::types::{HoldId, HoldStatus};
+
+/// What the refunder remembers between passes (in memory: after a restart a charge waits for
+/// its grace again, which only delays its refund).
+#[derive(Default)]
+pub(crate) struct Orphans {
+    /// Orphaned charges not refunded yet: payment id -> when a pass first found it, ms.
+    first_seen: DashMap<String, u64>,
+    /// Checkouts running, by hold: their charge may become an order any moment.
+    checkouts: DashMap<HoldId, u32>,
+}
+
+/// Marks a checkout of a hold as running until dropped.
+pub(crate) struct CheckoutRunning<'a> {
+    orphans: &'a Orphans,
+    hold: HoldId,
+}
+
+impl Orphans {
+    /// A checkout of `hold` starts; its charge is not an orphan until the guard is dropped.
+    pub(crate) fn checkout(&self, hold: &HoldId) -> CheckoutRunning<'_> {
+        *self.checkouts.entry(hold.clone()).or_insert(0) += 1;
+        CheckoutRunning {
+            orphans: self,
+            hold: hold.clone(),
+        }
+    }
+
+    fn checkout_running(&self, hold: &HoldId) -> bool {
+        self.checkouts.contains_key(hold)
+    }
+}
+
+impl Drop for CheckoutRunning<'_> {
+    fn drop(&mut self) {
+        self.orphans.checkouts.remove_if_mut(&self.hold, |_, n| {
+            *n -= 1;
+            *n == 0
+        });
+    }
+}
+
+/// What one settlement pass did, besides the findings it returns.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Settlement {
+    /// Orphaned charges refunded by this pass: (payment id, amount in cents).
+    pub refunded: Vec<(String, u64)>,
+    /// Orphaned charges waiting for their grace (or for a refund that failed to be retried).
+    pub pending: Vec<String>,
+}
+
+/// The hold a charge was made for, from its key (`{hold_id}:{fingerprint}`).
+fn hold_of(charge: &Charge) -> Option<HoldId> {
+    let (hold, _) = charge.key.rsplit_once(':')?;
+    let hold = HoldId(hold.to_owned());
+    hold.route().map(|_| hold)
+}
+
+impl Engine {
+    /// The server's periodic pass: reconciles, refunds the orphaned charges whose grace has
+    /// passed (see the module docs), and returns the findings left, with what was refunded.
+    /// Orphans waiting for their grace are not findings: they are counted in
+    /// `boxoffice_refunds_pending` and logged. Every finding is counted and logged, as
+    /// [`Engine::reconcile`] does.
+    pub async fn settle_and_reconcile(
+        &self,
+        grace: std::time::Duration,
+    ) -> Result<(Vec<Finding>, Settlement), EngineError> {
+        let books = self.books().await?;
+        let findings = reconcile::check(&Books {
+            sections: &books.sections,
+            claims: &books.claims,
+            charges: &books.charges,
+        });
+        let now = self.now_ms();
+        let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
+        let mut settlement = Settlement::default();
+        let mut left = Vec::new();
+        let mut orphaned_now = HashSet::new();
+        for finding in findings {
+            let Finding::CapturedWithoutOrder { payment_id, .. } = &finding else {
+                left.push(finding);
+                continue;
+            };
+            let Some(charge) = books.charges.iter().find(|c| &c.payment_id == payment_id) else {
+                left.push(finding);
+                continue;
+            };
+            match self.orphan_hold(charge).await {
+                Orphan::No => {}
+                Orphan::Unknown => left.push(finding),
+                Orphan::Yes(hold) => {
+                    orphaned_now.insert(payment_id.clone());
+                    let first = *self
+                        .inner
+                        .orphans
+                        .first_seen
+                        .entry(payment_id.clone())
+                        .or_insert(now);
+                    if now.saturating_sub(first) < grace_ms {
+                        settlement.pending.push(payment_id.clone());
+                        continue;
+                    }
+                    match self.refund_orphan(charge, &hold).await {
+                        Ok(true) => {
+                            self.inner.orphans.first_seen.remove(payment_id);
+                            settlement
+                                .refunded
+                                .push((payment_id.clone(), charge.amount_cents));
+                        }
+                        Ok(false) => {
+                            self.inner.orphans.first_seen.remove(payment_id);
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %e, payment = %payment_id,
+                                "refund of a charge without a sale failed; retried next pass");
+                            settlement.pending.push(payment_id.clone());
+                        }
+                    }
+                }
+            }
+        }
+        // Forget charges no longer orphaned (an order took them, or a person refunded them).
+        self.inner
+            .orphans
+            .first_seen
+            .retain(|id, _| orphaned_now.contains(id));
+        metrics::gauge!("boxoffice_refunds_pending").set(settlement.pending.len() as f64);
+        for id in &settlement.pending {
+            tracing::warn!(payment = %id, grace_ms, "captured charge without a sale: refund pending");
+        }
+        reconcile::report(&left);
+        Ok((left, settlement))
+    }
+
+    /// Whether `charge` is orphaned now: its hold ended, and no checkout of it is running.
+    async fn orphan_hold(&self, charge: &Charge) -> Orphan {
+        let Some(hold_id) = hold_of(charge) else {
+            return Orphan::Unknown;
+        };
+        let Some((event_id, _)) = hold_id.route() else {
+            return Orphan::Unknown;
+        };
+        if self.inner.orphans.checkout_running(&hold_id) {
+            return Orphan::No;
+        }
+        match self.get_hold(&hold_id).await {
+            Ok(h) if h.status == HoldStatus::Held => Orphan::No,
+            Ok(_) => Orphan::Yes(hold_id),
+            // The hold was forgotten (past the retention window): it ended long ago.
+            Err(EngineError::Rejected(crate::error::Rejection::HoldNotFound))
+                if self.entry(&event_id).is_ok() =>
+            {
+                Orphan::Yes(hold_id)
+            }
+            Err(_) => Orphan::Unknown,
+        }
+    }
+
+    /// Refunds `charge` unless an order of its section is paid by it (read again now) or a
+    /// checkout of its hold started. `Ok(false)`: not refunded, it has a sale after all.
+    async fn refund_orphan(&self, charge: &Charge, hold: &HoldId) -> Result<bool, EngineError> {
+        let (event_id, section_id) = hold.route().ok_or(crate::error::Rejection::HoldNotFound)?;
+        if self.inner.orphans.checkout_running(hold) {
+            return Ok(false);
+        }
+        let paid = self
+            .section_core(&event_id, &section_id)
+            .await?
+            .orders()
+            .iter()
+            .any(|o| o.payment_ref == charge.payment_id);
+        if paid {
+            return Ok(false);
+        }
+        let refunded = self
+            .inner
+            .payments
+            .refund(&charge.payment_id)
+            .await
+            .map_err(|e| EngineError::PaymentUnavailable {
+                timeout: false,
+                reason: e.to_string(),
+            })?;
+        if refunded.status != ChargeStatus::Refunded {
+            return Err(EngineError::PaymentUnavailable {
+                timeout: false,
+                reason: format!("the refund left the charge {:?}", refunded.status),
+            });
+        }
+        metrics::counter!("boxoffice_refunds_total", "cause" => "charge_without_sale").increment(1);
+        tracing::info!(payment = %charge.payment_id, hold = %hold, amount_cents = charge.amount_cents,
+            "refunded a captured charge whose hold ended without an order");
+        Ok(true)
+    }
+}
+
+enum Orphan {
+    /// Not an orphan (yet): its hold is held, or its checkout is running.
+    No,
+    /// Orphaned: its hold ended.
+    Yes(HoldId),
+    /// Not tied to a hold of this engine: a finding for a person.
+    Unknown,
+}
