@@ -9,8 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use boxoffice_client::{Authed, Bearer, connect};
-use boxoffice_gateway::server::{ServerConfig, start};
+use boxoffice_client::{Authed, Bearer};
 use boxoffice_proto::v1 as pb;
 use criterion::{Criterion, criterion_group, criterion_main};
 
@@ -26,17 +25,7 @@ struct Env {
 const USERS: usize = 400;
 
 async fn env() -> Env {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut cfg = ServerConfig::new("bench-admin", "bench-client", b"bench-secret");
-    cfg.listen = "127.0.0.1:0".parse().expect("addr");
-    cfg.metrics_listen = None;
-    cfg.data_dir = dir.path().to_path_buf();
-    cfg.reconcile_every = None;
-    let mut server = start(cfg).await.expect("server");
-    server.wait_ready().await.expect("ready");
-    let ch = connect(&format!("http://{}", server.addr))
-        .await
-        .expect("connect");
+    let (dir, server, ch) = boxoffice_benches::grpc_server().await;
     let key = Bearer::new("bench-admin").expect("key");
     let mut events =
         pb::event_service_client::EventServiceClient::with_interceptor(ch.clone(), key.clone());
@@ -60,6 +49,7 @@ async fn env() -> Env {
             admission_window_seconds: 86_400,
             sale_opens_at_unix_ms: 0,
             idempotency_key: String::new(),
+            join_pow_difficulty_bits: 0,
         })
         .await
         .expect("event");
@@ -76,6 +66,7 @@ async fn env() -> Env {
                 event_id: "bench".into(),
                 user_id: user.clone(),
                 session_id: "s".into(),
+                ..Default::default()
             })
             .await
             .expect("join")

@@ -5,7 +5,9 @@
 //!   1,024 concurrent callers, 1 or 16 sections, `Durability::Sync` and `Buffered`;
 //! - `replay`: restart (recovery) time and records/s for a log of 100,000 records
 //!   (1,000,000 with `BOXOFFICE_BENCH_FULL=1`), with and without checkpoints;
-//! - `waiting_room`: bytes per waiting fan for 1,000,000 fans, poll and join cost.
+//! - `waiting_room`: bytes per waiting fan for 1,000,000 fans, poll and join cost;
+//! - `grpc`: the end-to-end gRPC path against an embedded server ([`grpc_server`]);
+//! - `pow`: the join proof of work: a client's solve time by difficulty, the server's check.
 //!
 //! Results and the machine they were measured on are in `BENCHMARKS.md` at the workspace root.
 
@@ -48,6 +50,7 @@ pub fn ga_event(event_id: &EventId, sections: usize, capacity: u32) -> EventSpec
         admit_rate_per_second: 0,
         admission_window_ms: 0,
         sale_opens_at_ms: 0,
+        join_pow_difficulty_bits: 0,
     }
 }
 
@@ -106,6 +109,29 @@ pub fn thousands(n: u64) -> String {
         out.push(c);
     }
     out
+}
+
+/// An embedded gRPC server for the benches (`Durability::Sync`, loopback, admin key
+/// `bench-admin`, no metrics endpoint, no periodic reconciliation) on a temporary data dir,
+/// recovered and ready, and a channel to it. Keep the dir as long as the server.
+pub async fn grpc_server() -> (
+    tempfile::TempDir,
+    boxoffice_gateway::server::Running,
+    tonic::transport::Channel,
+) {
+    use boxoffice_gateway::server::{ServerConfig, start};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = ServerConfig::new("bench-admin", "bench-client", b"bench-secret");
+    cfg.listen = "127.0.0.1:0".parse().expect("addr");
+    cfg.metrics_listen = None;
+    cfg.data_dir = dir.path().to_path_buf();
+    cfg.reconcile_every = None;
+    let mut server = start(cfg).await.expect("server");
+    server.wait_ready().await.expect("ready");
+    let ch = boxoffice_client::connect(&format!("http://{}", server.addr))
+        .await
+        .expect("connect");
+    (dir, server, ch)
 }
 
 #[cfg(test)]

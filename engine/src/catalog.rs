@@ -142,11 +142,7 @@ impl Engine {
         let created_at_ms = self.now_ms();
         let mut spec = spec;
         spec.event_id = Some(event_id.clone());
-        let record = CatalogRecord::EventCreated {
-            spec: spec.clone(),
-            event_id: event_id.clone(),
-            created_at_ms,
-        };
+        let record = CatalogRecord::event_created(spec.clone(), event_id.clone(), created_at_ms);
         let (tx, rx) = oneshot::channel();
         let job = catalog.append(
             std::slice::from_ref(&record),
@@ -198,6 +194,7 @@ impl Engine {
             admit_rate_per_second: e.spec.admit_rate_per_second,
             admission_window_ms: e.spec.admission_window_ms,
             sale_opens_at_ms: e.spec.sale_opens_at_ms,
+            join_pow_difficulty_bits: e.spec.join_pow_difficulty_bits,
         })
     }
 

@@ -50,6 +50,7 @@
 //!         admit_rate_per_second: 0,
 //!         admission_window_ms: 0,
 //!         sale_opens_at_ms: 0,       // open now
+//!         join_pow_difficulty_bits: 0, // 0: no proof of work before joining the line
 //!     })
 //!     .await?;
 //! let hold = engine

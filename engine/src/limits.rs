@@ -29,6 +29,9 @@ pub const PER_USER_LIMIT_MAX: u32 = 100;
 pub const PLACES_PER_HOLD_MAX: u32 = 100;
 /// Longest hold TTL an event may set (one day).
 pub const HOLD_TTL_MS_MAX: u64 = 24 * 60 * 60 * 1000;
+/// Highest proof-of-work difficulty an event may ask of a `Join`, in leading zero bits of a
+/// SHA-256 (about 4 billion hashes for a fan: minutes of a core).
+pub const JOIN_POW_DIFFICULTY_BITS_MAX: u32 = 32;
 
 // ---- Event defaults (a zero in the spec means these) ----------------------------------------
 

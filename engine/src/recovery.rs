@@ -441,13 +441,7 @@ fn recover_catalog(
     let events = catalog
         .records
         .into_iter()
-        .map(|(_, r)| match r {
-            CatalogRecord::EventCreated {
-                spec,
-                event_id,
-                created_at_ms,
-            } => (event_id, spec, created_at_ms),
-        })
+        .map(|(_, r)| r.into_event())
         .collect();
     Ok((events, catalog.last_seq))
 }

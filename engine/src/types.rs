@@ -184,6 +184,12 @@ pub struct EventSpec {
     pub admission_window_ms: u64,
     /// When the sale opens, ms since the Unix epoch (0: open now).
     pub sale_opens_at_ms: u64,
+    /// Proof of work a waiting-room `Join` must carry, in leading zero bits (0: none; at most
+    /// [`crate::limits::JOIN_POW_DIFFICULTY_BITS_MAX`]). Not part of the spec's own encoding:
+    /// the catalog record carries it beside the spec ([`CatalogRecord::EventCreatedWithPow`]),
+    /// so catalog records written before it existed still decode (as 0).
+    #[serde(skip)]
+    pub join_pow_difficulty_bits: u32,
 }
 
 impl EventSpec {
@@ -250,6 +256,12 @@ impl EventSpec {
             return Err(Rejection::invalid(
                 "admission_window_seconds",
                 "at most 86400 (one day)",
+            ));
+        }
+        if self.join_pow_difficulty_bits > JOIN_POW_DIFFICULTY_BITS_MAX {
+            return Err(Rejection::invalid(
+                "join_pow_difficulty_bits",
+                format!("at most {JOIN_POW_DIFFICULTY_BITS_MAX}"),
             ));
         }
         Ok(())
@@ -443,6 +455,8 @@ pub struct EventTerms {
     pub admission_window_ms: u64,
     /// When the sale opens, ms since the Unix epoch.
     pub sale_opens_at_ms: u64,
+    /// Proof of work a `Join` must carry, in leading zero bits (0: none).
+    pub join_pow_difficulty_bits: u32,
 }
 
 /// A seat with its id, for seat maps.
@@ -488,14 +502,65 @@ pub struct SeatMap {
     pub sections: Vec<SectionSeats>,
 }
 
-/// What the catalog stream records.
+/// What the catalog stream records. Variants are only ever added at the end (bincode numbers
+/// them), so records written before a variant existed still decode.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum CatalogRecord {
+    /// An event created before the join proof of work existed, or without one (its spec's
+    /// `join_pow_difficulty_bits` is 0).
     EventCreated {
         spec: EventSpec,
         event_id: EventId,
         created_at_ms: u64,
     },
+    /// An event asking for a proof of work before `Join`: the spec (whose own encoding skips
+    /// the difficulty) and the difficulty beside it.
+    EventCreatedWithPow {
+        spec: EventSpec,
+        event_id: EventId,
+        created_at_ms: u64,
+        join_pow_difficulty_bits: u32,
+    },
+}
+
+impl CatalogRecord {
+    /// The record of a new event: [`CatalogRecord::EventCreated`] when it asks for no proof of
+    /// work (byte for byte what earlier builds wrote), else [`CatalogRecord::EventCreatedWithPow`].
+    pub(crate) fn event_created(spec: EventSpec, event_id: EventId, created_at_ms: u64) -> Self {
+        match spec.join_pow_difficulty_bits {
+            0 => CatalogRecord::EventCreated {
+                spec,
+                event_id,
+                created_at_ms,
+            },
+            bits => CatalogRecord::EventCreatedWithPow {
+                spec,
+                event_id,
+                created_at_ms,
+                join_pow_difficulty_bits: bits,
+            },
+        }
+    }
+
+    /// The event a record creates: its id, its whole spec, and when it was created.
+    pub(crate) fn into_event(self) -> (EventId, EventSpec, u64) {
+        match self {
+            CatalogRecord::EventCreated {
+                spec,
+                event_id,
+                created_at_ms,
+            } => (event_id, spec, created_at_ms),
+            CatalogRecord::EventCreatedWithPow {
+                mut spec,
+                event_id,
+                created_at_ms,
+                join_pow_difficulty_bits,
+            } => {
+                spec.join_pow_difficulty_bits = join_pow_difficulty_bits;
+                (event_id, spec, created_at_ms)
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -513,6 +578,7 @@ mod tests {
             admit_rate_per_second: 0,
             admission_window_ms: 0,
             sale_opens_at_ms: 0,
+            join_pow_difficulty_bits: 0,
         }
         .with_defaults();
         assert_eq!(spec.validate().unwrap_err().field(), Some("event_id"));
@@ -534,6 +600,97 @@ mod tests {
         assert_eq!(
             spec.validate().unwrap_err().field(),
             Some("sections[0].reserved.rows[0].seat_count")
+        );
+    }
+    #[test]
+    fn catalog_records_of_earlier_builds_decode_and_the_difficulty_round_trips() {
+        // The catalog record exactly as builds before the join proof of work wrote it.
+        #[derive(Serialize)]
+        struct OldSpec {
+            event_id: Option<EventId>,
+            name: String,
+            sections: Vec<SectionSpec>,
+            hold_ttl_ms: u64,
+            per_user_limit: u32,
+            admit_rate_per_second: u32,
+            admission_window_ms: u64,
+            sale_opens_at_ms: u64,
+        }
+        #[derive(Serialize)]
+        enum OldRecord {
+            EventCreated {
+                spec: OldSpec,
+                event_id: EventId,
+                created_at_ms: u64,
+            },
+        }
+        let sections = vec![SectionSpec {
+            section_id: SectionId::from("a"),
+            name: "A".into(),
+            price_cents: 100,
+            layout: Layout::GeneralAdmission { capacity: 5 },
+        }];
+        let old = OldRecord::EventCreated {
+            spec: OldSpec {
+                event_id: Some(EventId::from("e1")),
+                name: "E".into(),
+                sections: sections.clone(),
+                hold_ttl_ms: 1_000,
+                per_user_limit: 2,
+                admit_rate_per_second: 3,
+                admission_window_ms: 4_000,
+                sale_opens_at_ms: 5,
+            },
+            event_id: EventId::from("e1"),
+            created_at_ms: 6,
+        };
+        let old_bytes = crate::codec::encode(&old);
+        let spec = EventSpec {
+            event_id: Some(EventId::from("e1")),
+            name: "E".into(),
+            sections,
+            hold_ttl_ms: 1_000,
+            per_user_limit: 2,
+            admit_rate_per_second: 3,
+            admission_window_ms: 4_000,
+            sale_opens_at_ms: 5,
+            join_pow_difficulty_bits: 0,
+        };
+        let decoded: CatalogRecord = crate::codec::decode(&old_bytes).unwrap();
+        assert_eq!(
+            decoded.into_event(),
+            (EventId::from("e1"), spec.clone(), 6),
+            "an earlier build's record reads as an event without proof of work"
+        );
+        assert_eq!(
+            crate::codec::encode(&CatalogRecord::event_created(
+                spec.clone(),
+                EventId::from("e1"),
+                6
+            )),
+            old_bytes,
+            "an event without proof of work is written as before, byte for byte"
+        );
+        let hard = EventSpec {
+            join_pow_difficulty_bits: 20,
+            ..spec
+        };
+        let bytes = crate::codec::encode(&CatalogRecord::event_created(
+            hard.clone(),
+            EventId::from("e1"),
+            6,
+        ));
+        let back: CatalogRecord = crate::codec::decode(&bytes).unwrap();
+        assert_eq!(back.into_event(), (EventId::from("e1"), hard.clone(), 6));
+        assert_eq!(
+            EventSpec {
+                join_pow_difficulty_bits: 33,
+                ..hard
+            }
+            .validate()
+            .unwrap_err()
+            .field(),
+            Some("join_pow_difficulty_bits")
         );
     }
 }

@@ -60,6 +60,7 @@ pub fn event_spec(req: pb::CreateEventRequest) -> Result<EventSpec, Rejection> {
         admit_rate_per_second: req.admit_rate_per_second,
         admission_window_ms: u64::from(req.admission_window_seconds) * 1000,
         sale_opens_at_ms: req.sale_opens_at_unix_ms.unsigned_abs(),
+        join_pow_difficulty_bits: req.join_pow_difficulty_bits,
     })
 }
 

@@ -199,6 +199,7 @@ pub const METHODS: &[&str] = &[
     "GetSeatMap",
     "Join",
     "GetStatus",
+    "GetJoinChallenge",
     "Hold",
     "Confirm",
     "Release",

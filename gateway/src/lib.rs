@@ -14,7 +14,8 @@
 //!   within a response size limit.
 //! - [`status`]: every error's gRPC code and `ErrorInfo` reason.
 //! - [`waiting_room`]: the line, the opening shuffle, admission at a rate.
-//! - [`tokens`]: HMAC-signed queue and admission tokens.
+//! - [`tokens`]: HMAC-signed queue and admission tokens (and join challenges).
+//! - [`pow`]: the proof of work before `Join`: stateless challenges, checked once each.
 //! - [`tickets`]: Ed25519-signed e-ticket codes naming their key, verifiable offline; the key
 //!   ring in the data dir and its rotation.
 //! - [`metrics`]: the Prometheus endpoint.
@@ -25,6 +26,7 @@ pub mod gate;
 pub mod health;
 pub mod limits;
 pub mod metrics;
+pub mod pow;
 pub mod seat_maps;
 pub mod server;
 pub mod services;

@@ -13,6 +13,9 @@ pub const FIELD_LEN_MAX: usize = 256;
 pub const TOKEN_LEN_MAX: usize = 512;
 /// How long a queue token stays valid (a day: a fan may wait long before an opening).
 pub const QUEUE_TOKEN_TTL_MS: u64 = 24 * 60 * 60 * 1000;
+/// How long a join challenge (the proof of work before `Join`) stays valid by default: five
+/// minutes, time for a slow device to solve a hard one.
+pub const JOIN_CHALLENGE_TTL_MS_DEFAULT: u64 = 5 * 60 * 1000;
 /// Events listed per page when the caller asks for 0.
 pub const LIST_PAGE_DEFAULT: usize = 50;
 /// Most events listed per page.
@@ -60,8 +63,9 @@ const fn base64_len(n: usize) -> usize {
     (n * 4).div_ceil(3)
 }
 
-/// The longest token the server signs: payload `[version][kind][4 x u64][u16 + event][u16 +
-/// user]` with the longest ids, then `.` and the base64 of a 32-byte HMAC-SHA256 tag.
+/// The longest token the server signs (queue and admission tokens, and join challenges): payload
+/// `[version][kind][4 x u64][u16 + event][u16 + user]` with the longest ids, then `.` and the
+/// base64 of a 32-byte HMAC-SHA256 tag.
 pub const TOKEN_SIGNED_LEN_MAX: usize =
     base64_len(1 + 1 + 4 * 8 + 2 + ID_LEN_MAX + 2 + ID_LEN_MAX) + 1 + base64_len(32);
 
@@ -77,6 +81,7 @@ const _: () = {
     // answer and not HTTP/2 flow control's.
     assert!(IN_FLIGHT_MAX_DEFAULT >= STREAMS_PER_CONNECTION_MAX as usize);
     assert!(QUEUE_MAX_DEFAULT > 0);
+    assert!(JOIN_CHALLENGE_TTL_MS_DEFAULT > 0);
     // A rotation needs room for the old key and the new one.
     assert!(TICKET_KEYS_MAX >= 2);
     // The smallest seat-map page holds the largest row with room for the headers.

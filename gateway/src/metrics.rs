@@ -182,6 +182,13 @@ pub const FAMILIES: &[Family] = &[
         "Fans in an event's waiting room (admitted or not).",
         Series::PerEvent,
     ),
+    family(
+        "boxoffice_join_challenges_used",
+        Gauge,
+        COUNT,
+        "Join challenges (the proof of work before Join) used and not yet expired: the set that refuses a second use, pruned every second.",
+        Series::One,
+    ),
     // engine: sections
     family(
         "boxoffice_section_places",

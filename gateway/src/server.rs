@@ -50,6 +50,8 @@ pub struct ServerConfig {
     pub section_inflight_max: usize,
     /// Fans per waiting room.
     pub queue_max: u32,
+    /// How long a join challenge (the proof of work before `Join`) stays valid.
+    pub join_challenge_ttl: Duration,
     /// How long a drain waits for calls in flight.
     pub grace: Duration,
     /// How long idempotency answers are replayed and ended holds remembered (1 s to 30 days).
@@ -94,6 +96,7 @@ impl ServerConfig {
             in_flight_max: crate::limits::IN_FLIGHT_MAX_DEFAULT,
             section_inflight_max: 10_000,
             queue_max: crate::limits::QUEUE_MAX_DEFAULT,
+            join_challenge_ttl: Duration::from_millis(crate::limits::JOIN_CHALLENGE_TTL_MS_DEFAULT),
             grace: Duration::from_secs(10),
             idempotency_window: Duration::from_millis(
                 boxoffice_engine::limits::IDEMPOTENCY_WINDOW_MS_DEFAULT,
@@ -370,6 +373,7 @@ async fn recover(
             config.seat_map_max_bytes,
             u64::try_from(config.seat_map_staleness.as_millis()).unwrap_or(u64::MAX),
         ),
+        u64::try_from(config.join_challenge_ttl.as_millis()).unwrap_or(u64::MAX),
     ));
     if let Some(every) = config.reconcile_every {
         // The periodic reconciliation: findings become a metric and a log line each; charges

@@ -11,6 +11,7 @@ use dashmap::DashMap;
 use tonic::{Request, Response, Status};
 
 use crate::convert;
+use crate::pow::{JoinChallenges, spawn_pruner};
 use crate::seat_maps::{SeatMapAsk, SeatMapReply, SeatMaps};
 use crate::status::ApiError;
 use crate::tokens::{Claims, TokenError, TokenKind, TokenSigner, seed_commitment};
@@ -38,12 +39,16 @@ pub struct Api {
     pub tickets: crate::tickets::TicketSigner,
     /// Seat maps, built once per change and shared.
     pub seat_maps: SeatMaps,
+    /// Join challenges (the proof of work before `Join`) and the set of used ones.
+    pub challenges: Arc<JoinChallenges>,
     rooms: DashMap<EventId, Arc<WaitingRoom>>,
     admitters: DashMap<EventId, tokio::task::JoinHandle<()>>,
+    pruner: tokio::task::JoinHandle<()>,
 }
 
 impl Api {
-    /// The shared state of the services.
+    /// The shared state of the services; join challenges are valid for `join_challenge_ttl_ms`.
+    /// Starts the task that forgets expired used challenges (so it needs a tokio runtime).
     pub fn new(
         engine: Engine,
         signer: TokenSigner,
@@ -51,7 +56,10 @@ impl Api {
         clock: Arc<dyn Clock>,
         queue_max: u32,
         seat_maps: SeatMaps,
+        join_challenge_ttl_ms: u64,
     ) -> Api {
+        let challenges = Arc::new(JoinChallenges::new(join_challenge_ttl_ms));
+        let pruner = spawn_pruner(Arc::downgrade(&challenges), clock.clone());
         Api {
             engine,
             signer,
@@ -59,8 +67,10 @@ impl Api {
             clock,
             queue_max,
             seat_maps,
+            challenges,
             rooms: DashMap::new(),
             admitters: DashMap::new(),
+            pruner,
         }
     }
 
@@ -94,11 +104,12 @@ impl Api {
         self.rooms.get(event_id).map(|r| r.clone())
     }
 
-    /// Stops every admission timer.
+    /// Stops every admission timer, and the pruning of used join challenges.
     pub fn stop(&self) {
         for a in self.admitters.iter() {
             a.value().abort();
         }
+        self.pruner.abort();
     }
 
     fn event_proto(&self, e: EventView) -> pb::Event {
@@ -149,6 +160,7 @@ impl Api {
                 String::new()
             },
             shuffled_fans: u64::from(drawn.unwrap_or(0)),
+            join_pow_difficulty_bits: e.spec.join_pow_difficulty_bits,
         }
     }
 
@@ -417,15 +429,48 @@ impl pb::waiting_room_service_server::WaitingRoomService for WaitingRoomSvc {
             ))
             .into());
         }
+        if req.join_challenge.len() > crate::limits::TOKEN_LEN_MAX {
+            return Err(ApiError::from(Rejection::invalid(
+                "join_challenge",
+                format!("at most {} bytes", crate::limits::TOKEN_LEN_MAX),
+            ))
+            .into());
+        }
         let event = api.engine.event_terms(&id).map_err(ApiError::from)?;
         let room = api.room(&event);
         let now = api.clock.now_ms();
         // A fan joining after the opening instant is never part of the opening draw.
         room.open_if_due(now);
+        let bits = event.join_pow_difficulty_bits;
+        // The proof of work buys a new place; a place this session already has is returned
+        // without one (a retry of a Join whose answer was lost, a refresh).
+        let used = if bits > 0 && room.find(&req.user_id, &req.session_id).is_none() {
+            Some(
+                api.challenges
+                    .check(
+                        &api.signer,
+                        &req.join_challenge,
+                        req.pow_nonce,
+                        id.as_str(),
+                        &req.user_id,
+                        bits,
+                        now,
+                    )
+                    .map_err(ApiError::Pow)?,
+            )
+        } else {
+            None
+        };
         let join = room
             .join(&req.user_id, &req.session_id)
             .map_err(|e| match e {
-                JoinError::QueueFull => ApiError::QueueFull,
+                JoinError::QueueFull => {
+                    // No place was taken: the challenge may be used again.
+                    if let Some(used) = used {
+                        api.challenges.give_back(used);
+                    }
+                    ApiError::QueueFull
+                }
             })?;
         let token = api.signer.sign(&Claims {
             kind: TokenKind::Queue,
@@ -452,6 +497,29 @@ impl pb::waiting_room_service_server::WaitingRoomService for WaitingRoomSvc {
             queue_token: token,
             position,
             eta_seconds,
+        })
+    }
+
+    async fn get_join_challenge(
+        &self,
+        req: Request<pb::GetJoinChallengeRequest>,
+    ) -> Rpc<pb::JoinChallenge> {
+        let api = ready(&self.0)?;
+        let req = req.into_inner();
+        let id = event_id("event_id", req.event_id)?;
+        user_id(&req.user_id)?;
+        let event = api.engine.event_terms(&id).map_err(ApiError::from)?;
+        let bits = event.join_pow_difficulty_bits;
+        if bits == 0 {
+            return ok(pb::JoinChallenge::default());
+        }
+        let issued =
+            api.challenges
+                .issue(&api.signer, id.as_str(), &req.user_id, api.clock.now_ms());
+        ok(pb::JoinChallenge {
+            challenge: issued.challenge,
+            difficulty_bits: bits,
+            expires_at_unix_ms: i64::try_from(issued.expires_at_ms).unwrap_or(i64::MAX),
         })
     }
 

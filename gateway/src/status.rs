@@ -24,6 +24,8 @@ pub enum ApiError {
     NotAdmitted,
     /// The waiting room is full.
     QueueFull,
+    /// The proof of work before `Join` is missing, wrong, expired or used.
+    Pow(crate::pow::PowError),
     /// Shed before doing any work.
     Overloaded(&'static str),
     /// Recovering or shutting down.
@@ -178,6 +180,25 @@ impl From<ApiError> for Status {
                 "the waiting room is full; back off and retry".into(),
                 none(),
             ),
+            ApiError::Pow(e) => {
+                use crate::pow::PowError;
+                let message = match e {
+                    PowError::Required => {
+                        "this event asks for a proof of work: GetJoinChallenge, solve it, join with it"
+                    }
+                    PowError::Invalid => {
+                        "the join challenge is not this server's for this event and user, or the nonce does not solve it"
+                    }
+                    PowError::Expired => "the join challenge expired: get a new one",
+                    PowError::Reused => "the join challenge was used already: get a new one",
+                };
+                status(
+                    Code::FailedPrecondition,
+                    e.reason(),
+                    message.to_owned(),
+                    none(),
+                )
+            }
             ApiError::Unauthenticated => Status::unauthenticated(
                 "missing or unknown API key: send `authorization: Bearer <key>`",
             ),
@@ -232,6 +253,10 @@ fn every_error() -> Vec<ApiError> {
             size: 0,
             limit: 0,
         },
+        ApiError::Pow(crate::pow::PowError::Required),
+        ApiError::Pow(crate::pow::PowError::Invalid),
+        ApiError::Pow(crate::pow::PowError::Expired),
+        ApiError::Pow(crate::pow::PowError::Reused),
     ]);
     all
 }
@@ -350,6 +375,7 @@ mod tests {
             ApiError::Unauthenticated => 12,
             ApiError::PermissionDenied => 13,
             ApiError::SeatMapTooLarge { .. } => 14,
+            ApiError::Pow(_) => 15,
         }
     }
 
@@ -358,7 +384,7 @@ mod tests {
         let mut seen: Vec<usize> = every_error().iter().map(kind).collect();
         seen.sort_unstable();
         seen.dedup();
-        assert_eq!(seen, (0..15).collect::<Vec<_>>());
+        assert_eq!(seen, (0..16).collect::<Vec<_>>());
     }
 
     /// The reasons table of docs/api.md (section 7.2) is the list the server answers: the same
@@ -435,6 +461,26 @@ mod tests {
                 "NOT_ADMITTED",
             ),
             (ApiError::QueueFull, Code::ResourceExhausted, "QUEUE_FULL"),
+            (
+                ApiError::Pow(crate::pow::PowError::Required),
+                Code::FailedPrecondition,
+                "POW_REQUIRED",
+            ),
+            (
+                ApiError::Pow(crate::pow::PowError::Invalid),
+                Code::FailedPrecondition,
+                "POW_INVALID",
+            ),
+            (
+                ApiError::Pow(crate::pow::PowError::Expired),
+                Code::FailedPrecondition,
+                "POW_EXPIRED",
+            ),
+            (
+                ApiError::Pow(crate::pow::PowError::Reused),
+                Code::FailedPrecondition,
+                "POW_REUSED",
+            ),
             (
                 ApiError::SeatMapTooLarge {
                     event_id: "e".into(),

@@ -6,7 +6,9 @@
 //! [event len u16][event][user len u16][user]`, integers big-endian. For a queue token `number`
 //! is the fan's join sequence, `at_ms` when they joined and `epoch` the waiting room's random
 //! epoch (a token from a room that no longer exists, say before a restart, matches no room); for
-//! an admission token `number` is their position and `at_ms` when they were admitted.
+//! an admission token `number` is their position and `at_ms` when they were admitted; for a join
+//! challenge (the proof of work before `Join`, [`crate::pow`]) `number` is a random nonce,
+//! `at_ms` when it was issued and `epoch` the random instance of the server that issued it.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -25,6 +27,8 @@ pub enum TokenKind {
     Queue = 1,
     /// Permission to book, for a while (answers `Hold`).
     Admission = 2,
+    /// A proof-of-work challenge to solve before one `Join` ([`crate::pow`]).
+    JoinChallenge = 3,
 }
 
 /// The signed content of a token.
@@ -108,6 +112,21 @@ impl TokenSigner {
         user_id: Option<&str>,
         now_ms: u64,
     ) -> Result<Claims, TokenError> {
+        self.verify_with_id(token, kind, event_id, user_id, now_ms)
+            .map(|(claims, _)| claims)
+    }
+
+    /// [`TokenSigner::verify`], also answering the token's id: the first 16 bytes of its tag, a
+    /// keyed hash of its whole payload, so two tokens the server signed have the same id only
+    /// if they are the same token.
+    pub fn verify_with_id(
+        &self,
+        token: &str,
+        kind: TokenKind,
+        event_id: Option<&str>,
+        user_id: Option<&str>,
+        now_ms: u64,
+    ) -> Result<(Claims, u128), TokenError> {
         if token.len() > TOKEN_LEN_MAX {
             return Err(TokenError::Invalid);
         }
@@ -132,7 +151,11 @@ impl TokenSigner {
         if now_ms >= claims.expires_at_ms {
             return Err(TokenError::Expired);
         }
-        Ok(claims)
+        let id: [u8; 16] = tag
+            .get(..16)
+            .and_then(|t| t.try_into().ok())
+            .ok_or(TokenError::Invalid)?;
+        Ok((claims, u128::from_be_bytes(id)))
     }
 
     /// The waiting room's shuffle seed for an event: secret until revealed, stable across
@@ -158,6 +181,7 @@ fn parse(p: &[u8]) -> Option<Claims> {
     let kind = match r.u8()? {
         1 => TokenKind::Queue,
         2 => TokenKind::Admission,
+        3 => TokenKind::JoinChallenge,
         _ => return None,
     };
     let expires_at_ms = r.u64()?;

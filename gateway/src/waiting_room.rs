@@ -213,6 +213,14 @@ impl WaitingRoom {
             .map(|d| u32::try_from(d.len()).unwrap_or(u32::MAX))
     }
 
+    /// The join number of the place `(user, session)` already has, if any (takes no place).
+    pub fn find(&self, user: &str, session: &str) -> Option<u32> {
+        use std::hash::BuildHasher;
+        let key = self.hasher.hash_one((user, session));
+        let j = self.joins.lock().unwrap_or_else(|e| e.into_inner());
+        j.map.get(&key).copied()
+    }
+
     /// Joins (or rejoins) the line: the fan's join number.
     pub fn join(&self, user: &str, session: &str) -> Result<u32, JoinError> {
         use std::hash::BuildHasher;
@@ -430,8 +438,11 @@ mod tests {
     #[test]
     fn rejoin_keeps_the_place_and_the_line_has_a_bound() {
         let r = room(0, 10, 3);
+        assert_eq!(r.find("a", "s1"), None, "no place before the join");
         assert_eq!(r.join("a", "s1"), Ok(0));
         assert_eq!(r.join("b", "s1"), Ok(1));
+        assert_eq!(r.find("b", "s1"), Some(1));
+        assert_eq!(r.find("b", "s2"), None);
         assert_eq!(r.join("a", "s1"), Ok(0), "refresh keeps the place");
         assert_eq!(r.join("a", "s2"), Ok(2), "another session is another place");
         assert_eq!(r.join("c", "s1"), Err(JoinError::QueueFull));

@@ -15,3 +15,5 @@ pub mod v1 {
 /// for `tonic-reflection`.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/boxoffice_descriptor.bin"));
+
+pub mod pow;

@@ -120,6 +120,7 @@ pub fn event(id: &str, sections: Vec<SectionSpec>, ttl_ms: u64, per_user_limit: 
         admit_rate_per_second: 0,
         admission_window_ms: 0,
         sale_opens_at_ms: 0,
+        join_pow_difficulty_bits: 0,
     }
 }
 

@@ -116,6 +116,15 @@ pub struct ServeArgs {
             .try_map(usize::try_from)
     )]
     seat_map_max_bytes: usize,
+    /// Seconds a join challenge (the proof of work before Join, for events that ask for one)
+    /// stays valid from GetJoinChallenge (1 to 86400).
+    #[arg(
+        long,
+        env = "BOXOFFICE_JOIN_CHALLENGE_TTL_SECONDS",
+        default_value_t = boxoffice_gateway::limits::JOIN_CHALLENGE_TTL_MS_DEFAULT / 1000,
+        value_parser = clap::value_parser!(u64).range(1..=86_400)
+    )]
+    join_challenge_ttl_seconds: u64,
     /// Seconds a shutdown (SIGTERM, Ctrl-C) waits for calls in flight.
     #[arg(long, env = "BOXOFFICE_GRACE_SECONDS", default_value_t = 10)]
     grace_seconds: u64,
@@ -318,6 +327,7 @@ fn config(args: ServeArgs) -> Result<ServerConfig, UsageError> {
     config.section_inflight_max = section_in_flight_max;
     config.queue_max = args.queue_max;
     config.seat_map_max_bytes = args.seat_map_max_bytes;
+    config.join_challenge_ttl = Duration::from_secs(args.join_challenge_ttl_seconds);
     config.grace = Duration::from_secs(args.grace_seconds);
     config.idempotency_window = Duration::from_secs(args.idempotency_window_seconds);
     config.refund_grace = Duration::from_secs(args.refund_grace_seconds);

@@ -49,6 +49,7 @@ async fn build(dir: &Path) {
             admit_rate_per_second: 0,
             admission_window_ms: 0,
             sale_opens_at_ms: 0,
+            join_pow_difficulty_bits: 0,
         })
         .await
         .unwrap();

@@ -189,6 +189,7 @@ async fn join(target: &str, key: &str, event_id: &str) -> Result<(), tonic::Stat
         event_id: event_id.into(),
         user_id: "u".into(),
         session_id: "s".into(),
+        ..Default::default()
     })
     .await
     .map(|_| ())

@@ -7,7 +7,9 @@
 //! - [`Clients`]: one client of each service over one channel, with one key;
 //! - [`reason`]: the `google.rpc.ErrorInfo` reason an error carries;
 //! - [`Retry`]: retries of transient failures ([`is_transient`], [`is_overloaded`]) with
-//!   exponential backoff and jitter, for [`Idempotent`] requests only.
+//!   exponential backoff and jitter, for [`Idempotent`] requests only;
+//! - [`pow`]: the proof of work before `Join` ([`solve`] a `GetJoinChallenge` answer's
+//!   challenge, [`join_request`] puts the solution in the `Join`).
 
 use anyhow::Context;
 use boxoffice_proto::v1 as pb;
@@ -21,6 +23,38 @@ use tonic_types::StatusExt;
 mod retry;
 
 pub use retry::{Idempotent, Retry, is_overloaded, is_transient};
+
+/// The join proof of work of the contract: the hash rule, a checker and the solver.
+pub use boxoffice_proto::pow;
+pub use boxoffice_proto::pow::solve;
+
+/// A `Join` of `event_id` for `user_id` in `session_id`, carrying the solution of `challenge`
+/// (the answer of `GetJoinChallenge` for this event and user). A challenge of difficulty 0 (an
+/// event without proof of work) gives a plain `Join`. Solving takes about `2^difficulty_bits`
+/// SHA-256 hashes of this thread's time: call it off the async runtime's workers (e.g. in
+/// `tokio::task::spawn_blocking`) for hard challenges.
+pub fn join_request(
+    event_id: &str,
+    user_id: &str,
+    session_id: &str,
+    challenge: &pb::JoinChallenge,
+) -> pb::JoinRequest {
+    let (join_challenge, pow_nonce) = if challenge.difficulty_bits == 0 {
+        (String::new(), 0)
+    } else {
+        (
+            challenge.challenge.clone(),
+            solve(&challenge.challenge, challenge.difficulty_bits),
+        )
+    };
+    pb::JoinRequest {
+        event_id: event_id.to_owned(),
+        user_id: user_id.to_owned(),
+        session_id: session_id.to_owned(),
+        join_challenge,
+        pow_nonce,
+    }
+}
 
 /// Adds `authorization: Bearer <key>` to every call.
 #[derive(Clone)]

@@ -3,7 +3,9 @@
 //!
 //! Retrying must never change what a call does, so only requests whose repetition changes
 //! nothing the first one did not are retried: they implement [`Idempotent`], a sealed marker.
-//! Those are the reads, `Join` (a fan who joins again keeps their place), `JoinWaitlist` (a fan
+//! Those are the reads (`GetJoinChallenge` too: it only signs a new challenge), `Join` (a fan
+//! who joins again keeps their place, and a place already taken needs no new proof of work, so
+//! a retry whose first try used the challenge still gets the place), `JoinWaitlist` (a fan
 //! has one entry per event; joining again returns it), and `Hold` and `Confirm`, which carry an
 //! idempotency key (a replay gets the first answer and never charges twice). `CreateEvent`
 //! (without an event id the server makes a new event each time) and `Release` (a replay
@@ -39,6 +41,7 @@ idempotent!(
     ListEventsRequest,
     GetSeatMapRequest,
     GetStatusRequest,
+    GetJoinChallengeRequest,
     GetHoldRequest,
     GetOrderRequest,
     GetWaitlistEntryRequest,

@@ -45,6 +45,7 @@ pub fn sale_event(seats: u32, ttl_ms: u64, per_user_limit: u32) -> EventSpec {
         admit_rate_per_second: 0,
         admission_window_ms: 0,
         sale_opens_at_ms: 0,
+        join_pow_difficulty_bits: 0,
     }
 }
 
@@ -63,7 +64,8 @@ fn rows_of_fifty(seats: u32) -> Vec<RowSpec> {
     rows
 }
 
-/// The `CreateEvent` request of an engine event spec (`event_id` empty: the server picks one).
+/// The `CreateEvent` request of an engine event spec (`event_id` empty: the server picks one;
+/// the spec's proof-of-work difficulty as is).
 pub fn create_request(
     spec: &EventSpec,
     hold_ttl_seconds: u32,
@@ -85,6 +87,7 @@ pub fn create_request(
         admission_window_seconds,
         sale_opens_at_unix_ms,
         idempotency_key: String::new(),
+        join_pow_difficulty_bits: spec.join_pow_difficulty_bits,
     }
 }
 

@@ -150,6 +150,7 @@ async fn admit(
                 event_id: event.into(),
                 user_id: u.clone(),
                 session_id: "loadgen".into(),
+                ..Default::default()
             })
             .await
             .context("Join")?
@@ -291,6 +292,7 @@ impl Load {
                 admission_window_seconds: 3_600,
                 sale_opens_at_unix_ms: 0,
                 idempotency_key: String::new(),
+                join_pow_difficulty_bits: 0,
             })
             .await
             .context("CreateEvent (is --admin-key an admin key?)")?;
@@ -307,6 +309,7 @@ impl Load {
                     event_id: event_id.into(),
                     user_id: format!("{event_id}-poller-{t}"),
                     session_id: "loadgen".into(),
+                    ..Default::default()
                 })
                 .await
                 .context("Join")?;

@@ -319,6 +319,7 @@ fn soak_event(places: u32) -> EventSpec {
         admit_rate_per_second: 0,
         admission_window_ms: 0,
         sale_opens_at_ms: 0,
+        join_pow_difficulty_bits: 0,
     }
 }
 

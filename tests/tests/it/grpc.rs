@@ -52,6 +52,7 @@ pub(crate) fn event(id: &str, sections: Vec<pb::SectionSpec>) -> pb::CreateEvent
         admission_window_seconds: 120,
         sale_opens_at_unix_ms: 0,
         idempotency_key: String::new(),
+        join_pow_difficulty_bits: 0,
     }
 }
 
@@ -85,6 +86,7 @@ pub(crate) async fn admitted_all(
                 event_id: event.into(),
                 user_id: (*user).into(),
                 session_id: "s".into(),
+                ..Default::default()
             })
             .await
             .unwrap()
@@ -817,6 +819,7 @@ async fn waiting_room_shuffles_before_opening_and_admits_in_order() {
                 event_id: "w".into(),
                 user_id: format!("u{u}"),
                 session_id: "s".into(),
+                ..Default::default()
             })
             .await
             .unwrap()
@@ -830,6 +833,7 @@ async fn waiting_room_shuffles_before_opening_and_admits_in_order() {
             event_id: "w".into(),
             user_id: "u7".into(),
             session_id: "s".into(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -920,6 +924,7 @@ async fn waiting_room_shuffles_before_opening_and_admits_in_order() {
             event_id: "w".into(),
             user_id: "late".into(),
             session_id: "s".into(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -979,6 +984,7 @@ async fn waiting_room_shuffles_before_opening_and_admits_in_order() {
                 event_id: "nope".into(),
                 user_id: "u".into(),
                 session_id: String::new(),
+                ..Default::default()
             })
             .await,
         Code::NotFound,
@@ -1001,6 +1007,7 @@ async fn the_queue_has_a_maximum() {
                 event_id: "q".into(),
                 user_id: format!("u{u}"),
                 session_id: String::new(),
+                ..Default::default()
             })
             .await
             .unwrap();
@@ -1011,6 +1018,7 @@ async fn the_queue_has_a_maximum() {
                 event_id: "q".into(),
                 user_id: "u9".into(),
                 session_id: String::new(),
+                ..Default::default()
             })
             .await,
         Code::ResourceExhausted,
@@ -1035,6 +1043,7 @@ async fn health_is_not_serving_until_recovery_and_restart_keeps_holds_and_orders
             event_id: "r".into(),
             user_id: "zed".into(),
             session_id: "s".into(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -1168,6 +1177,7 @@ async fn overload_is_shed_at_once_not_queued() {
                         event_id: "o".into(),
                         user_id: format!("t{t}-{i}"),
                         session_id: String::new(),
+                        ..Default::default()
                     })
                     .await;
                 match r {

@@ -18,6 +18,7 @@ mod kill9;
 mod metrics;
 mod model;
 mod owners;
+mod pow;
 mod recovery;
 mod refunds;
 mod seams;

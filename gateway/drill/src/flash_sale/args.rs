@@ -54,6 +54,11 @@ pub struct FlashSaleArgs {
     /// Places one fan may hold or own.
     #[arg(long, default_value_t = 4)]
     pub per_user_limit: u32,
+    /// Proof of work before joining the line, in leading zero bits (0: off; at most 32): the
+    /// event asks for it and every fan fetches a challenge and solves it (about 2^N SHA-256
+    /// hashes, on this machine's cores) before `Join`.
+    #[arg(long, default_value_t = 0)]
+    pub join_pow_bits: u32,
     /// The server the run plays against: embedded, or `--target`.
     #[command(flatten)]
     pub server: ServerChoice,
@@ -78,6 +83,12 @@ impl FlashSaleArgs {
             return Err(UsageError::new(
                 "--fans and --concurrency must be at least 1, --seats at least 4",
             ));
+        }
+        if self.join_pow_bits > boxoffice_engine::limits::JOIN_POW_DIFFICULTY_BITS_MAX {
+            return Err(UsageError::new(format!(
+                "--join-pow-bits is at most {}",
+                boxoffice_engine::limits::JOIN_POW_DIFFICULTY_BITS_MAX
+            )));
         }
         for (name, v) in [
             ("--pay-share", self.pay_share),

@@ -1,6 +1,7 @@
 //! The fans: one task per fan, started at its arrival, from the waiting room to tickets (or not).
 //!
-//! A fan joins the line and polls until admitted, holds 1 to 4 places (exact seats picked from
+//! A fan joins the line (first solving the event's join challenge, if it asks for a proof of
+//! work) and polls until admitted, holds 1 to 4 places (exact seats picked from
 //! the seat map, best available in a section, or anywhere), then pays (maybe with a declined
 //! card first) or walks away. Turned away with SOLD_OUT, a fan may wait on the waitlist (with
 //! their admission, as the contract wants) and buy what it offers; if places came back
@@ -20,7 +21,7 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 use tonic::transport::Channel;
 
 use super::FlashSaleArgs;
-use super::tally::{Latencies, Tally, Ticket, reason, record};
+use super::tally::{Latencies, Tally, Ticket, reason, record, record_duration};
 
 /// How fans retry: only calls the gate or a section shed (`OVERLOADED`), at most 200 times,
 /// waiting 5 ms doubling to 70 ms plus jitter (70 to 140 ms once at the cap: on average the
@@ -36,6 +37,8 @@ pub(crate) struct SaleEvent {
     pub reserved: Vec<String>,
     /// All its sections.
     pub all_sections: Vec<String>,
+    /// The proof of work its `Join` asks for, in leading zero bits (0: none).
+    pub join_pow_bits: u32,
 }
 
 /// When each fan arrives: the pre-opening share spread over 80% of the time before the
@@ -82,6 +85,8 @@ pub(crate) struct Crowd {
     /// Fans with a lower index joined before the opening.
     pub preopen: usize,
     slots: Semaphore,
+    /// Fans solving a join challenge at once: one per core (the hash search is all CPU).
+    solvers: Arc<Semaphore>,
     channels: Vec<Channel>,
     bearer: Bearer,
     pub tally: Arc<Tally>,
@@ -104,6 +109,9 @@ impl Crowd {
         Crowd {
             preopen: args.preopen(),
             slots: Semaphore::new(args.concurrency),
+            solvers: Arc::new(Semaphore::new(
+                std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+            )),
             args,
             event,
             channels,
@@ -267,16 +275,66 @@ impl<'a> Fan<'a> {
         }
     }
 
+    /// The `Join` of this fan: with the solution of a fresh join challenge when the event asks
+    /// for a proof of work (one solver per core at a time; the challenge is fetched once the
+    /// fan's turn to solve has come, so waiting for a core never lets it expire). `None` if a
+    /// call failed.
+    async fn join_request(&self) -> Option<pb::JoinRequest> {
+        let event = &self.crowd.event;
+        let no_challenge = pb::JoinChallenge::default();
+        if event.join_pow_bits == 0 {
+            return Some(boxoffice_client::join_request(
+                &event.event_id,
+                &self.user,
+                "web",
+                &no_challenge,
+            ));
+        }
+        let solver = self.crowd.solvers.clone().acquire_owned().await.ok()?;
+        let ask = pb::GetJoinChallengeRequest {
+            event_id: event.event_id.clone(),
+            user_id: self.user.clone(),
+        };
+        let challenge = match self
+            .patient(&self.f.room, ask, None, |mut c, r| async move {
+                c.get_join_challenge(r).await
+            })
+            .await
+        {
+            Ok(c) => c.into_inner(),
+            Err(s) => {
+                self.tally.error("get_join_challenge", Some(&s));
+                return None;
+            }
+        };
+        let (event_id, user) = (event.event_id.clone(), self.user.clone());
+        let solved = tokio::task::spawn_blocking(move || {
+            let started = Instant::now();
+            let join = boxoffice_client::join_request(&event_id, &user, "web", &challenge);
+            let took = started.elapsed();
+            drop(solver);
+            (join, took)
+        })
+        .await;
+        let Ok((join, took)) = solved else {
+            self.tally.error("solving the join challenge", None);
+            return None;
+        };
+        self.tally.pow_solved.fetch_add(1, Ordering::Relaxed);
+        self.tally.pow_solve_ns.fetch_add(
+            u64::try_from(took.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        record_duration(&self.crowd.lat, |l| &mut l.pow_solve, took);
+        Some(join)
+    }
+
     /// Joins the line and polls until admitted (the ETA paces the polls): the admission token,
     /// or `None` if the fan's place lapsed or a call failed.
     async fn queue(&mut self) -> Option<String> {
         let (tally, lat) = (self.tally, &self.crowd.lat);
+        let join = self.join_request().await?;
         let join_started = Instant::now();
-        let join = pb::JoinRequest {
-            event_id: self.crowd.event.event_id.clone(),
-            user_id: self.user.clone(),
-            session_id: "web".into(),
-        };
         let joined = self
             .patient(&self.f.room, join, None, |mut c, r| async move {
                 c.join(r).await

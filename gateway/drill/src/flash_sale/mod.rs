@@ -10,7 +10,10 @@
 //!   available in a section, the rest anywhere;
 //! - about `--pay-share` pay (some with a card that is declined first, then another); the others
 //!   walk away and their holds expire after `--hold-ttl-seconds`;
-//! - some fans turned away with SOLD_OUT join the waitlist and buy what it offers them.
+//! - some fans turned away with SOLD_OUT join the waitlist and buy what it offers them;
+//! - with `--join-pow-bits N` the event asks for a proof of work before `Join`: every fan fetches
+//!   a challenge and solves it first (on as many threads as the machine has cores), and the
+//!   report shows the time spent solving.
 //!
 //! At the end every seat is checked (embedded server: the engine's own state, invariants and the
 //! reconciliation; `--target`: the seat map against the tickets the fans hold). `--naive` runs the
@@ -97,6 +100,7 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
     let mut report = Report {
         fans: args.fans,
         seats: args.seats,
+        join_pow_bits: crowd.event.join_pow_bits,
         sale_seconds,
         ..Report::default()
     };
@@ -128,7 +132,8 @@ async fn create_event(
     args: &FlashSaleArgs,
     opens_in: Duration,
 ) -> anyhow::Result<SaleEvent> {
-    let spec = sale_event(args.seats, args.hold_ttl_ms(), args.per_user_limit);
+    let mut spec = sale_event(args.seats, args.hold_ttl_ms(), args.per_user_limit);
+    spec.join_pow_difficulty_bits = args.join_pow_bits;
     let now_ms = u64::try_from(
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)?
@@ -160,6 +165,7 @@ async fn create_event(
         event_id: event.event_id,
         reserved,
         all_sections,
+        join_pow_bits: event.join_pow_difficulty_bits,
     })
 }
 
@@ -225,6 +231,7 @@ mod tests {
             exact_share: 0.3,
             waitlist_share: 0.3,
             per_user_limit: 4,
+            join_pow_bits: 0,
             server: ServerChoice {
                 durability: Durability::Sync,
                 ..ServerChoice::default()
@@ -280,6 +287,28 @@ mod tests {
             json.contains("\"oversold\":0") && json.contains("\"clean\":true"),
             "{json}"
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn with_a_join_proof_of_work_every_fan_solves_a_challenge_before_the_line() {
+        let mut args = small(300, 60);
+        args.join_pow_bits = 10;
+        let report = run(args).await.unwrap();
+        assert!(report.clean(), "{}", report.table());
+        assert_eq!(report.join_pow_bits, 10, "the event asked for it");
+        assert_eq!(report.pow_solved, 300, "every fan solved one challenge");
+        assert_eq!(report.admitted, 300, "and every solution was accepted");
+        assert!(report.pow_solve_seconds > 0.0 && report.pow_solve_us.max > 0);
+        assert!(report.sold > 0 && report.sold <= 60);
+        assert!(
+            report.table().contains("10 bits: 300 challenges solved"),
+            "{}",
+            report.table()
+        );
+        assert!(report.json().contains("\"pow_solved\":300"));
+        let mut a = small(10, 60);
+        a.join_pow_bits = 33;
+        assert!(run(a).await.is_err(), "above the documented maximum");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

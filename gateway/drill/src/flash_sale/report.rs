@@ -116,6 +116,16 @@ pub struct Report {
     /// GetStatus latency percentiles in µs.
     #[serde(rename = "status_latency_us")]
     pub status_us: Percentiles,
+    /// The proof of work the event asked before `Join`, in leading zero bits (0: none).
+    pub join_pow_bits: u32,
+    /// Join challenges the fans solved.
+    pub pow_solved: u64,
+    /// Time the fans spent solving them, summed, seconds of a core.
+    #[serde(serialize_with = "json::millis")]
+    pub pow_solve_seconds: f64,
+    /// Percentiles of one fan's solve time in µs (the hash search only).
+    #[serde(rename = "pow_solve_us")]
+    pub pow_solve_us: Percentiles,
 }
 
 /// Latency percentiles of one kind of call, µs.
@@ -300,6 +310,20 @@ impl Report {
                     None => "n/a (known to the embedded server only)".into(),
                 },
             ),
+            (
+                "join proof of work",
+                if self.join_pow_bits == 0 {
+                    "off".into()
+                } else {
+                    format!(
+                        "{} bits: {} challenges solved, {:.2} s of a core ({:.2} ms a fan)",
+                        self.join_pow_bits,
+                        self.pow_solved,
+                        self.pow_solve_seconds,
+                        self.pow_solve_seconds * 1000.0 / self.pow_solved.max(1) as f64
+                    )
+                },
+            ),
             ("shed (OVERLOADED)", self.shed.to_string()),
             (
                 "unexpected errors",
@@ -318,6 +342,7 @@ impl Report {
             ("confirm ms p50/p95/p99/max", self.confirm_us.ms()),
             ("join ms p50/p95/p99/max", self.join_us.ms()),
             ("status poll ms p50/p95/p99/max", self.status_us.ms()),
+            ("pow solve ms p50/p95/p99/max", self.pow_solve_us.ms()),
         ]
     }
 
@@ -394,6 +419,8 @@ impl Report {
         self.waitlist_bought = n(&tally.waitlist_bought);
         self.waitlist_places_available = n(&tally.waitlist_places_available);
         self.errors = n(&tally.errors);
+        self.pow_solved = n(&tally.pow_solved);
+        self.pow_solve_seconds = n(&tally.pow_solve_ns) as f64 / 1e9;
         self.fcfs_after_opening = tally.positions.lock().ok().and_then(|mut p| fcfs(&mut p));
         self.first_error = tally.first_error.lock().ok().and_then(|f| f.clone());
         if self.available == 0 && self.held == 0 {
@@ -409,6 +436,7 @@ impl Report {
             self.confirm_us = Percentiles::of(&l.confirm);
             self.join_us = Percentiles::of(&l.join);
             self.status_us = Percentiles::of(&l.status);
+            self.pow_solve_us = Percentiles::of(&l.pow_solve);
         }
     }
 }

@@ -37,6 +37,10 @@ pub(crate) struct Tally {
     /// Fans who have not finished their way through the line, hold and payment yet (those on
     /// the waitlist count as finished: they can only take places that come back).
     pub in_sale: AtomicU64,
+    /// Join challenges solved (events with a proof of work before `Join`).
+    pub pow_solved: AtomicU64,
+    /// Time spent solving them, summed over the fans, ns.
+    pub pow_solve_ns: AtomicU64,
     pub errors: AtomicU64,
     pub first_error: Mutex<Option<String>>,
     /// (fan index, position in line) of fans who joined after the opening.
@@ -64,6 +68,8 @@ pub(crate) struct Latencies {
     pub status: Histogram<u64>,
     pub hold: Histogram<u64>,
     pub confirm: Histogram<u64>,
+    /// Solving a join challenge (the hash search only, not the calls).
+    pub pow_solve: Histogram<u64>,
 }
 
 impl Default for Latencies {
@@ -73,6 +79,7 @@ impl Default for Latencies {
             status: histogram(),
             hold: histogram(),
             confirm: histogram(),
+            pow_solve: histogram(),
         }
     }
 }
@@ -87,9 +94,16 @@ pub(crate) fn record(
     which: fn(&mut Latencies) -> &mut Histogram<u64>,
     started: Instant,
 ) {
-    let us = u64::try_from(started.elapsed().as_micros())
-        .unwrap_or(u64::MAX)
-        .max(1);
+    record_duration(lat, which, started.elapsed());
+}
+
+/// Records `took` in the histogram `which` picks.
+pub(crate) fn record_duration(
+    lat: &Mutex<Latencies>,
+    which: fn(&mut Latencies) -> &mut Histogram<u64>,
+    took: std::time::Duration,
+) {
+    let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX).max(1);
     if let Ok(mut l) = lat.lock() {
         let _ = which(&mut l).record(us);
     }

@@ -190,6 +190,7 @@ async fn admitted(
             event_id,
             user_id,
             session_id: "checkout".into(),
+            ..Default::default()
         })
         .await?
         .into_inner()
