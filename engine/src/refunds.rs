@@ -178,7 +178,10 @@ impl Engine {
             {
                 Orphan::Yes(hold_id)
             }
-            Err(_) => Orphan::Unknown,
+            // Not a hold of this engine (its event is unknown): a finding for a person.
+            Err(EngineError::Rejected(_)) => Orphan::Unknown,
+            // The section could not answer now (overloaded, stopping): the next pass asks again.
+            Err(_) => Orphan::No,
         }
     }
 

@@ -361,17 +361,31 @@ where
         }
         let deadline = client_deadline(req.headers());
         Box::pin(async move {
-            let call = inner.call(req);
             let res = match deadline {
                 // A call whose caller has given up is answered DEADLINE_EXCEEDED (tonic's own
-                // timeout would answer CANCELLED a moment later); the engine's work finishes on
-                // its own (engine calls are detached).
-                Some(d) => tokio::time::timeout(d, call)
-                    .await
-                    .unwrap_or_else(|_| Ok(deadline_exceeded())),
-                None => call.await,
+                // timeout would answer CANCELLED a moment later). The call itself runs to its
+                // end on a task of its own, still counted in flight until then: callers who
+                // give up early cannot pile up work past the in-flight bound.
+                Some(d) => {
+                    let mut call = tokio::spawn(async move {
+                        let res = inner.call(req).await;
+                        drop(guard);
+                        res
+                    });
+                    match tokio::time::timeout(d, &mut call).await {
+                        Ok(Ok(res)) => res,
+                        Ok(Err(e)) => Ok(
+                            tonic::Status::internal(format!("the call failed: {e}")).into_http()
+                        ),
+                        Err(_) => Ok(deadline_exceeded()),
+                    }
+                }
+                None => {
+                    let res = inner.call(req).await;
+                    drop(guard);
+                    res
+                }
             };
-            drop(guard);
             res.map(|r| {
                 let r = undecodable_as_invalid(r);
                 record(method, &r, started);

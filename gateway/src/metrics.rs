@@ -514,6 +514,7 @@ fn outcomes() -> Vec<(&'static str, &'static str)> {
         ("UNAUTHENTICATED", "none"),
         ("PERMISSION_DENIED", "none"),
         ("UNIMPLEMENTED", "none"),
+        ("DEADLINE_EXCEEDED", "none"),
     ];
     out.extend(
         crate::status::reasons()

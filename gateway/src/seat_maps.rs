@@ -212,7 +212,9 @@ pub(crate) struct SectionMaps {
     /// Encoded size of the seats: fixed by the layout (a status is always one byte).
     seats_len: usize,
     latest: Mutex<Option<Arc<Built>>>,
-    building: tokio::sync::Mutex<()>,
+    /// One builder at a time; the build holds it (owned) until its map is stored, even if the
+    /// reader who started it has gone (a caller's deadline).
+    building: Arc<tokio::sync::Mutex<()>>,
     builds: AtomicU64,
     /// The last time a reader asked for this section's map, ms.
     last_read_ms: AtomicU64,
@@ -226,7 +228,7 @@ impl SectionMaps {
             snapshots: feed.snapshots,
             seats_len,
             latest: Mutex::new(None),
-            building: tokio::sync::Mutex::new(()),
+            building: Arc::new(tokio::sync::Mutex::new(())),
             builds: AtomicU64::new(0),
             last_read_ms: AtomicU64::new(0),
         }
@@ -271,9 +273,12 @@ impl SectionMaps {
         (b.version > version || now.saturating_sub(true_at) < staleness_ms).then_some((b, true_at))
     }
 
-    /// The map a reader gets now, with the time it is known true.
+    /// The map a reader gets now, with the time it is known true. A build runs on a task of
+    /// its own and stores its map whether or not the reader who started it still waits (a
+    /// reader whose deadline passed must not waste the build, nor let the next reader start
+    /// another while it still runs).
     pub(crate) async fn read(
-        &self,
+        self: &Arc<Self>,
         clock: &dyn Clock,
         staleness_ms: u64,
     ) -> Result<(Arc<Built>, u64), ApiError> {
@@ -283,22 +288,32 @@ impl SectionMaps {
         if let Some(hit) = self.usable(version, now, staleness_ms) {
             return Ok(hit);
         }
-        let _one_builder = self.building.lock().await;
+        let one_builder = self.building.clone().lock_owned().await;
         // Another reader may have built it while this one waited.
         let snap = self.snapshots.borrow().clone();
         let now = clock.now_ms();
         if let Some(hit) = self.usable(snap.version, now, staleness_ms) {
             return Ok(hit);
         }
-        let (spec, seats_len) = (self.spec.clone(), self.seats_len);
-        // A big section takes tens of ms to encode: off the async workers.
-        let built = tokio::task::spawn_blocking(move || build(&spec, &snap, seats_len, now))
+        let me = Arc::clone(self);
+        let build_task = tokio::spawn(async move {
+            let _one_builder = one_builder;
+            let (spec, seats_len) = (me.spec.clone(), me.seats_len);
+            // A big section takes tens of ms to encode: off the async workers.
+            let built = tokio::task::spawn_blocking(move || build(&spec, &snap, seats_len, now))
+                .await
+                .ok()?;
+            let built = Arc::new(built);
+            me.builds.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("boxoffice_seat_map_builds_total").increment(1);
+            *me.latest.lock().unwrap_or_else(|e| e.into_inner()) = Some(built.clone());
+            Some(built)
+        });
+        let built = build_task
             .await
-            .map_err(|_| ApiError::Engine(EngineError::NotReady))?;
-        let built = Arc::new(built);
-        self.builds.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!("boxoffice_seat_map_builds_total").increment(1);
-        *self.latest.lock().unwrap_or_else(|e| e.into_inner()) = Some(built.clone());
+            .ok()
+            .flatten()
+            .ok_or(ApiError::Engine(EngineError::NotReady))?;
         Ok((built, now))
     }
 }
@@ -720,6 +735,32 @@ mod tests {
         assert_eq!(s.seats.len(), 20);
         assert_eq!(s.seats[0].seat_id, "orch:B:1");
         assert_eq!(s.seats[19].seat_id, "orch:C:10");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reader_that_gives_up_mid_build_wastes_nothing() {
+        let clock = Arc::new(ManualClock::new(10_000));
+        let labels: Vec<String> = (0..1000).map(|i| format!("R{i}")).collect();
+        let rows: Vec<(&str, u32)> = labels.iter().map(|l| (l.as_str(), 1000)).collect();
+        let spec = spec(&rows);
+        let (maps, _feed) = maps(
+            spec,
+            snapshot(vec![SeatStatus::Available; 1_000_000], 1, 9_000),
+        );
+        // A reader starts the build of a 1M-seat map, and is dropped (its caller's deadline)
+        // while the build runs.
+        let first = {
+            let (maps, clock) = (maps.clone(), clock.clone());
+            tokio::spawn(async move { maps.read(clock.as_ref(), 1_000).await.map(|_| ()) })
+        };
+        while maps.building.try_lock().is_ok() && !first.is_finished() {
+            tokio::task::yield_now().await;
+        }
+        first.abort();
+        // The next reader gets that build's map: one build, not two.
+        let (b, _) = maps.read(clock.as_ref(), 1_000).await.expect("a map");
+        assert_eq!(b.version, 1);
+        assert_eq!(maps.builds(), 1);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,6 +8,7 @@ use boxoffice_engine::{
 };
 use boxoffice_proto::v1 as pb;
 use dashmap::DashMap;
+use tonic::codec::CompressionEncoding;
 use tonic::{Request, Response, Status};
 
 use crate::convert;
@@ -241,6 +242,8 @@ impl pb::event_service_server::EventService for EventSvc {
         let api = ready(&self.0)?;
         let mut req = req.into_inner();
         let key = std::mem::take(&mut req.idempotency_key);
+        // The key first, as docs/api.md 4.1 lists the errors.
+        boxoffice_engine::types::check_idempotency_key(&key).map_err(ApiError::from)?;
         let spec = convert::event_spec(req).map_err(ApiError::from)?;
         let e = api
             .engine
@@ -343,8 +346,6 @@ impl tonic::server::UnaryService<pb::GetSeatMapRequest> for SeatMapMethod {
 }
 
 type BoxFuture<T, E> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, E>> + Send>>;
-
-use tonic::codec::CompressionEncoding;
 
 /// `EventService` as mounted (gzip accepted and offered, as on every service): the generated
 /// service, except `GetSeatMap`, which answers with

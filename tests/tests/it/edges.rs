@@ -40,10 +40,12 @@ async fn an_oversize_request_is_an_invalid_request_and_changes_nothing() {
 async fn held_with_gated_payments(
     payments: &std::path::Path,
     ev: &str,
+    in_flight_max: usize,
 ) -> (TestServer, std::sync::Arc<Gated>, pb::Hold) {
     let provider = Gated::open(payments);
     let server = TestServer::builder()
         .payments(provider.clone())
+        .in_flight_max(in_flight_max)
         .start()
         .await;
     let clock = server.clock().clone();
@@ -66,7 +68,7 @@ async fn held_with_gated_payments(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_past_its_deadline_is_deadline_exceeded_and_finishes_anyway() {
     let payments = tempfile::tempdir().unwrap();
-    let (server, provider, hold) = held_with_gated_payments(payments.path(), "dl").await;
+    let (server, provider, hold) = held_with_gated_payments(payments.path(), "dl", 1).await;
     let mut c = server.client();
     // The charge waits at the provider until the test opens its gate: the caller's 200 ms
     // deadline passes first, whatever the machine's speed. The call is made over raw HTTP/2:
@@ -87,6 +89,19 @@ async fn a_call_past_its_deadline_is_deadline_exceeded_and_finishes_anyway() {
     )
     .await;
     assert_eq!(code, Code::DeadlineExceeded as i32, "{message}");
+    // The call still runs without its caller, and still counts against the in-flight bound
+    // (here 1): callers who give up cannot pile up work past it.
+    let shed = c
+        .events
+        .get_event(pb::GetEventRequest {
+            event_id: "dl".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (shed.code(), reason(&shed).as_str()),
+        (Code::ResourceExhausted, "OVERLOADED")
+    );
     // The work goes on without the caller: once the provider answers, the order is made and
     // the retry with the key gets it.
     provider.arrived.acquire().await.unwrap().forget();
@@ -160,7 +175,7 @@ async fn raw_unary(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_watches_end_when_the_drain_starts() {
     let payments = tempfile::tempdir().unwrap();
-    let (server, provider, hold) = held_with_gated_payments(payments.path(), "hw").await;
+    let (server, provider, hold) = held_with_gated_payments(payments.path(), "hw", 64).await;
     let mut health = HealthClient::new(server.channel());
     let mut watch = health
         .watch(HealthCheckRequest {
@@ -237,6 +252,22 @@ async fn gzip_is_accepted_and_offered() {
         "the answer is compressed"
     );
     assert_eq!(r.into_inner().event_id, "gz");
+    // The seat map too (answered from pre-encoded sections on a route of its own).
+    let r = events
+        .get_seat_map(pb::GetSeatMapRequest {
+            event_id: "gz".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        r.metadata()
+            .get("grpc-encoding")
+            .and_then(|v| v.to_str().ok()),
+        Some("gzip"),
+        "the seat map is compressed"
+    );
+    assert_eq!(r.into_inner().sections[0].available, 10);
     server.shutdown().await;
 }
 

@@ -4,7 +4,8 @@
 //! the families known up front are there at 0 before the first call; a refusal is counted by
 //! its reason (SOLD_OUT, SEAT_UNAVAILABLE and PAYMENT_DECLINED apart, although all three are
 //! FAILED_PRECONDITION); and `promtool check metrics` (Prometheus's own linter) finds no
-//! problem. Without promtool on PATH that last check is skipped, saying so on stderr.
+//! problem. Without promtool on PATH that last check is skipped, saying so on stderr (it fails
+//! instead when `BOXOFFICE_REQUIRE_PROMTOOL` is set, as `.ci/run` does where it can install it).
 
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
@@ -160,6 +161,11 @@ fn promtool_finds_no_problem(what: &str, text: &str) {
         // Straight to the process's stderr, past the test harness's capture: a skipped check
         // shows even when the test passes.
         None => {
+            // CI installs promtool and says it must be there: a missing one fails there.
+            assert!(
+                std::env::var_os("BOXOFFICE_REQUIRE_PROMTOOL").is_none(),
+                "BOXOFFICE_REQUIRE_PROMTOOL is set but promtool is not installed"
+            );
             let _ = writeln!(
                 std::io::stderr(),
                 "skipped: promtool not installed (the `promtool check metrics` of {what}); \
