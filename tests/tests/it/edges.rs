@@ -224,6 +224,11 @@ async fn health_watches_end_when_the_drain_starts() {
     drain.await.unwrap();
 }
 
+/// The `grpc-encoding` an answer came in.
+fn encoding(m: &tonic::metadata::MetadataMap) -> Option<&str> {
+    m.get("grpc-encoding").and_then(|v| v.to_str().ok())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gzip_is_accepted_and_offered() {
     let server = TestServer::start().await;
@@ -245,9 +250,7 @@ async fn gzip_is_accepted_and_offered() {
         .await
         .unwrap();
     assert_eq!(
-        r.metadata()
-            .get("grpc-encoding")
-            .and_then(|v| v.to_str().ok()),
+        encoding(r.metadata()),
         Some("gzip"),
         "the answer is compressed"
     );
@@ -261,9 +264,7 @@ async fn gzip_is_accepted_and_offered() {
         .await
         .unwrap();
     assert_eq!(
-        r.metadata()
-            .get("grpc-encoding")
-            .and_then(|v| v.to_str().ok()),
+        encoding(r.metadata()),
         Some("gzip"),
         "the seat map is compressed"
     );
