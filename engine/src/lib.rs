@@ -98,6 +98,7 @@ pub mod integrity;
 mod ledger;
 pub mod limits;
 pub mod payment;
+pub mod raft;
 pub mod reconcile;
 mod recovery;
 mod refunds;

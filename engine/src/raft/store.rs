@@ -1,0 +1,389 @@
+//! The Raft log and the state machine of a node, in its sled database.
+
+use std::fmt::Debug;
+use std::io::Cursor;
+use std::ops::{Bound, RangeBounds};
+use std::path::Path;
+use std::sync::Arc;
+
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage, RaftStateMachine, Snapshot};
+use openraft::{
+    AnyError, Entry, EntryPayload, LogId, OptionalSend, RaftLogReader, RaftSnapshotBuilder,
+    SnapshotMeta, StorageError, StorageIOError, StoredMembership, Vote,
+};
+use serde::{Deserialize, Serialize};
+
+use super::{Batch, TypeConfig};
+use crate::codec;
+
+type NodeId = u64;
+type Node = openraft::BasicNode;
+type Result<T> = std::result::Result<T, StorageError<NodeId>>;
+
+/// A node's sled database and its data file (to `fdatasync`), shared by its log store and
+/// state machine.
+#[derive(Clone)]
+pub struct NodeDb {
+    db: sled::Db,
+    data_file: Arc<std::fs::File>,
+}
+
+impl NodeDb {
+    /// Makes everything written so far durable: sled's flush (which is not a full fsync), then
+    /// `fdatasync` of its data file.
+    fn sync(&self) -> std::io::Result<()> {
+        self.db.flush()?;
+        self.data_file.sync_data()
+    }
+}
+
+/// Opens (or creates) a node's sled database in `dir`.
+pub fn open_node_db(dir: &Path) -> std::io::Result<NodeDb> {
+    let db = sled::Config::new()
+        .path(dir)
+        .open()
+        .map_err(std::io::Error::other)?;
+    let data_file = std::fs::File::open(dir.join("db"))?;
+    Ok(NodeDb {
+        db,
+        data_file: Arc::new(data_file),
+    })
+}
+
+fn io<E: std::error::Error + 'static>(
+    make: fn(AnyError) -> StorageIOError<NodeId>,
+) -> impl Fn(E) -> StorageError<NodeId> {
+    move |e| make(AnyError::new(&e)).into()
+}
+
+fn decode_err(
+    make: fn(AnyError) -> StorageIOError<NodeId>,
+    e: codec::DecodeError,
+) -> StorageError<NodeId> {
+    make(AnyError::error(e.to_string())).into()
+}
+
+/// A tree of small serialized values by key, whose errors read as `read`/`write` say.
+fn get_in<T: for<'de> Deserialize<'de>>(
+    tree: &sled::Tree,
+    key: &[u8],
+    read: fn(AnyError) -> StorageIOError<NodeId>,
+) -> Result<Option<T>> {
+    match tree.get(key).map_err(io(read))? {
+        None => Ok(None),
+        Some(v) => codec::decode(&v).map(Some).map_err(|e| decode_err(read, e)),
+    }
+}
+
+fn put_in<T: Serialize>(
+    tree: &sled::Tree,
+    key: &[u8],
+    value: &T,
+    write: fn(AnyError) -> StorageIOError<NodeId>,
+) -> Result<()> {
+    tree.insert(key, codec::encode(value)).map_err(io(write))?;
+    Ok(())
+}
+
+/// The Raft log, vote and commit index (trees `raft_log`, `raft_meta`).
+#[derive(Clone)]
+pub struct SledLogStore {
+    node: NodeDb,
+    log: sled::Tree,
+    meta: sled::Tree,
+}
+
+const VOTE: &[u8] = b"vote";
+const COMMITTED: &[u8] = b"committed";
+const PURGED: &[u8] = b"last_purged";
+
+impl SledLogStore {
+    /// The log store of `node`.
+    pub fn open(node: &NodeDb) -> std::io::Result<SledLogStore> {
+        let open = |name: &str| node.db.open_tree(name).map_err(std::io::Error::other);
+        Ok(SledLogStore {
+            node: node.clone(),
+            log: open("raft_log")?,
+            meta: open("raft_meta")?,
+        })
+    }
+
+    fn get_meta<T: for<'de> Deserialize<'de>>(&self, key: &[u8]) -> Result<Option<T>> {
+        get_in(&self.meta, key, StorageIOError::read_logs)
+    }
+
+    fn put_meta<T: Serialize>(&self, key: &[u8], value: &T) -> Result<()> {
+        put_in(&self.meta, key, value, StorageIOError::write_logs)
+    }
+}
+
+impl RaftLogReader<TypeConfig> for SledLogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry<TypeConfig>>> {
+        let start = match range.start_bound() {
+            Bound::Included(i) => *i,
+            Bound::Excluded(i) => i.saturating_add(1),
+            Bound::Unbounded => 0,
+        };
+        let mut out = Vec::new();
+        for kv in self.log.range(start.to_be_bytes()..) {
+            let (k, v) = kv.map_err(io(StorageIOError::read_logs))?;
+            let index = u64::from_be_bytes(k.as_ref().try_into().unwrap_or([0xff; 8]));
+            if !range.contains(&index) {
+                break;
+            }
+            out.push(codec::decode(&v).map_err(|e| decode_err(StorageIOError::read_logs, e))?);
+        }
+        Ok(out)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for SledLogStore {
+    type LogReader = SledLogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>> {
+        let last_purged: Option<LogId<NodeId>> = self.get_meta(PURGED)?;
+        let last = match self.log.last().map_err(io(StorageIOError::read_logs))? {
+            Some((_, v)) => {
+                let e: Entry<TypeConfig> =
+                    codec::decode(&v).map_err(|e| decode_err(StorageIOError::read_logs, e))?;
+                Some(e.log_id)
+            }
+            None => last_purged,
+        };
+        Ok(LogState {
+            last_purged_log_id: last_purged,
+            last_log_id: last,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<()> {
+        self.put_meta(VOTE, vote)?;
+        self.node.sync().map_err(io(StorageIOError::write_vote))
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>> {
+        self.get_meta(VOTE)
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<()> {
+        // Not synced: a lost commit index is found again from the log and the leader.
+        self.put_meta(COMMITTED, &committed)
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>> {
+        Ok(self.get_meta::<Option<LogId<NodeId>>>(COMMITTED)?.flatten())
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<()>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut batch = sled::Batch::default();
+        for e in entries {
+            batch.insert(&e.log_id.index.to_be_bytes(), codec::encode(&e));
+        }
+        self.log
+            .apply_batch(batch)
+            .map_err(io(StorageIOError::write_logs))?;
+        // Durable before openraft may count this node in a majority.
+        let synced = self.node.sync();
+        callback.log_io_completed(synced);
+        Ok(())
+    }
+
+    async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<()> {
+        let mut batch = sled::Batch::default();
+        for kv in self.log.range(log_id.index.to_be_bytes()..) {
+            let (k, _) = kv.map_err(io(StorageIOError::write_logs))?;
+            batch.remove(k);
+        }
+        self.log
+            .apply_batch(batch)
+            .map_err(io(StorageIOError::write_logs))?;
+        self.node.sync().map_err(io(StorageIOError::write_logs))
+    }
+
+    async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<()> {
+        self.put_meta(PURGED, &log_id)?;
+        let mut batch = sled::Batch::default();
+        for kv in self.log.range(..=log_id.index.to_be_bytes()) {
+            let (k, _) = kv.map_err(io(StorageIOError::write_logs))?;
+            batch.remove(k);
+        }
+        self.log
+            .apply_batch(batch)
+            .map_err(io(StorageIOError::write_logs))?;
+        Ok(())
+    }
+}
+
+/// A snapshot's content: every applied batch with its index, and where it stands.
+#[derive(Serialize, Deserialize)]
+struct SnapshotContent {
+    last_applied: Option<LogId<NodeId>>,
+    membership: StoredMembership<NodeId, Node>,
+    batches: Vec<(u64, Batch)>,
+}
+
+/// The node's copy of the replicated records (tree `raft_applied`, keyed by log index), with
+/// the last applied log id and membership (tree `raft_sm`).
+#[derive(Clone)]
+pub struct SledStateMachine {
+    node: NodeDb,
+    applied: sled::Tree,
+    meta: sled::Tree,
+}
+
+const LAST_APPLIED: &[u8] = b"last_applied";
+const MEMBERSHIP: &[u8] = b"membership";
+const SNAPSHOT: &[u8] = b"snapshot";
+
+impl SledStateMachine {
+    /// The state machine of `node`.
+    pub fn open(node: &NodeDb) -> std::io::Result<SledStateMachine> {
+        let open = |name: &str| node.db.open_tree(name).map_err(std::io::Error::other);
+        Ok(SledStateMachine {
+            node: node.clone(),
+            applied: open("raft_applied")?,
+            meta: open("raft_sm")?,
+        })
+    }
+
+    /// Every applied batch, by log index (what this node holds of the replicated log).
+    pub fn batches(&self) -> std::io::Result<Vec<(u64, Batch)>> {
+        let mut out = Vec::new();
+        for kv in self.applied.iter() {
+            let (k, v) = kv.map_err(std::io::Error::other)?;
+            let index = u64::from_be_bytes(k.as_ref().try_into().unwrap_or([0xff; 8]));
+            out.push((index, codec::decode(&v).map_err(std::io::Error::other)?));
+        }
+        Ok(out)
+    }
+
+    fn get<T: for<'de> Deserialize<'de>>(&self, key: &[u8]) -> Result<Option<T>> {
+        get_in(&self.meta, key, StorageIOError::read_state_machine)
+    }
+
+    fn put<T: Serialize>(&self, key: &[u8], value: &T) -> Result<()> {
+        put_in(&self.meta, key, value, StorageIOError::write_state_machine)
+    }
+
+    fn content(&self) -> Result<SnapshotContent> {
+        Ok(SnapshotContent {
+            last_applied: self.get(LAST_APPLIED)?,
+            membership: self.get(MEMBERSHIP)?.unwrap_or_default(),
+            batches: self
+                .batches()
+                .map_err(io(StorageIOError::read_state_machine))?,
+        })
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SledStateMachine {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>> {
+        let content = self.content()?;
+        let meta = SnapshotMeta {
+            last_log_id: content.last_applied,
+            last_membership: content.membership.clone(),
+            snapshot_id: format!("{}", content.last_applied.map_or(0, |l| l.index)),
+        };
+        let bytes = codec::encode(&content);
+        self.put(SNAPSHOT, &(meta.clone(), bytes.clone()))?;
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(bytes)),
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for SledStateMachine {
+    type SnapshotBuilder = SledStateMachine;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, Node>)> {
+        Ok((
+            self.get(LAST_APPLIED)?,
+            self.get(MEMBERSHIP)?.unwrap_or_default(),
+        ))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<u64>>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut answers = Vec::new();
+        for e in entries {
+            match &e.payload {
+                EntryPayload::Blank => {}
+                EntryPayload::Normal(batch) => {
+                    // Keyed by index: applying the same entry again (after a restart) writes
+                    // the same key, so an apply is idempotent.
+                    self.applied
+                        .insert(e.log_id.index.to_be_bytes(), codec::encode(batch))
+                        .map_err(io(StorageIOError::write_state_machine))?;
+                }
+                EntryPayload::Membership(m) => {
+                    self.put(
+                        MEMBERSHIP,
+                        &StoredMembership::new(Some(e.log_id), m.clone()),
+                    )?;
+                }
+            }
+            self.put(LAST_APPLIED, &e.log_id)?;
+            answers.push(e.log_id.index);
+        }
+        Ok(answers)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<NodeId, Node>,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<()> {
+        let bytes = snapshot.into_inner();
+        let content: SnapshotContent = codec::decode(&bytes)
+            .map_err(|e| decode_err(StorageIOError::write_state_machine, e))?;
+        self.applied
+            .clear()
+            .map_err(io(StorageIOError::write_state_machine))?;
+        for (index, batch) in &content.batches {
+            self.applied
+                .insert(index.to_be_bytes(), codec::encode(batch))
+                .map_err(io(StorageIOError::write_state_machine))?;
+        }
+        if let Some(last) = &meta.last_log_id {
+            self.put(LAST_APPLIED, last)?;
+        }
+        self.put(MEMBERSHIP, &meta.last_membership)?;
+        self.put(SNAPSHOT, &(meta.clone(), bytes))?;
+        self.node
+            .sync()
+            .map_err(io(StorageIOError::write_state_machine))
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>> {
+        let stored: Option<(SnapshotMeta<NodeId, Node>, Vec<u8>)> = self.get(SNAPSHOT)?;
+        Ok(stored.map(|(meta, bytes)| Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(bytes)),
+        }))
+    }
+}
