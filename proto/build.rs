@@ -8,9 +8,12 @@ use prost::Message as _;
 
 /// Proto files to compile, relative to the crate directory (the include root).
 const PROTOS: &[&str] = &["boxoffice/v1/boxoffice.proto"];
+/// The nodes' internal protocol: generated too, but kept out of the descriptor set that server
+/// reflection describes (it is not part of the public API).
+const CLUSTER_PROTOS: &[&str] = &["boxoffice/cluster/v1/raft.proto"];
 
 fn main() -> Result<(), Box<dyn Error>> {
-    for proto in PROTOS {
+    for proto in PROTOS.iter().chain(CLUSTER_PROTOS) {
         println!("cargo:rerun-if-changed={proto}");
     }
     println!("cargo:rerun-if-changed=build.rs");
@@ -28,5 +31,9 @@ fn main() -> Result<(), Box<dyn Error>> {
         .build_server(true)
         .build_client(true)
         .compile_fds(fds)?;
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .compile_fds(protox::compile(CLUSTER_PROTOS, ["."])?)?;
     Ok(())
 }

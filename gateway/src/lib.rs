@@ -19,8 +19,10 @@
 //! - [`tickets`]: Ed25519-signed e-ticket codes naming their key, verifiable offline; the key
 //!   ring in the data dir and its rotation.
 //! - [`metrics`]: the Prometheus endpoint.
+//! - [`cluster`]: the Raft network between nodes (internal gRPC behind the cluster secret).
 //! - [`health`]: `grpc.health.v1.Health` whose watches end when the drain starts.
 
+pub mod cluster;
 pub mod convert;
 pub mod gate;
 pub mod health;

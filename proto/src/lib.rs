@@ -11,6 +11,12 @@ pub mod v1 {
     tonic::include_proto!("boxoffice.v1");
 }
 
+/// The nodes' internal Raft protocol (`boxoffice.cluster.v1`), not part of the public API.
+#[allow(missing_docs, clippy::all, clippy::pedantic, clippy::nursery)]
+pub mod cluster {
+    tonic::include_proto!("boxoffice.cluster.v1");
+}
+
 /// Encoded `google.protobuf.FileDescriptorSet` of the `boxoffice.v1` protos,
 /// for `tonic-reflection`.
 pub const FILE_DESCRIPTOR_SET: &[u8] =

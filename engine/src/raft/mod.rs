@@ -21,6 +21,8 @@
 // openraft's traits fix the error types (`StorageError`, `RPCError`), large as they are.
 #![allow(clippy::result_large_err)]
 
+#[cfg(any(test, feature = "test-support"))]
+pub mod harness;
 pub mod network;
 mod store;
 
@@ -51,6 +53,22 @@ openraft::declare_raft_types!(
 
 /// A Raft node of this crate's types.
 pub type Raft = openraft::Raft<TypeConfig>;
+
+/// The Raft timing of a group: heartbeats every 50 ms, an election after 200 to 400 ms without
+/// one (so a leader's death is noticed in well under a second), and a snapshot every
+/// `snapshot_every` entries (the log before it is then purged).
+pub fn config(snapshot_every: u64) -> std::sync::Arc<openraft::Config> {
+    let config = openraft::Config {
+        heartbeat_interval: 50,
+        election_timeout_min: 200,
+        election_timeout_max: 400,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(snapshot_every),
+        max_in_snapshot_log_to_keep: 0,
+        ..Default::default()
+    };
+    // Valid by construction (the election timeout is above the heartbeat).
+    std::sync::Arc::new(config.validate().unwrap_or_default())
+}
 
 #[cfg(test)]
 mod tests;

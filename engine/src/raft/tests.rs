@@ -6,29 +6,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::{BasicNode, Config};
+use openraft::BasicNode;
 
 use super::network::Router;
 use super::{Batch, NodeDb, Raft, SledLogStore, SledStateMachine, open_node_db};
-
-fn config() -> Arc<Config> {
-    Arc::new(
-        Config {
-            heartbeat_interval: 50,
-            election_timeout_min: 200,
-            election_timeout_max: 400,
-            // Small, so the wiped node must catch up from a snapshot, not from the log.
-            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(20),
-            max_in_snapshot_log_to_keep: 0,
-            ..Default::default()
-        }
-        .validate()
-        .unwrap(),
-    )
-}
 
 struct Node {
     raft: Raft,
@@ -40,7 +23,7 @@ async fn start(router: &Router, id: u64, dir: &Path) -> Node {
     let db = open_node_db(dir).unwrap();
     let log = SledLogStore::open(&db).unwrap();
     let sm = SledStateMachine::open(&db).unwrap();
-    let raft = Raft::new(id, config(), router.client_of(id), log, sm.clone())
+    let raft = Raft::new(id, super::config(20), router.client_of(id), log, sm.clone())
         .await
         .unwrap();
     router.add(id, raft.clone());
@@ -56,21 +39,12 @@ fn batch(n: u64) -> Batch {
     }
 }
 
-/// The leader the live nodes agree on, once they do.
+fn rafts(nodes: &BTreeMap<u64, Node>) -> BTreeMap<u64, super::Raft> {
+    nodes.iter().map(|(id, n)| (*id, n.raft.clone())).collect()
+}
+
 async fn leader(nodes: &BTreeMap<u64, Node>) -> u64 {
-    for _ in 0..200 {
-        let seen: BTreeSet<Option<u64>> = nodes
-            .values()
-            .map(|n| n.raft.metrics().borrow().current_leader)
-            .collect();
-        if let [Some(l)] = seen.iter().copied().collect::<Vec<_>>()[..]
-            && nodes.contains_key(&l)
-        {
-            return l;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("no leader agreed on by {:?}", nodes.keys());
+    super::harness::leader(&rafts(nodes)).await.unwrap()
 }
 
 /// Writes `range` through the leader; returns the batches acknowledged (committed by a majority).
@@ -78,18 +52,7 @@ async fn write(nodes: &BTreeMap<u64, Node>, range: std::ops::Range<u64>) -> Vec<
     let mut acked = Vec::new();
     for n in range {
         let b = batch(n);
-        loop {
-            let l = leader(nodes).await;
-            match nodes[&l].raft.client_write(b.clone()).await {
-                Ok(_) => break,
-                // Leadership moved before this node took the write: nothing was written, so
-                // sending it to the new leader cannot duplicate it.
-                Err(e) if e.forward_to_leader().is_some() => {
-                    tokio::time::sleep(Duration::from_millis(25)).await;
-                }
-                Err(e) => panic!("write {n}: {e}"),
-            }
-        }
+        super::harness::write(&rafts(nodes), &b).await.unwrap();
         acked.push(b);
     }
     acked
@@ -97,26 +60,8 @@ async fn write(nodes: &BTreeMap<u64, Node>, range: std::ops::Range<u64>) -> Vec<
 
 /// Every node of `nodes` has applied exactly `acked`, in order.
 async fn all_hold(nodes: &BTreeMap<u64, Node>, acked: &[Batch]) {
-    for _ in 0..400 {
-        let done = nodes.values().all(|n| {
-            let got: Vec<Batch> =
-                n.sm.batches()
-                    .unwrap()
-                    .into_iter()
-                    .map(|(_, b)| b)
-                    .collect();
-            got == acked
-        });
-        if done {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    for (id, n) in nodes {
-        let got = n.sm.batches().unwrap().len();
-        eprintln!("node {id}: {got} batches applied of {}", acked.len());
-    }
-    panic!("the nodes do not all hold the acknowledged batches");
+    let sms = nodes.iter().map(|(id, n)| (*id, n.sm.clone())).collect();
+    super::harness::all_hold(&sms, acked).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

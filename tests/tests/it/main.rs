@@ -7,6 +7,7 @@
 
 mod cancellation;
 mod checkout;
+mod cluster;
 mod contention;
 mod crash_cycles;
 mod create_event;

@@ -1,0 +1,72 @@
+//! Helpers for tests that run a group of nodes (feature `test-support`): who leads, and a
+//! write that follows the leader.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use super::{Batch, Raft};
+
+/// The leader every node of `rafts` agrees on, within 10 s (`Err`: what they said last).
+pub async fn leader(rafts: &BTreeMap<u64, Raft>) -> Result<u64, String> {
+    let mut seen = BTreeSet::new();
+    for _ in 0..400 {
+        seen = rafts
+            .values()
+            .map(|r| r.metrics().borrow().current_leader)
+            .collect();
+        if let [Some(l)] = seen.iter().copied().collect::<Vec<_>>()[..]
+            && rafts.contains_key(&l)
+        {
+            return Ok(l);
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    Err(format!(
+        "no leader agreed on by {:?}: {seen:?}",
+        rafts.keys()
+    ))
+}
+
+/// Writes `batch` through the group's leader until one takes it; returns once it is committed
+/// by a majority. A node that is no longer the leader takes nothing (openraft says where the
+/// leader is), so sending the batch again to the new leader cannot write it twice; any other
+/// error is returned.
+pub async fn write(rafts: &BTreeMap<u64, Raft>, batch: &Batch) -> Result<u64, String> {
+    loop {
+        let l = leader(rafts).await?;
+        match rafts[&l].client_write(batch.clone()).await {
+            Ok(r) => return Ok(r.data),
+            Err(e) if e.forward_to_leader().is_some() => {
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+/// Waits (10 s at most) until every state machine of `sms` has applied exactly `acked`, in
+/// order (`Err`: how many each had applied).
+pub async fn all_hold(
+    sms: &BTreeMap<u64, super::SledStateMachine>,
+    acked: &[Batch],
+) -> Result<(), String> {
+    let applied = |sm: &super::SledStateMachine| -> Vec<Batch> {
+        sm.batches()
+            .map(|b| b.into_iter().map(|(_, b)| b).collect())
+            .unwrap_or_default()
+    };
+    for _ in 0..400 {
+        if sms.values().all(|sm| applied(sm) == acked) {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let counts: BTreeMap<u64, usize> = sms
+        .iter()
+        .map(|(id, sm)| (*id, applied(sm).len()))
+        .collect();
+    Err(format!(
+        "not every node holds the {} acknowledged batches: {counts:?}",
+        acked.len()
+    ))
+}

@@ -1,0 +1,248 @@
+//! The Raft network between processes (issue 13, second step): each node serves
+//! `boxoffice.cluster.v1.Raft` on its cluster port, and reaches its peers there with openraft's
+//! messages encoded by the engine's codec. Every call carries the cluster secret
+//! (`authorization: Bearer …`); a node compares its SHA-256 in constant time and answers
+//! `UNAUTHENTICATED` to anything else, so only nodes that share the secret form a group.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use boxoffice_engine::codec;
+use boxoffice_engine::raft::{Raft, TypeConfig};
+use boxoffice_proto::cluster::RaftMessage;
+use boxoffice_proto::cluster::raft_client::RaftClient;
+use boxoffice_proto::cluster::raft_server::{Raft as RaftService, RaftServer};
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::{AnyError, BasicNode};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Response, Status};
+
+type NodeId = u64;
+
+/// The shared secret of a cluster's nodes.
+#[derive(Clone)]
+pub struct ClusterSecret {
+    bearer: String,
+    digest: [u8; 32],
+}
+
+impl ClusterSecret {
+    /// A secret; refused if empty (or only white space).
+    pub fn new(secret: &str) -> anyhow::Result<ClusterSecret> {
+        let secret = secret.trim();
+        anyhow::ensure!(!secret.is_empty(), "the cluster secret must not be empty");
+        Ok(ClusterSecret {
+            bearer: format!("Bearer {secret}"),
+            digest: Sha256::digest(secret.as_bytes()).into(),
+        })
+    }
+
+    fn admits<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        let presented = req
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        let digest: [u8; 32] = Sha256::digest(presented.trim().as_bytes()).into();
+        if bool::from(digest.ct_eq(&self.digest)) {
+            Ok(())
+        } else {
+            Err(Status::unauthenticated("not a node of this cluster"))
+        }
+    }
+}
+
+/// The service a node serves to its peers.
+pub struct RaftEndpoint {
+    raft: Raft,
+    secret: ClusterSecret,
+}
+
+fn decode<T: DeserializeOwned>(m: &RaftMessage) -> Result<T, Status> {
+    codec::decode(&m.payload)
+        .map_err(|e| Status::invalid_argument(format!("an undecodable Raft message: {e}")))
+}
+
+fn encode<T: Serialize>(value: &T) -> Response<RaftMessage> {
+    Response::new(RaftMessage {
+        payload: codec::encode(value),
+    })
+}
+
+#[tonic::async_trait]
+impl RaftService for RaftEndpoint {
+    async fn append_entries(
+        &self,
+        req: Request<RaftMessage>,
+    ) -> Result<Response<RaftMessage>, Status> {
+        self.secret.admits(&req)?;
+        let rpc: AppendEntriesRequest<TypeConfig> = decode(req.get_ref())?;
+        Ok(encode(&self.raft.append_entries(rpc).await))
+    }
+
+    async fn vote(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        self.secret.admits(&req)?;
+        let rpc: VoteRequest<NodeId> = decode(req.get_ref())?;
+        Ok(encode(&self.raft.vote(rpc).await))
+    }
+
+    async fn install_snapshot(
+        &self,
+        req: Request<RaftMessage>,
+    ) -> Result<Response<RaftMessage>, Status> {
+        self.secret.admits(&req)?;
+        let rpc: InstallSnapshotRequest<TypeConfig> = decode(req.get_ref())?;
+        Ok(encode(&self.raft.install_snapshot(rpc).await))
+    }
+}
+
+/// Serves `raft` to its peers on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    raft: Raft,
+    secret: ClusterSecret,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), tonic::transport::Error> {
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    // Snapshots go in one message: allow what a section's copy can take.
+    let service = RaftServer::new(RaftEndpoint { raft, secret })
+        .max_decoding_message_size(SNAPSHOT_BYTES_MAX)
+        .max_encoding_message_size(SNAPSHOT_BYTES_MAX);
+    tonic::transport::Server::builder()
+        .add_service(service)
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+}
+
+/// The largest Raft message (a snapshot is sent in one), bytes.
+pub const SNAPSHOT_BYTES_MAX: usize = 1 << 30;
+
+/// How a node reaches its peers: their cluster addresses, and the secret.
+#[derive(Clone)]
+pub struct Peers {
+    addrs: Arc<BTreeMap<NodeId, SocketAddr>>,
+    secret: ClusterSecret,
+}
+
+impl Peers {
+    /// The peers at `addrs` (this node's own address may be among them), sharing `secret`.
+    pub fn new(addrs: BTreeMap<NodeId, SocketAddr>, secret: ClusterSecret) -> Peers {
+        Peers {
+            addrs: Arc::new(addrs),
+            secret,
+        }
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for Peers {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: NodeId, _node: &BasicNode) -> PeerClient {
+        let channel = self.addrs.get(&target).and_then(|addr| {
+            Endpoint::from_shared(format!("http://{addr}"))
+                .ok()
+                .map(|e| {
+                    e.connect_timeout(Duration::from_millis(500))
+                        .tcp_nodelay(true)
+                        .connect_lazy()
+                })
+        });
+        PeerClient {
+            target,
+            channel,
+            secret: self.secret.clone(),
+        }
+    }
+}
+
+/// A connection to one peer.
+pub struct PeerClient {
+    target: NodeId,
+    channel: Option<Channel>,
+    secret: ClusterSecret,
+}
+
+impl PeerClient {
+    /// Sends `rpc` with `call`, and decodes the peer's answer (its result or openraft's error).
+    async fn call<Q, A, E>(
+        &mut self,
+        rpc: &Q,
+        option: &RPCOption,
+        call: impl AsyncFnOnce(
+            RaftClient<Channel>,
+            Request<RaftMessage>,
+        ) -> Result<Response<RaftMessage>, Status>,
+    ) -> Result<A, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>
+    where
+        Q: Serialize,
+        A: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+        RaftError<NodeId, E>: DeserializeOwned,
+    {
+        let Some(channel) = self.channel.clone() else {
+            return Err(RPCError::Unreachable(openraft::error::Unreachable::new(
+                &AnyError::error(format!("no address for node {}", self.target)),
+            )));
+        };
+        let client = RaftClient::new(channel)
+            .max_decoding_message_size(SNAPSHOT_BYTES_MAX)
+            .max_encoding_message_size(SNAPSHOT_BYTES_MAX);
+        let mut req = Request::new(RaftMessage {
+            payload: codec::encode(rpc),
+        });
+        req.set_timeout(option.hard_ttl());
+        if let Ok(v) = self.secret.bearer.parse() {
+            req.metadata_mut().insert("authorization", v);
+        }
+        let answer = call(client, req)
+            .await
+            .map_err(|s| RPCError::Network(NetworkError::new(&s)))?;
+        let result: Result<A, RaftError<NodeId, E>> = codec::decode(&answer.get_ref().payload)
+            .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerClient {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        self.call(&rpc, &option, async |mut c, r| c.append_entries(r).await)
+            .await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<NodeId>,
+        RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
+    > {
+        self.call(&rpc, &option, async |mut c, r| c.install_snapshot(r).await)
+            .await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        self.call(&rpc, &option, async |mut c, r| c.vote(r).await)
+            .await
+    }
+}
