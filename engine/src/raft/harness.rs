@@ -70,3 +70,36 @@ pub async fn all_hold(
         acked.len()
     ))
 }
+
+/// A node of an in-process group: its Raft and its state machine, on its own sled database.
+pub struct Node {
+    /// Its Raft.
+    pub raft: Raft,
+    /// Its copy of the replicated batches.
+    pub sm: super::SledStateMachine,
+    _db: super::NodeDb,
+}
+
+/// Starts node `id` on the sled database in `dir` (new or as it was left), on `router`, with a
+/// snapshot every `snapshot_every` entries.
+pub async fn start(
+    router: &super::network::Router,
+    id: u64,
+    dir: &std::path::Path,
+    snapshot_every: u64,
+) -> Result<Node, String> {
+    let db = super::open_node_db(dir).map_err(|e| e.to_string())?;
+    let sm = super::SledStateMachine::open(&db).map_err(|e| e.to_string())?;
+    let log = super::SledLogStore::open(&db).map_err(|e| e.to_string())?;
+    let raft = Raft::new(
+        id,
+        super::config(snapshot_every),
+        router.client_of(id),
+        log,
+        sm.clone(),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    router.add(id, raft.clone());
+    Ok(Node { raft, sm, _db: db })
+}

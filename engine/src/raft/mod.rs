@@ -34,7 +34,7 @@ pub use store::{NodeDb, SledLogStore, SledStateMachine, open_node_db};
 
 /// One group commit: the records of one or more streams, each record encoded by
 /// [`crate::codec`]. The unit of replication.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Batch {
     /// `(stream, encoded record)` in the order they were written.
     pub records: Vec<(String, Vec<u8>)>,
@@ -70,5 +70,7 @@ pub fn config(snapshot_every: u64) -> std::sync::Arc<openraft::Config> {
     std::sync::Arc::new(config.validate().unwrap_or_default())
 }
 
+#[cfg(test)]
+mod simulation;
 #[cfg(test)]
 mod tests;

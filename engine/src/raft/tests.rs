@@ -10,24 +10,12 @@ use std::time::Duration;
 
 use openraft::BasicNode;
 
+use super::Batch;
+use super::harness::Node;
 use super::network::Router;
-use super::{Batch, NodeDb, Raft, SledLogStore, SledStateMachine, open_node_db};
-
-struct Node {
-    raft: Raft,
-    sm: SledStateMachine,
-    _db: NodeDb,
-}
 
 async fn start(router: &Router, id: u64, dir: &Path) -> Node {
-    let db = open_node_db(dir).unwrap();
-    let log = SledLogStore::open(&db).unwrap();
-    let sm = SledStateMachine::open(&db).unwrap();
-    let raft = Raft::new(id, super::config(20), router.client_of(id), log, sm.clone())
-        .await
-        .unwrap();
-    router.add(id, raft.clone());
-    Node { raft, sm, _db: db }
+    super::harness::start(router, id, dir, 20).await.unwrap()
 }
 
 fn batch(n: u64) -> Batch {
