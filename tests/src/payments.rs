@@ -1,4 +1,5 @@
-//! A payment provider a test controls: every charge waits until the test lets it through.
+//! A payment provider a test controls: every charge waits until the test lets it through, and
+//! optionally waits again once the money is captured, before the answer goes back.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -16,6 +17,11 @@ pub struct Gated {
     pub gate: Arc<Semaphore>,
     /// One permit per charge that arrived at the gate.
     pub arrived: Arc<Semaphore>,
+    /// With [`Gated::hold_after_capture`]: one permit lets one captured charge answer.
+    pub after: Arc<Semaphore>,
+    /// One permit per charge captured and waiting at `after`.
+    pub captured: Arc<Semaphore>,
+    hold_after: std::sync::atomic::AtomicBool,
     _db: boxoffice_engine::raw::sled::Db,
 }
 
@@ -31,8 +37,20 @@ impl Gated {
                 .expect("the simulated provider opens"),
             gate: Arc::new(Semaphore::new(0)),
             arrived: Arc::new(Semaphore::new(0)),
+            after: Arc::new(Semaphore::new(0)),
+            captured: Arc::new(Semaphore::new(0)),
+            hold_after: std::sync::atomic::AtomicBool::new(false),
             _db: db,
         })
+    }
+}
+
+impl Gated {
+    /// From now on a captured charge also waits at `after` before its answer goes back (the
+    /// window between the money taken and the order made).
+    pub fn hold_after_capture(&self) {
+        self.hold_after
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -50,7 +68,16 @@ impl PaymentProvider for Gated {
                 .await
                 .map_err(|e| PaymentError::Unavailable(e.to_string()))?
                 .forget();
-            self.inner.charge(key, amount_cents, token).await
+            let charged = self.inner.charge(key, amount_cents, token).await;
+            if self.hold_after.load(std::sync::atomic::Ordering::SeqCst) {
+                self.captured.add_permits(1);
+                self.after
+                    .acquire()
+                    .await
+                    .map_err(|e| PaymentError::Unavailable(e.to_string()))?
+                    .forget();
+            }
+            charged
         })
     }
     fn refund<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Charge, PaymentError>> {

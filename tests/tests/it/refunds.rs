@@ -50,6 +50,24 @@ async fn lost_answer(c: &mut boxoffice_tests::Clients, hold: &pb::Hold, key: &st
     assert_eq!(reason(&lost), "PAYMENT_TIMEOUT");
 }
 
+/// Creates event `ev` (10 places at 15.00) and holds `places` of them for `user`, admitted.
+async fn event_with_a_hold(server: &TestServer, ev: &str, user: &str, places: u32) -> pb::Hold {
+    let clock = server.clock().clone();
+    let mut c = server.client();
+    server
+        .admin()
+        .events
+        .create_event(event(ev, vec![ga("floor", 10, 1_500)]))
+        .await
+        .unwrap();
+    let tok = admitted(&mut c, &clock, ev, user).await;
+    c.booking
+        .hold(best(ev, user, &tok, "floor", places, ""))
+        .await
+        .unwrap()
+        .into_inner()
+}
+
 fn status_of(charges: &[Charge]) -> Vec<ChargeStatus> {
     charges.iter().map(|c| c.status).collect()
 }
@@ -236,20 +254,8 @@ async fn the_server_refunds_on_its_own_and_its_reconciliation_is_clean_afterward
         .start()
         .await;
     let engine = server.engine();
-    let clock = server.clock().clone();
-    let mut a = server.admin();
     let mut c = server.client();
-    a.events
-        .create_event(event("rs", vec![ga("floor", 10, 2_500)]))
-        .await
-        .unwrap();
-    let tok = admitted(&mut c, &clock, "rs", "eve").await;
-    let hold = c
-        .booking
-        .hold(best("rs", "eve", &tok, "floor", 1, ""))
-        .await
-        .unwrap()
-        .into_inner();
+    let hold = event_with_a_hold(&server, "rs", "eve", 1).await;
     lost_answer(&mut c, &hold, "k").await;
     c.booking
         .release(pb::ReleaseRequest {
@@ -267,6 +273,63 @@ async fn the_server_refunds_on_its_own_and_its_reconciliation_is_clean_afterward
         }
     })
     .await;
+    assert!(engine.reconcile().await.unwrap().is_empty());
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_charge_about_to_become_an_order_is_never_refunded() {
+    // The provider captures the money, then holds its answer: the window between the money
+    // taken and the order made, held open while the hold expires and a pass runs.
+    let payments = tempfile::tempdir().unwrap();
+    let provider = boxoffice_tests::payments::Gated::open(payments.path());
+    provider.hold_after_capture();
+    provider.gate.add_permits(1);
+    let server = TestServer::builder()
+        .payments(provider.clone())
+        .settlement(None, Duration::ZERO)
+        .start()
+        .await;
+    let engine = server.engine();
+    let clock = server.clock().clone();
+    let hold = event_with_a_hold(&server, "win", "ann", 2).await;
+    let confirm = {
+        let mut c = server.client();
+        let req = confirm(&hold, "tok_visa", "k");
+        tokio::spawn(async move { c.booking.confirm(req).await })
+    };
+    provider.captured.acquire().await.unwrap().forget();
+    // Captured, no order yet; the hold expires meanwhile.
+    clock.advance_ms(61_000);
+    let hold_id = boxoffice_engine::HoldId(hold.hold_id.clone());
+    periodic_check("the hold expires", PATIENCE, async || {
+        match engine.get_hold(&hold_id).await.unwrap().status {
+            boxoffice_engine::HoldStatus::Expired => Ok(()),
+            s => Err(format!("{s:?}")),
+        }
+    })
+    .await;
+    // A pass with no grace at all: the checkout is still running, so its charge is left alone.
+    let (_, settled) = engine.settle_and_reconcile(Duration::ZERO).await.unwrap();
+    assert!(
+        settled.refunded.is_empty() && settled.pending.is_empty(),
+        "{settled:?}"
+    );
+    assert_eq!(
+        status_of(&charges_of(&engine, &hold.hold_id).await),
+        [ChargeStatus::Captured]
+    );
+    // The answer comes back: the places are taken again and the order is paid by that charge.
+    provider.after.add_permits(1);
+    let order = confirm.await.unwrap().unwrap().into_inner();
+    let charges = charges_of(&engine, &hold.hold_id).await;
+    assert_eq!(status_of(&charges), [ChargeStatus::Captured]);
+    assert_eq!(order.payment_id, charges[0].payment_id);
+    assert_eq!(order.tickets.len(), 2);
+    // Clean, and a pass now refunds nothing either.
+    let (findings, settled) = engine.settle_and_reconcile(Duration::ZERO).await.unwrap();
+    assert!(findings.is_empty(), "{findings:?}");
+    assert!(settled.refunded.is_empty(), "{settled:?}");
     assert!(engine.reconcile().await.unwrap().is_empty());
     server.shutdown().await;
 }
