@@ -42,6 +42,35 @@ mod ticket;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// The end of a drill: prints its verdict (`clean`: all well; `kept`: only calls failed, every
+/// promise kept; otherwise a promise broke) with the matching line of `lines`, writes its JSON
+/// report if asked, and gives the exit code. A broken promise stays 3 even when the report cannot
+/// be written; otherwise an unwritten report is a failure (1).
+pub fn verdict(
+    clean: bool,
+    kept: bool,
+    lines: [&str; 3],
+    json: Option<(&std::path::Path, String)>,
+) -> Exit {
+    let (exit, line) = if clean {
+        (Exit::Ok, lines[0])
+    } else if kept {
+        (Exit::Failed, lines[1])
+    } else {
+        (Exit::BrokenPromise, lines[2])
+    };
+    println!("{line}");
+    if let Some((path, text)) = json
+        && let Err(e) = std::fs::write(path, text)
+    {
+        eprintln!("error: writing {}: {e}", path.display());
+        if exit == Exit::Ok {
+            return Exit::Failed;
+        }
+    }
+    exit
+}
+
 /// The exit codes of every subcommand (the table [`EXIT_CODES`] is in every `--help` and in
 /// README.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

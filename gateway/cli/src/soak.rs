@@ -20,18 +20,14 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<Exit> {
     let json = args.json.clone();
     let report = soak::run(args, &command).await?;
     print!("{report}");
-    if let Some(path) = json {
-        std::fs::write(&path, report.json())
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    if report.clean() {
-        println!("result: nothing held at the end; the counts add up");
-        Ok(Exit::Ok)
-    } else if report.promises_kept() {
-        println!("result: FAILED: cycles failed (see above); nothing leaked");
-        Ok(Exit::Failed)
-    } else {
-        println!("result: FAILED: the counts do not add up (see above)");
-        Ok(Exit::BrokenPromise)
-    }
+    Ok(crate::verdict(
+        report.clean(),
+        report.promises_kept(),
+        [
+            "result: nothing held at the end; the counts add up",
+            "result: FAILED: cycles failed (see above); nothing leaked",
+            "result: FAILED: the counts do not add up (see above)",
+        ],
+        json.as_deref().map(|p| (p, report.json())),
+    ))
 }
