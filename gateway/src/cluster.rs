@@ -64,10 +64,9 @@ impl ClusterSecret {
     }
 }
 
-/// The service a node serves to its peers.
+/// The service a node serves to its peers (behind the secret's interceptor).
 pub struct RaftEndpoint {
     raft: Raft,
-    secret: ClusterSecret,
 }
 
 fn decode<T: DeserializeOwned>(m: &RaftMessage) -> Result<T, Status> {
@@ -87,13 +86,11 @@ impl RaftService for RaftEndpoint {
         &self,
         req: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
-        self.secret.admits(&req)?;
         let rpc: AppendEntriesRequest<TypeConfig> = decode(req.get_ref())?;
         Ok(encode(&self.raft.append_entries(rpc).await))
     }
 
     async fn vote(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
-        self.secret.admits(&req)?;
         let rpc: VoteRequest<NodeId> = decode(req.get_ref())?;
         Ok(encode(&self.raft.vote(rpc).await))
     }
@@ -102,13 +99,13 @@ impl RaftService for RaftEndpoint {
         &self,
         req: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
-        self.secret.admits(&req)?;
         let rpc: InstallSnapshotRequest<TypeConfig> = decode(req.get_ref())?;
         Ok(encode(&self.raft.install_snapshot(rpc).await))
     }
 }
 
-/// Serves `raft` to its peers on `listener` until `shutdown` resolves.
+/// Serves `raft` to its peers on `listener` until `shutdown` resolves. The secret is checked
+/// from the headers, before a request's body is read.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     raft: Raft,
@@ -116,18 +113,23 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    // Snapshots go in one message: allow what a section's copy can take.
-    let service = RaftServer::new(RaftEndpoint { raft, secret })
-        .max_decoding_message_size(SNAPSHOT_BYTES_MAX)
-        .max_encoding_message_size(SNAPSHOT_BYTES_MAX);
+    let check = secret.clone();
+    let service = tonic::service::interceptor::InterceptedService::new(
+        RaftServer::new(RaftEndpoint { raft })
+            .max_decoding_message_size(MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(MESSAGE_BYTES_MAX),
+        move |req: Request<()>| check.admits(&req).map(|()| req),
+    );
     tonic::transport::Server::builder()
         .add_service(service)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
 }
 
-/// The largest Raft message (a snapshot is sent in one), bytes.
-pub const SNAPSHOT_BYTES_MAX: usize = 1 << 30;
+/// The largest Raft message, bytes: openraft sends snapshots in chunks (3 MiB by default) and
+/// appends in batches of at most `max_payload_entries` entries, so this leaves room for both
+/// while bounding what one request can make a node allocate.
+pub const MESSAGE_BYTES_MAX: usize = 16 << 20;
 
 /// How a node reaches its peers: their cluster addresses, and the secret.
 #[derive(Clone)]
@@ -197,8 +199,8 @@ impl PeerClient {
             )));
         };
         let client = RaftClient::new(channel)
-            .max_decoding_message_size(SNAPSHOT_BYTES_MAX)
-            .max_encoding_message_size(SNAPSHOT_BYTES_MAX);
+            .max_decoding_message_size(MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(MESSAGE_BYTES_MAX);
         let mut req = Request::new(RaftMessage {
             payload: codec::encode(rpc),
         });
@@ -206,9 +208,13 @@ impl PeerClient {
         if let Ok(v) = self.secret.bearer.parse() {
             req.metadata_mut().insert("authorization", v);
         }
-        let answer = call(client, req)
-            .await
-            .map_err(|s| RPCError::Network(NetworkError::new(&s)))?;
+        let answer = call(client, req).await.map_err(|s| match s.code() {
+            // The peer is down or cannot be reached: openraft backs off from it.
+            tonic::Code::Unavailable => {
+                RPCError::Unreachable(openraft::error::Unreachable::new(&s))
+            }
+            _ => RPCError::Network(NetworkError::new(&s)),
+        })?;
         let result: Result<A, RaftError<NodeId, E>> = codec::decode(&answer.get_ref().payload)
             .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))

@@ -2,7 +2,8 @@
 //! cut and healed links, crashes and restarts, in an order drawn from a seed. At the end every
 //! link is healed and every node restarted, and then every node must hold the same sequence of
 //! batches, containing every acknowledged batch in the order it was acknowledged (nothing
-//! acknowledged lost, no node diverging, nothing applied twice).
+//! acknowledged lost, no node diverging). Each batch is proposed once, so the check that none
+//! appears twice guards the log's storage (an entry kept under two indexes), not client retries.
 //!
 //! The schedule of faults replays from its seed (`BOXOFFICE_RAFT_SEED=N` runs only that seed);
 //! the timing of messages is the machine's, so a replay follows the same schedule but not

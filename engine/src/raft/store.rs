@@ -12,6 +12,7 @@ use openraft::{
     SnapshotMeta, StorageError, StorageIOError, StoredMembership, Vote,
 };
 use serde::{Deserialize, Serialize};
+use sled::Transactional;
 
 use super::{Batch, TypeConfig};
 use crate::codec;
@@ -29,20 +30,31 @@ pub struct NodeDb {
 }
 
 impl NodeDb {
-    /// Makes everything written so far durable: sled's flush (which is not a full fsync), then
-    /// `fdatasync` of its data file.
+    /// Makes everything written so far durable: sled's flush, then `fdatasync` of its data file
+    /// (as the engine's own sink does; see the integrity notes on sled's flush).
     fn sync(&self) -> std::io::Result<()> {
         self.db.flush()?;
         self.data_file.sync_data()
     }
 }
 
-/// Opens (or creates) a node's sled database in `dir`.
+/// Opens (or creates) a node's sled database in `dir`. A node restarted in the same process
+/// may find the lock of its previous instance still held for a moment (its tasks let go of the
+/// database as they end): the open is retried for up to 10 s.
 pub fn open_node_db(dir: &Path) -> std::io::Result<NodeDb> {
-    let db = sled::Config::new()
-        .path(dir)
-        .open()
-        .map_err(std::io::Error::other)?;
+    let mut tries = 0;
+    let db = loop {
+        match sled::Config::new().path(dir).open() {
+            Ok(db) => break db,
+            Err(sled::Error::Io(e))
+                if e.kind() == std::io::ErrorKind::WouldBlock && tries < 200 =>
+            {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(e) => return Err(std::io::Error::other(e)),
+        }
+    };
     let data_file = std::fs::File::open(dir.join("db"))?;
     Ok(NodeDb {
         db,
@@ -240,6 +252,9 @@ pub struct SledStateMachine {
     node: NodeDb,
     applied: sled::Tree,
     meta: sled::Tree,
+    /// Held by `apply`, a snapshot's build and its install: openraft builds snapshots on a task
+    /// of its own while it applies, and a snapshot must be one consistent state.
+    turn: Arc<tokio::sync::Mutex<()>>,
 }
 
 const LAST_APPLIED: &[u8] = b"last_applied";
@@ -254,6 +269,7 @@ impl SledStateMachine {
             node: node.clone(),
             applied: open("raft_applied")?,
             meta: open("raft_sm")?,
+            turn: Arc::new(tokio::sync::Mutex::new(())),
         })
     }
 
@@ -289,7 +305,13 @@ impl SledStateMachine {
 
 impl RaftSnapshotBuilder<TypeConfig> for SledStateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>> {
+        let _turn = self.turn.lock().await;
         let content = self.content()?;
+        // The log up to this snapshot may be purged once it is built: what it holds must be on
+        // disk first (applies are not synced one by one).
+        self.node
+            .sync()
+            .map_err(io(StorageIOError::write_state_machine))?;
         let meta = SnapshotMeta {
             last_log_id: content.last_applied,
             last_membership: content.membership.clone(),
@@ -321,6 +343,7 @@ impl RaftStateMachine<TypeConfig> for SledStateMachine {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
+        let _turn = self.turn.lock().await;
         let mut answers = Vec::new();
         for e in entries {
             match &e.payload {
@@ -361,19 +384,38 @@ impl RaftStateMachine<TypeConfig> for SledStateMachine {
         let bytes = snapshot.into_inner();
         let content: SnapshotContent = codec::decode(&bytes)
             .map_err(|e| decode_err(StorageIOError::write_state_machine, e))?;
-        self.applied
-            .clear()
+        let _turn = self.turn.lock().await;
+        let old: Vec<sled::IVec> = self
+            .applied
+            .iter()
+            .keys()
+            .collect::<std::result::Result<_, _>>()
             .map_err(io(StorageIOError::write_state_machine))?;
-        for (index, batch) in &content.batches {
-            self.applied
-                .insert(index.to_be_bytes(), codec::encode(batch))
-                .map_err(io(StorageIOError::write_state_machine))?;
-        }
-        if let Some(last) = &meta.last_log_id {
-            self.put(LAST_APPLIED, last)?;
-        }
-        self.put(MEMBERSHIP, &meta.last_membership)?;
-        self.put(SNAPSHOT, &(meta.clone(), bytes))?;
+        let last = meta.last_log_id.map(|l| codec::encode(&l));
+        let membership = codec::encode(&meta.last_membership);
+        let stored = codec::encode(&(meta.clone(), bytes));
+        // One transaction over both trees: a crash leaves the old state or the new one, never
+        // an emptied copy under the old last-applied mark.
+        (&self.applied, &self.meta)
+            .transaction(|(applied, sm)| {
+                for k in &old {
+                    applied.remove(k)?;
+                }
+                for (index, batch) in &content.batches {
+                    applied.insert(&index.to_be_bytes(), codec::encode(batch))?;
+                }
+                if let Some(last) = &last {
+                    sm.insert(LAST_APPLIED, last.as_slice())?;
+                }
+                sm.insert(MEMBERSHIP, membership.as_slice())?;
+                sm.insert(SNAPSHOT, stored.as_slice())?;
+                Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
+            })
+            .map_err(|e| {
+                StorageError::from(StorageIOError::write_state_machine(AnyError::error(
+                    format!("installing a snapshot: {e:?}"),
+                )))
+            })?;
         self.node
             .sync()
             .map_err(io(StorageIOError::write_state_machine))
