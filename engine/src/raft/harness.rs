@@ -34,7 +34,13 @@ pub async fn leader(rafts: &BTreeMap<u64, Raft>) -> Result<u64, String> {
 pub async fn write(rafts: &BTreeMap<u64, Raft>, batch: &Batch) -> Result<u64, String> {
     loop {
         let l = leader(rafts).await?;
-        match rafts[&l].client_write(batch.clone()).await {
+        let answer = tokio::time::timeout(
+            Duration::from_secs(10),
+            rafts[&l].client_write(batch.clone()),
+        )
+        .await
+        .map_err(|_| format!("node {l} did not answer a write within 10 s"))?;
+        match answer {
             Ok(r) => return Ok(r.data),
             Err(e) if e.forward_to_leader().is_some() => {
                 tokio::time::sleep(Duration::from_millis(25)).await;

@@ -31,10 +31,17 @@ pub struct NodeDb {
 
 impl NodeDb {
     /// Makes everything written so far durable: sled's flush, then `fdatasync` of its data file
-    /// (as the engine's own sink does; see the integrity notes on sled's flush).
-    fn sync(&self) -> std::io::Result<()> {
-        self.db.flush()?;
-        self.data_file.sync_data()
+    /// (as the engine's own sink does; see the integrity notes on sled's flush). Runs on the
+    /// blocking pool, so a slow disk does not stall the async workers (and with them the
+    /// heartbeats that keep a leader).
+    async fn sync(&self) -> std::io::Result<()> {
+        let node = self.clone();
+        tokio::task::spawn_blocking(move || {
+            node.db.flush()?;
+            node.data_file.sync_data()
+        })
+        .await
+        .map_err(std::io::Error::other)?
     }
 }
 
@@ -177,7 +184,10 @@ impl RaftLogStorage<TypeConfig> for SledLogStore {
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<()> {
         self.put_meta(VOTE, vote)?;
-        self.node.sync().map_err(io(StorageIOError::write_vote))
+        self.node
+            .sync()
+            .await
+            .map_err(io(StorageIOError::write_vote))
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>> {
@@ -206,7 +216,7 @@ impl RaftLogStorage<TypeConfig> for SledLogStore {
             .apply_batch(batch)
             .map_err(io(StorageIOError::write_logs))?;
         // Durable before openraft may count this node in a majority.
-        let synced = self.node.sync();
+        let synced = self.node.sync().await;
         callback.log_io_completed(synced);
         Ok(())
     }
@@ -220,7 +230,10 @@ impl RaftLogStorage<TypeConfig> for SledLogStore {
         self.log
             .apply_batch(batch)
             .map_err(io(StorageIOError::write_logs))?;
-        self.node.sync().map_err(io(StorageIOError::write_logs))
+        self.node
+            .sync()
+            .await
+            .map_err(io(StorageIOError::write_logs))
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<()> {
@@ -311,6 +324,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SledStateMachine {
         // disk first (applies are not synced one by one).
         self.node
             .sync()
+            .await
             .map_err(io(StorageIOError::write_state_machine))?;
         let meta = SnapshotMeta {
             last_log_id: content.last_applied,
@@ -418,6 +432,7 @@ impl RaftStateMachine<TypeConfig> for SledStateMachine {
             })?;
         self.node
             .sync()
+            .await
             .map_err(io(StorageIOError::write_state_machine))
     }
 
