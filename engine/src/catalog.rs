@@ -64,7 +64,7 @@ impl Engine {
         let mut slots = Vec::with_capacity(sections.len());
         for (core, last_seq) in sections {
             let section_id = core.spec().section_id.clone();
-            let (tx, rx) = watch::channel(Arc::new(core.snapshot(self.now_ms(), last_seq)));
+            let (tx, rx) = watch::channel(Arc::new(core.snapshot(last_seq)));
             let publisher = Arc::new(tx);
             self.spawn_section(core, last_seq, publisher.clone())
                 .await?;

@@ -1148,9 +1148,9 @@ impl SectionCore {
         })
     }
 
-    /// The availability snapshot the actor publishes: true at `now_ms`, showing every change up
-    /// to the stream's record `version`.
-    pub fn snapshot(&self, now_ms: u64, version: u64) -> SectionSnapshot {
+    /// The availability snapshot the actor publishes, showing every change up to the stream's
+    /// record `version`.
+    pub fn snapshot(&self, version: u64) -> SectionSnapshot {
         SectionSnapshot {
             section_id: self.spec.section_id.clone(),
             capacity: self.capacity,
@@ -1158,7 +1158,6 @@ impl SectionCore {
             held: self.held,
             sold: self.sold,
             seats: self.seats.clone(),
-            as_of_ms: now_ms,
             version,
         }
     }
@@ -1543,7 +1542,7 @@ mod tests {
         for other in [&replayed, &from_checkpoint] {
             other.check_invariants().unwrap();
             assert_eq!(other.remembered(), live.remembered());
-            assert_eq!(other.snapshot(0, 0), live.snapshot(0, 0));
+            assert_eq!(other.snapshot(0), live.snapshot(0));
             let mut ids: Vec<_> = other.holds.keys().collect();
             let mut want: Vec<_> = live.holds.keys().collect();
             ids.sort();
@@ -1581,7 +1580,7 @@ mod tests {
         for r in &log {
             replayed.apply(r).unwrap();
         }
-        assert_eq!(replayed.snapshot(0, 0), c.snapshot(0, 0));
+        assert_eq!(replayed.snapshot(0), c.snapshot(0));
         replayed.check_invariants().unwrap();
         // A record that does not fit is refused, not applied.
         assert!(replayed.apply(&log[0]).is_err());

@@ -77,8 +77,8 @@ pub const FORGET_PER_STEP_MAX: usize = 64;
 pub const FLUSH_BATCH_JOBS_MAX: usize = 8_192;
 /// Most holds one expiry call expires per section (bounded work per call).
 pub const EXPIRE_PER_SECTION_MAX: usize = 1_024;
-/// Under sustained load, a section publishes a snapshot at least every this many messages.
-pub const SNAPSHOT_EVERY_MESSAGES: u32 = 256;
+/// Under sustained load, a section sets its mailbox depth gauge at least every this many messages.
+pub const DEPTH_GAUGE_EVERY_MESSAGES: u32 = 256;
 
 // ---- Sweeper defaults ----------------------------------------------------------------------
 
@@ -111,8 +111,8 @@ const _: () = {
     assert!(SWEEP_EXPIRE_PER_CALL_DEFAULT <= EXPIRE_PER_SECTION_MAX);
     // One expiry call's records fit one flush batch.
     assert!(EXPIRE_PER_SECTION_MAX <= FLUSH_BATCH_JOBS_MAX);
-    // A section's queue bound leaves room for at least one snapshot period.
-    assert!(SECTION_INFLIGHT_MAX_DEFAULT >= SNAPSHOT_EVERY_MESSAGES as usize);
+    // A section's queue bound leaves room for at least one gauge period.
+    assert!(SECTION_INFLIGHT_MAX_DEFAULT >= DEPTH_GAUGE_EVERY_MESSAGES as usize);
     // The safety-net sweep comes well within the shortest sensible TTL (one second).
     assert!(SWEEP_RECHECK_MS_DEFAULT < 1_000);
     // A checkpoint period is at least a full flush batch (else checkpoints dominate the log).

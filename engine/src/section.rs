@@ -10,8 +10,8 @@
 //!
 //! It publishes a [`SectionSnapshot`] on a `watch` channel (reading availability never enters the
 //! mailbox) with every change, before the change's records go to the flusher, so a caller that
-//! got its reply reads its own change (or a later one); and, for the `as_of` time, when its
-//! queue runs empty or every [`SNAPSHOT_EVERY_MESSAGES`] messages. A snapshot is the counts and
+//! got its reply reads its own change (or a later one); only then (a message that changes
+//! nothing copies nothing). A snapshot is the counts and
 //! one byte per seat (up to 1 MB for the largest section), with its version (the last record
 //! of the stream it shows): readers that build something from a snapshot (the gateway's seat
 //! maps) rebuild only when the version moved.
@@ -33,7 +33,7 @@ use crate::types::{
     EventId, HoldId, HoldStatus, HoldView, OrderId, OrderView, SectionId, SectionSnapshot, UserId,
 };
 
-use crate::limits::SNAPSHOT_EVERY_MESSAGES;
+use crate::limits::DEPTH_GAUGE_EVERY_MESSAGES;
 
 type Reply<T> = RpcReplyPort<Result<T, EngineError>>;
 
@@ -103,10 +103,8 @@ pub(crate) struct SectionArgs {
 pub(crate) struct SectionState {
     a: SectionArgs,
     durable_seq: Arc<AtomicU64>,
-    since_publish: u32,
-    /// This message ends a batch (or the 256th since the last snapshot): publish even if it
-    /// changes nothing.
-    publish_due: bool,
+    /// Messages since the mailbox depth gauge was last set.
+    since_gauge: u32,
     counters: Counters,
     /// The earliest deadline last reported to the listener.
     reported_deadline: Option<Option<u64>>,
@@ -188,10 +186,10 @@ impl SectionState {
         reply: impl FnOnce(Result<(), StorageError>) + Send + 'static,
     ) {
         let last_numbered = self.a.stream.next_seq - 1;
-        if self.publish_due || !records.is_empty() {
-            self.publish_due = false;
-            // The snapshot shows these records' change: its version is their last number.
-            self.publish(self.a.clock.now_ms(), last_numbered + records.len() as u64);
+        if !records.is_empty() {
+            // The snapshot shows these records' change: its version is their last number. A
+            // message that writes nothing changed nothing, so it publishes nothing.
+            self.publish(last_numbered + records.len() as u64);
         }
         if records.is_empty() && self.durable_seq.load(Ordering::Acquire) >= last_numbered {
             reply(Ok(()));
@@ -228,9 +226,8 @@ impl SectionState {
         );
     }
 
-    fn publish(&mut self, now_ms: u64, version: u64) {
-        self.since_publish = 0;
-        let snap = self.a.core.snapshot(now_ms, version);
+    fn publish(&mut self, version: u64) {
+        let snap = self.a.core.snapshot(version);
         // Three atomic stores: the gauges follow the published counts, no lock taken.
         let [available, held, sold] = &self.counters.places;
         available.set(f64::from(snap.available));
@@ -280,14 +277,12 @@ impl Actor for SectionActor {
         let mut st = SectionState {
             a,
             durable_seq,
-            since_publish: 0,
-            publish_due: false,
+            since_gauge: 0,
             counters,
             reported_deadline: None,
         };
-        let now = st.a.clock.now_ms();
         let version = st.a.stream.next_seq - 1;
-        st.publish(now, version);
+        st.publish(version);
         Ok(st)
     }
 
@@ -299,8 +294,7 @@ impl Actor for SectionActor {
     ) -> Result<(), ActorProcessingErr> {
         let left = st.a.depth.fetch_sub(1, Ordering::AcqRel).saturating_sub(1);
         let now = st.a.clock.now_ms();
-        let batch_end = left == 0 || st.since_publish + 1 >= SNAPSHOT_EVERY_MESSAGES;
-        st.publish_due = batch_end;
+        let batch_end = left == 0 || st.since_gauge + 1 >= DEPTH_GAUGE_EVERY_MESSAGES;
         let msg = match st.a.store.halt.check() {
             Ok(()) => Some(msg),
             Err(e) => msg.refuse_change(&e),
@@ -360,7 +354,7 @@ impl Actor for SectionActor {
             #[cfg(feature = "test-support")]
             Some(SectionMsg::Panic) => panic!("test support: a section actor was told to panic"),
         }
-        st.after_message(left, batch_end, now);
+        st.after_message(left, batch_end);
         Ok(())
     }
 }
@@ -464,7 +458,7 @@ impl SectionState {
 
     /// After every message: tell the listener if the earliest deadline moved, keep the depth
     /// gauge, publish a snapshot due at a batch's end.
-    fn after_message(&mut self, left: usize, batch_end: bool, now: u64) {
+    fn after_message(&mut self, left: usize, batch_end: bool) {
         let next = self.a.core.next_deadline_ms();
         if self.reported_deadline != Some(next) {
             self.reported_deadline = Some(next);
@@ -477,14 +471,10 @@ impl SectionState {
                 },
             );
         }
-        self.since_publish += 1;
+        self.since_gauge += 1;
         if batch_end {
+            self.since_gauge = 0;
             self.counters.depth.set(left as f64);
-        }
-        // A message that committed nothing published nothing yet.
-        if std::mem::take(&mut self.publish_due) {
-            let version = self.a.stream.next_seq - 1;
-            self.publish(now, version);
         }
     }
 }

@@ -403,8 +403,6 @@ pub struct SectionSnapshot {
     pub sold: u32,
     /// Per seat in layout order (rows in order, seats from 1); empty for general admission.
     pub seats: Vec<SeatStatus>,
-    /// When this was true, ms since the Unix epoch.
-    pub as_of_ms: u64,
     /// The change it shows: the sequence number of the last record of the section's stream it
     /// includes. Two snapshots with the same version show the same seats and counts; a change
     /// always publishes a higher one (also across a restart of the section's actor).

@@ -638,7 +638,7 @@ mod tests {
         }
     }
 
-    fn snapshot(seats: Vec<SeatStatus>, version: u64, now: u64) -> SectionSnapshot {
+    fn snapshot(seats: Vec<SeatStatus>, version: u64) -> SectionSnapshot {
         let free = seats
             .iter()
             .filter(|s| **s == SeatStatus::Available)
@@ -651,7 +651,6 @@ mod tests {
             held,
             sold: seats.len() as u32 - free - held,
             seats,
-            as_of_ms: now,
             version,
         }
     }
@@ -686,7 +685,7 @@ mod tests {
         let mut seats = vec![SeatStatus::Available; 1015];
         seats[1] = SeatStatus::Held;
         seats[14] = SeatStatus::Sold;
-        let snap = snapshot(seats.clone(), 7, 1_000);
+        let snap = snapshot(seats.clone(), 7);
         let built = build(&spec, &snap, seats_len(&spec), 1_000);
         assert_eq!(built.seats.len(), seats_len(&spec));
         let s = decode(SectionPart {
@@ -719,7 +718,7 @@ mod tests {
     #[test]
     fn pages_are_whole_rows_that_fit() {
         let spec = spec(&[("A", 10), ("B", 10), ("C", 10), ("D", 10)]);
-        let snap = snapshot(vec![SeatStatus::Available; 40], 1, 0);
+        let snap = snapshot(vec![SeatStatus::Available; 40], 1);
         let built = build(&spec, &snap, seats_len(&spec), 0);
         let row = built.row_ends[0];
         assert_eq!(built.rows_fitting(0, 2 * row), 0..2);
@@ -743,10 +742,7 @@ mod tests {
         let labels: Vec<String> = (0..1000).map(|i| format!("R{i}")).collect();
         let rows: Vec<(&str, u32)> = labels.iter().map(|l| (l.as_str(), 1000)).collect();
         let spec = spec(&rows);
-        let (maps, _feed) = maps(
-            spec,
-            snapshot(vec![SeatStatus::Available; 1_000_000], 1, 9_000),
-        );
+        let (maps, _feed) = maps(spec, snapshot(vec![SeatStatus::Available; 1_000_000], 1));
         // A reader starts the build of a 1M-seat map, and is dropped (its caller's deadline)
         // while the build runs.
         let first = {
@@ -767,7 +763,7 @@ mod tests {
     async fn one_build_per_change_shared_by_concurrent_readers() {
         let clock = Arc::new(ManualClock::new(10_000));
         let spec = spec(&[("A", 1000), ("B", 1000)]);
-        let (maps, feed) = maps(spec, snapshot(vec![SeatStatus::Available; 2000], 1, 9_000));
+        let (maps, feed) = maps(spec, snapshot(vec![SeatStatus::Available; 2000], 1));
         // Eight readers at once: one builds, the others wait for it and share it.
         let reads = (0..8).map(|_| {
             let (maps, clock) = (maps.clone(), clock.clone());
@@ -794,7 +790,7 @@ mod tests {
         // true; no build.
         let mut seats = vec![SeatStatus::Available; 2000];
         seats[0] = SeatStatus::Held;
-        feed.send_replace(Arc::new(snapshot(seats.clone(), 2, 15_200)));
+        feed.send_replace(Arc::new(snapshot(seats.clone(), 2)));
         clock.advance_ms(999);
         let (b, as_of) = maps.read(clock.as_ref(), 1_000).await.expect("a map");
         assert!(Arc::ptr_eq(&b, &first));
@@ -807,11 +803,7 @@ mod tests {
         assert!(Arc::ptr_eq(&b, &again));
         assert_eq!(maps.builds(), 2);
         // Without a window, a change is shown at once.
-        feed.send_replace(Arc::new(snapshot(
-            vec![SeatStatus::Available; 2000],
-            3,
-            16_000,
-        )));
+        feed.send_replace(Arc::new(snapshot(vec![SeatStatus::Available; 2000], 3)));
         let (b, _) = maps.read(clock.as_ref(), 0).await.expect("a map");
         assert_eq!((b.version, b.held, maps.builds()), (3, 0, 3));
     }
@@ -821,8 +813,8 @@ mod tests {
         let clock = Arc::new(ManualClock::new(100_000));
         let all = SeatMaps::new(SEAT_MAP_BYTES_DEFAULT, 1_000);
         let free = || vec![SeatStatus::Available; 10];
-        let (read, _f1) = maps(spec(&[("A", 10)]), snapshot(free(), 1, 0));
-        let (idle, _f2) = maps(spec(&[("A", 10)]), snapshot(free(), 1, 0));
+        let (read, _f1) = maps(spec(&[("A", 10)]), snapshot(free(), 1));
+        let (idle, _f2) = maps(spec(&[("A", 10)]), snapshot(free(), 1));
         all.events.insert(
             EventId::from("e"),
             Arc::new(EventMaps {

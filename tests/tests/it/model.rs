@@ -244,7 +244,7 @@ async fn compare(engine: &Engine, m: &Model) {
             assert_eq!((cap, held, sold), (6, m.ga_held, m.ga_sold), "ga counts");
         } else {
             assert_eq!(
-                core.snapshot(0, 0).seats,
+                core.snapshot(0).seats,
                 m.seats[i],
                 "seats of {}",
                 section_name(i)

@@ -43,7 +43,7 @@ async fn state_of(engine: &Engine, users: &[&str]) -> Vec<String> {
                 s.spec.section_id,
                 core.counts()
             ));
-            let snap = core.snapshot(0, 0);
+            let snap = core.snapshot(0);
             out.push(format!("{:?}", snap.seats));
             let mut holds: Vec<String> = core
                 .holds_for_ledger()
