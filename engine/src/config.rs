@@ -13,7 +13,7 @@ use crate::limits::{
     WAITLIST_MAX_DEFAULT,
 };
 use crate::payment::{PaymentProvider, SimulatedConfig, SimulatedProvider};
-use crate::store::{Durability, LogSink};
+use crate::store::{Durability, LogSink, Replicate};
 
 /// How the engine runs. `EngineConfig::new(dir)` gives the defaults.
 #[derive(Clone)]
@@ -47,6 +47,10 @@ pub struct EngineConfig {
     /// What recovery does with a damaged log: refuse to start (`Strict`, the default) or start
     /// from what is there (`AcceptDamage`, an operator's choice; the report says what was found).
     pub recovery_mode: RecoveryMode,
+    /// A cluster node leading its group: every group commit is replicated through Raft
+    /// ([`crate::raft::RaftReplicator`]) and written to `sink` by the group's state machine on
+    /// each node, instead of being written here. `None`: a single node.
+    pub replicate: Option<Arc<dyn Replicate>>,
 }
 
 impl EngineConfig {
@@ -67,6 +71,7 @@ impl EngineConfig {
             payments: None,
             simulated_payments: SimulatedConfig::default(),
             recovery_mode: RecoveryMode::Strict,
+            replicate: None,
         }
     }
 

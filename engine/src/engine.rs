@@ -96,10 +96,12 @@ fn open_payments(
                  (EngineConfig::with_sink sets the simulated provider)"
             .into(),
     })?;
-    Ok(
-        SimulatedProvider::open(&db, config.simulated_payments.clone())
-            .map_err(|e| StorageError::Io(format!("payments: {e}")))?,
+    Ok(SimulatedProvider::open_replicated(
+        &db,
+        config.simulated_payments.clone(),
+        config.replicate.clone(),
     )
+    .map_err(|e| StorageError::Io(format!("payments: {e}")))?)
 }
 
 impl Engine {
@@ -162,6 +164,7 @@ impl Engine {
             sink.clone(),
             config.durability,
             recovered.marks.clone(),
+            config.replicate.clone(),
         )?);
         let engine_slot = Arc::new(OnceLock::new());
         let roles: Roles = Arc::new(DashMap::new());

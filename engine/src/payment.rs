@@ -113,6 +113,9 @@ pub struct SimulatedProvider {
     lock: tokio::sync::Mutex<()>,
     /// Group commit of the record: see [`SimulatedProvider::flush`].
     flushes: GroupFlush,
+    /// A cluster leader's: the record is replicated through its group (and applied to these
+    /// trees by the state machine) instead of written here.
+    replicate: Option<Arc<dyn crate::store::Replicate>>,
 }
 
 /// One fsync for every caller waiting at once. Callers take a ticket after their write; the
@@ -155,6 +158,17 @@ impl SimulatedProvider {
         db: &sled::Db,
         config: SimulatedConfig,
     ) -> Result<Arc<SimulatedProvider>, PaymentError> {
+        SimulatedProvider::open_replicated(db, config, None)
+    }
+
+    /// [`SimulatedProvider::open`] on a cluster node leading its group: every change of the
+    /// record is committed through `replicate` (so the next leader knows every charge), and
+    /// read from `db`, where the group's state machine applies it.
+    pub fn open_replicated(
+        db: &sled::Db,
+        config: SimulatedConfig,
+        replicate: Option<Arc<dyn crate::store::Replicate>>,
+    ) -> Result<Arc<SimulatedProvider>, PaymentError> {
         Ok(Arc::new(SimulatedProvider {
             db: db.clone(),
             by_key: db.open_tree(crate::store::names::PAYMENTS).map_err(io)?,
@@ -164,6 +178,7 @@ impl SimulatedProvider {
             config,
             lock: tokio::sync::Mutex::new(()),
             flushes: GroupFlush::default(),
+            replicate,
         }))
     }
 
@@ -176,7 +191,35 @@ impl SimulatedProvider {
         }
     }
 
-    fn put(&self, c: &Charge) -> Result<(), PaymentError> {
+    /// Records `c`: written here (durable at the next [`SimulatedProvider::flush`]), or, on a
+    /// cluster leader, committed through its group before this returns.
+    async fn put(&self, c: &Charge) -> Result<(), PaymentError> {
+        let Some(replicate) = self.replicate.clone() else {
+            return self.put_here(c);
+        };
+        let put = |table: &str, key: &str, value: Vec<u8>| crate::raft::Op::Put {
+            table: table.to_owned(),
+            key: key.as_bytes().to_vec(),
+            value,
+        };
+        let batch = crate::raft::Batch {
+            ops: vec![
+                put(crate::store::names::PAYMENTS, &c.key, codec::encode(c)),
+                put(
+                    crate::store::names::PAYMENTS_BY_ID,
+                    &c.payment_id,
+                    c.key.as_bytes().to_vec(),
+                ),
+            ],
+        };
+        tokio::task::spawn_blocking(move || replicate.commit(batch))
+            .await
+            .map_err(|e| PaymentError::Unavailable(e.to_string()))?
+            .map(|_| ())
+            .map_err(|e| PaymentError::Unavailable(format!("payment record: {e}")))
+    }
+
+    fn put_here(&self, c: &Charge) -> Result<(), PaymentError> {
         self.by_key
             .insert(c.key.as_bytes(), codec::encode(c))
             .map_err(io)?;
@@ -190,6 +233,10 @@ impl SimulatedProvider {
     /// record lock, and is shared: charges that wait while one flush runs are covered by the
     /// next one (without this, concurrent confirms queued one fsync each inside sled).
     async fn flush(&self) -> Result<(), PaymentError> {
+        if self.replicate.is_some() {
+            // Committed by the group before `put` returned.
+            return Ok(());
+        }
         self.flushes
             .run(|| async {
                 let db = self.db.clone();
@@ -262,7 +309,7 @@ impl PaymentProvider for SimulatedProvider {
                     ChargeStatus::Captured
                 },
             };
-            self.put(&charge)?;
+            self.put(&charge).await?;
             drop(_guard);
             self.flush().await?;
             metrics::counter!("boxoffice_payment_charges_total", "outcome" => if declined { "declined" } else { "captured" })
@@ -293,7 +340,7 @@ impl PaymentProvider for SimulatedProvider {
                 ChargeStatus::Declined => Err(PaymentError::NotFound),
                 ChargeStatus::Captured => {
                     c.status = ChargeStatus::Refunded;
-                    self.put(&c)?;
+                    self.put(&c).await?;
                     drop(_guard);
                     self.flush().await?;
                     metrics::counter!("boxoffice_payment_refunds_total").increment(1);

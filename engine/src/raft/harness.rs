@@ -4,7 +4,45 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use super::{Batch, Raft};
+use super::{Batch, Op, Raft};
+use crate::store::LogSink;
+
+/// A batch of one record, `bytes` at `seq` of `stream` (seq from 1).
+pub fn one_record(stream: &str, seq: u64, bytes: Vec<u8>) -> Batch {
+    Batch {
+        ops: vec![Op::Append {
+            stream: stream.to_owned(),
+            entries: vec![(seq, bytes)],
+            claims: vec![],
+        }],
+    }
+}
+
+/// Every record of `stream` in the log `sm` applies to, by seq.
+pub fn records(sm: &super::SledStateMachine, stream: &str) -> Vec<(u64, Vec<u8>)> {
+    sm.sink()
+        .stream(stream)
+        .and_then(|s| s.read_after(0))
+        .unwrap_or_default()
+}
+
+/// The records `batches` append, by stream, in seq order.
+pub fn expected(batches: &[Batch]) -> BTreeMap<String, BTreeMap<u64, Vec<u8>>> {
+    let mut out: BTreeMap<String, BTreeMap<u64, Vec<u8>>> = BTreeMap::new();
+    for b in batches {
+        for op in &b.ops {
+            if let Op::Append {
+                stream, entries, ..
+            } = op
+            {
+                out.entry(stream.clone())
+                    .or_default()
+                    .extend(entries.iter().cloned());
+            }
+        }
+    }
+    out
+}
 
 /// The leader every node of `rafts` agrees on, within 10 s (`Err`: what they said last).
 pub async fn leader(rafts: &BTreeMap<u64, Raft>) -> Result<u64, String> {
@@ -41,7 +79,7 @@ pub async fn write(rafts: &BTreeMap<u64, Raft>, batch: &Batch) -> Result<u64, St
         .await
         .map_err(|_| format!("node {l} did not answer a write within 10 s"))?;
         match answer {
-            Ok(r) => return Ok(r.data),
+            Ok(r) => return Ok(r.data.index),
             Err(e) if e.forward_to_leader().is_some() => {
                 tokio::time::sleep(Duration::from_millis(25)).await;
             }
@@ -50,40 +88,60 @@ pub async fn write(rafts: &BTreeMap<u64, Raft>, batch: &Batch) -> Result<u64, St
     }
 }
 
-/// Waits (10 s at most) until every state machine of `sms` has applied exactly `acked`, in
-/// order (`Err`: how many each had applied).
+/// Waits (10 s at most) until the log of every state machine of `sms` holds exactly the
+/// records of `acked` in the streams they write (`Err`: how many each held).
 pub async fn all_hold(
     sms: &BTreeMap<u64, super::SledStateMachine>,
     acked: &[Batch],
 ) -> Result<(), String> {
-    let applied = |sm: &super::SledStateMachine| -> Vec<Batch> {
-        sm.batches()
-            .map(|b| b.into_iter().map(|(_, b)| b).collect())
-            .unwrap_or_default()
+    let want = expected(acked);
+    let held = |sm: &super::SledStateMachine| -> BTreeMap<String, BTreeMap<u64, Vec<u8>>> {
+        want.keys()
+            .map(|s| (s.clone(), records(sm, s).into_iter().collect()))
+            .collect()
     };
     for _ in 0..400 {
-        if sms.values().all(|sm| applied(sm) == acked) {
+        if sms.values().all(|sm| held(sm) == want) {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     let counts: BTreeMap<u64, usize> = sms
         .iter()
-        .map(|(id, sm)| (*id, applied(sm).len()))
+        .map(|(id, sm)| (*id, held(sm).values().map(BTreeMap::len).sum()))
         .collect();
     Err(format!(
-        "not every node holds the {} acknowledged batches: {counts:?}",
-        acked.len()
+        "not every node holds exactly the {} acknowledged records: {counts:?}",
+        want.values().map(BTreeMap::len).sum::<usize>()
     ))
+}
+
+/// An engine leading `node`'s group: its log is the node's state machine's, and every group
+/// commit goes through the node's Raft. Waits first until the node has applied everything its
+/// group committed (as a new leader must before it serves).
+pub async fn open_engine(node: &Node) -> Result<crate::Engine, String> {
+    node.raft
+        .ensure_linearizable()
+        .await
+        .map_err(|e| format!("node {}: not the leader: {e}", node.id))?;
+    let mut config = crate::EngineConfig::new(node.db.dir());
+    config.sink = Some(node.sm.sink());
+    config.replicate = Some(std::sync::Arc::new(super::RaftReplicator::new(
+        node.raft.clone(),
+        tokio::runtime::Handle::current(),
+    )));
+    crate::Engine::open(config).await.map_err(|e| e.to_string())
 }
 
 /// A node of an in-process group: its Raft and its state machine, on its own sled database.
 pub struct Node {
     /// Its Raft.
     pub raft: Raft,
-    /// Its copy of the replicated batches.
+    /// Its state machine (its copy of the log).
     pub sm: super::SledStateMachine,
-    _db: super::NodeDb,
+    /// Its id.
+    pub id: u64,
+    db: super::NodeDb,
 }
 
 /// Starts node `id` on the sled database in `dir` (new or as it was left), on `router`, with a
@@ -107,5 +165,5 @@ pub async fn start(
     .await
     .map_err(|e| e.to_string())?;
     router.add(id, raft.clone());
-    Ok(Node { raft, sm, _db: db })
+    Ok(Node { raft, sm, id, db })
 }

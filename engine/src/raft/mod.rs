@@ -32,20 +32,65 @@ use serde::{Deserialize, Serialize};
 
 pub use store::{NodeDb, SledLogStore, SledStateMachine, open_node_db};
 
-/// One group commit: the records of one or more streams, each record encoded by
-/// [`crate::codec`]. The unit of replication.
+/// One change to a node's log, as the flusher would make it on a single node.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Op {
+    /// Records of one stream, numbered by its writer, each encoded by [`crate::codec`]; the
+    /// sold-seat claims `(key, holder)` are taken first (a claim another holder has refuses the
+    /// records, as the single-node backstop does).
+    Append {
+        /// The stream (see [`crate::store::names`]).
+        stream: String,
+        /// `(seq, encoded record)`, in order.
+        entries: Vec<(u64, Vec<u8>)>,
+        /// Claims to take before the records.
+        claims: Vec<(String, Vec<u8>)>,
+    },
+    /// A checkpoint of `stream` covering every record up to `upto` (the records it covers are
+    /// removed once it is durable).
+    Checkpoint {
+        /// The stream.
+        stream: String,
+        /// The last seq it covers.
+        upto: u64,
+        /// The state, encoded by [`crate::codec`].
+        blob: Vec<u8>,
+    },
+    /// A record of a table outside the streams (the simulated payment provider's, see
+    /// [`crate::store::names::PAYMENTS`]): `value` at `key` of the sled tree `table`.
+    Put {
+        /// The table (sled tree).
+        table: String,
+        /// Its key.
+        key: Vec<u8>,
+        /// Its value.
+        value: Vec<u8>,
+    },
+}
+
+/// One group commit: the changes of every stream the flusher drained at once. The unit of
+/// replication (one Raft entry), so replication is paid per batch, not per hold.
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Batch {
-    /// `(stream, encoded record)` in the order they were written.
-    pub records: Vec<(String, Vec<u8>)>,
+    /// The changes, in the order they were queued.
+    pub ops: Vec<Op>,
+}
+
+/// What applying an entry did: the log index it was applied at and, if the sold-seat backstop
+/// refused a claim (two holders of one seat: a bug the backstop exists to catch), the key.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Applied {
+    /// The entry's log index.
+    pub index: u64,
+    /// The first claim refused (its records were not written), if any.
+    pub refused: Option<String>,
 }
 
 openraft::declare_raft_types!(
-    /// The boxoffice Raft types: entries carry [`Batch`]es; a write answers the log index it was
-    /// applied at.
+    /// The boxoffice Raft types: entries carry [`Batch`]es; a write answers what applying it did.
     pub TypeConfig:
         D = Batch,
-        R = u64,
+        R = Applied,
         NodeId = u64,
         Node = openraft::BasicNode,
         SnapshotData = Cursor<Vec<u8>>,
@@ -53,6 +98,44 @@ openraft::declare_raft_types!(
 
 /// A Raft node of this crate's types.
 pub type Raft = openraft::Raft<TypeConfig>;
+
+/// How long a leader's group commit waits for a majority before it gives up (and its engine
+/// stops: a leader cut off from its group acknowledges nothing, and steps down).
+pub const COMMIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The flusher's way into a group ([`crate::store::Replicate`]): each group commit becomes one
+/// `client_write`, awaited on the node's runtime from the flusher's thread.
+pub struct RaftReplicator {
+    raft: Raft,
+    runtime: tokio::runtime::Handle,
+}
+
+impl RaftReplicator {
+    /// Replicates through `raft`, awaiting on `runtime` (the one the node's Raft runs on).
+    pub fn new(raft: Raft, runtime: tokio::runtime::Handle) -> RaftReplicator {
+        RaftReplicator { raft, runtime }
+    }
+}
+
+impl crate::store::Replicate for RaftReplicator {
+    fn commit(&self, batch: Batch) -> Result<Option<String>, crate::error::StorageError> {
+        let raft = self.raft.clone();
+        let answer = self.runtime.block_on(async move {
+            tokio::time::timeout(COMMIT_TIMEOUT, raft.client_write(batch)).await
+        });
+        match answer {
+            Ok(Ok(r)) => Ok(r.data.refused),
+            Ok(Err(e)) if e.forward_to_leader().is_some() => Err(
+                crate::error::StorageError::Halted("this node no longer leads its group".into()),
+            ),
+            Ok(Err(e)) => Err(crate::error::StorageError::Io(format!("raft: {e}"))),
+            Err(_) => Err(crate::error::StorageError::Halted(format!(
+                "no majority of the group answered within {} s",
+                COMMIT_TIMEOUT.as_secs()
+            ))),
+        }
+    }
+}
 
 /// The Raft timing of a group: heartbeats every 50 ms, an election after 200 to 400 ms without
 /// one (so a leader's death is noticed in well under a second), and a snapshot every

@@ -14,8 +14,9 @@ use openraft::{
 use serde::{Deserialize, Serialize};
 use sled::Transactional;
 
-use super::{Batch, TypeConfig};
+use super::{Applied, Batch, Op, TypeConfig};
 use crate::codec;
+use crate::store::{Claim, LogSink, SledSink, names};
 
 type NodeId = u64;
 type Node = openraft::BasicNode;
@@ -27,9 +28,21 @@ type Result<T> = std::result::Result<T, StorageError<NodeId>>;
 pub struct NodeDb {
     db: sled::Db,
     data_file: Arc<std::fs::File>,
+    dir: std::path::PathBuf,
 }
 
 impl NodeDb {
+    /// The engine's log in this database ([`SledSink::over`]): what the state machine applies
+    /// committed batches to, and what the engine recovers from when this node leads.
+    pub fn sink(&self) -> std::result::Result<SledSink, crate::error::StorageError> {
+        SledSink::over(self.db.clone(), &self.dir)
+    }
+
+    /// The node's data dir.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// Makes everything written so far durable: sled's flush, then `fdatasync` of its data file
     /// (as the engine's own sink does; see the integrity notes on sled's flush). Runs on the
     /// blocking pool, so a slow disk does not stall the async workers (and with them the
@@ -50,22 +63,24 @@ impl NodeDb {
 /// database as they end): the open is retried for up to 10 s.
 pub fn open_node_db(dir: &Path) -> std::io::Result<NodeDb> {
     let mut tries = 0;
+    std::fs::create_dir_all(dir)?;
     let db = loop {
-        match sled::Config::new().path(dir).open() {
+        match crate::store::open_db(dir) {
             Ok(db) => break db,
-            Err(sled::Error::Io(e))
-                if e.kind() == std::io::ErrorKind::WouldBlock && tries < 200 =>
+            Err(crate::error::StorageError::Open { reason, .. })
+                if reason.contains("could not acquire lock") && tries < 200 =>
             {
                 tries += 1;
                 std::thread::sleep(std::time::Duration::from_millis(50));
             }
-            Err(e) => return Err(std::io::Error::other(e)),
+            Err(e) => return Err(std::io::Error::other(e.to_string())),
         }
     };
     let data_file = std::fs::File::open(dir.join("db"))?;
     Ok(NodeDb {
         db,
         data_file: Arc::new(data_file),
+        dir: dir.to_owned(),
     })
 }
 
@@ -122,8 +137,8 @@ impl SledLogStore {
         let open = |name: &str| node.db.open_tree(name).map_err(std::io::Error::other);
         Ok(SledLogStore {
             node: node.clone(),
-            log: open("raft_log")?,
-            meta: open("raft_meta")?,
+            log: open(&format!("{}log", names::RAFT_TREES_PREFIX))?,
+            meta: open(&format!("{}meta", names::RAFT_TREES_PREFIX))?,
         })
     }
 
@@ -250,20 +265,27 @@ impl RaftLogStorage<TypeConfig> for SledLogStore {
     }
 }
 
-/// A snapshot's content: every applied batch with its index, and where it stands.
+/// A tree's `(key, value)` pairs.
+type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// A snapshot's content: every tree of the node's log (streams, checkpoints, claims, the
+/// simulated provider's record), with the last applied log id and membership.
 #[derive(Serialize, Deserialize)]
 struct SnapshotContent {
     last_applied: Option<LogId<NodeId>>,
     membership: StoredMembership<NodeId, Node>,
-    batches: Vec<(u64, Batch)>,
+    /// `(tree, [(key, value)])`.
+    trees: Vec<(String, Pairs)>,
 }
 
-/// The node's copy of the replicated records (tree `raft_applied`, keyed by log index), with
-/// the last applied log id and membership (tree `raft_sm`).
+/// The node's copy of the engine's log: committed batches applied to its streams, checkpoints
+/// and claims through the store seam ([`LogSink`], over the same sled database), exactly as
+/// the single-node flusher writes them; the last applied log id and membership in tree
+/// `raft_sm`.
 #[derive(Clone)]
 pub struct SledStateMachine {
     node: NodeDb,
-    applied: sled::Tree,
+    sink: Arc<SledSink>,
     meta: sled::Tree,
     /// Held by `apply`, a snapshot's build and its install: openraft builds snapshots on a task
     /// of its own while it applies, and a snapshot must be one consistent state.
@@ -273,28 +295,34 @@ pub struct SledStateMachine {
 const LAST_APPLIED: &[u8] = b"last_applied";
 const MEMBERSHIP: &[u8] = b"membership";
 const SNAPSHOT: &[u8] = b"snapshot";
+/// sled's own tree, which the log does not use.
+const SLED_DEFAULT_TREE: &[u8] = b"__sled__default";
+
+fn sm_err(e: impl std::fmt::Display) -> StorageError<NodeId> {
+    StorageIOError::write_state_machine(AnyError::error(e.to_string())).into()
+}
 
 impl SledStateMachine {
     /// The state machine of `node`.
     pub fn open(node: &NodeDb) -> std::io::Result<SledStateMachine> {
-        let open = |name: &str| node.db.open_tree(name).map_err(std::io::Error::other);
         Ok(SledStateMachine {
             node: node.clone(),
-            applied: open("raft_applied")?,
-            meta: open("raft_sm")?,
+            sink: Arc::new(
+                node.sink()
+                    .map_err(|e| std::io::Error::other(e.to_string()))?,
+            ),
+            meta: node
+                .db
+                .open_tree(format!("{}sm", names::RAFT_TREES_PREFIX))
+                .map_err(std::io::Error::other)?,
             turn: Arc::new(tokio::sync::Mutex::new(())),
         })
     }
 
-    /// Every applied batch, by log index (what this node holds of the replicated log).
-    pub fn batches(&self) -> std::io::Result<Vec<(u64, Batch)>> {
-        let mut out = Vec::new();
-        for kv in self.applied.iter() {
-            let (k, v) = kv.map_err(std::io::Error::other)?;
-            let index = u64::from_be_bytes(k.as_ref().try_into().unwrap_or([0xff; 8]));
-            out.push((index, codec::decode(&v).map_err(std::io::Error::other)?));
-        }
-        Ok(out)
+    /// The log this node applies committed batches to (the engine recovers from it when this
+    /// node leads).
+    pub fn sink(&self) -> Arc<SledSink> {
+        self.sink.clone()
     }
 
     fn get<T: for<'de> Deserialize<'de>>(&self, key: &[u8]) -> Result<Option<T>> {
@@ -305,14 +333,85 @@ impl SledStateMachine {
         put_in(&self.meta, key, value, StorageIOError::write_state_machine)
     }
 
+    /// The names of the log's trees: every tree but Raft's own and sled's default.
+    fn log_trees(&self) -> Vec<Vec<u8>> {
+        self.node
+            .db
+            .tree_names()
+            .into_iter()
+            .filter(|n| {
+                n.as_ref() != SLED_DEFAULT_TREE
+                    && !n.starts_with(names::RAFT_TREES_PREFIX.as_bytes())
+            })
+            .map(|n| n.to_vec())
+            .collect()
+    }
+
     fn content(&self) -> Result<SnapshotContent> {
+        let mut trees = Vec::new();
+        for name in self.log_trees() {
+            let tree = self.node.db.open_tree(&name).map_err(sm_err)?;
+            let kvs = tree
+                .iter()
+                .map(|kv| kv.map(|(k, v)| (k.to_vec(), v.to_vec())))
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(io(StorageIOError::read_state_machine))?;
+            trees.push((String::from_utf8_lossy(&name).into_owned(), kvs));
+        }
         Ok(SnapshotContent {
             last_applied: self.get(LAST_APPLIED)?,
             membership: self.get(MEMBERSHIP)?.unwrap_or_default(),
-            batches: self
-                .batches()
-                .map_err(io(StorageIOError::read_state_machine))?,
+            trees,
         })
+    }
+
+    /// Applies one batch to the log, as the single-node flusher writes one: claims before each
+    /// stream's records (a refused claim skips them), checkpoints beside. Returns the first
+    /// refused claim and the compactions its checkpoints allow.
+    fn apply_batch(
+        &self,
+        batch: &Batch,
+        compactions: &mut Vec<(String, u64)>,
+    ) -> std::result::Result<Option<String>, crate::error::StorageError> {
+        let mut refused = None;
+        for op in &batch.ops {
+            match op {
+                Op::Append {
+                    stream,
+                    entries,
+                    claims,
+                } => {
+                    let mut taken = true;
+                    for (key, holder) in claims {
+                        if let Claim::Refused(_) = self.sink.claim(key, holder)? {
+                            refused.get_or_insert_with(|| key.clone());
+                            taken = false;
+                            break;
+                        }
+                    }
+                    if !taken {
+                        continue;
+                    }
+                    let s = self.sink.stream(stream)?;
+                    for (seq, bytes) in entries {
+                        s.append(*seq, bytes)?;
+                    }
+                }
+                Op::Put { table, key, value } => {
+                    self.node
+                        .db
+                        .open_tree(table)
+                        .and_then(|t| t.insert(key.as_slice(), value.as_slice()))
+                        .map_err(|e| crate::error::StorageError::Io(e.to_string()))?;
+                }
+                Op::Checkpoint { stream, upto, blob } => {
+                    self.sink
+                        .put_checkpoint(stream, &crate::store::checkpoint_value(*upto, blob))?;
+                    compactions.push((stream.clone(), *upto));
+                }
+            }
+        }
+        Ok(refused)
     }
 }
 
@@ -352,22 +451,22 @@ impl RaftStateMachine<TypeConfig> for SledStateMachine {
         ))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<u64>>
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Applied>>
     where
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
         let _turn = self.turn.lock().await;
         let mut answers = Vec::new();
+        let mut compactions = Vec::new();
         for e in entries {
+            let mut refused = None;
             match &e.payload {
                 EntryPayload::Blank => {}
+                // Records are keyed by seq and claims by key: applying the same entry again
+                // (after a restart) writes the same keys, so an apply is idempotent.
                 EntryPayload::Normal(batch) => {
-                    // Keyed by index: applying the same entry again (after a restart) writes
-                    // the same key, so an apply is idempotent.
-                    self.applied
-                        .insert(e.log_id.index.to_be_bytes(), codec::encode(batch))
-                        .map_err(io(StorageIOError::write_state_machine))?;
+                    refused = self.apply_batch(batch, &mut compactions).map_err(sm_err)?;
                 }
                 EntryPayload::Membership(m) => {
                     self.put(
@@ -377,7 +476,24 @@ impl RaftStateMachine<TypeConfig> for SledStateMachine {
                 }
             }
             self.put(LAST_APPLIED, &e.log_id)?;
-            answers.push(e.log_id.index);
+            answers.push(Applied {
+                index: e.log_id.index,
+                refused,
+            });
+        }
+        if !compactions.is_empty() {
+            // Records go only once the checkpoint covering them is on disk.
+            self.node
+                .sync()
+                .await
+                .map_err(io(StorageIOError::write_state_machine))?;
+            for (stream, upto) in compactions {
+                let removed = self.sink.stream(&stream).and_then(|s| s.remove_upto(upto));
+                if let Err(e) = removed {
+                    // Harmless: recovery skips records a checkpoint covers.
+                    tracing::warn!(stream, error = %e, "compaction failed");
+                }
+            }
         }
         Ok(answers)
     }
@@ -399,24 +515,50 @@ impl RaftStateMachine<TypeConfig> for SledStateMachine {
         let content: SnapshotContent = codec::decode(&bytes)
             .map_err(|e| decode_err(StorageIOError::write_state_machine, e))?;
         let _turn = self.turn.lock().await;
-        let old: Vec<sled::IVec> = self
-            .applied
-            .iter()
-            .keys()
-            .collect::<std::result::Result<_, _>>()
-            .map_err(io(StorageIOError::write_state_machine))?;
+        // Every tree the log has now or the snapshot brings, then Raft's state machine tree.
+        let mut names: Vec<Vec<u8>> = self.log_trees();
+        for (name, _) in &content.trees {
+            if !names.iter().any(|n| n == name.as_bytes()) {
+                names.push(name.as_bytes().to_vec());
+            }
+        }
+        let mut trees = Vec::new();
+        let mut old = Vec::new();
+        let mut new: Vec<&[(Vec<u8>, Vec<u8>)]> = Vec::new();
+        for name in &names {
+            let tree = self.node.db.open_tree(name).map_err(sm_err)?;
+            old.push(
+                tree.iter()
+                    .keys()
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .map_err(io(StorageIOError::write_state_machine))?,
+            );
+            trees.push(tree);
+            new.push(
+                content
+                    .trees
+                    .iter()
+                    .find(|(n, _)| n.as_bytes() == name.as_slice())
+                    .map_or(&[][..], |(_, kvs)| kvs.as_slice()),
+            );
+        }
+        trees.push(self.meta.clone());
         let last = meta.last_log_id.map(|l| codec::encode(&l));
         let membership = codec::encode(&meta.last_membership);
         let stored = codec::encode(&(meta.clone(), bytes));
-        // One transaction over both trees: a crash leaves the old state or the new one, never
-        // an emptied copy under the old last-applied mark.
-        (&self.applied, &self.meta)
-            .transaction(|(applied, sm)| {
-                for k in &old {
-                    applied.remove(k)?;
-                }
-                for (index, batch) in &content.batches {
-                    applied.insert(&index.to_be_bytes(), codec::encode(batch))?;
+        // One transaction over every tree: a crash leaves the old state or the new one, never
+        // an emptied log under the old last-applied mark.
+        trees
+            .as_slice()
+            .transaction(|views| {
+                let (sm, log) = views.split_last().expect("the meta tree is last");
+                for ((view, old), new) in log.iter().zip(&old).zip(&new) {
+                    for k in old {
+                        view.remove(k)?;
+                    }
+                    for (k, v) in *new {
+                        view.insert(k.as_slice(), v.as_slice())?;
+                    }
                 }
                 if let Some(last) = &last {
                     sm.insert(LAST_APPLIED, last.as_slice())?;
@@ -425,11 +567,7 @@ impl RaftStateMachine<TypeConfig> for SledStateMachine {
                 sm.insert(SNAPSHOT, stored.as_slice())?;
                 Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
             })
-            .map_err(|e| {
-                StorageError::from(StorageIOError::write_state_machine(AnyError::error(
-                    format!("installing a snapshot: {e:?}"),
-                )))
-            })?;
+            .map_err(|e| sm_err(format!("installing a snapshot: {e:?}")))?;
         self.node
             .sync()
             .await

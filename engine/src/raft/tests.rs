@@ -19,12 +19,11 @@ async fn start(router: &Router, id: u64, dir: &Path) -> Node {
 }
 
 fn batch(n: u64) -> Batch {
-    Batch {
-        records: vec![(
-            "section/e/s".into(),
-            crate::codec::encode(&format!("hold {n}")),
-        )],
-    }
+    super::harness::one_record(
+        "section/e/s",
+        n + 1,
+        crate::codec::encode(&format!("hold {n}")),
+    )
 }
 
 fn rafts(nodes: &BTreeMap<u64, Node>) -> BTreeMap<u64, super::Raft> {
@@ -52,18 +51,31 @@ async fn all_hold(nodes: &BTreeMap<u64, Node>, acked: &[Batch]) {
     super::harness::all_hold(&sms, acked).await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_leaders_death_loses_nothing_acknowledged_and_nodes_catch_up() {
+/// Three nodes (ids 1 to 3) on `router`, each in its own temp dir, one snapshot every
+/// `snapshot_every` entries, initialized as one group.
+async fn three_nodes(
+    router: &Router,
+    snapshot_every: u64,
+) -> (BTreeMap<u64, tempfile::TempDir>, BTreeMap<u64, Node>) {
     let dirs: BTreeMap<u64, tempfile::TempDir> = (1..=3)
         .map(|id| (id, tempfile::tempdir().unwrap()))
         .collect();
-    let router = Router::default();
     let mut nodes = BTreeMap::new();
     for (id, dir) in &dirs {
-        nodes.insert(*id, start(&router, *id, dir.path()).await);
+        let node = super::harness::start(router, *id, dir.path(), snapshot_every)
+            .await
+            .unwrap();
+        nodes.insert(*id, node);
     }
     let members: BTreeMap<u64, BasicNode> = (1..=3).map(|id| (id, BasicNode::default())).collect();
     nodes[&1].raft.initialize(members).await.unwrap();
+    (dirs, nodes)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaders_death_loses_nothing_acknowledged_and_nodes_catch_up() {
+    let router = Router::default();
+    let (dirs, mut nodes) = three_nodes(&router, 20).await;
 
     // Acknowledged writes are on every node.
     let mut acked = write(&nodes, 0..30).await;
@@ -125,15 +137,8 @@ async fn a_leaders_death_loses_nothing_acknowledged_and_nodes_catch_up() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_cut_off_from_the_majority_acknowledges_nothing() {
-    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let router = Router::default();
-    let mut nodes = BTreeMap::new();
-    for (i, dir) in dirs.iter().enumerate() {
-        let id = i as u64 + 1;
-        nodes.insert(id, start(&router, id, dir.path()).await);
-    }
-    let members: BTreeMap<u64, BasicNode> = (1..=3).map(|id| (id, BasicNode::default())).collect();
-    nodes[&1].raft.initialize(members).await.unwrap();
+    let (_dirs, nodes) = three_nodes(&router, 20).await;
     let acked = write(&nodes, 0..5).await;
     all_hold(&nodes, &acked).await;
 
@@ -160,6 +165,132 @@ async fn a_leader_cut_off_from_the_majority_acknowledges_nothing() {
     let mut acked = acked;
     acked.extend(write(&nodes, 5..8).await);
     all_hold(&nodes, &acked).await;
+    for n in nodes.values() {
+        n.raft.shutdown().await.unwrap();
+    }
+}
+
+/// The engine itself on a group: the leader's engine replicates every group commit, and the
+/// next leader's engine recovers every hold and order from its own copy of the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_leaders_engine_has_every_hold_and_order_the_last_one_acknowledged() {
+    use crate::{
+        ConfirmRequest, EventId, EventSpec, HoldRequest, HoldStatus, Layout, SectionId,
+        SectionSpec, Selection, UserId,
+    };
+    let router = Router::default();
+    // Snapshots often, so the sale's log is purged and a snapshot carries it.
+    let (_dirs, mut nodes) = three_nodes(&router, 10).await;
+    let first = leader(&nodes).await;
+    let engine = super::harness::open_engine(&nodes[&first]).await.unwrap();
+    let event = engine
+        .create_event(EventSpec {
+            event_id: Some(EventId::from("e")),
+            name: "show".into(),
+            sections: vec![SectionSpec {
+                section_id: SectionId::from("ga"),
+                name: "GA".into(),
+                price_cents: 1_000,
+                layout: Layout::GeneralAdmission { capacity: 30 },
+            }],
+            hold_ttl_ms: 0,
+            per_user_limit: 0,
+            admit_rate_per_second: 0,
+            admission_window_ms: 0,
+            sale_opens_at_ms: 0,
+            join_pow_difficulty_bits: 0,
+        })
+        .await
+        .unwrap();
+    let hold = |engine: crate::Engine, fan: u32| {
+        let event_id = event.event_id.clone();
+        async move {
+            engine
+                .hold(HoldRequest {
+                    event_id,
+                    user_id: UserId::from(format!("fan-{fan}").as_str()),
+                    idempotency_key: format!("hold-{fan}"),
+                    selection: Selection::BestAvailable {
+                        section: None,
+                        quantity: 2,
+                    },
+                })
+                .await
+        }
+    };
+    let mut holds = Vec::new();
+    for fan in 0..10 {
+        holds.push(hold(engine.clone(), fan).await.unwrap());
+    }
+    let mut orders = Vec::new();
+    for (fan, h) in holds.iter().enumerate().take(5) {
+        orders.push(
+            engine
+                .confirm(ConfirmRequest {
+                    hold_id: h.hold_id.clone(),
+                    user_id: UserId::from(format!("fan-{fan}").as_str()),
+                    payment_ref: "tok_visa".into(),
+                    idempotency_key: format!("pay-{fan}"),
+                })
+                .await
+                .unwrap(),
+        );
+    }
+    engine.shutdown().await;
+
+    // The leader dies; the next one's engine recovers from its own copy.
+    router.remove(first);
+    let dead = nodes.remove(&first).unwrap();
+    dead.raft.shutdown().await.unwrap();
+    drop(dead);
+    let next = leader(&nodes).await;
+    let engine = super::harness::open_engine(&nodes[&next]).await.unwrap();
+    let mut sold_orders = engine.orders().await.unwrap();
+    sold_orders.sort_by(|a, b| a.order_id.cmp(&b.order_id));
+    orders.sort_by(|a, b| a.order_id.cmp(&b.order_id));
+    assert_eq!(
+        sold_orders, orders,
+        "every acknowledged order is on the next leader"
+    );
+    let section = &engine.event(&event.event_id).unwrap().sections[0];
+    assert_eq!(section.sold, 10);
+    assert_eq!(
+        section.held, 10,
+        "the five unconfirmed holds of two seats are still held"
+    );
+    // Retries answer the first answers: nothing is held or charged twice.
+    for (fan, h) in holds.iter().enumerate() {
+        let again = hold(engine.clone(), fan as u32).await.unwrap();
+        assert_eq!(again.hold_id, h.hold_id);
+    }
+    let charged = engine
+        .confirm(ConfirmRequest {
+            hold_id: holds[0].hold_id.clone(),
+            user_id: UserId::from("fan-0"),
+            payment_ref: "tok_visa".into(),
+            idempotency_key: "pay-0".into(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        charged.order_id,
+        orders
+            .iter()
+            .find(|o| o.hold_id == holds[0].hold_id)
+            .unwrap()
+            .order_id
+    );
+    // The sale goes on: the 10 seats left sell, and not one more.
+    let mut more = 0;
+    for fan in 10..20 {
+        match hold(engine.clone(), fan).await {
+            Ok(h) if h.status == HoldStatus::Held => more += 1,
+            _ => {}
+        }
+    }
+    assert_eq!(more, 5, "the 10 seats left go to 5 fans of 2");
+    assert!(engine.reconcile().await.unwrap().is_empty());
+    engine.shutdown().await;
     for n in nodes.values() {
         n.raft.shutdown().await.unwrap();
     }

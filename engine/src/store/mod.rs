@@ -85,6 +85,21 @@ impl std::str::FromStr for Durability {
 
 pub use crate::limits::FLUSH_BATCH_JOBS_MAX;
 
+/// A checkpoint as the log keeps it: `(upto, blob)` encoded by [`codec`].
+pub(crate) fn checkpoint_value(upto: u64, blob: &[u8]) -> Vec<u8> {
+    codec::encode(&(upto, blob))
+}
+
+/// Where a replicated store's group commits go instead of its own sink: a cluster node's Raft
+/// group ([`crate::raft::RaftReplicator`]), whose state machine writes them to every node's log.
+pub trait Replicate: Send + Sync + 'static {
+    /// Commits `batch` on a majority of the group and applies it on this node, blocking the
+    /// calling thread (the flusher's) until then. `Ok(Some(key))`: the sold-seat backstop
+    /// refused the claim `key` (that stream's records were not written). `Err`: not known
+    /// committed (this node lost its leadership, or no majority answered in time).
+    fn commit(&self, batch: crate::raft::Batch) -> Result<Option<String>, StorageError>;
+}
+
 /// A completion run by the acker thread once a job is durable (or failed).
 pub(crate) type Done = Box<dyn FnOnce(Result<(), StorageError>) + Send>;
 
@@ -201,6 +216,7 @@ impl Store {
         sink: Arc<dyn LogSink>,
         durability: Durability,
         marks: Marks,
+        replicate: Option<Arc<dyn Replicate>>,
     ) -> Result<Store, StorageError> {
         let (tx, rx) = mpsc::channel();
         let halt = Arc::new(Halt::default());
@@ -230,6 +246,7 @@ impl Store {
             dirty: false,
             ack: Some(ack_tx),
             acker: Some(acker),
+            replicate,
         };
         let thread = std::thread::Builder::new()
             .name("boxoffice-wal".into())
@@ -324,6 +341,8 @@ struct Flusher {
     /// The acker thread: writes each synced batch's marks to the superblock, then replies.
     ack: Option<mpsc::Sender<Ack>>,
     acker: Option<JoinHandle<()>>,
+    /// A cluster node's leader: batches go to its Raft group instead of the sink.
+    replicate: Option<Arc<dyn Replicate>>,
 }
 
 /// A written batch handed to the acker: its marks (to write to the superblock first, if the
@@ -396,6 +415,10 @@ impl Flusher {
                 }
             }
             let started = Instant::now();
+            if let Some(replicate) = self.replicate.clone() {
+                stop = self.replicate(batch, replicate.as_ref(), started);
+                continue;
+            }
             let written = self.write(batch);
             stop = written.stop;
             let synced = (self.durability == Durability::Sync || stop)
@@ -408,6 +431,58 @@ impl Flusher {
         if let Some(h) = self.acker.take() {
             let _ = h.join();
         }
+    }
+
+    /// A cluster leader's group commit: the batch's jobs become one Raft entry, committed by a
+    /// majority (each durable on its node) and applied to this node's log by the state machine
+    /// before any completion runs. No superblock here: Raft's log is the durable record, and
+    /// the state machine's copy is rebuilt from it. Returns whether a stop was queued.
+    fn replicate(&mut self, batch: Vec<Job>, replicate: &dyn Replicate, started: Instant) -> bool {
+        let mut w = Written::default();
+        let mut ops = Vec::new();
+        for job in batch {
+            match job {
+                Job::Append(a) => {
+                    let r = self.halt.check();
+                    if r.is_ok() {
+                        w.records += a.entries.len();
+                        w.bytes += a.entries.iter().map(|(_, v)| v.len() + 8).sum::<usize>();
+                        ops.push(crate::raft::Op::Append {
+                            stream: a.stream.name().to_owned(),
+                            entries: a.entries,
+                            claims: a.claims,
+                        });
+                    }
+                    w.completions.push((a.done, r));
+                }
+                Job::Checkpoint { stream, upto, blob } => {
+                    if self.halt.check().is_ok() {
+                        ops.push(crate::raft::Op::Checkpoint {
+                            stream: stream.name().to_owned(),
+                            upto,
+                            blob,
+                        });
+                    }
+                }
+                Job::Barrier(done) => w.completions.push((done, self.halt.check())),
+                Job::Stop => w.stop = true,
+            }
+        }
+        if !ops.is_empty() && self.halt.check().is_ok() {
+            let commit_started = Instant::now();
+            match replicate.commit(crate::raft::Batch { ops }) {
+                Ok(None) => {}
+                Ok(Some(key)) => self
+                    .halt
+                    .set(StorageError::BackstopRefused { key }.to_string()),
+                Err(e) => self.halt.set(format!("replication failed: {e}")),
+            }
+            metrics::histogram!("boxoffice_wal_flush_seconds")
+                .record(commit_started.elapsed().as_secs_f64());
+        }
+        let stop = w.stop;
+        self.finish(w, started, false);
+        stop
     }
 
     /// Syncs the log; a failure halts the store (and so fails every completion of the batch).
@@ -528,7 +603,7 @@ impl Flusher {
     fn checkpoint(&self, stream: &str, upto: u64, blob: &[u8]) -> Result<(), StorageError> {
         let started = Instant::now();
         self.sink
-            .put_checkpoint(stream, &codec::encode(&(upto, blob)))?;
+            .put_checkpoint(stream, &checkpoint_value(upto, blob))?;
         metrics::histogram!("boxoffice_wal_checkpoint_seconds")
             .record(started.elapsed().as_secs_f64());
         Ok(())

@@ -10,6 +10,7 @@
 //! | claims (`sold`) | `{event}/{section}/{seat}` (GA: `#{n}`) -> hold id: the sold-seat backstop |
 //! | `sold_set_aside` | claims recovery proved were never acknowledged, kept as evidence |
 //! | `superblock.0`, `superblock.1` (files beside sled's) | each stream's high-water mark |
+//! | `raft_log`, `raft_meta`, `raft_sm` (a cluster node only) | its Raft log, vote, applied state |
 //!
 //! Record keys are sequence numbers (u64 big-endian in sled).
 
@@ -33,6 +34,10 @@ pub const CLAIMS_SET_ASIDE: &str = "sold_set_aside";
 pub const PAYMENTS: &str = "payments";
 /// See [`PAYMENTS`].
 pub const PAYMENTS_BY_ID: &str = "payments_by_id";
+
+/// Prefix of a cluster node's Raft trees (`raft_log`, `raft_meta`, `raft_sm`: see
+/// [`crate::raft`]), which share the node's sled database with the log and are not streams.
+pub const RAFT_TREES_PREFIX: &str = "raft_";
 
 /// The name of a section's log stream.
 pub fn section(event: &EventId, section: &SectionId) -> String {

@@ -50,7 +50,8 @@ pub struct SledSink {
     set_aside: sled::Tree,
     /// sled's data file (`{dir}/db`), synced after every flush.
     data_file: std::fs::File,
-    superblock: SuperblockFiles,
+    /// `None`: a cluster node's log, which keeps none ([`SledSink::over`]).
+    superblock: Option<SuperblockFiles>,
     /// The superblock as found when this sink opened.
     superblock_read: SuperblockRead,
     /// The data dir.
@@ -108,12 +109,34 @@ impl SledSink {
                 other => break other?,
             }
         };
+        let (superblock, superblock_read) = SuperblockFiles::open(dir)?;
+        SledSink::with_db(db, dir, Some(superblock), superblock_read)
+    }
+
+    /// The log in `db`, a cluster node's sled database already open on `dir`, which its Raft
+    /// log and state machine share ([`crate::raft`]). Such a log keeps no superblock: its
+    /// records come from the group's Raft log, which is the durable record of what was
+    /// acknowledged (a node's copy that lost a tail re-applies it from there, or from a
+    /// snapshot); recovery starts from no marks.
+    pub fn over(db: sled::Db, dir: &Path) -> Result<SledSink, StorageError> {
+        let none = SuperblockRead {
+            marks: Some(Marks::default()),
+            damaged_copies: vec![],
+        };
+        SledSink::with_db(db, dir, None, none)
+    }
+
+    fn with_db(
+        db: sled::Db,
+        dir: &Path,
+        superblock: Option<SuperblockFiles>,
+        superblock_read: SuperblockRead,
+    ) -> Result<SledSink, StorageError> {
         let path = dir.join(SLED_DATA_FILE);
         let data_file = std::fs::File::open(&path).map_err(|e| StorageError::Open {
             path: path.display().to_string(),
             reason: e.to_string(),
         })?;
-        let (superblock, superblock_read) = SuperblockFiles::open(dir)?;
         Ok(SledSink {
             checkpoints: db.open_tree(names::CHECKPOINTS).map_err(io)?,
             claims: db.open_tree(names::CLAIMS).map_err(io)?,
@@ -196,7 +219,11 @@ impl LogSink for SledSink {
             .tree_names()
             .into_iter()
             .map(|n| String::from_utf8_lossy(&n).into_owned())
-            .filter(|n| !tables.contains(&n.as_str()) && !n.starts_with("__sled"))
+            .filter(|n| {
+                !tables.contains(&n.as_str())
+                    && !n.starts_with("__sled")
+                    && !n.starts_with(names::RAFT_TREES_PREFIX)
+            })
             .collect())
     }
 
@@ -253,7 +280,10 @@ impl LogSink for SledSink {
     }
 
     fn put_superblock(&self, marks: &Marks) -> Result<(), StorageError> {
-        self.superblock.write(marks)
+        match &self.superblock {
+            Some(s) => s.write(marks),
+            None => Ok(()),
+        }
     }
 
     fn sync(&self) -> Result<(), StorageError> {

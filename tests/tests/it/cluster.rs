@@ -87,9 +87,7 @@ async fn start(
 }
 
 fn batch(n: u64) -> Batch {
-    Batch {
-        records: vec![("section/e/s".into(), n.to_be_bytes().to_vec())],
-    }
+    harness::one_record("section/e/s", n + 1, n.to_be_bytes().to_vec())
 }
 
 fn rafts(nodes: &BTreeMap<u64, Node>) -> BTreeMap<u64, Raft> {
@@ -170,7 +168,7 @@ async fn a_node_without_the_cluster_secret_is_refused() {
     for n in [&one, &two] {
         let m = n.raft.metrics().borrow().clone();
         assert_eq!(m.current_leader, None, "node {} sees a leader", m.id);
-        assert!(n.sm.batches().unwrap().is_empty());
+        assert!(harness::records(&n.sm, "section/e/s").is_empty());
     }
     // And a plain call with the wrong secret is refused outright.
     let mut client =
