@@ -5,12 +5,11 @@
 //! `UNAUTHENTICATED` to anything else, so only nodes that share the secret form a group.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use boxoffice_engine::codec;
-use boxoffice_engine::raft::{Raft, TypeConfig};
+use boxoffice_engine::raft::{Raft, TypeConfig, VoteGuard};
 use boxoffice_proto::cluster::RaftMessage;
 use boxoffice_proto::cluster::raft_client::RaftClient;
 use boxoffice_proto::cluster::raft_server::{Raft as RaftService, RaftServer};
@@ -49,24 +48,35 @@ impl ClusterSecret {
     }
 
     fn admits<T>(&self, req: &Request<T>) -> Result<(), Status> {
-        let presented = req
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        let digest: [u8; 32] = Sha256::digest(presented.trim().as_bytes()).into();
-        if bool::from(digest.ct_eq(&self.digest)) {
+        if self.presented_in(req.metadata().as_ref(), "authorization") {
             Ok(())
         } else {
             Err(Status::unauthenticated("not a node of this cluster"))
         }
+    }
+
+    /// Whether header `name` of `headers` carries this secret (`Bearer …`), compared by
+    /// SHA-256 in constant time.
+    pub(crate) fn presented_in(&self, headers: &http::HeaderMap, name: &str) -> bool {
+        let presented = headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        let digest: [u8; 32] = Sha256::digest(presented.trim().as_bytes()).into();
+        bool::from(digest.ct_eq(&self.digest))
+    }
+
+    /// The header value that presents this secret.
+    pub(crate) fn bearer(&self) -> &str {
+        &self.bearer
     }
 }
 
 /// The service a node serves to its peers (behind the secret's interceptor).
 pub struct RaftEndpoint {
     raft: Raft,
+    guard: VoteGuard,
 }
 
 fn decode<T: DeserializeOwned>(m: &RaftMessage) -> Result<T, Status> {
@@ -87,11 +97,20 @@ impl RaftService for RaftEndpoint {
         req: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
         let rpc: AppendEntriesRequest<TypeConfig> = decode(req.get_ref())?;
-        Ok(encode(&self.raft.append_entries(rpc).await))
+        self.guard.saw_append(&rpc);
+        let answer = self.raft.append_entries(rpc).await;
+        self.guard.check(&self.raft);
+        Ok(encode(&answer))
     }
 
     async fn vote(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         let rpc: VoteRequest<NodeId> = decode(req.get_ref())?;
+        if !self.guard.may_vote(&self.raft, &rpc) {
+            // Not a refusal Raft knows: the candidate counts this node as unreachable.
+            return Err(Status::unavailable(
+                "this node started without its data and votes once it has caught up",
+            ));
+        }
         Ok(encode(&self.raft.vote(rpc).await))
     }
 
@@ -104,24 +123,43 @@ impl RaftService for RaftEndpoint {
     }
 }
 
-/// Serves `raft` to its peers on `listener` until `shutdown` resolves. The secret is checked
-/// from the headers, before a request's body is read.
+/// The interceptor that admits only calls presenting the cluster secret.
+#[derive(Clone)]
+pub struct SecretCheck(ClusterSecret);
+
+impl tonic::service::Interceptor for SecretCheck {
+    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
+        self.0.admits(&req).map(|()| req)
+    }
+}
+
+/// The Raft service of `raft` for its peers (votes behind `guard`), behind `secret` (checked from the headers, before
+/// a request's body is read).
+pub fn raft_service(
+    raft: Raft,
+    guard: VoteGuard,
+    secret: ClusterSecret,
+) -> tonic::service::interceptor::InterceptedService<RaftServer<RaftEndpoint>, SecretCheck> {
+    tonic::service::interceptor::InterceptedService::new(
+        RaftServer::new(RaftEndpoint { raft, guard })
+            .max_decoding_message_size(MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(MESSAGE_BYTES_MAX),
+        SecretCheck(secret),
+    )
+}
+
+/// Serves `raft` (behind `guard`) to its peers on `listener` until `shutdown` resolves (a port of its own; a
+/// `serve --node-id` node serves it on its gRPC address instead).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     raft: Raft,
+    guard: VoteGuard,
     secret: ClusterSecret,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    let check = secret.clone();
-    let service = tonic::service::interceptor::InterceptedService::new(
-        RaftServer::new(RaftEndpoint { raft })
-            .max_decoding_message_size(MESSAGE_BYTES_MAX)
-            .max_encoding_message_size(MESSAGE_BYTES_MAX),
-        move |req: Request<()>| check.admits(&req).map(|()| req),
-    );
     tonic::transport::Server::builder()
-        .add_service(service)
+        .add_service(raft_service(raft, guard, secret))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
 }
@@ -134,13 +172,14 @@ pub const MESSAGE_BYTES_MAX: usize = 16 << 20;
 /// How a node reaches its peers: their cluster addresses, and the secret.
 #[derive(Clone)]
 pub struct Peers {
-    addrs: Arc<BTreeMap<NodeId, SocketAddr>>,
+    addrs: Arc<BTreeMap<NodeId, String>>,
     secret: ClusterSecret,
 }
 
 impl Peers {
-    /// The peers at `addrs` (this node's own address may be among them), sharing `secret`.
-    pub fn new(addrs: BTreeMap<NodeId, SocketAddr>, secret: ClusterSecret) -> Peers {
+    /// The peers at `addrs` (`host:port`; this node's own address may be among them), sharing
+    /// `secret`.
+    pub fn new(addrs: BTreeMap<NodeId, String>, secret: ClusterSecret) -> Peers {
         Peers {
             addrs: Arc::new(addrs),
             secret,

@@ -20,10 +20,12 @@
 //!   ring in the data dir and its rotation.
 //! - [`metrics`]: the Prometheus endpoint.
 //! - [`cluster`]: the Raft network between nodes (internal gRPC behind the cluster secret).
+//! - [`forward`]: a cluster node that does not lead forwards public calls to the one that does.
 //! - [`health`]: `grpc.health.v1.Health` whose watches end when the drain starts.
 
 pub mod cluster;
 pub mod convert;
+pub mod forward;
 pub mod gate;
 pub mod health;
 pub mod limits;

@@ -78,6 +78,8 @@ pub enum Series {
     PerSection,
     /// One set per event (label `event`), registered when the event is created or recovered.
     PerEvent,
+    /// A cluster node's only (see [`spawn_raft_sampler`]): absent on a single node.
+    Cluster,
 }
 
 /// One metric family.
@@ -359,6 +361,63 @@ pub const FAMILIES: &[Family] = &[
         "Findings of the last reconciliation (0: clean).",
         Series::One,
     ),
+    // a cluster node (issue 13)
+    family(
+        "boxoffice_raft_leader",
+        Gauge,
+        None,
+        "1 while this node leads its Raft group (and serves its engine), 0 while another does or none is known.",
+        Series::Cluster,
+    ),
+    family(
+        "boxoffice_raft_leader_known",
+        Gauge,
+        None,
+        "1 while this node knows its group's leader (to serve or forward to), 0 during an election.",
+        Series::Cluster,
+    ),
+    family(
+        "boxoffice_raft_term",
+        Gauge,
+        COUNT,
+        "This node's current Raft term.",
+        Series::Cluster,
+    ),
+    family(
+        "boxoffice_raft_last_log_index",
+        Gauge,
+        COUNT,
+        "The index of the last entry in this node's Raft log.",
+        Series::Cluster,
+    ),
+    family(
+        "boxoffice_raft_applied_index",
+        Gauge,
+        COUNT,
+        "The index of the last entry this node applied to its copy of the log.",
+        Series::Cluster,
+    ),
+    family(
+        "boxoffice_raft_commit_lag_entries",
+        Gauge,
+        COUNT,
+        "On the leader, by peer: entries of the leader's log the peer has not acknowledged yet.",
+        Series::Cluster,
+    ),
+    family(
+        "boxoffice_raft_leader_changes_total",
+        Counter,
+        COUNT,
+        "Leader changes this node has seen (elections won by some node, or leaders lost).",
+        Series::Cluster,
+    ),
+    family(
+        "boxoffice_cluster_forwarded_total",
+        Counter,
+        COUNT,
+        "Calls this node forwarded to its group's leader, by method.",
+        Series::Cluster,
+    ),
     // engine: the log
     family(
         "boxoffice_store_halted",
@@ -630,7 +689,7 @@ fn describe_and_register() {
                     register(f, &labels);
                 }
             }
-            Series::PerSection | Series::PerEvent => {}
+            Series::PerSection | Series::PerEvent | Series::Cluster => {}
         }
     }
     for labels in build_info_labels() {
@@ -696,6 +755,53 @@ pub fn spawn_sampler(
         }
     })
 }
+
+/// A cluster node's Raft figures, sampled every [`RAFT_SAMPLE_EVERY`] until aborted: whether
+/// it leads, its term, log and applied indexes, each peer's lag (on the leader), and leader
+/// changes.
+pub fn spawn_raft_sampler(raft: boxoffice_engine::raft::Raft) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(RAFT_SAMPLE_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let changes = metrics::counter!("boxoffice_raft_leader_changes_total");
+        let mut last_leader = None;
+        loop {
+            tick.tick().await;
+            let m = raft.metrics().borrow().clone();
+            let leads = m.current_leader == Some(m.id);
+            metrics::gauge!("boxoffice_raft_leader").set(if leads { 1.0 } else { 0.0 });
+            metrics::gauge!("boxoffice_raft_leader_known").set(if m.current_leader.is_some() {
+                1.0
+            } else {
+                0.0
+            });
+            metrics::gauge!("boxoffice_raft_term").set(m.current_term as f64);
+            let last = m.last_log_index.unwrap_or(0);
+            metrics::gauge!("boxoffice_raft_last_log_index").set(last as f64);
+            metrics::gauge!("boxoffice_raft_applied_index")
+                .set(m.last_applied.map_or(0, |l| l.index) as f64);
+            if let Some(peers) = &m.replication {
+                for (peer, matched) in peers {
+                    if *peer == m.id {
+                        continue;
+                    }
+                    let lag = last.saturating_sub(matched.map_or(0, |l| l.index));
+                    metrics::gauge!("boxoffice_raft_commit_lag_entries", "peer" => peer.to_string())
+                        .set(lag as f64);
+                }
+            }
+            if m.current_leader != last_leader {
+                if last_leader.is_some() || m.current_leader.is_some() {
+                    changes.increment(1);
+                }
+                last_leader = m.current_leader;
+            }
+        }
+    })
+}
+
+/// How often [`spawn_raft_sampler`] samples.
+pub const RAFT_SAMPLE_EVERY: Duration = Duration::from_millis(500);
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 

@@ -8,7 +8,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -80,6 +80,23 @@ pub struct ServerConfig {
     pub seat_map_max_bytes: usize,
     /// How long a section's seat map is still answered after it was last known true.
     pub seat_map_staleness: Duration,
+    /// A cluster node's part (`None`: a single node, the default).
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// A cluster node's part of [`ServerConfig`] (issue 13): the node serves the Raft service
+/// between nodes on its gRPC address, runs the engine while it leads its group, and forwards
+/// public calls to the leader otherwise.
+#[derive(Clone)]
+pub struct ClusterConfig {
+    /// This node's id (a key of `peers`).
+    pub node_id: u64,
+    /// Every node's gRPC address (`host:port`), this one's among them.
+    pub peers: std::collections::BTreeMap<u64, String>,
+    /// The secret every node of the cluster shares.
+    pub secret: crate::cluster::ClusterSecret,
+    /// Raft entries between snapshots (the log before a snapshot is purged).
+    pub snapshot_every: u64,
 }
 
 impl ServerConfig {
@@ -110,6 +127,7 @@ impl ServerConfig {
             recovery_mode: RecoveryMode::Strict,
             seat_map_max_bytes: crate::limits::SEAT_MAP_BYTES_DEFAULT,
             seat_map_staleness: Duration::from_millis(crate::limits::SEAT_MAP_STALENESS_MS_DEFAULT),
+            cluster: None,
         }
     }
 }
@@ -129,9 +147,21 @@ pub struct Running {
     stop_metrics: Option<oneshot::Sender<()>>,
     grpc_task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
     background: Vec<tokio::task::JoinHandle<()>>,
-    sweeper: Arc<OnceLock<ractor::ActorRef<boxoffice_sweeper::SweeperMsg>>>,
+    sweeper: SweeperSlot,
     /// Tasks started by recovery (the periodic reconciliation), stopped on shutdown.
     tasks: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    /// A cluster node's Raft and its leadership loop (its stop signal and task).
+    node: Option<Node>,
+}
+
+/// The sweeper of the engine being served, if any.
+type SweeperSlot = Arc<std::sync::Mutex<Option<ractor::ActorRef<boxoffice_sweeper::SweeperMsg>>>>;
+
+/// A cluster node's running parts.
+struct Node {
+    raft: boxoffice_engine::raft::Raft,
+    stop: tokio::sync::watch::Sender<bool>,
+    lead: tokio::task::JoinHandle<()>,
 }
 
 const SERVICES: &[&str] = &[
@@ -150,7 +180,16 @@ async fn set_health(health: &HealthReporter, status: ServingStatus) {
 
 /// The gRPC services behind the gate, ready to serve.
 type GrpcRouter = tonic::transport::server::Router<
-    tower::layer::util::Stack<GateLayer, tower::layer::util::Identity>,
+    tower::layer::util::Stack<
+        crate::forward::ForwardLayer,
+        tower::layer::util::Stack<GateLayer, tower::layer::util::Identity>,
+    >,
+>;
+
+/// The Raft service a cluster node serves to its peers, behind the cluster secret.
+type RaftService = tonic::service::interceptor::InterceptedService<
+    boxoffice_proto::cluster::raft_server::RaftServer<crate::cluster::RaftEndpoint>,
+    crate::cluster::SecretCheck,
 >;
 
 /// The metrics endpoint: its bound address, its stop signal, its task.
@@ -181,7 +220,12 @@ fn grpc_router(
     >,
     ready: &Ready,
     seat_map_max_bytes: usize,
+    cluster: Option<(RaftService, Arc<crate::forward::Forwarder>)>,
 ) -> anyhow::Result<GrpcRouter> {
+    let (raft_service, forwarder) = match cluster {
+        Some((s, f)) => (Some(s), Some(f)),
+        None => (None, None),
+    };
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(boxoffice_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -202,7 +246,9 @@ fn grpc_router(
         .http2_max_pending_accept_reset_streams(Some(64))
         .max_concurrent_streams(Some(crate::limits::STREAMS_PER_CONNECTION_MAX))
         .layer(GateLayer::new(gate.clone()))
+        .layer(crate::forward::ForwardLayer::new(forwarder))
         .add_service(health_service)
+        .add_optional_service(raft_service)
         .add_service(reflection)
         .add_service(reflection_v1alpha)
         .add_service(EventRoutes::new(
@@ -259,7 +305,8 @@ async fn serve_metrics(
 }
 
 /// Binds, starts serving health at once, and recovers in the background. Use
-/// [`Running::wait_ready`] to wait for recovery.
+/// [`Running::wait_ready`] to wait for recovery. A cluster node ([`ServerConfig::cluster`])
+/// starts its Raft instead, and runs the engine while it leads (see [`lead`]).
 pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -269,12 +316,29 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
     let (health, _) = tonic_health::server::health_reporter();
     let health_service = crate::health::service(&health, gate.draining_signal());
     set_health(&health, ServingStatus::NotServing).await;
-    let ready: Ready = Arc::new(OnceLock::new());
+    let ready = Ready::default();
     let seat_map_max_bytes = config.seat_map_max_bytes.clamp(
         crate::limits::SEAT_MAP_BYTES_MIN,
         crate::limits::SEAT_MAP_BYTES_MAX,
     );
-    let router = grpc_router(&gate, health_service, &ready, seat_map_max_bytes)?;
+    let raft = match &config.cluster {
+        Some(c) => Some(open_raft(c, &config.data_dir).await?),
+        None => None,
+    };
+    let cluster = match (&config.cluster, &raft) {
+        (Some(c), Some((raft, _, guard))) => Some((
+            crate::cluster::raft_service(raft.clone(), guard.clone(), c.secret.clone()),
+            Arc::new(crate::forward::Forwarder::new(
+                c.node_id,
+                raft.clone(),
+                c.peers.clone(),
+                c.secret.clone(),
+                ready.clone(),
+            )),
+        )),
+        _ => None,
+    };
+    let router = grpc_router(&gate, health_service, &ready, seat_map_max_bytes, cluster)?;
     let (stop_grpc, stop_rx) = oneshot::channel::<()>();
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let grpc_task = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async move {
@@ -296,22 +360,38 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
         None => (None, None),
     };
 
-    // Recovery in the background: health says NOT_SERVING until it is done.
-    let sweeper: Arc<OnceLock<ractor::ActorRef<boxoffice_sweeper::SweeperMsg>>> =
-        Arc::new(OnceLock::new());
+    let sweeper: SweeperSlot = Arc::default();
     let (recovered_tx, recovered_rx) = oneshot::channel();
     let tasks = Arc::new(std::sync::Mutex::new(Vec::new()));
-    {
-        let (ready, health, sweeper) = (ready.clone(), health.clone(), sweeper.clone());
-        let (config, tasks) = (config.clone(), tasks.clone());
-        background.push(tokio::spawn(async move {
-            let r = recover(config, ready, health, sweeper, tasks).await;
-            if let Err(e) = &r {
-                tracing::error!(error = %format!("{e:#}"), "recovery failed");
-            }
-            let _ = recovered_tx.send(r);
-        }));
-    }
+    let node = match raft {
+        Some((raft, sm, _)) => {
+            background.push(crate::metrics::spawn_raft_sampler(raft.clone()));
+            let (stop, stopped) = tokio::sync::watch::channel(false);
+            let leading = Leading {
+                raft: raft.clone(),
+                sm,
+                config: config.clone(),
+                ready: ready.clone(),
+                health: health.clone(),
+                sweeper: sweeper.clone(),
+            };
+            let lead = tokio::spawn(lead(leading, stopped, recovered_tx));
+            Some(Node { raft, stop, lead })
+        }
+        None => {
+            // Recovery in the background: health says NOT_SERVING until it is done.
+            let (ready, health, sweeper) = (ready.clone(), health.clone(), sweeper.clone());
+            let (config, tasks) = (config.clone(), tasks.clone());
+            background.push(tokio::spawn(async move {
+                let r = recover(config, ready, health, sweeper, tasks).await;
+                if let Err(e) = &r {
+                    tracing::error!(error = %format!("{e:#}"), "recovery failed");
+                }
+                let _ = recovered_tx.send(r);
+            }));
+            None
+        }
+    };
     Ok(Running {
         addr,
         metrics_addr,
@@ -326,19 +406,13 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
         background,
         sweeper,
         tasks,
+        node,
     })
 }
 
-async fn recover(
-    config: ServerConfig,
-    ready: Ready,
-    health: HealthReporter,
-    sweeper: Arc<OnceLock<ractor::ActorRef<boxoffice_sweeper::SweeperMsg>>>,
-    tasks: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
-) -> anyhow::Result<()> {
-    if let Some(gate) = &config.recovery_gate {
-        gate.notified().await;
-    }
+/// The engine config of `config` (its own, or sled in the data dir), with the server's
+/// settings.
+fn engine_config(config: &ServerConfig) -> EngineConfig {
     let mut ec = config
         .engine
         .clone()
@@ -348,10 +422,42 @@ async fn recover(
     ec.section_inflight_max = config.section_inflight_max;
     ec.recovery_mode = config.recovery_mode;
     ec.idempotency_window = config.idempotency_window;
+    ec
+}
+
+/// What a server runs while it serves an engine: the services' state, the sweeper, the
+/// periodic tasks.
+struct Stack {
+    api: Arc<Api>,
+    sweeper: ractor::ActorRef<boxoffice_sweeper::SweeperMsg>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Stack {
+    /// Stops the tasks, the sweeper and the engine (its log flushed). Returns why the engine
+    /// had stopped, if it had.
+    async fn stop(self) -> Option<String> {
+        for t in self.tasks {
+            t.abort();
+            let _ = t.await;
+        }
+        let _ = self
+            .sweeper
+            .stop_and_wait(None, Some(Duration::from_secs(5)))
+            .await;
+        self.api.stop();
+        let stopped = self.api.engine.stopped();
+        self.api.engine.shutdown().await;
+        stopped
+    }
+}
+
+/// Opens the engine of `ec` (replaying its log) and starts what serves it.
+async fn open_stack(config: &ServerConfig, ec: EngineConfig) -> anyhow::Result<Stack> {
     let engine = Engine::open(ec)
         .await
         .with_context(|| format!("recovering from {}", config.data_dir.display()))?;
-    let tickets = match ticket_signer(&config, &engine).await {
+    let tickets = match ticket_signer(config, &engine).await {
         Ok(t) => t,
         Err(e) => {
             // Refused to start: stop the engine, so the data dir is free for the next try.
@@ -375,12 +481,13 @@ async fn recover(
         ),
         u64::try_from(config.join_challenge_ttl.as_millis()).unwrap_or(u64::MAX),
     ));
+    let mut tasks = Vec::new();
     if let Some(every) = config.reconcile_every {
         // The periodic reconciliation: findings become a metric and a log line each; charges
         // left without a sale are refunded once their grace has passed.
         let engine = engine.clone();
         let grace = config.refund_grace;
-        let task = tokio::spawn(async move {
+        tasks.push(tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             tick.tick().await;
             loop {
@@ -394,26 +501,245 @@ async fn recover(
                     Err(e) => tracing::warn!(error = %e, "reconciliation could not run"),
                 }
             }
-        });
-        if let Ok(mut t) = tasks.lock() {
-            t.push(task);
-        }
+        }));
     }
-    let (actor, sweeper_done) =
+    let (sweeper, sweeper_done) =
         boxoffice_sweeper::start(engine.clone(), boxoffice_sweeper::SweeperConfig::default())
             .await
             .context("starting the sweeper")?;
-    let _ = sweeper.set(actor);
-    // Without the sweeper no hold would expire and no waitlist offer be made. A drain aborts
+    // Without the sweeper no hold would expire and no waitlist offer be made. A stop aborts
     // this watch before it stops the sweeper.
-    let watch = engine.stop_when_ended("the sweeper (holds would no longer expire)", sweeper_done);
-    if let Ok(mut t) = tasks.lock() {
-        t.push(watch);
+    tasks.push(engine.stop_when_ended("the sweeper (holds would no longer expire)", sweeper_done));
+    Ok(Stack {
+        api,
+        sweeper,
+        tasks,
+    })
+}
+
+async fn recover(
+    config: ServerConfig,
+    ready: Ready,
+    health: HealthReporter,
+    sweeper: SweeperSlot,
+    tasks: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+) -> anyhow::Result<()> {
+    if let Some(gate) = &config.recovery_gate {
+        gate.notified().await;
     }
-    let _ = ready.set(api);
+    let stack = open_stack(&config, engine_config(&config)).await?;
+    let engine = stack.api.engine.clone();
+    if let Ok(mut s) = sweeper.lock() {
+        *s = Some(stack.sweeper);
+    }
+    if let Ok(mut t) = tasks.lock() {
+        t.extend(stack.tasks);
+    }
+    ready.set(stack.api);
     set_health(&health, ServingStatus::Serving).await;
     follow_engine_stop(&engine, health, &tasks);
     Ok(())
+}
+
+/// Opens a cluster node's sled database, its Raft log and state machine, and its Raft; the
+/// node with the lowest id forms the group on the very first start ([`form_group`]).
+async fn open_raft(
+    cluster: &ClusterConfig,
+    data_dir: &std::path::Path,
+) -> anyhow::Result<(
+    boxoffice_engine::raft::Raft,
+    boxoffice_engine::raft::SledStateMachine,
+    boxoffice_engine::raft::VoteGuard,
+)> {
+    use boxoffice_engine::raft;
+    anyhow::ensure!(
+        cluster.peers.contains_key(&cluster.node_id),
+        "--node-id {} is not one of --peers ({:?})",
+        cluster.node_id,
+        cluster.peers.keys().collect::<Vec<_>>()
+    );
+    let dir = data_dir.to_owned();
+    let db = tokio::task::spawn_blocking(move || raft::open_node_db(&dir))
+        .await?
+        .with_context(|| format!("opening {}", data_dir.display()))?;
+    let sm = raft::SledStateMachine::open(&db)?;
+    let log = raft::SledLogStore::open(&db)?;
+    let guard = raft::VoteGuard::open(&db)?;
+    let peers = crate::cluster::Peers::new(cluster.peers.clone(), cluster.secret.clone());
+    let raft = raft::Raft::new(
+        cluster.node_id,
+        raft::config(cluster.snapshot_every),
+        peers,
+        log,
+        sm.clone(),
+    )
+    .await
+    .context("starting Raft")?;
+    if cluster.peers.keys().next() == Some(&cluster.node_id) {
+        tokio::spawn(form_group(
+            raft.clone(),
+            guard.clone(),
+            cluster.peers.clone(),
+        ));
+    }
+    Ok((raft, sm, guard))
+}
+
+/// Forms the group on the first start of the node with the lowest id: if its log is empty and
+/// no leader has made itself heard for a few election timeouts (a running group's leader
+/// reaches a node whose data was wiped within one heartbeat), it initializes the group with
+/// every peer as a voter. Any other node waits to be reached.
+async fn form_group(
+    raft: boxoffice_engine::raft::Raft,
+    guard: boxoffice_engine::raft::VoteGuard,
+    peers: std::collections::BTreeMap<u64, String>,
+) {
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let pristine = matches!(raft.is_initialized().await, Ok(false));
+    if !pristine || raft.metrics().borrow().current_leader.is_some() {
+        return;
+    }
+    let members: std::collections::BTreeMap<u64, openraft::BasicNode> = peers
+        .iter()
+        .map(|(id, a)| (*id, openraft::BasicNode::new(a.clone())))
+        .collect();
+    match raft.initialize(members).await {
+        Ok(()) => {
+            guard.set_ready();
+            tracing::info!("formed the group");
+        }
+        Err(e) => tracing::info!(error = %e, "the group was not formed here"),
+    }
+}
+
+/// What the leadership loop needs.
+struct Leading {
+    raft: boxoffice_engine::raft::Raft,
+    sm: boxoffice_engine::raft::SledStateMachine,
+    config: ServerConfig,
+    ready: Ready,
+    health: HealthReporter,
+    sweeper: SweeperSlot,
+}
+
+/// How long a new leader waits to have applied everything its group committed before it
+/// gives up this try (and tries again while it still leads).
+const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Leading {
+    /// The engine of a node that leads: its log is the state machine's, every group commit
+    /// goes through Raft. Opened once the node has applied everything its group committed.
+    async fn open(&self) -> anyhow::Result<Stack> {
+        tokio::time::timeout(CATCH_UP_TIMEOUT, self.raft.ensure_linearizable())
+            .await
+            .context("catching up with the group took too long")?
+            .context("not the leader")?;
+        let mut ec = engine_config(&self.config);
+        ec.sink = Some(self.sm.sink());
+        ec.replicate = Some(Arc::new(boxoffice_engine::raft::RaftReplicator::new(
+            self.raft.clone(),
+            tokio::runtime::Handle::current(),
+        )));
+        // Each node signs tickets with its own key (made on its first lead).
+        let config = ServerConfig {
+            new_ticket_key: true,
+            ..self.config.clone()
+        };
+        open_stack(&config, ec).await
+    }
+}
+
+/// A cluster node's leadership loop: while the node leads its group it serves the engine
+/// (opened from its copy of the log); when it stops leading, or its engine stops (a commit
+/// without a majority, a lost leadership), the engine is stopped and calls are forwarded to
+/// the leader. Health is `SERVING` while the node leads with its engine open or knows the
+/// leader to forward to, `NOT_SERVING` otherwise (an election, or recovery).
+async fn lead(
+    node: Leading,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    ready_tx: oneshot::Sender<anyhow::Result<()>>,
+) {
+    let id = node.raft.metrics().borrow().id;
+    let mut metrics = node.raft.metrics();
+    let mut stack: Option<Stack> = None;
+    let mut serving: Option<bool> = None;
+    let mut ready_tx = Some(ready_tx);
+    loop {
+        if *stop.borrow() {
+            break;
+        }
+        let (leads, known) = {
+            let m = metrics.borrow_and_update();
+            (
+                m.current_leader == Some(id) && m.state == openraft::ServerState::Leader,
+                m.current_leader.is_some(),
+            )
+        };
+        let stopped = stack.as_ref().and_then(|s| s.api.engine.stopped());
+        if stack.is_some() && (!leads || stopped.is_some()) {
+            node.ready.take();
+            if let Ok(mut s) = node.sweeper.lock() {
+                *s = None;
+            }
+            if let Some(s) = stack.take() {
+                let why = stopped.unwrap_or_else(|| "another node leads".into());
+                tracing::warn!(reason = %why, "this node stops serving its group");
+                s.stop().await;
+            }
+        }
+        let mut retry = false;
+        if leads && stack.is_none() {
+            match node.open().await {
+                Ok(s) => {
+                    tracing::info!(node = id, "this node leads its group and serves it");
+                    if let Ok(mut slot) = node.sweeper.lock() {
+                        *slot = Some(s.sweeper.clone());
+                    }
+                    node.ready.set(s.api.clone());
+                    stack = Some(s);
+                }
+                Err(e) => {
+                    tracing::error!(error = %format!("{e:#}"), "cannot serve as the leader yet");
+                    retry = true;
+                }
+            }
+        }
+        let now = if leads { stack.is_some() } else { known };
+        if serving != Some(now) {
+            set_health(
+                &node.health,
+                if now {
+                    ServingStatus::Serving
+                } else {
+                    ServingStatus::NotServing
+                },
+            )
+            .await;
+            serving = Some(now);
+        }
+        if now && let Some(tx) = ready_tx.take() {
+            let _ = tx.send(Ok(()));
+        }
+        let engine_stopped = async {
+            match &stack {
+                Some(s) => {
+                    let mut w = s.api.engine.watch_stopped();
+                    let _ = w.wait_for(|s| s.is_some()).await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            changed = metrics.changed() => if changed.is_err() { break },
+            () = engine_stopped => {}
+            _ = stop.changed() => {}
+            () = tokio::time::sleep(Duration::from_millis(500)), if retry => {}
+        }
+    }
+    node.ready.take();
+    if let Some(s) = stack.take() {
+        s.stop().await;
+    }
 }
 
 /// The ticket signing key of the data dir's ring ([`crate::tickets`]). A missing key is made
@@ -513,12 +839,18 @@ impl Running {
 
     /// What the sweeper has done so far (expired holds, largest expiry lag, waitlist offers).
     pub async fn sweeper_stats(&self) -> Option<boxoffice_sweeper::SweeperStats> {
-        boxoffice_sweeper::sync(self.sweeper.get()?).await
+        let sweeper = self.sweeper.lock().ok()?.clone()?;
+        boxoffice_sweeper::sync(&sweeper).await
     }
 
     /// The sweeper, once started (for tests that check what happens when it dies).
     pub fn sweeper(&self) -> Option<ractor::ActorRef<boxoffice_sweeper::SweeperMsg>> {
-        self.sweeper.get().cloned()
+        self.sweeper.lock().ok()?.clone()
+    }
+
+    /// A cluster node's Raft (`None`: a single node).
+    pub fn raft(&self) -> Option<boxoffice_engine::raft::Raft> {
+        self.node.as_ref().map(|n| n.raft.clone())
     }
 
     /// The engine, once recovered.
@@ -549,10 +881,19 @@ impl Running {
             t.abort();
             let _ = t.await;
         }
-        if let Some(s) = self.sweeper.get() {
+        let mut stopped = None;
+        if let Some(node) = self.node.take() {
+            // The leadership loop stops the engine it serves, if any; then Raft stops.
+            let _ = node.stop.send(true);
+            let _ = node.lead.await;
+            if let Err(e) = node.raft.shutdown().await {
+                tracing::warn!(error = %e, "stopping Raft");
+            }
+        }
+        let sweeper = self.sweeper.lock().ok().and_then(|s| s.clone());
+        if let Some(s) = sweeper {
             let _ = s.stop_and_wait(None, Some(Duration::from_secs(5))).await;
         }
-        let mut stopped = None;
         if let Some(api) = self.ready.get() {
             api.stop();
             stopped = api.engine.stopped();

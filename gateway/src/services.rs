@@ -1,6 +1,6 @@
 //! The four gRPC services of `boxoffice.v1`, over one shared [`Api`].
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use boxoffice_engine::{
     Clock, ConfirmRequest, Engine, EventId, EventTerms, EventView, HoldId, HoldRequest, OrderId,
@@ -23,8 +23,28 @@ pub use crate::limits::LIST_PAGE_MAX;
 pub use crate::limits::QUEUE_TOKEN_TTL_MS;
 
 /// The services' shared state, set once recovery has finished (the server sets it; until then
-/// every call answers `UNAVAILABLE` / `NOT_READY`).
-pub type Ready = Arc<OnceLock<Arc<Api>>>;
+/// every call answers `UNAVAILABLE` / `NOT_READY`). A cluster node sets it while it leads its
+/// group and takes it back when it stops leading (its calls are then forwarded to the leader:
+/// see [`crate::forward`]).
+#[derive(Clone, Default)]
+pub struct Ready(Arc<std::sync::RwLock<Option<Arc<Api>>>>);
+
+impl Ready {
+    /// The state, if set.
+    pub fn get(&self) -> Option<Arc<Api>> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Sets the state (the services answer from now on).
+    pub fn set(&self, api: Arc<Api>) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Some(api);
+    }
+
+    /// Takes the state back (the services answer `NOT_READY` from now on).
+    pub fn take(&self) -> Option<Arc<Api>> {
+        self.0.write().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
 
 /// Everything the services share.
 pub struct Api {
@@ -219,7 +239,7 @@ pub struct BookingSvc(pub Ready);
 pub struct WaitlistSvc(pub Ready);
 
 /// The shared state, or `NOT_READY` while recovery runs.
-fn ready(r: &Ready) -> Result<&Arc<Api>, ApiError> {
+fn ready(r: &Ready) -> Result<Arc<Api>, ApiError> {
     r.get().ok_or(ApiError::NotReady)
 }
 

@@ -21,6 +21,7 @@
 // openraft's traits fix the error types (`StorageError`, `RPCError`), large as they are.
 #![allow(clippy::result_large_err)]
 
+mod guard;
 #[cfg(any(test, feature = "test-support"))]
 pub mod harness;
 pub mod network;
@@ -30,6 +31,7 @@ use std::io::Cursor;
 
 use serde::{Deserialize, Serialize};
 
+pub use guard::VoteGuard;
 pub use store::{NodeDb, SledLogStore, SledStateMachine, open_node_db};
 
 /// One change to a node's log, as the flusher would make it on a single node.

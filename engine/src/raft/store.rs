@@ -26,7 +26,7 @@ type Result<T> = std::result::Result<T, StorageError<NodeId>>;
 /// state machine.
 #[derive(Clone)]
 pub struct NodeDb {
-    db: sled::Db,
+    pub(super) db: sled::Db,
     data_file: Arc<std::fs::File>,
     dir: std::path::PathBuf,
 }

@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use boxoffice_engine::raft::{
-    Batch, NodeDb, Raft, SledLogStore, SledStateMachine, harness, open_node_db,
+    Batch, NodeDb, Raft, SledLogStore, SledStateMachine, VoteGuard, harness, open_node_db,
 };
 use boxoffice_gateway::cluster::{self, ClusterSecret, Peers};
 use openraft::BasicNode;
@@ -57,7 +57,9 @@ async fn start(
 ) -> Node {
     let db = open_node_db(dir).unwrap();
     let sm = SledStateMachine::open(&db).unwrap();
-    let peers = Peers::new(addrs.clone(), ClusterSecret::new(secret).unwrap());
+    let guard = VoteGuard::open(&db).unwrap();
+    let addrs = addrs.iter().map(|(id, a)| (*id, a.to_string())).collect();
+    let peers = Peers::new(addrs, ClusterSecret::new(secret).unwrap());
     let raft = Raft::new(
         id,
         boxoffice_engine::raft::config(50),
@@ -71,7 +73,7 @@ async fn start(
     let served = {
         let (raft, secret) = (raft.clone(), ClusterSecret::new(secret).unwrap());
         tokio::spawn(async move {
-            let _ = cluster::serve(listener, raft, secret, async move {
+            let _ = cluster::serve(listener, raft, guard, secret, async move {
                 let _ = stopped.await;
             })
             .await;
