@@ -1,0 +1,530 @@
+//! Three `boxoffice serve` processes on loopback form a Raft group (issue 13). Steady holds and
+//! confirms go through the client to all three nodes (any node answers: the followers forward);
+//! the leader is killed with SIGKILL mid-burst; the load goes on against the new leader, the
+//! clients retrying each failed call with the same idempotency key on another node. Afterwards
+//! every acknowledged hold and order is in the log of every live node (each node's data dir is
+//! opened offline), no seat is sold twice, reconciliation is clean, and the failover time is
+//! printed. `BOXOFFICE_SLOW=1` runs a longer burst and three kills in a row.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a failed unwrap is a failed test
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+use boxoffice_client::{Bearer, Clients};
+use boxoffice_proto::v1 as pb;
+use tonic::Code;
+use tonic::transport::{Channel, Endpoint};
+
+const ADMIN: &str = "adm-cluster-test";
+const CLIENT: &str = "cli-cluster-test";
+const SEATS: u32 = 100_000;
+
+/// A free loopback port (bound, then released for the node to bind).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Node {
+    id: u64,
+    metrics: String,
+    child: Option<Child>,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Node {
+    fn start(id: u64, peers: &str, addr: &str, metrics: &str, dir: &Path, secret: &Path) -> Node {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_boxoffice"))
+            .args(["serve", "--node-id", &id.to_string(), "--peers", peers])
+            .args(["--listen", addr, "--metrics-listen", metrics])
+            .arg("--cluster-secret-file")
+            .arg(secret)
+            .arg("--data-dir")
+            .arg(dir)
+            .args(["--admin-key", ADMIN, "--client-key", CLIENT])
+            .args(["--token-secret", "cluster-test-token-secret"])
+            // Small, so the group's log is purged behind snapshots during the run.
+            .args(["--snapshot-every", "200"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        Node {
+            id,
+            metrics: metrics.to_owned(),
+            child: Some(child),
+            lines,
+        }
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = self
+                .lines
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("node {} never said `ready: serving`", self.id));
+            if line.contains("ready: serving") {
+                return;
+            }
+        }
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().unwrap(); // SIGKILL: no drain, no flush
+            c.wait().unwrap();
+        }
+    }
+
+    fn terminate(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let ok = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status()
+                .unwrap();
+            assert!(ok.success());
+            let status = c.wait().unwrap();
+            assert!(status.success(), "node {} stopped with {status:?}", self.id);
+        }
+    }
+
+    /// The node's metric `name` (no labels), if it answers.
+    async fn metric(&self, name: &str) -> Option<f64> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(&self.metrics).await.ok()?;
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+            .await
+            .ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.ok()?;
+        out.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The live node that says it leads, waiting up to 20 s for one.
+async fn leader(nodes: &[Node]) -> usize {
+    for _ in 0..1_000 {
+        for (i, n) in nodes.iter().enumerate() {
+            if n.child.is_some() && n.metric("boxoffice_raft_leader").await == Some(1.0) {
+                return i;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("no leader within 20 s");
+}
+
+fn channel(addr: &str) -> Channel {
+    Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_timeout(Duration::from_millis(300))
+        .tcp_nodelay(true)
+        .connect_lazy()
+}
+
+/// Whether a failed call may be retried on another node with the same idempotency key: the
+/// node is down, has no leader yet, or the leader changed under the call.
+fn transient(s: &tonic::Status) -> bool {
+    matches!(
+        s.code(),
+        Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded
+    ) || (s.code() == Code::Internal && s.message().contains("transport"))
+}
+
+/// What the clients saw.
+#[derive(Default)]
+struct Acked {
+    holds: Vec<(String, String)>,
+    orders: Vec<(String, String, String)>,
+}
+
+/// Calls `call` on node `first`, then the next nodes in turn, while it fails transiently (up to
+/// 30 s); counts the retries.
+async fn retrying<T, F, Fut>(
+    clients: &[Clients],
+    first: usize,
+    retried: &AtomicU64,
+    mut call: F,
+) -> Result<T, tonic::Status>
+where
+    F: FnMut(Clients) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut at = first;
+    loop {
+        let c = clients[at % clients.len()].clone();
+        match tokio::time::timeout(Duration::from_secs(5), call(c)).await {
+            Ok(Ok(r)) => return Ok(r.into_inner()),
+            Ok(Err(s)) if !transient(&s) => return Err(s),
+            _ if Instant::now() > deadline => {
+                return Err(tonic::Status::unavailable("no node answered within 30 s"));
+            }
+            _ => {
+                retried.fetch_add(1, Ordering::Relaxed);
+                at += 1;
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+        }
+    }
+}
+
+/// One fan's stream of calls: holds of one place each, every second one confirmed.
+async fn fan(
+    w: usize,
+    clients: Arc<Vec<Clients>>,
+    token: String,
+    stop: Arc<AtomicBool>,
+    acked: Arc<Mutex<Acked>>,
+    count: Arc<AtomicU64>,
+    retried: Arc<AtomicU64>,
+) {
+    let user = format!("fan-{w}");
+    for i in 0u64.. {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let req = pb::HoldRequest {
+            event_id: "c".into(),
+            user_id: user.clone(),
+            admission_token: token.clone(),
+            idempotency_key: format!("h-{w}-{i}"),
+            selection: Some(pb::hold_request::Selection::BestAvailable(
+                pb::BestAvailable {
+                    section_id: String::new(),
+                    quantity: 1,
+                },
+            )),
+        };
+        let hold = retrying(&clients, w + i as usize, &retried, |mut c| {
+            let req = req.clone();
+            async move { c.booking.hold(req).await }
+        })
+        .await
+        .unwrap_or_else(|s| panic!("fan {w}: hold {i} failed for good: {s:?}"));
+        acked
+            .lock()
+            .unwrap()
+            .holds
+            .push((hold.hold_id.clone(), user.clone()));
+        count.fetch_add(1, Ordering::Relaxed);
+        if i % 2 == 0 {
+            let req = pb::ConfirmRequest {
+                hold_id: hold.hold_id.clone(),
+                user_id: user.clone(),
+                payment_token: "tok_visa".into(),
+                idempotency_key: format!("c-{w}-{i}"),
+            };
+            let order = retrying(&clients, w + i as usize + 1, &retried, |mut c| {
+                let req = req.clone();
+                async move { c.booking.confirm(req).await }
+            })
+            .await
+            .unwrap_or_else(|s| panic!("fan {w}: confirm {i} failed for good: {s:?}"));
+            acked
+                .lock()
+                .unwrap()
+                .orders
+                .push((order.order_id, hold.hold_id, user.clone()));
+            count.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// An admission token for each of `fans` users (join, then poll until admitted).
+async fn admit(c: &mut Clients, fans: usize) -> Vec<String> {
+    let mut tokens = Vec::new();
+    for w in 0..fans {
+        let q = c
+            .room
+            .join(pb::JoinRequest {
+                event_id: "c".into(),
+                user_id: format!("fan-{w}"),
+                session_id: "s".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .queue_token;
+        loop {
+            let s = c
+                .room
+                .get_status(pb::GetStatusRequest {
+                    queue_token: q.clone(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            if s.state == pb::QueueState::Admitted as i32 {
+                tokens.push(s.admission_token);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    tokens
+}
+
+/// Waits until `count` has grown by `by`.
+async fn until_grown(count: &AtomicU64, by: u64) {
+    let from = count.load(Ordering::Relaxed);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while count.load(Ordering::Relaxed) < from + by {
+        assert!(
+            Instant::now() < deadline,
+            "the load stalled at {}",
+            count.load(Ordering::Relaxed)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Opens a stopped node's copy of the log offline and checks it holds everything acknowledged.
+async fn check_copy(dir: &Path, acked: &Acked) {
+    use boxoffice_engine::raft::{SledStateMachine, open_node_db};
+    use boxoffice_engine::{Engine, EngineConfig, EventId, HoldId, UserId};
+    let db = open_node_db(dir).unwrap();
+    let sm = SledStateMachine::open(&db).unwrap();
+    let mut config = EngineConfig::new(dir);
+    config.sink = Some(sm.sink());
+    let engine = Engine::open(config).await.unwrap();
+    for (hold, user) in &acked.holds {
+        engine
+            .get_hold_of(&HoldId::from(hold.as_str()), &UserId::from(user.as_str()))
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{}: acknowledged hold {hold} is missing: {e}",
+                    dir.display()
+                )
+            });
+    }
+    let orders: BTreeSet<String> = engine
+        .orders()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.order_id.to_string())
+        .collect();
+    for (order, _, _) in &acked.orders {
+        assert!(
+            orders.contains(order),
+            "{}: acknowledged order {order} is missing",
+            dir.display()
+        );
+    }
+    let event = engine.event(&EventId::from("c")).unwrap();
+    let sold: u32 = event.sections.iter().map(|s| s.sold).sum();
+    assert_eq!(
+        sold as usize,
+        orders.len(),
+        "{}: one seat per order",
+        dir.display()
+    );
+    let findings = engine.reconcile().await.unwrap();
+    assert!(findings.is_empty(), "{}: {findings:?}", dir.display());
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_serve_processes_lose_nothing_acknowledged_when_the_leader_is_killed() {
+    let slow = std::env::var_os("BOXOFFICE_SLOW").is_some();
+    let kills = if slow { 3 } else { 1 };
+    let per_phase: u64 = if slow { 2_000 } else { 300 };
+    let tmp = tempfile::tempdir().unwrap();
+    let secret = tmp.path().join("cluster-secret");
+    std::fs::write(&secret, "cluster-test-secret\n").unwrap();
+    let addrs: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let metrics: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let peers = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!("{}={a}", i + 1))
+        .collect::<Vec<_>>()
+        .join(",");
+    let dirs: Vec<PathBuf> = (1..=3)
+        .map(|i| tmp.path().join(format!("node{i}")))
+        .collect();
+    let mut nodes: Vec<Node> = (0..3)
+        .map(|i| {
+            Node::start(
+                i as u64 + 1,
+                &peers,
+                &addrs[i],
+                &metrics[i],
+                &dirs[i],
+                &secret,
+            )
+        })
+        .collect();
+    for n in &nodes {
+        n.wait_ready();
+    }
+
+    let admin = Bearer::new(ADMIN).unwrap();
+    let client = Bearer::new(CLIENT).unwrap();
+    let clients: Arc<Vec<Clients>> = Arc::new(
+        addrs
+            .iter()
+            .map(|a| Clients::new(&channel(a), &client))
+            .collect(),
+    );
+    // The event is made through a follower: it is forwarded to the leader.
+    let l = leader(&nodes).await;
+    let follower = (l + 1) % 3;
+    Clients::new(&channel(&addrs[follower]), &admin)
+        .events
+        .create_event(pb::CreateEventRequest {
+            event_id: "c".into(),
+            name: "cluster".into(),
+            sections: vec![pb::SectionSpec {
+                section_id: "ga".into(),
+                name: "GA".into(),
+                price_cents: 100,
+                layout: Some(pb::section_spec::Layout::GeneralAdmissionCapacity(SEATS)),
+            }],
+            hold_ttl_seconds: 600,
+            per_user_limit: 100,
+            admit_rate_per_second: 100_000,
+            admission_window_seconds: 3_600,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    // A fan holds at most 100 places (the largest per-user limit), so enough fans for the run.
+    let fans = if slow { 160 } else { 24 };
+    let tokens = admit(&mut clients[follower].clone(), fans).await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(Mutex::new(Acked::default()));
+    let count = Arc::new(AtomicU64::new(0));
+    let retried = Arc::new(AtomicU64::new(0));
+    let mut load = Vec::new();
+    for (w, token) in tokens.into_iter().enumerate() {
+        load.push(tokio::spawn(fan(
+            w,
+            clients.clone(),
+            token,
+            stop.clone(),
+            acked.clone(),
+            count.clone(),
+            retried.clone(),
+        )));
+    }
+    until_grown(&count, per_phase).await;
+    let mut killed = BTreeSet::new();
+    let mut failovers = Vec::new();
+    for k in 0..kills {
+        let l = leader(&nodes).await;
+        let before = count.load(Ordering::Relaxed);
+        let killed_at = Instant::now();
+        nodes[l].kill9();
+        killed.insert(l);
+        // The failover: until a live node says it leads (with its engine serving), and until
+        // the clients' calls are acknowledged again.
+        let new = leader(&nodes).await;
+        let elected = killed_at.elapsed();
+        until_grown(&count, 1).await;
+        let acking = killed_at.elapsed();
+        failovers.push((nodes[l].id, nodes[new].id, elected, acking));
+        println!(
+            "kill {k}: node {} killed after {before} acknowledged calls; node {} leads after \
+             {elected:?}; calls acknowledged again after {acking:?}",
+            nodes[l].id, nodes[new].id
+        );
+        until_grown(&count, per_phase).await;
+        if k + 1 < kills {
+            // The killed node comes back (from its own data) before the next kill, so the
+            // group keeps a majority.
+            let i = l;
+            nodes[i] = Node::start(
+                i as u64 + 1,
+                &peers,
+                &addrs[i],
+                &metrics[i],
+                &dirs[i],
+                &secret,
+            );
+            nodes[i].wait_ready();
+            killed.remove(&i);
+            until_grown(&count, per_phase / 4).await;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in load {
+        t.await.unwrap();
+    }
+    let acked = std::mem::take(&mut *acked.lock().unwrap());
+    println!(
+        "{} holds and {} orders acknowledged; {} calls retried on another node; failovers \
+         (killed, new leader, elected after, acknowledging after): {failovers:?}",
+        acked.holds.len(),
+        acked.orders.len(),
+        retried.load(Ordering::Relaxed)
+    );
+    // No hold answered twice for two different keys: every acknowledged hold is its own.
+    let ids: BTreeSet<&String> = acked.holds.iter().map(|(h, _)| h).collect();
+    assert_eq!(ids.len(), acked.holds.len(), "a hold id answered twice");
+
+    // Every live node applies everything its group committed, then stops cleanly.
+    let live: Vec<usize> = (0..3).filter(|i| !killed.contains(i)).collect();
+    let mut last = BTreeMap::new();
+    for _ in 0..500 {
+        last.clear();
+        for &i in &live {
+            let log = nodes[i].metric("boxoffice_raft_last_log_index").await;
+            let applied = nodes[i].metric("boxoffice_raft_applied_index").await;
+            last.insert(i, (log, applied));
+        }
+        let first = last.values().next().copied();
+        if last
+            .values()
+            .all(|v| Some(*v) == first && v.0.is_some() && v.0 == v.1)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Sampled every 500 ms: one more period, so the figures are the last ones.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    for &i in &live {
+        nodes[i].terminate();
+    }
+    for &i in &live {
+        check_copy(&dirs[i], &acked).await;
+    }
+}
