@@ -47,6 +47,8 @@ pub(crate) struct Inner {
     pub restarts: AtomicU64,
     /// Captured charges without a sale, and the checkouts running (see [`crate::refunds`]).
     pub orphans: crate::refunds::Orphans,
+    /// The waiting rooms' streams (see [`crate::rooms`]).
+    pub rooms: crate::rooms::Rooms,
 }
 
 impl Inner {
@@ -197,6 +199,14 @@ impl Engine {
         )
         .await?;
         let catalog = StreamWriter::open(sink.as_ref(), names::CATALOG, recovered.catalog_last)?;
+        let rooms = crate::rooms::Rooms::default();
+        for (event_id, (line, last)) in recovered.rooms {
+            let stream = StreamWriter::open(sink.as_ref(), &names::room(&event_id), last)?;
+            rooms.insert(
+                event_id,
+                Arc::new(Mutex::new(crate::rooms::RoomWriter { stream, line })),
+            );
+        }
         let inner = Arc::new(Inner {
             payments: open_payments(&config, sink.as_ref())?,
             config,
@@ -213,6 +223,7 @@ impl Engine {
             roles,
             restarts: AtomicU64::new(0),
             orphans: Default::default(),
+            rooms,
         });
         let _ = engine_slot.set(Arc::downgrade(&inner));
         let engine = Engine { inner };

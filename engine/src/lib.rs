@@ -103,6 +103,7 @@ pub mod reconcile;
 mod recovery;
 mod refunds;
 pub mod retention;
+pub mod rooms;
 mod router;
 mod section;
 pub mod store;

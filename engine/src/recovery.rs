@@ -57,6 +57,8 @@ pub(crate) struct Recovered {
     pub catalog_last: u64,
     pub ledger_states: Vec<ShardState>,
     pub ledger_last: Vec<u64>,
+    /// Each event's waiting-room line, with its stream's last sequence number.
+    pub rooms: HashMap<EventId, (crate::rooms::RoomLine, u64)>,
     /// What the log holds now: the flusher starts from these marks.
     pub marks: Marks,
 }
@@ -301,6 +303,12 @@ pub(crate) fn recover(
     }
     let ledger_last = recover_ledgers(sink, &mut ledger_states, &mut check, report)?;
     let (waitlist, waitlist_last) = recover_waitlist(sink, &mut check, report)?;
+    let mut rooms = HashMap::new();
+    for (event_id, _, _) in &events {
+        if let Some(room) = recover_room(sink, event_id, &mut check, report)? {
+            rooms.insert(event_id.clone(), room);
+        }
+    }
     check_unread_streams(sink, &mut check, report)?;
     recover_backstop(sink, &cores, &mut check, report)?;
     check.refuse_if_damaged()?;
@@ -323,6 +331,7 @@ pub(crate) fn recover(
         catalog_last,
         ledger_states,
         ledger_last,
+        rooms,
         marks,
     })
 }
@@ -796,6 +805,40 @@ fn append_withdrawal(
         s.last = *last_seq;
     }
     Ok(())
+}
+
+/// An event's waiting-room stream, if it has one: the line and the stream's last sequence
+/// number.
+fn recover_room(
+    sink: &dyn LogSink,
+    event_id: &EventId,
+    check: &mut Check,
+    report: &mut RecoveryReport,
+) -> Result<Option<(crate::rooms::RoomLine, u64)>, StorageError> {
+    let name = names::room(event_id);
+    if !sink.stream_names()?.contains(&name) {
+        return Ok(None);
+    }
+    let replay = check.read::<crate::rooms::RoomRecord>(sink, &name, report)?;
+    let mut line = match &replay.checkpoint {
+        Some((_, blob)) => {
+            report.checkpoints_loaded += 1;
+            codec::decode::<crate::rooms::RoomLine>(blob).unwrap_or_else(|e| {
+                check
+                    .found
+                    .checkpoint_damage(&check.marks, &name, blob, e.to_string());
+                crate::rooms::RoomLine::default()
+            })
+        }
+        None => crate::rooms::RoomLine::default(),
+    };
+    for (seq, record) in &replay.records {
+        match line.apply(record) {
+            Ok(()) => report.records_replayed += 1,
+            Err(e) => check.misfit(&name, *seq, e),
+        }
+    }
+    Ok(Some((line, replay.last_seq)))
 }
 
 /// The waitlist stream. Returns the core and the stream's last sequence number.

@@ -17,6 +17,7 @@ use crate::seat_maps::{SeatMapAsk, SeatMapReply, SeatMaps};
 use crate::status::ApiError;
 use crate::tokens::{Claims, TokenError, TokenKind, TokenSigner, seed_commitment};
 use crate::waiting_room::{JoinError, RoomConfig, Standing, WaitingRoom, spawn_admitter};
+use boxoffice_engine::rooms::RoomRecord;
 
 pub use crate::limits::LIST_PAGE_DEFAULT;
 pub use crate::limits::LIST_PAGE_MAX;
@@ -95,13 +96,19 @@ impl Api {
         }
     }
 
-    /// The waiting room of an event, created (with its admission timer) on first use.
-    pub fn room(&self, event: &EventTerms) -> Arc<WaitingRoom> {
+    /// The waiting room of an event, resumed from its record (with its admission timer) on
+    /// first use.
+    pub async fn room(&self, event: &EventTerms) -> Result<Arc<WaitingRoom>, ApiError> {
         if let Some(r) = self.rooms.get(&event.event_id) {
-            return r.clone();
+            return Ok(r.clone());
         }
+        let line = self
+            .engine
+            .room_line(&event.event_id)
+            .await
+            .map_err(ApiError::from)?;
         let entry = self.rooms.entry(event.event_id.clone()).or_insert_with(|| {
-            let room = Arc::new(WaitingRoom::new(
+            let room = Arc::new(WaitingRoom::resume(
                 RoomConfig {
                     opens_at_ms: event.sale_opens_at_ms,
                     admit_rate_per_second: event.admit_rate_per_second,
@@ -109,15 +116,21 @@ impl Api {
                     queue_max: self.queue_max,
                     seed: self.signer.shuffle_seed(event.event_id.as_str()),
                 },
-                self.clock.now_ms(),
+                self.signer.room_epoch(event.event_id.as_str()),
+                &line,
             ));
             self.admitters.insert(
                 event.event_id.clone(),
-                spawn_admitter(event.event_id.as_str(), room.clone(), self.clock.clone()),
+                spawn_admitter(
+                    &event.event_id,
+                    room.clone(),
+                    self.clock.clone(),
+                    self.engine.clone(),
+                ),
             );
             room
         });
-        entry.clone()
+        Ok(entry.clone())
     }
 
     /// The waiting room of an event, if anyone joined it.
@@ -188,7 +201,12 @@ impl Api {
     /// Checks the admission token of a hold or a waitlist join: bound to the event and user,
     /// admitted, in window.
     /// A queue token is accepted too once its position is admitted.
-    fn check_admission(&self, token: &str, event: &EventTerms, user: &str) -> Result<(), ApiError> {
+    async fn check_admission(
+        &self,
+        token: &str,
+        event: &EventTerms,
+        user: &str,
+    ) -> Result<(), ApiError> {
         convert::required_token("admission_token", token)?;
         let now = self.clock.now_ms();
         let event_id = event.event_id.as_str();
@@ -205,8 +223,8 @@ impl Api {
             .signer
             .verify(token, TokenKind::Queue, Some(event_id), Some(user), now)
         {
-            Ok(q) if q.epoch != self.room(event).epoch() => Err(ApiError::TokenExpired),
-            Ok(q) => match self.room(event).standing(join_number(&q)?, now) {
+            Ok(q) if q.epoch != self.signer.room_epoch(event_id) => Err(ApiError::TokenExpired),
+            Ok(q) => match self.room(event).await?.standing(join_number(&q)?, now) {
                 Standing::Admitted { .. } => Ok(()),
                 Standing::Expired { .. } => Err(ApiError::TokenExpired),
                 Standing::BeforeOpening { .. } | Standing::Waiting { .. } => {
@@ -458,10 +476,12 @@ impl pb::waiting_room_service_server::WaitingRoomService for WaitingRoomSvc {
             .into());
         }
         let event = api.engine.event_terms(&id).map_err(ApiError::from)?;
-        let room = api.room(&event);
+        let room = api.room(&event).await?;
         let now = api.clock.now_ms();
         // A fan joining after the opening instant is never part of the opening draw.
-        room.open_if_due(now);
+        crate::waiting_room::open_durably(&room, &id, &api.engine, now)
+            .await
+            .map_err(ApiError::from)?;
         let bits = event.join_pow_difficulty_bits;
         // The proof of work buys a new place; a place this session already has is returned
         // without one (a retry of a Join whose answer was lost, a refresh).
@@ -482,17 +502,32 @@ impl pb::waiting_room_service_server::WaitingRoomService for WaitingRoomSvc {
         } else {
             None
         };
-        let join = room
-            .join(&req.user_id, &req.session_id)
-            .map_err(|e| match e {
-                JoinError::QueueFull => {
+        let join = loop {
+            match room.join(&req.user_id, &req.session_id) {
+                Ok(n) => break n,
+                // The next block of numbers is recorded before any of it is handed out.
+                Err(JoinError::Reserve { upto }) => {
+                    let reserved = api
+                        .engine
+                        .record_room(&id, vec![RoomRecord::Reserved { upto }])
+                        .await;
+                    if let Err(e) = reserved {
+                        if let Some(used) = used {
+                            api.challenges.give_back(used);
+                        }
+                        return Err(ApiError::from(e).into());
+                    }
+                    room.reserve(upto);
+                }
+                Err(JoinError::QueueFull) => {
                     // No place was taken: the challenge may be used again.
                     if let Some(used) = used {
                         api.challenges.give_back(used);
                     }
-                    ApiError::QueueFull
+                    return Err(ApiError::QueueFull.into());
                 }
-            })?;
+            }
+        };
         let token = api.signer.sign(&Claims {
             kind: TokenKind::Queue,
             event_id: id.0.clone(),
@@ -557,16 +592,21 @@ impl pb::waiting_room_service_server::WaitingRoomService for WaitingRoomSvc {
                 TokenError::Expired => ApiError::TokenExpired,
             })?;
         let event_id = EventId(q.event_id.clone());
-        let room = match api.existing_room(&event_id) {
-            Some(r) if r.epoch() == q.epoch => r,
-            // The line this token belongs to is gone (a server restart): join again.
-            _ => {
+        let terms = match api.engine.event_terms(&event_id) {
+            Ok(t) if q.epoch == api.signer.room_epoch(event_id.as_str()) => t,
+            // The line this token belongs to is not this event's (an event made again under
+            // the same id): join again.
+            Ok(_) | Err(boxoffice_engine::EngineError::Rejected(Rejection::EventNotFound)) => {
                 return ok(pb::QueueStatus {
                     state: pb::QueueState::Expired as i32,
                     ..Default::default()
                 });
             }
+            Err(e) => return Err(ApiError::from(e).into()),
         };
+        // Resumed from its record if this server has not served it yet (a restart, another
+        // node after a failover): the token keeps its place.
+        let room = api.room(&terms).await?;
         let standing = room.standing(join_number(&q)?, now);
         let status = match standing {
             Standing::BeforeOpening { opens_in_ms } => pb::QueueStatus {
@@ -630,7 +670,10 @@ impl pb::booking_service_server::BookingService for BookingSvc {
             idempotency_key: req.idempotency_key,
             selection,
         };
-        if let Err(e) = api.check_admission(&req.admission_token, &event, hold.user_id.as_str()) {
+        if let Err(e) = api
+            .check_admission(&req.admission_token, &event, hold.user_id.as_str())
+            .await
+        {
             // A replay returns the first answer even once the admission window has closed.
             if e == ApiError::TokenExpired
                 && let Some(first) = api
@@ -728,7 +771,10 @@ impl pb::waitlist_service_server::WaitlistService for WaitlistSvc {
         let event = api.engine.event_terms(&id).map_err(ApiError::from)?;
         let user = UserId(req.user_id);
         // Behind the line, as `Hold` is: the same admission, checked the same way.
-        if let Err(e) = api.check_admission(&req.admission_token, &event, user.as_str()) {
+        if let Err(e) = api
+            .check_admission(&req.admission_token, &event, user.as_str())
+            .await
+        {
             // A retry after the window closed still finds the entry the first call made (the
             // token is expired, but genuine and bound to this event and user).
             if e == ApiError::TokenExpired

@@ -168,6 +168,19 @@ impl TokenSigner {
     }
 }
 
+impl TokenSigner {
+    /// The epoch of an event's waiting room, signed into its queue tokens: derived from the
+    /// event, so every node of a cluster (and a restarted server) gives the same, and a token
+    /// keeps its place wherever it is shown.
+    pub fn room_epoch(&self, event_id: &str) -> u64 {
+        let mut mac = self.mac.clone();
+        mac.update(b"boxoffice room epoch\0");
+        mac.update(event_id.as_bytes());
+        let bytes: [u8; 32] = mac.finalize().into_bytes().into();
+        u64::from_be_bytes(bytes[..8].try_into().unwrap_or([0; 8]))
+    }
+}
+
 /// Hex SHA-256 of a seed: the commitment published before the sale opens.
 pub fn seed_commitment(seed: &[u8; 32]) -> String {
     hex::encode(Sha256::digest(seed))

@@ -16,6 +16,16 @@
 //! - **Polling** (`status`) reads atomics and write-once arrays only: no lock shared with Join or
 //!   with admission, no allocation.
 //!
+//! **Durable** (issue 13): a room made by [`WaitingRoom::resume`] acts on nothing its event's
+//! room stream does not already hold (`boxoffice_engine::rooms`): it hands out join numbers from
+//! blocks reserved there first ([`JoinError::Reserve`]), opens once the draw's size is recorded
+//! ([`WaitingRoom::opening_due`], [`WaitingRoom::open`]), and admits positions once their
+//! admission is recorded ([`spawn_admitter`]). A room resumed from that record on another node
+//! or after a restart answers every queue token with the same position, admission time and
+//! epoch (the epoch is derived from the event, not drawn at random); only the join map (who has
+//! which number) is not kept, so a fan who joins again after a failover takes a new place (the
+//! fan's queue token keeps the old one).
+//!
 //! Memory per waiting fan: the join map entry (8-byte keyed hash + 4-byte number, in a hash
 //! table), 8 bytes of admission time, and 4 bytes of shuffled position for pre-opening fans:
 //! [`WaitingRoom::memory_bytes`] reports it; the `waiting_room` bench measures 1,000,000 fans.
@@ -24,6 +34,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use boxoffice_engine::rooms::RoomRecord;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 
@@ -116,6 +127,10 @@ pub struct WaitingRoom {
     joins: Mutex<Joins>,
     /// Fans in line (join numbers handed out).
     joined: AtomicU32,
+    /// Join numbers below this may be handed out (`u32::MAX` in a room that records nothing).
+    reserved: AtomicU32,
+    /// Held while the room opens (the draw's size recorded, then the draw made).
+    pub opening: tokio::sync::Mutex<()>,
     /// Pre-opening fans and their shuffled positions, set once at opening.
     drawn: OnceLock<Vec<u32>>,
     opened: AtomicBool,
@@ -123,7 +138,8 @@ pub struct WaitingRoom {
     admitted: AtomicU64,
     /// Per position: admission time, ms since the Unix epoch (0: not yet).
     admitted_at: Chunked,
-    /// Random per room: tokens of an earlier room (before a restart) do not match it.
+    /// Signed into queue tokens: a durable room's is derived from its event (the same on every
+    /// node and after a restart); one that records nothing draws a random one.
     epoch: u64,
     /// Keyed hasher of (user, session): nobody can search for colliding pairs offline.
     hasher: std::collections::hash_map::RandomState,
@@ -153,11 +169,26 @@ pub fn shuffle_positions(seed: &[u8; 32], n: u32) -> Vec<u32> {
 pub enum JoinError {
     /// The line is at `queue_max`.
     QueueFull,
+    /// The numbers reserved are all handed out: reserve up to `upto` (durably), then
+    /// [`WaitingRoom::reserve`] and join again.
+    Reserve {
+        /// The end of the next block.
+        upto: u32,
+    },
 }
 
+/// Join numbers reserved at once by a durable room: one record per block. A room resumed
+/// elsewhere starts after the last block, so up to this many places stay empty in line.
+pub const RESERVE_BLOCK: u32 = 256;
+
 impl WaitingRoom {
-    /// A room. `_now_ms` is when it was made (kept for symmetry with the clock-driven API).
+    /// A room that records nothing (benchmarks, tests): its line lives in memory only.
+    /// `_now_ms` is when it was made (kept for symmetry with the clock-driven API).
     pub fn new(config: RoomConfig, _now_ms: u64) -> WaitingRoom {
+        WaitingRoom::with(config, rand::random(), u32::MAX)
+    }
+
+    fn with(config: RoomConfig, epoch: u64, reserved: u32) -> WaitingRoom {
         let max = config.queue_max as usize;
         WaitingRoom {
             joins: Mutex::new(Joins {
@@ -165,15 +196,36 @@ impl WaitingRoom {
                 opened: false,
             }),
             joined: AtomicU32::new(0),
+            reserved: AtomicU32::new(reserved),
+            opening: tokio::sync::Mutex::new(()),
             drawn: OnceLock::new(),
             opened: AtomicBool::new(false),
             admitted: AtomicU64::new(0),
             admitted_at: Chunked::new(max),
-            epoch: rand::random(),
+            epoch,
             hasher: std::collections::hash_map::RandomState::new(),
             measured_rate: AtomicU64::new(f64::from(config.admit_rate_per_second).to_bits()),
             config,
         }
+    }
+
+    /// A durable room, resumed from what its record holds (`line`; empty for a new room): the
+    /// numbers reserved are taken (the next join gets the first number after them), the draw
+    /// and the admissions recorded are made again.
+    pub fn resume(
+        config: RoomConfig,
+        epoch: u64,
+        line: &boxoffice_engine::rooms::RoomLine,
+    ) -> WaitingRoom {
+        let room = WaitingRoom::with(config, epoch, line.reserved);
+        room.joined.store(line.reserved, Ordering::Release);
+        if let Some(drawn) = line.drawn {
+            room.open(drawn);
+        }
+        for &(from, to, at_ms) in &line.admitted {
+            room.admit_range(from, to, at_ms);
+        }
+        room
     }
 
     /// The room's configuration.
@@ -233,6 +285,12 @@ impl WaitingRoom {
         if n >= self.config.queue_max {
             return Err(JoinError::QueueFull);
         }
+        let reserved = self.reserved.load(Ordering::Acquire);
+        if n >= reserved {
+            return Err(JoinError::Reserve {
+                upto: n.saturating_add(RESERVE_BLOCK).min(self.config.queue_max),
+            });
+        }
         j.map.insert(key, n);
         self.joined.store(n + 1, Ordering::Release);
         Ok(n)
@@ -247,23 +305,62 @@ impl WaitingRoom {
         Some(u64::from(drawn.get(join as usize).copied().unwrap_or(join)))
     }
 
-    /// Opens the room if `now_ms` has reached the opening: draws the pre-opening fans' order.
-    /// Returns whether the room is open.
-    pub fn open_if_due(&self, now_ms: u64) -> bool {
-        if self.is_open() {
-            return true;
+    /// Join numbers up to `upto` may be handed out (their reservation is recorded).
+    pub fn reserve(&self, upto: u32) {
+        self.reserved.fetch_max(upto, Ordering::AcqRel);
+    }
+
+    /// If the room is not open and `now_ms` has reached the opening: the size of the opening
+    /// draw (every join number handed out so far). A durable room records it, then [`open`]s.
+    ///
+    /// [`open`]: WaitingRoom::open
+    pub fn opening_due(&self, now_ms: u64) -> Option<u32> {
+        if self.is_open() || now_ms < self.config.opens_at_ms {
+            return None;
         }
-        if now_ms < self.config.opens_at_ms {
-            return false;
-        }
+        Some(self.joined.load(Ordering::Acquire))
+    }
+
+    /// Opens the room with a draw of the join numbers below `drawn` (once; later calls keep the
+    /// first draw). Numbers handed out from now on are not drawn.
+    pub fn open(&self, drawn: u32) {
         let mut j = self.joins.lock().unwrap_or_else(|e| e.into_inner());
         if !j.opened {
-            let n = self.joined.load(Ordering::Acquire);
-            let _ = self.drawn.set(shuffle_positions(&self.config.seed, n));
+            let _ = self.drawn.set(shuffle_positions(&self.config.seed, drawn));
+            // Joins from now on get numbers past the draw.
+            self.joined.fetch_max(drawn, Ordering::AcqRel);
             j.opened = true;
             self.opened.store(true, Ordering::Release);
         }
-        true
+    }
+
+    /// Opens the room if `now_ms` has reached the opening (a room that records nothing):
+    /// draws the pre-opening fans' order. Returns whether the room is open.
+    pub fn open_if_due(&self, now_ms: u64) -> bool {
+        if let Some(n) = self.opening_due(now_ms) {
+            self.open(n);
+        }
+        self.is_open()
+    }
+
+    /// The next admission step's range: up to `budget` positions from the admission frontier,
+    /// as many as are in line (`(from, to)`).
+    pub fn next_admissions(&self, budget: u64) -> (u64, u64) {
+        let from = self.admitted.load(Ordering::Acquire);
+        let waiting = u64::from(self.len()).saturating_sub(from);
+        (from, from + budget.min(waiting))
+    }
+
+    /// Admits the positions `from..to` at `at_ms` (a durable room, once recorded). Positions
+    /// below the frontier are left as they were.
+    pub fn admit_range(&self, from: u64, to: u64, at_ms: u64) {
+        // 0 means "not yet": an admission at the epoch itself is stamped 1 ms later.
+        let stamp = at_ms.max(1);
+        let frontier = self.admitted.load(Ordering::Acquire);
+        for p in from.max(frontier)..to {
+            self.admitted_at.set(p as usize, stamp);
+        }
+        self.admitted.fetch_max(to, Ordering::AcqRel);
     }
 
     /// One admission step: admits up to `budget` more positions at `now_ms`; returns how many.
@@ -271,16 +368,9 @@ impl WaitingRoom {
         if !self.open_if_due(now_ms) {
             return 0;
         }
-        let from = self.admitted.load(Ordering::Acquire);
-        let waiting = u64::from(self.len()).saturating_sub(from);
-        let n = budget.min(waiting);
-        // 0 means "not yet": an admission at the epoch itself is stamped 1 ms later.
-        let stamp = now_ms.max(1);
-        for p in from..from + n {
-            self.admitted_at.set(p as usize, stamp);
-        }
-        self.admitted.store(from + n, Ordering::Release);
-        n
+        let (from, to) = self.next_admissions(budget);
+        self.admit_range(from, to, now_ms);
+        to - from
     }
 
     /// Admissions per second, as recently measured (the ETA's basis).
@@ -353,6 +443,8 @@ impl WaitingRoom {
 pub struct Admitter {
     budget: f64,
     last_ms: Option<u64>,
+    /// Seconds since the step before (for the measured rate).
+    dt: f64,
 }
 
 impl Default for Admitter {
@@ -367,40 +459,85 @@ impl Admitter {
         Admitter {
             budget: 0.0,
             last_ms: None,
+            dt: 0.0,
         }
     }
 
-    /// One step at `now_ms`: admits what the budget allows; returns how many were admitted.
+    /// One step at `now_ms` (a room that records nothing): admits what the budget allows;
+    /// returns how many were admitted.
     pub fn step(&mut self, room: &WaitingRoom, now_ms: u64) -> u64 {
-        let last = self.last_ms.replace(now_ms).unwrap_or(now_ms);
         if !room.open_if_due(now_ms) {
+            self.last_ms = Some(now_ms);
             return 0;
         }
+        let (from, to) = self.plan(room, now_ms);
+        room.admit_range(from, to, now_ms);
+        self.spent(room, to - from);
+        to - from
+    }
+
+    /// The budget at `now_ms` of an open room, as the range of positions it admits
+    /// (`(from, to)`, possibly empty); then [`Admitter::spent`] with how many were admitted.
+    pub fn plan(&mut self, room: &WaitingRoom, now_ms: u64) -> (u64, u64) {
+        let last = self.last_ms.replace(now_ms).unwrap_or(now_ms);
         let rate = f64::from(room.config.admit_rate_per_second);
         // Budget accrues from the opening on, never for time before it.
         let since = last.max(room.config.opens_at_ms);
-        let dt = now_ms.saturating_sub(since) as f64 / 1000.0;
-        self.budget = (self.budget + rate * dt).min(rate.max(1.0));
-        let n = room.admit(self.budget.floor() as u64, now_ms);
+        self.dt = now_ms.saturating_sub(since) as f64 / 1000.0;
+        self.budget = (self.budget + rate * self.dt).min(rate.max(1.0));
+        room.next_admissions(self.budget.floor() as u64)
+    }
+
+    /// `n` positions were admitted: they leave the budget, and count in the measured rate.
+    pub fn spent(&mut self, room: &WaitingRoom, n: u64) {
         self.budget -= n as f64;
-        if dt > 0.0 && room.admitted() < u64::from(room.len()) {
-            room.record_rate(n as f64 / dt);
+        if self.dt > 0.0 && room.admitted() < u64::from(room.len()) {
+            room.record_rate(n as f64 / self.dt);
         }
-        n
+    }
+
+    /// The room is not open yet at `now_ms`: no budget accrues before the opening.
+    pub fn idle(&mut self, now_ms: u64) {
+        self.last_ms = Some(now_ms);
     }
 }
 
-/// Runs a room's admission timer (every [`ADMIT_TICK`]) until the room is dropped elsewhere
-/// (`Arc` count 1) or the returned task is aborted.
+/// Opens a durable room if its opening is due: records the draw's size, then draws. Returns
+/// whether the room is open (an error: the record failed, the room stays closed).
+pub async fn open_durably(
+    room: &WaitingRoom,
+    event_id: &boxoffice_engine::EventId,
+    engine: &boxoffice_engine::Engine,
+    now_ms: u64,
+) -> Result<bool, boxoffice_engine::EngineError> {
+    if room.is_open() {
+        return Ok(true);
+    }
+    let _opening = room.opening.lock().await;
+    let Some(drawn) = room.opening_due(now_ms) else {
+        return Ok(room.is_open());
+    };
+    engine
+        .record_room(event_id, vec![RoomRecord::Opened { drawn }])
+        .await?;
+    room.open(drawn);
+    Ok(true)
+}
+
+/// Runs a durable room's admission timer (every [`ADMIT_TICK`]) until the room is dropped
+/// elsewhere (`Arc` count 1) or the returned task is aborted: opens the room when due, and
+/// admits at the event's rate, each step recorded before the room says so to anyone.
 pub fn spawn_admitter(
-    event_id: &str,
+    event_id: &boxoffice_engine::EventId,
     room: Arc<WaitingRoom>,
     clock: Arc<dyn boxoffice_engine::Clock>,
+    engine: boxoffice_engine::Engine,
 ) -> tokio::task::JoinHandle<()> {
-    let labels = [("event", event_id.to_owned())];
+    let labels = [("event", event_id.to_string())];
     let admitted = metrics::counter!("boxoffice_waiting_room_admitted_total", &labels);
     let rate = metrics::gauge!("boxoffice_waiting_room_admit_rate", &labels);
     let length = metrics::gauge!("boxoffice_waiting_room_queue_length", &labels);
+    let event_id = event_id.clone();
     tokio::spawn(async move {
         let mut admitter = Admitter::new();
         let mut tick = tokio::time::interval(ADMIT_TICK);
@@ -410,10 +547,35 @@ pub fn spawn_admitter(
             if Arc::strong_count(&room) == 1 {
                 break;
             }
-            let n = admitter.step(&room, clock.now_ms());
-            admitted.increment(n);
-            rate.set(room.measured_rate());
+            let now = clock.now_ms();
             length.set(f64::from(room.len()));
+            match open_durably(&room, &event_id, &engine, now).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    admitter.idle(now);
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(event = %event_id, error = %e, "the waiting room cannot open");
+                    continue;
+                }
+            }
+            let (from, to) = admitter.plan(&room, now);
+            if to > from {
+                let at_ms = now.max(1);
+                let recorded = engine
+                    .record_room(&event_id, vec![RoomRecord::Admitted { from, to, at_ms }])
+                    .await;
+                if let Err(e) = recorded {
+                    // Nobody is told of an admission not recorded: the next tick tries again.
+                    tracing::warn!(event = %event_id, error = %e, "admissions not recorded");
+                    continue;
+                }
+                room.admit_range(from, to, at_ms);
+            }
+            admitter.spent(&room, to - from);
+            admitted.increment(to - from);
+            rate.set(room.measured_rate());
         }
     })
 }

@@ -6,6 +6,7 @@
 //! | `section/{event}/{section}` | one section's `SectionRecord`s |
 //! | `ledger/{shard}` | a ledger shard's `LedgerRecord`s (rejections given as first answers) |
 //! | `waitlist` | `WaitlistRecord`s |
+//! | `room/{event}` | an event's waiting room's `RoomRecord`s (reservations, opening, admissions) |
 //! | checkpoints (per stream) | the stream's state up to a sequence number |
 //! | claims (`sold`) | `{event}/{section}/{seat}` (GA: `#{n}`) -> hold id: the sold-seat backstop |
 //! | `sold_set_aside` | claims recovery proved were never acknowledged, kept as evidence |
@@ -24,6 +25,8 @@ pub const WAITLIST: &str = "waitlist";
 pub const LEDGER_PREFIX: &str = "ledger/";
 /// Prefix of the sections' streams (`section/{event}/{section}`).
 pub const SECTION_PREFIX: &str = "section/";
+/// Prefix of the waiting rooms' streams (`room/{event}`, see [`crate::rooms`]).
+pub const ROOM_PREFIX: &str = "room/";
 /// The sled tree of every stream's checkpoint, keyed by stream name.
 pub const CHECKPOINTS: &str = "checkpoints";
 /// The sled tree of the sold-seat backstop's claims.
@@ -38,6 +41,11 @@ pub const PAYMENTS_BY_ID: &str = "payments_by_id";
 /// Prefix of a cluster node's Raft trees (`raft_log`, `raft_meta`, `raft_sm`: see
 /// [`crate::raft`]), which share the node's sled database with the log and are not streams.
 pub const RAFT_TREES_PREFIX: &str = "raft_";
+
+/// The name of an event's waiting-room stream.
+pub fn room(event: &EventId) -> String {
+    format!("{ROOM_PREFIX}{event}")
+}
 
 /// The name of a section's log stream.
 pub fn section(event: &EventId, section: &SectionId) -> String {

@@ -3,8 +3,8 @@
 //! the leader is killed with SIGKILL mid-burst; the load goes on against the new leader, the
 //! clients retrying each failed call with the same idempotency key on another node. Afterwards
 //! every acknowledged hold and order is in the log of every live node (each node's data dir is
-//! opened offline), no seat is sold twice, reconciliation is clean, and the failover time is
-//! printed. `BOXOFFICE_SLOW=1` runs a longer burst and three kills in a row.
+//! opened offline), no seat is sold twice, reconciliation is clean, fans waiting in a line keep
+//! their places, and the failover time is printed. `BOXOFFICE_SLOW=1` runs a longer burst and three kills in a row.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a failed unwrap is a failed test
 
@@ -260,31 +260,39 @@ async fn fan(
     }
 }
 
+/// Joins `user` to the line of `event`: the queue token.
+async fn join(c: &mut Clients, event: &str, user: &str) -> String {
+    c.room
+        .join(pb::JoinRequest {
+            event_id: event.into(),
+            user_id: user.into(),
+            session_id: "s".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .queue_token
+}
+
+/// The standing of a queue token.
+async fn status(c: &mut Clients, token: &str) -> pb::QueueStatus {
+    c.room
+        .get_status(pb::GetStatusRequest {
+            queue_token: token.to_owned(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
 /// An admission token for each of `fans` users (join, then poll until admitted).
 async fn admit(c: &mut Clients, fans: usize) -> Vec<String> {
     let mut tokens = Vec::new();
     for w in 0..fans {
-        let q = c
-            .room
-            .join(pb::JoinRequest {
-                event_id: "c".into(),
-                user_id: format!("fan-{w}"),
-                session_id: "s".into(),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .queue_token;
+        let q = join(c, "c", &format!("fan-{w}")).await;
         loop {
-            let s = c
-                .room
-                .get_status(pb::GetStatusRequest {
-                    queue_token: q.clone(),
-                })
-                .await
-                .unwrap()
-                .into_inner();
+            let s = status(c, &q).await;
             if s.state == pb::QueueState::Admitted as i32 {
                 tokens.push(s.admission_token);
                 break;
@@ -293,6 +301,70 @@ async fn admit(c: &mut Clients, fans: usize) -> Vec<String> {
         }
     }
     tokens
+}
+
+/// Makes event `w`, whose line admits one fan a second, and puts 20 fans in it: their queue
+/// tokens and standings.
+async fn line_before(
+    clients: &[Clients],
+    admin: &Bearer,
+    addr: &str,
+) -> Vec<(String, pb::QueueStatus)> {
+    Clients::new(&channel(addr), admin)
+        .events
+        .create_event(pb::CreateEventRequest {
+            event_id: "w".into(),
+            name: "line".into(),
+            sections: vec![pb::SectionSpec {
+                section_id: "ga".into(),
+                name: "GA".into(),
+                price_cents: 100,
+                layout: Some(pb::section_spec::Layout::GeneralAdmissionCapacity(10)),
+            }],
+            admit_rate_per_second: 1,
+            admission_window_seconds: 3_600,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut c = clients[0].clone();
+    let mut line = Vec::new();
+    for f in 0..20 {
+        let token = join(&mut c, "w", &format!("waiter-{f}")).await;
+        let standing = status(&mut c, &token).await;
+        line.push((token, standing));
+    }
+    line
+}
+
+/// After the failovers, every fan of `line` keeps its place: same position, and admitted if it
+/// was (with the same admission window), else waiting or admitted since.
+async fn line_after(clients: &[Clients], line: &[(String, pb::QueueStatus)]) {
+    let retried = AtomicU64::new(0);
+    for (i, (token, before)) in line.iter().enumerate() {
+        let now = retrying(clients, i, &retried, |mut c| {
+            let req = pb::GetStatusRequest {
+                queue_token: token.clone(),
+            };
+            async move { c.room.get_status(req).await }
+        })
+        .await
+        .unwrap();
+        assert_eq!(now.position, before.position, "fan {i} lost its place");
+        if before.state == pb::QueueState::Admitted as i32 {
+            assert_eq!(now.state, before.state, "fan {i} was admitted");
+            assert_eq!(
+                now.admission_expires_at_unix_ms,
+                before.admission_expires_at_unix_ms
+            );
+        } else {
+            assert!(
+                now.state == pb::QueueState::Waiting as i32
+                    || now.state == pb::QueueState::Admitted as i32,
+                "fan {i}: {now:?}"
+            );
+        }
+    }
 }
 
 /// Waits until `count` has grown by `by`.
@@ -428,6 +500,8 @@ async fn three_serve_processes_lose_nothing_acknowledged_when_the_leader_is_kill
     // A fan holds at most 100 places (the largest per-user limit), so enough fans for the run.
     let fans = if slow { 160 } else { 24 };
     let tokens = admit(&mut clients[follower].clone(), fans).await;
+    // A second line, slow to move: its fans' places must survive the failovers.
+    let line = line_before(&clients, &admin, &addrs[follower]).await;
 
     let stop = Arc::new(AtomicBool::new(false));
     let acked = Arc::new(Mutex::new(Acked::default()));
@@ -488,6 +562,7 @@ async fn three_serve_processes_lose_nothing_acknowledged_when_the_leader_is_kill
     for t in load {
         t.await.unwrap();
     }
+    line_after(&clients, &line).await;
     let acked = std::mem::take(&mut *acked.lock().unwrap());
     println!(
         "{} holds and {} orders acknowledged; {} calls retried on another node; failovers \

@@ -1072,6 +1072,17 @@ async fn health_is_not_serving_until_recovery_and_restart_keeps_holds_and_orders
         .await
         .unwrap()
         .into_inner();
+    // zed's turn comes (the same place: the same user and session join again).
+    admitted(&mut a, &clock, "r", "zed").await;
+    let place_before = a
+        .room
+        .get_status(pb::GetStatusRequest {
+            queue_token: old_place.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(place_before.state, pb::QueueState::Admitted as i32);
     let home = server.home().clone();
     server.shutdown().await;
 
@@ -1126,8 +1137,8 @@ async fn health_is_not_serving_until_recovery_and_restart_keeps_holds_and_orders
         .unwrap()
         .into_inner();
     assert_eq!(back, hold, "the hold survived, same deadline");
-    // The line lived in memory: a queue token from before the restart is EXPIRED (join again)
-    // and admits nobody.
+    // The line is in the log (issue 13): a queue token from before the restart keeps its place
+    // and its admission (same window), and books.
     let st = a
         .room
         .get_status(pb::GetStatusRequest {
@@ -1136,14 +1147,24 @@ async fn health_is_not_serving_until_recovery_and_restart_keeps_holds_and_orders
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(st.state, pb::QueueState::Expired as i32);
-    expect_err(
-        a.booking
-            .hold(best("r", "zed", &old_place, "g", 1, ""))
-            .await,
-        Code::Unauthenticated,
-        "TOKEN_EXPIRED",
+    assert_eq!(
+        (
+            st.state,
+            st.position,
+            st.admission_expires_at_unix_ms,
+            &st.admission_token
+        ),
+        (
+            place_before.state,
+            place_before.position,
+            place_before.admission_expires_at_unix_ms,
+            &place_before.admission_token
+        )
     );
+    a.booking
+        .hold(best("r", "zed", &old_place, "g", 1, ""))
+        .await
+        .unwrap();
     let back = a
         .booking
         .get_order(pb::GetOrderRequest {

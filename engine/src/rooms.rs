@@ -1,0 +1,214 @@
+//! The waiting rooms' durable record (issue 13): what a waiting room must keep so that its line
+//! survives a restart or a cluster's failover, with every queue token keeping its position.
+//!
+//! The gateway's room (`gateway/src/waiting_room.rs`) keeps the line in memory; a queue token
+//! carries the fan's join number. What the numbers mean is written here, one stream per event
+//! (`room/{event}`), before the room acts on it:
+//! - [`RoomRecord::Reserved`]: join numbers below `upto` may be handed out. A room reserves a
+//!   block of numbers before it hands out the first of them, so a room resumed elsewhere never
+//!   gives a number twice (the unused rest of a block stays empty places in line).
+//! - [`RoomRecord::Opened`]: the opening draw shuffled the join numbers below `drawn` (with the
+//!   event's shuffle seed, so the draw is the same wherever it is replayed). Written before any
+//!   position is shown.
+//! - [`RoomRecord::Admitted`]: the positions `from..to` were admitted at `at_ms`. Written before
+//!   the room says so to anyone.
+//!
+//! A room resumed from its [`RoomLine`] answers every queue token as its first room did.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::Engine;
+use crate::error::{EngineError, StorageError};
+use crate::ids::EventId;
+use crate::store::{StreamWriter, names};
+
+/// One change of a waiting room's line (see the module docs).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RoomRecord {
+    /// Join numbers below `upto` may be handed out.
+    Reserved {
+        /// The first number not reserved.
+        upto: u32,
+    },
+    /// The opening draw shuffled the join numbers below `drawn`.
+    Opened {
+        /// How many join numbers were drawn.
+        drawn: u32,
+    },
+    /// Positions `from..to` (0-based) were admitted at `at_ms`.
+    Admitted {
+        /// The first position admitted (the line's admission frontier before).
+        from: u64,
+        /// The first position not admitted.
+        to: u64,
+        /// When, ms since the Unix epoch.
+        at_ms: u64,
+    },
+}
+
+/// A waiting room's line as its records leave it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoomLine {
+    /// Join numbers below this may have been handed out.
+    pub reserved: u32,
+    /// The opening draw's size, once the room opened.
+    pub drawn: Option<u32>,
+    /// Admissions, in order and contiguous from position 0: `(from, to, at_ms)`.
+    pub admitted: Vec<(u64, u64, u64)>,
+}
+
+impl RoomLine {
+    /// The first position not admitted.
+    pub fn admitted_upto(&self) -> u64 {
+        self.admitted.last().map_or(0, |(_, to, _)| *to)
+    }
+
+    /// Applies one record; a record that does not fit the line is refused (and not applied).
+    pub fn apply(&mut self, r: &RoomRecord) -> Result<(), String> {
+        match *r {
+            RoomRecord::Reserved { upto } => self.reserved = self.reserved.max(upto),
+            RoomRecord::Opened { drawn } => match self.drawn {
+                Some(d) if d != drawn => {
+                    return Err(format!("opened twice: {d} then {drawn} drawn"));
+                }
+                _ => self.drawn = Some(drawn),
+            },
+            RoomRecord::Admitted { from, to, at_ms } => {
+                if from != self.admitted_upto() || to <= from {
+                    return Err(format!(
+                        "admitted {from}..{to} after {}",
+                        self.admitted_upto()
+                    ));
+                }
+                if self.drawn.is_none() {
+                    return Err("admitted before the opening".into());
+                }
+                self.admitted.push((from, to, at_ms));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One event's room stream: its writer and the line so far (the checkpoint's state).
+pub(crate) struct RoomWriter {
+    pub stream: StreamWriter,
+    pub line: RoomLine,
+}
+
+/// A room stream's writer, shared by the calls that record.
+pub(crate) type Rooms = dashmap::DashMap<EventId, Arc<tokio::sync::Mutex<RoomWriter>>>;
+
+impl Engine {
+    /// The line of `event_id`'s waiting room as its records leave it (empty if it has none).
+    pub async fn room_line(&self, event_id: &EventId) -> Result<RoomLine, EngineError> {
+        self.check_ready()?;
+        let Some(w) = self.inner.rooms.get(event_id).map(|w| w.clone()) else {
+            return Ok(RoomLine::default());
+        };
+        Ok(w.lock().await.line.clone())
+    }
+
+    /// Records `records` of `event_id`'s waiting room; returns once they are durable (on a
+    /// cluster: committed by a majority). A record that does not fit the line is refused
+    /// (nothing is written).
+    pub async fn record_room(
+        &self,
+        event_id: &EventId,
+        records: Vec<RoomRecord>,
+    ) -> Result<RoomLine, EngineError> {
+        self.check_ready()?;
+        self.entry(event_id)?;
+        let writer = match self.inner.rooms.get(event_id).map(|w| w.clone()) {
+            Some(w) => w,
+            None => {
+                let stream =
+                    StreamWriter::open(self.inner.store.sink.as_ref(), &names::room(event_id), 0)?;
+                self.inner
+                    .rooms
+                    .entry(event_id.clone())
+                    .or_insert_with(|| {
+                        Arc::new(tokio::sync::Mutex::new(RoomWriter {
+                            stream,
+                            line: RoomLine::default(),
+                        }))
+                    })
+                    .clone()
+            }
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        {
+            let mut w = writer.lock().await;
+            let mut line = w.line.clone();
+            for r in &records {
+                line.apply(r)
+                    .map_err(|e| StorageError::Io(format!("waiting room {event_id}: {e}")))?;
+            }
+            w.line = line;
+            let RoomWriter { stream, line } = &mut *w;
+            let job = stream.append(
+                &records,
+                Vec::new(),
+                Box::new(move |r| {
+                    let _ = tx.send(r);
+                }),
+            );
+            let every = self.inner.config.checkpoint_every_records;
+            self.inner
+                .store
+                .submit_with_checkpoint(job, stream, every, || &*line);
+        }
+        rx.await
+            .map_err(|_| StorageError::Halted("the log is closed".into()))??;
+        Ok(writer.lock().await.line.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_line_takes_records_that_fit_and_refuses_the_rest() {
+        let mut l = RoomLine::default();
+        l.apply(&RoomRecord::Reserved { upto: 1024 }).unwrap();
+        l.apply(&RoomRecord::Reserved { upto: 512 }).unwrap();
+        assert_eq!(l.reserved, 1024, "reservations only grow");
+        assert!(
+            l.apply(&RoomRecord::Admitted {
+                from: 0,
+                to: 5,
+                at_ms: 1
+            })
+            .is_err(),
+            "no admission before the opening"
+        );
+        l.apply(&RoomRecord::Opened { drawn: 7 }).unwrap();
+        l.apply(&RoomRecord::Opened { drawn: 7 }).unwrap();
+        assert!(l.apply(&RoomRecord::Opened { drawn: 8 }).is_err());
+        l.apply(&RoomRecord::Admitted {
+            from: 0,
+            to: 5,
+            at_ms: 1,
+        })
+        .unwrap();
+        assert!(
+            l.apply(&RoomRecord::Admitted {
+                from: 4,
+                to: 9,
+                at_ms: 2
+            })
+            .is_err(),
+            "admissions are contiguous"
+        );
+        l.apply(&RoomRecord::Admitted {
+            from: 5,
+            to: 9,
+            at_ms: 2,
+        })
+        .unwrap();
+        assert_eq!(l.admitted_upto(), 9);
+    }
+}
