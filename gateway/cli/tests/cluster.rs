@@ -603,3 +603,113 @@ async fn three_serve_processes_lose_nothing_acknowledged_when_the_leader_is_kill
         check_copy(&dirs[i], &acked).await;
     }
 }
+
+/// The cluster flags are checked before anything is opened: each mistake exits 2, naming the
+/// flag, without showing the secret or making the data dir.
+#[test]
+fn cluster_flags_are_checked_before_anything_opens() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let keys = [
+        "--admin-key",
+        "a",
+        "--client-key",
+        "c",
+        "--token-secret",
+        "t",
+    ];
+    let one = "1=127.0.0.1:1,2=127.0.0.1:2,3=127.0.0.1:3";
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["--node-id", "1"], "--peers"),
+        (vec!["--peers", one], "--node-id"),
+        (vec!["--node-id", "0", "--peers", one], "--node-id"),
+        (
+            vec![
+                "--node-id",
+                "4",
+                "--peers",
+                one,
+                "--cluster-secret",
+                "shh-secret",
+            ],
+            "--node-id 4 is not one of --peers",
+        ),
+        (
+            vec![
+                "--node-id",
+                "1",
+                "--peers",
+                "1=nohostport",
+                "--cluster-secret",
+                "shh-secret",
+            ],
+            "HOST:PORT",
+        ),
+        (
+            vec![
+                "--node-id",
+                "1",
+                "--peers",
+                "x=127.0.0.1:1",
+                "--cluster-secret",
+                "shh-secret",
+            ],
+            "not a node id",
+        ),
+        (
+            vec![
+                "--node-id",
+                "1",
+                "--peers",
+                "1=127.0.0.1:1,1=127.0.0.1:2",
+                "--cluster-secret",
+                "shh-secret",
+            ],
+            "named twice",
+        ),
+        (
+            vec!["--node-id", "1", "--peers", one],
+            "--cluster-secret-file",
+        ),
+        (vec!["--cluster-secret", "shh-secret"], "--node-id"),
+    ];
+    for (args, named) in &cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_boxoffice"))
+            .arg("serve")
+            .args(keys)
+            .args(args)
+            .arg("--data-dir")
+            .arg(&data)
+            .env_remove("BOXOFFICE_NODE_ID")
+            .env_remove("BOXOFFICE_PEERS")
+            .env_remove("BOXOFFICE_CLUSTER_SECRET")
+            .env_remove("BOXOFFICE_CLUSTER_SECRET_FILE")
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {text}");
+        assert!(text.contains(named), "{args:?} names {named}: {text}");
+        assert!(!text.contains("shh-secret"), "the secret shown: {text}");
+    }
+    // A cluster's nodes must share their keys and token secret: generated ones are refused.
+    let out = Command::new(env!("CARGO_BIN_EXE_boxoffice"))
+        .args(["serve", "--node-id", "1", "--peers", one])
+        .args(["--cluster-secret", "shh-secret", "--data-dir"])
+        .arg(&data)
+        .env_remove("BOXOFFICE_ADMIN_KEY")
+        .env_remove("BOXOFFICE_CLIENT_KEY")
+        .env_remove("BOXOFFICE_TOKEN_SECRET")
+        .env_remove("BOXOFFICE_ADMIN_KEY_FILE")
+        .env_remove("BOXOFFICE_CLIENT_KEY_FILE")
+        .env_remove("BOXOFFICE_TOKEN_SECRET_FILE")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(text.contains("share their API keys"), "{text}");
+    assert!(!data.exists(), "nothing was opened");
+}
