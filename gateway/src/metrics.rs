@@ -756,18 +756,16 @@ pub fn spawn_sampler(
     })
 }
 
-/// A cluster node's Raft figures, sampled every [`RAFT_SAMPLE_EVERY`] until aborted: whether
-/// it leads, its term, log and applied indexes, each peer's lag (on the leader), and leader
-/// changes.
+/// A cluster node's Raft figures, updated as soon as Raft's own metrics change (a new leader
+/// shows at once) and at least every [`RAFT_SAMPLE_EVERY`], until aborted: whether it leads,
+/// its term, log and applied indexes, each peer's lag (on the leader), and leader changes.
 pub fn spawn_raft_sampler(raft: boxoffice_engine::raft::Raft) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(RAFT_SAMPLE_EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut watch = raft.metrics();
         let changes = metrics::counter!("boxoffice_raft_leader_changes_total");
         let mut last_leader = None;
         loop {
-            tick.tick().await;
-            let m = raft.metrics().borrow().clone();
+            let m = watch.borrow_and_update().clone();
             let leads = m.current_leader == Some(m.id);
             metrics::gauge!("boxoffice_raft_leader").set(if leads { 1.0 } else { 0.0 });
             metrics::gauge!("boxoffice_raft_leader_known").set(if m.current_leader.is_some() {
@@ -796,11 +794,15 @@ pub fn spawn_raft_sampler(raft: boxoffice_engine::raft::Raft) -> tokio::task::Jo
                 }
                 last_leader = m.current_leader;
             }
+            tokio::select! {
+                changed = watch.changed() => if changed.is_err() { break },
+                () = tokio::time::sleep(RAFT_SAMPLE_EVERY) => {}
+            }
         }
     })
 }
 
-/// How often [`spawn_raft_sampler`] samples.
+/// How often [`spawn_raft_sampler`] samples at least.
 pub const RAFT_SAMPLE_EVERY: Duration = Duration::from_millis(500);
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();

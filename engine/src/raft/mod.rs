@@ -106,7 +106,8 @@ pub type Raft = openraft::Raft<TypeConfig>;
 pub const COMMIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The flusher's way into a group ([`crate::store::Replicate`]): each group commit becomes one
-/// `client_write`, awaited on the node's runtime from the flusher's thread.
+/// `client_write` submitted from the flusher's thread, its answer awaited on the node's runtime
+/// from the acker's.
 pub struct RaftReplicator {
     raft: Raft,
     runtime: tokio::runtime::Handle,
@@ -120,22 +121,33 @@ impl RaftReplicator {
 }
 
 impl crate::store::Replicate for RaftReplicator {
-    fn commit(&self, batch: Batch) -> Result<Option<String>, crate::error::StorageError> {
+    fn submit(&self, batch: Batch) -> Result<crate::store::Waiter, crate::error::StorageError> {
         let raft = self.raft.clone();
-        let answer = self.runtime.block_on(async move {
-            tokio::time::timeout(COMMIT_TIMEOUT, raft.client_write(batch)).await
-        });
-        match answer {
-            Ok(Ok(r)) => Ok(r.data.refused),
-            Ok(Err(e)) if e.forward_to_leader().is_some() => Err(
-                crate::error::StorageError::Halted("this node no longer leads its group".into()),
-            ),
-            Ok(Err(e)) => Err(crate::error::StorageError::Io(format!("raft: {e}"))),
-            Err(_) => Err(crate::error::StorageError::Halted(format!(
-                "no majority of the group answered within {} s",
-                COMMIT_TIMEOUT.as_secs()
-            ))),
-        }
+        let rx = self
+            .runtime
+            .block_on(async move { raft.client_write_ff(batch).await })
+            .map_err(|e| crate::error::StorageError::Halted(format!("raft: {e}")))?;
+        let runtime = self.runtime.clone();
+        Ok(Box::new(move || {
+            let answer =
+                runtime.block_on(async move { tokio::time::timeout(COMMIT_TIMEOUT, rx).await });
+            match answer {
+                Ok(Ok(Ok(r))) => Ok(r.data.refused),
+                Ok(Ok(Err(openraft::error::ClientWriteError::ForwardToLeader(_)))) => {
+                    Err(crate::error::StorageError::Halted(
+                        "this node no longer leads its group".into(),
+                    ))
+                }
+                Ok(Ok(Err(e))) => Err(crate::error::StorageError::Io(format!("raft: {e}"))),
+                Ok(Err(_)) => Err(crate::error::StorageError::Halted(
+                    "this node's Raft stopped".into(),
+                )),
+                Err(_) => Err(crate::error::StorageError::Halted(format!(
+                    "no majority of the group answered within {} s",
+                    COMMIT_TIMEOUT.as_secs()
+                ))),
+            }
+        }))
     }
 }
 

@@ -94,11 +94,25 @@ pub(crate) fn checkpoint_value(upto: u64, blob: &[u8]) -> Vec<u8> {
 /// group ([`crate::raft::RaftReplicator`]), whose state machine writes them to every node's log.
 pub trait Replicate: Send + Sync + 'static {
     /// Commits `batch` on a majority of the group and applies it on this node, blocking the
-    /// calling thread (the flusher's) until then. `Ok(Some(key))`: the sold-seat backstop
-    /// refused the claim `key` (that stream's records were not written). `Err`: not known
-    /// committed (this node lost its leadership, or no majority answered in time).
-    fn commit(&self, batch: crate::raft::Batch) -> Result<Option<String>, StorageError>;
+    /// calling thread until then. `Ok(Some(key))`: the sold-seat backstop refused the claim
+    /// `key` (that stream's records were not written). `Err`: not known committed (this node
+    /// lost its leadership, or no majority answered in time).
+    fn commit(&self, batch: crate::raft::Batch) -> Result<Option<String>, StorageError> {
+        self.submit(batch)?()
+    }
+
+    /// Hands `batch` to the group without waiting for it (so the next batch can follow it
+    /// while it replicates): the returned waiter blocks until it is committed and applied, and
+    /// answers as [`Replicate::commit`] does. Batches commit in the order they are submitted.
+    fn submit(&self, batch: crate::raft::Batch) -> Result<Waiter, StorageError>;
 }
+
+/// Blocks until a submitted batch is committed (see [`Replicate::submit`]).
+pub type Waiter = Box<dyn FnOnce() -> Result<Option<String>, StorageError> + Send>;
+
+/// Group commits a replicating leader keeps in flight at once (each one Raft entry): while they
+/// replicate, the flusher forms the next ones, and openraft sends and syncs several at once.
+pub const REPLICATED_IN_FLIGHT_MAX: usize = 8;
 
 /// A completion run by the acker thread once a job is durable (or failed).
 pub(crate) type Done = Box<dyn FnOnce(Result<(), StorageError>) + Send>;
@@ -229,7 +243,8 @@ impl Store {
                 .map_err(|e| StorageError::Io(format!("cannot start the compactor thread: {e}")))?
         };
         let durable = Arc::new(Mutex::new(marks.clone()));
-        let (ack_tx, ack_rx) = mpsc::channel();
+        // Bounded: a replicating leader's flusher runs at most this far ahead of the commits.
+        let (ack_tx, ack_rx) = mpsc::sync_channel(REPLICATED_IN_FLIGHT_MAX);
         let acker = {
             let (sink, halt, durable) = (sink.clone(), halt.clone(), durable.clone());
             std::thread::Builder::new()
@@ -339,7 +354,7 @@ struct Flusher {
     /// Whether `marks` changed since they were last handed to the acker.
     dirty: bool,
     /// The acker thread: writes each synced batch's marks to the superblock, then replies.
-    ack: Option<mpsc::Sender<Ack>>,
+    ack: Option<mpsc::SyncSender<Ack>>,
     acker: Option<JoinHandle<()>>,
     /// A cluster node's leader: batches go to its Raft group instead of the sink.
     replicate: Option<Arc<dyn Replicate>>,
@@ -351,6 +366,8 @@ struct Ack {
     marks: Option<Marks>,
     halted: Option<StorageError>,
     completions: Vec<(Done, Result<(), StorageError>)>,
+    /// A replicated batch: wait for its commit before its completions run.
+    commit: Option<Waiter>,
 }
 
 /// The acker: for each batch in order, writes its marks to the superblock (made durable), then
@@ -366,6 +383,20 @@ fn acker(
 ) {
     let mut failed: Option<StorageError> = None;
     while let Ok(ack) = rx.recv() {
+        if let Some(wait) = ack.commit {
+            let started = Instant::now();
+            let reason = match wait() {
+                Ok(None) => None,
+                Ok(Some(key)) => Some(StorageError::BackstopRefused { key }.to_string()),
+                Err(e) => Some(format!("replication failed: {e}")),
+            };
+            metrics::histogram!("boxoffice_wal_flush_seconds")
+                .record(started.elapsed().as_secs_f64());
+            if let Some(reason) = reason {
+                halt.set(reason.clone());
+                failed.get_or_insert(StorageError::Halted(reason));
+            }
+        }
         if let (Some(marks), None) = (ack.marks, &failed) {
             let started = Instant::now();
             match sink.put_superblock(&marks) {
@@ -424,7 +455,7 @@ impl Flusher {
             let synced = (self.durability == Durability::Sync || stop)
                 && self.halt.check().is_ok()
                 && self.sync();
-            self.finish(written, started, synced);
+            self.finish(written, started, synced, None);
         }
         // Every batch's replies are out before the store reports closed.
         drop(self.ack.take());
@@ -433,9 +464,10 @@ impl Flusher {
         }
     }
 
-    /// A cluster leader's group commit: the batch's jobs become one Raft entry, committed by a
-    /// majority (each durable on its node) and applied to this node's log by the state machine
-    /// before any completion runs. No superblock here: Raft's log is the durable record, and
+    /// A cluster leader's group commit: the batch's jobs become one Raft entry, submitted to the
+    /// group; the acker waits for it to be committed by a majority (each durable on its node)
+    /// and applied to this node's log by the state machine before any completion runs (up to
+    /// [`REPLICATED_IN_FLIGHT_MAX`] batches replicate at once). No superblock here: Raft's log is the durable record, and
     /// the state machine's copy is rebuilt from it. Returns whether a stop was queued.
     fn replicate(&mut self, batch: Vec<Job>, replicate: &dyn Replicate, started: Instant) -> bool {
         let mut w = Written::default();
@@ -468,20 +500,15 @@ impl Flusher {
                 Job::Stop => w.stop = true,
             }
         }
+        let mut commit = None;
         if !ops.is_empty() && self.halt.check().is_ok() {
-            let commit_started = Instant::now();
-            match replicate.commit(crate::raft::Batch { ops }) {
-                Ok(None) => {}
-                Ok(Some(key)) => self
-                    .halt
-                    .set(StorageError::BackstopRefused { key }.to_string()),
+            match replicate.submit(crate::raft::Batch { ops }) {
+                Ok(wait) => commit = Some(wait),
                 Err(e) => self.halt.set(format!("replication failed: {e}")),
             }
-            metrics::histogram!("boxoffice_wal_flush_seconds")
-                .record(commit_started.elapsed().as_secs_f64());
         }
         let stop = w.stop;
-        self.finish(w, started, false);
+        self.finish(w, started, false, commit);
         stop
     }
 
@@ -531,7 +558,7 @@ impl Flusher {
     /// After the batch's sync: hands compactions on, and the completions to the acker (with
     /// the marks to write first, if the batch was synced). A failed sync (or any halt) means
     /// none of the batch is known durable: every completion gets the error.
-    fn finish(&mut self, w: Written, started: Instant, mut synced: bool) {
+    fn finish(&mut self, w: Written, started: Instant, mut synced: bool, commit: Option<Waiter>) {
         let halted = self.halt.check().err();
         if halted.is_none() && !w.compactions.is_empty() {
             // Records may only go once their checkpoint is durable (Sync synced above).
@@ -555,6 +582,7 @@ impl Flusher {
             marks,
             halted,
             completions: w.completions,
+            commit,
         };
         if let Some(tx) = &self.ack
             && let Err(mpsc::SendError(ack)) = tx.send(ack)
