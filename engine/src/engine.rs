@@ -124,6 +124,7 @@ impl Engine {
             window_ms,
             now_ms: config.clock.now_ms(),
             mode: config.recovery_mode,
+            replicated: config.replicate.is_some(),
         };
         let sink_ref = sink.clone();
         let (recovered, report_back) = tokio::task::spawn_blocking(move || {

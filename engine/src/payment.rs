@@ -203,6 +203,7 @@ impl SimulatedProvider {
             value,
         };
         let batch = crate::raft::Batch {
+            term: 0, // the replicator stamps it
             ops: vec![
                 put(crate::store::names::PAYMENTS, &c.key, codec::encode(c)),
                 put(

@@ -65,6 +65,7 @@ pub(crate) struct Recovered {
 
 /// A change recovery makes once it knows it may (no damage, or damage accepted; never in
 /// `Verify`).
+#[derive(Debug)]
 enum Repair {
     DropTorn {
         stream: String,
@@ -272,6 +273,23 @@ pub(crate) struct RecoverWith {
     pub now_ms: u64,
     /// What to do with damage.
     pub mode: RecoveryMode,
+    /// A cluster node's copy of its group's log: recovery changes nothing in it (a repair made
+    /// here alone would make this copy differ from the others'); damage that needs one refuses
+    /// the start.
+    pub replicated: bool,
+}
+
+impl Repair {
+    /// What the repair would change, in a few words.
+    fn describe(&self) -> String {
+        match self {
+            Repair::DropTorn { stream, seq } => format!("drop torn record {stream}#{seq}"),
+            Repair::Append { stream, seq, .. } => format!("append {stream}#{seq}"),
+            Repair::SetAside { key } => format!("set claim {key} aside"),
+            Repair::Restore { key, .. } => format!("restore claim {key}"),
+            Repair::Checkpoint { stream, .. } => format!("rewrite the checkpoint of {stream}"),
+        }
+    }
 }
 
 /// Replays the whole log (see the module docs).
@@ -321,6 +339,19 @@ pub(crate) fn recover(
     for state in &mut ledger_states {
         state.forget_due(with.now_ms, usize::MAX);
     }
+    if with.replicated && !check.repairs.is_empty() {
+        return Err(StorageError::Damaged {
+            count: check.repairs.len(),
+            summary: format!(
+                "this node's copy of its group's log needs {} repairs (first: {}); a node \
+                 does not repair its copy alone: wipe its data dir and let it catch up from the \
+                 group",
+                check.repairs.len(),
+                check.repairs[0].describe()
+            ),
+            evidence: None,
+        });
+    }
     let marks = finish(sink, &mut check)?;
     report.integrity = check.found;
     Ok(Recovered {
@@ -345,6 +376,7 @@ pub fn verify_log(sink: &dyn LogSink) -> Result<Findings, StorageError> {
         window_ms: crate::limits::IDEMPOTENCY_WINDOW_MS_DEFAULT,
         now_ms: 0,
         mode: RecoveryMode::Verify,
+        replicated: false,
     };
     recover(sink, &with, &mut report)?;
     Ok(report.integrity)

@@ -121,6 +121,44 @@ impl RaftService for RaftEndpoint {
         let rpc: InstallSnapshotRequest<TypeConfig> = decode(req.get_ref())?;
         Ok(encode(&self.raft.install_snapshot(rpc).await))
     }
+
+    async fn probe(&self, _req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        let initialized = self
+            .raft
+            .is_initialized()
+            .await
+            .map_err(|e| Status::unavailable(format!("raft: {e}")))?;
+        Ok(encode(&(!initialized && self.guard.catching_up())))
+    }
+}
+
+impl Peers {
+    /// Whether every other peer answers that it is pristine (no Raft state): `Some(true)` all
+    /// are, `Some(false)` one is not (a group exists), `None` one cannot be reached.
+    pub async fn all_pristine(&self, me: NodeId) -> Option<bool> {
+        for (id, addr) in self.addrs.iter() {
+            if *id == me {
+                continue;
+            }
+            let channel = Endpoint::from_shared(format!("http://{addr}"))
+                .ok()?
+                .connect_timeout(Duration::from_millis(500))
+                .timeout(Duration::from_secs(2))
+                .connect()
+                .await
+                .ok()?;
+            let mut req = Request::new(RaftMessage { payload: vec![] });
+            if let Ok(v) = self.secret.bearer.parse() {
+                req.metadata_mut().insert("authorization", v);
+            }
+            let answer = RaftClient::new(channel).probe(req).await.ok()?;
+            let pristine: bool = codec::decode(&answer.get_ref().payload).ok()?;
+            if !pristine {
+                return Some(false);
+            }
+        }
+        Some(true)
+    }
 }
 
 /// The interceptor that admits only calls presenting the cluster secret.
@@ -165,9 +203,10 @@ pub async fn serve(
 }
 
 /// The largest Raft message, bytes: openraft sends snapshots in chunks (3 MiB by default) and
-/// appends in batches of at most `max_payload_entries` entries, so this leaves room for both
-/// while bounding what one request can make a node allocate.
-pub const MESSAGE_BYTES_MAX: usize = 16 << 20;
+/// appends of at most `max_payload_entries` (16) entries, each one group commit, the largest of
+/// which is a big section's checkpoint (a million seats: tens of MB); only callers presenting
+/// the cluster secret get this far (it is checked before the body is read).
+pub const MESSAGE_BYTES_MAX: usize = 256 << 20;
 
 /// How a node reaches its peers: their cluster addresses, and the secret.
 #[derive(Clone)]

@@ -24,6 +24,10 @@ use crate::cluster::ClusterSecret;
 use crate::services::Ready;
 use crate::status::ApiError;
 
+/// The longest a forwarded call waits for the leader's answer (then `UNAVAILABLE` /
+/// `NOT_READY`: retry with the same idempotency key).
+pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The header naming the node that forwarded a call.
 pub const FORWARDED_FROM: &str = "x-boxoffice-forwarded-from";
 /// The header carrying the cluster secret on a forwarded call.
@@ -69,9 +73,14 @@ impl Forwarder {
             return Some((leader, c.clone()));
         }
         let addr = self.peers.get(&leader)?;
+        // Keepalive pings: a leader that vanishes without closing its connections (power,
+        // network) is noticed in seconds, not when TCP gives up.
         let channel = Endpoint::from_shared(format!("http://{addr}"))
             .ok()?
             .connect_timeout(Duration::from_millis(500))
+            .http2_keep_alive_interval(Duration::from_secs(1))
+            .keep_alive_timeout(Duration::from_secs(2))
+            .keep_alive_while_idle(true)
             .tcp_nodelay(true)
             .connect_lazy();
         channels.insert(leader, channel.clone());
@@ -175,15 +184,21 @@ where
         let method = crate::gate::method_label(req.uri().path());
         metrics::counter!("boxoffice_cluster_forwarded_total", "method" => method).increment(1);
         Box::pin(async move {
-            // A channel is a buffer: ready first, then called.
-            let sent = match tower::ServiceExt::ready(&mut channel).await {
-                Ok(ready) => ready.call(req).await,
-                Err(e) => Err(e),
-            };
+            // A channel is a buffer: ready first, then called; never longer than
+            // FORWARD_TIMEOUT (the caller's own deadline is the gate's).
+            let sent = tokio::time::timeout(FORWARD_TIMEOUT, async {
+                let ready = tower::ServiceExt::ready(&mut channel).await?;
+                ready.call(req).await
+            })
+            .await;
             match sent {
-                Ok(res) => Ok(res),
-                Err(e) => {
+                Ok(Ok(res)) => Ok(res),
+                Ok(Err(e)) => {
                     tracing::warn!(leader, error = %e, "forwarding to the leader failed");
+                    Ok(answer(tonic::Status::from(ApiError::NotReady)))
+                }
+                Err(_) => {
+                    tracing::warn!(leader, "the leader did not answer a forwarded call in time");
                     Ok(answer(tonic::Status::from(ApiError::NotReady)))
                 }
             }

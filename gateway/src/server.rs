@@ -431,6 +431,8 @@ struct Stack {
     api: Arc<Api>,
     sweeper: ractor::ActorRef<boxoffice_sweeper::SweeperMsg>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// A cluster node's: the term of the leadership it serves (0 on a single node).
+    term: u64,
 }
 
 impl Stack {
@@ -504,9 +506,19 @@ async fn open_stack(config: &ServerConfig, ec: EngineConfig) -> anyhow::Result<S
         }));
     }
     let (sweeper, sweeper_done) =
-        boxoffice_sweeper::start(engine.clone(), boxoffice_sweeper::SweeperConfig::default())
+        match boxoffice_sweeper::start(engine.clone(), boxoffice_sweeper::SweeperConfig::default())
             .await
-            .context("starting the sweeper")?;
+        {
+            Ok(s) => s,
+            Err(e) => {
+                for t in tasks {
+                    t.abort();
+                }
+                api.stop();
+                engine.shutdown().await;
+                return Err(e).context("starting the sweeper");
+            }
+        };
     // Without the sweeper no hold would expire and no waitlist offer be made. A stop aborts
     // this watch before it stops the sweeper.
     tasks.push(engine.stop_when_ended("the sweeper (holds would no longer expire)", sweeper_done));
@@ -514,6 +526,7 @@ async fn open_stack(config: &ServerConfig, ec: EngineConfig) -> anyhow::Result<S
         api,
         sweeper,
         tasks,
+        term: 0,
     })
 }
 
@@ -542,7 +555,8 @@ async fn recover(
 }
 
 /// Opens a cluster node's sled database, its Raft log and state machine, and its Raft; the
-/// node with the lowest id forms the group on the very first start ([`form_group`]).
+/// node with the lowest id forms the group on the very first start of every node
+/// ([`form_group`]).
 async fn open_raft(
     cluster: &ClusterConfig,
     data_dir: &std::path::Path,
@@ -580,24 +594,39 @@ async fn open_raft(
             raft.clone(),
             guard.clone(),
             cluster.peers.clone(),
+            cluster.secret.clone(),
         ));
     }
     Ok((raft, sm, guard))
 }
 
-/// Forms the group on the first start of the node with the lowest id: if its log is empty and
-/// no leader has made itself heard for a few election timeouts (a running group's leader
-/// reaches a node whose data was wiped within one heartbeat), it initializes the group with
-/// every peer as a voter. Any other node waits to be reached.
+/// Forms the group on the first start of the node with the lowest id, once every node of the
+/// cluster answers that it is pristine too (a node whose data dir was wiped while a group
+/// exists must rejoin that group, never form a new one): until then it asks again every
+/// [`FORM_RETRY`], and stops asking once it has Raft state (a leader reached it) or a peer has.
 async fn form_group(
     raft: boxoffice_engine::raft::Raft,
     guard: boxoffice_engine::raft::VoteGuard,
     peers: std::collections::BTreeMap<u64, String>,
+    secret: crate::cluster::ClusterSecret,
 ) {
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
-    let pristine = matches!(raft.is_initialized().await, Ok(false));
-    if !pristine || raft.metrics().borrow().current_leader.is_some() {
-        return;
+    let me = raft.metrics().borrow().id;
+    let network = crate::cluster::Peers::new(peers.clone(), secret);
+    loop {
+        tokio::time::sleep(FORM_RETRY).await;
+        if !matches!(raft.is_initialized().await, Ok(false))
+            || raft.metrics().borrow().current_leader.is_some()
+        {
+            return;
+        }
+        match network.all_pristine(me).await {
+            Some(true) => break,
+            Some(false) => {
+                tracing::info!("a group exists: waiting for its leader to reach this node");
+                return;
+            }
+            None => tracing::info!("waiting for every node before forming the group"),
+        }
     }
     let members: std::collections::BTreeMap<u64, openraft::BasicNode> = peers
         .iter()
@@ -611,6 +640,9 @@ async fn form_group(
         Err(e) => tracing::info!(error = %e, "the group was not formed here"),
     }
 }
+
+/// How often the lowest node asks its peers before forming the group.
+const FORM_RETRY: Duration = Duration::from_millis(1_500);
 
 /// What the leadership loop needs.
 struct Leading {
@@ -630,24 +662,42 @@ impl Leading {
     /// The engine of a node that leads: its log is the state machine's, every group commit
     /// goes through Raft. Opened once the node has applied everything its group committed.
     async fn open(&self) -> anyhow::Result<Stack> {
+        let term = self.raft.metrics().borrow().current_term;
         tokio::time::timeout(CATCH_UP_TIMEOUT, self.raft.ensure_linearizable())
             .await
             .context("catching up with the group took too long")?
             .context("not the leader")?;
         let mut ec = engine_config(&self.config);
         ec.sink = Some(self.sm.sink());
+        // Its batches carry this term: should the node lose the leadership and win it again
+        // while this engine runs, they are skipped, and the engine stops (see `lead`).
         ec.replicate = Some(Arc::new(boxoffice_engine::raft::RaftReplicator::new(
             self.raft.clone(),
             tokio::runtime::Handle::current(),
+            term,
         )));
         // Each node signs tickets with its own key (made on its first lead).
         let config = ServerConfig {
             new_ticket_key: true,
             ..self.config.clone()
         };
-        open_stack(&config, ec).await
+        let mut stack = open_stack(&config, ec).await?;
+        stack.term = term;
+        let (id, now) = {
+            let m = self.raft.metrics().borrow().clone();
+            (m.id, (m.current_leader, m.current_term))
+        };
+        if now != (Some(id), term) {
+            stack.stop().await;
+            anyhow::bail!("the leadership changed while the engine opened");
+        }
+        Ok(stack)
     }
 }
+
+/// Opens that fail in a row before a leader gives up its leadership (stops its Raft, so another
+/// node leads): a node that cannot serve must not hold the group.
+const OPEN_FAILURES_MAX: u32 = 5;
 
 /// A cluster node's leadership loop: while the node leads its group it serves the engine
 /// (opened from its copy of the log); when it stops leading, or its engine stops (a commit
@@ -664,25 +714,39 @@ async fn lead(
     let mut stack: Option<Stack> = None;
     let mut serving: Option<bool> = None;
     let mut ready_tx = Some(ready_tx);
+    let mut failures = 0;
     loop {
         if *stop.borrow() {
             break;
         }
-        let (leads, known) = {
+        let (leads, known, term) = {
             let m = metrics.borrow_and_update();
             (
                 m.current_leader == Some(id) && m.state == openraft::ServerState::Leader,
                 m.current_leader.is_some(),
+                m.current_term,
             )
         };
         let stopped = stack.as_ref().and_then(|s| s.api.engine.stopped());
-        if stack.is_some() && (!leads || stopped.is_some()) {
+        // An engine serves one leadership: a new term (even one this node leads again) means
+        // another leader may have written meanwhile, so the engine is opened again.
+        let moved = stack.as_ref().is_some_and(|s| s.term != term);
+        if !leads {
+            failures = 0;
+        }
+        if stack.is_some() && (!leads || stopped.is_some() || moved) {
             node.ready.take();
             if let Ok(mut s) = node.sweeper.lock() {
                 *s = None;
             }
             if let Some(s) = stack.take() {
-                let why = stopped.unwrap_or_else(|| "another node leads".into());
+                let why = stopped.unwrap_or_else(|| {
+                    if leads {
+                        "a new term began".into()
+                    } else {
+                        "another node leads".into()
+                    }
+                });
                 tracing::warn!(reason = %why, "this node stops serving its group");
                 s.stop().await;
             }
@@ -691,7 +755,8 @@ async fn lead(
         if leads && stack.is_none() {
             match node.open().await {
                 Ok(s) => {
-                    tracing::info!(node = id, "this node leads its group and serves it");
+                    failures = 0;
+                    tracing::info!(node = id, term, "this node leads its group and serves it");
                     if let Ok(mut slot) = node.sweeper.lock() {
                         *slot = Some(s.sweeper.clone());
                     }
@@ -699,7 +764,19 @@ async fn lead(
                     stack = Some(s);
                 }
                 Err(e) => {
-                    tracing::error!(error = %format!("{e:#}"), "cannot serve as the leader yet");
+                    failures += 1;
+                    tracing::error!(error = %format!("{e:#}"), failures, "cannot serve as the leader");
+                    if failures >= OPEN_FAILURES_MAX {
+                        tracing::error!(
+                            "this node cannot serve: it leaves the group (its Raft stops) so \
+                             that another node leads; restart it once the cause is fixed"
+                        );
+                        set_health(&node.health, ServingStatus::NotServing).await;
+                        if let Err(e) = node.raft.shutdown().await {
+                            tracing::warn!(error = %e, "stopping Raft");
+                        }
+                        break;
+                    }
                     retry = true;
                 }
             }

@@ -10,6 +10,7 @@ use crate::store::LogSink;
 /// A batch of one record, `bytes` at `seq` of `stream` (seq from 1).
 pub fn one_record(stream: &str, seq: u64, bytes: Vec<u8>) -> Batch {
     Batch {
+        term: 0,
         ops: vec![Op::Append {
             stream: stream.to_owned(),
             entries: vec![(seq, bytes)],
@@ -70,6 +71,14 @@ pub async fn leader(rafts: &BTreeMap<u64, Raft>) -> Result<u64, String> {
 /// leader is), so sending the batch again to the new leader cannot write it twice; any other
 /// error is returned.
 pub async fn write(rafts: &BTreeMap<u64, Raft>, batch: &Batch) -> Result<u64, String> {
+    write_applied(rafts, batch).await.map(|a| a.index)
+}
+
+/// [`write`], answering what applying the batch did.
+pub async fn write_applied(
+    rafts: &BTreeMap<u64, Raft>,
+    batch: &Batch,
+) -> Result<super::Applied, String> {
     loop {
         let l = leader(rafts).await?;
         let answer = tokio::time::timeout(
@@ -79,7 +88,7 @@ pub async fn write(rafts: &BTreeMap<u64, Raft>, batch: &Batch) -> Result<u64, St
         .await
         .map_err(|_| format!("node {l} did not answer a write within 10 s"))?;
         match answer {
-            Ok(r) => return Ok(r.data.index),
+            Ok(r) => return Ok(r.data),
             Err(e) if e.forward_to_leader().is_some() => {
                 tokio::time::sleep(Duration::from_millis(25)).await;
             }
@@ -126,9 +135,11 @@ pub async fn open_engine(node: &Node) -> Result<crate::Engine, String> {
         .map_err(|e| format!("node {}: not the leader: {e}", node.id))?;
     let mut config = crate::EngineConfig::new(node.db.dir());
     config.sink = Some(node.sm.sink());
+    let term = node.raft.metrics().borrow().current_term;
     config.replicate = Some(std::sync::Arc::new(super::RaftReplicator::new(
         node.raft.clone(),
         tokio::runtime::Handle::current(),
+        term,
     )));
     crate::Engine::open(config).await.map_err(|e| e.to_string())
 }

@@ -76,6 +76,12 @@ pub enum Op {
 pub struct Batch {
     /// The changes, in the order they were queued.
     pub ops: Vec<Op>,
+    /// The term of the leadership whose engine wrote the batch (0: not checked). A batch that
+    /// lands in a log entry of another term was written by an engine opened under an earlier
+    /// leadership of this node (it lost and regained it meanwhile, while another leader wrote):
+    /// every node's state machine skips it alike, and the writer's engine stops.
+    #[serde(default)]
+    pub term: u64,
 }
 
 /// What applying an entry did: the log index it was applied at and, if the sold-seat backstop
@@ -86,6 +92,9 @@ pub struct Applied {
     pub index: u64,
     /// The first claim refused (its records were not written), if any.
     pub refused: Option<String>,
+    /// The batch was skipped: written under another term than its entry's (see
+    /// [`Batch::term`]).
+    pub stale: bool,
 }
 
 openraft::declare_raft_types!(
@@ -111,17 +120,24 @@ pub const COMMIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5
 pub struct RaftReplicator {
     raft: Raft,
     runtime: tokio::runtime::Handle,
+    term: u64,
 }
 
 impl RaftReplicator {
-    /// Replicates through `raft`, awaiting on `runtime` (the one the node's Raft runs on).
-    pub fn new(raft: Raft, runtime: tokio::runtime::Handle) -> RaftReplicator {
-        RaftReplicator { raft, runtime }
+    /// Replicates through `raft`, awaiting on `runtime` (the one the node's Raft runs on), for
+    /// an engine opened while this node leads in `term` (its batches are stamped with it).
+    pub fn new(raft: Raft, runtime: tokio::runtime::Handle, term: u64) -> RaftReplicator {
+        RaftReplicator {
+            raft,
+            runtime,
+            term,
+        }
     }
 }
 
 impl crate::store::Replicate for RaftReplicator {
-    fn submit(&self, batch: Batch) -> Result<crate::store::Waiter, crate::error::StorageError> {
+    fn submit(&self, mut batch: Batch) -> Result<crate::store::Waiter, crate::error::StorageError> {
+        batch.term = self.term;
         let raft = self.raft.clone();
         let rx = self
             .runtime
@@ -132,6 +148,9 @@ impl crate::store::Replicate for RaftReplicator {
             let answer =
                 runtime.block_on(async move { tokio::time::timeout(COMMIT_TIMEOUT, rx).await });
             match answer {
+                Ok(Ok(Ok(r))) if r.data.stale => Err(crate::error::StorageError::Halted(
+                    "this engine's leadership ended (the group moved to a later term)".into(),
+                )),
                 Ok(Ok(Ok(r))) => Ok(r.data.refused),
                 Ok(Ok(Err(openraft::error::ClientWriteError::ForwardToLeader(_)))) => {
                     Err(crate::error::StorageError::Halted(
@@ -153,14 +172,20 @@ impl crate::store::Replicate for RaftReplicator {
 
 /// The Raft timing of a group: heartbeats every 50 ms, an election after 200 to 400 ms without
 /// one (so a leader's death is noticed in well under a second), and a snapshot every
-/// `snapshot_every` entries (the log before it is then purged).
+/// `snapshot_every` entries (the log before it is then purged, but for the last 1,000).
 pub fn config(snapshot_every: u64) -> std::sync::Arc<openraft::Config> {
     let config = openraft::Config {
         heartbeat_interval: 50,
         election_timeout_min: 200,
         election_timeout_max: 400,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(snapshot_every),
-        max_in_snapshot_log_to_keep: 0,
+        // A follower a little behind catches up from the log, not from a whole snapshot.
+        max_in_snapshot_log_to_keep: 1_000,
+        // An entry is a whole group commit (a checkpoint can be megabytes): few per message,
+        // so an append stays well within the message limit between nodes.
+        max_payload_entries: 16,
+        // A snapshot's chunk is written by the receiver before it answers.
+        install_snapshot_timeout: 10_000,
         ..Default::default()
     };
     // Valid by construction (the election timeout is above the heartbeat).

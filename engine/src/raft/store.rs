@@ -29,6 +29,7 @@ pub struct NodeDb {
     pub(super) db: sled::Db,
     data_file: Arc<std::fs::File>,
     dir: std::path::PathBuf,
+    blobs: Arc<crate::store::BlobSync>,
 }
 
 impl NodeDb {
@@ -51,7 +52,8 @@ impl NodeDb {
         let node = self.clone();
         tokio::task::spawn_blocking(move || {
             node.db.flush()?;
-            node.data_file.sync_data()
+            node.data_file.sync_data()?;
+            node.blobs.sync(&node.dir)
         })
         .await
         .map_err(std::io::Error::other)?
@@ -81,6 +83,7 @@ pub fn open_node_db(dir: &Path) -> std::io::Result<NodeDb> {
         db,
         data_file: Arc::new(data_file),
         dir: dir.to_owned(),
+        blobs: Arc::default(),
     })
 }
 
@@ -288,9 +291,25 @@ pub struct SledStateMachine {
     sink: Arc<SledSink>,
     meta: sled::Tree,
     /// Held by `apply`, a snapshot's build and its install: openraft builds snapshots on a task
-    /// of its own while it applies, and a snapshot must be one consistent state.
-    turn: Arc<tokio::sync::Mutex<()>>,
+    /// of its own while it applies, and a snapshot must be one consistent state. It guards
+    /// where the log stands: the last applied log id and membership, with how many entries
+    /// were applied since they were last recorded.
+    turn: Arc<tokio::sync::Mutex<Position>>,
 }
+
+/// Where a state machine stands. Recorded (`raft_sm`) only once what it counts is synced:
+/// every [`RECORD_APPLIED_EVERY`] entries, at a snapshot's build and at its install. A crash
+/// between leaves an older record, and openraft applies the entries after it again (an apply
+/// is idempotent): the record never runs ahead of the log it describes.
+#[derive(Clone, Default)]
+struct Position {
+    last_applied: Option<LogId<NodeId>>,
+    membership: StoredMembership<NodeId, Node>,
+    since_recorded: u64,
+}
+
+/// Entries applied between two records of where the state machine stands.
+const RECORD_APPLIED_EVERY: u64 = 256;
 
 const LAST_APPLIED: &[u8] = b"last_applied";
 const MEMBERSHIP: &[u8] = b"membership";
@@ -305,17 +324,25 @@ fn sm_err(e: impl std::fmt::Display) -> StorageError<NodeId> {
 impl SledStateMachine {
     /// The state machine of `node`.
     pub fn open(node: &NodeDb) -> std::io::Result<SledStateMachine> {
+        let meta = node
+            .db
+            .open_tree(format!("{}sm", names::RAFT_TREES_PREFIX))
+            .map_err(std::io::Error::other)?;
         Ok(SledStateMachine {
             node: node.clone(),
             sink: Arc::new(
                 node.sink()
                     .map_err(|e| std::io::Error::other(e.to_string()))?,
             ),
-            meta: node
-                .db
-                .open_tree(format!("{}sm", names::RAFT_TREES_PREFIX))
-                .map_err(std::io::Error::other)?,
-            turn: Arc::new(tokio::sync::Mutex::new(())),
+            meta: meta.clone(),
+            turn: Arc::new(tokio::sync::Mutex::new(Position {
+                last_applied: get_in(&meta, LAST_APPLIED, StorageIOError::read_state_machine)
+                    .map_err(|e| std::io::Error::other(e.to_string()))?,
+                membership: get_in(&meta, MEMBERSHIP, StorageIOError::read_state_machine)
+                    .map_err(|e| std::io::Error::other(e.to_string()))?
+                    .unwrap_or_default(),
+                since_recorded: 0,
+            })),
         })
     }
 
@@ -347,7 +374,21 @@ impl SledStateMachine {
             .collect()
     }
 
-    fn content(&self) -> Result<SnapshotContent> {
+    /// Records where the state machine stands, once what it counts is on disk.
+    async fn record(&self, at: &mut Position) -> Result<()> {
+        self.node
+            .sync()
+            .await
+            .map_err(io(StorageIOError::write_state_machine))?;
+        if let Some(last) = &at.last_applied {
+            self.put(LAST_APPLIED, last)?;
+        }
+        self.put(MEMBERSHIP, &at.membership)?;
+        at.since_recorded = 0;
+        Ok(())
+    }
+
+    fn content(&self, at: &Position) -> Result<SnapshotContent> {
         let mut trees = Vec::new();
         for name in self.log_trees() {
             let tree = self.node.db.open_tree(&name).map_err(sm_err)?;
@@ -359,8 +400,8 @@ impl SledStateMachine {
             trees.push((String::from_utf8_lossy(&name).into_owned(), kvs));
         }
         Ok(SnapshotContent {
-            last_applied: self.get(LAST_APPLIED)?,
-            membership: self.get(MEMBERSHIP)?.unwrap_or_default(),
+            last_applied: at.last_applied,
+            membership: at.membership.clone(),
             trees,
         })
     }
@@ -381,15 +422,25 @@ impl SledStateMachine {
                     entries,
                     claims,
                 } => {
+                    // All of the op's claims or none: a refused one gives back those this op
+                    // took, so no node keeps a claim without its sale.
+                    let mut took = Vec::new();
                     let mut taken = true;
                     for (key, holder) in claims {
-                        if let Claim::Refused(_) = self.sink.claim(key, holder)? {
-                            refused.get_or_insert_with(|| key.clone());
-                            taken = false;
-                            break;
+                        match self.sink.claim(key, holder)? {
+                            Claim::Taken => took.push(key),
+                            Claim::Already => {}
+                            Claim::Refused(_) => {
+                                refused.get_or_insert_with(|| key.clone());
+                                taken = false;
+                                break;
+                            }
                         }
                     }
                     if !taken {
+                        for key in took {
+                            self.sink.unclaim(key)?;
+                        }
                         continue;
                     }
                     let s = self.sink.stream(stream)?;
@@ -417,14 +468,11 @@ impl SledStateMachine {
 
 impl RaftSnapshotBuilder<TypeConfig> for SledStateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>> {
-        let _turn = self.turn.lock().await;
-        let content = self.content()?;
+        let mut at = self.turn.lock().await;
+        let content = self.content(&at)?;
         // The log up to this snapshot may be purged once it is built: what it holds must be on
-        // disk first (applies are not synced one by one).
-        self.node
-            .sync()
-            .await
-            .map_err(io(StorageIOError::write_state_machine))?;
+        // disk first (applies are not synced one by one), and recorded as applied.
+        self.record(&mut at).await?;
         let meta = SnapshotMeta {
             last_log_id: content.last_applied,
             last_membership: content.membership.clone(),
@@ -445,10 +493,8 @@ impl RaftStateMachine<TypeConfig> for SledStateMachine {
     async fn applied_state(
         &mut self,
     ) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, Node>)> {
-        Ok((
-            self.get(LAST_APPLIED)?,
-            self.get(MEMBERSHIP)?.unwrap_or_default(),
-        ))
+        let at = self.turn.lock().await;
+        Ok((at.last_applied, at.membership.clone()))
     }
 
     async fn apply<I>(&mut self, entries: I) -> Result<Vec<Applied>>
@@ -456,37 +502,40 @@ impl RaftStateMachine<TypeConfig> for SledStateMachine {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let _turn = self.turn.lock().await;
+        let mut at = self.turn.lock().await;
         let mut answers = Vec::new();
         let mut compactions = Vec::new();
         for e in entries {
             let mut refused = None;
+            let mut stale = false;
             match &e.payload {
                 EntryPayload::Blank => {}
                 // Records are keyed by seq and claims by key: applying the same entry again
                 // (after a restart) writes the same keys, so an apply is idempotent.
+                // Written by an engine of an earlier leadership: skipped on every node alike.
+                EntryPayload::Normal(batch)
+                    if batch.term != 0 && batch.term != e.log_id.leader_id.term =>
+                {
+                    stale = true;
+                }
                 EntryPayload::Normal(batch) => {
                     refused = self.apply_batch(batch, &mut compactions).map_err(sm_err)?;
                 }
                 EntryPayload::Membership(m) => {
-                    self.put(
-                        MEMBERSHIP,
-                        &StoredMembership::new(Some(e.log_id), m.clone()),
-                    )?;
+                    at.membership = StoredMembership::new(Some(e.log_id), m.clone());
                 }
             }
-            self.put(LAST_APPLIED, &e.log_id)?;
+            at.last_applied = Some(e.log_id);
+            at.since_recorded += 1;
             answers.push(Applied {
                 index: e.log_id.index,
                 refused,
+                stale,
             });
         }
-        if !compactions.is_empty() {
+        if !compactions.is_empty() || at.since_recorded >= RECORD_APPLIED_EVERY {
             // Records go only once the checkpoint covering them is on disk.
-            self.node
-                .sync()
-                .await
-                .map_err(io(StorageIOError::write_state_machine))?;
+            self.record(&mut at).await?;
             for (stream, upto) in compactions {
                 let removed = self.sink.stream(&stream).and_then(|s| s.remove_upto(upto));
                 if let Err(e) = removed {
@@ -514,7 +563,7 @@ impl RaftStateMachine<TypeConfig> for SledStateMachine {
         let bytes = snapshot.into_inner();
         let content: SnapshotContent = codec::decode(&bytes)
             .map_err(|e| decode_err(StorageIOError::write_state_machine, e))?;
-        let _turn = self.turn.lock().await;
+        let mut at = self.turn.lock().await;
         // Every tree the log has now or the snapshot brings, then Raft's state machine tree.
         let mut names: Vec<Vec<u8>> = self.log_trees();
         for (name, _) in &content.trees {
@@ -571,7 +620,13 @@ impl RaftStateMachine<TypeConfig> for SledStateMachine {
         self.node
             .sync()
             .await
-            .map_err(io(StorageIOError::write_state_machine))
+            .map_err(io(StorageIOError::write_state_machine))?;
+        *at = Position {
+            last_applied: meta.last_log_id,
+            membership: meta.last_membership.clone(),
+            since_recorded: 0,
+        };
+        Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>> {

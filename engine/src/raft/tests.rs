@@ -295,3 +295,54 @@ async fn the_next_leaders_engine_has_every_hold_and_order_the_last_one_acknowled
         n.raft.shutdown().await.unwrap();
     }
 }
+
+/// What every node's state machine does alike: a batch written under another term than its
+/// entry's is skipped (an engine of an earlier leadership), and an append whose claim is
+/// refused writes none of its claims and none of its records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_batches_and_refused_claims_change_no_node() {
+    use crate::store::LogSink;
+    let router = Router::default();
+    let (_dirs, nodes) = three_nodes(&router, 1_000).await;
+    let rafts = rafts(&nodes);
+    let term = nodes[&leader(&nodes).await]
+        .raft
+        .metrics()
+        .borrow()
+        .current_term;
+    let claim = |key: &str, holder: &str| (key.to_owned(), holder.as_bytes().to_vec());
+    let append = |seq: u64, claims: Vec<(String, Vec<u8>)>, term: u64| Batch {
+        term,
+        ops: vec![super::Op::Append {
+            stream: "section/e/s".into(),
+            entries: vec![(seq, crate::codec::encode(&seq))],
+            claims,
+        }],
+    };
+    // Seat a is sold to hold h1.
+    let first = append(1, vec![claim("e/s/a", "h1")], term);
+    let applied = super::harness::write_applied(&rafts, &first).await.unwrap();
+    assert!(!applied.stale && applied.refused.is_none());
+    // An engine of another term writes: skipped everywhere.
+    let stale = append(2, vec![claim("e/s/z", "h9")], term + 7);
+    assert!(
+        super::harness::write_applied(&rafts, &stale)
+            .await
+            .unwrap()
+            .stale
+    );
+    // Seats b and a for hold h2: a is h1's, so neither claim nor the record stays.
+    let refused = append(3, vec![claim("e/s/b", "h2"), claim("e/s/a", "h2")], term);
+    let applied = super::harness::write_applied(&rafts, &refused)
+        .await
+        .unwrap();
+    assert_eq!(applied.refused.as_deref(), Some("e/s/a"));
+    all_hold(&nodes, &[first]).await;
+    for n in nodes.values() {
+        let claims = n.sm.sink().claims().unwrap();
+        assert_eq!(claims, vec![claim("e/s/a", "h1")], "node {}", n.id);
+    }
+    for n in nodes.values() {
+        n.raft.shutdown().await.unwrap();
+    }
+}

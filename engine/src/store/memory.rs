@@ -268,6 +268,12 @@ impl LogSink for MemorySink {
             .collect())
     }
 
+    fn unclaim(&self, key: &str) -> Result<(), StorageError> {
+        self.write(|t| {
+            t.claims.remove(key);
+        })
+    }
+
     fn set_claim_aside(&self, key: &str) -> Result<(), StorageError> {
         self.write(|t| {
             if let Some(holder) = t.claims.remove(key) {

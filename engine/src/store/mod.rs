@@ -37,6 +37,7 @@ pub mod superblock;
 
 pub use memory::MemorySink;
 pub use sink::{Claim, LogSink, StreamSink};
+pub(crate) use sled_sink::BlobSync;
 pub use sled_sink::{DiskUsage, SledSink, disk_usage, open_db};
 pub use superblock::{Marks, SuperblockRead};
 
@@ -502,7 +503,8 @@ impl Flusher {
         }
         let mut commit = None;
         if !ops.is_empty() && self.halt.check().is_ok() {
-            match replicate.submit(crate::raft::Batch { ops }) {
+            // The replicator stamps the term.
+            match replicate.submit(crate::raft::Batch { ops, term: 0 }) {
                 Ok(wait) => commit = Some(wait),
                 Err(e) => self.halt.set(format!("replication failed: {e}")),
             }

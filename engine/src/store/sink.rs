@@ -63,6 +63,9 @@ pub trait LogSink: Send + Sync + 'static {
     fn put_checkpoint(&self, stream: &str, blob: &[u8]) -> Result<(), StorageError>;
     /// Claims `key` for `holder` if nobody holds it (the sold-seat backstop).
     fn claim(&self, key: &str, holder: &[u8]) -> Result<Claim, StorageError>;
+    /// Gives back a claim just taken (a cluster's state machine, when another claim of the same
+    /// append is refused: all of an append's claims or none).
+    fn unclaim(&self, key: &str) -> Result<(), StorageError>;
     /// Every claim, as (key, holder).
     fn claims(&self) -> Result<Vec<(String, Vec<u8>)>, StorageError>;
     /// Moves a claim out of the backstop into the set-aside table (kept, never deleted): a claim

@@ -56,6 +56,53 @@ pub struct SledSink {
     superblock_read: SuperblockRead,
     /// The data dir.
     dir: std::path::PathBuf,
+    /// sled's files of large values, synced with the log.
+    blobs: BlobSync,
+}
+
+/// sled 0.34 keeps a value over a quarter of its segment size (128 KiB by default: a big
+/// checkpoint, a large group commit as one Raft entry) in a file of its own under `blobs/`,
+/// written without an fsync: its flush does not cover them. So a sync also fsyncs every blob
+/// file written since the last sync (by modification time, with a margin for the clock's
+/// granularity), and the `blobs/` directory (for the new names).
+#[derive(Default)]
+pub(crate) struct BlobSync {
+    last: std::sync::Mutex<Option<std::time::SystemTime>>,
+}
+
+impl BlobSync {
+    /// Fsyncs the blob files of the sled database in `dir` written since the last call.
+    pub(crate) fn sync(&self, dir: &Path) -> std::io::Result<()> {
+        let blobs = dir.join(SLED_BLOBS_DIR);
+        if !blobs.is_dir() {
+            return Ok(());
+        }
+        let started = std::time::SystemTime::now();
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let since = last.map(|t| t - Duration::from_secs(2));
+        for entry in std::fs::read_dir(&blobs)? {
+            let entry = entry?;
+            let meta = entry.metadata()?;
+            if !meta.is_file() {
+                continue;
+            }
+            let fresh = match (since, meta.modified()) {
+                (Some(since), Ok(m)) => m >= since,
+                _ => true,
+            };
+            if fresh {
+                // A blob removed meanwhile (its value replaced) needs no sync.
+                match std::fs::File::open(entry.path()) {
+                    Ok(f) => f.sync_data()?,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        std::fs::File::open(&blobs)?.sync_all()?;
+        *last = Some(started);
+        Ok(())
+    }
 }
 
 struct SledStream {
@@ -146,6 +193,7 @@ impl SledSink {
             superblock,
             superblock_read,
             dir: dir.to_owned(),
+            blobs: BlobSync::default(),
         })
     }
 }
@@ -260,6 +308,11 @@ impl LogSink for SledSink {
         entries(&self.claims)
     }
 
+    fn unclaim(&self, key: &str) -> Result<(), StorageError> {
+        self.claims.remove(key.as_bytes()).map_err(io)?;
+        Ok(())
+    }
+
     fn set_claim_aside(&self, key: &str) -> Result<(), StorageError> {
         if let Some(holder) = self.claims.get(key.as_bytes()).map_err(io)? {
             let aside = super::sink::set_aside_key(key, &holder);
@@ -291,6 +344,9 @@ impl LogSink for SledSink {
         self.data_file
             .sync_data()
             .map_err(|e| StorageError::Io(format!("fdatasync of the log: {e}")))?;
+        self.blobs
+            .sync(&self.dir)
+            .map_err(|e| StorageError::Io(format!("fsync of the log's large values: {e}")))?;
         Ok(())
     }
 
