@@ -5,6 +5,8 @@
 //! - [`flash_sale`]: `boxoffice flash-sale`, the onsale end to end, and its naive baseline;
 //! - [`sessions`]: `boxoffice sessions`, 50,000 checkout sessions open at once;
 //! - [`loadgen`]: `boxoffice loadgen`, throughput and latency of single RPCs;
+//! - [`cluster`]: three `boxoffice serve` processes on loopback for one run (`flash-sale
+//!   --nodes 3`), their leader found and killed, their copies checked offline at the end;
 //! - [`soak`]: `boxoffice soak`, memory and disk over a long run of hold + release cycles
 //!   against an in-process engine.
 //!
@@ -14,6 +16,7 @@
 //! [`memory`] (resident memory, a directory's size); by all, [`secret`] (keys given as values
 //! or in files, and the usage errors that exit with code 2).
 
+pub mod cluster;
 pub mod event;
 pub mod flash_sale;
 mod json;
