@@ -277,6 +277,14 @@ impl LocalCluster {
         term
     }
 
+    /// Whether node `id` runs and says it leads its group.
+    pub async fn leads(&self, id: u64) -> bool {
+        match self.node(id) {
+            Ok(n) => n.live() && n.metric("boxoffice_raft_leader").await == Some(1.0),
+            Err(_) => false,
+        }
+    }
+
     /// Waits up to `timeout` for a live node to say it leads ([`LocalCluster::leader`]).
     pub async fn await_leader(&self, timeout: Duration) -> Option<u64> {
         let deadline = Instant::now() + timeout;

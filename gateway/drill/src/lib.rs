@@ -14,7 +14,7 @@
 //! [`event`] (the sale's event layout); by `loadgen` and `sessions`, [`measure`] (calls in
 //! concurrent streams, their throughput and latency percentiles); by `sessions` and `soak`,
 //! [`memory`] (resident memory, a directory's size); by all, [`secret`] (keys given as values
-//! or in files, and the usage errors that exit with code 2).
+//! or in files, and the usage errors that exit with code 2) and [`signal`] (Ctrl-C or SIGTERM).
 
 pub mod cluster;
 pub mod event;
@@ -26,4 +26,5 @@ pub mod memory;
 pub mod secret;
 pub mod server_choice;
 pub mod sessions;
+pub mod signal;
 pub mod soak;

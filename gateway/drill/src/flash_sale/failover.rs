@@ -4,12 +4,13 @@
 //!
 //! A call fails on a node when the node is down (the connection is refused or reset), has no
 //! leader yet or lost it under the call (`UNAVAILABLE`, e.g. `NOT_READY`), or does not answer
-//! within 15 s. The caller then sends the same request (the same idempotency key) to the next
-//! node after a short backoff (20 ms doubling to 250 ms, plus jitter), for up to 30 s: the
+//! within 60 s. The caller then sends the same request (the same idempotency key) to the next
+//! node after a short backoff (20 ms doubling to 250 ms, plus jitter), for up to 60 s: the
 //! contract replays the first answer of a request that was committed, so nothing is done
-//! twice (and a retry that finds the first attempt still running, `IDEMPOTENCY_KEY_IN_FLIGHT`,
-//! waits and asks again). Against one server nothing of this applies: a call is made once, as
-//! always.
+//! twice. A retry that finds an earlier attempt still running on the leader
+//! (`IDEMPOTENCY_KEY_IN_FLIGHT`: that attempt's connection broke, not its work) waits 0.5 to
+//! 1 s and asks again, for up to 120 s, until the first answer is replayed. Against one
+//! server nothing of this applies: a call is made once, as always.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -26,10 +27,14 @@ use tonic::{Code, Status};
 use super::tally::{Acked, AckedOrder, Tally, reason};
 use crate::cluster::LocalCluster;
 
-/// How long one call keeps trying other nodes after its first failure.
-const GIVE_UP_AFTER: Duration = Duration::from_secs(30);
-/// How long one attempt may take on a cluster before it counts as failed on its node.
-const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long one call keeps trying other nodes after its first failure (a group that lost
+/// its leader twice in a row on a loaded machine can take tens of seconds to serve again).
+const GIVE_UP_AFTER: Duration = Duration::from_secs(60);
+/// How long one call waits for an earlier attempt of its own that still runs.
+const IN_FLIGHT_PATIENCE: Duration = Duration::from_secs(120);
+/// How long one attempt may take on a cluster before it counts as failed on its node (a
+/// backstop: a killed node's connections are reset at once).
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(60);
 /// The first wait before the next node; it doubles up to [`WAIT_MAX`].
 const WAIT_MIN: Duration = Duration::from_millis(20);
 const WAIT_MAX: Duration = Duration::from_millis(250);
@@ -58,6 +63,7 @@ pub(crate) struct Attempts<'a> {
     at: &'a AtomicUsize,
     tally: Option<&'a Tally>,
     give_up_at: Option<Instant>,
+    in_flight_until: Option<Instant>,
     wait: Duration,
 }
 
@@ -70,6 +76,7 @@ impl<'a> Attempts<'a> {
             at,
             tally,
             give_up_at: None,
+            in_flight_until: None,
             wait: WAIT_MIN,
         }
     }
@@ -91,22 +98,31 @@ impl<'a> Attempts<'a> {
             .await
             .unwrap_or_else(|_| {
                 Err(Status::deadline_exceeded(
-                    "no answer from this node within 15 s",
+                    "no answer from this node within 60 s",
                 ))
             })
     }
 
     /// After an attempt that failed with `s`: whether to try again after a backoff (already
-    /// waited). Only on a cluster, within [`GIVE_UP_AFTER`] of the first failure: a failure on
-    /// the node ([`failed_on_node`]) is tried again on the next node; `IDEMPOTENCY_KEY_IN_FLIGHT`
-    /// (the request's earlier attempt, cut off from this caller, still runs on the leader) on
-    /// the same node, until the first attempt's answer is replayed.
+    /// waited). Only on a cluster: a failure on the node ([`failed_on_node`]) is tried again on
+    /// the next node, within [`GIVE_UP_AFTER`] of the first one (counted in the tally);
+    /// `IDEMPOTENCY_KEY_IN_FLIGHT` (the request's earlier attempt, cut off from this caller,
+    /// still runs on the leader) on the same node, within [`IN_FLIGHT_PATIENCE`], until the
+    /// first attempt's answer is replayed.
     pub async fn retry(&mut self, s: &Status) -> bool {
         let in_flight = s.code() == Code::Aborted && reason(s) == "IDEMPOTENCY_KEY_IN_FLIGHT";
         if self.nodes < 2 || !(in_flight || failed_on_node(s)) {
             return false;
         }
         let now = Instant::now();
+        if in_flight {
+            if now > *self.in_flight_until.get_or_insert(now + IN_FLIGHT_PATIENCE) {
+                return false;
+            }
+            let jitter = rand::rng().random_range(0..=500);
+            tokio::time::sleep(Duration::from_millis(500 + jitter)).await;
+            return true;
+        }
         let first = self.give_up_at.is_none();
         if now > *self.give_up_at.get_or_insert(now + GIVE_UP_AFTER) {
             return false;
@@ -117,13 +133,11 @@ impl<'a> Attempts<'a> {
             }
             t.failover_attempts.fetch_add(1, Ordering::Relaxed);
         }
-        if !in_flight {
-            let _ = self
-                .at
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |i| {
-                    Some((i + 1) % self.nodes)
-                });
-        }
+        let _ = self
+            .at
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |i| {
+                Some((i + 1) % self.nodes)
+            });
         let jitter = rand::rng().random_range(0..=self.wait.as_millis() as u64);
         tokio::time::sleep(self.wait + Duration::from_millis(jitter)).await;
         self.wait = (self.wait * 2).min(WAIT_MAX);
@@ -177,11 +191,18 @@ impl Killer {
     /// measures the failover.
     pub fn spawn(cluster: Arc<LocalCluster>, opened: Instant, at: Instant) -> Killer {
         Killer(tokio::spawn(async move {
+            // The leader is looked up a second early (a scrape of each node can be slow on a
+            // loaded machine) and checked again at the kill's time.
+            tokio::time::sleep_until(at.checked_sub(Duration::from_secs(1)).unwrap_or(at).into())
+                .await;
+            let mut leader = cluster.await_leader(Duration::from_secs(10)).await;
             tokio::time::sleep_until(at.into()).await;
-            let leader = cluster
-                .await_leader(Duration::from_secs(10))
-                .await
-                .context("no node said it leads: there was no leader to kill")?;
+            if let Some(l) = leader
+                && !cluster.leads(l).await
+            {
+                leader = cluster.await_leader(Duration::from_secs(10)).await;
+            }
+            let leader = leader.context("no node said it leads: there was no leader to kill")?;
             let killed_at = Instant::now();
             cluster.kill(leader)?;
             let after = killed_at.saturating_duration_since(opened).as_secs_f64();

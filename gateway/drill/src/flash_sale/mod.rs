@@ -96,7 +96,7 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
     };
     tokio::select! {
         r = run => r,
-        () = interrupted() => Err(anyhow::anyhow!("interrupted: the cluster's nodes were stopped")),
+        () = crate::signal::shutdown_signal() => Err(anyhow::anyhow!("interrupted: the cluster's nodes were stopped")),
     }
 }
 
@@ -317,30 +317,6 @@ async fn check_cluster(
     Ok(())
 }
 
-/// Resolves on Ctrl-C (or SIGTERM); never if neither can be listened to.
-async fn interrupted() {
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
-    }
-}
-
 /// Creates the sale's event: sections as [`sale_event`], admission at `--admit-rate-per-second`, the
 /// opening `opens_in` from now.
 async fn create_event(
@@ -403,7 +379,7 @@ async fn await_expiry(
             .await
         })
         .await
-        .context("reading the event's counts (no node of the cluster answered for 30 s)")?
+        .context("reading the event's counts (no node of the cluster answered for 60 s)")?
         .into_inner();
         let held: u32 = e.sections.iter().map(|s| s.held).sum();
         if held == 0 || Instant::now() > deadline {
