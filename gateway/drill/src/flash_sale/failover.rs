@@ -5,7 +5,8 @@
 //! A call fails on a node when the node is down (the connection is refused or reset), has no
 //! leader yet or lost it under the call (`UNAVAILABLE`, e.g. `NOT_READY`), or does not answer
 //! within 60 s. The caller then sends the same request (the same idempotency key) to the next
-//! node after a short backoff (20 ms doubling to 250 ms, plus jitter), for up to 60 s: the
+//! node after a short backoff (20 ms doubling to 250 ms, plus jitter), while the nodes have not
+//! failed it for 60 s in a row (an attempt a leader took up for over 5 s ends a run): the
 //! contract replays the first answer of a request that was committed, so nothing is done
 //! twice. A retry that finds an earlier attempt still running on the leader
 //! (`IDEMPOTENCY_KEY_IN_FLIGHT`: that attempt's connection broke, not its work) waits 0.5 to
@@ -27,9 +28,13 @@ use tonic::{Code, Status};
 use super::tally::{Acked, AckedOrder, Tally, reason};
 use crate::cluster::LocalCluster;
 
-/// How long one call keeps trying other nodes after its first failure (a group that lost
-/// its leader twice in a row on a loaded machine can take tens of seconds to serve again).
+/// How long one call keeps trying other nodes while they fail one after the other (a group
+/// that lost its leader twice in a row on a loaded machine can take tens of seconds to serve
+/// again).
 const GIVE_UP_AFTER: Duration = Duration::from_secs(60);
+/// A failure that comes this long after the previous one of the same call starts a new run
+/// of failures (the attempt between them was taken up by a serving leader, which then went).
+const NEW_STREAK_AFTER: Duration = Duration::from_secs(5);
 /// How long one call waits for an earlier attempt of its own that still runs.
 const IN_FLIGHT_PATIENCE: Duration = Duration::from_secs(120);
 /// How long one attempt may take on a cluster before it counts as failed on its node (a
@@ -63,6 +68,7 @@ pub(crate) struct Attempts<'a> {
     at: &'a AtomicUsize,
     tally: Option<&'a Tally>,
     give_up_at: Option<Instant>,
+    last_failure: Option<Instant>,
     in_flight_until: Option<Instant>,
     wait: Duration,
 }
@@ -76,6 +82,7 @@ impl<'a> Attempts<'a> {
             at,
             tally,
             give_up_at: None,
+            last_failure: None,
             in_flight_until: None,
             wait: WAIT_MIN,
         }
@@ -105,7 +112,9 @@ impl<'a> Attempts<'a> {
 
     /// After an attempt that failed with `s`: whether to try again after a backoff (already
     /// waited). Only on a cluster: a failure on the node ([`failed_on_node`]) is tried again on
-    /// the next node, within [`GIVE_UP_AFTER`] of the first one (counted in the tally);
+    /// the next node while the failures have not lasted [`GIVE_UP_AFTER`] in a row (counted
+    /// in the tally; an attempt that ran longer than [`NEW_STREAK_AFTER`] before it failed
+    /// ends a run);
     /// `IDEMPOTENCY_KEY_IN_FLIGHT` (the request's earlier attempt, cut off from this caller,
     /// still runs on the leader) on the same node, within [`IN_FLIGHT_PATIENCE`], until the
     /// first attempt's answer is replayed.
@@ -124,7 +133,15 @@ impl<'a> Attempts<'a> {
             return true;
         }
         let first = self.give_up_at.is_none();
-        if now > *self.give_up_at.get_or_insert(now + GIVE_UP_AFTER) {
+        if self
+            .last_failure
+            .is_none_or(|last| now.duration_since(last) > NEW_STREAK_AFTER)
+        {
+            self.give_up_at = Some(now + GIVE_UP_AFTER);
+            self.wait = WAIT_MIN;
+        }
+        self.last_failure = Some(now);
+        if self.give_up_at.is_some_and(|at| now > at) {
             return false;
         }
         if let Some(t) = self.tally {
