@@ -9,9 +9,9 @@
 //!
 //! Against a cluster (`--nodes 3`) fan `i` starts at node `i % 3` and stays where its calls are
 //! answered: a call that fails on a node goes to the next one, the same request
-//! ([`super::failover`]); a fan whose place in line is gone (it stood in the waiting room of a
-//! leader that died) joins the line again; and every hold and order a fan is told about is
-//! recorded, to read back at the end.
+//! ([`super::failover`]); a fan whose place in line is gone (a line lost with the node that
+//! kept it; the replicated waiting room keeps it) joins the line again; and every hold and order
+//! a fan is told about is recorded, to read back at the end.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

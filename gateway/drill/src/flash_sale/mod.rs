@@ -379,7 +379,7 @@ async fn await_expiry(
             .await
         })
         .await
-        .context("reading the event's counts (no node of the cluster answered for 60 s)")?
+        .context("reading the event's counts at the end of the sale")?
         .into_inner();
         let held: u32 = e.sections.iter().map(|s| s.held).sum();
         if held == 0 || Instant::now() > deadline {

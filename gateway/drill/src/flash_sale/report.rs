@@ -156,8 +156,9 @@ pub struct ClusterFigures {
     pub calls_failed_in_failover: u64,
     /// Their failed attempts.
     pub failed_attempts: u64,
-    /// Fans whose place in line was gone (they stood in the waiting room of the leader that
-    /// died) and who joined the line again.
+    /// Fans whose place in line was gone (`EXPIRED` at position 0, or `TOKEN_EXPIRED`: a line
+    /// lost with the leader that kept it; 0 while the waiting room is replicated) and who joined
+    /// the line again.
     pub fans_sent_back_to_line: u64,
     /// Holds the fans were told about (`Hold` answered OK), read back through the cluster.
     pub acknowledged_holds: u64,
