@@ -13,7 +13,19 @@ use crate::types::{EventId, OrderView, SectionId};
 pub(crate) struct OwnedBooks {
     pub sections: Vec<(String, SectionCore)>,
     pub claims: Vec<(String, Vec<u8>)>,
+    pub claims_before: Vec<(String, Vec<u8>)>,
     pub charges: Vec<crate::payment::Charge>,
+}
+
+impl OwnedBooks {
+    pub(crate) fn borrowed(&self) -> Books<'_> {
+        Books {
+            sections: &self.sections,
+            claims: &self.claims,
+            claims_before: &self.claims_before,
+            charges: &self.charges,
+        }
+    }
 }
 
 impl Engine {
@@ -45,18 +57,19 @@ impl Engine {
     /// nothing (the server's periodic pass, [`Engine::settle_and_reconcile`], also refunds).
     pub async fn reconcile(&self) -> Result<Vec<Finding>, EngineError> {
         let books = self.books().await?;
-        let findings = reconcile::check(&Books {
-            sections: &books.sections,
-            claims: &books.claims,
-            charges: &books.charges,
-        });
+        let findings = reconcile::check(&books.borrowed());
         reconcile::report(&findings);
         Ok(findings)
     }
 
-    /// What reconciliation compares, gathered now.
+    /// What reconciliation compares, gathered now: the claims before the sections, then (once
+    /// everything the sections queued is durable: in a cluster, committed and applied) after
+    /// them, so that a sale in flight is neither a claim without a sale nor a sale without a
+    /// claim.
     pub(crate) async fn books(&self) -> Result<OwnedBooks, EngineError> {
+        let claims_before = self.inner.store.sink.claims()?;
         let sections = self.section_cores().await?;
+        self.inner.store.barrier().await?;
         let claims = self.inner.store.sink.claims()?;
         let charges =
             self.inner
@@ -70,6 +83,7 @@ impl Engine {
         Ok(OwnedBooks {
             sections,
             claims,
+            claims_before,
             charges,
         })
     }

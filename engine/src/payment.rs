@@ -109,8 +109,10 @@ pub struct SimulatedProvider {
     by_key: sled::Tree,
     by_id: sled::Tree,
     config: SimulatedConfig,
-    /// Serializes charges and refunds: the idempotency check and the record are one step.
-    lock: tokio::sync::Mutex<()>,
+    /// Serializes the charges and refunds of one key (the idempotency check and the record are
+    /// one step), by stripes: calls for other keys go on meanwhile (on a cluster leader, where
+    /// a record waits for its Raft commit, one lock for all would allow one commit at a time).
+    locks: Vec<tokio::sync::Mutex<()>>,
     /// Group commit of the record: see [`SimulatedProvider::flush`].
     flushes: GroupFlush,
     /// A cluster leader's: the record is replicated through its group (and applied to these
@@ -148,6 +150,9 @@ impl GroupFlush {
     }
 }
 
+/// Stripes of [`SimulatedProvider`]'s per-key lock.
+const LOCK_STRIPES: usize = 256;
+
 fn io(e: sled::Error) -> PaymentError {
     PaymentError::Unavailable(e.to_string())
 }
@@ -176,10 +181,21 @@ impl SimulatedProvider {
                 .open_tree(crate::store::names::PAYMENTS_BY_ID)
                 .map_err(io)?,
             config,
-            lock: tokio::sync::Mutex::new(()),
+            locks: (0..LOCK_STRIPES)
+                .map(|_| tokio::sync::Mutex::new(()))
+                .collect(),
             flushes: GroupFlush::default(),
             replicate,
         }))
+    }
+
+    /// The lock of `key`'s stripe.
+    async fn lock(&self, key: &str) -> tokio::sync::MutexGuard<'_, ()> {
+        use std::hash::{BuildHasher, BuildHasherDefault};
+        let hash = BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
+            .hash_one(key);
+        let stripe = usize::try_from(hash % LOCK_STRIPES as u64).unwrap_or(0);
+        self.locks[stripe].lock().await
     }
 
     fn get(&self, key: &str) -> Result<Option<Charge>, PaymentError> {
@@ -281,7 +297,7 @@ impl PaymentProvider for SimulatedProvider {
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }
-            let _guard = self.lock.lock().await;
+            let _guard = self.lock(key).await;
             if let Some(c) = self.get(key)? {
                 // Idempotent by key: the first result, whatever the token now (made durable
                 // first: its first caller may still be flushing it).
@@ -328,13 +344,14 @@ impl PaymentProvider for SimulatedProvider {
 
     fn refund<'a>(&'a self, payment_id: &'a str) -> BoxFuture<'a, Result<Charge, PaymentError>> {
         Box::pin(async move {
-            let _guard = self.lock.lock().await;
+            // A payment's key never changes: read without the lock, then lock the key.
             let key = self
                 .by_id
                 .get(payment_id.as_bytes())
                 .map_err(io)?
                 .ok_or(PaymentError::NotFound)?;
             let key = String::from_utf8_lossy(&key).into_owned();
+            let _guard = self.lock(&key).await;
             let mut c = self.get(&key)?.ok_or(PaymentError::NotFound)?;
             match c.status {
                 ChargeStatus::Refunded => Ok(c),

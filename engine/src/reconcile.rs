@@ -84,8 +84,13 @@ impl Finding {
 pub(crate) struct Books<'a> {
     /// (`event/section`, its core).
     pub sections: &'a [(String, SectionCore)],
-    /// Every sold-seat claim: (key, holder).
+    /// Every sold-seat claim (key, holder), read after `sections` were gathered and everything
+    /// queued before was durable (a barrier): every seat `sections` show sold has its claim here.
     pub claims: &'a [(String, Vec<u8>)],
+    /// The claims as read before `sections` were gathered: each was made by a sale `sections`
+    /// show. (A sale made while the books are gathered is in `claims` but may be missing from
+    /// `sections`; a sale not yet durable is in `sections` but may be missing from this.)
+    pub claims_before: &'a [(String, Vec<u8>)],
     /// Every charge the payment provider knows.
     pub charges: &'a [Charge],
 }
@@ -109,10 +114,12 @@ pub(crate) fn check(books: &Books<'_>) -> Vec<Finding> {
     }
     // The backstop.
     let mut seen = HashSet::new();
-    for (key, _) in books.claims {
+    for (key, _) in books.claims_before {
         if !expected_claims.contains_key(key) {
             findings.push(Finding::ClaimWithoutSale { key: key.clone() });
         }
+    }
+    for (key, _) in books.claims {
         seen.insert(key.clone());
     }
     for key in expected_claims.keys() {

@@ -22,7 +22,7 @@ use dashmap::DashMap;
 use crate::engine::Engine;
 use crate::error::EngineError;
 use crate::payment::{Charge, ChargeStatus};
-use crate::reconcile::{self, Books, Finding};
+use crate::reconcile::{self, Finding};
 use crate::types::{HoldId, HoldStatus};
 
 /// What the refunder remembers between passes (in memory: after a restart a charge waits for
@@ -92,11 +92,7 @@ impl Engine {
         grace: std::time::Duration,
     ) -> Result<(Vec<Finding>, Settlement), EngineError> {
         let books = self.books().await?;
-        let findings = reconcile::check(&Books {
-            sections: &books.sections,
-            claims: &books.claims,
-            charges: &books.charges,
-        });
+        let findings = reconcile::check(&books.borrowed());
         let now = self.now_ms();
         let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
         let mut settlement = Settlement::default();

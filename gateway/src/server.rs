@@ -162,6 +162,9 @@ struct Node {
     raft: boxoffice_engine::raft::Raft,
     stop: tokio::sync::watch::Sender<bool>,
     lead: tokio::task::JoinHandle<()>,
+    /// Why the node left its group on its own (its Raft stopped on an error, or it could not
+    /// serve as leader): set once, by the leadership loop.
+    failed: tokio::sync::watch::Receiver<Option<String>>,
 }
 
 const SERVICES: &[&str] = &[
@@ -375,8 +378,14 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
                 health: health.clone(),
                 sweeper: sweeper.clone(),
             };
-            let lead = tokio::spawn(lead(leading, stopped, recovered_tx));
-            Some(Node { raft, stop, lead })
+            let (failed_tx, failed) = tokio::sync::watch::channel(None);
+            let lead = tokio::spawn(lead(leading, stopped, recovered_tx, failed_tx));
+            Some(Node {
+                raft,
+                stop,
+                lead,
+                failed,
+            })
         }
         None => {
             // Recovery in the background: health says NOT_SERVING until it is done.
@@ -704,10 +713,16 @@ const OPEN_FAILURES_MAX: u32 = 5;
 /// without a majority, a lost leadership), the engine is stopped and calls are forwarded to
 /// the leader. Health is `SERVING` while the node leads with its engine open or knows the
 /// leader to forward to, `NOT_SERVING` otherwise (an election, or recovery).
+///
+/// The loop ends on a stop request, or on its own when the node cannot go on in its group: its
+/// Raft stopped (a storage error: the log could not be written) or it could not open its engine
+/// as leader [`OPEN_FAILURES_MAX`] times. Then health says `NOT_SERVING` and `failed` says why
+/// ([`Running::failed`]: `serve` exits non-zero so that its supervisor restarts it).
 async fn lead(
     node: Leading,
     mut stop: tokio::sync::watch::Receiver<bool>,
     ready_tx: oneshot::Sender<anyhow::Result<()>>,
+    failed: tokio::sync::watch::Sender<Option<String>>,
 ) {
     let id = node.raft.metrics().borrow().id;
     let mut metrics = node.raft.metrics();
@@ -715,8 +730,13 @@ async fn lead(
     let mut serving: Option<bool> = None;
     let mut ready_tx = Some(ready_tx);
     let mut failures = 0;
+    let mut why_failed: Option<String> = None;
     loop {
         if *stop.borrow() {
+            break;
+        }
+        if let Err(fatal) = &metrics.borrow().running_state {
+            why_failed = Some(format!("its Raft stopped: {fatal}"));
             break;
         }
         let (leads, known, term) = {
@@ -771,10 +791,12 @@ async fn lead(
                             "this node cannot serve: it leaves the group (its Raft stops) so \
                              that another node leads; restart it once the cause is fixed"
                         );
-                        set_health(&node.health, ServingStatus::NotServing).await;
                         if let Err(e) = node.raft.shutdown().await {
                             tracing::warn!(error = %e, "stopping Raft");
                         }
+                        why_failed = Some(format!(
+                            "it could not serve as leader ({failures} tries; the last: {e:#})"
+                        ));
                         break;
                     }
                     retry = true;
@@ -807,7 +829,13 @@ async fn lead(
             }
         };
         tokio::select! {
-            changed = metrics.changed() => if changed.is_err() { break },
+            changed = metrics.changed() => if changed.is_err() {
+                why_failed = Some(match &node.raft.metrics().borrow().running_state {
+                    Err(fatal) => format!("its Raft stopped: {fatal}"),
+                    Ok(()) => "its Raft stopped".into(),
+                });
+                break;
+            },
             () = engine_stopped => {}
             _ = stop.changed() => {}
             () = tokio::time::sleep(Duration::from_millis(500)), if retry => {}
@@ -816,6 +844,14 @@ async fn lead(
     node.ready.take();
     if let Some(s) = stack.take() {
         s.stop().await;
+    }
+    if let Some(why) = why_failed.filter(|_| !*stop.borrow()) {
+        tracing::error!(reason = %why, "this node left its group: health is NOT_SERVING until a restart");
+        set_health(&node.health, ServingStatus::NotServing).await;
+        if let Some(tx) = ready_tx.take() {
+            let _ = tx.send(Err(anyhow::anyhow!("this node left its group: {why}")));
+        }
+        let _ = failed.send(Some(why));
     }
 }
 
@@ -923,6 +959,20 @@ impl Running {
     /// The sweeper, once started (for tests that check what happens when it dies).
     pub fn sweeper(&self) -> Option<ractor::ActorRef<boxoffice_sweeper::SweeperMsg>> {
         self.sweeper.lock().ok()?.clone()
+    }
+
+    /// Resolves when a cluster node has left its group on its own (its Raft stopped on an
+    /// error, or it could not serve as leader), with the reason; never for a single node, or
+    /// a node that goes on.
+    pub async fn failed(&self) -> String {
+        let Some(node) = &self.node else {
+            return std::future::pending().await;
+        };
+        let mut failed = node.failed.clone();
+        match failed.wait_for(|f| f.is_some()).await {
+            Ok(why) => why.clone().unwrap_or_default(),
+            Err(_) => std::future::pending().await,
+        }
     }
 
     /// A cluster node's Raft (`None`: a single node).

@@ -80,9 +80,23 @@ impl BlobSync {
         let started = std::time::SystemTime::now();
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         let since = last.map(|t| t - Duration::from_secs(2));
+        // sled writes a blob once, as a new file: a directory unchanged since the last sync
+        // (its mtime) holds no blob to sync (most syncs: no value over 128 KiB was written).
+        if let (Some(since), Ok(m)) = (since, blobs.metadata().and_then(|m| m.modified()))
+            && m < since
+        {
+            *last = Some(started);
+            return Ok(());
+        }
         for entry in std::fs::read_dir(&blobs)? {
             let entry = entry?;
-            let meta = entry.metadata()?;
+            // A blob removed meanwhile (its value replaced or deleted, a purged Raft entry)
+            // needs no sync.
+            let meta = match entry.metadata() {
+                Ok(m) => m,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            };
             if !meta.is_file() {
                 continue;
             }
@@ -91,9 +105,8 @@ impl BlobSync {
                 _ => true,
             };
             if fresh {
-                // A blob removed meanwhile (its value replaced) needs no sync.
-                match std::fs::File::open(entry.path()) {
-                    Ok(f) => f.sync_data()?,
+                match std::fs::File::open(entry.path()).and_then(|f| f.sync_data()) {
+                    Ok(()) => {}
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                     Err(e) => return Err(e),
                 }
@@ -520,5 +533,43 @@ mod tests {
             disk_usage(&dir.path().join("missing")),
             DiskUsage::default()
         );
+    }
+
+    /// sled removes a blob file when its value goes (a replaced checkpoint, a Raft entry
+    /// purged behind a snapshot), at any moment: a sync that lists the blob directory while
+    /// that happens skips the file that went, instead of failing the sync (and with it the
+    /// node's Raft log, which once stopped a follower's Raft for good).
+    #[test]
+    fn blob_sync_skips_blobs_removed_under_it() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let blobs = dir.path().join(SLED_BLOBS_DIR);
+        std::fs::create_dir_all(&blobs).expect("mkdir");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let churn = {
+            let (blobs, stop) = (blobs.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let path = blobs.join(n.to_string());
+                    std::fs::write(&path, b"value").expect("write a blob");
+                    std::fs::remove_file(&path).expect("remove it");
+                    n += 1;
+                }
+                n
+            })
+        };
+        let sync = BlobSync::default();
+        for _ in 0..2_000 {
+            sync.sync(dir.path())
+                .expect("a sync while blobs come and go");
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(
+            churn.join().expect("the churn thread") > 0,
+            "blobs came and went"
+        );
+        // A blob that stays is synced and the directory too: no error either.
+        std::fs::write(blobs.join("kept"), b"value").expect("write");
+        sync.sync(dir.path()).expect("a sync");
     }
 }

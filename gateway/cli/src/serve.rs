@@ -16,6 +16,7 @@ use std::time::Duration;
 use anyhow::Context;
 use base64::Engine as _;
 use boxoffice_drill::secret::{self, UsageError};
+use boxoffice_drill::signal::shutdown_signal;
 use boxoffice_engine::limits::{
     IDEMPOTENCY_WINDOW_MS_DEFAULT, IDEMPOTENCY_WINDOW_MS_MAX, IDEMPOTENCY_WINDOW_MS_MIN,
 };
@@ -325,7 +326,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<Exit> {
             return Ok(Exit::Ok);
         }
     }
-    shutdown_signal().await;
+    tokio::select! {
+        () = shutdown_signal() => {}
+        why = running.failed() => {
+            // A node that left its group serves nothing: it exits non-zero, so that its
+            // supervisor (systemd's Restart=on-failure, an orchestrator) starts it again.
+            running.shutdown().await.ok();
+            anyhow::bail!("this node left its cluster group: {why}; restart it");
+        }
+    }
     println!("draining...");
     running.shutdown().await?;
     println!("stopped; log flushed");
@@ -467,25 +476,4 @@ fn random_text(bytes: usize) -> String {
     let mut b = vec![0u8; bytes];
     rand::rng().fill_bytes(&mut b);
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
-    }
 }

@@ -669,3 +669,216 @@ fn a_broken_promise_exits_3() {
         text(&out)
     );
 }
+
+/// The processes whose command line mentions `needle` (Linux: `/proc/*/cmdline`), this test's
+/// own excepted: a cluster run's nodes are named by their data dirs.
+fn processes_mentioning(needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let me = std::process::id().to_string();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let pid = entry.file_name().to_string_lossy().into_owned();
+        if pid == me || !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        if let Ok(cmd) = std::fs::read(entry.path().join("cmdline")) {
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if cmd.contains(needle) {
+                found.push(format!("{pid}: {cmd}"));
+            }
+        }
+    }
+    found
+}
+
+/// The demo of issue 13: `flash-sale --nodes 3 --kill-leader-after 1` plays the sale against
+/// three `serve` processes, kills the leader with SIGKILL a second after the opening, and the
+/// fans go on through the other nodes. It exits 0; its JSON report names the killed node and
+/// the failover time, reads back every acknowledged hold and order (none lost), sold no seat
+/// twice, and the live nodes' copies reconcile; no node process outlives the run.
+#[test]
+fn a_flash_sale_on_three_nodes_loses_nothing_when_the_leader_is_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("cluster");
+    let json = dir.path().join("report.json");
+    let out = boxoffice(&[
+        "flash-sale",
+        "--nodes",
+        "3",
+        "--kill-leader-after",
+        "1",
+        "--fans",
+        "2000",
+        "--seats",
+        "300",
+        "--arrival-seconds",
+        "3",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+    ])
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for row in [
+        "nodes ",
+        "leader killed (SIGKILL)",
+        "failover (until a leader serves again)",
+        "calls failed during the failover (retried)",
+        "fans sent back to the line",
+        "acknowledged but lost (must be 0)",
+        "every seat sold at most once",
+    ] {
+        assert!(
+            stdout.contains(row),
+            "the report lacks {row:?}: {}",
+            text(&out)
+        );
+    }
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let n = |k: &str| {
+        report[k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{k} in {report}"))
+    };
+    assert_eq!(n("nodes"), 3);
+    assert!((1..=3).contains(&n("killed_node")), "{report}");
+    assert!(report["failover_ms"].is_u64(), "a failover time: {report}");
+    assert_ne!(
+        report["new_leader"], report["killed_node"],
+        "another node leads: {report}"
+    );
+    assert_eq!(n("acknowledged_lost"), 0, "{report}");
+    assert!(
+        n("acknowledged_holds") > 0 && n("acknowledged_orders") > 0,
+        "holds and orders were read back: {report}"
+    );
+    assert!(
+        n("calls_failed_in_failover") > 0,
+        "the kill failed some calls, which were retried: {report}"
+    );
+    for k in [
+        "oversold",
+        "double_booked",
+        "invariant_violations",
+        "reconciliation_findings",
+        "errors",
+        "held",
+    ] {
+        assert_eq!(n(k), 0, "{k}: {report}");
+    }
+    assert_eq!(n("tickets"), n("sold"), "{report}");
+    assert!(n("sold") > 0 && n("sold") <= 300, "{report}");
+    assert_eq!(report["clean"], true);
+    for i in 1..=3 {
+        assert!(
+            data.join(format!("node{i}")).is_dir(),
+            "node {i} kept its data under --data-dir"
+        );
+    }
+    let left = processes_mentioning(data.to_str().unwrap());
+    assert!(left.is_empty(), "nodes outlived the run: {left:?}");
+}
+
+/// A cluster run stopped by a signal (SIGTERM here; Ctrl-C is handled the same) stops its
+/// three nodes before it exits (code 1): none is left running.
+#[test]
+fn an_interrupted_cluster_run_leaves_no_node_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("cluster");
+    let mut child = boxoffice(&[
+        "flash-sale",
+        "--nodes",
+        "3",
+        "--fans",
+        "1000000",
+        "--arrival-seconds",
+        "600",
+        "--data-dir",
+        data.to_str().unwrap(),
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    // Until the three nodes serve and the sale runs (its progress lines).
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while processes_mentioning(data.to_str().unwrap()).len() < 3
+        || !(1..=3).all(|i| {
+            std::fs::read_to_string(data.join(format!("node{i}.log")))
+                .is_ok_and(|l| l.contains("ready: serving"))
+        })
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the nodes did not start"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let ok = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let status = child.wait().unwrap();
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    let left = processes_mentioning(data.to_str().unwrap());
+    assert!(left.is_empty(), "nodes outlived the run: {left:?}");
+}
+
+/// `--nodes` is 1 or 3; `--kill-leader-after` needs `--nodes 3`; `--nodes 3` starts its own
+/// cluster, so not with `--target` (nor `--naive`). Each is a usage error (exit 2) naming the
+/// flag, and nothing is started.
+#[test]
+fn cluster_flags_wrongly_given_are_usage_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("never");
+    let d = data.to_str().unwrap();
+    let cases: [(&[&str], &str); 5] = [
+        (&["--nodes", "2"], "--nodes"),
+        (&["--kill-leader-after", "1"], "--kill-leader-after"),
+        (
+            &["--nodes", "1", "--kill-leader-after", "1"],
+            "--kill-leader-after",
+        ),
+        (
+            &[
+                "--nodes",
+                "3",
+                "--target",
+                "http://127.0.0.1:9",
+                "--admin-key",
+                "k",
+            ],
+            "--target",
+        ),
+        (&["--nodes", "3", "--naive"], "--naive"),
+    ];
+    for (args, named) in cases {
+        let mut all = vec!["flash-sale", "--data-dir", d];
+        all.extend_from_slice(args);
+        let out = boxoffice(&all).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
+        assert!(
+            text(&out).contains(named),
+            "{args:?} names {named}: {}",
+            text(&out)
+        );
+    }
+    assert!(!data.exists(), "nothing was started");
+    let negative = boxoffice(&["flash-sale", "--nodes", "3", "--kill-leader-after=-1"])
+        .output()
+        .unwrap();
+    assert_eq!(negative.status.code(), Some(2), "{}", text(&negative));
+}

@@ -6,9 +6,15 @@
 //! card first) or walks away. Turned away with SOLD_OUT, a fan may wait on the waitlist (with
 //! their admission, as the contract wants) and buy what it offers; if places came back
 //! meanwhile (PLACES_AVAILABLE), they hold those instead. At most `--concurrency` fans are between joining and paying at once.
+//!
+//! Against a cluster (`--nodes 3`) fan `i` starts at node `i % 3` and stays where its calls are
+//! answered: a call that fails on a node goes to the next one, the same request
+//! ([`super::failover`]); a fan whose place in line is gone (a line lost with the node that
+//! kept it; the replicated waiting room keeps it) joins the line again; and every hold and order
+//! a fan is told about is recorded, to read back at the end.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -21,7 +27,11 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 use tonic::transport::Channel;
 
 use super::FlashSaleArgs;
-use super::tally::{Latencies, Tally, Ticket, reason, record, record_duration};
+use super::failover::Attempts;
+use super::tally::{AckedOrder, Latencies, Tally, Ticket, reason, record, record_duration};
+
+/// Times a fan joins the line again when its place is gone before giving up.
+const REJOINS_MAX: u32 = 5;
 
 /// How fans retry: only calls the gate or a section shed (`OVERLOADED`), at most 200 times,
 /// waiting 5 ms doubling to 70 ms plus jitter (70 to 140 ms once at the cap: on average the
@@ -87,8 +97,11 @@ pub(crate) struct Crowd {
     slots: Semaphore,
     /// Fans solving a join challenge at once: one per core (the hash search is all CPU).
     solvers: Arc<Semaphore>,
-    channels: Vec<Channel>,
+    /// Per node, the channels to it (one node unless the sale runs against a cluster).
+    nodes: Vec<Vec<Channel>>,
     bearer: Bearer,
+    /// Whether the holds and orders the fans are told about are recorded (cluster runs).
+    record_acks: bool,
     pub tally: Arc<Tally>,
     pub lat: Mutex<Latencies>,
     /// Every ticket the fans bought.
@@ -98,11 +111,12 @@ pub(crate) struct Crowd {
 }
 
 impl Crowd {
-    /// The fans of a sale of `event`, over `channels` (fan `i` takes channel `i % len`).
+    /// The fans of a sale of `event`, over `nodes` (per node, its channels; fan `i` starts at
+    /// node `i % nodes` and takes the same channel of each node).
     pub fn new(
         args: Arc<FlashSaleArgs>,
         event: SaleEvent,
-        channels: Vec<Channel>,
+        nodes: Vec<Vec<Channel>>,
         bearer: Bearer,
         tally: Arc<Tally>,
     ) -> Crowd {
@@ -114,7 +128,8 @@ impl Crowd {
             )),
             args,
             event,
-            channels,
+            record_acks: nodes.len() > 1,
+            nodes,
             bearer,
             tally,
             lat: Mutex::default(),
@@ -187,14 +202,16 @@ struct Outcome {
     waitlist: Option<(u32, String)>,
 }
 
-/// One fan: their clients, their name, their own seeded choices.
+/// One fan: their clients (one per node), the node they call now, their name, their own
+/// seeded choices.
 struct Fan<'a> {
     crowd: &'a Crowd,
     tally: &'a Tally,
     i: usize,
     user: String,
     rng: StdRng,
-    f: Clients,
+    nodes: Vec<Clients>,
+    at: AtomicUsize,
 }
 
 impl<'a> Fan<'a> {
@@ -207,15 +224,37 @@ impl<'a> Fan<'a> {
             rng: StdRng::seed_from_u64(
                 crowd.args.seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
             ),
-            f: Clients::new(&crowd.channels[i % crowd.channels.len()], &crowd.bearer),
+            nodes: crowd
+                .nodes
+                .iter()
+                .map(|channels| {
+                    Clients::new(
+                        &channels[(i / crowd.nodes.len()) % channels.len()],
+                        &crowd.bearer,
+                    )
+                })
+                .collect(),
+            at: AtomicUsize::new(i % crowd.nodes.len()),
         }
     }
 
-    /// `call(client, request)`, retried while shed ([`PATIENCE`]). Every attempt counts as a
-    /// call of the fans (and in `also`, if given), every retry as shed.
+    /// The clients of the node the fan calls now.
+    fn here(&self) -> &Clients {
+        &self.nodes[self.at.load(Ordering::Relaxed) % self.nodes.len()]
+    }
+
+    /// After a call that failed where it would have been answered elsewhere: the next node.
+    fn move_on(&self) {
+        self.at.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `call(client, request)` with the client `pick` chooses of the fan's node, retried while
+    /// shed ([`PATIENCE`]), and on a cluster sent again to the next node while it fails on one
+    /// ([`Attempts`]). Every attempt counts as a call of the fans (and in `also`, if given),
+    /// every retry after a shed as shed.
     async fn patient<C, Req, T, F, Fut>(
         &self,
-        client: &C,
+        pick: fn(&Clients) -> &C,
         request: Req,
         also: Option<&AtomicU64>,
         mut call: F,
@@ -227,10 +266,11 @@ impl<'a> Fan<'a> {
         Fut: Future<Output = Result<T, tonic::Status>>,
     {
         let tally = self.tally;
-        PATIENCE
-            .call_notify(
-                client,
-                request,
+        let mut tries = Attempts::new(self.nodes.len(), &self.at, Some(tally));
+        loop {
+            let attempt = PATIENCE.call_notify(
+                pick(&self.nodes[tries.node()]),
+                request.clone(),
                 |c, r| {
                     tally.calls.fetch_add(1, Ordering::Relaxed);
                     if let Some(also) = also {
@@ -241,8 +281,12 @@ impl<'a> Fan<'a> {
                 |_, _| {
                     tally.shed.fetch_add(1, Ordering::Relaxed);
                 },
-            )
-            .await
+            );
+            match tries.attempt(attempt).await {
+                Err(s) if tries.retry(&s).await => {}
+                r => return r,
+            }
+        }
     }
 
     /// From the waiting room to tickets (or not).
@@ -296,9 +340,12 @@ impl<'a> Fan<'a> {
             user_id: self.user.clone(),
         };
         let challenge = match self
-            .patient(&self.f.room, ask, None, |mut c, r| async move {
-                c.get_join_challenge(r).await
-            })
+            .patient(
+                |n| &n.room,
+                ask,
+                None,
+                |mut c, r| async move { c.get_join_challenge(r).await },
+            )
             .await
         {
             Ok(c) => c.into_inner(),
@@ -330,50 +377,85 @@ impl<'a> Fan<'a> {
     }
 
     /// Joins the line and polls until admitted (the ETA paces the polls): the admission token,
-    /// or `None` if the fan's place lapsed or a call failed.
+    /// or `None` if the fan's place lapsed or a call failed. A place that is gone (the line
+    /// answers `EXPIRED` at position 0, or the queue token `TOKEN_EXPIRED`: the waiting room of
+    /// a leader that died) sends the fan back to the line: they join again, up to
+    /// [`REJOINS_MAX`] times.
     async fn queue(&mut self) -> Option<String> {
         let (tally, lat) = (self.tally, &self.crowd.lat);
-        let join = self.join_request().await?;
-        let join_started = Instant::now();
-        let joined = self
-            .patient(&self.f.room, join, None, |mut c, r| async move {
-                c.join(r).await
-            })
-            .await;
-        record(lat, |l| &mut l.join, join_started);
-        let Ok(ticket) = joined.map(tonic::Response::into_inner) else {
-            tally.error("join", None);
-            return None;
-        };
-        loop {
-            let poll_started = Instant::now();
-            let poll = pb::GetStatusRequest {
-                queue_token: ticket.queue_token.clone(),
-            };
-            let st = self
-                .patient(&self.f.room, poll, None, |mut c, r| async move {
-                    c.get_status(r).await
-                })
+        let mut rejoins = 0;
+        'line: loop {
+            let join = self.join_request().await?;
+            let join_started = Instant::now();
+            let joined = self
+                .patient(
+                    |n| &n.room,
+                    join,
+                    None,
+                    |mut c, r| async move { c.join(r).await },
+                )
                 .await;
-            record(lat, |l| &mut l.status, poll_started);
-            let Ok(st) = st.map(tonic::Response::into_inner) else {
-                tally.error("status", None);
-                return None;
-            };
-            if st.state == pb::QueueState::Admitted as i32 {
-                if self.i >= self.crowd.preopen
-                    && st.position > 0
-                    && let Ok(mut p) = tally.positions.lock()
-                {
-                    p.push((self.i, st.position));
+            record(lat, |l| &mut l.join, join_started);
+            let ticket = match joined {
+                Ok(t) => t.into_inner(),
+                Err(s) => {
+                    tally.error("join", Some(&s));
+                    return None;
                 }
-                return Some(st.admission_token);
+            };
+            loop {
+                let poll_started = Instant::now();
+                let poll = pb::GetStatusRequest {
+                    queue_token: ticket.queue_token.clone(),
+                };
+                let st = self
+                    .patient(
+                        |n| &n.room,
+                        poll,
+                        None,
+                        |mut c, r| async move { c.get_status(r).await },
+                    )
+                    .await;
+                record(lat, |l| &mut l.status, poll_started);
+                let gone = match &st {
+                    Ok(st) => {
+                        st.get_ref().state == pb::QueueState::Expired as i32
+                            && st.get_ref().position == 0
+                    }
+                    Err(s) => reason(s) == "TOKEN_EXPIRED",
+                };
+                if gone && rejoins < REJOINS_MAX {
+                    if rejoins == 0 {
+                        tally.sent_back_to_line.fetch_add(1, Ordering::Relaxed);
+                    }
+                    rejoins += 1;
+                    continue 'line;
+                }
+                let st = match st {
+                    Ok(st) => st.into_inner(),
+                    Err(s) => {
+                        tally.error("status", Some(&s));
+                        return None;
+                    }
+                };
+                if st.state == pb::QueueState::Admitted as i32 {
+                    // A fan sent back to the line stands in another line: not compared.
+                    if self.i >= self.crowd.preopen
+                        && rejoins == 0
+                        && st.position > 0
+                        && let Ok(mut p) = tally.positions.lock()
+                    {
+                        p.push((self.i, st.position));
+                    }
+                    return Some(st.admission_token);
+                }
+                if st.state == pb::QueueState::Expired as i32 {
+                    return None;
+                }
+                let wait = (u64::from(st.eta_seconds) * 300).clamp(50, 1_000);
+                tokio::time::sleep(Duration::from_millis(wait + self.rng.random_range(0..50)))
+                    .await;
             }
-            if st.state == pb::QueueState::Expired as i32 {
-                return None;
-            }
-            let wait = (u64::from(st.eta_seconds) * 300).clamp(50, 1_000);
-            tokio::time::sleep(Duration::from_millis(wait + self.rng.random_range(0..50))).await;
         }
     }
 
@@ -399,21 +481,25 @@ impl<'a> Fan<'a> {
         }
     }
 
-    /// Picks `q` adjacent seats that look free in the seat map of `section`, from a random row.
+    /// Picks `q` adjacent seats that look free in the seat map of `section`, from a random row
+    /// (`None` if the map could not be read: the fan then takes best available, and calls the
+    /// next node from now on).
     async fn pick_from_map(
         &mut self,
         section: &str,
         q: u32,
     ) -> Option<pb::hold_request::Selection> {
         let map = self
-            .f
+            .here()
             .events
+            .clone()
             .get_seat_map(pb::GetSeatMapRequest {
                 event_id: self.crowd.event.event_id.clone(),
                 section_id: section.into(),
                 first_row: 0,
             })
             .await
+            .inspect_err(|_| self.move_on())
             .ok()?
             .into_inner();
         let seats = &map.sections.first()?.seats;
@@ -464,13 +550,24 @@ impl<'a> Fan<'a> {
                 selection: Some(selection.clone().unwrap_or(anywhere.clone())),
             };
             let r = self
-                .patient(&self.f.booking, request, None, |mut c, r| async move {
-                    c.hold(r).await
-                })
+                .patient(
+                    |n| &n.booking,
+                    request,
+                    None,
+                    |mut c, r| async move { c.hold(r).await },
+                )
                 .await;
             record(lat, |l| &mut l.hold, started);
             match r {
-                Ok(h) => return Ok(h.into_inner()),
+                Ok(h) => {
+                    let h = h.into_inner();
+                    if self.crowd.record_acks
+                        && let Ok(mut a) = tally.acked.lock()
+                    {
+                        a.holds.push((h.hold_id.clone(), self.user.clone()));
+                    }
+                    return Ok(h);
+                }
                 Err(s) if reason(&s) == "SEAT_UNAVAILABLE" && attempt < 3 => {
                     // The map was stale: someone was faster. Best available will do.
                     tally.stale_seat_map.fetch_add(1, Ordering::Relaxed);
@@ -508,9 +605,12 @@ impl<'a> Fan<'a> {
         if declined_first {
             let request = confirm("tok_decline".into(), "pay-declined");
             let r = self
-                .patient(&self.f.booking, request, None, |mut c, r| async move {
-                    c.confirm(r).await
-                })
+                .patient(
+                    |n| &n.booking,
+                    request,
+                    None,
+                    |mut c, r| async move { c.confirm(r).await },
+                )
                 .await;
             match &r {
                 Err(s) if reason(s) == "PAYMENT_DECLINED" => {}
@@ -528,9 +628,12 @@ impl<'a> Fan<'a> {
         let started = Instant::now();
         let request = confirm(format!("tok_fan_{card}"), "pay");
         let r = self
-            .patient(&self.f.booking, request, None, |mut c, r| async move {
-                c.confirm(r).await
-            })
+            .patient(
+                |n| &n.booking,
+                request,
+                None,
+                |mut c, r| async move { c.confirm(r).await },
+            )
             .await;
         record(lat, |l| &mut l.confirm, started);
         match r {
@@ -539,8 +642,18 @@ impl<'a> Fan<'a> {
                 if declined_first {
                     tally.declined_then_paid.fetch_add(1, Ordering::Relaxed);
                 }
+                let order = order.into_inner();
+                if self.crowd.record_acks
+                    && let Ok(mut a) = tally.acked.lock()
+                {
+                    a.orders.push(AckedOrder {
+                        order_id: order.order_id.clone(),
+                        hold_id: order.hold_id.clone(),
+                        user_id: self.user.clone(),
+                        tickets: order.tickets.len(),
+                    });
+                }
                 order
-                    .into_inner()
                     .tickets
                     .into_iter()
                     .map(|t| (t.section_id, t.seat_id))
@@ -575,9 +688,12 @@ impl<'a> Fan<'a> {
                 admission_token: admission.to_owned(),
             };
             let joined = self
-                .patient(&self.f.waitlist, join, None, |mut c, r| async move {
-                    c.join_waitlist(r).await
-                })
+                .patient(
+                    |n| &n.waitlist,
+                    join,
+                    None,
+                    |mut c, r| async move { c.join_waitlist(r).await },
+                )
                 .await;
             match joined {
                 Ok(e) => break e.into_inner(),
@@ -628,7 +744,7 @@ impl<'a> Fan<'a> {
             };
             let checked = self
                 .patient(
-                    &self.f.waitlist,
+                    |n| &n.waitlist,
                     check,
                     Some(&tally.waitlist_checks),
                     |mut c, r| async move { c.get_waitlist_entry(r).await },
@@ -658,18 +774,23 @@ impl<'a> Fan<'a> {
         Vec::new()
     }
 
-    /// Whether the event holds no places right now (read fresh from the server).
+    /// Whether the event holds no places right now (read fresh from the server; `false` if it
+    /// did not answer, and the fan calls the next node from now on).
     async fn nothing_held(&mut self) -> bool {
         match self
-            .f
+            .here()
             .events
+            .clone()
             .get_event(pb::GetEventRequest {
                 event_id: self.crowd.event.event_id.clone(),
             })
             .await
         {
             Ok(e) => e.into_inner().sections.iter().all(|s| s.held == 0),
-            Err(_) => false,
+            Err(_) => {
+                self.move_on();
+                false
+            }
         }
     }
 }

@@ -20,22 +20,34 @@
 //! seeds' uncoordinated baseline in-process instead (read the map, then book what looked free):
 //! it oversells, which is the point of the contrast.
 //!
+//! `--nodes 3` plays the sale against a local cluster instead ([`crate::cluster`]): three
+//! `boxoffice serve` processes of this executable replicating with Raft. The fans spread their
+//! calls over the nodes and send a call that failed on one to the next, the same request
+//! (`failover`); `--kill-leader-after SECONDS` kills the leader with SIGKILL that long after the
+//! opening and measures the failover. At the end every hold and order the fans were told about
+//! is read back through the cluster (none may be lost), and each live node's copy of the log is
+//! checked offline (invariants, reconciliation).
+//!
 //! Modules by concern: [`FlashSaleArgs`] (the flags), the event (`crate::event`), the server
-//! (`crate::server_choice`), `fans` (the simulation), `tally` (what the fans count), `progress`
+//! (`crate::server_choice`, or `crate::cluster`), `fans` (the simulation), `failover` (calls
+//! over a cluster's nodes, the kill, the read-back), `tally` (what the fans count), `progress`
 //! (samples and bars), [`Report`] (table and JSON), `plot` (the SVG) and `naive` (the baseline).
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use boxoffice_client::{Authed, Bearer};
+use boxoffice_client::{Authed, Bearer, Clients};
 use boxoffice_gateway::server::Running;
 use boxoffice_proto::v1 as pb;
 
+use crate::cluster::{LocalCluster, NodeOptions};
 use crate::event::{create_request, sale_event};
+use crate::server_choice::Backend;
 
 mod args;
+mod failover;
 mod fans;
 mod naive;
 mod plot;
@@ -44,13 +56,17 @@ mod report;
 mod tally;
 
 pub use args::FlashSaleArgs;
-pub use report::Report;
+pub use report::{ClusterFigures, Report};
 
+use failover::{Kill, Killer};
 use fans::{Arrivals, Crowd, SaleEvent};
 use progress::Progress;
 use tally::Tally;
 
 type Events = pb::event_service_client::EventServiceClient<Authed>;
+
+/// Calls in flight at once on each server before its gate sheds (`OVERLOADED`).
+const IN_FLIGHT_MAX: usize = 8_192;
 
 /// Runs the sale (or the naive baseline) and returns its report; see [`Report::clean`].
 pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
@@ -58,50 +74,135 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
     if args.naive {
         return Ok(naive::run(&args).await);
     }
-    let mut backend = args
-        .server
-        .open(&format!("flash-sale-{}", args.seed), args.queue_max())
-        .await?;
-    let server = backend.server.take();
-    let bearer = Bearer::new(&backend.admin_key)?;
-    let mut channels = Vec::new();
-    for _ in 0..8 {
-        channels.push(boxoffice_client::connect(&backend.target).await?);
+    if args.nodes == 1 {
+        let backend = args
+            .server
+            .open(&format!("flash-sale-{}", args.seed), args.queue_max())
+            .await?;
+        return sale(args, Servers::One(Box::new(backend))).await;
     }
-    let mut admin = pb::event_service_client::EventServiceClient::with_interceptor(
-        channels[0].clone(),
-        bearer.clone(),
-    );
+    let exe = std::env::current_exe().context("finding this executable to start the nodes")?;
+    let options = NodeOptions {
+        durability: args.server.durability,
+        queue_max: args.queue_max(),
+        in_flight_max: IN_FLIGHT_MAX,
+    };
+    // The nodes go with the run: dropped (killed) when it ends, fails or is interrupted.
+    let run = async {
+        let cluster = LocalCluster::start(&exe, args.server.data_dir.as_deref(), &options)
+            .await
+            .context("starting the cluster's three nodes")?;
+        sale(args, Servers::Cluster(Arc::new(cluster))).await
+    };
+    tokio::select! {
+        r = run => r,
+        () = crate::signal::shutdown_signal() => Err(anyhow::anyhow!("interrupted: the cluster's nodes were stopped")),
+    }
+}
+
+/// What the sale plays against.
+enum Servers {
+    /// The embedded server, or `--target`.
+    One(Box<Backend>),
+    /// A local cluster (`--nodes 3`).
+    Cluster(Arc<LocalCluster>),
+}
+
+impl Servers {
+    /// The gRPC target of each server (node 1 first).
+    fn targets(&self) -> Vec<String> {
+        match self {
+            Servers::One(b) => vec![b.target.clone()],
+            Servers::Cluster(c) => c.targets(),
+        }
+    }
+
+    /// An admin key of the servers.
+    fn admin_key(&self) -> &str {
+        match self {
+            Servers::One(b) => &b.admin_key,
+            Servers::Cluster(c) => c.admin_key(),
+        }
+    }
+}
+
+/// The sale itself, against `servers`.
+async fn sale(args: FlashSaleArgs, mut servers: Servers) -> anyhow::Result<Report> {
+    let targets = servers.targets();
+    let bearer = Bearer::new(servers.admin_key())?;
+    // Eight channels to one server; four to each node of a cluster.
+    let per_node = if targets.len() == 1 { 8 } else { 4 };
+    let mut nodes = Vec::new();
+    for target in &targets {
+        let mut channels = Vec::new();
+        for _ in 0..per_node {
+            channels.push(boxoffice_client::connect(target).await?);
+        }
+        nodes.push(channels);
+    }
+    let admins: Vec<Events> = nodes
+        .iter()
+        .map(|c| {
+            pb::event_service_client::EventServiceClient::with_interceptor(
+                c[0].clone(),
+                bearer.clone(),
+            )
+        })
+        .collect();
     // The opening comes once the pre-opening fans joined.
     let opens_in = if args.preopen() > 0 {
         Duration::from_millis(1_500)
     } else {
         Duration::ZERO
     };
-    let event = create_event(&mut admin, &args, opens_in).await?;
+    let event = create_event(&mut admins[0].clone(), &args, opens_in).await?;
     let event_id = event.event_id.clone();
     let tally = Arc::new(Tally::default());
     tally.in_sale.store(args.fans as u64, Ordering::Release);
     let started = Instant::now();
     let progress = Progress::start(
-        admin.clone(),
+        admins.clone(),
         event_id.clone(),
         started,
         (args.fans, args.seats),
         tally.clone(),
     );
+    let first_term = match &servers {
+        Servers::Cluster(c) => c.term().await,
+        Servers::One(_) => None,
+    };
+    let killer = match (&servers, args.kill_leader_after) {
+        (Servers::Cluster(c), Some(after)) => Some(Killer::spawn(
+            c.clone(),
+            started + opens_in,
+            started + opens_in + Duration::from_secs_f64(after),
+        )),
+        _ => None,
+    };
     let arrivals = Arrivals::new(&args, started, opens_in);
     let args = Arc::new(args);
-    let crowd = Arc::new(Crowd::new(args.clone(), event, channels, bearer, tally));
+    let crowd = Arc::new(Crowd::new(
+        args.clone(),
+        event,
+        nodes,
+        bearer.clone(),
+        tally,
+    ));
     fans::arrive(crowd.clone(), &arrivals).await?;
     let sale_seconds = started.elapsed().as_secs_f64();
-    let view = await_expiry(&mut admin, &event_id, args.hold_ttl_ms()).await?;
+    // The kill (if the fans were done before its time, it comes now), then the final counts.
+    let kill = match killer {
+        Some(k) => Some(k.finish().await?),
+        None => None,
+    };
+    let view = await_expiry(&admins, &event_id, args.hold_ttl_ms()).await?;
     let samples = progress.stop();
     let mut report = Report {
         fans: args.fans,
         seats: args.seats,
         join_pow_bits: crowd.event.join_pow_bits,
         sale_seconds,
+        nodes: u32::try_from(targets.len()).unwrap_or(u32::MAX),
         ..Report::default()
     };
     let tickets = std::mem::take(
@@ -111,9 +212,17 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
             .map_err(|_| anyhow::anyhow!("poisoned"))?,
     );
     report.count_tickets(&tickets, &view);
-    report.engine_checked = server.is_some();
-    if let Some(server) = server {
-        check_engine(server, &mut report).await?;
+    match &mut servers {
+        Servers::One(backend) => {
+            let server = backend.server.take();
+            report.engine_checked = server.is_some();
+            if let Some(server) = server {
+                check_engine(server, &mut report).await?;
+            }
+        }
+        Servers::Cluster(cluster) => {
+            check_cluster(cluster, &crowd, kill, first_term, &bearer, &mut report).await?;
+        }
     }
     let last_sale = crowd.last_sale.lock().ok().and_then(|l| *l);
     report.count_fans(&crowd.tally, &samples, started, last_sale);
@@ -123,6 +232,89 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(report)
+}
+
+/// The end of a cluster run: every hold and order the fans were told about is read back
+/// through the live nodes (none may be lost), then the live nodes settle and stop, and each
+/// one's copy of the log is opened offline for the engine's invariants and the
+/// reconciliation (summed over the copies). A read that failed for good counts as an
+/// unexpected error of the fans.
+async fn check_cluster(
+    cluster: &LocalCluster,
+    crowd: &Crowd,
+    kill: Option<Kill>,
+    first_term: Option<u64>,
+    bearer: &Bearer,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let tally = &crowd.tally;
+    let last_term = cluster.term().await;
+    let live = cluster.live();
+    let targets = cluster.targets();
+    let mut clients = Vec::new();
+    for id in &live {
+        let target = &targets[usize::try_from(*id)? - 1];
+        clients.push(Clients::new(
+            &boxoffice_client::connect(target).await?,
+            bearer,
+        ));
+    }
+    let acked = std::mem::take(
+        &mut *tally
+            .acked
+            .lock()
+            .map_err(|_| anyhow::anyhow!("poisoned"))?,
+    );
+    let read = failover::read_back(clients, acked).await;
+    if read.failed > 0 {
+        tally.errors.fetch_add(read.failed, Ordering::Relaxed);
+        if let Ok(mut f) = tally.first_error.lock() {
+            f.get_or_insert(format!(
+                "reading back what the fans were told: {}",
+                read.first_failed.clone().unwrap_or_default()
+            ));
+        }
+    }
+    let refunded = cluster.await_refunds(Duration::from_secs(15)).await;
+    let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    report.cluster = Some(ClusterFigures {
+        killed_node: kill.map(|k| k.node),
+        killed_after_opening_seconds: kill.map(|k| k.after_opening_seconds),
+        failover_ms: kill
+            .and_then(|k| k.failover)
+            .map(|f| u64::try_from(f.as_millis()).unwrap_or(u64::MAX)),
+        new_leader: kill.and_then(|k| k.new_leader),
+        elections: last_term
+            .zip(first_term)
+            .map_or(0, |(last, first)| last.saturating_sub(first)),
+        calls_failed_in_failover: n(&tally.failover_calls),
+        failed_attempts: n(&tally.failover_attempts),
+        fans_sent_back_to_line: n(&tally.sent_back_to_line),
+        acknowledged_holds: read.holds,
+        acknowledged_orders: read.orders,
+        acknowledged_lost: read.lost,
+        first_lost: read.first_lost,
+        charges_refunded: refunded,
+        refunds_pending: 0,
+    });
+    if kill.is_some_and(|k| k.failover.is_none()) {
+        tally.error(
+            "no node led the group with its engine serving within 30 s of the kill",
+            None,
+        );
+    }
+    for (id, dir) in cluster.stop(Duration::from_secs(10)).await? {
+        let copy = crate::cluster::check_copy(&dir)
+            .await
+            .with_context(|| format!("checking node {id}'s copy offline"))?;
+        report.invariant_violations += copy.invariant_violations;
+        report.reconciliation_findings += copy.reconciliation_findings;
+        if let Some(c) = &mut report.cluster {
+            c.refunds_pending = c.refunds_pending.max(copy.refunds_pending);
+        }
+    }
+    report.engine_checked = true;
+    Ok(())
 }
 
 /// Creates the sale's event: sections as [`sale_event`], admission at `--admit-rate-per-second`, the
@@ -170,20 +362,25 @@ async fn create_event(
 }
 
 /// Waits for the sweeper to bring back the walked-away holds (they expire after their TTL;
-/// 30 s more at most); the event as the server sees it then.
+/// 30 s more at most); the event as the servers see it then (asked of each node in turn while
+/// one fails, on a cluster).
 async fn await_expiry(
-    admin: &mut Events,
+    admins: &[Events],
     event_id: &str,
     hold_ttl_ms: u64,
 ) -> anyhow::Result<pb::Event> {
     let deadline = Instant::now() + Duration::from_millis(hold_ttl_ms) + Duration::from_secs(30);
+    let at = AtomicUsize::new(0);
     loop {
-        let e = admin
-            .get_event(pb::GetEventRequest {
+        let e = failover::on_any_node(admins, &at, |mut c: Events| async move {
+            c.get_event(pb::GetEventRequest {
                 event_id: event_id.into(),
             })
-            .await?
-            .into_inner();
+            .await
+        })
+        .await
+        .context("reading the event's counts at the end of the sale")?
+        .into_inner();
         let held: u32 = e.sections.iter().map(|s| s.held).sum();
         if held == 0 || Instant::now() > deadline {
             return Ok(e);
@@ -236,6 +433,8 @@ mod tests {
                 durability: Durability::Sync,
                 ..ServerChoice::default()
             },
+            nodes: 1,
+            kill_leader_after: None,
             naive: false,
             seed: 7,
             json: None,

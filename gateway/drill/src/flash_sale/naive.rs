@@ -112,6 +112,7 @@ impl Venue {
             fans: args.fans,
             seats: args.seats,
             sale_seconds: started.elapsed().as_secs_f64(),
+            nodes: 1,
             ..Report::default()
         };
         for o in &self.owners {

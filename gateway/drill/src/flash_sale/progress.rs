@@ -38,10 +38,11 @@ pub(crate) struct Progress {
 }
 
 impl Progress {
-    /// Samples `event_id` (and the fans' `tally`) every 250 ms until stopped. When it sees no
+    /// Samples `event_id` (and the fans' `tally`) every 250 ms until stopped, through the first
+    /// of `events` (one client per node) and the next one after a call fails. When it sees no
     /// place free and none held, it tells the fans the sale is sold out for good.
     pub fn start(
-        events: Events,
+        events: Vec<Events>,
         event_id: String,
         started: Instant,
         (fans, seats): (usize, u32),
@@ -50,6 +51,7 @@ impl Progress {
         let samples: Arc<Mutex<Vec<Sample>>> = Arc::default();
         let sampler = Sampler {
             events,
+            at: 0,
             event_id,
             started,
             fans,
@@ -73,7 +75,9 @@ impl Progress {
 }
 
 struct Sampler {
-    events: Events,
+    events: Vec<Events>,
+    /// The node sampled now.
+    at: usize,
     event_id: String,
     started: Instant,
     fans: usize,
@@ -114,14 +118,16 @@ impl Sampler {
         }
     }
 
-    /// The event's counts now (`None` if the server did not answer), with the fans' counters.
+    /// The event's counts now (`None` if the server did not answer: the next sample asks the
+    /// next node), with the fans' counters.
     async fn sample(&mut self) -> Option<Sample> {
-        let e = self
-            .events
+        let n = self.events.len().max(1);
+        let e = self.events[self.at % n]
             .get_event(pb::GetEventRequest {
                 event_id: self.event_id.clone(),
             })
             .await
+            .inspect_err(|_| self.at = (self.at + 1) % n)
             .ok()?;
         let (a, h, s) = e.get_ref().sections.iter().fold((0, 0, 0), |t, s| {
             (t.0 + s.available, t.1 + s.held, t.2 + s.sold)

@@ -18,8 +18,9 @@ use crate::json;
 const FCFS_STRIDE: usize = 1_000;
 
 /// The figures of a run. Its JSON ([`Report::json`]) has the fields below in this order, but
-/// for the four marked table-only, and ends with `clean`; the latencies are named
-/// `*_latency_us` there.
+/// for those marked table-only, and ends with `clean`; the latencies are named
+/// `*_latency_us` there; the cluster's figures ([`ClusterFigures`]) are there on cluster runs
+/// only, as fields of the object itself.
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct Report {
     /// Fans who tried.
@@ -126,6 +127,55 @@ pub struct Report {
     /// Percentiles of one fan's solve time in µs (the hash search only).
     #[serde(rename = "pow_solve_us")]
     pub pow_solve_us: Percentiles,
+    /// Servers the sale played against: 1 (the embedded server, or `--target`) or 3 (a local
+    /// cluster, `--nodes 3`).
+    pub nodes: u32,
+    /// A cluster run's figures (`--nodes 3`).
+    #[serde(flatten)]
+    pub cluster: Option<ClusterFigures>,
+}
+
+/// The figures of a sale against a local cluster (`--nodes 3`).
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct ClusterFigures {
+    /// The node killed with SIGKILL (`--kill-leader-after`): the leader of the sale's group.
+    pub killed_node: Option<u64>,
+    /// When, seconds after the sale opened.
+    #[serde(serialize_with = "json::opt_millis")]
+    pub killed_after_opening_seconds: Option<f64>,
+    /// From the kill until a live node led the group with its engine serving, ms (`None`: not
+    /// within 30 s, or no kill).
+    pub failover_ms: Option<u64>,
+    /// The node that led after the failover (as its `/metrics` said).
+    pub new_leader: Option<u64>,
+    /// Elections held while the sale ran (the rise of the group's Raft term): the kill's, and
+    /// any a node held when it heard from no leader in time (a loaded machine).
+    pub elections: u64,
+    /// The fans' calls that failed on a node (it was down, had no serving leader, or the
+    /// connection broke) and were sent again, the same request, to another node.
+    pub calls_failed_in_failover: u64,
+    /// Their failed attempts.
+    pub failed_attempts: u64,
+    /// Fans whose place in line was gone (`EXPIRED` at position 0, or `TOKEN_EXPIRED`: a line
+    /// lost with the leader that kept it; 0 while the waiting room is replicated) and who joined
+    /// the line again.
+    pub fans_sent_back_to_line: u64,
+    /// Holds the fans were told about (`Hold` answered OK), read back through the cluster.
+    pub acknowledged_holds: u64,
+    /// Orders the fans were told about (`Confirm` answered OK), read back.
+    pub acknowledged_orders: u64,
+    /// Of those, lost: `NOT_FOUND`, a paid hold not `CONFIRMED`, or an order that reads back
+    /// otherwise. Must be 0.
+    pub acknowledged_lost: u64,
+    /// The first of those, described. Table only.
+    #[serde(skip)]
+    pub first_lost: Option<String>,
+    /// Charges the live nodes' reconciliation refunded: captured for a checkout that a
+    /// failover cut, whose hold then ended without an order (the fan was never told it paid).
+    pub charges_refunded: u64,
+    /// Such charges not refunded yet when the run ended (in the nodes' copies): a leader
+    /// refunds them after its grace. Not findings, as for the server's own reconciliation.
+    pub refunds_pending: u64,
 }
 
 /// Latency percentiles of one kind of call, µs.
@@ -188,10 +238,14 @@ impl Report {
     }
 
     /// Whether the seats add up: none oversold or sold twice, the engine's invariants and the
-    /// reconciliation clean, one ticket per sold seat, nothing left held. `false` is a broken
+    /// reconciliation clean, one ticket per sold seat, nothing left held, nothing acknowledged
+    /// lost (cluster runs). `false` is a broken
     /// promise (exit code 3); calls that failed alone are not (exit code 1).
     pub fn promises_kept(&self) -> bool {
-        self.oversold == 0
+        self.cluster
+            .as_ref()
+            .is_none_or(|c| c.acknowledged_lost == 0)
+            && self.oversold == 0
             && self.double_booked == 0
             && self.invariant_violations == 0
             && self.reconciliation_findings == 0
@@ -203,6 +257,7 @@ impl Report {
     fn rows(&self) -> Vec<(&'static str, String)> {
         [
             self.outcome_rows(),
+            self.cluster_rows(),
             self.load_rows(),
             self.path_rows(),
             self.latency_rows(),
@@ -228,6 +283,78 @@ impl Report {
             (
                 "reconciliation findings (must be 0)",
                 self.checked(self.reconciliation_findings),
+            ),
+        ]
+    }
+
+    /// The cluster's figures (none for one server).
+    fn cluster_rows(&self) -> Vec<(&'static str, String)> {
+        let Some(c) = &self.cluster else {
+            return Vec::new();
+        };
+        let node = |n: Option<u64>| n.map_or("?".to_owned(), |n| format!("node {n}"));
+        vec![
+            (
+                "nodes",
+                format!("{} (boxoffice serve processes on loopback)", self.nodes),
+            ),
+            (
+                "leader killed (SIGKILL)",
+                match (c.killed_node, c.killed_after_opening_seconds) {
+                    (Some(n), Some(t)) => format!("node {n}, {t:.2} s after the opening"),
+                    (Some(n), None) => format!("node {n}"),
+                    (None, _) => "none".into(),
+                },
+            ),
+            (
+                "failover (until a leader serves again)",
+                match (c.killed_node, c.failover_ms) {
+                    (None, _) => "n/a".into(),
+                    (Some(_), Some(ms)) => format!("{ms} ms ({} leads)", node(c.new_leader)),
+                    (Some(_), None) => "no leader within 30 s".into(),
+                },
+            ),
+            (
+                "elections while the sale ran",
+                format!(
+                    "{} ({} the kill's)",
+                    c.elections,
+                    if c.killed_node.is_some() {
+                        "one of them"
+                    } else {
+                        "none of them"
+                    }
+                ),
+            ),
+            (
+                "calls failed during the failover (retried)",
+                format!(
+                    "{} ({} failed attempts, each sent again to another node)",
+                    c.calls_failed_in_failover, c.failed_attempts
+                ),
+            ),
+            (
+                "fans sent back to the line",
+                c.fans_sent_back_to_line.to_string(),
+            ),
+            (
+                "acknowledged but lost (must be 0)",
+                format!(
+                    "{} (of {} holds and {} orders read back){}",
+                    c.acknowledged_lost,
+                    c.acknowledged_holds,
+                    c.acknowledged_orders,
+                    c.first_lost
+                        .as_ref()
+                        .map_or(String::new(), |f| format!("; first: {f}"))
+                ),
+            ),
+            (
+                "checkouts cut by a failover: charges refunded / pending",
+                format!(
+                    "{} / {} (captured, the hold ended without an order; never told paid)",
+                    c.charges_refunded, c.refunds_pending
+                ),
             ),
         ]
     }

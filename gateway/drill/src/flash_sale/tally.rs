@@ -9,6 +9,25 @@ use hdrhistogram::Histogram;
 /// A ticket a fan bought: its section, and its seat (empty in general admission).
 pub(crate) type Ticket = (String, String);
 
+/// An order a fan was told about (`Confirm` answered OK).
+#[derive(Debug, Clone)]
+pub(crate) struct AckedOrder {
+    pub order_id: String,
+    pub hold_id: String,
+    pub user_id: String,
+    /// Its tickets.
+    pub tickets: usize,
+}
+
+/// What the fans were told succeeded, to read back at the end of a cluster run.
+#[derive(Debug, Default)]
+pub(crate) struct Acked {
+    /// (hold id, user id) of every `Hold` answered OK.
+    pub holds: Vec<(String, String)>,
+    /// Every `Confirm` answered OK.
+    pub orders: Vec<AckedOrder>,
+}
+
 /// The fans' counters, shared by every fan task and read by the progress sampler.
 #[derive(Default)]
 pub(crate) struct Tally {
@@ -41,6 +60,16 @@ pub(crate) struct Tally {
     pub pow_solved: AtomicU64,
     /// Time spent solving them, summed over the fans, ns.
     pub pow_solve_ns: AtomicU64,
+    /// Calls that failed on a node (it was down, had no serving leader, or the connection
+    /// broke) and were sent again to another node (clusters only).
+    pub failover_calls: AtomicU64,
+    /// Their failed attempts.
+    pub failover_attempts: AtomicU64,
+    /// Fans whose place in line was gone (the waiting room of a leader that died) and who
+    /// joined the line again.
+    pub sent_back_to_line: AtomicU64,
+    /// What the fans were told succeeded (recorded on cluster runs only).
+    pub acked: Mutex<Acked>,
     pub errors: AtomicU64,
     pub first_error: Mutex<Option<String>>,
     /// (fan index, position in line) of fans who joined after the opening.

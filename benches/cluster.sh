@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# One node against three, in one run on this machine with the same client (issue 13, point 7):
+#   1. one `serve` (the embedded default: one process, its own fsynced log), `loadgen` against it;
+#   2. three `serve --node-id` processes on loopback, `loadgen` against the leader, then against
+#      a follower (every call forwarded to the leader);
+#   after each, the leader's group-commit figures from /metrics: records per log append (one
+#   group commit, which in a cluster is one Raft entry) and Raft entries appended.
+#
+#   benches/cluster.sh [REQUESTS [CONCURRENCY]]     (defaults: 40000 64)
+#
+# Uses target/release/boxoffice (built first). Data in a temp dir, removed at the end; every
+# server binds 127.0.0.1 and is stopped on exit. Failover time over N kills comes from the
+# multi-process test instead: BOXOFFICE_CLUSTER_KILLS=20 cargo test --release -p boxoffice \
+#   --test cluster -- --nocapture
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REQUESTS=${1:-40000}
+CONCURRENCY=${2:-64}
+cargo build --release -q -p boxoffice
+BIN=$PWD/target/release/boxoffice
+DIR=$(mktemp -d)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$DIR"
+}
+trap cleanup EXIT
+KEYS=(--admin-key adm-bench-key --client-key cli-bench-key --token-secret tok-bench-secret-0123456789)
+echo "cluster-bench-secret-0123456789abcdef" > "$DIR/secret"
+
+# A free loopback port (asked of the kernel, then released).
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+wait_serving() { # $1: log file
+  for _ in $(seq 1 600); do
+    grep -q "ready: serving" "$1" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "no 'ready: serving' in $1" >&2; cat "$1" >&2; exit 1
+}
+
+metric() { # $1: metrics address, $2: metric name (summed over labels)
+  curl -s "http://$1/metrics" | awk -v m="$2" '$1 == m || index($1, m "{") == 1 { s += $2 } END { printf "%.0f", s }'
+}
+
+snap() { # $1: metrics address: records, appends and Raft index so far
+  echo "$(metric "$1" boxoffice_wal_batch_records_sum) $(metric "$1" boxoffice_wal_batch_records_count) $(metric "$1" boxoffice_raft_last_log_index)"
+}
+
+figures() { # $1: metrics address of the node that served the engine, $2: its `snap` before
+  local r0 b0 i0 r1 b1 i1
+  read -r r0 b0 i0 <<< "$2"
+  read -r r1 b1 i1 <<< "$(snap "$1")"
+  echo "  group commits (log appends): $((b1 - b0)), records: $((r1 - r0)), records per append: $(awk -v r="$((r1 - r0))" -v b="$((b1 - b0))" 'BEGIN { if (b > 0) printf "%.1f", r / b; else print "n/a" }')"
+  if [ "$i1" != "0" ]; then echo "  Raft entries appended: $((i1 - i0))"; fi
+}
+
+run_loadgen() { # $1: target port
+  "$BIN" loadgen --target "http://127.0.0.1:$1" --requests "$REQUESTS" --concurrency "$CONCURRENCY" \
+    --admin-key adm-bench-key --client-key cli-bench-key
+}
+
+echo "== 1 node (serve, fsync per group commit), loadgen --requests $REQUESTS --concurrency $CONCURRENCY"
+P=$(port); M=$(port)
+"$BIN" serve --listen "127.0.0.1:$P" --metrics-listen "127.0.0.1:$M" --data-dir "$DIR/single" \
+  "${KEYS[@]}" > "$DIR/single.log" 2>&1 &
+PIDS+=($!)
+wait_serving "$DIR/single.log"
+S=$(snap "127.0.0.1:$M")
+run_loadgen "$P"
+figures "127.0.0.1:$M" "$S"
+kill -TERM "${PIDS[0]}"; wait "${PIDS[0]}" || true; PIDS=()
+
+echo
+echo "== 3 nodes (Raft, a majority fsynced before each reply)"
+declare -A GP MP
+PEERS=""
+for n in 1 2 3; do GP[$n]=$(port); MP[$n]=$(port); PEERS+="${PEERS:+,}$n=127.0.0.1:${GP[$n]}"; done
+for n in 1 2 3; do
+  "$BIN" serve --node-id "$n" --peers "$PEERS" --listen "127.0.0.1:${GP[$n]}" \
+    --metrics-listen "127.0.0.1:${MP[$n]}" --data-dir "$DIR/node$n" \
+    --cluster-secret-file "$DIR/secret" "${KEYS[@]}" > "$DIR/node$n.log" 2>&1 &
+  PIDS+=($!)
+done
+for n in 1 2 3; do wait_serving "$DIR/node$n.log"; done
+LEADER=""
+for _ in $(seq 1 100); do
+  for n in 1 2 3; do
+    [ "$(metric "127.0.0.1:${MP[$n]}" boxoffice_raft_leader)" = "1" ] && LEADER=$n
+  done
+  [ -n "$LEADER" ] && break
+  sleep 0.1
+done
+[ -n "$LEADER" ] || { echo "no leader" >&2; exit 1; }
+FOLLOWER=$(( LEADER % 3 + 1 ))
+echo "-- to the leader (node $LEADER)"
+S=$(snap "127.0.0.1:${MP[$LEADER]}")
+run_loadgen "${GP[$LEADER]}"
+figures "127.0.0.1:${MP[$LEADER]}" "$S"
+echo "-- to a follower (node $FOLLOWER, which forwards to node $LEADER)"
+S=$(snap "127.0.0.1:${MP[$LEADER]}")
+run_loadgen "${GP[$FOLLOWER]}"
+figures "127.0.0.1:${MP[$LEADER]}" "$S"
