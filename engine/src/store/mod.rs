@@ -111,9 +111,11 @@ pub trait Replicate: Send + Sync + 'static {
 /// Blocks until a submitted batch is committed (see [`Replicate::submit`]).
 pub type Waiter = Box<dyn FnOnce() -> Result<Option<String>, StorageError> + Send>;
 
-/// Group commits a replicating leader keeps in flight at once (each one Raft entry): while they
-/// replicate, the flusher forms the next ones, and openraft sends and syncs several at once.
-pub const REPLICATED_IN_FLIGHT_MAX: usize = 8;
+/// Group commits a replicating leader keeps in flight at once (each one Raft entry): while one
+/// replicates, the flusher forms the next. Measured with `benches/cluster.sh` (BENCHMARKS.md):
+/// 1 and 2 give about the same holds/s, 8 a quarter fewer (smaller entries: more fsyncs on
+/// every node for the same records).
+pub const REPLICATED_IN_FLIGHT_MAX: usize = 2;
 
 /// A completion run by the acker thread once a job is durable (or failed).
 pub(crate) type Done = Box<dyn FnOnce(Result<(), StorageError>) + Send>;
