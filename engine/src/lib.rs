@@ -114,7 +114,7 @@ pub mod types;
 pub mod waitlist;
 mod waitlist_calls;
 
-pub use catalog::SectionFeed;
+pub use catalog::{SectionFeed, event_id_of_key};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::EngineConfig;
 pub use core::SectionCore;

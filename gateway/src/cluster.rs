@@ -75,8 +75,25 @@ impl ClusterSecret {
 
 /// The service a node serves to its peers (behind the secret's interceptor).
 pub struct RaftEndpoint {
-    raft: Raft,
-    guard: VoteGuard,
+    /// This node's Raft of each group (index: the group), with its vote guard.
+    groups: Arc<Vec<(Raft, VoteGuard)>>,
+}
+
+impl RaftEndpoint {
+    /// The Raft of the group `m` is for.
+    fn group(&self, m: &RaftMessage) -> Result<&(Raft, VoteGuard), Status> {
+        usize::try_from(m.group)
+            .ok()
+            .and_then(|g| self.groups.get(g))
+            .ok_or_else(|| {
+                Status::failed_precondition(format!(
+                    "this node has no Raft group {} (it runs {}: is --groups the same on \
+                     every node?)",
+                    m.group,
+                    self.groups.len()
+                ))
+            })
+    }
 }
 
 fn decode<T: DeserializeOwned>(m: &RaftMessage) -> Result<T, Status> {
@@ -87,6 +104,7 @@ fn decode<T: DeserializeOwned>(m: &RaftMessage) -> Result<T, Status> {
 fn encode<T: Serialize>(value: &T) -> Response<RaftMessage> {
     Response::new(RaftMessage {
         payload: codec::encode(value),
+        group: 0,
     })
 }
 
@@ -96,45 +114,49 @@ impl RaftService for RaftEndpoint {
         &self,
         req: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
+        let (raft, guard) = self.group(req.get_ref())?;
         let rpc: AppendEntriesRequest<TypeConfig> = decode(req.get_ref())?;
-        self.guard.saw_append(&rpc);
-        let answer = self.raft.append_entries(rpc).await;
-        self.guard.check(&self.raft);
+        guard.saw_append(&rpc);
+        let answer = raft.append_entries(rpc).await;
+        guard.check(raft);
         Ok(encode(&answer))
     }
 
     async fn vote(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        let (raft, guard) = self.group(req.get_ref())?;
         let rpc: VoteRequest<NodeId> = decode(req.get_ref())?;
-        if !self.guard.may_vote(&self.raft, &rpc) {
+        if !guard.may_vote(raft, &rpc) {
             // Not a refusal Raft knows: the candidate counts this node as unreachable.
             return Err(Status::unavailable(
                 "this node started without its data and votes once it has caught up",
             ));
         }
-        Ok(encode(&self.raft.vote(rpc).await))
+        Ok(encode(&raft.vote(rpc).await))
     }
 
     async fn install_snapshot(
         &self,
         req: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
+        let (raft, _) = self.group(req.get_ref())?;
         let rpc: InstallSnapshotRequest<TypeConfig> = decode(req.get_ref())?;
-        Ok(encode(&self.raft.install_snapshot(rpc).await))
+        Ok(encode(&raft.install_snapshot(rpc).await))
     }
 
-    async fn probe(&self, _req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
-        let initialized = self
-            .raft
+    async fn probe(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        let (raft, guard) = self.group(req.get_ref())?;
+        let initialized = raft
             .is_initialized()
             .await
             .map_err(|e| Status::unavailable(format!("raft: {e}")))?;
-        Ok(encode(&(!initialized && self.guard.catching_up())))
+        Ok(encode(&(!initialized && guard.catching_up())))
     }
 }
 
 impl Peers {
-    /// Whether every other peer answers that it is pristine (no Raft state): `Some(true)` all
-    /// are, `Some(false)` one is not (a group exists), `None` one cannot be reached.
+    /// Whether every other peer answers that it is pristine in this group (no Raft state):
+    /// `Some(true)` all are, `Some(false)` one is not (the group exists), `None` one cannot be
+    /// reached.
     pub async fn all_pristine(&self, me: NodeId) -> Option<bool> {
         for (id, addr) in self.addrs.iter() {
             if *id == me {
@@ -147,7 +169,10 @@ impl Peers {
                 .connect()
                 .await
                 .ok()?;
-            let mut req = Request::new(RaftMessage { payload: vec![] });
+            let mut req = Request::new(RaftMessage {
+                payload: vec![],
+                group: self.group,
+            });
             if let Ok(v) = self.secret.bearer.parse() {
                 req.metadata_mut().insert("authorization", v);
             }
@@ -171,17 +196,19 @@ impl tonic::service::Interceptor for SecretCheck {
     }
 }
 
-/// The Raft service of `raft` for its peers (votes behind `guard`), behind `secret` (checked from the headers, before
-/// a request's body is read).
+/// The Raft service of this node's `groups` (each one's Raft, its votes behind its guard; the
+/// index is the group) for its peers, behind `secret` (checked from the headers, before a
+/// request's body is read).
 pub fn raft_service(
-    raft: Raft,
-    guard: VoteGuard,
+    groups: Vec<(Raft, VoteGuard)>,
     secret: ClusterSecret,
 ) -> tonic::service::interceptor::InterceptedService<RaftServer<RaftEndpoint>, SecretCheck> {
     tonic::service::interceptor::InterceptedService::new(
-        RaftServer::new(RaftEndpoint { raft, guard })
-            .max_decoding_message_size(MESSAGE_BYTES_MAX)
-            .max_encoding_message_size(MESSAGE_BYTES_MAX),
+        RaftServer::new(RaftEndpoint {
+            groups: Arc::new(groups),
+        })
+        .max_decoding_message_size(MESSAGE_BYTES_MAX)
+        .max_encoding_message_size(MESSAGE_BYTES_MAX),
         SecretCheck(secret),
     )
 }
@@ -197,7 +224,7 @@ pub async fn serve(
 ) -> Result<(), tonic::transport::Error> {
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     tonic::transport::Server::builder()
-        .add_service(raft_service(raft, guard, secret))
+        .add_service(raft_service(vec![(raft, guard)], secret))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
 }
@@ -208,21 +235,29 @@ pub async fn serve(
 /// the cluster secret get this far (it is checked before the body is read).
 pub const MESSAGE_BYTES_MAX: usize = 256 << 20;
 
-/// How a node reaches its peers: their cluster addresses, and the secret.
+/// How a node reaches its peers in one group: their cluster addresses, the secret, the group.
 #[derive(Clone)]
 pub struct Peers {
     addrs: Arc<BTreeMap<NodeId, String>>,
     secret: ClusterSecret,
+    group: u32,
 }
 
 impl Peers {
     /// The peers at `addrs` (`host:port`; this node's own address may be among them), sharing
-    /// `secret`.
+    /// `secret`, in group 0.
     pub fn new(addrs: BTreeMap<NodeId, String>, secret: ClusterSecret) -> Peers {
         Peers {
             addrs: Arc::new(addrs),
             secret,
+            group: 0,
         }
+    }
+
+    /// The same peers, in group `group`.
+    pub fn in_group(mut self, group: u32) -> Peers {
+        self.group = group;
+        self
     }
 }
 
@@ -243,6 +278,7 @@ impl RaftNetworkFactory<TypeConfig> for Peers {
             target,
             channel,
             secret: self.secret.clone(),
+            group: self.group,
         }
     }
 }
@@ -252,6 +288,7 @@ pub struct PeerClient {
     target: NodeId,
     channel: Option<Channel>,
     secret: ClusterSecret,
+    group: u32,
 }
 
 impl PeerClient {
@@ -281,6 +318,7 @@ impl PeerClient {
             .max_encoding_message_size(MESSAGE_BYTES_MAX);
         let mut req = Request::new(RaftMessage {
             payload: codec::encode(rpc),
+            group: self.group,
         });
         req.set_timeout(option.hard_ttl());
         if let Ok(v) = self.secret.bearer.parse() {

@@ -1,6 +1,14 @@
-//! Any node answers (issue 13): a cluster node that does not lead its group forwards each
-//! public call, as it came (headers, the caller's key, its deadline, the body), to the node
-//! that leads, and relays the answer. Clients need no cluster awareness.
+//! Any node answers (issue 13): a cluster node that does not lead a call's group forwards the
+//! call, as it came (headers, the caller's key, its deadline, the body), to the node that
+//! leads it, and relays the answer. Clients need no cluster awareness.
+//!
+//! With several Raft groups (`--groups N`) a call's group is its event's
+//! ([`group_of_event`]): the request is read (one unary gRPC frame) for the event it names,
+//! directly or inside a hold, order or waitlist entry id or a queue token; the call is then
+//! served here, marked with [`GroupOf`] for the services, or forwarded with [`GROUP`].
+//! `ListEvents` asks every group (here or at its leader) and merges their pages in event id
+//! order. A `CreateEvent` with neither an event id nor an idempotency key is given an id here
+//! (as the engine would make one), so that its group is known.
 //!
 //! A forwarded call carries `x-boxoffice-forwarded-from` (the forwarding node's id) and the
 //! cluster secret in `x-boxoffice-cluster`; a node refuses a call that names a forwarder
@@ -20,8 +28,11 @@ use tonic::body::Body;
 use tonic::transport::{Channel, Endpoint};
 use tower::{Layer, Service};
 
+use http_body_util::{BodyExt, Full};
+
 use crate::cluster::ClusterSecret;
-use crate::services::Ready;
+use crate::limits::MESSAGE_BYTES_MAX;
+use crate::services::{GroupOf, Groups};
 use crate::status::ApiError;
 
 /// The longest a forwarded call waits for the leader's answer (then `UNAVAILABLE` /
@@ -32,47 +43,73 @@ pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(30);
 pub const FORWARDED_FROM: &str = "x-boxoffice-forwarded-from";
 /// The header carrying the cluster secret on a forwarded call.
 pub const CLUSTER_SECRET: &str = "x-boxoffice-cluster";
+/// The header naming the Raft group a forwarded call is for (`--groups`).
+pub const GROUP: &str = "x-boxoffice-group";
 
-/// What a node needs to forward: who it is, who leads, where its peers are.
+/// What a node needs to forward: who it is, who leads each group, where its peers are.
 pub struct Forwarder {
     id: u64,
-    raft: Raft,
+    /// Each group's Raft (index: the group).
+    rafts: Vec<Raft>,
     peers: BTreeMap<u64, String>,
     secret: ClusterSecret,
-    ready: Ready,
+    groups: Groups,
     channels: Mutex<BTreeMap<u64, Channel>>,
 }
 
 impl Forwarder {
-    /// Node `id` of the group `raft`, with every node's address in `peers`.
+    /// Node `id` of the groups `rafts` (index: the group), with every node's address in
+    /// `peers`; `groups` is each group's state here (set while this node serves it).
     pub fn new(
         id: u64,
-        raft: Raft,
+        rafts: Vec<Raft>,
         peers: BTreeMap<u64, String>,
         secret: ClusterSecret,
-        ready: Ready,
+        groups: Groups,
     ) -> Forwarder {
         Forwarder {
             id,
-            raft,
+            rafts,
             peers,
             secret,
-            ready,
+            groups,
             channels: Mutex::new(BTreeMap::new()),
         }
     }
 
-    /// The node that leads, if known and not this one, with a connection to it.
-    fn leader(&self) -> Option<(u64, Channel)> {
-        let leader = self.raft.metrics().borrow().current_leader?;
+    /// How many groups.
+    fn group_count(&self) -> u32 {
+        u32::try_from(self.rafts.len()).unwrap_or(u32::MAX)
+    }
+
+    /// Whether this node serves group `g` now (it leads it, its engine open).
+    fn serves(&self, g: u32) -> bool {
+        self.groups
+            .get(g as usize)
+            .is_some_and(|r| r.get().is_some())
+    }
+
+    /// The node that leads group `g`, if known and not this one, with a connection to it.
+    fn leader(&self, g: u32) -> Option<(u64, Channel)> {
+        let leader = self
+            .rafts
+            .get(g as usize)?
+            .metrics()
+            .borrow()
+            .current_leader?;
         if leader == self.id {
             return None;
         }
+        self.channel(leader).map(|c| (leader, c))
+    }
+
+    /// A connection to node `node`.
+    fn channel(&self, node: u64) -> Option<Channel> {
         let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = channels.get(&leader) {
-            return Some((leader, c.clone()));
+        if let Some(c) = channels.get(&node) {
+            return Some(c.clone());
         }
-        let addr = self.peers.get(&leader)?;
+        let addr = self.peers.get(&node)?;
         // Keepalive pings: a leader that vanishes without closing its connections (power,
         // network) is noticed in seconds, not when TCP gives up.
         let channel = Endpoint::from_shared(format!("http://{addr}"))
@@ -83,9 +120,34 @@ impl Forwarder {
             .keep_alive_while_idle(true)
             .tcp_nodelay(true)
             .connect_lazy();
-        channels.insert(leader, channel.clone());
-        Some((leader, channel))
+        channels.insert(node, channel.clone());
+        Some(channel)
     }
+
+    /// Marks `req` as forwarded by this node (its id, the cluster secret) for group `g`.
+    fn mark(&self, headers: &mut http::HeaderMap, g: u32) {
+        if let (Ok(id), Ok(secret)) = (
+            http::HeaderValue::from_str(&self.id.to_string()),
+            http::HeaderValue::from_str(self.secret.bearer()),
+        ) {
+            headers.insert(FORWARDED_FROM, id);
+            headers.insert(CLUSTER_SECRET, secret);
+        }
+        headers.insert(GROUP, http::HeaderValue::from(g));
+    }
+}
+
+/// The Raft group of the event `event_id` among `groups`: the first 8 bytes of its SHA-256, as
+/// a big-endian number, modulo `groups` (stable across builds and machines).
+pub fn group_of_event(event_id: &str, groups: u32) -> u32 {
+    use sha2::Digest;
+    if groups <= 1 {
+        return 0;
+    }
+    let digest = sha2::Sha256::digest(event_id.as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    u32::try_from(u64::from_be_bytes(first) % u64::from(groups)).unwrap_or(0)
 }
 
 /// Whether `path` is never forwarded: health, reflection, the Raft service between nodes.
@@ -163,45 +225,626 @@ where
                 );
                 return Box::pin(async move { Ok(answer(refused)) });
             }
-            return Box::pin(inner.call(req));
-        }
-        if f.ready.get().is_some() {
-            return Box::pin(inner.call(req));
-        }
-        let Some((leader, mut channel)) = f.leader() else {
-            // No leader known (an election), or this node leads and is still recovering: the
-            // services answer NOT_READY.
-            return Box::pin(inner.call(req));
-        };
-        let headers = req.headers_mut();
-        if let (Ok(id), Ok(secret)) = (
-            http::HeaderValue::from_str(&f.id.to_string()),
-            http::HeaderValue::from_str(f.secret.bearer()),
-        ) {
-            headers.insert(FORWARDED_FROM, id);
-            headers.insert(CLUSTER_SECRET, secret);
-        }
-        let method = crate::gate::method_label(req.uri().path());
-        metrics::counter!("boxoffice_cluster_forwarded_total", "method" => method).increment(1);
-        Box::pin(async move {
-            // A channel is a buffer: ready first, then called; never longer than
-            // FORWARD_TIMEOUT (the caller's own deadline is the gate's).
-            let sent = tokio::time::timeout(FORWARD_TIMEOUT, async {
-                let ready = tower::ServiceExt::ready(&mut channel).await?;
-                ready.call(req).await
-            })
-            .await;
-            match sent {
-                Ok(Ok(res)) => Ok(res),
-                Ok(Err(e)) => {
-                    tracing::warn!(leader, error = %e, "forwarding to the leader failed");
-                    Ok(answer(tonic::Status::from(ApiError::NotReady)))
-                }
-                Err(_) => {
-                    tracing::warn!(leader, "the leader did not answer a forwarded call in time");
-                    Ok(answer(tonic::Status::from(ApiError::NotReady)))
-                }
+            let group = req
+                .headers()
+                .get(GROUP)
+                .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+            if let Some(g) = group {
+                req.extensions_mut().insert(GroupOf(g));
             }
+            return Box::pin(inner.call(req));
+        }
+        if f.group_count() <= 1 {
+            // One group: every call is its; the body is not read.
+            return Box::pin(dispatch(f, inner, 0, req));
+        }
+        // Several groups: the request names its event (directly, or in a hold, order, entry
+        // or queue token); the body is read to find it.
+        Box::pin(async move {
+            let (parts, body) = req.into_parts();
+            let bytes = match http_body_util::Limited::new(body, MESSAGE_BYTES_MAX + FRAME_HEADER)
+                .collect()
+                .await
+            {
+                Ok(c) => c.to_bytes(),
+                Err(_) => {
+                    return Ok(answer(tonic::Status::resource_exhausted(format!(
+                        "a request body over {MESSAGE_BYTES_MAX} bytes, or one that could not \
+                         be read"
+                    ))));
+                }
+            };
+            let path = parts.uri.path().to_owned();
+            let (route, bytes) = route_of(&path, &parts.headers, bytes);
+            let g = match route {
+                Route::All => return list_all(f, inner, parts, bytes).await,
+                Route::Event(event) => group_of_event(&event, f.group_count()),
+                // Not a request the services can read: any group answers its error.
+                Route::Unknown => 0,
+            };
+            let req = http::Request::from_parts(parts, Body::new(Full::new(bytes)));
+            dispatch(f, inner, g, req).await
         })
+    }
+}
+
+/// Serves a call of group `g` here if this node serves that group (or nobody is known to: the
+/// services answer `NOT_READY`), else forwards it to the group's leader.
+async fn dispatch<S>(
+    f: Arc<Forwarder>,
+    mut inner: S,
+    g: u32,
+    mut req: http::Request<Body>,
+) -> Result<http::Response<Body>, S::Error>
+where
+    S: Service<http::Request<Body>, Response = http::Response<Body>>,
+{
+    req.extensions_mut().insert(GroupOf(g as usize));
+    if f.serves(g) {
+        return inner.call(req).await;
+    }
+    let Some((leader, mut channel)) = f.leader(g) else {
+        // No leader known (an election), or this node leads and is still recovering: the
+        // services answer NOT_READY.
+        return inner.call(req).await;
+    };
+    f.mark(req.headers_mut(), g);
+    let method = crate::gate::method_label(req.uri().path());
+    metrics::counter!("boxoffice_cluster_forwarded_total", "method" => method).increment(1);
+    // A channel is a buffer: ready first, then called; never longer than FORWARD_TIMEOUT (the
+    // caller's own deadline is the gate's).
+    let sent = tokio::time::timeout(FORWARD_TIMEOUT, async {
+        let ready = tower::ServiceExt::ready(&mut channel).await?;
+        ready.call(req).await
+    })
+    .await;
+    match sent {
+        Ok(Ok(res)) => Ok(res),
+        Ok(Err(e)) => {
+            tracing::warn!(leader, group = g, error = %e, "forwarding to the leader failed");
+            Ok(answer(tonic::Status::from(ApiError::NotReady)))
+        }
+        Err(_) => {
+            tracing::warn!(
+                leader,
+                group = g,
+                "the leader did not answer a forwarded call in time"
+            );
+            Ok(answer(tonic::Status::from(ApiError::NotReady)))
+        }
+    }
+}
+
+/// The 5 bytes before a gRPC message: compressed flag, length.
+const FRAME_HEADER: usize = 5;
+
+/// How a public call finds its group.
+#[derive(Debug, PartialEq, Eq)]
+enum Route {
+    /// The group of this event.
+    Event(String),
+    /// Every group (`ListEvents`).
+    All,
+    /// No event to be read: malformed, or not a call of the contract.
+    Unknown,
+}
+
+/// The message of a unary gRPC request body (one frame), gunzipped if so sent.
+fn message<'a>(headers: &http::HeaderMap, body: &'a [u8]) -> Option<std::borrow::Cow<'a, [u8]>> {
+    let len = u32::from_be_bytes(body.get(1..FRAME_HEADER)?.try_into().ok()?) as usize;
+    let msg = body.get(FRAME_HEADER..FRAME_HEADER.checked_add(len)?)?;
+    match body.first()? {
+        0 => Some(std::borrow::Cow::Borrowed(msg)),
+        1 if headers.get("grpc-encoding").and_then(|v| v.to_str().ok()) == Some("gzip") => {
+            use std::io::Read;
+            let mut out = Vec::new();
+            flate2::read::GzDecoder::new(msg)
+                .take(MESSAGE_BYTES_MAX as u64 + 1)
+                .read_to_end(&mut out)
+                .ok()?;
+            Some(std::borrow::Cow::Owned(out))
+        }
+        _ => None,
+    }
+}
+
+/// `msg` as an uncompressed gRPC frame.
+fn frame(msg: &[u8]) -> bytes::Bytes {
+    let mut out = Vec::with_capacity(FRAME_HEADER + msg.len());
+    out.push(0);
+    out.extend_from_slice(&u32::try_from(msg.len()).unwrap_or(u32::MAX).to_be_bytes());
+    out.extend_from_slice(msg);
+    out.into()
+}
+
+/// The route of a call to `path` with request body `body`, and the body to send on: the same,
+/// except for a `CreateEvent` without an event id or idempotency key, which gets an event id
+/// here (as the engine would make one: `ev-` and a ULID), so that its group is known.
+fn route_of(path: &str, headers: &http::HeaderMap, body: bytes::Bytes) -> (Route, bytes::Bytes) {
+    use boxoffice_engine::types::{HoldId, OrderId};
+    use boxoffice_proto::v1 as pb;
+    use prost::Message;
+    fn ev<M: Message + Default>(msg: &[u8], event: impl FnOnce(M) -> Option<String>) -> Route {
+        M::decode(msg)
+            .ok()
+            .and_then(event)
+            .map_or(Route::Unknown, Route::Event)
+    }
+    let Some(msg) = message(headers, &body) else {
+        return (Route::Unknown, body);
+    };
+    let route = match path {
+        "/boxoffice.v1.EventService/ListEvents" => Route::All,
+        "/boxoffice.v1.EventService/CreateEvent" => {
+            let Ok(mut m) = pb::CreateEventRequest::decode(&*msg) else {
+                return (Route::Unknown, body);
+            };
+            if !m.event_id.is_empty() {
+                Route::Event(m.event_id)
+            } else if !m.idempotency_key.is_empty() {
+                // The id the engine derives from the key: every retry lands in one group.
+                Route::Event(boxoffice_engine::event_id_of_key(&m.idempotency_key).0)
+            } else {
+                m.event_id = format!("ev-{}", ulid::Ulid::generate()).to_lowercase();
+                let event = m.event_id.clone();
+                return (Route::Event(event), frame(&m.encode_to_vec()));
+            }
+        }
+        "/boxoffice.v1.EventService/GetEvent" => {
+            ev(&msg, |m: pb::GetEventRequest| Some(m.event_id))
+        }
+        "/boxoffice.v1.EventService/GetSeatMap" => {
+            ev(&msg, |m: pb::GetSeatMapRequest| Some(m.event_id))
+        }
+        "/boxoffice.v1.WaitingRoomService/Join" => ev(&msg, |m: pb::JoinRequest| Some(m.event_id)),
+        "/boxoffice.v1.WaitingRoomService/GetJoinChallenge" => {
+            ev(&msg, |m: pb::GetJoinChallengeRequest| Some(m.event_id))
+        }
+        "/boxoffice.v1.WaitingRoomService/GetStatus" => ev(&msg, |m: pb::GetStatusRequest| {
+            crate::tokens::event_of_unverified(&m.queue_token)
+        }),
+        "/boxoffice.v1.BookingService/Hold" => ev(&msg, |m: pb::HoldRequest| Some(m.event_id)),
+        "/boxoffice.v1.BookingService/Confirm" => ev(&msg, |m: pb::ConfirmRequest| {
+            HoldId::from(m.hold_id.as_str()).route().map(|(e, _)| e.0)
+        }),
+        "/boxoffice.v1.BookingService/Release" => ev(&msg, |m: pb::ReleaseRequest| {
+            HoldId::from(m.hold_id.as_str()).route().map(|(e, _)| e.0)
+        }),
+        "/boxoffice.v1.BookingService/GetHold" => ev(&msg, |m: pb::GetHoldRequest| {
+            HoldId::from(m.hold_id.as_str()).route().map(|(e, _)| e.0)
+        }),
+        "/boxoffice.v1.BookingService/GetOrder" => ev(&msg, |m: pb::GetOrderRequest| {
+            OrderId::from(m.order_id.as_str()).route().map(|(e, _)| e.0)
+        }),
+        "/boxoffice.v1.WaitlistService/JoinWaitlist" => {
+            ev(&msg, |m: pb::JoinWaitlistRequest| Some(m.event_id))
+        }
+        "/boxoffice.v1.WaitlistService/GetWaitlistEntry" => {
+            ev(&msg, |m: pb::GetWaitlistEntryRequest| {
+                m.entry_id.split_once('.').map(|(e, _)| e.to_owned())
+            })
+        }
+        _ => Route::Unknown,
+    };
+    (route, body)
+}
+
+/// `ListEvents` over several groups: each group's page (served here, or by its leader), merged
+/// in event id order into one page of the size asked, as one group would answer it.
+async fn list_all<S>(
+    f: Arc<Forwarder>,
+    inner: S,
+    parts: http::request::Parts,
+    body: bytes::Bytes,
+) -> Result<http::Response<Body>, S::Error>
+where
+    S: Service<http::Request<Body>, Response = http::Response<Body>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    let gzip = tonic::codec::CompressionEncoding::Gzip;
+    let mut encodings = tonic::codec::EnabledCompressionEncodings::default();
+    encodings.enable(gzip);
+    let codec = tonic_prost::ProstCodec::<
+        boxoffice_proto::v1::ListEventsResponse,
+        boxoffice_proto::v1::ListEventsRequest,
+    >::default();
+    let mut grpc = tonic::server::Grpc::new(codec)
+        .apply_compression_config(encodings, encodings)
+        .apply_max_message_size_config(Some(MESSAGE_BYTES_MAX), None);
+    let method = MergedList {
+        f,
+        inner,
+        headers: parts.headers.clone(),
+    };
+    let req = http::Request::from_parts(parts, Body::new(Full::new(body)));
+    Ok(grpc.unary(method, req).await)
+}
+
+/// See [`list_all`].
+struct MergedList<S> {
+    f: Arc<Forwarder>,
+    inner: S,
+    headers: http::HeaderMap,
+}
+
+impl<S> tonic::server::UnaryService<boxoffice_proto::v1::ListEventsRequest> for MergedList<S>
+where
+    S: Service<http::Request<Body>, Response = http::Response<Body>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = boxoffice_proto::v1::ListEventsResponse;
+    type Future =
+        BoxFuture<Result<tonic::Response<boxoffice_proto::v1::ListEventsResponse>, tonic::Status>>;
+
+    fn call(
+        &mut self,
+        req: tonic::Request<boxoffice_proto::v1::ListEventsRequest>,
+    ) -> Self::Future {
+        let (f, inner, headers) = (self.f.clone(), self.inner.clone(), self.headers.clone());
+        Box::pin(async move {
+            let asked = req.into_inner();
+            let size = match asked.page_size as usize {
+                0 => crate::limits::LIST_PAGE_DEFAULT,
+                n => n.min(crate::limits::LIST_PAGE_MAX),
+            };
+            let mut events = Vec::new();
+            let mut more = false;
+            for g in 0..f.group_count() {
+                let sub = boxoffice_proto::v1::ListEventsRequest {
+                    page_size: u32::try_from(size).unwrap_or(u32::MAX),
+                    page_token: asked.page_token.clone(),
+                };
+                let page = one_group(&f, inner.clone(), &headers, g, &sub).await?;
+                more |= !page.next_page_token.is_empty();
+                events.extend(page.events);
+            }
+            events.sort_by(|a, b| a.event_id.cmp(&b.event_id));
+            if events.len() > size {
+                more = true;
+                events.truncate(size);
+            }
+            let next_page_token = crate::services::next_page_token(&events, more);
+            Ok(tonic::Response::new(
+                boxoffice_proto::v1::ListEventsResponse {
+                    events,
+                    next_page_token,
+                },
+            ))
+        })
+    }
+}
+
+/// Group `g`'s answer to `ListEvents` `sub`, asked of this node's services if it serves the
+/// group, else of the group's leader (a forwarded call, with the caller's key).
+async fn one_group<S>(
+    f: &Forwarder,
+    mut inner: S,
+    caller: &http::HeaderMap,
+    g: u32,
+    sub: &boxoffice_proto::v1::ListEventsRequest,
+) -> Result<boxoffice_proto::v1::ListEventsResponse, tonic::Status>
+where
+    S: Service<http::Request<Body>, Response = http::Response<Body>>,
+{
+    use prost::Message;
+    let mut req = http::Request::post("/boxoffice.v1.EventService/ListEvents")
+        .body(Body::new(Full::new(frame(&sub.encode_to_vec()))))
+        .map_err(|e| tonic::Status::internal(e.to_string()))?;
+    for (name, value) in caller {
+        // The caller's key and deadline; this request's own framing and encodings.
+        if !matches!(
+            name.as_str(),
+            "content-length" | "grpc-encoding" | "grpc-accept-encoding" | "content-type" | "te"
+        ) {
+            req.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    req.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    req.headers_mut()
+        .insert(http::header::TE, http::HeaderValue::from_static("trailers"));
+    req.extensions_mut().insert(GroupOf(g as usize));
+    let res = if f.serves(g) {
+        inner
+            .call(req)
+            .await
+            .map_err(|_| tonic::Status::from(ApiError::NotReady))?
+    } else {
+        let Some((_, mut channel)) = f.leader(g) else {
+            return Err(tonic::Status::from(ApiError::NotReady));
+        };
+        f.mark(req.headers_mut(), g);
+        let sent = tokio::time::timeout(FORWARD_TIMEOUT, async {
+            let ready = tower::ServiceExt::ready(&mut channel).await?;
+            ready.call(req).await
+        })
+        .await;
+        match sent {
+            Ok(Ok(res)) => res,
+            _ => return Err(tonic::Status::from(ApiError::NotReady)),
+        }
+    };
+    let (parts, body) = res.into_parts();
+    if let Some(status) = tonic::Status::from_header_map(&parts.headers)
+        && status.code() != tonic::Code::Ok
+    {
+        return Err(status);
+    }
+    let collected = body
+        .collect()
+        .await
+        .map_err(|_| tonic::Status::from(ApiError::NotReady))?;
+    if let Some(status) = collected
+        .trailers()
+        .and_then(tonic::Status::from_header_map)
+        && status.code() != tonic::Code::Ok
+    {
+        return Err(status);
+    }
+    let bytes = collected.to_bytes();
+    let msg = message(&http::HeaderMap::new(), &bytes)
+        .ok_or_else(|| tonic::Status::internal("a group's ListEvents answer without a message"))?;
+    boxoffice_proto::v1::ListEventsResponse::decode(&*msg)
+        .map_err(|e| tonic::Status::internal(format!("a group's ListEvents answer: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use boxoffice_proto::v1 as pb;
+    use prost::Message;
+
+    fn body<M: Message>(m: &M) -> bytes::Bytes {
+        frame(&m.encode_to_vec())
+    }
+
+    fn routed<M: Message>(path: &str, m: &M) -> Route {
+        route_of(path, &http::HeaderMap::new(), body(m)).0
+    }
+
+    /// An event's group is part of where its data lives: the function must never change.
+    #[test]
+    fn the_group_of_an_event_is_a_fixed_function_of_its_id() {
+        assert_eq!(group_of_event("anything", 1), 0);
+        let spread: Vec<u32> = (0..8)
+            .map(|i| group_of_event(&format!("e{i}"), 2))
+            .collect();
+        assert_eq!(spread, vec![1, 0, 0, 1, 0, 1, 1, 0]);
+        assert_eq!(group_of_event("ev-01kb0000000000000000000000", 3), 0);
+        for n in 1..=64 {
+            assert!(group_of_event("concert", n) < n);
+        }
+    }
+
+    #[test]
+    fn every_call_of_the_contract_is_routed_by_the_event_it_names() {
+        let e = || Route::Event("ev1".into());
+        let hold = "ev1.ga.h01kb0000000000000000000000".to_owned();
+        let order = "ev1.ga.o01kb0000000000000000000000".to_owned();
+        let es = "/boxoffice.v1.EventService/";
+        let wr = "/boxoffice.v1.WaitingRoomService/";
+        let bk = "/boxoffice.v1.BookingService/";
+        let wl = "/boxoffice.v1.WaitlistService/";
+        let ev = |s: &str| s.to_owned();
+        assert_eq!(
+            routed(
+                &format!("{es}GetEvent"),
+                &pb::GetEventRequest {
+                    event_id: ev("ev1")
+                }
+            ),
+            e()
+        );
+        assert_eq!(
+            routed(
+                &format!("{es}GetSeatMap"),
+                &pb::GetSeatMapRequest {
+                    event_id: ev("ev1"),
+                    ..Default::default()
+                }
+            ),
+            e()
+        );
+        assert_eq!(
+            routed(
+                &format!("{es}ListEvents"),
+                &pb::ListEventsRequest::default()
+            ),
+            Route::All
+        );
+        assert_eq!(
+            routed(
+                &format!("{wr}Join"),
+                &pb::JoinRequest {
+                    event_id: ev("ev1"),
+                    ..Default::default()
+                }
+            ),
+            e()
+        );
+        assert_eq!(
+            routed(
+                &format!("{wr}GetJoinChallenge"),
+                &pb::GetJoinChallengeRequest {
+                    event_id: ev("ev1"),
+                    ..Default::default()
+                }
+            ),
+            e()
+        );
+        let token = crate::tokens::TokenSigner::new(b"secret").sign(&crate::tokens::Claims {
+            kind: crate::tokens::TokenKind::Queue,
+            event_id: "ev1".into(),
+            user_id: "u".into(),
+            number: 1,
+            at_ms: 1,
+            epoch: 1,
+            expires_at_ms: u64::MAX,
+        });
+        assert_eq!(
+            routed(
+                &format!("{wr}GetStatus"),
+                &pb::GetStatusRequest { queue_token: token }
+            ),
+            e()
+        );
+        assert_eq!(
+            routed(
+                &format!("{bk}Hold"),
+                &pb::HoldRequest {
+                    event_id: ev("ev1"),
+                    ..Default::default()
+                }
+            ),
+            e()
+        );
+        for m in ["Confirm", "Release", "GetHold"] {
+            let path = format!("{bk}{m}");
+            let r = match m {
+                "Confirm" => routed(
+                    &path,
+                    &pb::ConfirmRequest {
+                        hold_id: hold.clone(),
+                        ..Default::default()
+                    },
+                ),
+                "Release" => routed(
+                    &path,
+                    &pb::ReleaseRequest {
+                        hold_id: hold.clone(),
+                        ..Default::default()
+                    },
+                ),
+                _ => routed(
+                    &path,
+                    &pb::GetHoldRequest {
+                        hold_id: hold.clone(),
+                        ..Default::default()
+                    },
+                ),
+            };
+            assert_eq!(r, e(), "{m}");
+        }
+        assert_eq!(
+            routed(
+                &format!("{bk}GetOrder"),
+                &pb::GetOrderRequest {
+                    order_id: order,
+                    ..Default::default()
+                }
+            ),
+            e()
+        );
+        assert_eq!(
+            routed(
+                &format!("{wl}JoinWaitlist"),
+                &pb::JoinWaitlistRequest {
+                    event_id: ev("ev1"),
+                    ..Default::default()
+                }
+            ),
+            e()
+        );
+        assert_eq!(
+            routed(
+                &format!("{wl}GetWaitlistEntry"),
+                &pb::GetWaitlistEntryRequest {
+                    entry_id: ev("ev1.w01kb0000000000000000000000"),
+                    ..Default::default()
+                }
+            ),
+            e()
+        );
+        // Ids that are not ours, bodies that do not decode, paths not in the contract: no
+        // event (the services answer their own errors).
+        assert_eq!(
+            routed(
+                &format!("{bk}GetHold"),
+                &pb::GetHoldRequest {
+                    hold_id: ev("nonsense"),
+                    ..Default::default()
+                }
+            ),
+            Route::Unknown
+        );
+        assert_eq!(
+            route_of(
+                &format!("{es}GetEvent"),
+                &http::HeaderMap::new(),
+                bytes::Bytes::from_static(&[0, 0, 0, 0, 9, 1])
+            )
+            .0,
+            Route::Unknown
+        );
+        assert_eq!(
+            routed("/boxoffice.v1.Other/Call", &pb::GetEventRequest::default()),
+            Route::Unknown
+        );
+    }
+
+    #[test]
+    fn a_create_without_id_is_named_here_and_a_keyed_one_as_the_engine_names_it() {
+        let path = "/boxoffice.v1.EventService/CreateEvent";
+        let named = pb::CreateEventRequest {
+            event_id: "concert".into(),
+            ..Default::default()
+        };
+        assert_eq!(routed(path, &named), Route::Event("concert".into()));
+        let keyed = pb::CreateEventRequest {
+            idempotency_key: "k1".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            routed(path, &keyed),
+            Route::Event(boxoffice_engine::event_id_of_key("k1").0)
+        );
+        let bare = pb::CreateEventRequest {
+            name: "show".into(),
+            ..Default::default()
+        };
+        let (route, rewritten) = route_of(path, &http::HeaderMap::new(), body(&bare));
+        let Route::Event(id) = route else {
+            panic!("{route:?}")
+        };
+        assert!(id.starts_with("ev-"), "{id}");
+        let sent =
+            pb::CreateEventRequest::decode(&*message(&http::HeaderMap::new(), &rewritten).unwrap())
+                .unwrap();
+        assert_eq!(sent.event_id, id, "the request sent on carries the id");
+        assert_eq!(sent.name, "show", "and the rest as it came");
+    }
+
+    #[test]
+    fn gzipped_requests_are_read() {
+        use std::io::Write;
+        let m = pb::GetEventRequest {
+            event_id: "ev1".into(),
+        };
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(&m.encode_to_vec()).unwrap();
+        let zipped = gz.finish().unwrap();
+        let mut b = vec![1];
+        b.extend_from_slice(&u32::try_from(zipped.len()).unwrap().to_be_bytes());
+        b.extend_from_slice(&zipped);
+        let mut headers = http::HeaderMap::new();
+        headers.insert("grpc-encoding", http::HeaderValue::from_static("gzip"));
+        let (route, _) = route_of(
+            "/boxoffice.v1.EventService/GetEvent",
+            &headers,
+            bytes::Bytes::from(b.clone()),
+        );
+        assert_eq!(route, Route::Event("ev1".into()));
+        // Compressed without saying how: not read.
+        let (route, _) = route_of(
+            "/boxoffice.v1.EventService/GetEvent",
+            &http::HeaderMap::new(),
+            bytes::Bytes::from(b),
+        );
+        assert_eq!(route, Route::Unknown);
     }
 }

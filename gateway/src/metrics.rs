@@ -366,56 +366,56 @@ pub const FAMILIES: &[Family] = &[
         "boxoffice_raft_leader",
         Gauge,
         None,
-        "1 while this node leads its Raft group (and serves its engine), 0 while another does or none is known.",
+        "By group: 1 while this node leads the Raft group, 0 while another does or none is known.",
         Series::Cluster,
     ),
     family(
         "boxoffice_raft_leader_known",
         Gauge,
         None,
-        "1 while this node knows its group's leader (to serve or forward to), 0 during an election.",
+        "By group: 1 while this node knows the group's leader (to serve or forward to), 0 during an election.",
         Series::Cluster,
     ),
     family(
         "boxoffice_raft_term",
         Gauge,
         COUNT,
-        "This node's current Raft term.",
+        "By group: this node's current Raft term.",
         Series::Cluster,
     ),
     family(
         "boxoffice_raft_last_log_index",
         Gauge,
         COUNT,
-        "The index of the last entry in this node's Raft log.",
+        "By group: the index of the last entry in this node's Raft log.",
         Series::Cluster,
     ),
     family(
         "boxoffice_raft_applied_index",
         Gauge,
         COUNT,
-        "The index of the last entry this node applied to its copy of the log.",
+        "By group: the index of the last entry this node applied to its copy of the log.",
         Series::Cluster,
     ),
     family(
         "boxoffice_raft_commit_lag_entries",
         Gauge,
         COUNT,
-        "On the leader, by peer: entries of the leader's log the peer has not acknowledged yet.",
+        "By group and peer, on the group's leader: entries of its log the peer has not acknowledged yet (0 on other nodes).",
         Series::Cluster,
     ),
     family(
         "boxoffice_raft_leader_changes_total",
         Counter,
         COUNT,
-        "Leader changes this node has seen (elections won by some node, or leaders lost).",
+        "By group: leader changes this node has seen (elections won by some node, or leaders lost).",
         Series::Cluster,
     ),
     family(
         "boxoffice_cluster_forwarded_total",
         Counter,
         COUNT,
-        "Calls this node forwarded to its group's leader, by method.",
+        "Calls this node forwarded to the leader of their group, by method.",
         Series::Cluster,
     ),
     // engine: the log
@@ -759,34 +759,45 @@ pub fn spawn_sampler(
 /// A cluster node's Raft figures, updated as soon as Raft's own metrics change (a new leader
 /// shows at once) and at least every [`RAFT_SAMPLE_EVERY`], until aborted: whether it leads,
 /// its term, log and applied indexes, each peer's lag (on the leader), and leader changes.
-pub fn spawn_raft_sampler(raft: boxoffice_engine::raft::Raft) -> tokio::task::JoinHandle<()> {
+/// Every series is labelled with the group (`group="0"` to `N-1`).
+pub fn spawn_raft_sampler(
+    raft: boxoffice_engine::raft::Raft,
+    group: u32,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut watch = raft.metrics();
-        let changes = metrics::counter!("boxoffice_raft_leader_changes_total");
+        let g = group.to_string();
+        let changes =
+            metrics::counter!("boxoffice_raft_leader_changes_total", "group" => g.clone());
         let mut last_leader = None;
         loop {
             let m = watch.borrow_and_update().clone();
             let leads = m.current_leader == Some(m.id);
-            metrics::gauge!("boxoffice_raft_leader").set(if leads { 1.0 } else { 0.0 });
-            metrics::gauge!("boxoffice_raft_leader_known").set(if m.current_leader.is_some() {
+            metrics::gauge!("boxoffice_raft_leader", "group" => g.clone()).set(if leads {
                 1.0
             } else {
                 0.0
             });
-            metrics::gauge!("boxoffice_raft_term").set(m.current_term as f64);
+            metrics::gauge!("boxoffice_raft_leader_known", "group" => g.clone())
+                .set(if m.current_leader.is_some() { 1.0 } else { 0.0 });
+            metrics::gauge!("boxoffice_raft_term", "group" => g.clone()).set(m.current_term as f64);
             let last = m.last_log_index.unwrap_or(0);
-            metrics::gauge!("boxoffice_raft_last_log_index").set(last as f64);
-            metrics::gauge!("boxoffice_raft_applied_index")
+            metrics::gauge!("boxoffice_raft_last_log_index", "group" => g.clone()).set(last as f64);
+            metrics::gauge!("boxoffice_raft_applied_index", "group" => g.clone())
                 .set(m.last_applied.map_or(0, |l| l.index) as f64);
-            if let Some(peers) = &m.replication {
-                for (peer, matched) in peers {
-                    if *peer == m.id {
-                        continue;
-                    }
-                    let lag = last.saturating_sub(matched.map_or(0, |l| l.index));
-                    metrics::gauge!("boxoffice_raft_commit_lag_entries", "peer" => peer.to_string())
-                        .set(lag as f64);
+            for peer in m.membership_config.nodes().map(|(id, _)| *id) {
+                if peer == m.id {
+                    continue;
                 }
+                // Only the leader knows its followers' lag: 0 elsewhere (not a stale figure
+                // from when this node last led).
+                let lag = m.replication.as_ref().map_or(0, |peers| {
+                    peers.get(&peer).map_or(last, |matched| {
+                        last.saturating_sub(matched.map_or(0, |l| l.index))
+                    })
+                });
+                metrics::gauge!("boxoffice_raft_commit_lag_entries", "group" => g.clone(), "peer" => peer.to_string())
+                    .set(lag as f64);
             }
             if m.current_leader != last_leader {
                 if last_leader.is_some() || m.current_leader.is_some() {

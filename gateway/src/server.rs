@@ -21,7 +21,7 @@ use tonic_health::server::HealthReporter;
 
 use crate::gate::{Gate, GateLayer, Keys, Scope};
 use crate::seat_maps::SeatMaps;
-use crate::services::{Api, BookingSvc, EventRoutes, Ready, WaitingRoomSvc, WaitlistSvc};
+use crate::services::{Api, BookingSvc, EventRoutes, Groups, Ready, WaitingRoomSvc, WaitlistSvc};
 use crate::tokens::TokenSigner;
 
 /// Largest request message decoded (see [`crate::limits`]).
@@ -97,6 +97,20 @@ pub struct ClusterConfig {
     pub secret: crate::cluster::ClusterSecret,
     /// Raft entries between snapshots (the log before a snapshot is purged).
     pub snapshot_every: u64,
+    /// Raft groups (`--groups`, at least 1): an event belongs to group
+    /// [`crate::forward::group_of_event`] of its id; group `g`'s first leader is the `g`-th
+    /// node (by id, round robin), so leaders are spread over the nodes. The same on every node.
+    pub groups: u32,
+}
+
+/// Where group `g` of a cluster node keeps its log: the data dir itself for group 0 (a
+/// one-group node's layout), `group-{g}/` inside it for the others.
+pub fn group_dir(data_dir: &std::path::Path, g: u32) -> PathBuf {
+    if g == 0 {
+        data_dir.to_owned()
+    } else {
+        data_dir.join(format!("group-{g}"))
+    }
 }
 
 impl ServerConfig {
@@ -159,9 +173,11 @@ type SweeperSlot = Arc<std::sync::Mutex<Option<ractor::ActorRef<boxoffice_sweepe
 
 /// A cluster node's running parts.
 struct Node {
-    raft: boxoffice_engine::raft::Raft,
+    /// Each group's Raft (index: the group).
+    rafts: Vec<boxoffice_engine::raft::Raft>,
     stop: tokio::sync::watch::Sender<bool>,
-    lead: tokio::task::JoinHandle<()>,
+    /// Each group's leadership loop.
+    leads: Vec<tokio::task::JoinHandle<()>>,
     /// Why the node left its group on its own (its Raft stopped on an error, or it could not
     /// serve as leader): set once, by the leadership loop.
     failed: tokio::sync::watch::Receiver<Option<String>>,
@@ -174,6 +190,43 @@ const SERVICES: &[&str] = &[
     "boxoffice.v1.BookingService",
     "boxoffice.v1.WaitlistService",
 ];
+
+/// A cluster node's health over its groups: `SERVING` while every group is served here (this
+/// node leads it, its engine open) or has a leader known to forward to.
+struct GroupHealth {
+    health: HealthReporter,
+    ok: tokio::sync::Mutex<(Vec<bool>, Option<bool>)>,
+}
+
+impl GroupHealth {
+    fn new(health: HealthReporter, groups: usize) -> GroupHealth {
+        GroupHealth {
+            health,
+            ok: tokio::sync::Mutex::new((vec![false; groups], None)),
+        }
+    }
+
+    /// Group `g` is served (`true`) or not; health follows all of them.
+    async fn set(&self, g: u32, ok: bool) {
+        let mut state = self.ok.lock().await;
+        if let Some(slot) = state.0.get_mut(g as usize) {
+            *slot = ok;
+        }
+        let all = state.0.iter().all(|o| *o);
+        if state.1 != Some(all) {
+            state.1 = Some(all);
+            set_health(
+                &self.health,
+                if all {
+                    ServingStatus::Serving
+                } else {
+                    ServingStatus::NotServing
+                },
+            )
+            .await;
+        }
+    }
+}
 
 async fn set_health(health: &HealthReporter, status: ServingStatus) {
     for s in SERVICES {
@@ -221,7 +274,7 @@ fn grpc_router(
     health_service: tonic_health::pb::health_server::HealthServer<
         impl tonic_health::pb::health_server::Health,
     >,
-    ready: &Ready,
+    ready: &Groups,
     seat_map_max_bytes: usize,
     cluster: Option<(RaftService, Arc<crate::forward::Forwarder>)>,
 ) -> anyhow::Result<GrpcRouter> {
@@ -319,29 +372,44 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
     let (health, _) = tonic_health::server::health_reporter();
     let health_service = crate::health::service(&health, gate.draining_signal());
     set_health(&health, ServingStatus::NotServing).await;
-    let ready = Ready::default();
+    let n_groups = config.cluster.as_ref().map_or(1, |c| c.groups.max(1));
+    let readies: Vec<Ready> = (0..n_groups).map(|_| Ready::default()).collect();
+    let groups = Groups::new(readies.clone());
+    let ready = readies[0].clone();
     let seat_map_max_bytes = config.seat_map_max_bytes.clamp(
         crate::limits::SEAT_MAP_BYTES_MIN,
         crate::limits::SEAT_MAP_BYTES_MAX,
     );
-    let raft = match &config.cluster {
-        Some(c) => Some(open_raft(c, &config.data_dir).await?),
+    let rafts = match &config.cluster {
+        Some(c) => {
+            let mut rafts = Vec::new();
+            for g in 0..n_groups {
+                rafts.push(open_raft(c, &config.data_dir, g).await?);
+            }
+            Some(rafts)
+        }
         None => None,
     };
-    let cluster = match (&config.cluster, &raft) {
-        (Some(c), Some((raft, _, guard))) => Some((
-            crate::cluster::raft_service(raft.clone(), guard.clone(), c.secret.clone()),
+    let cluster = match (&config.cluster, &rafts) {
+        (Some(c), Some(rafts)) => Some((
+            crate::cluster::raft_service(
+                rafts
+                    .iter()
+                    .map(|(raft, _, guard)| (raft.clone(), guard.clone()))
+                    .collect(),
+                c.secret.clone(),
+            ),
             Arc::new(crate::forward::Forwarder::new(
                 c.node_id,
-                raft.clone(),
+                rafts.iter().map(|(raft, _, _)| raft.clone()).collect(),
                 c.peers.clone(),
                 c.secret.clone(),
-                ready.clone(),
+                groups.clone(),
             )),
         )),
         _ => None,
     };
-    let router = grpc_router(&gate, health_service, &ready, seat_map_max_bytes, cluster)?;
+    let router = grpc_router(&gate, health_service, &groups, seat_map_max_bytes, cluster)?;
     let (stop_grpc, stop_rx) = oneshot::channel::<()>();
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let grpc_task = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async move {
@@ -366,24 +434,62 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
     let sweeper: SweeperSlot = Arc::default();
     let (recovered_tx, recovered_rx) = oneshot::channel();
     let tasks = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let node = match raft {
-        Some((raft, sm, _)) => {
-            background.push(crate::metrics::spawn_raft_sampler(raft.clone()));
+    let node = match rafts {
+        Some(rafts) => {
             let (stop, stopped) = tokio::sync::watch::channel(false);
-            let leading = Leading {
-                raft: raft.clone(),
-                sm,
-                config: config.clone(),
-                ready: ready.clone(),
-                health: health.clone(),
-                sweeper: sweeper.clone(),
-            };
             let (failed_tx, failed) = tokio::sync::watch::channel(None);
-            let lead = tokio::spawn(lead(leading, stopped, recovered_tx, failed_tx));
+            let failed_tx = Arc::new(failed_tx);
+            let group_health = Arc::new(GroupHealth::new(health.clone(), rafts.len()));
+            let mut leads = Vec::new();
+            let mut serving = Vec::new();
+            for (g, (raft, sm, _)) in rafts.iter().enumerate() {
+                let group = u32::try_from(g).unwrap_or(u32::MAX);
+                background.push(crate::metrics::spawn_raft_sampler(raft.clone(), group));
+                let leading = Leading {
+                    raft: raft.clone(),
+                    sm: sm.clone(),
+                    group,
+                    config: config.clone(),
+                    ready: readies[g].clone(),
+                    health: group_health.clone(),
+                    // The sweeper of group 0 (the one `Running::sweeper` shows).
+                    sweeper: if g == 0 {
+                        sweeper.clone()
+                    } else {
+                        SweeperSlot::default()
+                    },
+                };
+                let (ready_tx, ready_rx) = oneshot::channel();
+                serving.push(ready_rx);
+                leads.push(tokio::spawn(lead(
+                    leading,
+                    stopped.clone(),
+                    ready_tx,
+                    failed_tx.clone(),
+                )));
+            }
+            // Ready once every group serves here or is known to be served elsewhere.
+            background.push(tokio::spawn(async move {
+                let mut result = Ok(());
+                for rx in serving {
+                    match rx.await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => {
+                            result = Err(e);
+                            break;
+                        }
+                        Err(_) => {
+                            result = Err(anyhow::anyhow!("the node stopped before it served"));
+                            break;
+                        }
+                    }
+                }
+                let _ = recovered_tx.send(result);
+            }));
             Some(Node {
-                raft,
+                rafts: rafts.into_iter().map(|(raft, _, _)| raft).collect(),
                 stop,
-                lead,
+                leads,
                 failed,
             })
         }
@@ -563,12 +669,13 @@ async fn recover(
     Ok(())
 }
 
-/// Opens a cluster node's sled database, its Raft log and state machine, and its Raft; the
-/// node with the lowest id forms the group on the very first start of every node
-/// ([`form_group`]).
+/// Opens a cluster node's sled database for `group` ([`group_dir`]), its Raft log and state
+/// machine, and its Raft; the group's first node (round robin by id: group 0 the lowest) forms
+/// it on the very first start of every node ([`form_group`]).
 async fn open_raft(
     cluster: &ClusterConfig,
     data_dir: &std::path::Path,
+    group: u32,
 ) -> anyhow::Result<(
     boxoffice_engine::raft::Raft,
     boxoffice_engine::raft::SledStateMachine,
@@ -581,14 +688,16 @@ async fn open_raft(
         cluster.node_id,
         cluster.peers.keys().collect::<Vec<_>>()
     );
-    let dir = data_dir.to_owned();
+    let dir = group_dir(data_dir, group);
+    let shown = dir.clone();
     let db = tokio::task::spawn_blocking(move || raft::open_node_db(&dir))
         .await?
-        .with_context(|| format!("opening {}", data_dir.display()))?;
+        .with_context(|| format!("opening {}", shown.display()))?;
     let sm = raft::SledStateMachine::open(&db)?;
     let log = raft::SledLogStore::open(&db)?;
     let guard = raft::VoteGuard::open(&db)?;
-    let peers = crate::cluster::Peers::new(cluster.peers.clone(), cluster.secret.clone());
+    let peers =
+        crate::cluster::Peers::new(cluster.peers.clone(), cluster.secret.clone()).in_group(group);
     let raft = raft::Raft::new(
         cluster.node_id,
         raft::config(cluster.snapshot_every),
@@ -598,12 +707,15 @@ async fn open_raft(
     )
     .await
     .context("starting Raft")?;
-    if cluster.peers.keys().next() == Some(&cluster.node_id) {
+    // Group g is formed by the g-th node (by id, round robin): its first leader.
+    let ids: Vec<u64> = cluster.peers.keys().copied().collect();
+    if ids.get(group as usize % ids.len().max(1)) == Some(&cluster.node_id) {
         tokio::spawn(form_group(
             raft.clone(),
             guard.clone(),
             cluster.peers.clone(),
             cluster.secret.clone(),
+            group,
         ));
     }
     Ok((raft, sm, guard))
@@ -618,9 +730,10 @@ async fn form_group(
     guard: boxoffice_engine::raft::VoteGuard,
     peers: std::collections::BTreeMap<u64, String>,
     secret: crate::cluster::ClusterSecret,
+    group: u32,
 ) {
     let me = raft.metrics().borrow().id;
-    let network = crate::cluster::Peers::new(peers.clone(), secret);
+    let network = crate::cluster::Peers::new(peers.clone(), secret).in_group(group);
     loop {
         tokio::time::sleep(FORM_RETRY).await;
         if !matches!(raft.is_initialized().await, Ok(false))
@@ -644,7 +757,7 @@ async fn form_group(
     match raft.initialize(members).await {
         Ok(()) => {
             guard.set_ready();
-            tracing::info!("formed the group");
+            tracing::info!(group, "formed the group");
         }
         Err(e) => tracing::info!(error = %e, "the group was not formed here"),
     }
@@ -657,9 +770,11 @@ const FORM_RETRY: Duration = Duration::from_millis(1_500);
 struct Leading {
     raft: boxoffice_engine::raft::Raft,
     sm: boxoffice_engine::raft::SledStateMachine,
+    /// Which group.
+    group: u32,
     config: ServerConfig,
     ready: Ready,
-    health: HealthReporter,
+    health: Arc<GroupHealth>,
     sweeper: SweeperSlot,
 }
 
@@ -722,8 +837,9 @@ async fn lead(
     node: Leading,
     mut stop: tokio::sync::watch::Receiver<bool>,
     ready_tx: oneshot::Sender<anyhow::Result<()>>,
-    failed: tokio::sync::watch::Sender<Option<String>>,
+    failed: Arc<tokio::sync::watch::Sender<Option<String>>>,
 ) {
+    let group = node.group;
     let id = node.raft.metrics().borrow().id;
     let mut metrics = node.raft.metrics();
     let mut stack: Option<Stack> = None;
@@ -767,7 +883,7 @@ async fn lead(
                         "another node leads".into()
                     }
                 });
-                tracing::warn!(reason = %why, "this node stops serving its group");
+                tracing::warn!(group, reason = %why, "this node stops serving its group");
                 s.stop().await;
             }
         }
@@ -776,7 +892,12 @@ async fn lead(
             match node.open().await {
                 Ok(s) => {
                     failures = 0;
-                    tracing::info!(node = id, term, "this node leads its group and serves it");
+                    tracing::info!(
+                        node = id,
+                        group,
+                        term,
+                        "this node leads its group and serves it"
+                    );
                     if let Ok(mut slot) = node.sweeper.lock() {
                         *slot = Some(s.sweeper.clone());
                     }
@@ -785,7 +906,7 @@ async fn lead(
                 }
                 Err(e) => {
                     failures += 1;
-                    tracing::error!(error = %format!("{e:#}"), failures, "cannot serve as the leader");
+                    tracing::error!(group, error = %format!("{e:#}"), failures, "cannot serve as the leader");
                     if failures >= OPEN_FAILURES_MAX {
                         tracing::error!(
                             "this node cannot serve: it leaves the group (its Raft stops) so \
@@ -805,15 +926,7 @@ async fn lead(
         }
         let now = if leads { stack.is_some() } else { known };
         if serving != Some(now) {
-            set_health(
-                &node.health,
-                if now {
-                    ServingStatus::Serving
-                } else {
-                    ServingStatus::NotServing
-                },
-            )
-            .await;
+            node.health.set(group, now).await;
             serving = Some(now);
         }
         if now && let Some(tx) = ready_tx.take() {
@@ -846,12 +959,19 @@ async fn lead(
         s.stop().await;
     }
     if let Some(why) = why_failed.filter(|_| !*stop.borrow()) {
-        tracing::error!(reason = %why, "this node left its group: health is NOT_SERVING until a restart");
-        set_health(&node.health, ServingStatus::NotServing).await;
+        tracing::error!(group, reason = %why, "this node left its group: health is NOT_SERVING until a restart");
+        node.health.set(group, false).await;
         if let Some(tx) = ready_tx.take() {
             let _ = tx.send(Err(anyhow::anyhow!("this node left its group: {why}")));
         }
-        let _ = failed.send(Some(why));
+        failed.send_if_modified(|f| {
+            if f.is_none() {
+                *f = Some(format!("group {group}: {why}"));
+                true
+            } else {
+                false
+            }
+        });
     }
 }
 
@@ -865,6 +985,9 @@ async fn ticket_signer(
     engine: &Engine,
 ) -> anyhow::Result<crate::tickets::TicketSigner> {
     use crate::tickets::{KEY_FILE, KeyRing, PUBLIC_KEYS_DIR, open_for_signing};
+    // A node's groups share its key ring: one of them makes the key, the others load it.
+    static MAKING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _one_at_a_time = MAKING.lock().await;
     let dir = &config.data_dir;
     if let Some(signer) = open_for_signing(dir, false)? {
         return Ok(signer);
@@ -975,9 +1098,17 @@ impl Running {
         }
     }
 
-    /// A cluster node's Raft (`None`: a single node).
+    /// A cluster node's Raft of group 0 (`None`: a single node).
     pub fn raft(&self) -> Option<boxoffice_engine::raft::Raft> {
-        self.node.as_ref().map(|n| n.raft.clone())
+        self.node.as_ref().and_then(|n| n.rafts.first().cloned())
+    }
+
+    /// A cluster node's Raft of each group (empty: a single node).
+    pub fn rafts(&self) -> Vec<boxoffice_engine::raft::Raft> {
+        self.node
+            .as_ref()
+            .map(|n| n.rafts.clone())
+            .unwrap_or_default()
     }
 
     /// The engine, once recovered.
@@ -1010,11 +1141,15 @@ impl Running {
         }
         let mut stopped = None;
         if let Some(node) = self.node.take() {
-            // The leadership loop stops the engine it serves, if any; then Raft stops.
+            // The leadership loops stop the engines they serve, if any; then Raft stops.
             let _ = node.stop.send(true);
-            let _ = node.lead.await;
-            if let Err(e) = node.raft.shutdown().await {
-                tracing::warn!(error = %e, "stopping Raft");
+            for lead in node.leads {
+                let _ = lead.await;
+            }
+            for raft in node.rafts {
+                if let Err(e) = raft.shutdown().await {
+                    tracing::warn!(error = %e, "stopping Raft");
+                }
             }
         }
         let sweeper = self.sweeper.lock().ok().and_then(|s| s.clone());

@@ -47,6 +47,51 @@ impl Ready {
     }
 }
 
+/// The state of each Raft group this server serves (index: the group; one on a single node
+/// and in a one-group cluster). A call is served by the group named in its [`GroupOf`]
+/// extension (set by the cluster's routing layer, [`crate::forward`]), group 0 without one.
+#[derive(Clone)]
+pub struct Groups(Arc<[Ready]>);
+
+/// The Raft group a call belongs to (a request extension; see [`Groups`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupOf(pub usize);
+
+impl Groups {
+    /// One group's state: a single node's, or a one-group cluster's.
+    pub fn one(ready: Ready) -> Groups {
+        Groups(Arc::from(vec![ready]))
+    }
+
+    /// Each group's state, by index.
+    pub fn new(readies: Vec<Ready>) -> Groups {
+        Groups(Arc::from(readies))
+    }
+
+    /// The state of group `g`, if this server has it.
+    pub fn get(&self, g: usize) -> Option<&Ready> {
+        self.0.get(g)
+    }
+
+    /// How many groups.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there are none (never: a server has at least one group).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The state serving `req`: its group's (group 0 without a [`GroupOf`]; a group this
+    /// server does not have answers as one not ready).
+    pub fn of<T>(&self, req: &Request<T>) -> &Ready {
+        static NONE: std::sync::LazyLock<Ready> = std::sync::LazyLock::new(Ready::default);
+        let g = req.extensions().get::<GroupOf>().map_or(0, |g| g.0);
+        self.0.get(g).unwrap_or(&NONE)
+    }
+}
+
 /// Everything the services share.
 pub struct Api {
     /// The engine.
@@ -248,13 +293,13 @@ fn ok<T>(v: T) -> Rpc<T> {
 }
 
 /// `EventService`.
-pub struct EventSvc(pub Ready);
+pub struct EventSvc(pub Groups);
 /// `WaitingRoomService`.
-pub struct WaitingRoomSvc(pub Ready);
+pub struct WaitingRoomSvc(pub Groups);
 /// `BookingService`.
-pub struct BookingSvc(pub Ready);
+pub struct BookingSvc(pub Groups);
 /// `WaitlistService`.
-pub struct WaitlistSvc(pub Ready);
+pub struct WaitlistSvc(pub Groups);
 
 /// The shared state, or `NOT_READY` while recovery runs.
 fn ready(r: &Ready) -> Result<Arc<Api>, ApiError> {
@@ -277,7 +322,7 @@ fn event_id(field: &str, v: String) -> Result<EventId, ApiError> {
 #[tonic::async_trait]
 impl pb::event_service_server::EventService for EventSvc {
     async fn create_event(&self, req: Request<pb::CreateEventRequest>) -> Rpc<pb::Event> {
-        let api = ready(&self.0)?;
+        let api = ready(self.0.of(&req))?;
         let mut req = req.into_inner();
         let key = std::mem::take(&mut req.idempotency_key);
         // The key first, as docs/api.md 4.1 lists the errors.
@@ -293,7 +338,7 @@ impl pb::event_service_server::EventService for EventSvc {
     }
 
     async fn get_event(&self, req: Request<pb::GetEventRequest>) -> Rpc<pb::Event> {
-        let api = ready(&self.0)?;
+        let api = ready(self.0.of(&req))?;
         let id = event_id("event_id", req.into_inner().event_id)?;
         let e = api.engine.event(&id).map_err(ApiError::from)?;
         ok(api.event_proto(e))
@@ -303,7 +348,7 @@ impl pb::event_service_server::EventService for EventSvc {
         &self,
         req: Request<pb::ListEventsRequest>,
     ) -> Rpc<pb::ListEventsResponse> {
-        let api = ready(&self.0)?;
+        let api = ready(self.0.of(&req))?;
         let req = req.into_inner();
         let size = match req.page_size as usize {
             0 => LIST_PAGE_DEFAULT,
@@ -326,14 +371,7 @@ impl pb::event_service_server::EventService for EventSvc {
             .take(size)
             .map(|e| api.event_proto(e))
             .collect();
-        let next_page_token = if more {
-            events
-                .last()
-                .map(|e| e.event_id.clone())
-                .unwrap_or_default()
-        } else {
-            String::new()
-        };
+        let next_page_token = next_page_token(&events, more);
         ok(pb::ListEventsResponse {
             events,
             next_page_token,
@@ -344,10 +382,20 @@ impl pb::event_service_server::EventService for EventSvc {
     /// into a message for a server that mounts the generated service alone.
     async fn get_seat_map(&self, req: Request<pb::GetSeatMapRequest>) -> Rpc<pb::SeatMap> {
         use prost::Message as _;
-        let reply = seat_map_reply(&self.0, req.into_inner()).await?;
+        let group = self.0.of(&req).clone();
+        let reply = seat_map_reply(&group, req.into_inner()).await?;
         let map = pb::SeatMap::decode(reply.encode_to_vec().as_slice())
             .map_err(|e| Status::internal(format!("a seat map that does not decode: {e}")))?;
         ok(map)
+    }
+}
+
+/// The `next_page_token` of a `ListEvents` page: its last event id if `more` follow, else empty.
+pub(crate) fn next_page_token(page: &[pb::Event], more: bool) -> String {
+    if more {
+        page.last().map(|e| e.event_id.clone()).unwrap_or_default()
+    } else {
+        String::new()
     }
 }
 
@@ -367,14 +415,14 @@ async fn seat_map_reply(r: &Ready, req: pb::GetSeatMapRequest) -> Result<SeatMap
 
 /// `GetSeatMap` as the server answers it: the pre-encoded maps, written out as a `SeatMap`.
 #[derive(Clone)]
-struct SeatMapMethod(Ready);
+struct SeatMapMethod(Groups);
 
 impl tonic::server::UnaryService<pb::GetSeatMapRequest> for SeatMapMethod {
     type Response = SeatMapReply;
     type Future = BoxFuture<Response<SeatMapReply>, Status>;
 
     fn call(&mut self, req: Request<pb::GetSeatMapRequest>) -> Self::Future {
-        let ready = self.0.clone();
+        let ready = self.0.of(&req).clone();
         Box::pin(async move {
             Ok(Response::new(
                 seat_map_reply(&ready, req.into_inner()).await?,
@@ -392,7 +440,7 @@ type BoxFuture<T, E> = std::pin::Pin<Box<dyn std::future::Future<Output = Result
 #[derive(Clone)]
 pub struct EventRoutes {
     inner: pb::event_service_server::EventServiceServer<EventSvc>,
-    ready: Ready,
+    ready: Groups,
     decode_max: usize,
     encode_max: usize,
 }
@@ -400,7 +448,7 @@ pub struct EventRoutes {
 impl EventRoutes {
     /// The service over `ready`, decoding requests up to `decode_max` bytes and encoding seat
     /// maps up to `encode_max`.
-    pub fn new(ready: Ready, decode_max: usize, encode_max: usize) -> EventRoutes {
+    pub fn new(ready: Groups, decode_max: usize, encode_max: usize) -> EventRoutes {
         EventRoutes {
             inner: pb::event_service_server::EventServiceServer::new(EventSvc(ready.clone()))
                 .max_decoding_message_size(decode_max)
@@ -457,7 +505,7 @@ where
 #[tonic::async_trait]
 impl pb::waiting_room_service_server::WaitingRoomService for WaitingRoomSvc {
     async fn join(&self, req: Request<pb::JoinRequest>) -> Rpc<pb::QueueTicket> {
-        let api = ready(&self.0)?;
+        let api = ready(self.0.of(&req))?;
         let req = req.into_inner();
         let id = event_id("event_id", req.event_id)?;
         user_id(&req.user_id)?;
@@ -560,7 +608,7 @@ impl pb::waiting_room_service_server::WaitingRoomService for WaitingRoomSvc {
         &self,
         req: Request<pb::GetJoinChallengeRequest>,
     ) -> Rpc<pb::JoinChallenge> {
-        let api = ready(&self.0)?;
+        let api = ready(self.0.of(&req))?;
         let req = req.into_inner();
         let id = event_id("event_id", req.event_id)?;
         user_id(&req.user_id)?;
@@ -580,7 +628,7 @@ impl pb::waiting_room_service_server::WaitingRoomService for WaitingRoomSvc {
     }
 
     async fn get_status(&self, req: Request<pb::GetStatusRequest>) -> Rpc<pb::QueueStatus> {
-        let api = ready(&self.0)?;
+        let api = ready(self.0.of(&req))?;
         let token = req.into_inner().queue_token;
         convert::required_token("queue_token", &token).map_err(ApiError::from)?;
         let now = api.clock.now_ms();
@@ -657,7 +705,7 @@ impl pb::waiting_room_service_server::WaitingRoomService for WaitingRoomSvc {
 #[tonic::async_trait]
 impl pb::booking_service_server::BookingService for BookingSvc {
     async fn hold(&self, req: Request<pb::HoldRequest>) -> Rpc<pb::Hold> {
-        let api = ready(&self.0)?;
+        let api = ready(self.0.of(&req))?;
         let req = req.into_inner();
         let id = event_id("event_id", req.event_id)?;
         user_id(&req.user_id)?;
@@ -691,7 +739,7 @@ impl pb::booking_service_server::BookingService for BookingSvc {
     }
 
     async fn confirm(&self, req: Request<pb::ConfirmRequest>) -> Rpc<pb::Order> {
-        let api = ready(&self.0)?;
+        let api = ready(self.0.of(&req))?;
         let req = req.into_inner();
         required("hold_id", &req.hold_id)?;
         user_id(&req.user_id)?;
@@ -718,7 +766,7 @@ impl pb::booking_service_server::BookingService for BookingSvc {
     }
 
     async fn release(&self, req: Request<pb::ReleaseRequest>) -> Rpc<pb::ReleaseResponse> {
-        let api = ready(&self.0)?;
+        let api = ready(self.0.of(&req))?;
         let req = req.into_inner();
         required("hold_id", &req.hold_id)?;
         user_id(&req.user_id)?;
@@ -730,7 +778,7 @@ impl pb::booking_service_server::BookingService for BookingSvc {
     }
 
     async fn get_hold(&self, req: Request<pb::GetHoldRequest>) -> Rpc<pb::Hold> {
-        let api = ready(&self.0)?;
+        let api = ready(self.0.of(&req))?;
         let req = req.into_inner();
         required("hold_id", &req.hold_id)?;
         user_id(&req.user_id)?;
@@ -743,7 +791,7 @@ impl pb::booking_service_server::BookingService for BookingSvc {
     }
 
     async fn get_order(&self, req: Request<pb::GetOrderRequest>) -> Rpc<pb::Order> {
-        let api = ready(&self.0)?;
+        let api = ready(self.0.of(&req))?;
         let req = req.into_inner();
         required("order_id", &req.order_id)?;
         user_id(&req.user_id)?;
@@ -759,7 +807,7 @@ impl pb::booking_service_server::BookingService for BookingSvc {
 #[tonic::async_trait]
 impl pb::waitlist_service_server::WaitlistService for WaitlistSvc {
     async fn join_waitlist(&self, req: Request<pb::JoinWaitlistRequest>) -> Rpc<pb::WaitlistEntry> {
-        let api = ready(&self.0)?;
+        let api = ready(self.0.of(&req))?;
         let req = req.into_inner();
         let id = event_id("event_id", req.event_id)?;
         user_id(&req.user_id)?;
@@ -801,7 +849,7 @@ impl pb::waitlist_service_server::WaitlistService for WaitlistSvc {
         &self,
         req: Request<pb::GetWaitlistEntryRequest>,
     ) -> Rpc<pb::WaitlistEntry> {
-        let api = ready(&self.0)?;
+        let api = ready(self.0.of(&req))?;
         let req = req.into_inner();
         required("entry_id", &req.entry_id)?;
         user_id(&req.user_id)?;

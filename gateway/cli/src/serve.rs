@@ -193,6 +193,16 @@ pub struct ServeArgs {
     /// snapshot is purged, and a node that lost its data catches up from one.
     #[arg(long, env = "BOXOFFICE_SNAPSHOT_EVERY", default_value_t = 10_000)]
     snapshot_every: u64,
+    /// Raft groups of a cluster (1 to 64): each event belongs to one (by a hash of its id), each
+    /// group has its own log and leader, and the groups' first leaders are spread over the
+    /// nodes, so events scale out across machines. The same on every node.
+    #[arg(
+        long,
+        env = "BOXOFFICE_GROUPS",
+        default_value_t = 1,
+        value_parser = clap::value_parser!(u32).range(1..=64)
+    )]
+    groups: u32,
 }
 
 /// The cluster part of the flags, if `--node-id` was given. A cluster's nodes must share
@@ -203,12 +213,18 @@ fn cluster_config(
     secret: Option<String>,
     secret_file: Option<&Path>,
     snapshot_every: u64,
+    groups: u32,
     keys_given: bool,
 ) -> Result<Option<server::ClusterConfig>, UsageError> {
     let Some(node_id) = node_id else {
         if secret.is_some() || secret_file.is_some() {
             return Err(UsageError::new(
                 "--cluster-secret needs --node-id and --peers".to_owned(),
+            ));
+        }
+        if groups != 1 {
+            return Err(UsageError::new(
+                "--groups needs --node-id and --peers (a single node has one log)".to_owned(),
             ));
         }
         return Ok(None);
@@ -268,6 +284,7 @@ fn cluster_config(
         secret: boxoffice_gateway::cluster::ClusterSecret::new(&secret)
             .map_err(|e| UsageError::new(format!("--cluster-secret-file: {e}")))?,
         snapshot_every: snapshot_every.max(1),
+        groups,
     }))
 }
 
@@ -426,6 +443,7 @@ fn config(args: ServeArgs) -> Result<ServerConfig, UsageError> {
         args.cluster_secret,
         args.cluster_secret_file.as_deref(),
         args.snapshot_every,
+        args.groups,
         !admin_keys.is_empty()
             && !client_keys.is_empty()
             && token_secret.as_ref().is_some_and(|s| !s.is_empty()),

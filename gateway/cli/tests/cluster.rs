@@ -44,6 +44,18 @@ struct Node {
 
 impl Node {
     fn start(id: u64, peers: &str, addr: &str, metrics: &str, dir: &Path, secret: &Path) -> Node {
+        Node::start_with(id, peers, addr, metrics, dir, secret, &[])
+    }
+
+    fn start_with(
+        id: u64,
+        peers: &str,
+        addr: &str,
+        metrics: &str,
+        dir: &Path,
+        secret: &Path,
+        extra: &[&str],
+    ) -> Node {
         let mut child = Command::new(env!("CARGO_BIN_EXE_boxoffice"))
             .args(["serve", "--node-id", &id.to_string(), "--peers", peers])
             .args(["--listen", addr, "--metrics-listen", metrics])
@@ -55,6 +67,7 @@ impl Node {
             .args(["--token-secret", "cluster-test-token-secret"])
             // Small, so the group's log is purged behind snapshots during the run.
             .args(["--snapshot-every", "200"])
+            .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -108,7 +121,7 @@ impl Node {
         }
     }
 
-    /// The node's metric `name` (no labels), if it answers.
+    /// The node's series `name` (with its labels, if any, as exported), if it answers.
     async fn metric(&self, name: &str) -> Option<f64> {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut s = tokio::net::TcpStream::connect(&self.metrics).await.ok()?;
@@ -131,17 +144,58 @@ impl Drop for Node {
     }
 }
 
-/// The live node that says it leads, waiting up to 20 s for one.
+/// Where three local nodes live: the cluster secret's file, their gRPC and metrics addresses
+/// (free loopback ports), `--peers`, their data dirs.
+struct Layout {
+    secret: PathBuf,
+    addrs: Vec<String>,
+    metrics: Vec<String>,
+    peers: String,
+    dirs: Vec<PathBuf>,
+}
+
+fn layout(root: &Path) -> Layout {
+    let secret = root.join("cluster-secret");
+    std::fs::write(&secret, "cluster-test-secret\n").unwrap();
+    let addrs: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let metrics = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let peers = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!("{}={a}", i + 1))
+        .collect::<Vec<_>>()
+        .join(",");
+    let dirs = (1..=3).map(|i| root.join(format!("node{i}"))).collect();
+    Layout {
+        secret,
+        addrs,
+        metrics,
+        peers,
+        dirs,
+    }
+}
+
+/// The live node that says it leads (group 0), waiting up to 20 s for one.
 async fn leader(nodes: &[Node]) -> usize {
+    leader_of(nodes, 0).await
+}
+
+/// The live node that says it leads group `g`, waiting up to 20 s for one.
+async fn leader_of(nodes: &[Node], g: u32) -> usize {
+    let series = format!("boxoffice_raft_leader{{group=\"{g}\"}}");
     for _ in 0..1_000 {
         for (i, n) in nodes.iter().enumerate() {
-            if n.child.is_some() && n.metric("boxoffice_raft_leader").await == Some(1.0) {
+            if n.child.is_some() && n.metric(&series).await == Some(1.0) {
                 return i;
             }
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    panic!("no leader within 20 s");
+    panic!("no leader of group {g} within 20 s");
 }
 
 fn channel(addr: &str) -> Channel {
@@ -291,9 +345,14 @@ async fn status(c: &mut Clients, token: &str) -> pb::QueueStatus {
 
 /// An admission token for each of `fans` users (join, then poll until admitted).
 async fn admit(c: &mut Clients, fans: usize) -> Vec<String> {
+    admit_to(c, "c", fans).await
+}
+
+/// An admission token to `event` for each of `fans` users.
+async fn admit_to(c: &mut Clients, event: &str, fans: usize) -> Vec<String> {
     let mut tokens = Vec::new();
     for w in 0..fans {
-        let q = join(c, "c", &format!("fan-{w}")).await;
+        let q = join(c, event, &format!("fan-{w}")).await;
         loop {
             let s = status(c, &q).await;
             if s.state == pb::QueueState::Admitted as i32 {
@@ -442,23 +501,13 @@ async fn three_serve_processes_lose_nothing_acknowledged_when_the_leader_is_kill
     };
     let per_phase: u64 = if slow { 2_000 } else { 300 };
     let tmp = tempfile::tempdir().unwrap();
-    let secret = tmp.path().join("cluster-secret");
-    std::fs::write(&secret, "cluster-test-secret\n").unwrap();
-    let addrs: Vec<String> = (0..3)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
-        .collect();
-    let metrics: Vec<String> = (0..3)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
-        .collect();
-    let peers = addrs
-        .iter()
-        .enumerate()
-        .map(|(i, a)| format!("{}={a}", i + 1))
-        .collect::<Vec<_>>()
-        .join(",");
-    let dirs: Vec<PathBuf> = (1..=3)
-        .map(|i| tmp.path().join(format!("node{i}")))
-        .collect();
+    let Layout {
+        secret,
+        addrs,
+        metrics,
+        peers,
+        dirs,
+    } = layout(tmp.path());
     let start = |i: usize| {
         Node::start(
             i as u64 + 1,
@@ -487,21 +536,7 @@ async fn three_serve_processes_lose_nothing_acknowledged_when_the_leader_is_kill
     let follower = (l + 1) % 3;
     Clients::new(&channel(&addrs[follower]), &admin)
         .events
-        .create_event(pb::CreateEventRequest {
-            event_id: "c".into(),
-            name: "cluster".into(),
-            sections: vec![pb::SectionSpec {
-                section_id: "ga".into(),
-                name: "GA".into(),
-                price_cents: 100,
-                layout: Some(pb::section_spec::Layout::GeneralAdmissionCapacity(SEATS)),
-            }],
-            hold_ttl_seconds: 600,
-            per_user_limit: 100,
-            admit_rate_per_second: 100_000,
-            admission_window_seconds: 3_600,
-            ..Default::default()
-        })
+        .create_event(ga_event("c", SEATS))
         .await
         .unwrap();
     // A fan holds at most 100 places (the largest per-user limit), so enough fans for the run.
@@ -693,6 +728,33 @@ fn cluster_flags_are_checked_before_anything_opens() {
             "--cluster-secret-file",
         ),
         (vec!["--cluster-secret", "shh-secret"], "--node-id"),
+        (vec!["--groups", "2"], "--groups needs --node-id"),
+        (
+            vec![
+                "--node-id",
+                "1",
+                "--peers",
+                one,
+                "--cluster-secret",
+                "shh-secret",
+                "--groups",
+                "0",
+            ],
+            "--groups",
+        ),
+        (
+            vec![
+                "--node-id",
+                "1",
+                "--peers",
+                one,
+                "--cluster-secret",
+                "shh-secret",
+                "--groups",
+                "65",
+            ],
+            "--groups",
+        ),
     ];
     for (args, named) in &cases {
         let out = Command::new(env!("CARGO_BIN_EXE_boxoffice"))
@@ -705,6 +767,7 @@ fn cluster_flags_are_checked_before_anything_opens() {
             .env_remove("BOXOFFICE_PEERS")
             .env_remove("BOXOFFICE_CLUSTER_SECRET")
             .env_remove("BOXOFFICE_CLUSTER_SECRET_FILE")
+            .env_remove("BOXOFFICE_GROUPS")
             .output()
             .unwrap();
         let text = format!(
@@ -733,4 +796,269 @@ fn cluster_flags_are_checked_before_anything_opens() {
     assert_eq!(out.status.code(), Some(2), "{text}");
     assert!(text.contains("share their API keys"), "{text}");
     assert!(!data.exists(), "nothing was opened");
+}
+
+/// An event of one general-admission section of `seats`, admitting fans at once.
+fn ga_event(id: &str, seats: u32) -> pb::CreateEventRequest {
+    pb::CreateEventRequest {
+        event_id: id.into(),
+        name: format!("event {id}"),
+        sections: vec![pb::SectionSpec {
+            section_id: "ga".into(),
+            name: "GA".into(),
+            price_cents: 100,
+            layout: Some(pb::section_spec::Layout::GeneralAdmissionCapacity(seats)),
+        }],
+        hold_ttl_seconds: 600,
+        per_user_limit: 100,
+        admit_rate_per_second: 100_000,
+        admission_window_seconds: 3_600,
+        ..Default::default()
+    }
+}
+
+/// `--groups 2` (issue 13, point 2): two Raft groups over the three nodes. Their first leaders
+/// are different nodes; each event lives in the group of its id's hash (an event made without
+/// an id or key gets one from the node that takes the call); any node answers for any event
+/// (forwarding to that event's group's leader) and `ListEvents` pages over both groups in id
+/// order. The leader of group 1 is killed with SIGKILL mid-load: group 0's events go on being
+/// served by their own leader, group 1's by its new one, and every acknowledged hold and order
+/// of both groups reads back through every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_groups_spread_their_leaders_and_each_survives_its_leaders_death() {
+    use boxoffice_gateway::forward::group_of_event;
+    let tmp = tempfile::tempdir().unwrap();
+    let Layout {
+        secret,
+        addrs,
+        metrics,
+        peers,
+        dirs,
+    } = layout(tmp.path());
+    let mut nodes: Vec<Node> = (0..3)
+        .map(|i| {
+            Node::start_with(
+                i as u64 + 1,
+                &peers,
+                &addrs[i],
+                &metrics[i],
+                &dirs[i],
+                &secret,
+                &["--groups", "2"],
+            )
+        })
+        .collect();
+    for n in &nodes {
+        n.wait_ready();
+    }
+    // Group g is formed by the g-th node: the leaders are spread.
+    let l0 = leader_of(&nodes, 0).await;
+    let l1 = leader_of(&nodes, 1).await;
+    assert_ne!(l0, l1, "each group has its own leader");
+    assert!(
+        dirs[0].join("group-1").is_dir(),
+        "group 1 keeps its own log"
+    );
+
+    let admin = Bearer::new(ADMIN).unwrap();
+    let client = Bearer::new(CLIENT).unwrap();
+    let clients: Vec<Clients> = addrs
+        .iter()
+        .map(|a| Clients::new(&channel(a), &client))
+        .collect();
+    // Events of both groups, made through the node that leads neither.
+    let other = (0..3).find(|i| *i != l0 && *i != l1).unwrap();
+    let mut admin_c = Clients::new(&channel(&addrs[other]), &admin);
+    let named: Vec<String> = (0..8).map(|i| format!("e{i}")).collect();
+    let mut by_group = [Vec::new(), Vec::new()];
+    for id in &named {
+        admin_c
+            .events
+            .create_event(ga_event(id, 1_000))
+            .await
+            .unwrap();
+        by_group[group_of_event(id, 2) as usize].push(id.clone());
+    }
+    assert!(
+        !by_group[0].is_empty() && !by_group[1].is_empty(),
+        "the ids fall in both groups: {by_group:?}"
+    );
+    // Without an id or a key: the node taking the call names it, in the group of that name.
+    let unnamed = admin_c
+        .events
+        .create_event(ga_event("", 10))
+        .await
+        .unwrap()
+        .into_inner()
+        .event_id;
+    assert!(unnamed.starts_with("ev-"), "{unnamed}");
+    // With a key and no id: the id derives from the key; a retry through another node is the
+    // same event.
+    let keyed = |key: &str| pb::CreateEventRequest {
+        idempotency_key: key.into(),
+        ..ga_event("", 10)
+    };
+    let first = admin_c
+        .events
+        .create_event(keyed("make-once"))
+        .await
+        .unwrap()
+        .into_inner()
+        .event_id;
+    let again = Clients::new(&channel(&addrs[l1]), &admin)
+        .events
+        .create_event(keyed("make-once"))
+        .await
+        .unwrap()
+        .into_inner()
+        .event_id;
+    assert_eq!(first, again, "a keyed create retried on another node");
+    let mut every: Vec<String> = named.clone();
+    every.push(unnamed.clone());
+    every.push(first.clone());
+    every.sort();
+    // Every node answers for every event, and lists all of them, one page at a time.
+    for c in &clients {
+        for id in &every {
+            let e = c
+                .clone()
+                .events
+                .get_event(pb::GetEventRequest {
+                    event_id: id.clone(),
+                })
+                .await
+                .unwrap_or_else(|s| panic!("GetEvent {id}: {s:?}"))
+                .into_inner();
+            assert_eq!(&e.event_id, id);
+        }
+        let mut listed = Vec::new();
+        let mut token = String::new();
+        loop {
+            let page = c
+                .clone()
+                .events
+                .list_events(pb::ListEventsRequest {
+                    page_size: 3,
+                    page_token: token.clone(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            assert!(page.events.len() <= 3);
+            listed.extend(page.events.into_iter().map(|e| e.event_id));
+            if page.next_page_token.is_empty() {
+                break;
+            }
+            token = page.next_page_token;
+        }
+        assert_eq!(listed, every, "ListEvents over both groups, in id order");
+    }
+
+    // Steady holds and confirms on one event of each group, through every node.
+    let events = [by_group[0][0].clone(), by_group[1][0].clone()];
+    let mut tokens = Vec::new();
+    for e in &events {
+        tokens.push(admit_to(&mut clients[other].clone(), e, 4).await);
+    }
+    let retried = AtomicU64::new(0);
+    let mut acked: Vec<(String, String, Option<String>)> = Vec::new();
+    let mut killed = false;
+    for round in 0..40u64 {
+        if round == 15 {
+            // Group 1's leader dies mid-load.
+            nodes[l1].kill9();
+            killed = true;
+        }
+        for (g, e) in events.iter().enumerate() {
+            for (w, token) in tokens[g].iter().enumerate() {
+                let user = format!("fan-{w}");
+                let req = pb::HoldRequest {
+                    event_id: e.clone(),
+                    user_id: user.clone(),
+                    admission_token: token.clone(),
+                    idempotency_key: format!("h-{e}-{w}-{round}"),
+                    selection: Some(pb::hold_request::Selection::BestAvailable(
+                        pb::BestAvailable {
+                            section_id: String::new(),
+                            quantity: 1,
+                        },
+                    )),
+                };
+                let first = (w + round as usize) % 3;
+                let hold = retrying(&clients, first, &retried, |mut c| {
+                    let req = req.clone();
+                    async move { c.booking.hold(req).await }
+                })
+                .await
+                .unwrap_or_else(|s| panic!("hold on {e} (group {g}), round {round}: {s:?}"));
+                let order = if round % 2 == 0 {
+                    let req = pb::ConfirmRequest {
+                        hold_id: hold.hold_id.clone(),
+                        user_id: user.clone(),
+                        payment_token: "tok_visa".into(),
+                        idempotency_key: format!("c-{e}-{w}-{round}"),
+                    };
+                    let o = retrying(&clients, first + 1, &retried, |mut c| {
+                        let req = req.clone();
+                        async move { c.booking.confirm(req).await }
+                    })
+                    .await
+                    .unwrap_or_else(|s| panic!("confirm on {e}, round {round}: {s:?}"));
+                    Some(o.order_id)
+                } else {
+                    None
+                };
+                acked.push((hold.hold_id, user, order));
+            }
+        }
+    }
+    assert!(killed);
+    let new_l1 = leader_of(&nodes, 1).await;
+    assert_ne!(new_l1, l1, "another node leads group 1");
+    assert!(
+        nodes[l0].child.is_some(),
+        "group 0's leader was never touched"
+    );
+    // Everything acknowledged, through every live node.
+    for (i, c) in clients.iter().enumerate() {
+        if nodes[i].child.is_none() {
+            continue;
+        }
+        for (hold, user, order) in &acked {
+            let h = retrying(std::slice::from_ref(c), 0, &retried, |mut c| {
+                let req = pb::GetHoldRequest {
+                    hold_id: hold.clone(),
+                    user_id: user.clone(),
+                };
+                async move { c.booking.get_hold(req).await }
+            })
+            .await
+            .unwrap_or_else(|s| panic!("node {}: acknowledged hold {hold}: {s:?}", i + 1));
+            if let Some(order) = order {
+                assert_eq!(h.status, pb::HoldStatus::Confirmed as i32, "{hold}");
+                let o = retrying(std::slice::from_ref(c), 0, &retried, |mut c| {
+                    let req = pb::GetOrderRequest {
+                        order_id: order.clone(),
+                        user_id: user.clone(),
+                    };
+                    async move { c.booking.get_order(req).await }
+                })
+                .await
+                .unwrap_or_else(|s| panic!("node {}: acknowledged order {order}: {s:?}", i + 1));
+                assert_eq!(&o.hold_id, hold);
+            }
+        }
+    }
+    println!(
+        "two groups: leaders {} and {}; group 1's leader killed, node {} leads it; {} holds \
+         acknowledged, {} calls retried",
+        l0 + 1,
+        l1 + 1,
+        new_l1 + 1,
+        acked.len(),
+        retried.load(Ordering::Relaxed)
+    );
+    for n in &mut nodes {
+        n.terminate();
+    }
 }

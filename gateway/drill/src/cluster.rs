@@ -10,7 +10,7 @@
 //! no node outlives its run, whichever way the run ends.
 //!
 //! While the run goes on: [`LocalCluster::leader`] asks each live node's `/metrics` whether it
-//! leads (`boxoffice_raft_leader 1`), [`LocalCluster::kill`] kills a node with SIGKILL, and
+//! leads (`boxoffice_raft_leader{group="0"} 1`), [`LocalCluster::kill`] kills a node with SIGKILL, and
 //! [`LocalCluster::await_serving_leader`] waits until a live node leads with its engine serving.
 //! At the end [`LocalCluster::stop`] lets the live nodes apply what their group committed and
 //! stops them (SIGTERM, a drain), and [`check_copy`] opens a stopped node's copy of the log
@@ -254,11 +254,11 @@ impl LocalCluster {
             .collect()
     }
 
-    /// The live node that says it leads its group (`boxoffice_raft_leader 1` in its
+    /// The live node that says it leads its group (`boxoffice_raft_leader{group="0"} 1` in its
     /// `/metrics`, sampled by the node every 500 ms), if one does now.
     pub async fn leader(&self) -> Option<u64> {
         for n in self.nodes.iter().filter(|n| n.live()) {
-            if n.metric("boxoffice_raft_leader").await == Some(1.0) {
+            if n.metric("boxoffice_raft_leader{group=\"0\"}").await == Some(1.0) {
                 return Some(n.id);
             }
         }
@@ -280,7 +280,7 @@ impl LocalCluster {
     /// Whether node `id` runs and says it leads its group.
     pub async fn leads(&self, id: u64) -> bool {
         match self.node(id) {
-            Ok(n) => n.live() && n.metric("boxoffice_raft_leader").await == Some(1.0),
+            Ok(n) => n.live() && n.metric("boxoffice_raft_leader{group=\"0\"}").await == Some(1.0),
             Err(_) => false,
         }
     }

@@ -177,7 +177,10 @@ async fn a_node_without_the_cluster_secret_is_refused() {
         boxoffice_proto::cluster::raft_client::RaftClient::connect(format!("http://{}", addrs[&1]))
             .await
             .unwrap();
-    let mut req = tonic::Request::new(boxoffice_proto::cluster::RaftMessage { payload: vec![] });
+    let mut req = tonic::Request::new(boxoffice_proto::cluster::RaftMessage {
+        payload: vec![],
+        group: 0,
+    });
     req.metadata_mut()
         .insert("authorization", "Bearer wrong".parse().unwrap());
     let refused = client.vote(req).await.unwrap_err();
