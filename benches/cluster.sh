@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One node against three, in one run on this machine with the same client (issue 13, point 7):
 #   1. one `serve` (the embedded default: one process, its own fsynced log), `loadgen` against it;
-#   2. three `serve --node-id` processes on loopback, `loadgen` against the leader, then against
-#      a follower (every call forwarded to the leader);
+#   2. three `serve --node-id` processes on loopback (one group), `loadgen` against the leader,
+#      then against a follower (every call forwarded to the leader), then over 6 events;
+#   3. the same three with `--groups 3` (each node leads a group), `loadgen` over 6 events;
 #   after each, the leader's group-commit figures from /metrics: records per log append (one
 #   group commit, which in a cluster is one Raft entry) and Raft entries appended.
 #
@@ -56,9 +57,9 @@ figures() { # $1: metrics address of the node that served the engine, $2: its `s
   if [ "$i1" != "0" ]; then echo "  Raft entries appended: $((i1 - i0))"; fi
 }
 
-run_loadgen() { # $1: target port
+run_loadgen() { # $1: target port, $2: events (default 1)
   "$BIN" loadgen --target "http://127.0.0.1:$1" --requests "$REQUESTS" --concurrency "$CONCURRENCY" \
-    --admin-key adm-bench-key --client-key cli-bench-key
+    --events "${2:-1}" --admin-key adm-bench-key --client-key cli-bench-key
 }
 
 echo "== 1 node (serve, fsync per group commit), loadgen --requests $REQUESTS --concurrency $CONCURRENCY"
@@ -70,35 +71,56 @@ wait_serving "$DIR/single.log"
 S=$(snap "127.0.0.1:$M")
 run_loadgen "$P"
 figures "127.0.0.1:$M" "$S"
+echo "-- 6 events"
+run_loadgen "$P" 6
 kill -TERM "${PIDS[0]}"; wait "${PIDS[0]}" || true; PIDS=()
 
 echo
-echo "== 3 nodes (Raft, a majority fsynced before each reply)"
-declare -A GP MP
-PEERS=""
-for n in 1 2 3; do GP[$n]=$(port); MP[$n]=$(port); PEERS+="${PEERS:+,}$n=127.0.0.1:${GP[$n]}"; done
-for n in 1 2 3; do
-  "$BIN" serve --node-id "$n" --peers "$PEERS" --listen "127.0.0.1:${GP[$n]}" \
-    --metrics-listen "127.0.0.1:${MP[$n]}" --data-dir "$DIR/node$n" \
-    --cluster-secret-file "$DIR/secret" "${KEYS[@]}" > "$DIR/node$n.log" 2>&1 &
-  PIDS+=($!)
-done
-for n in 1 2 3; do wait_serving "$DIR/node$n.log"; done
-LEADER=""
-for _ in $(seq 1 100); do
+cluster() { # $1: groups
+  local groups=$1 n
+  echo "== 3 nodes, --groups $groups (Raft, a majority fsynced before each reply)"
+  declare -A GP MP
+  local PEERS=""
+  for n in 1 2 3; do GP[$n]=$(port); MP[$n]=$(port); PEERS+="${PEERS:+,}$n=127.0.0.1:${GP[$n]}"; done
+  PIDS=()
   for n in 1 2 3; do
-    [ "$(metric "127.0.0.1:${MP[$n]}" boxoffice_raft_leader)" = "1" ] && LEADER=$n
+    "$BIN" serve --node-id "$n" --peers "$PEERS" --listen "127.0.0.1:${GP[$n]}" \
+      --metrics-listen "127.0.0.1:${MP[$n]}" --data-dir "$DIR/g$groups-node$n" --groups "$groups" \
+      --cluster-secret-file "$DIR/secret" "${KEYS[@]}" > "$DIR/g$groups-node$n.log" 2>&1 &
+    PIDS+=($!)
   done
-  [ -n "$LEADER" ] && break
-  sleep 0.1
-done
-[ -n "$LEADER" ] || { echo "no leader" >&2; exit 1; }
-FOLLOWER=$(( LEADER % 3 + 1 ))
-echo "-- to the leader (node $LEADER)"
-S=$(snap "127.0.0.1:${MP[$LEADER]}")
-run_loadgen "${GP[$LEADER]}"
-figures "127.0.0.1:${MP[$LEADER]}" "$S"
-echo "-- to a follower (node $FOLLOWER, which forwards to node $LEADER)"
-S=$(snap "127.0.0.1:${MP[$LEADER]}")
-run_loadgen "${GP[$FOLLOWER]}"
-figures "127.0.0.1:${MP[$LEADER]}" "$S"
+  for n in 1 2 3; do wait_serving "$DIR/g$groups-node$n.log"; done
+  local LEADER=""
+  for _ in $(seq 1 100); do
+    for n in 1 2 3; do
+      [ "$(metric "127.0.0.1:${MP[$n]}" 'boxoffice_raft_leader{group="0"}')" = "1" ] && LEADER=$n
+    done
+    [ -n "$LEADER" ] && break
+    sleep 0.1
+  done
+  [ -n "$LEADER" ] || { echo "no leader" >&2; exit 1; }
+  local FOLLOWER=$(( LEADER % 3 + 1 )) S
+  if [ "$groups" = 1 ]; then
+    echo "-- to the leader (node $LEADER), one event"
+    S=$(snap "127.0.0.1:${MP[$LEADER]}")
+    run_loadgen "${GP[$LEADER]}"
+    figures "127.0.0.1:${MP[$LEADER]}" "$S"
+    echo "-- to a follower (node $FOLLOWER, which forwards to node $LEADER), one event"
+    S=$(snap "127.0.0.1:${MP[$LEADER]}")
+    run_loadgen "${GP[$FOLLOWER]}"
+    figures "127.0.0.1:${MP[$LEADER]}" "$S"
+  fi
+  echo "-- spread over the nodes' leaders: 6 events, to node 1"
+  run_loadgen "${GP[1]}" 6
+  for n in 1 2 3; do
+    echo "  node $n leads groups: $(curl -s "http://127.0.0.1:${MP[$n]}/metrics" | awk '/^boxoffice_raft_leader\{/ && $2 == 1 { sub(/.*group="/, ""); sub(/".*/, ""); printf "%s ", $0 }')"
+  done
+  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  PIDS=()
+}
+
+echo
+cluster 1
+echo
+cluster 3

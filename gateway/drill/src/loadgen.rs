@@ -63,6 +63,10 @@ pub struct LoadgenArgs {
     /// HTTP/2 connections shared by the streams.
     #[arg(long, default_value_t = 4)]
     pub connections: usize,
+    /// Events the holds are spread over (call i goes to event i mod N); on a cluster with
+    /// `--groups`, events of several groups load several leaders at once.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub events: u32,
 }
 
 /// A loadgen run.
@@ -211,15 +215,27 @@ pub async fn run(args: LoadgenArgs) -> anyhow::Result<LoadReport> {
         requests: args.requests,
         concurrency: args.concurrency,
     };
+    let n_events = args.events as usize;
     // 1. The ceiling: an empty RPC through the same client stack.
     let health = load.health().await;
-    let event_id = format!("loadgen-{}", ulid_like());
-    load.create_event(&event_id, Bearer::new(&admin_key)?)
-        .await?;
+    let run_id = ulid_like();
+    let event_ids: Vec<String> = (0..n_events)
+        .map(|e| {
+            if n_events == 1 {
+                format!("loadgen-{run_id}")
+            } else {
+                format!("loadgen-{run_id}-{e}")
+            }
+        })
+        .collect();
+    for event_id in &event_ids {
+        load.create_event(event_id, Bearer::new(&admin_key)?)
+            .await?;
+    }
     // 2. Queue polls: one fan per stream, polling its status.
-    let status = load.polls(&event_id).await?;
-    // 3. Durable holds: one place each, spread over 16 sections, 100 per user.
-    let hold = load.holds(&event_id).await?;
+    let status = load.polls(&event_ids[0]).await?;
+    // 3. Durable holds: one place each, spread over 16 sections (and the events), 100 per user.
+    let hold = load.holds(&event_ids).await?;
     Ok(LoadReport {
         concurrency: args.concurrency,
         rpcs: vec![health, status, hold],
@@ -330,19 +346,28 @@ impl Load {
         )
     }
 
-    /// Durable holds: one place each, spread over 16 sections, 100 per (admitted) user.
-    async fn holds(&self, event_id: &str) -> anyhow::Result<RpcFigures> {
-        let users: Vec<String> = (0..self.requests.div_ceil(100))
-            .map(|u| format!("{event_id}-holder-{u}"))
-            .collect();
-        let tokens = admit(&mut self.room(0), event_id, &users).await?;
-        let (load, event_id) = (self.clone(), event_id.to_owned());
+    /// Durable holds: one place each, spread over 16 sections, 100 per (admitted) user. Call
+    /// `i` goes to event `i mod N`, as that event's call `j = i / N`, by its user `j / 100`.
+    async fn holds(&self, event_ids: &[String]) -> anyhow::Result<RpcFigures> {
+        let n = event_ids.len();
+        let per_event = self.requests.div_ceil(n);
+        let mut users: Vec<Vec<(String, String)>> = Vec::new();
+        for event_id in event_ids {
+            let names: Vec<String> = (0..per_event.div_ceil(100))
+                .map(|u| format!("{event_id}-holder-{u}"))
+                .collect();
+            let tokens = admit(&mut self.room(0), event_id, &names).await?;
+            users.push(names.into_iter().zip(tokens).collect());
+        }
+        let (load, event_ids) = (self.clone(), event_ids.to_vec());
         Ok(drive("Hold", self.requests, self.concurrency, move |i| {
             let mut c = load.booking(i);
+            let (e, j) = (i % n, i / n);
+            let (user, token) = &users[e][j / 100];
             let req = pb::HoldRequest {
-                event_id: event_id.clone(),
-                user_id: users[i / 100].clone(),
-                admission_token: tokens[i / 100].clone(),
+                event_id: event_ids[e].clone(),
+                user_id: user.clone(),
+                admission_token: token.clone(),
                 idempotency_key: format!("lg-{i}"),
                 selection: Some(pb::hold_request::Selection::BestAvailable(
                     pb::BestAvailable {
