@@ -954,6 +954,21 @@ async fn two_groups_spread_their_leaders_and_each_survives_its_leaders_death() {
         assert_eq!(listed, every, "ListEvents over both groups, in id order");
     }
 
+    // The load generator over four events (of both groups, some forwarded), through the node
+    // that leads neither: every call succeeds.
+    let out = Command::new(env!("CARGO_BIN_EXE_boxoffice"))
+        .args(["loadgen", "--target", &format!("http://{}", addrs[other])])
+        .args(["--admin-key", ADMIN, "--client-key", CLIENT])
+        .args(["--events", "4", "--requests", "400", "--concurrency", "8"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "loadgen over both groups: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
     // Steady holds and confirms on one event of each group, through every node.
     let events = [by_group[0][0].clone(), by_group[1][0].clone()];
     let mut tokens = Vec::new();
