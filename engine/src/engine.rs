@@ -280,6 +280,13 @@ impl Engine {
         self.inner.store.halt.reason()
     }
 
+    /// Stops the engine as a crash of its log would: calls answer `NOT_READY` from now on,
+    /// nothing more is written. A cluster leader's watchdog uses it when its group stops
+    /// confirming its leadership.
+    pub fn halt(&self, reason: &str) {
+        self.inner.store.halt_now(reason);
+    }
+
     /// A channel that changes once the engine stops (see [`Engine::stopped`]), for health.
     pub fn watch_stopped(&self) -> watch::Receiver<Option<String>> {
         self.inner.store.halt.subscribe()

@@ -807,6 +807,9 @@ impl Leading {
         };
         let mut stack = open_stack(&config, ec).await?;
         stack.term = term;
+        stack
+            .tasks
+            .push(lease_watchdog(self.raft.clone(), stack.api.engine.clone()));
         let (id, now) = {
             let m = self.raft.metrics().borrow().clone();
             (m.id, (m.current_leader, m.current_term))
@@ -817,6 +820,45 @@ impl Leading {
         }
         Ok(stack)
     }
+}
+
+/// How often a leader serving its engine asks its group to confirm its leadership, and how
+/// long it waits for the answer: a leader cut off from the majority (a partition, followers
+/// that hang) keeps no engine past that, so it cannot answer reads from a state another leader
+/// has moved on from for longer than this (writes never commit without a majority anyway).
+const LEASE_CHECK_EVERY: Duration = Duration::from_millis(500);
+const LEASE_LOST_AFTER: Duration = Duration::from_secs(3);
+
+/// The watchdog of a leader's engine (see [`LEASE_LOST_AFTER`]): stops `engine` once its
+/// group has not confirmed that this node leads for that long. One confirmation that fails
+/// (openraft gives a quorum one heartbeat interval to answer: a busy moment) is not enough.
+fn lease_watchdog(
+    raft: boxoffice_engine::raft::Raft,
+    engine: Engine,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut confirmed = Instant::now();
+        loop {
+            tokio::time::sleep(LEASE_CHECK_EVERY).await;
+            let asked = Instant::now();
+            let answer = tokio::time::timeout(LEASE_LOST_AFTER, raft.ensure_linearizable()).await;
+            if let Ok(Ok(_)) = answer {
+                confirmed = asked;
+                continue;
+            }
+            if confirmed.elapsed() >= LEASE_LOST_AFTER {
+                let why = match answer {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "no answer".to_owned(),
+                };
+                engine.halt(&format!(
+                    "no majority confirmed this node's leadership for {} s ({why})",
+                    LEASE_LOST_AFTER.as_secs()
+                ));
+                return;
+            }
+        }
+    })
 }
 
 /// Opens that fail in a row before a leader gives up its leadership (stops its Raft, so another

@@ -1077,3 +1077,97 @@ async fn two_groups_spread_their_leaders_and_each_survives_its_leaders_death() {
         n.terminate();
     }
 }
+
+/// Sends `signal` (`-STOP`, `-CONT`) to node `n`'s process.
+fn signal(n: &Node, signal: &str) {
+    let pid = n.child.as_ref().expect("a running node").id().to_string();
+    let ok = Command::new("kill").args([signal, &pid]).status().unwrap();
+    assert!(ok.success(), "kill {signal} {pid}");
+}
+
+/// A leader cut off from its majority (both followers hang: SIGSTOP, as a partition would
+/// leave it) stops answering from its engine a few seconds later (`NOT_READY`, never a state
+/// another leader may have moved on from, even with no write to fail); once the followers run
+/// again the group serves again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_its_majority_stops_answering() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Layout {
+        secret,
+        addrs,
+        metrics,
+        peers,
+        dirs,
+    } = layout(tmp.path());
+    let mut nodes: Vec<Node> = (0..3)
+        .map(|i| {
+            Node::start(
+                i as u64 + 1,
+                &peers,
+                &addrs[i],
+                &metrics[i],
+                &dirs[i],
+                &secret,
+            )
+        })
+        .collect();
+    for n in &nodes {
+        n.wait_ready();
+    }
+    let l = leader(&nodes).await;
+    let admin = Bearer::new(ADMIN).unwrap();
+    let client = Bearer::new(CLIENT).unwrap();
+    Clients::new(&channel(&addrs[l]), &admin)
+        .events
+        .create_event(ga_event("p", 10))
+        .await
+        .unwrap();
+    let get = pb::GetEventRequest {
+        event_id: "p".into(),
+    };
+    let mut on_leader = Clients::new(&channel(&addrs[l]), &client);
+    on_leader.events.get_event(get.clone()).await.unwrap();
+    let followers: Vec<usize> = (0..3).filter(|i| *i != l).collect();
+    for f in &followers {
+        signal(&nodes[*f], "-STOP");
+    }
+    // Answered while its lease lasts, then NOT_READY (a hang guard, not a timing claim).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let answer = tokio::time::timeout(
+            Duration::from_secs(2),
+            on_leader.events.get_event(get.clone()),
+        )
+        .await;
+        if let Ok(Err(s)) = &answer
+            && s.code() == Code::Unavailable
+            && boxoffice_client::reason(s).as_deref() == Some("NOT_READY")
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the cut-off leader kept answering from its engine: {answer:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for f in &followers {
+        signal(&nodes[*f], "-CONT");
+    }
+    // The group serves again, through any node.
+    let clients: Vec<Clients> = addrs
+        .iter()
+        .map(|a| Clients::new(&channel(a), &client))
+        .collect();
+    let retried = AtomicU64::new(0);
+    let e = retrying(&clients, l, &retried, |mut c| {
+        let req = get.clone();
+        async move { c.events.get_event(req).await }
+    })
+    .await
+    .unwrap();
+    assert_eq!(e.event_id, "p");
+    for n in &mut nodes {
+        n.terminate();
+    }
+}
