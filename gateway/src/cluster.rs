@@ -82,6 +82,14 @@ pub struct RaftEndpoint {
 impl RaftEndpoint {
     /// The Raft of the group `m` is for.
     fn group(&self, m: &RaftMessage) -> Result<&(Raft, VoteGuard), Status> {
+        if m.groups != 0 && m.groups as usize != self.groups.len() {
+            return Err(Status::failed_precondition(format!(
+                "this node runs {} Raft groups, the caller {}: --groups must be the same on \
+                 every node",
+                self.groups.len(),
+                m.groups
+            )));
+        }
         usize::try_from(m.group)
             .ok()
             .and_then(|g| self.groups.get(g))
@@ -105,6 +113,7 @@ fn encode<T: Serialize>(value: &T) -> Response<RaftMessage> {
     Response::new(RaftMessage {
         payload: codec::encode(value),
         group: 0,
+        groups: 0,
     })
 }
 
@@ -172,6 +181,7 @@ impl Peers {
             let mut req = Request::new(RaftMessage {
                 payload: vec![],
                 group: self.group,
+                groups: self.groups,
             });
             if let Ok(v) = self.secret.bearer.parse() {
                 req.metadata_mut().insert("authorization", v);
@@ -241,6 +251,7 @@ pub struct Peers {
     addrs: Arc<BTreeMap<NodeId, String>>,
     secret: ClusterSecret,
     group: u32,
+    groups: u32,
 }
 
 impl Peers {
@@ -251,12 +262,14 @@ impl Peers {
             addrs: Arc::new(addrs),
             secret,
             group: 0,
+            groups: 1,
         }
     }
 
-    /// The same peers, in group `group`.
-    pub fn in_group(mut self, group: u32) -> Peers {
+    /// The same peers, in group `group` of `groups`.
+    pub fn in_group(mut self, group: u32, groups: u32) -> Peers {
         self.group = group;
+        self.groups = groups;
         self
     }
 }
@@ -279,6 +292,7 @@ impl RaftNetworkFactory<TypeConfig> for Peers {
             channel,
             secret: self.secret.clone(),
             group: self.group,
+            groups: self.groups,
         }
     }
 }
@@ -289,6 +303,7 @@ pub struct PeerClient {
     channel: Option<Channel>,
     secret: ClusterSecret,
     group: u32,
+    groups: u32,
 }
 
 impl PeerClient {
@@ -319,6 +334,7 @@ impl PeerClient {
         let mut req = Request::new(RaftMessage {
             payload: codec::encode(rpc),
             group: self.group,
+            groups: self.groups,
         });
         req.set_timeout(option.hard_ttl());
         if let Ok(v) = self.secret.bearer.parse() {

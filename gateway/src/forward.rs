@@ -45,6 +45,8 @@ pub const FORWARDED_FROM: &str = "x-boxoffice-forwarded-from";
 pub const CLUSTER_SECRET: &str = "x-boxoffice-cluster";
 /// The header naming the Raft group a forwarded call is for (`--groups`).
 pub const GROUP: &str = "x-boxoffice-group";
+/// The header saying how many groups the forwarding node runs (they must agree).
+pub const GROUPS: &str = "x-boxoffice-groups";
 
 /// What a node needs to forward: who it is, who leads each group, where its peers are.
 pub struct Forwarder {
@@ -134,6 +136,7 @@ impl Forwarder {
             headers.insert(CLUSTER_SECRET, secret);
         }
         headers.insert(GROUP, http::HeaderValue::from(g));
+        headers.insert(GROUPS, http::HeaderValue::from(self.group_count()));
     }
 }
 
@@ -225,6 +228,18 @@ where
                 );
                 return Box::pin(async move { Ok(answer(refused)) });
             }
+            let theirs = req
+                .headers()
+                .get(GROUPS)
+                .and_then(|v| v.to_str().ok()?.parse::<u32>().ok());
+            if let Some(n) = theirs.filter(|n| *n != f.group_count()) {
+                let refused = tonic::Status::failed_precondition(format!(
+                    "forwarded by a node running {n} Raft groups, this one runs {}: --groups \
+                     must be the same on every node",
+                    f.group_count()
+                ));
+                return Box::pin(async move { Ok(answer(refused)) });
+            }
             let group = req
                 .headers()
                 .get(GROUP)
@@ -247,11 +262,18 @@ where
                 .await
             {
                 Ok(c) => c.to_bytes(),
+                Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                    // As the services answer a request over the limit.
+                    let too_big = boxoffice_engine::Rejection::invalid(
+                        "request",
+                        format!("over {MESSAGE_BYTES_MAX} bytes"),
+                    );
+                    return Ok(answer(tonic::Status::from(ApiError::from(too_big))));
+                }
                 Err(_) => {
-                    return Ok(answer(tonic::Status::resource_exhausted(format!(
-                        "a request body over {MESSAGE_BYTES_MAX} bytes, or one that could not \
-                         be read"
-                    ))));
+                    return Ok(answer(tonic::Status::cancelled(
+                        "the request's body could not be read (the caller went away?)",
+                    )));
                 }
             };
             let path = parts.uri.path().to_owned();
@@ -262,6 +284,9 @@ where
                 // Not a request the services can read: any group answers its error.
                 Route::Unknown => 0,
             };
+            let mut parts = parts;
+            // The body may have been rewritten (a CreateEvent given its id): its own length.
+            parts.headers.remove(http::header::CONTENT_LENGTH);
             let req = http::Request::from_parts(parts, Body::new(Full::new(bytes)));
             dispatch(f, inner, g, req).await
         })
@@ -489,14 +514,21 @@ where
                 0 => crate::limits::LIST_PAGE_DEFAULT,
                 n => n.min(crate::limits::LIST_PAGE_MAX),
             };
-            let mut events = Vec::new();
-            let mut more = false;
+            // Every group at once, each within FORWARD_TIMEOUT (so the whole within it too).
+            let mut asking = tokio::task::JoinSet::new();
             for g in 0..f.group_count() {
                 let sub = boxoffice_proto::v1::ListEventsRequest {
                     page_size: u32::try_from(size).unwrap_or(u32::MAX),
                     page_token: asked.page_token.clone(),
                 };
-                let page = one_group(&f, inner.clone(), &headers, g, &sub).await?;
+                let (f, inner, headers) = (f.clone(), inner.clone(), headers.clone());
+                asking.spawn(async move { one_group(&f, inner, &headers, g, &sub).await });
+            }
+            let mut events = Vec::new();
+            let mut more = false;
+            while let Some(page) = asking.join_next().await {
+                let page =
+                    page.map_err(|e| tonic::Status::internal(format!("listing a group: {e}")))??;
                 more |= !page.next_page_token.is_empty();
                 events.extend(page.events);
             }

@@ -103,6 +103,47 @@ pub struct ClusterConfig {
     pub groups: u32,
 }
 
+/// The file of a cluster node's data dir that records its `--groups`.
+pub const GROUPS_FILE: &str = "cluster-groups";
+
+/// Refuses a cluster node's start with another `--groups` than its data dir was made with (an
+/// event's group is its id's hash modulo the count: another count would lose events); records
+/// the count on the first start. A data dir from before the count was recorded, with a log at
+/// its top, was made with one group.
+fn check_groups(data_dir: &std::path::Path, groups: u32) -> anyhow::Result<()> {
+    let path = data_dir.join(GROUPS_FILE);
+    let had = match std::fs::read_to_string(&path) {
+        Ok(text) => Some(
+            text.trim()
+                .parse::<u32>()
+                .with_context(|| format!("{} does not hold a group count", path.display()))?,
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            data_dir.join("db").exists().then_some(1)
+        }
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    if let Some(had) = had
+        && had != groups
+    {
+        anyhow::bail!(
+            "{} was made with --groups {had}: a cluster's group count cannot change (an event's \
+             group is its id's hash modulo the count); start with --groups {had}",
+            data_dir.display()
+        );
+    }
+    if !path.exists() {
+        std::fs::create_dir_all(data_dir)
+            .with_context(|| format!("creating {}", data_dir.display()))?;
+        let tmp = data_dir.join(format!("{GROUPS_FILE}.tmp"));
+        std::fs::write(&tmp, format!("{groups}\n"))?;
+        std::fs::File::open(&tmp)?.sync_all()?;
+        std::fs::rename(&tmp, &path)?;
+        std::fs::File::open(data_dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
 /// Where group `g` of a cluster node keeps its log: the data dir itself for group 0 (a
 /// one-group node's layout), `group-{g}/` inside it for the others.
 pub fn group_dir(data_dir: &std::path::Path, g: u32) -> PathBuf {
@@ -191,33 +232,50 @@ const SERVICES: &[&str] = &[
     "boxoffice.v1.WaitlistService",
 ];
 
-/// A cluster node's health over its groups: `SERVING` while every group is served here (this
-/// node leads it, its engine open) or has a leader known to forward to.
+/// A cluster node's health over its groups. A group is fine while it is served here (this node
+/// leads it, its engine open) or has a leader known to forward to. `SERVING` once every group
+/// has been fine at once (the start), then while any group is: an election in one group makes
+/// its calls answer `NOT_READY` for a moment, but must not take the node out of a load
+/// balancer that sends it the other groups' calls. (One group: `NOT_SERVING` during its
+/// elections, as before.)
 struct GroupHealth {
     health: HealthReporter,
-    ok: tokio::sync::Mutex<(Vec<bool>, Option<bool>)>,
+    ok: tokio::sync::Mutex<GroupStates>,
+}
+
+struct GroupStates {
+    fine: Vec<bool>,
+    /// Every group has been fine at once.
+    started: bool,
+    /// What health says now.
+    serving: Option<bool>,
 }
 
 impl GroupHealth {
     fn new(health: HealthReporter, groups: usize) -> GroupHealth {
         GroupHealth {
             health,
-            ok: tokio::sync::Mutex::new((vec![false; groups], None)),
+            ok: tokio::sync::Mutex::new(GroupStates {
+                fine: vec![false; groups],
+                started: false,
+                serving: None,
+            }),
         }
     }
 
     /// Group `g` is served (`true`) or not; health follows all of them.
     async fn set(&self, g: u32, ok: bool) {
         let mut state = self.ok.lock().await;
-        if let Some(slot) = state.0.get_mut(g as usize) {
+        if let Some(slot) = state.fine.get_mut(g as usize) {
             *slot = ok;
         }
-        let all = state.0.iter().all(|o| *o);
-        if state.1 != Some(all) {
-            state.1 = Some(all);
+        state.started |= state.fine.iter().all(|o| *o);
+        let serving = state.started && state.fine.iter().any(|o| *o);
+        if state.serving != Some(serving) {
+            state.serving = Some(serving);
             set_health(
                 &self.health,
-                if all {
+                if serving {
                     ServingStatus::Serving
                 } else {
                     ServingStatus::NotServing
@@ -382,6 +440,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
     );
     let rafts = match &config.cluster {
         Some(c) => {
+            check_groups(&config.data_dir, n_groups)?;
             let mut rafts = Vec::new();
             for g in 0..n_groups {
                 rafts.push(open_raft(c, &config.data_dir, g).await?);
@@ -696,8 +755,8 @@ async fn open_raft(
     let sm = raft::SledStateMachine::open(&db)?;
     let log = raft::SledLogStore::open(&db)?;
     let guard = raft::VoteGuard::open(&db)?;
-    let peers =
-        crate::cluster::Peers::new(cluster.peers.clone(), cluster.secret.clone()).in_group(group);
+    let peers = crate::cluster::Peers::new(cluster.peers.clone(), cluster.secret.clone())
+        .in_group(group, cluster.groups.max(1));
     let raft = raft::Raft::new(
         cluster.node_id,
         raft::config(cluster.snapshot_every),
@@ -716,6 +775,7 @@ async fn open_raft(
             cluster.peers.clone(),
             cluster.secret.clone(),
             group,
+            cluster.groups.max(1),
         ));
     }
     Ok((raft, sm, guard))
@@ -731,9 +791,10 @@ async fn form_group(
     peers: std::collections::BTreeMap<u64, String>,
     secret: crate::cluster::ClusterSecret,
     group: u32,
+    groups: u32,
 ) {
     let me = raft.metrics().borrow().id;
-    let network = crate::cluster::Peers::new(peers.clone(), secret).in_group(group);
+    let network = crate::cluster::Peers::new(peers.clone(), secret).in_group(group, groups);
     loop {
         tokio::time::sleep(FORM_RETRY).await;
         if !matches!(raft.is_initialized().await, Ok(false))

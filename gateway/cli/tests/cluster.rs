@@ -1076,6 +1076,25 @@ async fn two_groups_spread_their_leaders_and_each_survives_its_leaders_death() {
     for n in &mut nodes {
         n.terminate();
     }
+    // Another group count on a data dir made with 2 would lose events: refused, named.
+    let out = Command::new(env!("CARGO_BIN_EXE_boxoffice"))
+        .args(["serve", "--node-id", "1", "--peers", &peers])
+        .args(["--listen", &addrs[0], "--groups", "3"])
+        .arg("--cluster-secret-file")
+        .arg(&secret)
+        .arg("--data-dir")
+        .arg(&dirs[0])
+        .args(["--admin-key", ADMIN, "--client-key", CLIENT])
+        .args(["--token-secret", "cluster-test-token-secret"])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("made with --groups 2"), "{text}");
 }
 
 /// Sends `signal` (`-STOP`, `-CONT`) to node `n`'s process.

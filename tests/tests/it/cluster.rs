@@ -180,6 +180,7 @@ async fn a_node_without_the_cluster_secret_is_refused() {
     let mut req = tonic::Request::new(boxoffice_proto::cluster::RaftMessage {
         payload: vec![],
         group: 0,
+        groups: 0,
     });
     req.metadata_mut()
         .insert("authorization", "Bearer wrong".parse().unwrap());
