@@ -749,7 +749,10 @@ async fn open_raft(
     );
     let dir = group_dir(data_dir, group);
     let shown = dir.clone();
-    let db = tokio::task::spawn_blocking(move || raft::open_node_db(&dir))
+    // The node's groups share one page cache budget (sled's 1 GiB), at least 64 MiB each.
+    let cache = (boxoffice_engine::store::SLED_CACHE_BYTES / u64::from(cluster.groups.max(1)))
+        .max(64 << 20);
+    let db = tokio::task::spawn_blocking(move || raft::open_node_db_cached(&dir, cache))
         .await?
         .with_context(|| format!("opening {}", shown.display()))?;
     let sm = raft::SledStateMachine::open(&db)?;

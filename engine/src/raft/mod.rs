@@ -32,7 +32,7 @@ use std::io::Cursor;
 use serde::{Deserialize, Serialize};
 
 pub use guard::VoteGuard;
-pub use store::{NodeDb, SledLogStore, SledStateMachine, open_node_db};
+pub use store::{NodeDb, SledLogStore, SledStateMachine, open_node_db, open_node_db_cached};
 
 /// One change to a node's log, as the flusher would make it on a single node.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

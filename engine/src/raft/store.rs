@@ -64,10 +64,16 @@ impl NodeDb {
 /// may find the lock of its previous instance still held for a moment (its tasks let go of the
 /// database as they end): the open is retried for up to 10 s.
 pub fn open_node_db(dir: &Path) -> std::io::Result<NodeDb> {
+    open_node_db_cached(dir, crate::store::SLED_CACHE_BYTES)
+}
+
+/// [`open_node_db`] with a sled page cache of `cache_bytes` (one group of several shares the
+/// node's budget).
+pub fn open_node_db_cached(dir: &Path, cache_bytes: u64) -> std::io::Result<NodeDb> {
     let mut tries = 0;
     std::fs::create_dir_all(dir)?;
     let db = loop {
-        match crate::store::open_db(dir) {
+        match crate::store::open_db_cached(dir, cache_bytes) {
             Ok(db) => break db,
             Err(crate::error::StorageError::Open { reason, .. })
                 if reason.contains("could not acquire lock") && tries < 200 =>

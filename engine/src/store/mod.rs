@@ -38,7 +38,7 @@ pub mod superblock;
 pub use memory::MemorySink;
 pub use sink::{Claim, LogSink, StreamSink};
 pub(crate) use sled_sink::BlobSync;
-pub use sled_sink::{DiskUsage, SledSink, disk_usage, open_db};
+pub use sled_sink::{DiskUsage, SLED_CACHE_BYTES, SledSink, disk_usage, open_db, open_db_cached};
 pub use superblock::{Marks, SuperblockRead};
 
 /// When an acknowledged write is durable.

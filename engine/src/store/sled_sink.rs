@@ -32,9 +32,18 @@ const SLED_DATA_FILE: &str = "db";
 
 /// Opens the sled database under `dir` (no retry).
 pub fn open_db(dir: &Path) -> Result<sled::Db, StorageError> {
+    open_db_cached(dir, SLED_CACHE_BYTES)
+}
+
+/// sled's page cache per database (its own default: 1 GiB).
+pub const SLED_CACHE_BYTES: u64 = 1 << 30;
+
+/// [`open_db`] with a page cache of `cache_bytes` (a cluster node's groups share one budget).
+pub fn open_db_cached(dir: &Path, cache_bytes: u64) -> Result<sled::Db, StorageError> {
     sled::Config::new()
         .path(dir)
         .mode(sled::Mode::HighThroughput)
+        .cache_capacity(cache_bytes)
         .open()
         .map_err(|e| StorageError::Open {
             path: dir.display().to_string(),
