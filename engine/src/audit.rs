@@ -58,7 +58,7 @@ impl Engine {
     pub async fn reconcile(&self) -> Result<Vec<Finding>, EngineError> {
         let books = self.books().await?;
         let findings = reconcile::check(&books.borrowed());
-        reconcile::report(&findings);
+        reconcile::report(&findings, &self.inner.orphans.last_findings);
         Ok(findings)
     }
 

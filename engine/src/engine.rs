@@ -237,7 +237,6 @@ impl Engine {
         metrics::gauge!("boxoffice_engine_recovery_seconds").set(started.elapsed().as_secs_f64());
         tracing::info!(?report, "engine recovered");
         let _ = engine.inner.recovery.set(report);
-        metrics::gauge!("boxoffice_store_halted").set(0.0);
         engine.inner.ready.store(true, Ordering::SeqCst);
         Ok(engine)
     }

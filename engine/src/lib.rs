@@ -106,6 +106,7 @@ pub mod retention;
 pub mod rooms;
 mod router;
 mod section;
+mod share;
 pub mod store;
 mod supervisor;
 #[cfg(feature = "test-support")]

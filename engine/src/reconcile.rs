@@ -131,13 +131,14 @@ pub(crate) fn check(books: &Books<'_>) -> Vec<Finding> {
     findings
 }
 
-/// Counts `findings` in metrics and logs each.
-pub(crate) fn report(findings: &[Finding]) {
+/// Counts `findings` in metrics and logs each; `last` is the engine's share of
+/// `boxoffice_reconcile_last_findings`.
+pub(crate) fn report(findings: &[Finding], last: &crate::share::Share) {
     for f in findings {
         metrics::counter!("boxoffice_reconcile_findings_total", "kind" => f.kind()).increment(1);
         tracing::error!(finding = ?f, "reconciliation finding");
     }
-    metrics::gauge!("boxoffice_reconcile_last_findings").set(findings.len() as f64);
+    last.set(i64::try_from(findings.len()).unwrap_or(i64::MAX));
 }
 
 /// Every order is paid by exactly one captured charge of its amount, and every captured charge

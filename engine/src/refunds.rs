@@ -27,12 +27,26 @@ use crate::types::{HoldId, HoldStatus};
 
 /// What the refunder remembers between passes (in memory: after a restart a charge waits for
 /// its grace again, which only delays its refund).
-#[derive(Default)]
 pub(crate) struct Orphans {
     /// Orphaned charges not refunded yet: payment id -> when a pass first found it, ms.
     first_seen: DashMap<String, u64>,
     /// Checkouts running, by hold: their charge may become an order any moment.
     checkouts: DashMap<HoldId, u32>,
+    /// This engine's part of `boxoffice_refunds_pending`.
+    pub(crate) pending: crate::share::Share,
+    /// This engine's part of `boxoffice_reconcile_last_findings`.
+    pub(crate) last_findings: crate::share::Share,
+}
+
+impl Default for Orphans {
+    fn default() -> Orphans {
+        Orphans {
+            first_seen: DashMap::new(),
+            checkouts: DashMap::new(),
+            pending: crate::share::Share::new("boxoffice_refunds_pending"),
+            last_findings: crate::share::Share::new("boxoffice_reconcile_last_findings"),
+        }
+    }
 }
 
 /// Marks a checkout of a hold as running until dropped.
@@ -146,11 +160,14 @@ impl Engine {
             .orphans
             .first_seen
             .retain(|id, _| orphaned_now.contains(id));
-        metrics::gauge!("boxoffice_refunds_pending").set(settlement.pending.len() as f64);
+        self.inner
+            .orphans
+            .pending
+            .set(i64::try_from(settlement.pending.len()).unwrap_or(i64::MAX));
         for id in &settlement.pending {
             tracing::warn!(payment = %id, grace_ms, "captured charge without a sale: refund pending");
         }
-        reconcile::report(&left);
+        reconcile::report(&left, &self.inner.orphans.last_findings);
         Ok((left, settlement))
     }
 

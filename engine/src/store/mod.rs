@@ -146,6 +146,8 @@ pub(crate) struct Halt {
     reason: OnceLock<String>,
     halted: AtomicBool,
     watch: tokio::sync::watch::Sender<Option<String>>,
+    /// This store's part of `boxoffice_store_halted` (1 once halted; gone with the store).
+    gauge: crate::share::Share,
 }
 
 impl Default for Halt {
@@ -154,6 +156,7 @@ impl Default for Halt {
             reason: OnceLock::new(),
             halted: AtomicBool::new(false),
             watch: tokio::sync::watch::Sender::new(None),
+            gauge: crate::share::Share::new("boxoffice_store_halted"),
         }
     }
 }
@@ -166,7 +169,7 @@ impl Halt {
         if first {
             tracing::error!(%reason, "the engine halts (fail-stop)");
             metrics::counter!("boxoffice_wal_halts_total").increment(1);
-            metrics::gauge!("boxoffice_store_halted").set(1.0);
+            self.gauge.set(1);
             self.watch.send_replace(Some(reason));
         }
     }
