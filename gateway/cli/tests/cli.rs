@@ -719,7 +719,25 @@ fn a_flash_sale_on_three_nodes_loses_nothing_when_the_leader_is_killed() {
     ])
     .output()
     .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    if out.status.code() != Some(0) {
+        // The nodes' own account of what went wrong (their logs go before the temp dir).
+        let mut logs = String::new();
+        for i in 1..=3 {
+            let log =
+                std::fs::read_to_string(data.join(format!("node{i}.log"))).unwrap_or_default();
+            let tail: Vec<&str> = log
+                .lines()
+                .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+                .filter(|l| !l.contains("forwarding to the leader failed"))
+                .collect();
+            let from = tail.len().saturating_sub(40);
+            logs.push_str(&format!(
+                "--- node{i}.log (last warnings) ---\n{}\n",
+                tail[from..].join("\n")
+            ));
+        }
+        panic!("exit {:?}: {}\n{logs}", out.status.code(), text(&out));
+    }
     let stdout = String::from_utf8_lossy(&out.stdout);
     for row in [
         "nodes ",
