@@ -51,6 +51,10 @@ pub struct EngineConfig {
     /// ([`crate::raft::RaftReplicator`]) and written to `sink` by the group's state machine on
     /// each node, instead of being written here. `None`: a single node.
     pub replicate: Option<Arc<dyn Replicate>>,
+    /// A cluster node's warm state for its group ([`crate::raft::SledStateMachine::warm`]): the
+    /// engine starts from it if it is kept (and was kept with this engine's idempotency
+    /// window), instead of reading `sink` again. `None`, or nothing kept: the log is read.
+    pub warm: Option<Arc<crate::warm::Warm>>,
 }
 
 impl EngineConfig {
@@ -72,6 +76,7 @@ impl EngineConfig {
             simulated_payments: SimulatedConfig::default(),
             recovery_mode: RecoveryMode::Strict,
             replicate: None,
+            warm: None,
         }
     }
 

@@ -181,7 +181,7 @@ pub struct Ended {
     pub hold: HoldView,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 struct RowMeta {
     label: String,
     start: u32,
@@ -189,7 +189,7 @@ struct RowMeta {
     available: u32,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 struct OrderEntry {
     order_id: OrderId,
     payment_ref: String,
@@ -199,7 +199,7 @@ struct OrderEntry {
     first_place: u32,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 struct HoldEntry {
     user_id: UserId,
     seats: Vec<u32>,
@@ -212,7 +212,7 @@ struct HoldEntry {
 }
 
 /// One section's inventory: the only place its seats change. See the module docs.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SectionCore {
     event_id: EventId,
     spec: SectionSpec,

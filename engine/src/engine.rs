@@ -127,8 +127,35 @@ impl Engine {
             replicated: config.replicate.is_some(),
         };
         let sink_ref = sink.clone();
+        // A cluster node's warm state, if it kept one with this engine's window.
+        let warm = config
+            .warm
+            .as_ref()
+            .and_then(|w| w.take())
+            .filter(|(_, kept_ms)| *kept_ms == window_ms)
+            .map(|(replayed, _)| replayed);
         let (recovered, report_back) = tokio::task::spawn_blocking(move || {
-            let r = recover(sink_ref.as_ref(), &with, &mut report);
+            let r = match warm {
+                Some(replayed) => {
+                    let mut warm_report = RecoveryReport::default();
+                    match crate::recovery::recover_warm(
+                        sink_ref.as_ref(),
+                        replayed,
+                        &with,
+                        &mut warm_report,
+                    ) {
+                        Ok(r) => {
+                            report = warm_report;
+                            Ok(r)
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "a warm start failed: reading the log");
+                            recover(sink_ref.as_ref(), &with, &mut report)
+                        }
+                    }
+                }
+                None => recover(sink_ref.as_ref(), &with, &mut report),
+            };
             (r, report)
         })
         .await

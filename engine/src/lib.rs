@@ -114,6 +114,7 @@ mod test_support;
 pub mod types;
 pub mod waitlist;
 mod waitlist_calls;
+pub mod warm;
 
 pub use catalog::{SectionFeed, event_id_of_key};
 pub use clock::{Clock, ManualClock, SystemClock};

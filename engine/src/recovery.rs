@@ -9,7 +9,7 @@
 //! planned repairs run (a torn tail dropped, an unacknowledged claim set aside, a missing claim
 //! restored) and the superblock is rewritten with what the log now holds.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::codec;
 use crate::core::{SectionCore, SectionRecord};
@@ -43,6 +43,9 @@ pub struct RecoveryReport {
     pub integrity: Findings,
     /// Time recovery took, in ms.
     pub duration_ms: u64,
+    /// A cluster node's warm start: the state its follower kept ([`crate::warm`]), not read
+    /// from the log again.
+    pub warm: bool,
 }
 
 /// An event as the catalog recorded it: id, spec, creation time.
@@ -292,6 +295,62 @@ impl Repair {
     }
 }
 
+/// The streams as replayed, before the ledger shards are settled: what a start reads from the
+/// log, and what a warm follower keeps by applying each committed batch to the same pure cores
+/// ([`crate::warm`]). [`settle`] turns either into the state the actors start from.
+#[derive(Default)]
+pub(crate) struct Replayed {
+    pub events: Vec<CatalogEntry>,
+    pub catalog_last: u64,
+    pub cores: HashMap<(EventId, SectionId), (SectionCore, u64)>,
+    /// Each ledger stream's recorded rejections (staged: they go to their users' current
+    /// shards when settled), with the stream's last sequence number.
+    pub ledgers: BTreeMap<String, (ShardState, u64)>,
+    pub waitlist: WaitlistCore,
+    pub waitlist_last: u64,
+    pub rooms: HashMap<EventId, (crate::rooms::RoomLine, u64)>,
+}
+
+/// Reads every stream of the log into its pure core, checking each as it is read, then the
+/// sold-seat backstop against the sections: nothing is changed (the repairs are planned in
+/// `check`).
+fn replay(
+    sink: &dyn LogSink,
+    window_ms: u64,
+    check: &mut Check,
+    report: &mut RecoveryReport,
+) -> Result<Replayed, StorageError> {
+    let (events, catalog_last) = recover_catalog(sink, check, report)?;
+    let mut cores = HashMap::new();
+    for (event_id, spec, _) in &events {
+        for s in &spec.sections {
+            let (core, last_seq) = recover_section(sink, event_id, s, window_ms, check, report)?;
+            report.sections += 1;
+            cores.insert((event_id.clone(), s.section_id.clone()), (core, last_seq));
+        }
+        report.events += 1;
+    }
+    let ledgers = recover_ledgers(sink, check, report)?;
+    let (waitlist, waitlist_last) = recover_waitlist(sink, check, report)?;
+    let mut rooms = HashMap::new();
+    for (event_id, _, _) in &events {
+        if let Some(room) = recover_room(sink, event_id, check, report)? {
+            rooms.insert(event_id.clone(), room);
+        }
+    }
+    check_unread_streams(sink, check, report)?;
+    recover_backstop(sink, &cores, check, report)?;
+    Ok(Replayed {
+        events,
+        catalog_last,
+        cores,
+        ledgers,
+        waitlist,
+        waitlist_last,
+        rooms,
+    })
+}
+
 /// Replays the whole log (see the module docs).
 pub(crate) fn recover(
     sink: &dyn LogSink,
@@ -304,40 +363,10 @@ pub(crate) fn recover(
     let mut check = Check::new(marks, with.mode);
     check.found = found;
     check.trusted = trusted;
-    let (events, catalog_last) = recover_catalog(sink, &mut check, report)?;
-    let shards = with.ledger_shards.max(1);
-    let mut ledger_states: Vec<ShardState> = (0..shards)
-        .map(|_| ShardState::new(with.window_ms))
-        .collect();
-    let mut cores = HashMap::new();
-    for (event_id, spec, _) in &events {
-        for s in &spec.sections {
-            let (core, last_seq) =
-                recover_section(sink, event_id, s, with.window_ms, &mut check, report)?;
-            report.sections += 1;
-            cores.insert((event_id.clone(), s.section_id.clone()), (core, last_seq));
-        }
-        report.events += 1;
-    }
-    let ledger_last = recover_ledgers(sink, &mut ledger_states, &mut check, report)?;
-    let (waitlist, waitlist_last) = recover_waitlist(sink, &mut check, report)?;
-    let mut rooms = HashMap::new();
-    for (event_id, _, _) in &events {
-        if let Some(room) = recover_room(sink, event_id, &mut check, report)? {
-            rooms.insert(event_id.clone(), room);
-        }
-    }
-    check_unread_streams(sink, &mut check, report)?;
-    recover_backstop(sink, &cores, &mut check, report)?;
+    let mut replayed = replay(sink, with.window_ms, &mut check, report)?;
     check.refuse_if_damaged()?;
     if with.mode == RecoveryMode::AcceptDamage {
-        withdraw_orphans(&mut cores, &mut check, with.now_ms)?;
-    }
-    for ((event_id, _), (core, _)) in &cores {
-        add_section_to_ledgers(core, event_id, &mut ledger_states);
-    }
-    for state in &mut ledger_states {
-        state.forget_due(with.now_ms, usize::MAX);
+        withdraw_orphans(&mut replayed.cores, &mut check, with.now_ms)?;
     }
     if with.replicated && !check.repairs.is_empty() {
         return Err(StorageError::Damaged {
@@ -354,17 +383,118 @@ pub(crate) fn recover(
     }
     let marks = finish(sink, &mut check)?;
     report.integrity = check.found;
-    Ok(Recovered {
-        waitlist,
-        waitlist_last,
-        events,
-        cores,
-        catalog_last,
+    Ok(settle(replayed, with, marks))
+}
+
+/// A cluster node's copy of its group's log replayed for a warm start ([`crate::warm`]): read
+/// and checked as a start reads it, changing nothing. Any damage, or any repair the copy would
+/// need, refuses (the engine's own start then finds and reports it).
+pub(crate) fn replay_for_warmth(
+    sink: &dyn LogSink,
+    window_ms: u64,
+) -> Result<Replayed, StorageError> {
+    refuse_older_format(sink)?;
+    let mut found = Findings::default();
+    let (marks, trusted) = read_marks(sink, &mut found)?;
+    let mut check = Check::new(marks, RecoveryMode::Verify);
+    check.found = found;
+    check.trusted = trusted;
+    let report = &mut RecoveryReport::default();
+    let replayed = replay(sink, window_ms, &mut check, report)?;
+    if !check.found.damage.is_empty() || !check.repairs.is_empty() {
+        return Err(StorageError::Damaged {
+            count: check.found.damage.len() + check.repairs.len(),
+            summary: "the copy needs repairs or holds damage: not kept warm".into(),
+            evidence: None,
+        });
+    }
+    Ok(replayed)
+}
+
+/// The state a warm follower kept, made the engine's start ([`crate::warm`]): nothing is read
+/// but the superblock and the claims' count; the superblock is raised to what the copy holds
+/// once that is synced (a follower's applies are not synced one by one).
+pub(crate) fn recover_warm(
+    sink: &dyn LogSink,
+    replayed: Replayed,
+    with: &RecoverWith,
+    report: &mut RecoveryReport,
+) -> Result<Recovered, StorageError> {
+    let mut found = Findings::default();
+    let (mut marks, _) = read_marks(sink, &mut found)?;
+    if !found.damage.is_empty() {
+        return Err(StorageError::Io(
+            "the superblock is damaged: a warm start needs it".into(),
+        ));
+    }
+    marks.raise(names::CATALOG, replayed.catalog_last);
+    marks.raise(names::WAITLIST, replayed.waitlist_last);
+    for ((event_id, section_id), (_, last)) in &replayed.cores {
+        marks.raise(&names::section(event_id, section_id), *last);
+    }
+    for (name, (_, last)) in &replayed.ledgers {
+        marks.raise(name, *last);
+    }
+    for (event_id, (_, last)) in &replayed.rooms {
+        marks.raise(&names::room(event_id), *last);
+    }
+    marks.claims = sink.claims()?.len() as u64;
+    sink.sync()?;
+    sink.put_superblock(&marks)?;
+    report.events = replayed.events.len();
+    report.sections = replayed.cores.len();
+    report.warm = true;
+    found.notes.push(
+        "warm start: the state was kept by applying each committed batch as it was applied to \
+         this node's copy (the copy was checked when this node warmed up)"
+            .into(),
+    );
+    report.integrity = found;
+    Ok(settle(replayed, with, marks))
+}
+
+/// The ledger shards settled from the replayed streams: each recorded rejection goes to its
+/// user's current shard (the shard count may have changed), then the quotas and success
+/// answers of the sections' holds; answers past the window are forgotten.
+pub(crate) fn settle(replayed: Replayed, with: &RecoverWith, marks: Marks) -> Recovered {
+    let shards = with.ledger_shards.max(1);
+    let mut ledger_states: Vec<ShardState> = (0..shards)
+        .map(|_| ShardState::new(with.window_ms))
+        .collect();
+    let mut ledger_last = vec![0u64; shards];
+    for (name, (staging, last)) in replayed.ledgers {
+        if let Some(i) = names::ledger_shard(&name)
+            && i < shards
+        {
+            ledger_last[i] = last;
+        }
+        for (user_id, rpc, tag, at_ms, rejection) in staging.into_rejections() {
+            ledger_states[shard_index(&user_id, shards)].add_answer(
+                user_id,
+                rpc,
+                &tag,
+                at_ms,
+                Err(rejection),
+            );
+        }
+    }
+    for ((event_id, _), (core, _)) in &replayed.cores {
+        add_section_to_ledgers(core, event_id, &mut ledger_states);
+    }
+    for state in &mut ledger_states {
+        state.forget_due(with.now_ms, usize::MAX);
+    }
+    Recovered {
+        waitlist: replayed.waitlist,
+        waitlist_last: replayed.waitlist_last,
+        events: replayed.events,
+        cores: replayed.cores,
+        catalog_last: replayed.catalog_last,
         ledger_states,
         ledger_last,
-        rooms,
+        rooms: replayed.rooms,
         marks,
-    })
+    }
 }
 
 /// Checks a log without changing it (offline `check-log`): everything recovery would find.
@@ -604,16 +734,13 @@ fn add_section_to_ledgers(core: &SectionCore, event_id: &EventId, ledgers: &mut 
 }
 
 /// The ledger streams: recorded rejections. Every ledger stream there is is read (the shard
-/// count may have changed) and each entry goes to its user's current shard. Returns the last
-/// sequence number of each current shard's stream.
+/// count may have changed), each staged apart with its last sequence number ([`settle`] sends
+/// each entry to its user's current shard).
 fn recover_ledgers(
     sink: &dyn LogSink,
-    ledgers: &mut [ShardState],
     check: &mut Check,
     report: &mut RecoveryReport,
-) -> Result<Vec<u64>, StorageError> {
-    let shards = ledgers.len();
-    let mut ledger_last = vec![0u64; shards];
+) -> Result<BTreeMap<String, (ShardState, u64)>, StorageError> {
     let mut streams: BTreeSet<String> = sink
         .stream_names()?
         .into_iter()
@@ -628,13 +755,9 @@ fn recover_ledgers(
             .filter(|n| n.starts_with(names::LEDGER_PREFIX))
             .cloned(),
     );
+    let mut staged = BTreeMap::new();
     for name in streams {
         let replay = check.read::<LedgerRecord>(sink, &name, report)?;
-        if let Some(i) = names::ledger_shard(&name)
-            && i < shards
-        {
-            ledger_last[i] = replay.last_seq;
-        }
         let mut staging = ShardState::default();
         if let Some((_, blob)) = &replay.checkpoint {
             report.checkpoints_loaded += 1;
@@ -648,17 +771,9 @@ fn recover_ledgers(
             report.records_replayed += 1;
             staging.apply(record);
         }
-        for (user_id, rpc, tag, at_ms, rejection) in staging.into_rejections() {
-            ledgers[shard_index(&user_id, shards)].add_answer(
-                user_id,
-                rpc,
-                &tag,
-                at_ms,
-                Err(rejection),
-            );
-        }
+        staged.insert(name, (staging, replay.last_seq));
     }
-    Ok(ledger_last)
+    Ok(staged)
 }
 
 /// The backstop, checked against the orders: a claim naming another hold than the order is

@@ -38,7 +38,7 @@ pub(crate) fn window_passed(at_ms: u64, now_ms: u64, window_ms: u64) -> bool {
 }
 
 /// Things to forget, ordered by the time their window started: the earliest is forgotten first.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct ForgetIndex<K: Ord> {
     by_time: BTreeSet<(u64, K)>,
 }

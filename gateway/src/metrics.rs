@@ -398,6 +398,13 @@ pub const FAMILIES: &[Family] = &[
         Series::Cluster,
     ),
     family(
+        "boxoffice_raft_warm",
+        Gauge,
+        None,
+        "By group: 1 while this node keeps the state its engine would start from (a follower applying each committed batch to it), 0 while it leads or has not warmed up.",
+        Series::Cluster,
+    ),
+    family(
         "boxoffice_raft_commit_lag_entries",
         Gauge,
         COUNT,
@@ -762,6 +769,7 @@ pub fn spawn_sampler(
 /// Every series is labelled with the group (`group="0"` to `N-1`).
 pub fn spawn_raft_sampler(
     raft: boxoffice_engine::raft::Raft,
+    warm: std::sync::Arc<boxoffice_engine::warm::Warm>,
     group: u32,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
@@ -785,6 +793,11 @@ pub fn spawn_raft_sampler(
             metrics::gauge!("boxoffice_raft_last_log_index", "group" => g.clone()).set(last as f64);
             metrics::gauge!("boxoffice_raft_applied_index", "group" => g.clone())
                 .set(m.last_applied.map_or(0, |l| l.index) as f64);
+            metrics::gauge!("boxoffice_raft_warm", "group" => g.clone()).set(if warm.is_warm() {
+                1.0
+            } else {
+                0.0
+            });
             for peer in m.membership_config.nodes().map(|(id, _)| *id) {
                 if peer == m.id {
                     continue;

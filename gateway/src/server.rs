@@ -503,7 +503,11 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
             let mut serving = Vec::new();
             for (g, (raft, sm, _)) in rafts.iter().enumerate() {
                 let group = u32::try_from(g).unwrap_or(u32::MAX);
-                background.push(crate::metrics::spawn_raft_sampler(raft.clone(), group));
+                background.push(crate::metrics::spawn_raft_sampler(
+                    raft.clone(),
+                    sm.warm(),
+                    group,
+                ));
                 let leading = Leading {
                     raft: raft.clone(),
                     sm: sm.clone(),
@@ -869,6 +873,8 @@ impl Leading {
         .context("not the leader")?;
         let mut ec = engine_config(&self.config);
         ec.sink = Some(self.sm.sink());
+        // The state this node kept while it followed, if it did: no replay of its copy.
+        ec.warm = Some(self.sm.warm());
         // Its batches carry this term: should the node lose the leadership and win it again
         // while this engine runs, they are skipped, and the engine stops (see `lead`).
         ec.replicate = Some(Arc::new(boxoffice_engine::raft::RaftReplicator::new(
@@ -1005,6 +1011,15 @@ async fn lead(
             }
         }
         let mut retry = false;
+        if !leads && stack.is_none() && !node.sm.warm().is_warm() {
+            // A follower keeps the state its engine would start from (once warmed up, each
+            // batch it applies keeps it so): a failover then replays nothing.
+            let sm = node.sm.clone();
+            let window_ms = engine_config(&node.config)
+                .idempotency_window_ms()
+                .unwrap_or(boxoffice_engine::IDEMPOTENCY_WINDOW_MS_DEFAULT);
+            tokio::spawn(async move { sm.warm_up(window_ms).await });
+        }
         if leads && stack.is_none() {
             match node.open().await {
                 Ok(s) => {
@@ -1013,6 +1028,7 @@ async fn lead(
                         node = id,
                         group,
                         term,
+                        warm = s.api.engine.recovery_report().warm,
                         "this node leads its group and serves it"
                     );
                     if let Ok(mut slot) = node.sweeper.lock() {

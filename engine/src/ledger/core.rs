@@ -204,6 +204,19 @@ impl ShardState {
             .collect()
     }
 
+    /// Everything the shard holds, in a fixed order (tests compare shards with it).
+    #[cfg(test)]
+    pub(crate) fn digest(&self) -> Vec<String> {
+        let mut lines: Vec<String> = self
+            .quotas
+            .iter()
+            .map(|(k, q)| format!("quota {k:?} {q}"))
+            .chain(self.keys.iter().map(|(k, e)| format!("key {k:?} {e:?}")))
+            .collect();
+        lines.sort();
+        lines
+    }
+
     /// The recorded rejections, to be redistributed over shards.
     pub fn into_rejections(self) -> ShardCheckpoint {
         self.checkpoint_state()

@@ -129,18 +129,29 @@ pub async fn all_hold(
 /// commit goes through the node's Raft. Waits first until the node has applied everything its
 /// group committed (as a new leader must before it serves).
 pub async fn open_engine(node: &Node) -> Result<crate::Engine, String> {
+    open_engine_with(node, |_| {}).await
+}
+
+/// [`open_engine`], with the engine's config changed by `change` first.
+pub async fn open_engine_with(
+    node: &Node,
+    change: impl FnOnce(&mut crate::EngineConfig),
+) -> Result<crate::Engine, String> {
     node.raft
         .ensure_linearizable()
         .await
         .map_err(|e| format!("node {}: not the leader: {e}", node.id))?;
     let mut config = crate::EngineConfig::new(node.db.dir());
     config.sink = Some(node.sm.sink());
+    // The state the node kept while it followed, if it warmed up.
+    config.warm = Some(node.sm.warm());
     let term = node.raft.metrics().borrow().current_term;
     config.replicate = Some(std::sync::Arc::new(super::RaftReplicator::new(
         node.raft.clone(),
         tokio::runtime::Handle::current(),
         term,
     )));
+    change(&mut config);
     crate::Engine::open(config).await.map_err(|e| e.to_string())
 }
 

@@ -301,6 +301,9 @@ pub struct SledStateMachine {
     /// where the log stands: the last applied log id and membership, with how many entries
     /// were applied since they were last recorded.
     turn: Arc<tokio::sync::Mutex<Position>>,
+    /// The state this node's engine would start from, kept warm by every batch applied here
+    /// ([`crate::warm`]).
+    warm: Arc<crate::warm::Warm>,
 }
 
 /// Where a state machine stands. Recorded (`raft_sm`) only once what it counts is synced:
@@ -349,7 +352,47 @@ impl SledStateMachine {
                     .unwrap_or_default(),
                 since_recorded: 0,
             })),
+            warm: Arc::new(crate::warm::Warm::new()),
         })
+    }
+
+    /// The warm state this state machine feeds ([`crate::warm`]); an engine started with it
+    /// ([`crate::EngineConfig::warm`]) takes it.
+    pub fn warm(&self) -> Arc<crate::warm::Warm> {
+        self.warm.clone()
+    }
+
+    /// Warms this node up (unless it is warm, or warming): replays its copy of the log into the
+    /// engine's pure cores, as a start would (`window_ms`: the engine's idempotency window),
+    /// while no batch is applied, and keeps the result warm from then on. `false`: not warmed
+    /// (already warm, the copy needs repairs, or the node started leading meanwhile).
+    pub async fn warm_up(&self, window_ms: u64) -> bool {
+        let Some(generation) = self.warm.begin() else {
+            return false;
+        };
+        let at = self.turn.lock().await;
+        let sink = self.sink.clone();
+        let replayed = tokio::task::spawn_blocking(move || {
+            crate::recovery::replay_for_warmth(sink.as_ref(), window_ms)
+        })
+        .await;
+        let replayed = match replayed {
+            Ok(Ok(r)) => Some(r),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "not warmed up: the next start reads the log");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "warming up failed");
+                None
+            }
+        };
+        let warmed = self.warm.install(generation, replayed, window_ms);
+        drop(at);
+        if warmed {
+            tracing::info!("warm: this node keeps the state its engine would start from");
+        }
+        warmed
     }
 
     /// The log this node applies committed batches to (the engine recovers from it when this
@@ -453,6 +496,7 @@ impl SledStateMachine {
                     for (seq, bytes) in entries {
                         s.append(*seq, bytes)?;
                     }
+                    self.warm.append(stream, entries);
                 }
                 Op::Put { table, key, value } => {
                     self.node
@@ -464,6 +508,7 @@ impl SledStateMachine {
                 Op::Checkpoint { stream, upto, blob } => {
                     self.sink
                         .put_checkpoint(stream, &crate::store::checkpoint_value(*upto, blob))?;
+                    self.warm.checkpoint(stream, *upto, blob);
                     compactions.push((stream.clone(), *upto));
                 }
             }
@@ -570,6 +615,8 @@ impl RaftStateMachine<TypeConfig> for SledStateMachine {
         let content: SnapshotContent = codec::decode(&bytes)
             .map_err(|e| decode_err(StorageIOError::write_state_machine, e))?;
         let mut at = self.turn.lock().await;
+        self.warm
+            .drop_state("a snapshot from the leader replaced this node's copy");
         // Every tree the log has now or the snapshot brings, then Raft's state machine tree.
         let mut names: Vec<Vec<u8>> = self.log_trees();
         for (name, _) in &content.trees {

@@ -346,3 +346,328 @@ async fn stale_batches_and_refused_claims_change_no_node() {
         n.raft.shutdown().await.unwrap();
     }
 }
+
+/// The spec of an event `id` with a GA section of `ga` places and a reserved section of one row
+/// of `row` seats, five places a fan.
+fn sale_spec(id: &str, ga: u32, row: u32) -> crate::EventSpec {
+    use crate::{EventId, EventSpec, Layout, SectionId, SectionSpec};
+    EventSpec {
+        event_id: Some(EventId::from(id)),
+        name: format!("show {id}"),
+        sections: vec![
+            SectionSpec {
+                section_id: SectionId::from("ga"),
+                name: "GA".into(),
+                price_cents: 1_000,
+                layout: Layout::GeneralAdmission { capacity: ga },
+            },
+            SectionSpec {
+                section_id: SectionId::from("stalls"),
+                name: "Stalls".into(),
+                price_cents: 5_000,
+                layout: Layout::Reserved {
+                    rows: vec![crate::RowSpec {
+                        label: "a".into(),
+                        seat_count: row,
+                    }],
+                },
+            },
+        ],
+        hold_ttl_ms: 0,
+        per_user_limit: 5,
+        admit_rate_per_second: 0,
+        admission_window_ms: 0,
+        sale_opens_at_ms: 0,
+        join_pow_difficulty_bits: 0,
+    }
+}
+
+/// A sale through `engine` that writes every kind of record: two events, holds of both
+/// sections, confirms, releases, refusals answered under idempotency keys (sold out, over the
+/// fan's limit), waitlist entries, and a waiting room's line. Returns the holds and orders
+/// acknowledged, by fan.
+async fn busy_sale(engine: &crate::Engine) -> (Vec<crate::HoldView>, Vec<crate::OrderView>) {
+    use crate::rooms::RoomRecord;
+    use crate::{ConfirmRequest, EventId, HoldRequest, SectionId, Selection, UserId};
+    for (id, ga, row) in [("warm-a", 12, 6), ("warm-b", 4, 3)] {
+        engine.create_event(sale_spec(id, ga, row)).await.unwrap();
+    }
+    let a = EventId::from("warm-a");
+    engine
+        .record_room(
+            &a,
+            vec![
+                RoomRecord::Reserved { upto: 64 },
+                RoomRecord::Opened { drawn: 40 },
+            ],
+        )
+        .await
+        .unwrap();
+    let mut holds = Vec::new();
+    let mut orders = Vec::new();
+    let mut admitted = 0u64;
+    for fan in 0..24u32 {
+        let event = if fan % 3 == 2 { "warm-b" } else { "warm-a" };
+        let section = if fan % 2 == 0 { "ga" } else { "stalls" };
+        let user = UserId::from(format!("fan-{fan}").as_str());
+        let held = engine
+            .hold(HoldRequest {
+                event_id: EventId::from(event),
+                user_id: user.clone(),
+                idempotency_key: format!("hold-{fan}"),
+                selection: Selection::BestAvailable {
+                    section: Some(SectionId::from(section)),
+                    quantity: 1 + fan % 3,
+                },
+            })
+            .await;
+        // Sold out, or over the limit, later on: refusals the ledger records.
+        let Ok(h) = held else { continue };
+        match fan % 4 {
+            0 | 1 => orders.push(
+                engine
+                    .confirm(ConfirmRequest {
+                        hold_id: h.hold_id.clone(),
+                        user_id: user.clone(),
+                        payment_ref: "tok_visa".into(),
+                        idempotency_key: format!("pay-{fan}"),
+                    })
+                    .await
+                    .unwrap(),
+            ),
+            2 => {
+                engine.release(&h.hold_id, &user).await.unwrap();
+            }
+            _ => {}
+        }
+        holds.push(h);
+        if fan % 5 == 0 {
+            engine
+                .record_room(
+                    &a,
+                    vec![RoomRecord::Admitted {
+                        from: admitted,
+                        to: admitted + 5,
+                        at_ms: engine.now_ms(),
+                    }],
+                )
+                .await
+                .unwrap();
+            admitted += 5;
+        }
+    }
+    // Over the limit of five: a refusal under a key.
+    let over = engine
+        .hold(HoldRequest {
+            event_id: EventId::from("warm-a"),
+            user_id: UserId::from("fan-0"),
+            idempotency_key: "greedy".into(),
+            selection: Selection::BestAvailable {
+                section: None,
+                quantity: 5,
+            },
+        })
+        .await;
+    assert!(over.is_err(), "over the limit: {over:?}");
+    // Event b sells out; then fans wait, and keyed holds are refused.
+    for fan in 100..110u32 {
+        let user = UserId::from(format!("fan-{fan}").as_str());
+        let _ = engine
+            .hold(HoldRequest {
+                event_id: EventId::from("warm-b"),
+                user_id: user.clone(),
+                idempotency_key: format!("late-{fan}"),
+                selection: Selection::BestAvailable {
+                    section: None,
+                    quantity: 2,
+                },
+            })
+            .await;
+        let _ = engine
+            .join_waitlist(&EventId::from("warm-b"), &user, None, 2)
+            .await;
+    }
+    (holds, orders)
+}
+
+/// Waits (10 s at most) until every node of `nodes` has applied the same last entry, the last
+/// of its log.
+async fn all_applied(nodes: &BTreeMap<u64, Node>) {
+    for _ in 0..400 {
+        let at: BTreeSet<(Option<u64>, Option<u64>)> = nodes
+            .values()
+            .map(|n| {
+                let m = n.raft.metrics().borrow().clone();
+                (m.last_applied.map(|l| l.index), m.last_log_index)
+            })
+            .collect();
+        let applied: BTreeSet<Option<u64>> = at.iter().map(|(a, _)| *a).collect();
+        if applied.len() == 1 && at.iter().all(|(a, c)| a == c) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("the nodes did not apply the same entries within 10 s");
+}
+
+/// A follower's warm state (each committed batch applied to the pure cores as it is applied to
+/// the follower's copy) is exactly what a start reads from that copy: the same events,
+/// sections, waitlist, rooms, ledger shards and sequence numbers, with checkpoints written and
+/// streams compacted in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_followers_warm_state_is_what_a_start_reads_from_its_copy() {
+    use crate::recovery::{RecoverWith, recover, settle};
+    let router = Router::default();
+    let (_dirs, nodes) = three_nodes(&router, 1_000).await;
+    let first = leader(&nodes).await;
+    let window_ms = crate::IDEMPOTENCY_WINDOW_MS_DEFAULT;
+    for n in nodes.values().filter(|n| n.id != first) {
+        assert!(n.sm.warm_up(window_ms).await, "node {} warms up", n.id);
+        assert!(!n.sm.warm_up(window_ms).await, "once");
+    }
+    let engine = super::harness::open_engine_with(&nodes[&first], |c| {
+        c.checkpoint_every_records = 3;
+    })
+    .await
+    .unwrap();
+    let (holds, orders) = busy_sale(&engine).await;
+    assert!(holds.len() > 10 && orders.len() > 4);
+    let now_ms = engine.now_ms();
+    engine.shutdown().await;
+    all_applied(&nodes).await;
+    assert!(!nodes[&first].sm.warm().is_warm(), "the leader keeps none");
+    let with = RecoverWith {
+        ledger_shards: crate::limits::LEDGER_SHARDS_DEFAULT,
+        window_ms,
+        now_ms,
+        mode: crate::RecoveryMode::Verify,
+        replicated: true,
+    };
+    for n in nodes.values().filter(|n| n.id != first) {
+        let warm = n.sm.warm();
+        assert!(warm.is_warm(), "node {} stayed warm through the sale", n.id);
+        let (replayed, kept_ms) = warm.take().unwrap();
+        assert_eq!(kept_ms, window_ms);
+        let warm = settle(replayed, &with, crate::store::Marks::default());
+        let mut report = crate::RecoveryReport::default();
+        let cold = recover(n.sm.sink().as_ref(), &with, &mut report).unwrap();
+        assert!(report.checkpoints_loaded > 0, "checkpoints were written");
+        assert_eq!(warm.events, cold.events, "node {}: events", n.id);
+        assert_eq!(warm.catalog_last, cold.catalog_last);
+        assert_eq!(warm.cores.len(), 4);
+        assert_eq!(warm.cores, cold.cores, "node {}: sections", n.id);
+        assert_eq!(warm.waitlist, cold.waitlist, "node {}: waitlist", n.id);
+        assert!(warm.waitlist_last > 0);
+        assert_eq!(warm.waitlist_last, cold.waitlist_last);
+        assert_eq!(warm.rooms, cold.rooms, "node {}: rooms", n.id);
+        assert_eq!(warm.ledger_last, cold.ledger_last);
+        assert!(
+            warm.ledger_last.iter().any(|l| *l > 0),
+            "refusals were recorded"
+        );
+        let digest = |r: &crate::recovery::Recovered| -> Vec<Vec<String>> {
+            r.ledger_states.iter().map(|s| s.digest()).collect()
+        };
+        assert_eq!(digest(&warm), digest(&cold), "node {}: ledger shards", n.id);
+    }
+    for n in nodes.values() {
+        n.raft.shutdown().await.unwrap();
+    }
+}
+
+/// A failover from a warm follower: the next leader's engine starts from the state it kept
+/// (its report says so) and has every hold, order and first answer of the last leader's, and
+/// the sale goes on. A record its state cannot take (a stream of no known event) drops the
+/// state: the next start reads the log instead, with the same result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_leader_starts_warm_and_a_state_that_does_not_fit_is_dropped() {
+    use crate::{EventId, HoldRequest, Selection, UserId};
+    let router = Router::default();
+    let (dirs, mut nodes) = three_nodes(&router, 1_000).await;
+    let window_ms = crate::IDEMPOTENCY_WINDOW_MS_DEFAULT;
+    let mut expected = None;
+    for round in 0..2 {
+        let first = leader(&nodes).await;
+        for n in nodes.values().filter(|n| n.id != first) {
+            n.sm.warm_up(window_ms).await;
+            assert!(n.sm.warm().is_warm(), "node {} is warm", n.id);
+        }
+        let engine = super::harness::open_engine(&nodes[&first]).await.unwrap();
+        if round == 0 {
+            expected = Some(busy_sale(&engine).await);
+        } else {
+            // A record for a stream no event has: every follower's warm state drops.
+            super::harness::write(
+                &rafts(&nodes),
+                &super::harness::one_record("section/nobody/x", 1, crate::codec::encode(&"x")),
+            )
+            .await
+            .unwrap();
+        }
+        engine.shutdown().await;
+        drop(engine);
+        all_applied(&nodes).await;
+        router.remove(first);
+        let dead = nodes.remove(&first).unwrap();
+        dead.raft.shutdown().await.unwrap();
+        drop(dead);
+        let next = leader(&nodes).await;
+        let engine = super::harness::open_engine(&nodes[&next]).await.unwrap();
+        assert_eq!(
+            engine.recovery_report().warm,
+            round == 0,
+            "round {round}: the start was warm only while the state fit"
+        );
+        let (holds, orders) = expected.as_ref().unwrap();
+        let mut sold = engine.orders().await.unwrap();
+        sold.sort_by(|a, b| a.order_id.cmp(&b.order_id));
+        let mut want = orders.clone();
+        want.sort_by(|a, b| a.order_id.cmp(&b.order_id));
+        assert_eq!(sold, want, "round {round}: every order");
+        for h in holds {
+            let now = engine.get_hold(&h.hold_id).await.unwrap();
+            assert_eq!(
+                (&now.seat_ids, now.quantity),
+                (&h.seat_ids, h.quantity),
+                "round {round}: hold {}",
+                h.hold_id
+            );
+        }
+        // Retries answer the first answers, refusals included.
+        let again = engine
+            .hold(HoldRequest {
+                event_id: EventId::from("warm-a"),
+                user_id: UserId::from("fan-0"),
+                idempotency_key: "greedy".into(),
+                selection: Selection::BestAvailable {
+                    section: None,
+                    quantity: 5,
+                },
+            })
+            .await;
+        assert!(again.is_err(), "round {round}: the refusal stands");
+        let retried = engine
+            .hold(HoldRequest {
+                event_id: holds[0].event_id.clone(),
+                user_id: holds[0].user_id.clone(),
+                idempotency_key: "hold-0".into(),
+                selection: Selection::BestAvailable {
+                    section: Some(crate::SectionId::from("ga")),
+                    quantity: 1,
+                },
+            })
+            .await
+            .unwrap();
+        assert_eq!(retried.hold_id, holds[0].hold_id);
+        assert!(engine.reconcile().await.unwrap().is_empty());
+        engine.shutdown().await;
+        // The dead node comes back (its copy as it was) for the next round.
+        let dir = dirs[&first].path().to_path_buf();
+        let node = start(&router, first, &dir).await;
+        nodes.insert(first, node);
+        all_applied(&nodes).await;
+    }
+    for n in nodes.values() {
+        n.raft.shutdown().await.unwrap();
+    }
+}

@@ -18,7 +18,7 @@ pub(crate) enum Decision {
     Record(WaitlistRecord),
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 struct Entry {
     event_id: EventId,
     user_id: UserId,
@@ -31,7 +31,7 @@ struct Entry {
 }
 
 /// Every event's waitlist. See the module docs.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct WaitlistCore {
     entries: HashMap<String, Entry>,
     waiting: BTreeMap<(EventId, u64), String>,
