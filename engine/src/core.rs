@@ -1159,6 +1159,7 @@ impl SectionCore {
             sold: self.sold,
             seats: self.seats.clone(),
             version,
+            changed_at_ms: 0,
         }
     }
 

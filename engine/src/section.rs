@@ -227,7 +227,8 @@ impl SectionState {
     }
 
     fn publish(&mut self, version: u64) {
-        let snap = self.a.core.snapshot(version);
+        let mut snap = self.a.core.snapshot(version);
+        snap.changed_at_ms = self.a.clock.now_ms();
         // Three atomic stores: the gauges follow the published counts, no lock taken.
         let [available, held, sold] = &self.counters.places;
         available.set(f64::from(snap.available));

@@ -407,6 +407,9 @@ pub struct SectionSnapshot {
     /// includes. Two snapshots with the same version show the same seats and counts; a change
     /// always publishes a higher one (also across a restart of the section's actor).
     pub version: u64,
+    /// When the section's actor published this version, Unix ms: the time of the change (for
+    /// the version a section starts with, the time its actor started).
+    pub changed_at_ms: u64,
 }
 
 /// Summary of a section in an event view.

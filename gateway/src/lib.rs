@@ -22,12 +22,15 @@
 //! - [`cluster`]: the Raft network between nodes (internal gRPC behind the cluster secret).
 //! - [`forward`]: a cluster node that does not lead forwards public calls to the one that does.
 //! - [`health`]: `grpc.health.v1.Health` whose watches end when the drain starts.
+//! - [`http`]: the HTTP/JSON API (the seeds' REST paths over the same services), its OpenAPI
+//!   document.
 
 pub mod cluster;
 pub mod convert;
 pub mod forward;
 pub mod gate;
 pub mod health;
+pub mod http;
 pub mod limits;
 pub mod metrics;
 pub mod pow;

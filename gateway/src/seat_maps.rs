@@ -321,6 +321,8 @@ impl SectionMaps {
 /// A section's map as built from one snapshot: counts and the encoded seats.
 pub struct Built {
     version: u64,
+    /// When that version was published, ms.
+    changed_at_ms: u64,
     section_id: String,
     capacity: u32,
     available: u32,
@@ -391,6 +393,7 @@ fn build(spec: &SectionSpec, snap: &SectionSnapshot, seats_len: usize, now: u64)
     debug_assert_eq!(buf.len(), seats_len, "the layout fixes the encoded size");
     Built {
         version: snap.version,
+        changed_at_ms: snap.changed_at_ms,
         section_id: spec.section_id.0.clone(),
         capacity: snap.capacity,
         available: snap.available,
@@ -412,15 +415,18 @@ const SECTION_ID: u32 = 1;
 const SECTION_COUNTS: [u32; 4] = [2, 3, 4, 5];
 const SECTION_SEATS: u32 = 6;
 const SECTION_AS_OF: u32 = 7;
+const SECTION_VERSION: u32 = 8;
+const SECTION_CHANGED_AT: u32 = 9;
 const MAP_EVENT_ID: u32 = 1;
 const MAP_AS_OF: u32 = 2;
 const MAP_SECTIONS: u32 = 3;
 const MAP_NEXT_FIRST_ROW: u32 = 4;
 
 /// Most bytes one `sections` entry of a `SeatMap` takes besides its seats: its key and length
-/// (1 + 5), the section id (1 + 1 + 64), four counts (4 x 6) and a time (1 + 10).
+/// (1 + 5), the section id (1 + 1 + 64), four counts (4 x 6), two times (2 x 11) and the
+/// version (1 + 10).
 const SECTION_HEADER_LEN_MAX: usize =
-    1 + 5 + 1 + 1 + boxoffice_engine::limits::ID_LEN_MAX + 4 * 6 + 1 + 10;
+    1 + 5 + 1 + 1 + boxoffice_engine::limits::ID_LEN_MAX + 4 * 6 + 2 * (1 + 10) + 1 + 10;
 
 fn decimal_len(mut n: u32) -> usize {
     let mut len = 1;
@@ -529,6 +535,13 @@ impl SectionPart {
         if self.as_of_unix_ms != 0 {
             len += 1 + encoded_len_varint(self.as_of_unix_ms as u64);
         }
+        if self.built.version != 0 {
+            len += 1 + encoded_len_varint(self.built.version);
+        }
+        let changed = ms(self.built.changed_at_ms);
+        if changed != 0 {
+            len += 1 + encoded_len_varint(changed as u64);
+        }
         len
     }
 
@@ -546,6 +559,13 @@ impl SectionPart {
         buf.put_slice(self.built.seats_of(&self.rows));
         if self.as_of_unix_ms != 0 {
             prost::encoding::int64::encode(SECTION_AS_OF, &self.as_of_unix_ms, buf);
+        }
+        if self.built.version != 0 {
+            prost::encoding::uint64::encode(SECTION_VERSION, &self.built.version, buf);
+        }
+        let changed = ms(self.built.changed_at_ms);
+        if changed != 0 {
+            prost::encoding::int64::encode(SECTION_CHANGED_AT, &changed, buf);
         }
     }
 }
@@ -652,6 +672,7 @@ mod tests {
             sold: seats.len() as u32 - free - held,
             seats,
             version,
+            changed_at_ms: 0,
         }
     }
 
@@ -685,7 +706,8 @@ mod tests {
         let mut seats = vec![SeatStatus::Available; 1015];
         seats[1] = SeatStatus::Held;
         seats[14] = SeatStatus::Sold;
-        let snap = snapshot(seats.clone(), 7);
+        let mut snap = snapshot(seats.clone(), 7);
+        snap.changed_at_ms = 900;
         let built = build(&spec, &snap, seats_len(&spec), 1_000);
         assert_eq!(built.seats.len(), seats_len(&spec));
         let s = decode(SectionPart {
@@ -698,6 +720,7 @@ mod tests {
             ("orch", 1015, 1013)
         );
         assert_eq!((s.held, s.sold, s.as_of_unix_ms), (1, 1, 1_000));
+        assert_eq!((s.version, s.changed_at_unix_ms), (7, 900));
         assert_eq!(s.seats.len(), 1015);
         let mut i = 0;
         for (row, count) in [("A", 3), ("BB", 12), ("C", 1000)] {

@@ -34,6 +34,8 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     /// Metrics address (`None`: no metrics endpoint).
     pub metrics_listen: Option<SocketAddr>,
+    /// HTTP/JSON API address (`None`, the default: no HTTP API; see [`crate::http`]).
+    pub http_listen: Option<SocketAddr>,
     /// Data dir of the log.
     pub data_dir: PathBuf,
     /// Keys with admin scope.
@@ -160,6 +162,7 @@ impl ServerConfig {
         ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
             metrics_listen: Some(SocketAddr::from(([127, 0, 0, 1], 9464))),
+            http_listen: None,
             data_dir: PathBuf::from("boxoffice-data"),
             admin_keys: vec![admin_key.to_owned()],
             client_keys: vec![client_key.to_owned()],
@@ -193,6 +196,8 @@ pub struct Running {
     pub addr: SocketAddr,
     /// The metrics address, if any.
     pub metrics_addr: Option<SocketAddr>,
+    /// The HTTP API's address, if any.
+    pub http_addr: Option<SocketAddr>,
     ready: Ready,
     recovered: Option<oneshot::Receiver<anyhow::Result<()>>>,
     gate: Arc<Gate>,
@@ -200,6 +205,7 @@ pub struct Running {
     grace: Duration,
     stop_grpc: Option<oneshot::Sender<()>>,
     stop_metrics: Option<oneshot::Sender<()>>,
+    stop_http: Option<oneshot::Sender<()>>,
     grpc_task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
     background: Vec<tokio::task::JoinHandle<()>>,
     sweeper: SweeperSlot,
@@ -393,6 +399,26 @@ fn grpc_router(
         ))
 }
 
+/// Binds and serves the HTTP API on `addr`, calling the gRPC server at `grpc`; returns the
+/// bound address, the stop signal, the task.
+async fn serve_http(addr: SocketAddr, grpc: SocketAddr) -> anyhow::Result<MetricsServing> {
+    let l = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the HTTP address {addr}"))?;
+    let haddr = l.local_addr()?;
+    let app = crate::http::router(crate::http::Backend::new(grpc)?);
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = rx.await;
+        };
+        if let Err(e) = crate::http::serve(l, app, shutdown).await {
+            tracing::error!(error = %e, "HTTP API failed");
+        }
+    });
+    Ok((haddr, tx, task))
+}
+
 /// Binds and serves `/metrics` on `addr` (reading the gate's calls in flight at each scrape);
 /// returns the bound address, the stop signal, the task.
 async fn serve_metrics(
@@ -476,6 +502,14 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
     }));
 
     let mut background = Vec::new();
+    let (http_addr, stop_http) = match config.http_listen {
+        Some(h) => {
+            let (addr, stop, task) = serve_http(h, addr).await?;
+            background.push(task);
+            (Some(addr), Some(stop))
+        }
+        None => (None, None),
+    };
     let (metrics_addr, stop_metrics) = match config.metrics_listen {
         Some(m) => {
             let (addr, stop, task) = serve_metrics(m, gate.clone()).await?;
@@ -573,6 +607,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
     Ok(Running {
         addr,
         metrics_addr,
+        http_addr,
         ready,
         recovered: Some(recovered_rx),
         gate,
@@ -580,6 +615,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
         grace: config.grace,
         stop_grpc: Some(stop_grpc),
         stop_metrics,
+        stop_http,
         grpc_task,
         background,
         sweeper,
@@ -1259,6 +1295,9 @@ impl Running {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         if let Some(tx) = self.stop_grpc.take() {
+            let _ = tx.send(());
+        }
+        if let Some(tx) = self.stop_http.take() {
             let _ = tx.send(());
         }
         let served = tokio::time::timeout(self.grace, &mut self.grpc_task).await;

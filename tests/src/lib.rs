@@ -7,6 +7,7 @@
 
 pub mod cases;
 pub mod child;
+pub mod http;
 pub mod payments;
 pub mod server;
 pub mod server_process;

@@ -172,6 +172,7 @@ impl TestServerBuilder {
         let mut config = ServerConfig::new(ADMIN, CLIENT, SECRET);
         config.listen = "127.0.0.1:0".parse().expect("loopback");
         config.metrics_listen = Some("127.0.0.1:0".parse().expect("loopback"));
+        config.http_listen = Some("127.0.0.1:0".parse().expect("loopback"));
         config.data_dir = home.path().to_path_buf();
         config.clock = home.clock.clone();
         config.grace = Duration::from_secs(5);
@@ -304,6 +305,16 @@ impl TestServer {
     /// The address of the metrics endpoint.
     pub fn metrics_addr(&self) -> std::net::SocketAddr {
         self.running.get().metrics_addr.expect("a metrics endpoint")
+    }
+
+    /// The address of the HTTP API.
+    pub fn http_addr(&self) -> std::net::SocketAddr {
+        self.running.get().http_addr.expect("an HTTP API")
+    }
+
+    /// A client of the HTTP API sending `key` (none: no `Authorization`).
+    pub fn http(&self, key: Option<&str>) -> crate::http::Http {
+        crate::http::Http::new(self.http_addr(), key)
     }
 
     /// A channel to the server (clones share one connection).

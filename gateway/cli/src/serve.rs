@@ -42,6 +42,10 @@ pub struct ServeArgs {
         default_value = "127.0.0.1:9464"
     )]
     metrics_listen: SocketAddr,
+    /// Address of the HTTP/JSON API (the seeds' REST paths, `/v1/openapi.json`); off unless
+    /// given.
+    #[arg(long, env = "BOXOFFICE_HTTP_LISTEN")]
+    http_listen: Option<SocketAddr>,
     /// Data dir of the write-ahead log (created if missing; replayed on start).
     #[arg(long, env = "BOXOFFICE_DATA_DIR", default_value = "boxoffice-data")]
     data_dir: PathBuf,
@@ -311,6 +315,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<Exit> {
     if let Some(m) = running.metrics_addr {
         println!("metrics on {}", boxoffice_gateway::metrics::describe(m));
     }
+    if let Some(h) = running.http_addr {
+        println!("HTTP API on http://{h}/v1 (OpenAPI at http://{h}/v1/openapi.json)");
+    }
     println!("data dir {}; recovering...", data_dir.display());
     tokio::select! {
         r = running.wait_ready() => {
@@ -468,6 +475,7 @@ fn config(args: ServeArgs) -> Result<ServerConfig, UsageError> {
     let mut config = ServerConfig::new("", "", &secret);
     config.listen = args.listen;
     config.metrics_listen = Some(args.metrics_listen);
+    config.http_listen = args.http_listen;
     config.data_dir = args.data_dir;
     config.admin_keys = admin_keys;
     config.client_keys = client_keys;

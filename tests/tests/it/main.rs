@@ -15,6 +15,7 @@ mod damage;
 mod edges;
 mod grpc;
 mod harness;
+mod http;
 mod kill9;
 mod metrics;
 mod model;

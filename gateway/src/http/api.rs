@@ -1,0 +1,673 @@
+//! The seeds' REST paths over the `boxoffice.v1` services. Each handler turns its request into
+//! the gRPC request, calls the server's own gRPC port ([`Backend`]: so the gate's API keys,
+//! shedding and metrics, the services' validation and idempotency, and a cluster node's
+//! forwarding all apply exactly as to a gRPC caller), and turns the answer into JSON, or its
+//! error into a problem ([`super::problem`]).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use boxoffice_proto::v1 as pb;
+use pb::booking_service_client::BookingServiceClient;
+use pb::event_service_client::EventServiceClient;
+use pb::waiting_room_service_client::WaitingRoomServiceClient;
+use serde::de::DeserializeOwned;
+use sha2::{Digest, Sha256};
+use tonic::transport::{Channel, Endpoint};
+
+use super::problem::{Problem, Refusal};
+use super::types::*;
+
+/// How long the HTTP layer's own gRPC call may take (a caller that leaves sooner cancels it).
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// Connections to the gRPC port (each carries up to 256 calls at once).
+const CHANNELS: usize = 4;
+
+/// The server's own gRPC port, as the HTTP API calls it.
+#[derive(Clone)]
+pub struct Backend {
+    channels: Arc<[Channel]>,
+    next: Arc<AtomicUsize>,
+}
+
+impl Backend {
+    /// Calls to the gRPC server at `grpc` (an unspecified address means this machine's
+    /// loopback). Connects on first use.
+    pub fn new(grpc: std::net::SocketAddr) -> anyhow::Result<Backend> {
+        let mut addr = grpc;
+        if addr.ip().is_unspecified() {
+            addr.set_ip(match addr {
+                std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            });
+        }
+        let endpoint = Endpoint::from_shared(format!("http://{addr}"))?
+            .tcp_nodelay(true)
+            .connect_timeout(Duration::from_secs(5))
+            .http2_keep_alive_interval(Duration::from_secs(30));
+        let channels: Vec<Channel> = (0..CHANNELS).map(|_| endpoint.connect_lazy()).collect();
+        Ok(Backend {
+            channels: channels.into(),
+            next: Arc::default(),
+        })
+    }
+
+    fn channel(&self) -> Channel {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.channels.len();
+        self.channels[i].clone()
+    }
+
+    /// `msg` as a gRPC request carrying the caller's API key (`Authorization: Bearer`).
+    pub fn request<T>(&self, headers: &HeaderMap, msg: T) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(msg);
+        r.set_timeout(CALL_TIMEOUT);
+        if let Some(v) = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+        {
+            r.metadata_mut().insert("authorization", v);
+        }
+        r
+    }
+
+    /// A client of `EventService` (seat maps up to the largest the server answers).
+    pub fn events(&self) -> EventServiceClient<Channel> {
+        EventServiceClient::new(self.channel())
+            .max_decoding_message_size(crate::limits::SEAT_MAP_BYTES_MAX + (1 << 20))
+    }
+
+    /// A client of `WaitingRoomService`.
+    pub fn room(&self) -> WaitingRoomServiceClient<Channel> {
+        WaitingRoomServiceClient::new(self.channel())
+    }
+
+    /// A client of `BookingService`.
+    pub fn booking(&self) -> BookingServiceClient<Channel> {
+        BookingServiceClient::new(self.channel())
+    }
+}
+
+/// A JSON body (an empty body is the type's default), or `INVALID_REQUEST` (field `request`):
+/// not JSON, a field of the wrong type or unknown, or over the 256 KiB limit.
+fn body<T: DeserializeOwned + Default>(raw: Result<Bytes, BytesRejection>) -> Result<T, Refusal> {
+    let raw = raw.map_err(|e| {
+        Refusal::invalid(
+            "request",
+            format!("the body could not be read (at most 256 KiB): {e}"),
+        )
+    })?;
+    if raw.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(&raw)
+        .map_err(|e| Refusal::invalid("request", format!("the body is not the JSON expected: {e}")))
+}
+
+fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, Refusal> {
+    q.map(|Query(t)| t)
+        .map_err(|e| Refusal::invalid("request", format!("bad query string: {}", e.body_text())))
+}
+
+/// The idempotency key: the `Idempotency-Key` header, or the body's `idempotencyKey`; both
+/// given and different is `INVALID_REQUEST` (field `idempotency_key`).
+fn idempotency_key(headers: &HeaderMap, in_body: String) -> Result<String, Refusal> {
+    let header = match headers.get("idempotency-key") {
+        Some(v) => Some(v.to_str().map_err(|_| {
+            Refusal::invalid("idempotency_key", "the Idempotency-Key header is not ASCII")
+        })?),
+        None => None,
+    };
+    match header {
+        Some(h) if !in_body.is_empty() && h != in_body => Err(Refusal::invalid(
+            "idempotency_key",
+            "the Idempotency-Key header and the body's idempotencyKey differ",
+        )),
+        Some(h) => Ok(h.to_owned()),
+        None => Ok(in_body),
+    }
+}
+
+/// A JSON answer with `status`, not to be stored by caches (it is one caller's).
+fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Response {
+    let mut r = (status, Json(value)).into_response();
+    r.headers_mut().insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("private, no-store"),
+    );
+    r
+}
+
+fn created<T: serde::Serialize>(location: String, value: &T) -> Response {
+    let mut r = json(StatusCode::CREATED, value);
+    if let Ok(v) = HeaderValue::from_str(&location) {
+        r.headers_mut().insert(header::LOCATION, v);
+    }
+    r
+}
+
+/// The gRPC selection of a hold: exact seats, or best available (1 place unless `quantity`).
+fn selection(
+    seat_ids: Vec<String>,
+    section_id: String,
+    quantity: Option<u32>,
+) -> Result<pb::hold_request::Selection, Refusal> {
+    if !seat_ids.is_empty() {
+        if quantity.is_some() || !section_id.is_empty() {
+            return Err(Refusal::invalid(
+                "selection",
+                "give either seat ids or a quantity (best available), not both",
+            ));
+        }
+        return Ok(pb::hold_request::Selection::Seats(pb::SeatSelection {
+            seat_ids,
+        }));
+    }
+    Ok(pb::hold_request::Selection::BestAvailable(
+        pb::BestAvailable {
+            section_id,
+            quantity: quantity.unwrap_or(1),
+        },
+    ))
+}
+
+/// Joins the waiting room (`Join`): the same user and session keep their place.
+#[utoipa::path(get, path = "/v1/events/{id}/queue-token", tag = "waiting room",
+    params(("id" = String, Path, description = "The event"), JoinQuery),
+    responses(
+        (status = 200, description = "A place in line", body = QueueToken),
+        (status = "default", description = "A problem (RFC 9457) with the contract's reason", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+pub async fn queue_token(
+    State(b): State<Backend>,
+    Path(event_id): Path<String>,
+    headers: HeaderMap,
+    q: Result<Query<JoinQuery>, QueryRejection>,
+) -> Result<Response, Refusal> {
+    let q = query(q)?;
+    let ticket = b
+        .room()
+        .join(b.request(
+            &headers,
+            pb::JoinRequest {
+                event_id,
+                user_id: q.user_id,
+                session_id: q.session_id,
+                join_challenge: q.join_challenge,
+                pow_nonce: q.pow_nonce,
+            },
+        ))
+        .await?
+        .into_inner();
+    Ok(json(StatusCode::OK, &QueueToken::from(ticket)))
+}
+
+/// The proof of work to solve before joining an event that asks for one (`GetJoinChallenge`).
+#[utoipa::path(get, path = "/v1/events/{id}/join-challenge", tag = "waiting room",
+    params(("id" = String, Path, description = "The event"), UserQuery),
+    responses(
+        (status = 200, description = "A challenge", body = JoinChallenge),
+        (status = "default", description = "A problem (RFC 9457)", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+pub async fn join_challenge(
+    State(b): State<Backend>,
+    Path(event_id): Path<String>,
+    headers: HeaderMap,
+    q: Result<Query<UserQuery>, QueryRejection>,
+) -> Result<Response, Refusal> {
+    let q = query(q)?;
+    let c = b
+        .room()
+        .get_join_challenge(b.request(
+            &headers,
+            pb::GetJoinChallengeRequest {
+                event_id,
+                user_id: q.user_id,
+            },
+        ))
+        .await?
+        .into_inner();
+    Ok(json(StatusCode::OK, &JoinChallenge::from(c)))
+}
+
+/// Where a place in line stands (`GetStatus`); once admitted, the admission token.
+#[utoipa::path(get, path = "/v1/queue/{eventId}/status", tag = "waiting room",
+    params(("eventId" = String, Path, description = "The event"), StatusQuery),
+    responses(
+        (status = 200, description = "The place's state", body = QueueStatus),
+        (status = "default", description = "A problem (RFC 9457); a token of another event is TOKEN_INVALID", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+pub async fn queue_status(
+    State(b): State<Backend>,
+    Path(event_id): Path<String>,
+    headers: HeaderMap,
+    q: Result<Query<StatusQuery>, QueryRejection>,
+) -> Result<Response, Refusal> {
+    let q = query(q)?;
+    if let Some(of) = crate::tokens::event_of_unverified(&q.token)
+        && of != event_id
+    {
+        return Err(Refusal::from(tonic::Status::from(
+            crate::status::ApiError::TokenInvalid("the queue token is for another event"),
+        )));
+    }
+    let s = b
+        .room()
+        .get_status(b.request(
+            &headers,
+            pb::GetStatusRequest {
+                queue_token: q.token,
+            },
+        ))
+        .await?
+        .into_inner();
+    Ok(json(StatusCode::OK, &QueueStatus::from(s)))
+}
+
+async fn hold(b: &Backend, headers: &HeaderMap, req: pb::HoldRequest) -> Result<Response, Refusal> {
+    let h = b
+        .booking()
+        .hold(b.request(headers, req))
+        .await?
+        .into_inner();
+    let location = format!("/v1/holds/{}", h.hold_id);
+    Ok(created(location, &Hold::from(h)))
+}
+
+/// Holds places for an admitted fan (the seeds' `book`): `seatId`/`seatIds`, or `quantity`
+/// places best available (in `sectionId`, or any). Durable before the answer.
+#[utoipa::path(post, path = "/v1/events/{id}/book", tag = "booking",
+    params(("id" = String, Path, description = "The event"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Recommended (or idempotencyKey in the body): a retry with the same key answers the first answer")),
+    request_body = BookRequest,
+    responses(
+        (status = 201, description = "Held", body = Hold),
+        (status = "default", description = "A problem (RFC 9457): SOLD_OUT, SEAT_UNAVAILABLE, USER_LIMIT, NOT_ADMITTED, ...", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+pub async fn book(
+    State(b): State<Backend>,
+    Path(event_id): Path<String>,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, Refusal> {
+    let r: BookRequest = body(raw)?;
+    let idempotency_key = idempotency_key(&headers, r.idempotency_key)?;
+    let mut seat_ids = r.seat_ids;
+    seat_ids.extend(r.seat_id);
+    let req = pb::HoldRequest {
+        event_id,
+        user_id: r.user_id,
+        admission_token: r.token,
+        idempotency_key,
+        selection: Some(selection(seat_ids, r.section_id, r.quantity)?),
+    };
+    hold(&b, &headers, req).await
+}
+
+/// Holds places (the case study's `POST /v1/holds`); as `book`, with the event in the body.
+#[utoipa::path(post, path = "/v1/holds", tag = "booking",
+    params(("Idempotency-Key" = Option<String>, Header, description = "Recommended (or idempotencyKey in the body)")),
+    request_body = HoldBody,
+    responses(
+        (status = 201, description = "Held", body = Hold),
+        (status = "default", description = "A problem (RFC 9457)", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+pub async fn create_hold(
+    State(b): State<Backend>,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, Refusal> {
+    let r: HoldBody = body(raw)?;
+    let idempotency_key = idempotency_key(&headers, r.idempotency_key)?;
+    let req = pb::HoldRequest {
+        event_id: r.event_id,
+        user_id: r.user_id,
+        admission_token: r.admission_token,
+        idempotency_key,
+        selection: Some(selection(r.seat_ids, r.section_id, r.quantity)?),
+    };
+    hold(&b, &headers, req).await
+}
+
+async fn confirm(
+    b: &Backend,
+    headers: &HeaderMap,
+    req: pb::ConfirmRequest,
+) -> Result<Response, Refusal> {
+    let o = b
+        .booking()
+        .confirm(b.request(headers, req))
+        .await?
+        .into_inner();
+    let location = format!("/v1/orders/{}", o.order_id);
+    Ok(created(location, &Order::from(o)))
+}
+
+/// Pays for a hold and makes the order (`Confirm`; the seeds' `→ { ticketId }`): never
+/// charged twice for one key and token.
+#[utoipa::path(post, path = "/v1/holds/{holdId}/confirm", tag = "booking",
+    params(("holdId" = String, Path, description = "The hold"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Strongly recommended (or idempotencyKey in the body): a retry with the same key and token is never charged twice")),
+    request_body = ConfirmBody,
+    responses(
+        (status = 201, description = "The order and its tickets", body = Order),
+        (status = "default", description = "A problem (RFC 9457): PAYMENT_DECLINED, HOLD_EXPIRED, ...", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+pub async fn confirm_hold(
+    State(b): State<Backend>,
+    Path(hold_id): Path<String>,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, Refusal> {
+    let r: ConfirmBody = body(raw)?;
+    let idempotency_key = idempotency_key(&headers, r.idempotency_key)?;
+    let req = pb::ConfirmRequest {
+        hold_id,
+        user_id: r.user_id,
+        payment_token: r.payment_token,
+        idempotency_key,
+    };
+    confirm(&b, &headers, req).await
+}
+
+/// Pays for a hold (the case study's `POST /v1/orders`).
+#[utoipa::path(post, path = "/v1/orders", tag = "booking",
+    request_body = OrderBody,
+    responses(
+        (status = 201, description = "The order and its tickets", body = Order),
+        (status = "default", description = "A problem (RFC 9457)", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+pub async fn create_order(
+    State(b): State<Backend>,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, Refusal> {
+    let r: OrderBody = body(raw)?;
+    let idempotency_key = idempotency_key(&headers, r.idempotency_key)?;
+    let req = pb::ConfirmRequest {
+        hold_id: r.hold_id,
+        user_id: r.user_id,
+        payment_token: r.payment_token,
+        idempotency_key,
+    };
+    confirm(&b, &headers, req).await
+}
+
+/// Gives a hold's places back (`Release`): 204.
+#[utoipa::path(post, path = "/v1/holds/{holdId}/release", tag = "booking",
+    params(("holdId" = String, Path, description = "The hold")),
+    request_body = ReleaseBody,
+    responses(
+        (status = 204, description = "Released (a retry after a lost success answers 409 HOLD_NOT_ACTIVE, and GET shows RELEASED)"),
+        (status = "default", description = "A problem (RFC 9457)", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+pub async fn release_hold(
+    State(b): State<Backend>,
+    Path(hold_id): Path<String>,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, Refusal> {
+    let r: ReleaseBody = body(raw)?;
+    b.booking()
+        .release(b.request(
+            &headers,
+            pb::ReleaseRequest {
+                hold_id,
+                user_id: r.user_id,
+            },
+        ))
+        .await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// A hold, to its holder (`GetHold`).
+#[utoipa::path(get, path = "/v1/holds/{holdId}", tag = "booking",
+    params(("holdId" = String, Path, description = "The hold"), UserQuery),
+    responses(
+        (status = 200, description = "The hold", body = Hold),
+        (status = "default", description = "A problem (RFC 9457)", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+pub async fn get_hold(
+    State(b): State<Backend>,
+    Path(hold_id): Path<String>,
+    headers: HeaderMap,
+    q: Result<Query<UserQuery>, QueryRejection>,
+) -> Result<Response, Refusal> {
+    let q = query(q)?;
+    let h = b
+        .booking()
+        .get_hold(b.request(
+            &headers,
+            pb::GetHoldRequest {
+                hold_id,
+                user_id: q.user_id,
+            },
+        ))
+        .await?
+        .into_inner();
+    Ok(json(StatusCode::OK, &Hold::from(h)))
+}
+
+/// An order and its tickets, to its buyer (`GetOrder`).
+#[utoipa::path(get, path = "/v1/orders/{orderId}", tag = "booking",
+    params(("orderId" = String, Path, description = "The order"), UserQuery),
+    responses(
+        (status = 200, description = "The order", body = Order),
+        (status = "default", description = "A problem (RFC 9457)", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+pub async fn get_order(
+    State(b): State<Backend>,
+    Path(order_id): Path<String>,
+    headers: HeaderMap,
+    q: Result<Query<UserQuery>, QueryRejection>,
+) -> Result<Response, Refusal> {
+    let q = query(q)?;
+    let o = b
+        .booking()
+        .get_order(b.request(
+            &headers,
+            pb::GetOrderRequest {
+                order_id,
+                user_id: q.user_id,
+            },
+        ))
+        .await?
+        .into_inner();
+    Ok(json(StatusCode::OK, &Order::from(o)))
+}
+
+/// Creates an event (`CreateEvent`, admin key).
+#[utoipa::path(post, path = "/v1/events", tag = "events",
+    params(("Idempotency-Key" = Option<String>, Header, description = "Optional: a retry with the same key answers the same event")),
+    request_body = CreateEventBody,
+    responses(
+        (status = 201, description = "The event", body = Event),
+        (status = "default", description = "A problem (RFC 9457)", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+pub async fn create_event(
+    State(b): State<Backend>,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, Refusal> {
+    let mut r: CreateEventBody = body(raw)?;
+    let key = idempotency_key(&headers, std::mem::take(&mut r.idempotency_key))?;
+    let e = b
+        .events()
+        .create_event(b.request(&headers, r.into_request(key)))
+        .await?
+        .into_inner();
+    let location = format!("/v1/events/{}", e.event_id);
+    Ok(created(location, &Event::from(e)))
+}
+
+/// An event and its sections' counts (`GetEvent`).
+#[utoipa::path(get, path = "/v1/events/{id}", tag = "events",
+    params(("id" = String, Path, description = "The event")),
+    responses(
+        (status = 200, description = "The event", body = Event),
+        (status = "default", description = "A problem (RFC 9457)", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+pub async fn get_event(
+    State(b): State<Backend>,
+    Path(event_id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, Refusal> {
+    let e = b
+        .events()
+        .get_event(b.request(&headers, pb::GetEventRequest { event_id }))
+        .await?
+        .into_inner();
+    Ok(json(StatusCode::OK, &Event::from(e)))
+}
+
+/// Events in id order, a page at a time (`ListEvents`).
+#[utoipa::path(get, path = "/v1/events", tag = "events",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of events", body = EventPage),
+        (status = "default", description = "A problem (RFC 9457)", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+pub async fn list_events(
+    State(b): State<Backend>,
+    headers: HeaderMap,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Response, Refusal> {
+    let q = query(q)?;
+    let page = b
+        .events()
+        .list_events(b.request(
+            &headers,
+            pb::ListEventsRequest {
+                page_size: q.page_size,
+                page_token: q.page_token,
+            },
+        ))
+        .await?
+        .into_inner();
+    Ok(json(
+        StatusCode::OK,
+        &EventPage {
+            events: page.events.into_iter().map(Event::from).collect(),
+            next_page_token: page.next_page_token,
+        },
+    ))
+}
+
+/// The seat map's validator: made of what the answer shows (the event, the part asked, and
+/// each section's version), never of a clock, so it changes when, and only when, a section in
+/// it changes; the same on every node of a cluster.
+pub fn seat_map_etag(map: &pb::SeatMap, section: &str, first_row: u32) -> String {
+    let mut h = Sha256::new();
+    h.update(map.event_id.as_bytes());
+    h.update([0]);
+    h.update(section.as_bytes());
+    h.update([0]);
+    h.update(first_row.to_be_bytes());
+    h.update(map.next_first_row.to_be_bytes());
+    for s in &map.sections {
+        h.update(s.section_id.as_bytes());
+        h.update([0]);
+        h.update(s.version.to_be_bytes());
+    }
+    let digest = h.finalize();
+    format!("W/\"{}\"", hex::encode(&digest[..12]))
+}
+
+/// Whether `If-None-Match` names `etag` (weak comparison, RFC 9110 13.1.2), or is `*`.
+fn none_match(headers: &HeaderMap, etag: &str) -> Option<bool> {
+    let v = headers.get(header::IF_NONE_MATCH)?.to_str().ok()?;
+    let opaque = |t: &str| t.trim().trim_start_matches("W/").to_owned();
+    let want = opaque(etag);
+    Some(v.split(',').any(|t| t.trim() == "*" || opaque(t) == want))
+}
+
+/// The seat map (`GetSeatMap`), labelled "as of", cacheable for 5 s (`Cache-Control:
+/// max-age=5`), with an `ETag` of the sections' versions and `Last-Modified` from their last
+/// change: `If-None-Match` (or, without it, `If-Modified-Since`) answers 304 while nothing in
+/// the map changed.
+#[utoipa::path(get, path = "/v1/events/{id}/seats", tag = "events",
+    params(("id" = String, Path, description = "The event"), SeatsQuery),
+    responses(
+        (status = 200, description = "The seat map, as of its time", body = SeatMap,
+            headers(("ETag" = String, description = "Weak validator of the sections' versions"),
+                ("Last-Modified" = String, description = "The last change of a section shown"),
+                ("Cache-Control" = String, description = "public, max-age=5"))),
+        (status = 304, description = "Not modified since the validator the caller sent"),
+        (status = "default", description = "A problem (RFC 9457)", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+pub async fn seats(
+    State(b): State<Backend>,
+    Path(event_id): Path<String>,
+    headers: HeaderMap,
+    q: Result<Query<SeatsQuery>, QueryRejection>,
+) -> Result<Response, Refusal> {
+    let q = query(q)?;
+    let map = b
+        .events()
+        .get_seat_map(b.request(
+            &headers,
+            pb::GetSeatMapRequest {
+                event_id,
+                section_id: q.section.clone(),
+                first_row: q.first_row,
+            },
+        ))
+        .await?
+        .into_inner();
+    let etag = seat_map_etag(&map, &q.section, q.first_row);
+    let changed_ms = map
+        .sections
+        .iter()
+        .map(|s| s.changed_at_unix_ms)
+        .max()
+        .unwrap_or(0)
+        .max(0) as u64;
+    let changed = std::time::UNIX_EPOCH + Duration::from_secs(changed_ms / 1_000);
+    let not_modified = match none_match(&headers, &etag) {
+        Some(m) => m,
+        None => headers
+            .get(header::IF_MODIFIED_SINCE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| httpdate::parse_http_date(v).ok())
+            .is_some_and(|since| changed <= since),
+    };
+    let mut response = if not_modified {
+        StatusCode::NOT_MODIFIED.into_response()
+    } else {
+        Json(SeatMap::from(map)).into_response()
+    };
+    let h = response.headers_mut();
+    h.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("public, max-age=5"),
+    );
+    h.insert(header::VARY, HeaderValue::from_static("authorization"));
+    if let Ok(v) = HeaderValue::from_str(&etag) {
+        h.insert(header::ETAG, v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&httpdate::fmt_http_date(changed)) {
+        h.insert(header::LAST_MODIFIED, v);
+    }
+    Ok(response)
+}

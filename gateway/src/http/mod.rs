@@ -1,0 +1,131 @@
+//! The HTTP/JSON face of the server (`serve --http-listen`, on by default in `boxoffice demo`):
+//! the seeds' REST paths over the same services as gRPC ([`api`]), errors as RFC 9457 problem
+//! details carrying the contract's reasons ([`problem`]), and the OpenAPI document generated
+//! from the handlers and types at `GET /v1/openapi.json`.
+//!
+//! | path | gRPC |
+//! |---|---|
+//! | `GET /v1/events/{id}/queue-token` | `Join` |
+//! | `GET /v1/events/{id}/join-challenge` | `GetJoinChallenge` |
+//! | `GET /v1/queue/{eventId}/status` | `GetStatus` |
+//! | `GET /v1/events/{id}/seats` | `GetSeatMap` (cached 5 s, `ETag`, `Last-Modified`, 304) |
+//! | `POST /v1/events/{id}/book`, `POST /v1/holds` | `Hold` |
+//! | `POST /v1/holds/{holdId}/confirm`, `POST /v1/orders` | `Confirm` |
+//! | `POST /v1/holds/{holdId}/release` | `Release` (204) |
+//! | `GET /v1/holds/{holdId}`, `GET /v1/orders/{orderId}` | `GetHold`, `GetOrder` |
+//! | `POST /v1/events`, `GET /v1/events`, `GET /v1/events/{id}` | `CreateEvent`, `ListEvents`, `GetEvent` |
+
+pub mod api;
+pub mod problem;
+pub mod types;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use utoipa::OpenApi;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+
+pub use api::Backend;
+
+/// The OpenAPI document of the HTTP API, generated from the handlers' annotations.
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "boxoffice HTTP API", description = "The seeds' REST paths over the boxoffice.v1 services: the same API keys (Authorization: Bearer), validation, idempotency (Idempotency-Key) and reasons as gRPC (docs/api.md). Errors are RFC 9457 problem details whose `reason` is the contract's."),
+    paths(
+        api::queue_token, api::join_challenge, api::queue_status, api::seats, api::book,
+        api::create_hold, api::confirm_hold, api::create_order, api::release_hold,
+        api::get_hold, api::get_order, api::create_event, api::get_event, api::list_events,
+    ),
+    components(schemas(
+        problem::Problem, types::QueueToken, types::JoinChallenge, types::QueueStatus,
+        types::BookRequest, types::HoldBody, types::Hold, types::ConfirmBody, types::OrderBody,
+        types::ReleaseBody, types::Ticket, types::Order, types::RowSpec, types::SectionSpec,
+        types::CreateEventBody, types::SectionSummary, types::Event, types::EventPage,
+        types::Seat, types::SectionSeats, types::SeatMap,
+    )),
+    modifiers(&BearerAuth),
+)]
+pub struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "An API key of the server (client scope; admin for POST /v1/events)",
+                    ))
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// The OpenAPI document, as served.
+pub fn openapi_json() -> String {
+    ApiDoc::openapi()
+        .to_pretty_json()
+        .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+}
+
+/// Every path of the API over `backend`.
+pub fn router(backend: Backend) -> Router {
+    let openapi = openapi_json();
+    Router::new()
+        .route("/v1/events", post(api::create_event).get(api::list_events))
+        .route("/v1/events/{id}", get(api::get_event))
+        .route("/v1/events/{id}/queue-token", get(api::queue_token))
+        .route("/v1/events/{id}/join-challenge", get(api::join_challenge))
+        .route("/v1/events/{id}/seats", get(api::seats))
+        .route("/v1/events/{id}/book", post(api::book))
+        .route("/v1/queue/{event_id}/status", get(api::queue_status))
+        .route("/v1/holds", post(api::create_hold))
+        .route("/v1/holds/{hold_id}", get(api::get_hold))
+        .route("/v1/holds/{hold_id}/confirm", post(api::confirm_hold))
+        .route("/v1/holds/{hold_id}/release", post(api::release_hold))
+        .route("/v1/orders", post(api::create_order))
+        .route("/v1/orders/{order_id}", get(api::get_order))
+        .route(
+            "/v1/openapi.json",
+            get(move || {
+                let body = openapi.clone();
+                async move {
+                    (
+                        [(axum::http::header::CONTENT_TYPE, "application/json")],
+                        body,
+                    )
+                }
+            }),
+        )
+        .fallback(|| async {
+            problem::Problem {
+                kind: "about:blank".into(),
+                title: "Not Found".into(),
+                status: 404,
+                detail: "no such path: see /v1/openapi.json".into(),
+                reason: None,
+                grpc_code: "UNIMPLEMENTED".into(),
+                metadata: Default::default(),
+                field: None,
+                retry_after_ms: None,
+            }
+        })
+        .layer(DefaultBodyLimit::max(crate::limits::MESSAGE_BYTES_MAX))
+        .with_state(backend)
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves (then finishes the requests in flight).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}

@@ -1,0 +1,672 @@
+//! The JSON bodies of the HTTP API: camelCase names (the seeds' `holdId`, `expiresAt`,
+//! `etaSec`), times as RFC 3339 strings beside the contract's Unix ms, enums by the name their
+//! proto value has without its prefix (`HELD`, `ADMITTED`). Each answer is made from the gRPC
+//! message the services returned; each request becomes the gRPC request.
+
+use boxoffice_proto::v1 as pb;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+/// An RFC 3339 time (UTC, ms) of Unix ms; empty for 0 (not set).
+pub fn rfc3339(unix_ms: i64) -> String {
+    if unix_ms <= 0 {
+        return String::new();
+    }
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(unix_ms as u64);
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// An enum value's name without its prefix (`HOLD_STATUS_HELD` -> `HELD`).
+fn short(name: &str, prefix: &str) -> String {
+    name.strip_prefix(prefix).unwrap_or(name).to_owned()
+}
+
+// ---- Waiting room ------------------------------------------------------------------------------
+
+/// `GET /v1/events/{id}/queue-token`: who joins.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+pub struct JoinQuery {
+    /// The fan joining.
+    #[serde(default)]
+    pub user_id: String,
+    /// The fan's session: the same session keeps its place (`Join` is idempotent per event,
+    /// user and session).
+    #[serde(default)]
+    pub session_id: String,
+    /// For events with a proof of work: the challenge of `GET .../join-challenge`.
+    #[serde(default)]
+    pub join_challenge: String,
+    /// The nonce that solves it.
+    #[serde(default)]
+    pub pow_nonce: u64,
+}
+
+/// A place in line (the seeds' `{ token, position, etaSec }`).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueToken {
+    /// The queue token: pass it to `GET /v1/queue/{eventId}/status`.
+    pub token: String,
+    /// Position in line, from 1; 0 before the sale opens (drawn at the opening).
+    pub position: u64,
+    /// Estimated seconds until admission.
+    pub eta_sec: u32,
+}
+
+impl From<pb::QueueTicket> for QueueToken {
+    fn from(t: pb::QueueTicket) -> QueueToken {
+        QueueToken {
+            token: t.queue_token,
+            position: t.position,
+            eta_sec: t.eta_seconds,
+        }
+    }
+}
+
+/// `GET /v1/events/{id}/join-challenge`: who asks.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+pub struct UserQuery {
+    /// The fan.
+    #[serde(default)]
+    pub user_id: String,
+}
+
+/// A proof-of-work challenge to solve before joining (docs/api.md 3.1).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct JoinChallenge {
+    /// The challenge (pass it back as `joinChallenge`).
+    pub challenge: String,
+    /// Leading zero bits the solution's hash needs (0: no proof of work).
+    pub difficulty_bits: u32,
+    /// When it stops being accepted, Unix ms.
+    pub expires_at_unix_ms: i64,
+}
+
+impl From<pb::JoinChallenge> for JoinChallenge {
+    fn from(c: pb::JoinChallenge) -> JoinChallenge {
+        JoinChallenge {
+            challenge: c.challenge,
+            difficulty_bits: c.difficulty_bits,
+            expires_at_unix_ms: c.expires_at_unix_ms,
+        }
+    }
+}
+
+/// `GET /v1/queue/{eventId}/status`: whose place.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+pub struct StatusQuery {
+    /// The queue token of `queue-token`.
+    #[serde(default)]
+    pub token: String,
+}
+
+/// Where a place in line stands.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueStatus {
+    /// `WAITING`, `ADMITTED` or `EXPIRED`.
+    pub state: String,
+    /// Position in line, from 1; 0 before the opening draw.
+    pub position: u64,
+    /// Fans still ahead.
+    pub ahead: u64,
+    /// Estimated seconds until admission; 0 once admitted.
+    pub eta_sec: u32,
+    /// Once admitted: the token a hold needs.
+    pub admission_token: String,
+    /// When the admission token stops being valid (RFC 3339; empty until admitted).
+    pub admission_expires_at: String,
+    /// The same, Unix ms (0 until admitted).
+    pub admission_expires_at_unix_ms: i64,
+}
+
+impl From<pb::QueueStatus> for QueueStatus {
+    fn from(s: pb::QueueStatus) -> QueueStatus {
+        QueueStatus {
+            state: short(s.state().as_str_name(), "QUEUE_STATE_"),
+            position: s.position,
+            ahead: s.ahead,
+            eta_sec: s.eta_seconds,
+            admission_expires_at: rfc3339(s.admission_expires_at_unix_ms),
+            admission_token: s.admission_token,
+            admission_expires_at_unix_ms: s.admission_expires_at_unix_ms,
+        }
+    }
+}
+
+// ---- Holds and orders --------------------------------------------------------------------------
+
+/// `POST /v1/events/{id}/book` (the seeds' `{ seatId, token }`): exact seats, or let the
+/// engine pick `quantity` places (best available, in `section` or any).
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BookRequest {
+    /// The fan holding.
+    #[serde(default)]
+    pub user_id: String,
+    /// The admission token of the queue status.
+    #[serde(default)]
+    pub token: String,
+    /// One exact seat.
+    #[serde(default)]
+    pub seat_id: Option<String>,
+    /// Exact seats, all or none.
+    #[serde(default)]
+    pub seat_ids: Vec<String>,
+    /// Best available: the section (empty: any).
+    #[serde(default)]
+    pub section_id: String,
+    /// Best available: how many places (without seats: 1).
+    #[serde(default)]
+    pub quantity: Option<u32>,
+    /// The idempotency key, if not in the `Idempotency-Key` header.
+    #[serde(default)]
+    pub idempotency_key: String,
+}
+
+/// `POST /v1/holds` (the case study's `{ eventId, seatIds[] }`).
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HoldBody {
+    /// The event.
+    #[serde(default)]
+    pub event_id: String,
+    /// The fan holding.
+    #[serde(default)]
+    pub user_id: String,
+    /// The admission token of the queue status.
+    #[serde(default)]
+    pub admission_token: String,
+    /// Exact seats, all or none.
+    #[serde(default)]
+    pub seat_ids: Vec<String>,
+    /// Best available: the section (empty: any).
+    #[serde(default)]
+    pub section_id: String,
+    /// Best available: how many places (without seats: 1).
+    #[serde(default)]
+    pub quantity: Option<u32>,
+    /// The idempotency key, if not in the `Idempotency-Key` header.
+    #[serde(default)]
+    pub idempotency_key: String,
+}
+
+/// Held places.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Hold {
+    /// The hold.
+    pub hold_id: String,
+    /// Its event.
+    pub event_id: String,
+    /// The fan it holds for.
+    pub user_id: String,
+    /// Its section (a hold never spans sections).
+    pub section_id: String,
+    /// Its seats (empty for general admission).
+    pub seat_ids: Vec<String>,
+    /// Its places.
+    pub quantity: u32,
+    /// `HELD`, `CONFIRMED`, `RELEASED` or `EXPIRED`.
+    pub status: String,
+    /// Until when the places are held (RFC 3339).
+    pub expires_at: String,
+    /// The same, Unix ms.
+    pub expires_at_unix_ms: i64,
+}
+
+impl From<pb::Hold> for Hold {
+    fn from(h: pb::Hold) -> Hold {
+        Hold {
+            status: short(h.status().as_str_name(), "HOLD_STATUS_"),
+            expires_at: rfc3339(h.expires_at_unix_ms),
+            hold_id: h.hold_id,
+            event_id: h.event_id,
+            user_id: h.user_id,
+            section_id: h.section_id,
+            seat_ids: h.seat_ids,
+            quantity: h.quantity,
+            expires_at_unix_ms: h.expires_at_unix_ms,
+        }
+    }
+}
+
+/// `POST /v1/holds/{holdId}/confirm`: who pays, with what.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ConfirmBody {
+    /// The holder.
+    #[serde(default)]
+    pub user_id: String,
+    /// The payment token (the simulated provider: `tok_visa`, `tok_decline`, ...).
+    #[serde(default)]
+    pub payment_token: String,
+    /// The idempotency key, if not in the `Idempotency-Key` header.
+    #[serde(default)]
+    pub idempotency_key: String,
+}
+
+/// `POST /v1/orders` (the case study's `{ holdId, paymentToken, idempotencyKey }`).
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OrderBody {
+    /// The hold to pay for.
+    #[serde(default)]
+    pub hold_id: String,
+    /// The holder.
+    #[serde(default)]
+    pub user_id: String,
+    /// The payment token.
+    #[serde(default)]
+    pub payment_token: String,
+    /// The idempotency key (or the `Idempotency-Key` header).
+    #[serde(default)]
+    pub idempotency_key: String,
+}
+
+/// `POST /v1/holds/{holdId}/release`: who gives the places back.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ReleaseBody {
+    /// The holder.
+    #[serde(default)]
+    pub user_id: String,
+}
+
+/// A ticket of an order.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Ticket {
+    /// The ticket.
+    pub ticket_id: String,
+    /// Its section.
+    pub section_id: String,
+    /// Its seat (empty for general admission).
+    pub seat_id: String,
+    /// The signed e-ticket code, verifiable offline (`boxoffice ticket verify`).
+    pub code: String,
+}
+
+/// A paid order and its tickets.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Order {
+    /// The order.
+    pub order_id: String,
+    /// The hold it paid for.
+    pub hold_id: String,
+    /// Its event.
+    pub event_id: String,
+    /// The buyer.
+    pub user_id: String,
+    /// The first ticket's id (the seeds' `{ ticketId }`).
+    pub ticket_id: String,
+    /// Every ticket.
+    pub tickets: Vec<Ticket>,
+    /// What was charged, cents.
+    pub amount_cents: u64,
+    /// The payment provider's id of the charge.
+    pub payment_id: String,
+    /// `CONFIRMED` or `REFUNDED`.
+    pub status: String,
+    /// When it was made (RFC 3339).
+    pub created_at: String,
+    /// The same, Unix ms.
+    pub created_at_unix_ms: i64,
+}
+
+impl From<pb::Order> for Order {
+    fn from(o: pb::Order) -> Order {
+        Order {
+            status: short(o.status().as_str_name(), "ORDER_STATUS_"),
+            created_at: rfc3339(o.created_at_unix_ms),
+            ticket_id: o
+                .tickets
+                .first()
+                .map(|t| t.ticket_id.clone())
+                .unwrap_or_default(),
+            tickets: o
+                .tickets
+                .into_iter()
+                .map(|t| Ticket {
+                    ticket_id: t.ticket_id,
+                    section_id: t.section_id,
+                    seat_id: t.seat_id,
+                    code: t.code,
+                })
+                .collect(),
+            order_id: o.order_id,
+            hold_id: o.hold_id,
+            event_id: o.event_id,
+            user_id: o.user_id,
+            amount_cents: o.amount_cents,
+            payment_id: o.payment_id,
+            created_at_unix_ms: o.created_at_unix_ms,
+        }
+    }
+}
+
+// ---- Events and seat maps ----------------------------------------------------------------------
+
+/// A row of a reserved section.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RowSpec {
+    /// Row label.
+    pub label: String,
+    /// Seats in the row, numbered from 1.
+    pub seat_count: u32,
+}
+
+/// A section of a new event: general admission (`capacity`) or reserved (`rows`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SectionSpec {
+    /// Section id (unique in the event).
+    #[serde(default)]
+    pub section_id: String,
+    /// Display name.
+    #[serde(default)]
+    pub name: String,
+    /// Price of one place, cents.
+    #[serde(default)]
+    pub price_cents: u64,
+    /// General admission: the number of places.
+    #[serde(default)]
+    pub capacity: Option<u32>,
+    /// Reserved seating: the rows.
+    #[serde(default)]
+    pub rows: Option<Vec<RowSpec>>,
+}
+
+/// `POST /v1/events` (admin key): the `CreateEvent` fields, camelCase.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateEventBody {
+    /// Event id (empty: the server makes one).
+    #[serde(default)]
+    pub event_id: String,
+    /// Display name.
+    #[serde(default)]
+    pub name: String,
+    /// The sections.
+    #[serde(default)]
+    pub sections: Vec<SectionSpec>,
+    /// Hold TTL, seconds (0: 600).
+    #[serde(default)]
+    pub hold_ttl_seconds: u32,
+    /// Places a fan may hold and own (0: 4).
+    #[serde(default)]
+    pub per_user_limit: u32,
+    /// Fans admitted per second (0: 500).
+    #[serde(default)]
+    pub admit_rate_per_second: u32,
+    /// How long an admission lasts, seconds (0: 120).
+    #[serde(default)]
+    pub admission_window_seconds: u32,
+    /// When the sale opens, Unix ms (0: now).
+    #[serde(default)]
+    pub sale_opens_at_unix_ms: i64,
+    /// Proof of work before joining, leading zero bits (0: none).
+    #[serde(default)]
+    pub join_pow_difficulty_bits: u32,
+    /// The idempotency key, if not in the `Idempotency-Key` header.
+    #[serde(default)]
+    pub idempotency_key: String,
+}
+
+impl CreateEventBody {
+    /// The gRPC request (with the key the caller chose).
+    pub fn into_request(self, idempotency_key: String) -> pb::CreateEventRequest {
+        pb::CreateEventRequest {
+            event_id: self.event_id,
+            name: self.name,
+            sections: self
+                .sections
+                .into_iter()
+                .map(|s| pb::SectionSpec {
+                    section_id: s.section_id,
+                    name: s.name,
+                    price_cents: s.price_cents,
+                    layout: match (s.capacity, s.rows) {
+                        (_, Some(rows)) => {
+                            Some(pb::section_spec::Layout::Reserved(pb::ReservedLayout {
+                                rows: rows
+                                    .into_iter()
+                                    .map(|r| pb::RowSpec {
+                                        label: r.label,
+                                        seat_count: r.seat_count,
+                                    })
+                                    .collect(),
+                            }))
+                        }
+                        (Some(c), None) => {
+                            Some(pb::section_spec::Layout::GeneralAdmissionCapacity(c))
+                        }
+                        (None, None) => None,
+                    },
+                })
+                .collect(),
+            hold_ttl_seconds: self.hold_ttl_seconds,
+            per_user_limit: self.per_user_limit,
+            admit_rate_per_second: self.admit_rate_per_second,
+            admission_window_seconds: self.admission_window_seconds,
+            sale_opens_at_unix_ms: self.sale_opens_at_unix_ms,
+            idempotency_key,
+            join_pow_difficulty_bits: self.join_pow_difficulty_bits,
+        }
+    }
+}
+
+/// A section of an event, with its latest counts.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SectionSummary {
+    /// Section id.
+    pub section_id: String,
+    /// Display name.
+    pub name: String,
+    /// `GENERAL_ADMISSION` or `RESERVED`.
+    pub kind: String,
+    /// All places.
+    pub capacity: u32,
+    /// Free places (never a promise: holding is).
+    pub available: u32,
+    /// Held places.
+    pub held: u32,
+    /// Sold places.
+    pub sold: u32,
+    /// Price of one place, cents.
+    pub price_cents: u64,
+}
+
+/// An event.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Event {
+    /// Event id.
+    pub event_id: String,
+    /// Display name.
+    pub name: String,
+    /// `SCHEDULED`, `ON_SALE` or `CLOSED`.
+    pub state: String,
+    /// Its sections.
+    pub sections: Vec<SectionSummary>,
+    /// Hold TTL, seconds.
+    pub hold_ttl_seconds: u32,
+    /// Places a fan may hold and own.
+    pub per_user_limit: u32,
+    /// Fans admitted per second.
+    pub admit_rate_per_second: u32,
+    /// How long an admission lasts, seconds.
+    pub admission_window_seconds: u32,
+    /// When the sale opens (RFC 3339).
+    pub sale_opens_at: String,
+    /// The same, Unix ms.
+    pub sale_opens_at_unix_ms: i64,
+    /// Proof of work before joining, bits (0: none).
+    pub join_pow_difficulty_bits: u32,
+}
+
+impl From<pb::Event> for Event {
+    fn from(e: pb::Event) -> Event {
+        Event {
+            state: short(e.state().as_str_name(), "EVENT_STATE_"),
+            sale_opens_at: rfc3339(e.sale_opens_at_unix_ms),
+            sections: e
+                .sections
+                .into_iter()
+                .map(|s| SectionSummary {
+                    kind: short(s.kind().as_str_name(), "SECTION_KIND_"),
+                    section_id: s.section_id,
+                    name: s.name,
+                    capacity: s.capacity,
+                    available: s.available,
+                    held: s.held,
+                    sold: s.sold,
+                    price_cents: s.price_cents,
+                })
+                .collect(),
+            event_id: e.event_id,
+            name: e.name,
+            hold_ttl_seconds: e.hold_ttl_seconds,
+            per_user_limit: e.per_user_limit,
+            admit_rate_per_second: e.admit_rate_per_second,
+            admission_window_seconds: e.admission_window_seconds,
+            sale_opens_at_unix_ms: e.sale_opens_at_unix_ms,
+            join_pow_difficulty_bits: e.join_pow_difficulty_bits,
+        }
+    }
+}
+
+/// `GET /v1/events`: a page.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// Events per page (0: 50).
+    #[serde(default)]
+    pub page_size: u32,
+    /// The `nextPageToken` of the page before.
+    #[serde(default)]
+    pub page_token: String,
+}
+
+/// A page of events, in id order.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EventPage {
+    /// The events.
+    pub events: Vec<Event>,
+    /// The next page's token (empty: none left).
+    pub next_page_token: String,
+}
+
+/// `GET /v1/events/{id}/seats`: which part of the map.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+pub struct SeatsQuery {
+    /// One section (empty: all).
+    #[serde(default)]
+    pub section: String,
+    /// With `section`: the first row (paging a large section; see `nextFirstRow`).
+    #[serde(default)]
+    pub first_row: u32,
+}
+
+/// One reserved seat.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Seat {
+    /// Seat id (`{section}:{row}:{number}`).
+    pub seat_id: String,
+    /// Row label.
+    pub row: String,
+    /// Number in the row, from 1.
+    pub number: u32,
+    /// `AVAILABLE`, `HELD` or `SOLD`.
+    pub status: String,
+}
+
+/// One section of a seat map.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SectionSeats {
+    /// Section id.
+    pub section_id: String,
+    /// All places.
+    pub capacity: u32,
+    /// Free places.
+    pub available: u32,
+    /// Held places.
+    pub held: u32,
+    /// Sold places.
+    pub sold: u32,
+    /// The last change of the section this map shows (the `ETag` is made of these).
+    pub version: u64,
+    /// When that change was made (RFC 3339).
+    pub changed_at: String,
+    /// When this section's counts and seats were known true, Unix ms.
+    pub as_of_unix_ms: i64,
+    /// Seats in row order (empty for general admission).
+    pub seats: Vec<Seat>,
+}
+
+/// A seat map, labelled with the time it was true ("as of"): never a reservation.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SeatMap {
+    /// The event.
+    pub event_id: String,
+    /// When the oldest section shown was known true (RFC 3339): "as of".
+    pub as_of: String,
+    /// The same, Unix ms.
+    pub as_of_unix_ms: i64,
+    /// The sections.
+    pub sections: Vec<SectionSeats>,
+    /// One section asked: the first row not in this answer (0: none left).
+    pub next_first_row: u32,
+}
+
+impl From<pb::SeatMap> for SeatMap {
+    fn from(m: pb::SeatMap) -> SeatMap {
+        SeatMap {
+            as_of: rfc3339(m.as_of_unix_ms),
+            sections: m
+                .sections
+                .into_iter()
+                .map(|s| SectionSeats {
+                    changed_at: rfc3339(s.changed_at_unix_ms),
+                    seats: s
+                        .seats
+                        .iter()
+                        .map(|seat| Seat {
+                            status: short(seat.status().as_str_name(), "SEAT_STATUS_"),
+                            seat_id: seat.seat_id.clone(),
+                            row: seat.row.clone(),
+                            number: seat.number,
+                        })
+                        .collect(),
+                    section_id: s.section_id,
+                    capacity: s.capacity,
+                    available: s.available,
+                    held: s.held,
+                    sold: s.sold,
+                    version: s.version,
+                    as_of_unix_ms: s.as_of_unix_ms,
+                })
+                .collect(),
+            event_id: m.event_id,
+            as_of_unix_ms: m.as_of_unix_ms,
+            next_first_row: m.next_first_row,
+        }
+    }
+}
