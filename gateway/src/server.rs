@@ -36,6 +36,8 @@ pub struct ServerConfig {
     pub metrics_listen: Option<SocketAddr>,
     /// HTTP/JSON API address (`None`, the default: no HTTP API; see [`crate::http`]).
     pub http_listen: Option<SocketAddr>,
+    /// More routes on the HTTP port (the demo's page and race), beside the API and `/ops`.
+    pub http_routes: Option<axum::Router>,
     /// Data dir of the log.
     pub data_dir: PathBuf,
     /// Keys with admin scope.
@@ -163,6 +165,7 @@ impl ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
             metrics_listen: Some(SocketAddr::from(([127, 0, 0, 1], 9464))),
             http_listen: None,
+            http_routes: None,
             data_dir: PathBuf::from("boxoffice-data"),
             admin_keys: vec![admin_key.to_owned()],
             client_keys: vec![client_key.to_owned()],
@@ -401,12 +404,19 @@ fn grpc_router(
 
 /// Binds and serves the HTTP API on `addr`, calling the gRPC server at `grpc`; returns the
 /// bound address, the stop signal, the task.
-async fn serve_http(addr: SocketAddr, grpc: SocketAddr) -> anyhow::Result<MetricsServing> {
+async fn serve_http(
+    addr: SocketAddr,
+    grpc: SocketAddr,
+    extra: Option<axum::Router>,
+) -> anyhow::Result<MetricsServing> {
     let l = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding the HTTP address {addr}"))?;
     let haddr = l.local_addr()?;
-    let app = crate::http::router(crate::http::Backend::new(grpc)?);
+    // `/ops` reads this process's metrics: the recorder must be there before the engine's
+    // series are made (also without a metrics port).
+    crate::metrics::install();
+    let app = crate::http::router(crate::http::Backend::new(grpc)?, extra);
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
         let shutdown = async move {
@@ -504,7 +514,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
     let mut background = Vec::new();
     let (http_addr, stop_http) = match config.http_listen {
         Some(h) => {
-            let (addr, stop, task) = serve_http(h, addr).await?;
+            let (addr, stop, task) = serve_http(h, addr, config.http_routes.clone()).await?;
             background.push(task);
             (Some(addr), Some(stop))
         }

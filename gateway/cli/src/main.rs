@@ -164,6 +164,10 @@ enum Command {
     /// in-process engine; report resident memory along the way and after a restart, and the
     /// data dir's size. Exits 3 if places leaked.
     Soak(boxoffice_drill::soak::SoakArgs),
+    /// The race of the dots in a browser: an embedded server whose page races fans for seats in
+    /// chaos (the naive baseline) and clean (the real engine), with the operations page (/ops)
+    /// and the HTTP API on the same port. Runs until Ctrl-C.
+    Demo(boxoffice_drill::demo::DemoArgs),
 }
 
 /// The command line with the exit-code table after every (sub)command's help.
@@ -254,6 +258,9 @@ fn main() -> ExitCode {
         Command::Reconcile(args) => runtime.block_on(reconcile::run(args)),
         Command::CheckLog(args) => Ok(check_log::run(args)),
         Command::Soak(args) => runtime.block_on(soak::run(args)),
+        Command::Demo(args) => runtime
+            .block_on(boxoffice_drill::demo::run(args))
+            .map(|()| Exit::Ok),
     };
     match result {
         Ok(code) => code.into(),

@@ -621,7 +621,7 @@ fn write_secret(path: &Path, value: &str) -> anyhow::Result<()> {
 }
 
 /// `bytes` random bytes as hex.
-fn random_hex(bytes: usize) -> String {
+pub(crate) fn random_hex(bytes: usize) -> String {
     let mut b = vec![0u8; bytes];
     rand::RngCore::fill_bytes(&mut rand::rng(), &mut b);
     b.iter().map(|x| format!("{x:02x}")).collect()

@@ -7,6 +7,8 @@
 //! - [`loadgen`]: `boxoffice loadgen`, throughput and latency of single RPCs;
 //! - [`cluster`]: three `boxoffice serve` processes on loopback for one run (`flash-sale
 //!   --nodes 3`), their leader found and killed, their copies checked offline at the end;
+//! - [`demo`]: `boxoffice demo`, the race of the dots in a browser (chaos, then the real
+//!   engine) and the operations page, on an embedded server;
 //! - [`soak`]: `boxoffice soak`, memory and disk over a long run of hold + release cycles
 //!   against an in-process engine.
 //!
@@ -17,6 +19,7 @@
 //! or in files, and the usage errors that exit with code 2) and [`signal`] (Ctrl-C or SIGTERM).
 
 pub mod cluster;
+pub mod demo;
 pub mod event;
 pub mod flash_sale;
 mod json;

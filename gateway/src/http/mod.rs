@@ -14,8 +14,13 @@
 //! | `POST /v1/holds/{holdId}/release` | `Release` (204) |
 //! | `GET /v1/holds/{holdId}`, `GET /v1/orders/{orderId}` | `GetHold`, `GetOrder` |
 //! | `POST /v1/events`, `GET /v1/events`, `GET /v1/events/{id}` | `CreateEvent`, `ListEvents`, `GetEvent` |
+//!
+//! Beside them, on the same port: the live operations page `/ops` ([`ops`]), and whatever
+//! routes the embedding program adds ([`crate::server::ServerConfig::http_routes`]: the demo's
+//! race page).
 
 pub mod api;
+pub mod ops;
 pub mod problem;
 pub mod types;
 
@@ -73,8 +78,8 @@ pub fn openapi_json() -> String {
         .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
 }
 
-/// Every path of the API over `backend`.
-pub fn router(backend: Backend) -> Router {
+/// Every path of the API over `backend`, the operations page, and `extra`.
+pub fn router(backend: Backend, extra: Option<Router>) -> Router {
     let openapi = openapi_json();
     Router::new()
         .route("/v1/events", post(api::create_event).get(api::list_events))
@@ -115,8 +120,11 @@ pub fn router(backend: Backend) -> Router {
                 retry_after_ms: None,
             }
         })
+        .route("/ops", get(ops::page))
+        .route("/ops/stats", get(ops::stats))
         .layer(DefaultBodyLimit::max(crate::limits::MESSAGE_BYTES_MAX))
         .with_state(backend)
+        .merge(extra.unwrap_or_default())
 }
 
 /// Serves `app` on `listener` until `shutdown` resolves (then finishes the requests in flight).

@@ -49,7 +49,7 @@ use crate::server_choice::Backend;
 mod args;
 mod failover;
 mod fans;
-mod naive;
+pub(crate) mod naive;
 mod plot;
 mod progress;
 mod report;

@@ -15,12 +15,7 @@ use super::{FlashSaleArgs, Report};
 /// books what looked free with no atomic check (`if seat.free { seat.book() }` against a stale
 /// read). Nothing stops two fans from booking one seat.
 pub(crate) async fn run(args: &FlashSaleArgs) -> Report {
-    let seats = args.seats as usize;
-    let venue = Arc::new(Venue {
-        owners: (0..seats).map(|_| AtomicU64::new(0)).collect(),
-        map: Mutex::new(Arc::new(vec![true; seats])),
-        next: AtomicUsize::new(0),
-    });
+    let venue = Arc::new(Venue::new(args.seats as usize));
     let started = Instant::now();
     let refresher = tokio::spawn(venue.clone().refresh_every_100_ms());
     let per_fan = Duration::from_secs_f64(args.arrival_seconds.max(0.0) / args.fans as f64);
@@ -43,8 +38,9 @@ pub(crate) async fn run(args: &FlashSaleArgs) -> Report {
     venue.report(args, started)
 }
 
-/// The seats: how many times each was booked, and the (stale) map the fans read.
-struct Venue {
+/// The seats: how many times each was booked, and the (stale) map the fans read. Also played
+/// fan by fan in `boxoffice demo`'s chaos race.
+pub(crate) struct Venue {
     owners: Vec<AtomicU64>,
     map: Mutex<Arc<Vec<bool>>>,
     /// The next fan to arrive.
@@ -61,19 +57,59 @@ struct Fans {
 }
 
 impl Venue {
+    /// `seats` seats, all free, on a map that says so.
+    pub(crate) fn new(seats: usize) -> Venue {
+        Venue {
+            owners: (0..seats).map(|_| AtomicU64::new(0)).collect(),
+            map: Mutex::new(Arc::new(vec![true; seats])),
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// Redraws the map from the bookings.
+    pub(crate) fn refresh(&self) {
+        let fresh: Vec<bool> = self
+            .owners
+            .iter()
+            .map(|o| o.load(Ordering::Relaxed) == 0)
+            .collect();
+        if let Ok(mut m) = self.map.lock() {
+            *m = Arc::new(fresh);
+        }
+    }
+
     /// Redraws the map from the bookings every 100 ms.
     async fn refresh_every_100_ms(self: Arc<Self>) {
         loop {
             tokio::time::sleep(Duration::from_millis(100)).await;
-            let fresh: Vec<bool> = self
-                .owners
-                .iter()
-                .map(|o| o.load(Ordering::Relaxed) == 0)
-                .collect();
-            if let Ok(mut m) = self.map.lock() {
-                *m = Arc::new(fresh);
-            }
+            self.refresh();
         }
+    }
+
+    /// A fan's read of the map: up to `q` seats that looked free on it, from `start` on
+    /// ("10 seats left" is what the page said).
+    pub(crate) fn looking_free(&self, start: usize, q: usize) -> Vec<usize> {
+        let seats = self.owners.len();
+        let snapshot = self.map.lock().map(|m| m.clone()).unwrap_or_default();
+        (0..seats)
+            .map(|k| (start + k) % seats)
+            .filter(|&s| snapshot.get(s).copied().unwrap_or(false))
+            .take(q)
+            .collect()
+    }
+
+    /// Books seat `s` with no check (`seat.book(user)` after a stale `if seat.free`); returns
+    /// how many bookings it had before.
+    pub(crate) fn book_blindly(&self, s: usize) -> u64 {
+        self.owners[s].fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Bookings per seat.
+    pub(crate) fn bookings(&self) -> Vec<u64> {
+        self.owners
+            .iter()
+            .map(|o| o.load(Ordering::Relaxed))
+            .collect()
     }
 
     /// One worker: takes the next fan at their arrival until none is left; each books 1 to 4
@@ -89,18 +125,11 @@ impl Venue {
             tokio::time::sleep_until(arrival.into()).await;
             let mut rng = StdRng::seed_from_u64(fans.seed ^ i as u64);
             let q = rng.random_range(1..=fans.limit.clamp(1, 4)) as usize;
-            let snapshot = self.map.lock().map(|m| m.clone()).unwrap_or_default();
-            // "10 seats left" is what the page said: book the first free-looking ones from
-            // a random place.
-            let start = rng.random_range(0..seats);
-            let picks: Vec<usize> = (0..seats)
-                .map(|k| (start + k) % seats)
-                .filter(|&s| snapshot[s])
-                .take(q)
-                .collect();
+            // Book the first free-looking ones from a random place.
+            let picks = self.looking_free(rng.random_range(0..seats), q);
             tokio::task::yield_now().await; // the network between the read and the write
             for s in picks {
-                self.owners[s].fetch_add(1, Ordering::Relaxed);
+                self.book_blindly(s);
             }
         }
     }
@@ -115,8 +144,7 @@ impl Venue {
             nodes: 1,
             ..Report::default()
         };
-        for o in &self.owners {
-            let n = o.load(Ordering::Relaxed);
+        for n in self.bookings() {
             report.tickets += n;
             if n > 0 {
                 report.sold += 1;
