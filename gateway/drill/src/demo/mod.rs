@@ -131,9 +131,49 @@ async fn race_stream(
         .into_response()
 }
 
+/// A running demo: the embedded server, with the page on its HTTP port.
+pub struct Demo {
+    /// The server.
+    pub running: boxoffice_gateway::server::Running,
+    /// The page's (and the HTTP API's) address.
+    pub http: SocketAddr,
+    /// The keys the server was given.
+    pub target: Target,
+}
+
+/// Starts the demo's server on `listen` with its log in `data_dir`, ready to race.
+pub async fn start(listen: SocketAddr, data_dir: std::path::PathBuf) -> anyhow::Result<Demo> {
+    use boxoffice_gateway::server::{self, ServerConfig};
+    let admin_key = format!("adm_{}", crate::cluster::random_hex(18));
+    let client_key = format!("cli_{}", crate::cluster::random_hex(18));
+    let token_secret = crate::cluster::random_hex(32).into_bytes();
+    let state = Arc::new(DemoState::default());
+    let mut config = ServerConfig::new(&admin_key, &client_key, &token_secret);
+    config.listen = "127.0.0.1:0".parse()?;
+    config.metrics_listen = None;
+    config.http_listen = Some(listen);
+    config.http_routes = Some(routes(state.clone()));
+    config.data_dir = data_dir;
+    let mut running = server::start(config).await?;
+    running.wait_ready().await?;
+    let target = Target {
+        url: format!("http://{}", running.addr),
+        admin_key,
+        client_key,
+    };
+    state.set_target(target.clone());
+    let http = running
+        .http_addr
+        .ok_or_else(|| anyhow::anyhow!("the HTTP port did not open"))?;
+    Ok(Demo {
+        running,
+        http,
+        target,
+    })
+}
+
 /// Runs the demo until Ctrl-C or SIGTERM.
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
-    use boxoffice_gateway::server::{self, ServerConfig};
     let temp = match &args.data_dir {
         Some(_) => None,
         None => Some(tempfile::tempdir()?),
@@ -143,34 +183,17 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         .clone()
         .or_else(|| temp.as_ref().map(|t| t.path().to_path_buf()))
         .ok_or_else(|| anyhow::anyhow!("no data dir"))?;
-    let admin_key = format!("adm_{}", crate::cluster::random_hex(18));
-    let client_key = format!("cli_{}", crate::cluster::random_hex(18));
-    let token_secret = crate::cluster::random_hex(32).into_bytes();
-    let state = Arc::new(DemoState::default());
-    let mut config = ServerConfig::new(&admin_key, &client_key, &token_secret);
-    config.listen = "127.0.0.1:0".parse()?;
-    config.metrics_listen = None;
-    config.http_listen = Some(args.listen);
-    config.http_routes = Some(routes(state.clone()));
-    config.data_dir = data_dir;
-    let mut running = server::start(config).await?;
-    running.wait_ready().await?;
-    state.set_target(Target {
-        url: format!("http://{}", running.addr),
-        admin_key: admin_key.clone(),
-        client_key: client_key.clone(),
-    });
-    let http = running
-        .http_addr
-        .ok_or_else(|| anyhow::anyhow!("the HTTP port did not open"))?;
+    let demo = start(args.listen, data_dir).await?;
+    let (http, t) = (demo.http, &demo.target);
     println!("the race of the dots: open http://{http}/");
     println!("live operations:      http://{http}/ops");
     println!(
-        "HTTP API:             http://{http}/v1 (OpenAPI at /v1/openapi.json); client key {client_key}, admin key {admin_key}"
+        "HTTP API:             http://{http}/v1 (OpenAPI at /v1/openapi.json); client key {}, admin key {}",
+        t.client_key, t.admin_key
     );
     println!("Ctrl-C to stop");
     crate::signal::shutdown_signal().await;
-    running.shutdown().await?;
+    demo.running.shutdown().await?;
     drop(temp);
     Ok(())
 }
