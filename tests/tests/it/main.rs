@@ -20,6 +20,7 @@ mod http;
 mod kill9;
 mod metrics;
 mod model;
+mod monitoring;
 mod owners;
 mod pow;
 mod recovery;
