@@ -9,6 +9,7 @@ pub mod cases;
 pub mod child;
 pub mod http;
 pub mod payments;
+pub mod promtool;
 pub mod server;
 pub mod server_process;
 pub mod wait;

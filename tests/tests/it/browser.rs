@@ -131,6 +131,18 @@ async fn until_text(c: &Client, id: &str, want: &str) {
     }
 }
 
+/// Clicks the page's button for `mode` and waits until that race is done.
+async fn run_race(c: &Client, mode: &str) {
+    c.find(Locator::Id(&format!("run-{mode}")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    until_text(c, "state", "done").await;
+    assert_eq!(text(c, "mode").await, mode);
+}
+
 async fn set_input(c: &Client, id: &str, value: &str) {
     let e = c.find(Locator::Id(id)).await.unwrap();
     e.clear().await.unwrap();
@@ -167,14 +179,7 @@ async fn the_race_page_shows_chaos_overselling_and_the_engine_selling_each_seat_
     set_input(&c, "speed", "4").await;
 
     // Chaos: seats sold twice, an oversell.
-    c.find(Locator::Id("run-chaos"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    until_text(&c, "state", "done").await;
-    assert_eq!(text(&c, "mode").await, "chaos");
+    run_race(&c, "chaos").await;
     let oversold = number(&c, "oversold").await;
     let double = number(&c, "double").await;
     assert!(oversold > 0, "chaos oversells: {oversold}");
@@ -188,14 +193,7 @@ async fn the_race_page_shows_chaos_overselling_and_the_engine_selling_each_seat_
     save("demo-chaos.png", &c.screenshot().await.unwrap());
 
     // Clean: the real engine, every seat once.
-    c.find(Locator::Id("run-clean"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    until_text(&c, "state", "done").await;
-    assert_eq!(text(&c, "mode").await, "clean");
+    run_race(&c, "clean").await;
     assert_eq!(number(&c, "oversold").await, 0);
     assert_eq!(number(&c, "double").await, 0);
     assert_eq!(number(&c, "sold").await, 10, "every seat sold");

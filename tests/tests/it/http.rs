@@ -619,3 +619,77 @@ async fn the_openapi_document_names_every_path() {
     assert!(doc["components"]["securitySchemes"]["bearer"].is_object());
     server.shutdown().await;
 }
+
+/// An HTTP caller that gives up while its confirm is being charged (the connection closed
+/// mid-call) loses nothing and is never charged twice: the work goes on without it, and the
+/// retry with the same key gets the order the first call made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_leaves_mid_confirm_gets_its_order_on_retry_charged_once() {
+    use boxoffice_tests::payments::Gated;
+    let payments = tempfile::tempdir().unwrap();
+    let provider = Gated::open(payments.path());
+    let server = TestServer::builder()
+        .payments(provider.clone())
+        .start()
+        .await;
+    let admin = server.http(Some(ADMIN));
+    let fan = server.http(Some(CLIENT));
+    assert_eq!(create(&admin, "gone", 4).await.status, StatusCode::CREATED);
+    let token = admitted(&server, &fan, "gone", "ann").await;
+    let held = fan
+        .post(
+            "/v1/events/gone/book",
+            &key("gone-1"),
+            &json!({"userId": "ann", "token": token, "sectionId": "ga"}),
+        )
+        .await;
+    assert_eq!(held.status, StatusCode::CREATED, "{held:?}");
+    let hold_id = held.json()["holdId"].as_str().unwrap().to_owned();
+    let confirm = {
+        let (fan, path) = (fan.clone(), format!("/v1/holds/{hold_id}/confirm"));
+        move || {
+            let (fan, path) = (fan.clone(), path.clone());
+            async move {
+                fan.post(
+                    &path,
+                    &key("pay-gone"),
+                    &json!({"userId": "ann", "paymentToken": "tok_visa"}),
+                )
+                .await
+            }
+        }
+    };
+    // The first call reaches the provider, which holds the charge; the caller leaves.
+    let first = tokio::spawn(confirm());
+    provider.arrived.acquire().await.unwrap().forget();
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    provider.gate.add_permits(1);
+    // The retry (with the same key) gets the order once the first call's work is done.
+    let order = boxoffice_tests::wait::periodic_check(
+        "the retry gets the order",
+        boxoffice_tests::wait::PATIENCE,
+        async || {
+            let a = confirm().await;
+            if a.status == StatusCode::CREATED {
+                Ok(a.json())
+            } else {
+                Err(format!("{a:?}"))
+            }
+        },
+    )
+    .await;
+    assert_eq!(order["holdId"], hold_id.as_str());
+    assert_eq!(order["tickets"].as_array().unwrap().len(), 1);
+    let again = confirm().await;
+    assert_eq!(
+        again.json()["orderId"],
+        order["orderId"],
+        "the same order again"
+    );
+    // One charge only: no second one ever reached the provider's gate.
+    assert_eq!(provider.arrived.available_permits(), 0);
+    let e = fan.get("/v1/events/gone", &[]).await.json();
+    assert_eq!(e["sections"][1]["sold"], 1);
+    server.shutdown().await;
+}

@@ -10,8 +10,6 @@
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 use boxoffice_engine::{EventId, ManualClock};
@@ -126,56 +124,16 @@ impl Scraped {
     }
 }
 
-/// Runs `promtool ARGS` with `input` on stdin: `None` if promtool is not installed, else
-/// whether it succeeded and what it printed.
-fn promtool(args: &[&str], input: &str) -> Option<(bool, String)> {
-    let child = Command::new("promtool")
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn();
-    let mut child = match child {
-        Ok(c) => c,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
-        Err(e) => panic!("promtool does not start: {e}"),
-    };
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let printed = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some((out.status.success(), printed))
-}
-
 /// `promtool check metrics` finds no problem in `text` (skipped, saying so, without promtool).
 fn promtool_finds_no_problem(what: &str, text: &str) {
-    match promtool(&["check", "metrics"], text) {
-        // Straight to the process's stderr, past the test harness's capture: a skipped check
-        // shows even when the test passes.
-        None => {
-            // CI installs promtool and says it must be there: a missing one fails there.
-            assert!(
-                std::env::var_os("BOXOFFICE_REQUIRE_PROMTOOL").is_none(),
-                "BOXOFFICE_REQUIRE_PROMTOOL is set but promtool is not installed"
-            );
-            let _ = writeln!(
-                std::io::stderr(),
-                "skipped: promtool not installed (the `promtool check metrics` of {what}); \
-                 install Debian's `prometheus` package, as .ci/run does"
-            );
-        }
-        Some((ok, printed)) => assert!(
+    let skipped = format!("the `promtool check metrics` of {what}");
+    if let Some((ok, printed)) =
+        boxoffice_tests::promtool::run_or_skip(&["check", "metrics"], None, text, &skipped)
+    {
+        assert!(
             ok && printed.trim().is_empty(),
             "promtool check metrics on {what}: {printed}\n--- the scrape:\n{text}"
-        ),
+        );
     }
 }
 

@@ -13,9 +13,7 @@
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use boxoffice_gateway::metrics::{FAMILIES, Kind};
 use boxoffice_tests::server::TestServer;
@@ -640,48 +638,15 @@ fn the_checker_refuses_unknown_metrics_and_labels() {
     }
 }
 
-/// Runs `promtool ARGS` in the workspace root: `None` if promtool is not installed, else
-/// whether it succeeded and what it printed.
-fn promtool(args: &[&str]) -> Option<(bool, String)> {
-    let out = match Command::new("promtool")
-        .args(args)
-        .current_dir(root())
-        .output()
-    {
-        Ok(out) => out,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
-        Err(e) => panic!("promtool does not start: {e}"),
-    };
-    let printed = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some((out.status.success(), printed))
-}
-
 #[test]
 fn promtool_checks_the_rules_and_runs_their_tests() {
     for args in [["check", "rules", ALERTS], ["test", "rules", ALERTS_TEST]] {
-        match promtool(&args) {
-            None => {
-                // CI installs promtool and says it must be there: a missing one fails there.
-                assert!(
-                    std::env::var_os("BOXOFFICE_REQUIRE_PROMTOOL").is_none(),
-                    "BOXOFFICE_REQUIRE_PROMTOOL is set but promtool is not installed"
-                );
-                // Straight to the process's stderr, past the test harness's capture.
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "skipped: promtool not installed (apt-get install prometheus): \
-                     `promtool {}` not run",
-                    args.join(" ")
-                );
-                return;
-            }
-            Some((ok, printed)) => {
-                assert!(ok, "promtool {}:\n{printed}", args.join(" "));
-            }
-        }
+        let what = format!("`promtool {}` not run", args.join(" "));
+        let Some((ok, printed)) =
+            boxoffice_tests::promtool::run_or_skip(&args, Some(&root()), "", &what)
+        else {
+            return;
+        };
+        assert!(ok, "promtool {}:\n{printed}", args.join(" "));
     }
 }

@@ -14,7 +14,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use tokio::sync::mpsc::Sender;
 
-use crate::flash_sale::naive::Venue;
+use crate::flash_sale::naive::{Tally, Venue};
 
 /// What a race is asked to play.
 #[derive(Debug, Clone, Copy)]
@@ -96,6 +96,21 @@ pub enum Step {
     },
 }
 
+impl Step {
+    /// The last step of a race whose bookings add up to `t`.
+    fn done(mode: &'static str, t: Tally, checked: String, started: Instant) -> Step {
+        Step::Done {
+            mode,
+            sold: t.sold,
+            bookings: t.bookings as u32,
+            oversold: t.oversold as u32,
+            double_booked: t.double_booked as u32,
+            checked,
+            ms: started.elapsed().as_millis() as u64,
+        }
+    }
+}
+
 fn pause(speed: f64, ms: f64) -> Duration {
     Duration::from_secs_f64((ms / 1_000.0 / speed.max(0.01)).max(0.0))
 }
@@ -151,19 +166,13 @@ pub async fn chaos(race: Race, tx: Sender<Step>) {
         let _ = f.await;
     }
     refresher.abort();
-    let bookings = venue.bookings();
-    let sold = bookings.iter().filter(|n| **n > 0).count() as u32;
-    let total: u64 = bookings.iter().sum();
     let _ = tx
-        .send(Step::Done {
-            mode: "chaos",
-            sold,
-            bookings: total as u32,
-            oversold: (total - u64::from(sold)) as u32,
-            double_booked: bookings.iter().filter(|n| **n > 1).count() as u32,
-            checked: "each seat's bookings counted".into(),
-            ms: started.elapsed().as_millis() as u64,
-        })
+        .send(Step::done(
+            "chaos",
+            venue.tally(),
+            "each seat's bookings counted".into(),
+            started,
+        ))
         .await;
 }
 
@@ -270,30 +279,19 @@ async fn clean_race(race: Race, target: Target, run: u64, tx: &Sender<Step>) -> 
         .into_inner();
     let section = map.sections.first().cloned().unwrap_or_default();
     let taken = section.held + section.sold;
-    let bookings = tally.bookings();
-    let sold = bookings.iter().filter(|n| **n > 0).count() as u32;
-    let total: u64 = bookings.iter().sum();
-    let _ = tx
-        .send(Step::Done {
-            mode: "clean",
-            sold,
-            bookings: total as u32,
-            oversold: (total - u64::from(sold)) as u32,
-            double_booked: bookings.iter().filter(|n| **n > 1).count() as u32,
-            checked: format!(
-                "the engine's seat map: {} held or sold, {} available of {}{}",
-                taken,
-                section.available,
-                section.capacity,
-                if u64::from(taken) == total {
-                    " (as many as the fans were told)"
-                } else {
-                    " (NOT as many as the fans were told)"
-                }
-            ),
-            ms: started.elapsed().as_millis() as u64,
-        })
-        .await;
+    let told = tally.tally();
+    let checked = format!(
+        "the engine's seat map: {} held or sold, {} available of {}{}",
+        taken,
+        section.available,
+        section.capacity,
+        if u64::from(taken) == told.bookings {
+            " (as many as the fans were told)"
+        } else {
+            " (NOT as many as the fans were told)"
+        }
+    );
+    let _ = tx.send(Step::done("clean", told, checked, started)).await;
     Ok(())
 }
 

@@ -104,12 +104,20 @@ impl Venue {
         self.owners[s].fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Bookings per seat.
-    pub(crate) fn bookings(&self) -> Vec<u64> {
-        self.owners
-            .iter()
-            .map(|o| o.load(Ordering::Relaxed))
-            .collect()
+    /// What the bookings add up to.
+    pub(crate) fn tally(&self) -> Tally {
+        let mut t = Tally::default();
+        for n in self.owners.iter().map(|o| o.load(Ordering::Relaxed)) {
+            t.bookings += n;
+            if n > 0 {
+                t.sold += 1;
+            }
+            if n > 1 {
+                t.double_booked += 1;
+            }
+        }
+        t.oversold = t.bookings - u64::from(t.sold);
+        t
     }
 
     /// One worker: takes the next fan at their arrival until none is left; each books 1 to 4
@@ -144,17 +152,25 @@ impl Venue {
             nodes: 1,
             ..Report::default()
         };
-        for n in self.bookings() {
-            report.tickets += n;
-            if n > 0 {
-                report.sold += 1;
-            }
-            if n > 1 {
-                report.double_booked += 1;
-            }
-        }
-        report.available = args.seats - report.sold;
-        report.oversold = report.tickets - u64::from(report.sold);
+        let t = self.tally();
+        report.tickets = t.bookings;
+        report.sold = t.sold;
+        report.double_booked = t.double_booked;
+        report.oversold = t.oversold;
+        report.available = args.seats - t.sold;
         report
     }
+}
+
+/// A venue's bookings added up.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Tally {
+    /// Seats booked at least once.
+    pub sold: u32,
+    /// Bookings in all.
+    pub bookings: u64,
+    /// Bookings past one per seat.
+    pub oversold: u64,
+    /// Seats booked more than once.
+    pub double_booked: u64,
 }
