@@ -2,6 +2,9 @@
 //! orders. A hold reserves the user's quota in their ledger shard first (and settles the
 //! idempotency key), then asks the section actor that owns the places.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
@@ -30,6 +33,233 @@ impl Engine {
 
     async fn hold_now(&self, req: HoldRequest) -> Result<HoldView, EngineError> {
         self.check_ready()?;
+        let plan = self.plan_hold(req)?;
+        match self
+            .inner
+            .ledger
+            .begin(plan.begin_args(self.now_ms()))
+            .await?
+        {
+            Begin::Replay(answer) => return replayed_hold(answer),
+            Begin::Proceed => {}
+        }
+        let outcome = self.place_anywhere(&plan).await;
+        match &outcome {
+            // Without a key, a success leaves nothing to settle: the quota stays reserved.
+            Ok(_) if plan.tag.is_none() => {}
+            Ok(view) => self
+                .inner
+                .ledger
+                .settled(plan.begin_args(self.now_ms()), Answer::Hold(view.clone())),
+            // Without a key, a failure only gives the quota back: nothing to record, so
+            // nothing to wait for (the user's next request queues behind it at the shard).
+            Err(_) if plan.tag.is_none() => self.inner.ledger.refund(
+                plan.event.event_id.clone(),
+                plan.user_id.clone(),
+                plan.quantity,
+            ),
+            Err(e) => {
+                self.inner
+                    .ledger
+                    .finish(plan.begin_args(self.now_ms()), Err(e.clone()))
+                    .await?
+            }
+        }
+        outcome
+    }
+
+    /// Holds many places at once, each request as [`Engine::hold`] would (its own checks,
+    /// idempotency key, quota and answer, in the order given): one message per ledger shard to
+    /// begin them, one per section to place them (they share its group commit), one per
+    /// shard to settle them. Requests of one user are decided in order, so they share the
+    /// per-user limit. An error of the whole call (not ready) is every request's answer.
+    /// Runs to the end even if the caller stops waiting.
+    pub async fn hold_batch(&self, reqs: Vec<HoldRequest>) -> Vec<Result<HoldView, EngineError>> {
+        let n = reqs.len();
+        let engine = self.clone();
+        match self
+            .detached(async move { Ok(engine.hold_batch_now(reqs).await) })
+            .await
+        {
+            Ok(answers) => answers,
+            Err(e) => (0..n).map(|_| Err(e.clone())).collect(),
+        }
+    }
+
+    async fn hold_batch_now(&self, reqs: Vec<HoldRequest>) -> Vec<Result<HoldView, EngineError>> {
+        let n = reqs.len();
+        let mut out: Vec<Result<HoldView, EngineError>> =
+            (0..n).map(|_| Err(EngineError::NotReady)).collect();
+        if let Err(e) = self.check_ready() {
+            return out.into_iter().map(|_| Err(e.clone())).collect();
+        }
+        // 1. Each request's own checks. A key a user already gave an earlier request of this
+        //    batch gets what a retry after that request would: its answer (the same request)
+        //    or IDEMPOTENCY_KEY_REUSED (another one), filled in at the end.
+        let mut plans = Vec::with_capacity(n);
+        let mut keys: HashMap<(UserId, String), (usize, u64)> = HashMap::new();
+        let mut repeats = Vec::new();
+        for (i, req) in reqs.into_iter().enumerate() {
+            let key = (req.user_id.clone(), req.idempotency_key.clone());
+            match self.plan_hold(req) {
+                Ok(plan) => match plan.tag.as_ref().map(|t| t.fingerprint) {
+                    Some(fp) => match keys.get(&key) {
+                        Some(&(first, first_fp)) => repeats.push((i, first, first_fp == fp)),
+                        None => {
+                            keys.insert(key, (i, fp));
+                            plans.push((i, plan));
+                        }
+                    },
+                    None => plans.push((i, plan)),
+                },
+                Err(e) => out[i] = Err(e),
+            }
+        }
+        // 2. Quota and keys, all shards at once.
+        let now = self.now_ms();
+        let begun = self
+            .inner
+            .ledger
+            .begin_many(plans.iter().map(|(_, p)| p.begin_args(now)).collect())
+            .await;
+        let mut go = Vec::with_capacity(plans.len());
+        for ((i, plan), begin) in plans.into_iter().zip(begun) {
+            match begin {
+                Ok(Begin::Proceed) => go.push((i, plan)),
+                Ok(Begin::Replay(answer)) => out[i] = replayed_hold(answer),
+                Err(e) => out[i] = Err(e),
+            }
+        }
+        // 3. The places: one message per section for holds of one section (placed in the
+        //    order given); then each hold in "any section", trying them one by one as a single
+        //    hold does (these concurrently with each other).
+        let mut by_section: Vec<(Arc<EventEntry>, SectionId, Vec<usize>)> = Vec::new();
+        let mut anywhere = Vec::new();
+        for (k, (_, plan)) in go.iter().enumerate() {
+            if let [section] = plan.candidates.as_slice() {
+                match by_section
+                    .iter_mut()
+                    .find(|(e, s, _)| e.event_id == plan.event.event_id && s == section)
+                {
+                    Some((_, _, ks)) => ks.push(k),
+                    None => by_section.push((plan.event.clone(), section.clone(), vec![k])),
+                }
+            } else {
+                anywhere.push(k);
+            }
+        }
+        let mut placed: Vec<Option<Result<HoldView, EngineError>>> =
+            (0..go.len()).map(|_| None).collect();
+        let sections = by_section.into_iter().map(|(event, section, ks)| {
+            let cmds = ks
+                .iter()
+                .map(|&k| go[k].1.command(&section))
+                .collect::<Vec<_>>();
+            async move {
+                let answers = self
+                    .ask(&event, &section, |reply| SectionMsg::HoldMany(cmds, reply))
+                    .await;
+                (ks, answers)
+            }
+        });
+        let singles = anywhere.iter().map(|&k| {
+            let plan = &go[k].1;
+            async move { (k, self.place_anywhere(plan).await) }
+        });
+        let sections = futures_util::future::join_all(sections).await;
+        let singles = futures_util::future::join_all(singles).await;
+        for (ks, answers) in sections {
+            match answers {
+                Ok(answers) => {
+                    for (k, a) in ks.into_iter().zip(answers) {
+                        placed[k] = Some(a.map_err(EngineError::from));
+                    }
+                }
+                Err(e) => {
+                    for k in ks {
+                        placed[k] = Some(Err(e.clone()));
+                    }
+                }
+            }
+        }
+        for (k, a) in singles {
+            placed[k] = Some(a);
+        }
+        // 4. Settle: successes with a key are recorded without waiting, failures give their
+        //    quota back (and record a keyed refusal) before anyone hears of them.
+        let now = self.now_ms();
+        let mut settled = Vec::new();
+        let (mut failed, mut failed_at) = (Vec::new(), Vec::new());
+        for ((i, plan), answer) in go.into_iter().zip(placed) {
+            let answer = answer.unwrap_or(Err(EngineError::NotReady));
+            match &answer {
+                Ok(_) if plan.tag.is_none() => {}
+                Ok(view) => settled.push((plan.begin_args(now), Answer::Hold(view.clone()))),
+                Err(_) if plan.tag.is_none() => self.inner.ledger.refund(
+                    plan.event.event_id.clone(),
+                    plan.user_id.clone(),
+                    plan.quantity,
+                ),
+                Err(e) => {
+                    failed.push((plan.begin_args(now), Err(e.clone())));
+                    failed_at.push(i);
+                }
+            }
+            out[i] = answer;
+        }
+        self.inner.ledger.settled_many(settled);
+        if let Err(e) = self.inner.ledger.finish_many(failed).await {
+            // A refusal could not be recorded as its key's first answer: its caller hears
+            // why instead (as a single hold's would).
+            for i in failed_at {
+                out[i] = Err(e.clone());
+            }
+        }
+        for (i, first, same) in repeats {
+            out[i] = if same {
+                out[first].clone()
+            } else {
+                Err(Rejection::IdempotencyKeyReused.into())
+            };
+        }
+        out
+    }
+
+    /// Whether `section` is sold out for a best-available hold of this plan's size by a
+    /// snapshot of durable state: then `SOLD_OUT` is the section's answer without asking it
+    /// (it would answer the same, and only once that state is durable, which it already is).
+    /// Most attempts of a flash sale come after the sell-out; this answers them without a trip
+    /// through the section's mailbox and the log. Exact seats always ask the section.
+    fn sold_out_durably(&self, plan: &HoldPlan, section: &SectionId) -> bool {
+        if !matches!(plan.pick, Pick::Best(_)) {
+            return false;
+        }
+        let Some(slot) = plan
+            .event
+            .sections
+            .iter()
+            .find(|s| &s.section_id == section)
+        else {
+            return false;
+        };
+        let (available, version) = {
+            let snap = slot.snapshot.borrow();
+            (snap.available, snap.version)
+        };
+        if available >= plan.quantity {
+            return false;
+        }
+        match self.inner.router.durable_of(&plan.event.event_id, section) {
+            Some((durable, sold_out)) if durable >= version => {
+                sold_out.increment(1);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// A hold's own checks, and what it asks of the ledger and the sections.
+    fn plan_hold(&self, req: HoldRequest) -> Result<HoldPlan, EngineError> {
         check_user_id(&req.user_id)?;
         check_idempotency_key(&req.idempotency_key)?;
         let event = self.entry(&req.event_id)?;
@@ -41,51 +271,42 @@ impl Engine {
             &req.idempotency_key,
             &(Rpc::Hold, &req.event_id, &req.selection),
         );
-        let args = || BeginArgs {
-            event_id: req.event_id.clone(),
-            user_id: req.user_id.clone(),
-            limit: event.spec.per_user_limit,
-            rpc: Rpc::Hold,
-            tag: tag.clone(),
+        Ok(HoldPlan {
+            event,
+            user_id: req.user_id,
+            candidates,
             quantity,
-            now_ms: self.now_ms(),
-        };
-        match self.inner.ledger.begin(args()).await? {
-            Begin::Replay(answer) => return replayed_hold(answer),
-            Begin::Proceed => {}
-        }
+            pick,
+            tag,
+        })
+    }
+
+    /// Places a planned hold: in its one section, or in the first of the event's sections
+    /// that has the places.
+    async fn place_anywhere(&self, plan: &HoldPlan) -> Result<HoldView, EngineError> {
         let mut outcome: Result<HoldView, EngineError> = Err(Rejection::SoldOut.into());
-        let any_section = candidates.len() > 1;
-        for section in candidates {
+        let any_section = plan.candidates.len() > 1;
+        for section in &plan.candidates {
             if any_section {
-                let slot = event.sections.iter().find(|s| s.section_id == section);
-                if slot.is_some_and(|s| s.snapshot.borrow().available < quantity) {
+                let slot = plan
+                    .event
+                    .sections
+                    .iter()
+                    .find(|s| &s.section_id == section);
+                if slot.is_some_and(|s| s.snapshot.borrow().available < plan.quantity) {
                     continue;
                 }
+            } else if self.sold_out_durably(plan, section) {
+                break;
             }
-            let cmd = PlaceHold {
-                hold_id: HoldId::generate(&req.event_id, &section),
-                user_id: req.user_id.clone(),
-                pick: pick.clone(),
-                ttl_ms: event.spec.hold_ttl_ms,
-                idem: tag.clone(),
-            };
+            let cmd = plan.command(section);
             outcome = self
-                .ask(&event, &section, |reply| SectionMsg::Hold(cmd, reply))
+                .ask(&plan.event, section, |reply| SectionMsg::Hold(cmd, reply))
                 .await;
             match &outcome {
                 Err(EngineError::Rejected(Rejection::SoldOut)) if any_section => continue,
                 _ => break,
             }
-        }
-        match &outcome {
-            // Without a key, a success leaves nothing to settle: the quota stays reserved.
-            Ok(_) if tag.is_none() => {}
-            Ok(view) => self
-                .inner
-                .ledger
-                .settled(args(), Answer::Hold(view.clone())),
-            Err(e) => self.inner.ledger.finish(args(), Err(e.clone())).await?,
         }
         outcome
     }
@@ -252,6 +473,40 @@ pub(crate) fn replayed_order(answer: Result<Answer, Rejection>) -> Result<OrderV
         Ok(Answer::Order(v)) => Ok(v),
         Ok(Answer::Hold(_)) => Err(Rejection::IdempotencyKeyReused.into()),
         Err(r) => Err(r.into()),
+    }
+}
+
+/// A checked hold request: its event, the sections it may try, and its ledger terms.
+struct HoldPlan {
+    event: Arc<EventEntry>,
+    user_id: UserId,
+    candidates: Vec<SectionId>,
+    quantity: u32,
+    pick: Pick,
+    tag: Option<IdemTag>,
+}
+
+impl HoldPlan {
+    fn begin_args(&self, now_ms: u64) -> BeginArgs {
+        BeginArgs {
+            event_id: self.event.event_id.clone(),
+            user_id: self.user_id.clone(),
+            limit: self.event.spec.per_user_limit,
+            rpc: Rpc::Hold,
+            tag: self.tag.clone(),
+            quantity: self.quantity,
+            now_ms,
+        }
+    }
+
+    fn command(&self, section: &SectionId) -> PlaceHold {
+        PlaceHold {
+            hold_id: HoldId::generate(&self.event.event_id, section),
+            user_id: self.user_id.clone(),
+            pick: self.pick.clone(),
+            ttl_ms: self.event.spec.hold_ttl_ms,
+            idem: self.tag.clone(),
+        }
     }
 }
 

@@ -75,6 +75,9 @@ pub const FORGET_PER_STEP_MAX: usize = 64;
 
 /// Most jobs the flusher takes into one batch (one fsync).
 pub const FLUSH_BATCH_JOBS_MAX: usize = 8_192;
+/// Most replies, or records, a section actor gathers into one log job before it hands the job on (a long
+/// mailbox run is cut into batches of at most this many messages).
+pub const SECTION_BATCH_REPLIES_MAX: usize = 1_024;
 /// Most holds one expiry call expires per section (bounded work per call).
 pub const EXPIRE_PER_SECTION_MAX: usize = 1_024;
 /// Under sustained load, a section sets its mailbox depth gauge at least every this many messages.

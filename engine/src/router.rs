@@ -1,8 +1,9 @@
-//! The [`Router`]: (event, section) to the actor that owns it, and that actor's queue depth.
+//! The [`Router`]: (event, section) to the actor that owns it, that actor's queue depth, and
+//! how far its log is durable.
 //! Nothing else lives in it. A restarted section actor replaces its entry.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
 
 use dashmap::DashMap;
 use ractor::ActorRef;
@@ -15,6 +16,12 @@ use crate::section::SectionMsg;
 pub(crate) struct SectionHandle {
     pub actor: ActorRef<SectionMsg>,
     pub depth: Arc<AtomicUsize>,
+    /// The last record of the section's stream known durable (set by the actor once its
+    /// batches are): a published snapshot whose version is at most this shows durable state.
+    pub durable: Arc<AtomicU64>,
+    /// `boxoffice_section_rejections_total{reason="SOLD_OUT"}` of this section: also counts
+    /// the `SOLD_OUT`s answered for it from its durable snapshot.
+    pub sold_out: metrics::Counter,
 }
 
 /// The router. See the module docs.
@@ -28,6 +35,22 @@ impl Router {
         self.actors
             .get(&(event.clone(), section.clone()))
             .map(|r| r.value().clone())
+    }
+
+    /// The last durable record of a section's stream and its `SOLD_OUT` counter, if the
+    /// section is routed.
+    pub(crate) fn durable_of(
+        &self,
+        event: &EventId,
+        section: &SectionId,
+    ) -> Option<(u64, metrics::Counter)> {
+        self.actors.get(&(event.clone(), section.clone())).map(|r| {
+            let h = r.value();
+            (
+                h.durable.load(std::sync::atomic::Ordering::Acquire),
+                h.sold_out.clone(),
+            )
+        })
     }
 
     pub(crate) fn insert(&self, event: EventId, section: SectionId, handle: SectionHandle) {

@@ -33,13 +33,16 @@ use crate::types::{
     EventId, HoldId, HoldStatus, HoldView, OrderId, OrderView, SectionId, SectionSnapshot, UserId,
 };
 
-use crate::limits::DEPTH_GAUGE_EVERY_MESSAGES;
+use crate::limits::{DEPTH_GAUGE_EVERY_MESSAGES, SECTION_BATCH_REPLIES_MAX};
 
 type Reply<T> = RpcReplyPort<Result<T, EngineError>>;
 
 /// Messages a section actor takes. Commands are imperative.
 pub(crate) enum SectionMsg {
     Hold(PlaceHold, Reply<HoldView>),
+    /// Several holds at once (a batch call's holds for this section), answered together, in
+    /// order, once durable.
+    HoldMany(Vec<PlaceHold>, Reply<Vec<Result<HoldView, Rejection>>>),
     Confirm(ConfirmHold, Reply<OrderView>),
     Release(HoldId, UserId, Reply<HoldView>),
     ExpireDue(usize, Vec<PlaceHold>, Reply<Expired>),
@@ -58,6 +61,8 @@ pub(crate) enum SectionMsg {
     PastDeadline(Reply<usize>),
     /// (holds remembered, of which ended): see [`SectionCore::remembered`].
     Remembered(Reply<(usize, usize)>),
+    /// Ends the open batch (sent by the actor to itself: see [`SectionState::seal`]).
+    Seal,
     /// Test support: panic in the handler (as a failed invariant check would).
     #[cfg(feature = "test-support")]
     Panic,
@@ -70,6 +75,7 @@ impl SectionMsg {
         let err = EngineError::from(e.clone());
         match self {
             SectionMsg::Hold(_, reply) => send(reply, Err(err)),
+            SectionMsg::HoldMany(_, reply) => send(reply, Err(err)),
             SectionMsg::Confirm(_, reply) => send(reply, Err(err)),
             SectionMsg::Release(_, _, reply) => send(reply, Err(err)),
             SectionMsg::ExpireDue(_, _, reply) => send(reply, Err(err)),
@@ -96,6 +102,9 @@ pub(crate) struct SectionArgs {
     pub ledger: Ledger,
     pub snapshot: Arc<watch::Sender<Arc<SectionSnapshot>>>,
     pub depth: Arc<AtomicUsize>,
+    /// The last record known durable (shared with the router's handle; starts at the last
+    /// record of the log the actor starts from).
+    pub durable: Arc<AtomicU64>,
     pub checkpoint_every: u64,
     pub notices: Notices,
 }
@@ -103,11 +112,27 @@ pub(crate) struct SectionArgs {
 pub(crate) struct SectionState {
     a: SectionArgs,
     durable_seq: Arc<AtomicU64>,
+    /// The batch being built: what the messages of this mailbox run wrote and who waits for it.
+    open: OpenBatch,
+    /// Whether a [`SectionMsg::Seal`] is in the mailbox.
+    seal_queued: bool,
     /// Messages since the mailbox depth gauge was last set.
     since_gauge: u32,
     counters: Counters,
     /// The earliest deadline last reported to the listener.
     reported_deadline: Option<Option<u64>>,
+}
+
+/// A completion waiting for its batch to be durable.
+type Waiting = Box<dyn FnOnce(Result<(), StorageError>) + Send>;
+
+/// The records and replies of the messages handled since the last seal.
+#[derive(Default)]
+struct OpenBatch {
+    records: Vec<SectionRecord>,
+    claims: Vec<(String, Vec<u8>)>,
+    ended: Vec<HoldView>,
+    replies: Vec<Waiting>,
 }
 
 struct Counters {
@@ -176,8 +201,10 @@ impl Counters {
 }
 
 impl SectionState {
-    /// Hands `records` to the flusher; `reply` runs once they (and everything before them) are
-    /// durable. With no records and nothing pending, replies at once.
+    /// Adds `records` to the section's open batch; `reply` runs once they (and everything
+    /// before them) are durable. With no records and nothing pending or in flight to the log,
+    /// replies at once. The batch goes to the flusher as one job at the end of the mailbox
+    /// run it was built in ([`SectionState::seal`]).
     fn commit(
         &mut self,
         records: Vec<SectionRecord>,
@@ -186,23 +213,42 @@ impl SectionState {
         reply: impl FnOnce(Result<(), StorageError>) + Send + 'static,
     ) {
         let last_numbered = self.a.stream.next_seq - 1;
-        if !records.is_empty() {
-            // The snapshot shows these records' change: its version is their last number. A
-            // message that writes nothing changed nothing, so it publishes nothing.
-            self.publish(last_numbered + records.len() as u64);
-        }
-        if records.is_empty() && self.durable_seq.load(Ordering::Acquire) >= last_numbered {
+        if records.is_empty()
+            && self.open.replies.is_empty()
+            && self.durable_seq.load(Ordering::Acquire) >= last_numbered
+        {
             reply(Ok(()));
             return;
         }
-        let upto = last_numbered + records.len() as u64;
+        self.open.records.extend(records);
+        self.open.claims.extend(claims);
+        self.open.ended.extend(ended);
+        self.open.replies.push(Box::new(reply));
+    }
+
+    /// Seals the open batch: publishes the snapshot of its change (before any of its replies
+    /// can leave, so a caller that got its reply reads its own change), numbers and encodes
+    /// its records into one job for the flusher, and queues a checkpoint behind it if one is
+    /// due. Nothing open: nothing to do.
+    fn seal(&mut self) {
+        if self.open.replies.is_empty() {
+            return;
+        }
+        let open = std::mem::take(&mut self.open);
+        let upto = self.a.stream.next_seq - 1 + open.records.len() as u64;
+        if !open.records.is_empty() {
+            // The snapshot shows these records' change: its version is their last number. A
+            // batch that writes nothing changed nothing, so it publishes nothing.
+            self.publish(upto);
+        }
         let durable = self.durable_seq.clone();
         let ledger = self.a.ledger.clone();
         let event_id = self.a.core.event_id().clone();
         let notices = self.a.notices.clone();
+        let (ended, replies) = (open.ended, open.replies);
         let job = self.a.stream.append(
-            &records,
-            claims,
+            &open.records,
+            open.claims,
             Box::new(move |r| {
                 if r.is_ok() {
                     durable.fetch_max(upto, Ordering::AcqRel);
@@ -214,7 +260,9 @@ impl SectionState {
                         notify(&notices, Notice::HoldEnded(hold));
                     }
                 }
-                reply(r);
+                for reply in replies {
+                    reply(r.clone());
+                }
             }),
         );
         let core = &self.a.core;
@@ -270,7 +318,8 @@ impl Actor for SectionActor {
         _myself: ActorRef<Self::Msg>,
         a: SectionArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let durable_seq = Arc::new(AtomicU64::new(a.stream.next_seq - 1));
+        let durable_seq = a.durable.clone();
+        durable_seq.fetch_max(a.stream.next_seq - 1, Ordering::AcqRel);
         let counters = Counters::new(
             a.core.event_id().as_str(),
             a.core.spec().section_id.as_str(),
@@ -278,6 +327,8 @@ impl Actor for SectionActor {
         let mut st = SectionState {
             a,
             durable_seq,
+            open: OpenBatch::default(),
+            seal_queued: false,
             since_gauge: 0,
             counters,
             reported_deadline: None,
@@ -289,7 +340,7 @@ impl Actor for SectionActor {
 
     async fn handle(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         msg: Self::Msg,
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
@@ -303,6 +354,8 @@ impl Actor for SectionActor {
         match msg {
             None => return Ok(()),
             Some(SectionMsg::Hold(cmd, reply)) => st.on_hold(cmd, now, reply),
+            Some(SectionMsg::HoldMany(cmds, reply)) => st.on_hold_many(cmds, now, reply),
+            Some(SectionMsg::Seal) => st.seal_queued = false,
             Some(SectionMsg::Confirm(cmd, reply)) => st.on_confirm(cmd, now, reply),
             Some(SectionMsg::Release(hold_id, user, reply)) => {
                 st.on_release(&hold_id, &user, now, reply);
@@ -356,11 +409,73 @@ impl Actor for SectionActor {
             Some(SectionMsg::Panic) => panic!("test support: a section actor was told to panic"),
         }
         st.after_message(left, batch_end);
+        st.end_of_message(&myself, left);
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        // What the last messages wrote still goes to the log (their callers are waiting).
+        st.seal();
         Ok(())
     }
 }
 
 impl SectionState {
+    /// After each message: seal the open batch if the mailbox is empty (or the batch is at its
+    /// bound); otherwise leave it open for the messages already queued, with a
+    /// [`SectionMsg::Seal`] queued behind them, so the batch is sealed once they are handled
+    /// even if the mailbox never runs dry (or the depth count is briefly high: a caller shed
+    /// after counting itself).
+    fn end_of_message(&mut self, myself: &ActorRef<SectionMsg>, left: usize) {
+        if self.open.replies.is_empty() {
+            return;
+        }
+        if left == 0
+            || self.open.replies.len() >= SECTION_BATCH_REPLIES_MAX
+            || self.open.records.len() >= SECTION_BATCH_REPLIES_MAX
+        {
+            self.seal();
+            return;
+        }
+        if !self.seal_queued {
+            self.a.depth.fetch_add(1, Ordering::AcqRel);
+            if myself.cast(SectionMsg::Seal).is_ok() {
+                self.seal_queued = true;
+            } else {
+                self.a.depth.fetch_sub(1, Ordering::AcqRel);
+                self.seal();
+            }
+        }
+    }
+
+    fn on_hold_many(
+        &mut self,
+        cmds: Vec<PlaceHold>,
+        now: u64,
+        reply: Reply<Vec<Result<HoldView, Rejection>>>,
+    ) {
+        let mut records = Vec::with_capacity(cmds.len());
+        let mut answers = Vec::with_capacity(cmds.len());
+        for cmd in cmds {
+            match self.a.core.place_hold(cmd, now) {
+                Ok((view, record)) => {
+                    self.counters.holds.increment(1);
+                    records.push(record);
+                    answers.push(Ok(view));
+                }
+                Err(r) => {
+                    self.counters.rejected(&r);
+                    answers.push(Err(r));
+                }
+            }
+        }
+        self.commit(records, Vec::new(), Vec::new(), after(reply, Ok(answers)));
+    }
+
     fn on_hold(&mut self, cmd: PlaceHold, now: u64, reply: Reply<HoldView>) {
         match self.a.core.place_hold(cmd, now) {
             Ok((view, record)) => {

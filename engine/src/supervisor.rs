@@ -26,7 +26,7 @@ use tokio::sync::watch;
 use crate::config::EngineConfig;
 use crate::core::SectionCore;
 use crate::engine::{Engine, Inner};
-use crate::error::{EngineError, StorageError};
+use crate::error::{EngineError, Rejection, StorageError};
 use crate::ledger::{Ledger, LedgerMsg, LedgerShard, ShardArgs, ShardState};
 use crate::limits::ACTOR_RESTARTS_MAX;
 use crate::recovery::{restart_section, restart_waitlist};
@@ -186,6 +186,13 @@ impl Engine {
             last_seq,
         )?;
         let depth = Arc::new(AtomicUsize::new(0));
+        let durable = Arc::new(std::sync::atomic::AtomicU64::new(last_seq));
+        let sold_out = metrics::counter!(
+            "boxoffice_section_rejections_total",
+            "event" => event_id.as_str().to_owned(),
+            "section" => section_id.as_str().to_owned(),
+            "reason" => Rejection::SoldOut.reason()
+        );
         let args = SectionArgs {
             core,
             stream,
@@ -194,6 +201,7 @@ impl Engine {
             ledger: inner.ledger.clone(),
             snapshot: publisher,
             depth: depth.clone(),
+            durable: durable.clone(),
             checkpoint_every: inner.config.checkpoint_every_records,
             notices: inner.notices.clone(),
         };
@@ -204,9 +212,16 @@ impl Engine {
             actor.get_id(),
             Role::Section(event_id.clone(), section_id.clone()),
         );
-        inner
-            .router
-            .insert(event_id, section_id, SectionHandle { actor, depth });
+        inner.router.insert(
+            event_id,
+            section_id,
+            SectionHandle {
+                actor,
+                depth,
+                durable,
+                sold_out,
+            },
+        );
         Ok(())
     }
 

@@ -216,3 +216,52 @@ pub fn waitlist_entry(e: boxoffice_engine::WaitlistView) -> pb::WaitlistEntry {
         offered_hold_id: e.offered_hold_id.map(|h| h.0).unwrap_or_default(),
     }
 }
+
+/// A `HoldBatch` item's selection as a `Hold`'s (the same two choices).
+pub fn batch_selection(s: pb::hold_batch_item::Selection) -> pb::hold_request::Selection {
+    match s {
+        pb::hold_batch_item::Selection::Seats(s) => pb::hold_request::Selection::Seats(s),
+        pb::hold_batch_item::Selection::BestAvailable(b) => {
+            pb::hold_request::Selection::BestAvailable(b)
+        }
+    }
+}
+
+/// The answer to item `i` of a `HoldBatch`: its hold, or the status a `Hold` would have
+/// answered, flattened (a field it names is the item's: `items[i].<field>`).
+pub fn batch_result(
+    i: usize,
+    answer: Result<pb::Hold, crate::status::ApiError>,
+) -> pb::HoldBatchResult {
+    use boxoffice_engine::EngineError;
+    use tonic_types::StatusExt;
+    let e = match answer {
+        Ok(hold) => {
+            return pb::HoldBatchResult {
+                result: Some(pb::hold_batch_result::Result::Hold(hold)),
+            };
+        }
+        Err(crate::status::ApiError::Engine(EngineError::Rejected(
+            Rejection::InvalidRequest { field, reason },
+        ))) => Rejection::InvalidRequest {
+            field: format!("items[{i}].{field}"),
+            reason,
+        }
+        .into(),
+        Err(e) => e,
+    };
+    let status = tonic::Status::from(e);
+    let details = status.get_error_details();
+    let (reason, metadata) = details
+        .error_info()
+        .map(|info| (info.reason.clone(), info.metadata.clone()))
+        .unwrap_or_default();
+    pb::HoldBatchResult {
+        result: Some(pb::hold_batch_result::Result::Error(pb::ItemError {
+            code: status.code() as i32,
+            reason,
+            message: status.message().to_owned(),
+            metadata,
+        })),
+    }
+}

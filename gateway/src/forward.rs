@@ -429,6 +429,9 @@ fn route_of(path: &str, headers: &http::HeaderMap, body: bytes::Bytes) -> (Route
             crate::tokens::event_of_unverified(&m.queue_token)
         }),
         "/boxoffice.v1.BookingService/Hold" => ev(&msg, |m: pb::HoldRequest| Some(m.event_id)),
+        "/boxoffice.v1.BookingService/HoldBatch" => {
+            ev(&msg, |m: pb::HoldBatchRequest| Some(m.event_id))
+        }
         "/boxoffice.v1.BookingService/Confirm" => ev(&msg, |m: pb::ConfirmRequest| {
             HoldId::from(m.hold_id.as_str()).route().map(|(e, _)| e.0)
         }),
@@ -729,6 +732,16 @@ mod tests {
             routed(
                 &format!("{bk}Hold"),
                 &pb::HoldRequest {
+                    event_id: ev("ev1"),
+                    ..Default::default()
+                }
+            ),
+            e()
+        );
+        assert_eq!(
+            routed(
+                &format!("{bk}HoldBatch"),
+                &pb::HoldBatchRequest {
                     event_id: ev("ev1"),
                     ..Default::default()
                 }

@@ -204,6 +204,7 @@ pub const METHODS: &[&str] = &[
     "GetStatus",
     "GetJoinChallenge",
     "Hold",
+    "HoldBatch",
     "Confirm",
     "Release",
     "GetHold",

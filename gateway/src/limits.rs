@@ -9,6 +9,8 @@ use boxoffice_engine::limits::ID_LEN_MAX;
 pub const MESSAGE_BYTES_MAX: usize = 256 * 1024;
 /// Longest text of a required string field the edge accepts (ids, keys), in bytes.
 pub const FIELD_LEN_MAX: usize = 256;
+/// Most holds in one `HoldBatch` call (the whole request stays within [`MESSAGE_BYTES_MAX`]).
+pub const HOLD_BATCH_ITEMS_MAX: usize = 256;
 /// Longest queue or admission token text accepted (a longer one is refused before any work).
 pub const TOKEN_LEN_MAX: usize = 512;
 /// How long a queue token stays valid (a day: a fan may wait long before an opening).

@@ -136,6 +136,13 @@ pub const FAMILIES: &[Family] = &[
         Series::Sets(rpc_outcomes),
     ),
     family(
+        "boxoffice_hold_batch_items_total",
+        Counter,
+        COUNT,
+        "Items of HoldBatch calls answered, by gRPC code and ErrorInfo reason (OK/none: held), as a Hold would have answered each. Every combination is present from the start.",
+        Series::Sets(item_outcomes),
+    ),
+    family(
         "boxoffice_rpc_duration_seconds",
         Histogram,
         SECONDS,
@@ -604,6 +611,32 @@ fn rpc_outcomes() -> Vec<Labels> {
             })
         })
         .collect()
+}
+
+fn item_outcomes() -> Vec<Labels> {
+    outcomes()
+        .iter()
+        .map(|(code, reason)| {
+            vec![
+                ("code", (*code).to_owned()),
+                ("reason", (*reason).to_owned()),
+            ]
+        })
+        .collect()
+}
+
+/// Counts one answered `HoldBatch` item (`boxoffice_hold_batch_items_total`).
+pub fn hold_batch_item(r: &boxoffice_proto::v1::HoldBatchResult) {
+    use boxoffice_proto::v1::hold_batch_result::Result as R;
+    let (code, reason) = match &r.result {
+        Some(R::Error(e)) => (
+            crate::gate::code_name(tonic::Code::from(e.code)),
+            crate::status::known_reason(&e.reason),
+        ),
+        _ => ("OK", "none"),
+    };
+    metrics::counter!("boxoffice_hold_batch_items_total", "code" => code, "reason" => reason)
+        .increment(1);
 }
 
 fn rpc_ok() -> Vec<Labels> {

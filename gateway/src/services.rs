@@ -19,6 +19,7 @@ use crate::tokens::{Claims, TokenError, TokenKind, TokenSigner, seed_commitment}
 use crate::waiting_room::{JoinError, RoomConfig, Standing, WaitingRoom, spawn_admitter};
 use boxoffice_engine::rooms::RoomRecord;
 
+use crate::limits::HOLD_BATCH_ITEMS_MAX;
 pub use crate::limits::LIST_PAGE_DEFAULT;
 pub use crate::limits::LIST_PAGE_MAX;
 pub use crate::limits::QUEUE_TOKEN_TTL_MS;
@@ -279,6 +280,54 @@ impl Api {
             Err(TokenError::Expired) => Err(ApiError::TokenExpired),
             Err(TokenError::Invalid) => Err(ApiError::TokenInvalid("admission_token")),
         }
+    }
+}
+
+/// A hold request past its admission check: to place, or answered by its key's first answer.
+enum Admitted {
+    Hold(HoldRequest),
+    Replayed(boxoffice_engine::HoldView),
+}
+
+impl Api {
+    /// The admission check of a hold. A replay returns the first answer even once the
+    /// admission window has closed.
+    async fn admitted(
+        &self,
+        hold: HoldRequest,
+        token: &str,
+        event: &EventTerms,
+    ) -> Result<Admitted, ApiError> {
+        match self
+            .check_admission(token, event, hold.user_id.as_str())
+            .await
+        {
+            Ok(()) => Ok(Admitted::Hold(hold)),
+            Err(ApiError::TokenExpired) => match self.engine.replayed_hold(&hold).await? {
+                Some(first) => Ok(Admitted::Replayed(first?)),
+                None => Err(ApiError::TokenExpired),
+            },
+            Err(e) => Err(e),
+        }
+    }
+
+    /// One item of a `HoldBatch`, checked as a `Hold` of the batch's event is.
+    async fn batch_item(
+        &self,
+        event_id: &EventId,
+        event: &EventTerms,
+        item: pb::HoldBatchItem,
+    ) -> Result<Admitted, ApiError> {
+        user_id(&item.user_id)?;
+        check_idempotency_key(&item.idempotency_key)?;
+        let selection = convert::selection(item.selection.map(convert::batch_selection))?;
+        let hold = HoldRequest {
+            event_id: event_id.clone(),
+            user_id: UserId(item.user_id),
+            idempotency_key: item.idempotency_key,
+            selection,
+        };
+        self.admitted(hold, &item.admission_token, event).await
     }
 }
 
@@ -718,24 +767,53 @@ impl pb::booking_service_server::BookingService for BookingSvc {
             idempotency_key: req.idempotency_key,
             selection,
         };
-        if let Err(e) = api
-            .check_admission(&req.admission_token, &event, hold.user_id.as_str())
-            .await
-        {
-            // A replay returns the first answer even once the admission window has closed.
-            if e == ApiError::TokenExpired
-                && let Some(first) = api
-                    .engine
-                    .replayed_hold(&hold)
-                    .await
-                    .map_err(ApiError::from)?
-            {
-                return ok(convert::hold(first.map_err(ApiError::from)?));
+        match api.admitted(hold, &req.admission_token, &event).await? {
+            Admitted::Hold(hold) => {
+                let h = api.engine.hold(hold).await.map_err(ApiError::from)?;
+                ok(convert::hold(h))
             }
-            return Err(e.into());
+            Admitted::Replayed(first) => ok(convert::hold(first)),
         }
-        let h = api.engine.hold(hold).await.map_err(ApiError::from)?;
-        ok(convert::hold(h))
+    }
+
+    async fn hold_batch(&self, req: Request<pb::HoldBatchRequest>) -> Rpc<pb::HoldBatchResponse> {
+        let api = ready(self.0.of(&req))?;
+        let req = req.into_inner();
+        let id = event_id("event_id", req.event_id)?;
+        if req.items.is_empty() || req.items.len() > HOLD_BATCH_ITEMS_MAX {
+            return Err(ApiError::from(Rejection::invalid(
+                "items",
+                format!("1 to {HOLD_BATCH_ITEMS_MAX} holds"),
+            ))
+            .into());
+        }
+        let event = api.engine.event_terms(&id).map_err(ApiError::from)?;
+        let n = req.items.len();
+        let mut answers: Vec<Option<Result<pb::Hold, ApiError>>> = (0..n).map(|_| None).collect();
+        let (mut holds, mut at) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for (i, item) in req.items.into_iter().enumerate() {
+            match api.batch_item(&id, &event, item).await {
+                Ok(Admitted::Hold(hold)) => {
+                    holds.push(hold);
+                    at.push(i);
+                }
+                Ok(Admitted::Replayed(first)) => answers[i] = Some(Ok(convert::hold(first))),
+                Err(e) => answers[i] = Some(Err(e)),
+            }
+        }
+        for (i, answer) in at.into_iter().zip(api.engine.hold_batch(holds).await) {
+            answers[i] = Some(answer.map(convert::hold).map_err(ApiError::from));
+        }
+        let results = answers
+            .into_iter()
+            .enumerate()
+            .map(|(i, a)| {
+                let r = convert::batch_result(i, a.unwrap_or(Err(ApiError::NotReady)));
+                crate::metrics::hold_batch_item(&r);
+                r
+            })
+            .collect();
+        ok(pb::HoldBatchResponse { results })
     }
 
     async fn confirm(&self, req: Request<pb::ConfirmRequest>) -> Rpc<pb::Order> {

@@ -285,11 +285,19 @@ pub fn reasons() -> &'static [(String, Code)] {
 pub fn reason_label(status: &Status) -> &'static str {
     match reason_of(status) {
         None => "none",
-        Some(r) => reasons()
-            .iter()
-            .find(|(known, _)| *known == r)
-            .map_or("other", |(known, _)| known.as_str()),
+        Some(r) => known_reason(&r),
     }
+}
+
+/// A reason as a metric label: itself if the contract has it, `other` if not (bounded).
+pub fn known_reason(reason: &str) -> &'static str {
+    if reason.is_empty() {
+        return "none";
+    }
+    reasons()
+        .iter()
+        .find(|(known, _)| known == reason)
+        .map_or("other", |(known, _)| known.as_str())
 }
 
 /// The `ErrorInfo.reason` a status carries, if any (for clients and tests).

@@ -14,6 +14,20 @@ use crate::types::{EventId, UserId};
 
 pub(crate) enum LedgerMsg {
     Begin(BeginArgs, RpcReplyPort<Result<Begin, EngineError>>),
+    /// Several begins at once (a batch call's users of this shard), decided in order (so a
+    /// user's items share one quota) and answered together once any refusal they record is
+    /// durable.
+    BeginMany(
+        Vec<BeginArgs>,
+        RpcReplyPort<Result<Vec<Result<Begin, EngineError>>, EngineError>>,
+    ),
+    /// Several finishes at once (see `Finish`), answered once what they record is durable.
+    FinishMany(
+        Vec<(BeginArgs, Result<Answer, EngineError>)>,
+        RpcReplyPort<Result<(), EngineError>>,
+    ),
+    /// Several successes to record, fire and forget (see `Settled`).
+    SettledMany(Vec<(BeginArgs, Answer)>),
     Finish {
         args: BeginArgs,
         outcome: Result<Answer, EngineError>,
@@ -84,6 +98,34 @@ impl ShardArgs {
     }
 }
 
+impl ShardArgs {
+    /// Logs refusals already applied to the state, then replies `ok` once they are durable;
+    /// with nothing to log, replies at once.
+    fn log_applied<T: Send + 'static>(
+        &mut self,
+        records: Vec<LedgerRecord>,
+        reply: RpcReplyPort<Result<T, EngineError>>,
+        ok: T,
+    ) {
+        if records.is_empty() {
+            let _ = reply.send(Ok(ok));
+            return;
+        }
+        let job = self.stream.append(
+            &records,
+            Vec::new(),
+            Box::new(move |r| {
+                let _ = reply.send(r.map(|()| ok).map_err(EngineError::from));
+            }),
+        );
+        let state = &self.state;
+        self.store
+            .submit_with_checkpoint(job, &mut self.stream, self.checkpoint_every, || {
+                state.checkpoint_state()
+            });
+    }
+}
+
 impl Actor for LedgerShard {
     type Msg = LedgerMsg;
     type State = ShardArgs;
@@ -130,6 +172,45 @@ impl Actor for LedgerShard {
                 }
                 FinishDecision::Record(record) => st.record(record, reply, ()),
             },
+            LedgerMsg::BeginMany(many, reply) => {
+                if let Err(e) = st.store.halt.check() {
+                    let _ = reply.send(Err(e.into()));
+                    return Ok(());
+                }
+                let mut records = Vec::new();
+                let mut answers = Vec::with_capacity(many.len());
+                for args in &many {
+                    let decision = st.state.decide_begin(args);
+                    if decision.is_user_limit() {
+                        metrics::counter!("boxoffice_ledger_user_limit_total").increment(1);
+                    }
+                    match decision {
+                        BeginDecision::Answer(answer) => answers.push(answer),
+                        BeginDecision::Record(record, answer) => {
+                            // Applied now, so the next item of the same user sees it.
+                            st.state.apply(record.clone());
+                            records.push(record);
+                            answers.push(Ok(answer));
+                        }
+                    }
+                }
+                st.log_applied(records, reply, answers);
+            }
+            LedgerMsg::FinishMany(many, reply) => {
+                let mut records = Vec::new();
+                for (args, outcome) in many {
+                    if let FinishDecision::Record(record) = st.state.decide_finish(&args, outcome) {
+                        st.state.apply(record.clone());
+                        records.push(record);
+                    }
+                }
+                st.log_applied(records, reply, ());
+            }
+            LedgerMsg::SettledMany(many) => {
+                for (args, answer) in many {
+                    st.state.settle(&args, answer);
+                }
+            }
             LedgerMsg::Settled { args, answer } => st.state.settle(&args, answer),
             LedgerMsg::Refund {
                 event_id,

@@ -52,6 +52,9 @@ pub(crate) struct BeginArgs {
     pub now_ms: u64,
 }
 
+/// A shard and the items for it, each with its position among all items.
+type ShardItems<T> = (ActorRef<LedgerMsg>, Vec<(usize, T)>);
+
 /// Handle to the ledger shards.
 #[derive(Clone)]
 pub(crate) struct Ledger {
@@ -114,6 +117,91 @@ impl Ledger {
             .await
             .map_err(gone)?
             .success_or(EngineError::NotReady)?
+    }
+
+    /// `begin` for many requests: one message per shard (the shards decide at once), each
+    /// shard deciding its requests in the order given. Answers in the order given.
+    pub async fn begin_many(&self, many: Vec<BeginArgs>) -> Vec<Result<Begin, EngineError>> {
+        let n = many.len();
+        let calls = self
+            .by_shard(many, |a| &a.user_id)
+            .into_iter()
+            .map(|(shard, items)| {
+                let (at, args): (Vec<usize>, Vec<BeginArgs>) = items.into_iter().unzip();
+                async move {
+                    let answers = shard
+                        .call(|reply| LedgerMsg::BeginMany(args, reply), None)
+                        .await
+                        .map_err(gone)
+                        .and_then(|r| r.success_or(EngineError::NotReady))
+                        .and_then(|r| r);
+                    (at, answers)
+                }
+            });
+        let mut out: Vec<Result<Begin, EngineError>> =
+            (0..n).map(|_| Err(EngineError::NotReady)).collect();
+        for (at, answers) in futures_util::future::join_all(calls).await {
+            match answers {
+                Ok(answers) => {
+                    for (i, a) in at.into_iter().zip(answers) {
+                        out[i] = a;
+                    }
+                }
+                Err(e) => {
+                    for i in at {
+                        out[i] = Err(e.clone());
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// `finish` for many requests (one message per shard); the first error, if any.
+    pub async fn finish_many(
+        &self,
+        many: Vec<(BeginArgs, Result<Answer, EngineError>)>,
+    ) -> Result<(), EngineError> {
+        let calls = self
+            .by_shard(many, |m| &m.0.user_id)
+            .into_iter()
+            .map(|(shard, items)| {
+                let items = items.into_iter().map(|(_, m)| m).collect();
+                async move {
+                    shard
+                        .call(|reply| LedgerMsg::FinishMany(items, reply), None)
+                        .await
+                        .map_err(gone)?
+                        .success_or(EngineError::NotReady)?
+                }
+            });
+        futures_util::future::join_all(calls)
+            .await
+            .into_iter()
+            .collect()
+    }
+
+    /// `settled` for many successes (one message per shard), without waiting.
+    pub fn settled_many(&self, many: Vec<(BeginArgs, Answer)>) {
+        for (shard, items) in self.by_shard(many, |m| &m.0.user_id) {
+            let items = items.into_iter().map(|(_, m)| m).collect();
+            let _ = shard.cast(LedgerMsg::SettledMany(items));
+        }
+    }
+
+    /// Items grouped by their user's shard (shards with none left out), each with its position
+    /// in `many`, in the order given.
+    fn by_shard<T>(&self, many: Vec<T>, user: impl Fn(&T) -> &UserId) -> Vec<ShardItems<T>> {
+        let mut shards: Vec<Vec<(usize, T)>> = (0..self.shards.len()).map(|_| Vec::new()).collect();
+        for (i, item) in many.into_iter().enumerate() {
+            shards[shard_of(user(&item), self.shards.len())].push((i, item));
+        }
+        shards
+            .into_iter()
+            .enumerate()
+            .filter(|(_, items)| !items.is_empty())
+            .map(|(i, items)| (self.shards[i].clone(), items))
+            .collect()
     }
 
     /// Records a success without waiting (see `LedgerMsg::Settled`).

@@ -437,13 +437,9 @@ async fn event_service_end_to_end() {
     server.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn booking_end_to_end_with_every_documented_error() {
-    let server = TestServer::start().await;
-    let clock = server.clock().clone();
-    let mut a = server.admin();
-    let mut c = server.client();
-    let mut look = server.admin();
+/// The events of the booking tests: `b` (a reserved row of 4, general admission of 3 and of
+/// 10; per-user limit 4) and `elsewhere` (a token for it is another event's).
+pub(crate) async fn booking_events(a: &mut Clients) {
     a.events
         .create_event(event(
             "b",
@@ -459,6 +455,16 @@ async fn booking_end_to_end_with_every_documented_error() {
         .create_event(event("elsewhere", vec![ga("floor", 3, 5_000)]))
         .await
         .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn booking_end_to_end_with_every_documented_error() {
+    let server = TestServer::start().await;
+    let clock = server.clock().clone();
+    let mut a = server.admin();
+    let mut c = server.client();
+    let mut look = server.admin();
+    booking_events(&mut a).await;
     let ann = admitted(&mut c, &clock, "b", "ann").await;
     let bob = admitted(&mut c, &clock, "b", "bob").await;
     let ann_elsewhere = admitted(&mut c, &clock, "elsewhere", "ann").await;

@@ -5,6 +5,7 @@
 //! The shared rooms (a real gRPC server that stops on drop, polling with a bound, tables of
 //! error cases, child processes for crash tests) live in the `boxoffice_tests` library.
 
+mod batch;
 mod browser;
 mod cancellation;
 mod checkout;
