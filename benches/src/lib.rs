@@ -9,7 +9,13 @@
 //! - `grpc`: the end-to-end gRPC path against an embedded server ([`grpc_server`]);
 //! - `pow`: the join proof of work: a client's solve time by difficulty, the server's check.
 //!
+//! Not a criterion bench: [`compare`] (the `compare` binary, `benches/compare.sh`), boxoffice
+//! against the seeds' design (a booking front on Redis with a reserve Lua script), one flash
+//! sale played against each.
+//!
 //! Results and the machine they were measured on are in `BENCHMARKS.md` at the workspace root.
+
+pub mod compare;
 
 use std::path::Path;
 use std::time::Duration;

@@ -1,0 +1,132 @@
+//! `compare`: boxoffice against the seeds' design (a booking front on Redis + Lua), the same
+//! flash sale played against each, one row after the other on this machine; see
+//! `boxoffice_benches::compare` and `benches/compare.sh`.
+//!
+//! ```sh
+//! cargo run --release -p boxoffice-benches --bin compare -- --rows a,b,c --json /tmp/compare.json
+//! ```
+//!
+//! Exit code 0: every row that ran passed its checks; 1: a row failed (other errors, oversold,
+//! counts that disagree), or `--require-redis` and no `redis-server`; 2: bad flags.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use boxoffice_benches::compare::{self, Options, Row, Workload, seeds};
+use clap::Parser;
+
+/// Like `boxoffice`: mimalloc's per-thread heaps (the server runs in this process).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// boxoffice against the seeds' design (Redis + Lua): attempts/s, latency, oversold.
+#[derive(Parser, Debug)]
+#[command(name = "compare")]
+struct Args {
+    /// Contenders (distinct user ids), one attempt for one place each.
+    #[arg(long, default_value_t = 100_000)]
+    contenders: usize,
+    /// Places for sale (general admission).
+    #[arg(long, default_value_t = 10_000)]
+    seats: u32,
+    /// Holds in flight at once.
+    #[arg(long, default_value_t = 128)]
+    in_flight: usize,
+    /// Client connections (HTTP/2 for the gRPC rows, TCP for raw Redis).
+    #[arg(long, default_value_t = 16)]
+    connections: usize,
+    /// Items per HoldBatch call (row d), 1 to 256.
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+    /// Health checks measured for the ceiling (0: none).
+    #[arg(long, default_value_t = 100_000)]
+    health_calls: usize,
+    /// Rows to run: any of a, b, c, d, comma-separated.
+    #[arg(long, default_value = "a,b,c,d")]
+    rows: String,
+    /// Also write the results as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Multiplexed Redis connections of the gRPC front (row b).
+    #[arg(long, default_value_t = 4)]
+    front_redis_connections: usize,
+    /// Contenders admitted at once during the untimed setup of rows a and d.
+    #[arg(long, default_value_t = 256)]
+    setup_concurrency: usize,
+    /// Send an idempotency key with each attempt of rows a and d (the seeds' design has none;
+    /// with keys, every refusal is also recorded durably as its key's first answer).
+    #[arg(long)]
+    keys: bool,
+    /// The redis-server to start (default: the one on PATH).
+    #[arg(long)]
+    redis_server: Option<PathBuf>,
+    /// Fail (exit 1) instead of skipping the Redis rows if there is no redis-server (also
+    /// with BOXOFFICE_REQUIRE_REDIS=1).
+    #[arg(long)]
+    require_redis: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let w = Workload {
+        contenders: args.contenders,
+        seats: args.seats,
+        in_flight: args.in_flight,
+        connections: args.connections,
+        batch: args.batch,
+        health_calls: args.health_calls,
+        front_redis_connections: args.front_redis_connections,
+        setup_concurrency: args.setup_concurrency,
+        keys: args.keys,
+    };
+    let rows = match Row::parse_list(&args.rows).and_then(|r| w.check().map(|()| r)) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("compare: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let redis_server = args.redis_server.clone().or_else(seeds::find_redis_server);
+    let require_redis =
+        args.require_redis || std::env::var("BOXOFFICE_REQUIRE_REDIS").is_ok_and(|v| v == "1");
+    if redis_server.is_none() && rows.iter().any(|r| matches!(r, Row::B | Row::C)) {
+        if require_redis {
+            eprintln!("compare: redis-server not found on PATH (and Redis is required)");
+            return ExitCode::FAILURE;
+        }
+        eprintln!("compare: redis-server not found on PATH: rows (b) and (c) are skipped");
+    }
+    let client = match compare::runtime("compare-client") {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("compare: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let report = match compare::run(&w, &rows, &Options { redis_server }, &client) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("compare: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!("{report}");
+    if let Some(path) = &args.json {
+        let written = serde_json::to_string_pretty(&report)
+            .map_err(anyhow::Error::from)
+            .and_then(|j| std::fs::write(path, j + "\n").map_err(anyhow::Error::from));
+        match written {
+            Ok(()) => eprintln!("results written to {}", path.display()),
+            Err(e) => {
+                eprintln!("compare: writing {}: {e:#}", path.display());
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    if report.failures.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("compare: FAILED: {}", report.failures.join("; "));
+        ExitCode::FAILURE
+    }
+}
