@@ -17,6 +17,11 @@
 
 pub mod compare;
 
+/// The allocator of every bench and of `compare`: the `boxoffice` binary's (mimalloc's
+/// per-thread heaps), so the engine is measured as it ships.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::Path;
 use std::time::Duration;
 

@@ -150,7 +150,27 @@ impl Engine {
         }
         let mut placed: Vec<Option<Result<HoldView, EngineError>>> =
             (0..go.len()).map(|_| None).collect();
-        let sections = by_section.into_iter().map(|(event, section, ks)| {
+        let mut sections = Vec::with_capacity(by_section.len());
+        for (event, section, ks) in by_section {
+            // Sold out by a durable snapshot: those items are answered here (see
+            // `sold_out_durably`); the section is asked only about the others.
+            let ks = match self.durably_free(&event, &section) {
+                Some((free, sold_out)) => {
+                    let (out, ask): (Vec<usize>, Vec<usize>) =
+                        ks.into_iter().partition(|&k| go[k].1.sold_out_at(free));
+                    sold_out.increment(out.len() as u64);
+                    for k in out {
+                        placed[k] = Some(Err(Rejection::SoldOut.into()));
+                    }
+                    ask
+                }
+                None => ks,
+            };
+            if !ks.is_empty() {
+                sections.push((event, section, ks));
+            }
+        }
+        let sections = sections.into_iter().map(|(event, section, ks)| {
             let cmds = ks
                 .iter()
                 .map(|&k| go[k].1.command(&section))
@@ -189,17 +209,17 @@ impl Engine {
         //    quota back (and record a keyed refusal) before anyone hears of them.
         let now = self.now_ms();
         let mut settled = Vec::new();
-        let (mut failed, mut failed_at) = (Vec::new(), Vec::new());
+        let (mut failed, mut failed_at, mut refunds) = (Vec::new(), Vec::new(), Vec::new());
         for ((i, plan), answer) in go.into_iter().zip(placed) {
             let answer = answer.unwrap_or(Err(EngineError::NotReady));
             match &answer {
                 Ok(_) if plan.tag.is_none() => {}
                 Ok(view) => settled.push((plan.begin_args(now), Answer::Hold(view.clone()))),
-                Err(_) if plan.tag.is_none() => self.inner.ledger.refund(
+                Err(_) if plan.tag.is_none() => refunds.push((
                     plan.event.event_id.clone(),
                     plan.user_id.clone(),
                     plan.quantity,
-                ),
+                )),
                 Err(e) => {
                     failed.push((plan.begin_args(now), Err(e.clone())));
                     failed_at.push(i);
@@ -208,6 +228,7 @@ impl Engine {
             out[i] = answer;
         }
         self.inner.ledger.settled_many(settled);
+        self.inner.ledger.refund_many(refunds);
         if let Err(e) = self.inner.ledger.finish_many(failed).await {
             // A refusal could not be recorded as its key's first answer: its caller hears
             // why instead (as a single hold's would).
@@ -231,30 +252,30 @@ impl Engine {
     /// Most attempts of a flash sale come after the sell-out; this answers them without a trip
     /// through the section's mailbox and the log. Exact seats always ask the section.
     fn sold_out_durably(&self, plan: &HoldPlan, section: &SectionId) -> bool {
-        if !matches!(plan.pick, Pick::Best(_)) {
-            return false;
-        }
-        let Some(slot) = plan
-            .event
-            .sections
-            .iter()
-            .find(|s| &s.section_id == section)
-        else {
-            return false;
-        };
-        let (available, version) = {
-            let snap = slot.snapshot.borrow();
-            (snap.available, snap.version)
-        };
-        if available >= plan.quantity {
-            return false;
-        }
-        match self.inner.router.durable_of(&plan.event.event_id, section) {
-            Some((durable, sold_out)) if durable >= version => {
+        match self.durably_free(&plan.event, section) {
+            Some((free, sold_out)) if plan.sold_out_at(free) => {
                 sold_out.increment(1);
                 true
             }
             _ => false,
+        }
+    }
+
+    /// The free places of `section` by its published snapshot, if that snapshot shows durable
+    /// state (its version is durable), with the section's `SOLD_OUT` counter.
+    fn durably_free(
+        &self,
+        event: &EventEntry,
+        section: &SectionId,
+    ) -> Option<(u32, metrics::Counter)> {
+        let slot = event.sections.iter().find(|s| &s.section_id == section)?;
+        let (available, version) = {
+            let snap = slot.snapshot.borrow();
+            (snap.available, snap.version)
+        };
+        match self.inner.router.durable_of(&event.event_id, section) {
+            Some((durable, sold_out)) if durable >= version => Some((available, sold_out)),
+            _ => None,
         }
     }
 
@@ -497,6 +518,12 @@ impl HoldPlan {
             quantity: self.quantity,
             now_ms,
         }
+    }
+
+    /// Whether a section with `free` places is sold out for this hold (best available only:
+    /// exact seats are the section's to judge).
+    fn sold_out_at(&self, free: u32) -> bool {
+        matches!(self.pick, Pick::Best(_)) && free < self.quantity
     }
 
     fn command(&self, section: &SectionId) -> PlaceHold {

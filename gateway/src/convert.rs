@@ -241,13 +241,22 @@ pub fn batch_result(
                 result: Some(pb::hold_batch_result::Result::Hold(hold)),
             };
         }
-        Err(crate::status::ApiError::Engine(EngineError::Rejected(
-            Rejection::InvalidRequest { field, reason },
-        ))) => Rejection::InvalidRequest {
-            field: format!("items[{i}].{field}"),
-            reason,
+        // The engine's refusals (most items that fail: SOLD_OUT): their parts directly, as
+        // their status would carry them, without encoding a status to read it back.
+        Err(crate::status::ApiError::Engine(EngineError::Rejected(r))) => {
+            let (code, reason, message, mut metadata) = crate::status::rejection_parts(&r);
+            if let Some(field) = metadata.get_mut("field") {
+                *field = format!("items[{i}].{field}");
+            }
+            return pb::HoldBatchResult {
+                result: Some(pb::hold_batch_result::Result::Error(pb::ItemError {
+                    code: code as i32,
+                    reason: reason.to_owned(),
+                    message,
+                    metadata,
+                })),
+            };
         }
-        .into(),
         Err(e) => e,
     };
     let status = tonic::Status::from(e);

@@ -63,15 +63,25 @@ fn status(code: Code, reason: &str, message: String, metadata: HashMap<String, S
 }
 
 fn rejection_status(r: &Rejection) -> Status {
+    let (code, reason, message, meta) = rejection_parts(r);
+    if let Rejection::InvalidRequest { field, reason: why } = r {
+        let mut details = ErrorDetails::with_error_info(reason, DOMAIN, meta);
+        details.add_bad_request_violation(field.clone(), why.clone());
+        return Status::with_error_details(code, message, details);
+    }
+    status(code, reason, message, meta)
+}
+
+/// What the status of a rejection carries: its code, `ErrorInfo` reason and metadata, and its
+/// message (for an `INVALID_REQUEST` the `BadRequest` adds the field's violation).
+pub fn rejection_parts(r: &Rejection) -> (Code, &'static str, String, HashMap<String, String>) {
     let reason = r.reason();
     let message = r.to_string();
     let mut meta = HashMap::new();
     let code = match r {
-        Rejection::InvalidRequest { field, reason: why } => {
+        Rejection::InvalidRequest { field, .. } => {
             meta.insert("field".to_owned(), field.clone());
-            let mut details = ErrorDetails::with_error_info(reason, DOMAIN, meta);
-            details.add_bad_request_violation(field.clone(), why.clone());
-            return Status::with_error_details(Code::InvalidArgument, message, details);
+            Code::InvalidArgument
         }
         Rejection::EventNotFound
         | Rejection::SectionNotFound
@@ -102,7 +112,7 @@ fn rejection_status(r: &Rejection) -> Status {
             Code::ResourceExhausted
         }
     };
-    status(code, reason, message, meta)
+    (code, reason, message, meta)
 }
 
 impl From<ApiError> for Status {

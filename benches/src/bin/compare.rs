@@ -15,10 +15,6 @@ use std::process::ExitCode;
 use boxoffice_benches::compare::{self, Options, Row, Workload, seeds};
 use clap::Parser;
 
-/// Like `boxoffice`: mimalloc's per-thread heaps (the server runs in this process).
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// boxoffice against the seeds' design (Redis + Lua): attempts/s, latency, oversold.
 #[derive(Parser, Debug)]
 #[command(name = "compare")]

@@ -28,6 +28,8 @@ pub(crate) enum LedgerMsg {
     ),
     /// Several successes to record, fire and forget (see `Settled`).
     SettledMany(Vec<(BeginArgs, Answer)>),
+    /// Several refunds (see `Refund`): (event, user, places).
+    RefundMany(Vec<(EventId, UserId, u32)>),
     Finish {
         args: BeginArgs,
         outcome: Result<Answer, EngineError>,
@@ -205,6 +207,11 @@ impl Actor for LedgerShard {
                     }
                 }
                 st.log_applied(records, reply, ());
+            }
+            LedgerMsg::RefundMany(many) => {
+                for (event_id, user_id, quantity) in many {
+                    st.state.refund(&event_id, &user_id, quantity);
+                }
             }
             LedgerMsg::SettledMany(many) => {
                 for (args, answer) in many {

@@ -81,7 +81,8 @@ type KeyId = (UserId, Rpc, String);
 
 /// The state of one ledger shard.
 pub(crate) struct ShardState {
-    quotas: HashMap<(EventId, UserId), u32>,
+    /// Places held or sold, by event, then user (looked up by reference: no key is built).
+    quotas: HashMap<EventId, HashMap<UserId, u32>>,
     keys: HashMap<KeyId, Entry>,
     /// Settled keys by the time of their answer: the order they are forgotten in.
     answered: ForgetIndex<KeyId>,
@@ -111,7 +112,12 @@ impl ShardState {
     }
 
     pub fn add_quota(&mut self, event_id: EventId, user_id: UserId, quantity: u32) {
-        *self.quotas.entry((event_id, user_id)).or_default() += quantity;
+        *self
+            .quotas
+            .entry(event_id)
+            .or_default()
+            .entry(user_id)
+            .or_default() += quantity;
     }
 
     /// Records a key's first answer, given at `at_ms`. A key used again after its window may
@@ -210,6 +216,7 @@ impl ShardState {
         let mut lines: Vec<String> = self
             .quotas
             .iter()
+            .flat_map(|(e, users)| users.iter().map(move |(u, q)| ((e, u), q)))
             .map(|(k, q)| format!("quota {k:?} {q}"))
             .chain(self.keys.iter().map(|(k, e)| format!("key {k:?} {e:?}")))
             .collect();
@@ -320,7 +327,17 @@ impl ShardState {
                     None => BeginDecision::Answer(Err(rejection.into())),
                 };
             }
-            self.add_quota(args.event_id.clone(), args.user_id.clone(), args.quantity);
+            match self
+                .quotas
+                .get_mut(&args.event_id)
+                .and_then(|users| users.get_mut(&args.user_id))
+            {
+                // The user holds places of this event already: no key to make.
+                Some(q) => *q += args.quantity,
+                None => {
+                    self.add_quota(args.event_id.clone(), args.user_id.clone(), args.quantity);
+                }
+            }
         }
         if let Some(tag) = &args.tag {
             self.set_entry(
@@ -390,7 +407,8 @@ impl ShardState {
     /// Places the user holds or owns for the event.
     pub(crate) fn usage(&self, event_id: &EventId, user_id: &UserId) -> u32 {
         self.quotas
-            .get(&(event_id.clone(), user_id.clone()))
+            .get(event_id)
+            .and_then(|users| users.get(user_id))
             .copied()
             .unwrap_or(0)
     }
@@ -401,15 +419,20 @@ impl ShardState {
     /// If more comes back than was reserved: the ledger and the sections disagree (a bug), and
     /// the shard's actor stops (the engine then stops visibly).
     pub(crate) fn refund(&mut self, event_id: &EventId, user_id: &UserId, quantity: u32) {
-        let key = (event_id.clone(), user_id.clone());
-        if let Some(used) = self.quotas.get_mut(&key) {
+        let users = self.quotas.get_mut(event_id);
+        if let Some(used) = users.and_then(|users| users.get_mut(user_id)) {
             assert!(
                 *used >= quantity,
                 "ledger refund of {quantity} exceeds {used} reserved for {user_id} in {event_id}"
             );
             *used -= quantity;
-            if *used == 0 {
-                self.quotas.remove(&key);
+            if *used == 0
+                && let Some(users) = self.quotas.get_mut(event_id)
+            {
+                users.remove(user_id);
+                if users.is_empty() {
+                    self.quotas.remove(event_id);
+                }
             }
         } else {
             panic!("ledger refund of {quantity} for {user_id} in {event_id} with nothing reserved");

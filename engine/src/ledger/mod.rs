@@ -189,6 +189,14 @@ impl Ledger {
         }
     }
 
+    /// `refund` of many (event, user, places), one message per shard. Fire and forget.
+    pub fn refund_many(&self, many: Vec<(EventId, UserId, u32)>) {
+        for (shard, items) in self.by_shard(many, |m| &m.1) {
+            let items = items.into_iter().map(|(_, m)| m).collect();
+            let _ = shard.cast(LedgerMsg::RefundMany(items));
+        }
+    }
+
     /// Items grouped by their user's shard (shards with none left out), each with its position
     /// in `many`, in the order given.
     fn by_shard<T>(&self, many: Vec<T>, user: impl Fn(&T) -> &UserId) -> Vec<ShardItems<T>> {
