@@ -247,13 +247,41 @@ pub fn code_name(code: tonic::Code) -> &'static str {
 /// status and its details are in the headers. No status header means the call went on to send
 /// a body and trailers: OK for our unary RPCs.
 fn outcome(res: &http::Response<Body>) -> (&'static str, &'static str) {
-    match tonic::Status::from_header_map(res.headers()) {
-        Some(s) if s.code() != tonic::Code::Ok => {
-            (code_name(s.code()), crate::status::reason_label(&s))
-        }
-        _ => ("OK", "none"),
-    }
+    let headers = res.headers();
+    let code = match headers
+        .get("grpc-status")
+        .and_then(|v| v.to_str().ok()?.parse::<i32>().ok())
+    {
+        None | Some(0) => return ("OK", "none"),
+        Some(c) => tonic::Code::from_i32(c),
+    };
+    let reason = match headers.get("grpc-status-details-bin") {
+        None => "none",
+        Some(details) => reason_of_details(details.as_bytes(), headers),
+    };
+    (code_name(code), reason)
 }
+
+/// The reason label of an error's details header. The same refusal carries the same bytes
+/// every time (`SOLD_OUT` answers most attempts of a sale), so the label of each distinct
+/// header is kept (up to [`REASON_MEMO_MAX`] of them) instead of decoding it per call.
+fn reason_of_details(details: &[u8], headers: &http::HeaderMap) -> &'static str {
+    static MEMO: std::sync::LazyLock<dashmap::DashMap<Box<[u8]>, &'static str>> =
+        std::sync::LazyLock::new(dashmap::DashMap::new);
+    if let Some(known) = MEMO.get(details) {
+        return *known;
+    }
+    let reason =
+        tonic::Status::from_header_map(headers).map_or("none", |s| crate::status::reason_label(&s));
+    if MEMO.len() < REASON_MEMO_MAX {
+        MEMO.insert(details.into(), reason);
+    }
+    reason
+}
+
+/// Most distinct error details headers whose reason label [`reason_of_details`] keeps (errors
+/// that name a seat or a field differ per call; those past the bound are decoded each time).
+const REASON_MEMO_MAX: usize = 4_096;
 
 /// Counts a finished call and records its latency, by method, code and reason.
 fn record(method: &'static str, res: &http::Response<Body>, started: Instant) {
@@ -268,6 +296,13 @@ fn record(method: &'static str, res: &http::Response<Body>, started: Instant) {
 /// INTERNAL or OUT_OF_RANGE and no details; the contract says INVALID_ARGUMENT /
 /// INVALID_REQUEST.
 fn undecodable_as_invalid(res: http::Response<Body>) -> http::Response<Body> {
+    // Only INTERNAL (13) and OUT_OF_RANGE (11) can be tonic's decoding errors.
+    if !matches!(
+        res.headers().get("grpc-status").map(|v| v.as_bytes()),
+        Some(b"13" | b"11")
+    ) {
+        return res;
+    }
     // tonic percent-encodes `grpc-message`: read the status back as tonic parses it.
     let Some(status) = tonic::Status::from_header_map(res.headers()) else {
         return res;

@@ -58,9 +58,33 @@ impl From<Rejection> for ApiError {
 }
 
 fn status(code: Code, reason: &str, message: String, metadata: HashMap<String, String>) -> Status {
+    if metadata.is_empty() {
+        return plain_status(code, reason, message);
+    }
     let details = ErrorDetails::with_error_info(reason, DOMAIN, metadata);
     Status::with_error_details(code, message, details)
 }
+
+/// A status whose `ErrorInfo` has no metadata: the same refusal (`SOLD_OUT`, most answers of a
+/// sale) is the same bytes every time, so its encoded details are made once and shared (up to
+/// [`PLAIN_MEMO_MAX`] distinct ones; past it each is encoded as usual).
+fn plain_status(code: Code, reason: &str, message: String) -> Status {
+    static MEMO: std::sync::LazyLock<dashmap::DashMap<(i32, String, String), bytes::Bytes>> =
+        std::sync::LazyLock::new(dashmap::DashMap::new);
+    let key = (code as i32, reason.to_owned(), message);
+    if let Some(details) = MEMO.get(&key) {
+        return Status::with_details(code, key.2.clone(), details.clone());
+    }
+    let details = ErrorDetails::with_error_info(reason, DOMAIN, HashMap::new());
+    let s = Status::with_error_details(code, key.2.clone(), details);
+    if MEMO.len() < PLAIN_MEMO_MAX {
+        MEMO.insert(key, s.details().to_vec().into());
+    }
+    s
+}
+
+/// Most distinct metadata-free statuses [`plain_status`] keeps encoded.
+const PLAIN_MEMO_MAX: usize = 256;
 
 fn rejection_status(r: &Rejection) -> Status {
     let (code, reason, message, meta) = rejection_parts(r);
