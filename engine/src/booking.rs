@@ -93,28 +93,39 @@ impl Engine {
         if let Err(e) = self.check_ready() {
             return out.into_iter().map(|_| Err(e.clone())).collect();
         }
-        // 1. Each request's own checks. A key a user already gave an earlier request of this
-        //    batch gets what a retry after that request would: its answer (the same request)
-        //    or IDEMPOTENCY_KEY_REUSED (another one), filled in at the end.
-        let mut plans = Vec::with_capacity(n);
-        let mut keys: HashMap<(UserId, String), (usize, u64)> = HashMap::new();
-        let mut repeats = Vec::new();
+        // 1. Each request's own checks. Then rounds: a user's first request goes in round 0,
+        //    their second in round 1, ... Each round runs to its end (its quotas settled, its
+        //    keys' answers recorded) before the next begins, so a user's requests are decided
+        //    one after the other, exactly as separate calls would be: a refused one gives its
+        //    quota back before the next is checked, and a key given twice gets what a retry
+        //    would. Most batches carry one request per user: one round.
+        let mut rounds: Vec<Vec<(usize, HoldPlan)>> = Vec::new();
+        let mut seen: HashMap<UserId, usize> = HashMap::new();
         for (i, req) in reqs.into_iter().enumerate() {
-            let key = (req.user_id.clone(), req.idempotency_key.clone());
             match self.plan_hold(req) {
-                Ok(plan) => match plan.tag.as_ref().map(|t| t.fingerprint) {
-                    Some(fp) => match keys.get(&key) {
-                        Some(&(first, first_fp)) => repeats.push((i, first, first_fp == fp)),
-                        None => {
-                            keys.insert(key, (i, fp));
-                            plans.push((i, plan));
-                        }
-                    },
-                    None => plans.push((i, plan)),
-                },
+                Ok(plan) => {
+                    let round = seen.entry(plan.user_id.clone()).or_insert(0);
+                    if rounds.len() <= *round {
+                        rounds.push(Vec::new());
+                    }
+                    rounds[*round].push((i, plan));
+                    *round += 1;
+                }
                 Err(e) => out[i] = Err(e),
             }
         }
+        for plans in rounds {
+            self.hold_round(plans, &mut out).await;
+        }
+        out
+    }
+
+    /// One round of a batch (at most one request per user): begun, placed and settled.
+    async fn hold_round(
+        &self,
+        plans: Vec<(usize, HoldPlan)>,
+        out: &mut [Result<HoldView, EngineError>],
+    ) {
         // 2. Quota and keys, all shards at once.
         let now = self.now_ms();
         let begun = self
@@ -236,14 +247,6 @@ impl Engine {
                 out[i] = Err(e.clone());
             }
         }
-        for (i, first, same) in repeats {
-            out[i] = if same {
-                out[first].clone()
-            } else {
-                Err(Rejection::IdempotencyKeyReused.into())
-            };
-        }
-        out
     }
 
     /// Whether `section` is sold out for a best-available hold of this plan's size by a
@@ -309,12 +312,12 @@ impl Engine {
         let any_section = plan.candidates.len() > 1;
         for section in &plan.candidates {
             if any_section {
-                let slot = plan
-                    .event
-                    .sections
-                    .iter()
-                    .find(|s| &s.section_id == section);
-                if slot.is_some_and(|s| s.snapshot.borrow().available < plan.quantity) {
+                // A section sold out by a durable snapshot is passed over; one whose snapshot
+                // is not durable yet is asked (its answer waits for what it depends on).
+                if self
+                    .durably_free(&plan.event, section)
+                    .is_some_and(|(free, _)| free < plan.quantity)
+                {
                     continue;
                 }
             } else if self.sold_out_durably(plan, section) {

@@ -355,7 +355,11 @@ impl Actor for SectionActor {
             None => return Ok(()),
             Some(SectionMsg::Hold(cmd, reply)) => st.on_hold(cmd, now, reply),
             Some(SectionMsg::HoldMany(cmds, reply)) => st.on_hold_many(cmds, now, reply),
-            Some(SectionMsg::Seal) => st.seal_queued = false,
+            Some(SectionMsg::Seal) => {
+                // Everything handled before it is the batch: sealed now, whatever came after.
+                st.seal_queued = false;
+                st.seal();
+            }
             Some(SectionMsg::Confirm(cmd, reply)) => st.on_confirm(cmd, now, reply),
             Some(SectionMsg::Release(hold_id, user, reply)) => {
                 st.on_release(&hold_id, &user, now, reply);

@@ -254,6 +254,7 @@ pub fn batch_result(
                     reason: reason.to_owned(),
                     message,
                     metadata,
+                    retry_delay_ms: 0,
                 })),
             };
         }
@@ -265,12 +266,17 @@ pub fn batch_result(
         .error_info()
         .map(|info| (info.reason.clone(), info.metadata.clone()))
         .unwrap_or_default();
+    let retry_delay_ms = details
+        .retry_info()
+        .and_then(|r| r.retry_delay)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
     pb::HoldBatchResult {
         result: Some(pb::hold_batch_result::Result::Error(pb::ItemError {
             code: status.code() as i32,
             reason,
             message: status.message().to_owned(),
             metadata,
+            retry_delay_ms,
         })),
     }
 }

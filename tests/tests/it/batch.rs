@@ -23,7 +23,7 @@ use tonic_types::StatusExt;
 
 use crate::grpc::{admitted_all, best, booking_events, seats, seats_of};
 
-const USERS: &[&str] = &["ann", "bob", "cat", "dan", "eve"];
+const USERS: &[&str] = &["ann", "bob", "cat", "dan", "eve", "fay"];
 
 /// The event of the differential test (per-user limit 4) and a second one, and every user's
 /// admission token for the first (and ann's for the second).
@@ -149,6 +149,14 @@ fn cases(t: &HashMap<&'static str, String>) -> Vec<(&'static str, pb::HoldReques
         (
             "eve's fifth place: past the limit",
             best("b", "eve", &tok("eve"), "pit", 1, ""),
+        ),
+        (
+            "3 places of a sold-out section (reserved, then given back)",
+            best("b", "fay", &tok("fay"), "floor", 3, "k5"),
+        ),
+        (
+            "then 2 more: the refused 3 count against nobody",
+            best("b", "fay", &tok("fay"), "pit", 2, "k6"),
         ),
         (
             "any section, after every item naming one",
@@ -382,6 +390,11 @@ async fn the_whole_call_is_refused_for_a_bad_event_or_item_count() {
     let s = bare.hold_batch(batch("b", vec![one()])).await.unwrap_err();
     assert_eq!(s.code(), Code::Unauthenticated);
     // 256 items are fine (each its own answer): ann may hold 4 of them, the rest USER_LIMIT.
+    let limited =
+        r#"boxoffice_hold_batch_items_total{code="RESOURCE_EXHAUSTED",reason="USER_LIMIT"}"#;
+    let held_items = r#"boxoffice_hold_batch_items_total{code="OK",reason="none"}"#;
+    let scraped = crate::grpc::scrape(server.metrics_addr()).await;
+    let (limited_before, held_before) = (counter(&scraped, limited), counter(&scraped, held_items));
     let answers = c
         .booking
         .hold_batch(batch("b", (0..256).map(|_| one()).collect()))
@@ -405,6 +418,16 @@ async fn the_whole_call_is_refused_for_a_bad_event_or_item_count() {
             other => panic!("item {i}: {other:?}"),
         }
     }
+    // Its items are counted by outcome (the recorder is the test binary's: at least these).
+    let scraped = crate::grpc::scrape(server.metrics_addr()).await;
+    assert!(
+        counter(&scraped, limited) >= limited_before + 252.0,
+        "{limited}"
+    );
+    assert!(
+        counter(&scraped, held_items) >= held_before + 4.0,
+        "{held_items}"
+    );
     // The refused calls changed nothing; the last one took exactly ann's four pit places.
     let after = seats_of(&mut c, "b").await;
     for (b, a) in before.iter().zip(&after) {
@@ -511,6 +534,14 @@ async fn keys_replay_per_item_across_batches_and_holds_and_holds_survive_a_resta
     assert_eq!(hold_of(&a3[0]).unwrap().hold_id, ann.hold_id);
 }
 
+/// The value of the series `series` (name and labels, as scraped) in a Prometheus text scrape.
+fn counter(scraped: &str, series: &str) -> f64 {
+    scraped
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{series} is not in the scrape"))
+}
+
 /// A fresh admission token for `user` on event `b` (after a restart the fan joins again).
 async fn token_again(server: &TestServer, c: &mut Clients, user: &str) -> String {
     let clock = server.clock().clone();
@@ -565,7 +596,8 @@ async fn a_batch_whose_caller_gives_up_still_runs_to_its_end() {
             .collect();
         let e = engine.clone();
         let call =
-            tokio::time::timeout(Duration::from_micros(200 + 300 * wave as u64), async move {
+            // The first wave's caller gives up after 20 µs: before any fsync can return.
+            tokio::time::timeout(Duration::from_micros(if wave == 0 { 20 } else { 200 + 300 * wave as u64 }), async move {
                 e.hold_batch(reqs).await
             });
         if call.await.is_err() {
@@ -621,4 +653,5 @@ async fn a_batch_whose_caller_gives_up_still_runs_to_its_end() {
     let sections_held: u32 = view.sections.iter().map(|s| s.held).sum();
     assert_eq!(sections_held, held);
     eprintln!("{gave_up} of 10 batch callers gave up before their answers");
+    assert!(gave_up >= 1, "no caller gave up: the test proved nothing");
 }
