@@ -99,21 +99,30 @@ impl Engine {
         //    one after the other, exactly as separate calls would be: a refused one gives its
         //    quota back before the next is checked, and a key given twice gets what a retry
         //    would. Most batches carry one request per user: one round.
+        let round_of: Vec<usize> = {
+            let mut seen: HashMap<&str, usize> = HashMap::with_capacity(n);
+            reqs.iter()
+                .map(|r| {
+                    let k = seen.entry(r.user_id.as_str()).or_insert(0);
+                    *k += 1;
+                    *k - 1
+                })
+                .collect()
+        };
         let mut rounds: Vec<Vec<(usize, HoldPlan)>> = Vec::new();
-        let mut seen: HashMap<UserId, usize> = HashMap::new();
-        for (i, req) in reqs.into_iter().enumerate() {
+        for ((i, req), round) in reqs.into_iter().enumerate().zip(round_of) {
             match self.plan_hold(req) {
                 Ok(plan) => {
-                    let round = seen.entry(plan.user_id.clone()).or_insert(0);
-                    if rounds.len() <= *round {
-                        rounds.push(Vec::new());
+                    if rounds.len() <= round {
+                        rounds.resize_with(round + 1, Vec::new);
                     }
-                    rounds[*round].push((i, plan));
-                    *round += 1;
+                    rounds[round].push((i, plan));
                 }
                 Err(e) => out[i] = Err(e),
             }
         }
+        // A user whose earlier requests failed their own checks may leave a round empty.
+        rounds.retain(|r| !r.is_empty());
         for plans in rounds {
             self.hold_round(plans, &mut out).await;
         }
