@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use boxoffice_client::{Authed, Bearer, connect};
-use boxoffice_drill::measure::drive;
+use boxoffice_drill::admission;
+use boxoffice_drill::measure::{drive, health_ceiling};
 use boxoffice_engine::Durability;
 use boxoffice_gateway::server::{Running, ServerConfig, start};
 use boxoffice_proto::v1 as pb;
@@ -209,34 +210,10 @@ async fn admit_one(
     room: &mut WaitingRoomServiceClient<Authed>,
     user: &str,
 ) -> anyhow::Result<String> {
-    let queue_token = room
-        .join(pb::JoinRequest {
-            event_id: EVENT_ID.into(),
-            user_id: user.to_owned(),
-            session_id: "compare".into(),
-            ..Default::default()
-        })
+    let queue_token = admission::join(room, EVENT_ID, user, "compare").await?;
+    admission::admitted(room, &queue_token, ADMIT_WAIT_MAX)
         .await
-        .map_err(|s| anyhow::anyhow!("Join of {user}: {}", describe(&s)))?
-        .into_inner()
-        .queue_token;
-    let deadline = Instant::now() + ADMIT_WAIT_MAX;
-    loop {
-        let s = room
-            .get_status(pb::GetStatusRequest {
-                queue_token: queue_token.clone(),
-            })
-            .await
-            .map_err(|s| anyhow::anyhow!("GetStatus of {user}: {}", describe(&s)))?
-            .into_inner();
-        if s.state == pb::QueueState::Admitted as i32 {
-            return Ok(s.admission_token);
-        }
-        if Instant::now() > deadline {
-            anyhow::bail!("{user} not admitted within {ADMIT_WAIT_MAX:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        .with_context(|| format!("admitting {user}"))
 }
 
 /// A server ready for the timed part: channels, the event, every contender's admission token.
@@ -522,19 +499,6 @@ async fn check_event(p: &Prepared, w: &Workload, result: &mut RowResult) {
 /// The ceiling: `grpc.health.v1.Health/Check`, `in_flight` at once over the same channels (as
 /// `loadgen` measures it).
 async fn health_check(channels: &[Channel], w: &Workload, against: Row) -> HealthResult {
-    let channels = Arc::new(channels.to_vec());
-    let figures = drive("health", w.health_calls, w.in_flight, move |i| {
-        let mut c = tonic_health::pb::health_client::HealthClient::new(
-            channels[i % channels.len()].clone(),
-        );
-        async move {
-            c.check(tonic_health::pb::HealthCheckRequest {
-                service: String::new(),
-            })
-            .await
-            .map(|_| ())
-        }
-    })
-    .await;
+    let figures = health_ceiling(channels, w.health_calls, w.in_flight).await;
     HealthResult::of(against.key(), &figures)
 }

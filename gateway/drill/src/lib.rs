@@ -18,6 +18,7 @@
 //! [`memory`] (resident memory, a directory's size); by all, [`secret`] (keys given as values
 //! or in files, and the usage errors that exit with code 2) and [`signal`] (Ctrl-C or SIGTERM).
 
+pub mod admission;
 pub mod cluster;
 pub mod demo;
 pub mod event;

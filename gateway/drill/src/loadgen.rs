@@ -14,14 +14,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use boxoffice_client::{Authed, Bearer, connect};
 use boxoffice_proto::v1 as pb;
 use pb::booking_service_client::BookingServiceClient;
 use pb::waiting_room_service_client::WaitingRoomServiceClient;
 use tonic::transport::Channel;
 
-use crate::measure::{RpcFigures, drive};
+use crate::admission;
+use crate::measure::{RpcFigures, drive, health_ceiling};
 use crate::secret::{self, UsageError};
 
 /// Flags of `boxoffice loadgen`.
@@ -141,46 +142,23 @@ impl LoadReport {
     }
 }
 
-/// Admission tokens for `users` fresh users of `event` (joins, then polls until admitted).
+/// Admission tokens for `users` fresh users of `event` (joins them all, then polls each until
+/// admitted).
 async fn admit(
-    wr: &mut pb::waiting_room_service_client::WaitingRoomServiceClient<Authed>,
+    wr: &mut WaitingRoomServiceClient<Authed>,
     event: &str,
     users: &[String],
 ) -> anyhow::Result<Vec<String>> {
     let mut queue = Vec::new();
     for u in users {
-        let t = wr
-            .join(pb::JoinRequest {
-                event_id: event.into(),
-                user_id: u.clone(),
-                session_id: "loadgen".into(),
-                ..Default::default()
-            })
-            .await
-            .context("Join")?
-            .into_inner();
-        queue.push(t.queue_token);
+        queue.push(admission::join(wr, event, u, "loadgen").await?);
     }
-    let mut tokens = Vec::new();
+    // 60 s for all of them, as one bound.
     let deadline = Instant::now() + Duration::from_secs(60);
+    let mut tokens = Vec::new();
     for q in queue {
-        loop {
-            let s = wr
-                .get_status(pb::GetStatusRequest {
-                    queue_token: q.clone(),
-                })
-                .await
-                .context("GetStatus")?
-                .into_inner();
-            if s.state == pb::QueueState::Admitted as i32 {
-                tokens.push(s.admission_token);
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!("not admitted within 60 s");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        tokens.push(admission::admitted(wr, &q, left).await?);
     }
     Ok(tokens)
 }
@@ -266,20 +244,7 @@ impl Load {
 
     /// The health check: an empty RPC, the ceiling of any RPC.
     async fn health(&self) -> RpcFigures {
-        let channels = self.channels.clone();
-        drive("health", self.requests, self.concurrency, move |i| {
-            let mut c = tonic_health::pb::health_client::HealthClient::new(
-                channels[i % channels.len()].clone(),
-            );
-            async move {
-                c.check(tonic_health::pb::HealthCheckRequest {
-                    service: String::new(),
-                })
-                .await
-                .map(|_| ())
-            }
-        })
-        .await
+        health_ceiling(&self.channels, self.requests, self.concurrency).await
     }
 
     /// The run's event: admission is instant, places are plenty (16 general-admission

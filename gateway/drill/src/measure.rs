@@ -1,5 +1,6 @@
 //! Measuring one kind of call: `concurrency` streams calling it in turn, the throughput and the
-//! latency percentiles (hdrhistogram) of all their calls. Used by `loadgen` and `sessions`.
+//! latency percentiles (hdrhistogram) of all their calls. Used by `loadgen`, `sessions` and the
+//! benches' comparison.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -132,4 +133,27 @@ impl Stream {
             first_error: self.first_error,
         }
     }
+}
+
+/// The ceiling of any RPC: `grpc.health.v1.Health/Check` (an empty RPC), `requests` calls with
+/// `concurrency` in flight, call `i` over channel `i mod channels`.
+pub async fn health_ceiling(
+    channels: &[tonic::transport::Channel],
+    requests: usize,
+    concurrency: usize,
+) -> RpcFigures {
+    let channels: Arc<Vec<tonic::transport::Channel>> = Arc::new(channels.to_vec());
+    drive("health", requests, concurrency, move |i| {
+        let mut c = tonic_health::pb::health_client::HealthClient::new(
+            channels[i % channels.len()].clone(),
+        );
+        async move {
+            c.check(tonic_health::pb::HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .map(|_| ())
+        }
+    })
+    .await
 }
