@@ -111,6 +111,7 @@ pub mod store;
 mod supervisor;
 #[cfg(feature = "test-support")]
 mod test_support;
+pub mod tiers;
 pub mod types;
 pub mod waitlist;
 mod waitlist_calls;

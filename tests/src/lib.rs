@@ -126,9 +126,10 @@ pub fn event(id: &str, sections: Vec<SectionSpec>, ttl_ms: u64, per_user_limit: 
     }
 }
 
-/// Whether the slow tier runs (`BOXOFFICE_SLOW=1`): more cases and cycles of the same tests.
+/// Whether the slow tier runs (`BOXOFFICE_SLOW=1`): more cases and cycles of the same tests
+/// ([`boxoffice_engine::tiers`], the one parser).
 pub fn slow_tier() -> bool {
-    std::env::var("BOXOFFICE_SLOW").is_ok_and(|v| v == "1")
+    boxoffice_engine::tiers::slow()
 }
 
 /// Runs `case` to completion on a fresh two-worker runtime (the engine's actors need the

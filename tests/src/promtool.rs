@@ -48,14 +48,12 @@ pub fn run_or_skip(
 ) -> Option<(bool, String)> {
     let ran = run(args, dir, input);
     if ran.is_none() {
-        assert!(
-            std::env::var_os("BOXOFFICE_REQUIRE_PROMTOOL").is_none(),
-            "BOXOFFICE_REQUIRE_PROMTOOL is set but promtool is not installed"
-        );
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipped: promtool not installed ({what}); install Debian's `prometheus` package, \
-             as .ci/run does"
+        boxoffice_engine::tiers::skip_unless_required(
+            "promtool",
+            &format!(
+                "promtool not installed ({what}); install Debian's `prometheus` package, as \
+                 .ci/run does"
+            ),
         );
     }
     ran

@@ -83,8 +83,7 @@ fn main() -> ExitCode {
         }
     };
     let redis_server = args.redis_server.clone().or_else(seeds::find_redis_server);
-    let require_redis =
-        args.require_redis || std::env::var("BOXOFFICE_REQUIRE_REDIS").is_ok_and(|v| v == "1");
+    let require_redis = args.require_redis || boxoffice_engine::tiers::required("redis");
     if redis_server.is_none() && rows.iter().any(|r| matches!(r, Row::B | Row::C)) {
         if require_redis {
             eprintln!("compare: redis-server not found on PATH (and Redis is required)");

@@ -181,11 +181,11 @@ async fn run(seed: u64, steps: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_partitions_crashes_and_restarts_lose_nothing_acknowledged() {
-    let slow = std::env::var_os("BOXOFFICE_SLOW").is_some();
-    let seeds: Vec<u64> = match std::env::var("BOXOFFICE_RAFT_SEED") {
-        Ok(s) => vec![s.parse().expect("BOXOFFICE_RAFT_SEED is a number")],
-        Err(_) if slow => (0..40).collect(),
-        Err(_) => (0..4).collect(),
+    let slow = crate::tiers::slow();
+    let seeds: Vec<u64> = match crate::tiers::number("BOXOFFICE_RAFT_SEED") {
+        Some(s) => vec![s],
+        None if slow => (0..40).collect(),
+        None => (0..4).collect(),
     };
     let steps = if slow { 60 } else { 30 };
     for seed in seeds {

@@ -504,13 +504,9 @@ async fn check_copy(dir: &Path, acked: &Acked) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_serve_processes_lose_nothing_acknowledged_when_the_leader_is_killed() {
-    let slow = std::env::var_os("BOXOFFICE_SLOW").is_some();
+    let slow = boxoffice_engine::tiers::slow();
     // BOXOFFICE_CLUSTER_KILLS=N: N kills in a row (the failover benchmark: BENCHMARKS.md).
-    let kills: usize = match std::env::var("BOXOFFICE_CLUSTER_KILLS") {
-        Ok(n) => n.parse().expect("BOXOFFICE_CLUSTER_KILLS is a count"),
-        Err(_) if slow => 3,
-        Err(_) => 1,
-    };
+    let kills = boxoffice_engine::tiers::count("BOXOFFICE_CLUSTER_KILLS", 1, 3);
     let per_phase: u64 = if slow { 2_000 } else { 300 };
     let tmp = tempfile::tempdir().unwrap();
     let Layout {

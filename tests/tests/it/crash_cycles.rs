@@ -37,7 +37,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use boxoffice_proto::v1 as pb;
 use boxoffice_tests::server_process::{self, ServerProcess};
 use boxoffice_tests::wait::PATIENCE;
-use boxoffice_tests::{Clients, child_test_name, row_label, slow_tier};
+use boxoffice_tests::{Clients, child_test_name, row_label};
 use pb::HoldStatus;
 use rand::seq::IteratorRandom;
 use rand::{Rng, SeedableRng};
@@ -406,11 +406,7 @@ async fn acknowledged_answers_survive_kill_9_cycles() {
         Ok(s) => s.parse().expect("BOXOFFICE_CRASH_SEED is a u64"),
         Err(_) => rand::random(),
     };
-    let cycles = match std::env::var(CYCLES_VAR) {
-        Ok(n) => n.parse().expect("BOXOFFICE_CRASH_CYCLES is a number"),
-        Err(_) if slow_tier() => CYCLES_SLOW,
-        Err(_) => CYCLES,
-    };
+    let cycles = boxoffice_engine::tiers::count(CYCLES_VAR, CYCLES, CYCLES_SLOW);
     println!("crash_cycles: seed {seed}, {cycles} cycles (replay: {SEED_VAR}={seed})");
     let began = Instant::now();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);

@@ -26,7 +26,7 @@ use boxoffice_engine::{
     ConfirmRequest, Engine, EngineConfig, EngineError, EventId, HoldId, HoldRequest, HoldStatus,
     HoldView, ManualClock, MemorySink, Rejection, SeatId, SeatStatus, SectionId, Selection, UserId,
 };
-use boxoffice_tests::{T0_MS, event, ga, on_runtime, reserved, slow_tier};
+use boxoffice_tests::{T0_MS, event, ga, on_runtime, reserved};
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 
@@ -621,10 +621,8 @@ async fn hold(
 }
 
 fn cases() -> u32 {
-    if let Ok(n) = std::env::var("PROPTEST_CASES") {
-        return n.parse().unwrap_or(48);
-    }
-    if slow_tier() { 400 } else { 48 }
+    let n = boxoffice_engine::tiers::count("PROPTEST_CASES", 48, 400);
+    u32::try_from(n).expect("PROPTEST_CASES is a count of cases")
 }
 
 /// The seeds of past failures are kept beside this file, in `model.proptest-regressions`, and
