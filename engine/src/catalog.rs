@@ -119,7 +119,7 @@ impl Engine {
         let event_id = match &spec.event_id {
             Some(id) => id.clone(),
             None if keyed => event_id_of_key(key),
-            None => EventId(format!("ev-{}", ulid::Ulid::generate()).to_lowercase()),
+            None => EventId(format!("ev-{}", crate::rt::ulid()).to_lowercase()),
         };
         let window_ms = self.window_ms();
         let mut catalog = self.inner.catalog.lock().await;

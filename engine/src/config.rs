@@ -39,8 +39,8 @@ pub struct EngineConfig {
     /// remembered, after it was given or ended (see [`crate::retention`]). 1 s to 30 days;
     /// [`crate::Engine::open`] refuses anything else.
     pub idempotency_window: Duration,
-    /// The payment provider (`None`: the built-in simulated one, recording in the data dir's
-    /// sled database; a log outside sled needs one set, as [`EngineConfig::with_sink`] does).
+    /// The payment provider (`None`: the built-in simulated one, recording in the log's store;
+    /// a log outside a store needs one set, as [`EngineConfig::with_sink`] does).
     pub payments: Option<Arc<dyn PaymentProvider>>,
     /// How the built-in simulated provider behaves (when `payments` is `None`).
     pub simulated_payments: SimulatedConfig,
@@ -51,7 +51,7 @@ pub struct EngineConfig {
     /// ([`crate::raft::RaftReplicator`]) and written to `sink` by the group's state machine on
     /// each node, instead of being written here. `None`: a single node.
     pub replicate: Option<Arc<dyn Replicate>>,
-    /// A cluster node's warm state for its group ([`crate::raft::SledStateMachine::warm`]): the
+    /// A cluster node's warm state for its group ([`crate::raft::StateMachine::warm`]): the
     /// engine starts from it if it is kept (and was kept with this engine's idempotency
     /// window), instead of reading `sink` again. `None`, or nothing kept: the log is read.
     pub warm: Option<Arc<crate::warm::Warm>>,
@@ -81,16 +81,15 @@ impl EngineConfig {
     }
 
     /// Defaults, with the log in `sink` instead of a data dir, and the simulated payment
-    /// provider recording in a temporary database that lives as long as this config (and its
+    /// provider recording in a store in memory that lives as long as this config (and its
     /// clones): engines opened one after another on the same sink and config share their
     /// charges, as they share their log.
     pub fn with_sink(sink: Arc<dyn LogSink>) -> Result<EngineConfig, StorageError> {
-        let db = sled::Config::new()
-            .temporary(true)
-            .open()
-            .map_err(|e| StorageError::Io(format!("payments: {e}")))?;
-        let payments = SimulatedProvider::open(&db, SimulatedConfig::default())
-            .map_err(|e| StorageError::Io(format!("payments: {e}")))?;
+        let payments = SimulatedProvider::open(
+            Arc::new(crate::store::SimKv::new()),
+            SimulatedConfig::default(),
+        )
+        .map_err(|e| StorageError::Io(format!("payments: {e}")))?;
         Ok(EngineConfig {
             sink: Some(sink),
             payments: Some(payments),

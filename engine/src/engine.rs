@@ -76,15 +76,16 @@ async fn open_sink(config: &EngineConfig) -> Result<Arc<dyn LogSink>, EngineErro
         return Ok(sink.clone());
     }
     let dir = config.data_dir.clone();
-    let sink = tokio::task::spawn_blocking(move || SledSink::open(&dir, SLED_LOCK_WAIT))
+    let sink = crate::rt::blocking(move || SledSink::open(&dir, SLED_LOCK_WAIT))
         .await
         .map_err(|e| StorageError::Io(format!("opening the log: {e}")))??;
     Ok(Arc::new(sink))
 }
 
 /// The payment provider: the configured one, or the simulated one recording beside the log in
-/// its sled database. A log outside sled has no durable place for the simulated provider's
-/// record, so it needs a provider configured (charges must outlive a restart).
+/// its store. A log outside a [`Kv`](crate::store::Kv) store has no durable place for the
+/// simulated provider's record, so it needs a provider configured (charges must outlive a
+/// restart).
 fn open_payments(
     config: &EngineConfig,
     sink: &dyn LogSink,
@@ -92,14 +93,14 @@ fn open_payments(
     if let Some(p) = &config.payments {
         return Ok(p.clone());
     }
-    let db = sink.sled_db().ok_or_else(|| StorageError::Open {
+    let kv = sink.kv().ok_or_else(|| StorageError::Open {
         path: String::new(),
-        reason: "a log outside sled needs EngineConfig::payments \
+        reason: "a log outside a key-value store needs EngineConfig::payments \
                  (EngineConfig::with_sink sets the simulated provider)"
             .into(),
     })?;
     Ok(SimulatedProvider::open_replicated(
-        &db,
+        kv,
         config.simulated_payments.clone(),
         config.replicate.clone(),
     )
@@ -134,7 +135,7 @@ impl Engine {
             .and_then(|w| w.take())
             .filter(|(_, kept_ms)| *kept_ms == window_ms)
             .map(|(replayed, _)| replayed);
-        let (recovered, report_back) = tokio::task::spawn_blocking(move || {
+        let (recovered, report_back) = crate::rt::blocking(move || {
             let r = match warm {
                 Some(replayed) => {
                     let mut warm_report = RecoveryReport::default();
@@ -429,7 +430,7 @@ impl Engine {
     pub async fn shutdown(&self) {
         self.inner.ready.store(false, Ordering::SeqCst);
         self.stop_actors().await;
-        self.inner.store.close();
+        self.inner.store.close().await;
     }
 
     pub(crate) async fn stop_actors(&self) {

@@ -121,7 +121,7 @@ fn route_of(id: &str, tag: char) -> Option<(EventId, SectionId)> {
 impl HoldId {
     /// A new hold id in `section` of `event`, made unique by a ULID.
     pub fn generate(event: &EventId, section: &SectionId) -> HoldId {
-        HoldId(format!("{event}.{section}.h{}", ulid::Ulid::generate()))
+        HoldId(format!("{event}.{section}.h{}", crate::rt::ulid()))
     }
 
     /// The (event, section) this hold belongs to, or `None` if the id is not one of ours.
@@ -133,7 +133,7 @@ impl HoldId {
 impl OrderId {
     /// A new order id in `section` of `event`, made unique by a ULID.
     pub fn generate(event: &EventId, section: &SectionId) -> OrderId {
-        OrderId(format!("{event}.{section}.o{}", ulid::Ulid::generate()))
+        OrderId(format!("{event}.{section}.o{}", crate::rt::ulid()))
     }
 
     /// The (event, section) this order belongs to, or `None` if the id is not one of ours.

@@ -105,6 +105,7 @@ mod refunds;
 pub mod retention;
 pub mod rooms;
 mod router;
+pub mod rt;
 mod section;
 mod share;
 pub mod store;

@@ -20,6 +20,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::codec;
+use crate::store::{Kv, KvTree};
 
 /// A boxed future, for the object-safe trait.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -105,9 +106,9 @@ impl Default for SimulatedConfig {
 
 /// The built-in simulated provider (see the module docs).
 pub struct SimulatedProvider {
-    db: sled::Db,
-    by_key: sled::Tree,
-    by_id: sled::Tree,
+    store: Arc<dyn Kv>,
+    by_key: Arc<dyn KvTree>,
+    by_id: Arc<dyn KvTree>,
     config: SimulatedConfig,
     /// Serializes the charges and refunds of one key (the idempotency check and the record are
     /// one step), by stripes: calls for other keys go on meanwhile (on a cluster leader, where
@@ -153,33 +154,33 @@ impl GroupFlush {
 /// Stripes of [`SimulatedProvider`]'s per-key lock.
 const LOCK_STRIPES: usize = 256;
 
-fn io(e: sled::Error) -> PaymentError {
+fn io(e: crate::error::StorageError) -> PaymentError {
     PaymentError::Unavailable(e.to_string())
 }
 
 impl SimulatedProvider {
-    /// A provider keeping its record in the `payments` trees of `db`.
+    /// A provider keeping its record in the `payments` trees of `store`.
     pub fn open(
-        db: &sled::Db,
+        store: Arc<dyn Kv>,
         config: SimulatedConfig,
     ) -> Result<Arc<SimulatedProvider>, PaymentError> {
-        SimulatedProvider::open_replicated(db, config, None)
+        SimulatedProvider::open_replicated(store, config, None)
     }
 
     /// [`SimulatedProvider::open`] on a cluster node leading its group: every change of the
     /// record is committed through `replicate` (so the next leader knows every charge), and
-    /// read from `db`, where the group's state machine applies it.
+    /// read from `store`, where the group's state machine applies it.
     pub fn open_replicated(
-        db: &sled::Db,
+        store: Arc<dyn Kv>,
         config: SimulatedConfig,
         replicate: Option<Arc<dyn crate::store::Replicate>>,
     ) -> Result<Arc<SimulatedProvider>, PaymentError> {
         Ok(Arc::new(SimulatedProvider {
-            db: db.clone(),
-            by_key: db.open_tree(crate::store::names::PAYMENTS).map_err(io)?,
-            by_id: db
-                .open_tree(crate::store::names::PAYMENTS_BY_ID)
+            by_key: store.tree(crate::store::names::PAYMENTS).map_err(io)?,
+            by_id: store
+                .tree(crate::store::names::PAYMENTS_BY_ID)
                 .map_err(io)?,
+            store,
             config,
             locks: (0..LOCK_STRIPES)
                 .map(|_| tokio::sync::Mutex::new(()))
@@ -229,16 +230,16 @@ impl SimulatedProvider {
                 ),
             ],
         };
-        tokio::task::spawn_blocking(move || replicate.commit(batch))
+        replicate
+            .commit(batch)
             .await
-            .map_err(|e| PaymentError::Unavailable(e.to_string()))?
             .map(|_| ())
             .map_err(|e| PaymentError::Unavailable(format!("payment record: {e}")))
     }
 
     fn put_here(&self, c: &Charge) -> Result<(), PaymentError> {
         self.by_key
-            .insert(c.key.as_bytes(), codec::encode(c))
+            .insert(c.key.as_bytes(), &codec::encode(c))
             .map_err(io)?;
         self.by_id
             .insert(c.payment_id.as_bytes(), c.key.as_bytes())
@@ -256,10 +257,10 @@ impl SimulatedProvider {
         }
         self.flushes
             .run(|| async {
-                let db = self.db.clone();
-                tokio::task::spawn_blocking(move || db.flush())
+                let store = self.store.clone();
+                crate::rt::blocking(move || store.sync())
                     .await
-                    .map_err(|e| PaymentError::Unavailable(e.to_string()))?
+                    .map_err(PaymentError::Unavailable)?
                     .map_err(io)?;
                 Ok(())
             })
@@ -278,8 +279,7 @@ impl SimulatedProvider {
 }
 
 fn rand_u64() -> u64 {
-    let u = ulid::Ulid::generate();
-    u64::try_from(u.random() & u128::from(u64::MAX)).unwrap_or(0)
+    crate::rt::random_u64()
 }
 
 impl PaymentProvider for SimulatedProvider {
@@ -317,7 +317,7 @@ impl PaymentProvider for SimulatedProvider {
                 || (self.config.decline_rate > 0.0
                     && (rand_u64() as f64 / u64::MAX as f64) < self.config.decline_rate);
             let charge = Charge {
-                payment_id: format!("pay_{}", ulid::Ulid::generate()),
+                payment_id: format!("pay_{}", crate::rt::ulid()),
                 key: key.to_owned(),
                 amount_cents,
                 status: if declined {
@@ -375,8 +375,7 @@ impl PaymentProvider for SimulatedProvider {
     fn charges(&self) -> BoxFuture<'_, Result<Vec<Charge>, PaymentError>> {
         Box::pin(async move {
             let mut out = Vec::new();
-            for item in self.by_key.iter() {
-                let (_, v) = item.map_err(io)?;
+            for (_, v) in self.by_key.pairs().map_err(io)? {
                 out.push(
                     codec::decode(&v)
                         .map_err(|e| PaymentError::Unavailable(format!("payment record: {e}")))?,
@@ -394,8 +393,8 @@ mod tests {
     #[tokio::test]
     async fn token_conventions_and_idempotency_by_key() {
         let dir = tempfile::tempdir().unwrap();
-        let db = sled::Config::new().path(dir.path()).open().unwrap();
-        let p = SimulatedProvider::open(&db, SimulatedConfig::default()).unwrap();
+        let store = crate::store::SledKv::open(dir.path(), 16 << 20, Duration::ZERO).unwrap();
+        let p = SimulatedProvider::open(Arc::new(store), SimulatedConfig::default()).unwrap();
         let a = p.charge("k1", 100, "tok_visa").await.unwrap();
         assert_eq!(a.status, ChargeStatus::Captured);
         assert_eq!(

@@ -356,7 +356,7 @@ async fn replay_off_runtime<T: Send + 'static>(
     what: &str,
     replay: impl FnOnce() -> Result<T, StorageError> + Send + 'static,
 ) -> Result<T, EngineError> {
-    match tokio::task::spawn_blocking(replay).await {
+    match crate::rt::blocking(replay).await {
         Ok(r) => Ok(r?),
         Err(e) => Err(StorageError::Io(format!("replaying {what} log failed: {e}")).into()),
     }

@@ -28,7 +28,8 @@ impl Engine {
         self.inner
             .store
             .sink
-            .sled_db()
+            .kv()
+            .and_then(|kv| kv.as_sled())
             .expect("the engine's log is in sled")
     }
 
@@ -38,7 +39,7 @@ impl Engine {
         self.inner.ready.store(false, Ordering::SeqCst);
         self.inner.store.halt_now("simulated crash");
         self.stop_actors().await;
-        self.inner.store.close();
+        self.inner.store.close().await;
     }
 
     /// Makes a section's actor panic in its handler (as a failed invariant check would); the

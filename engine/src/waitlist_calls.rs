@@ -72,7 +72,7 @@ impl Engine {
         self.refuse_if_places_free(&e, section.as_ref(), quantity)
             .await?;
         let join = JoinRequest {
-            entry_id: format!("{event_id}.w{}", ulid::Ulid::generate()),
+            entry_id: format!("{event_id}.w{}", crate::rt::ulid()),
             event_id: event_id.clone(),
             user_id: user_id.clone(),
             section_id: section,

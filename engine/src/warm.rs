@@ -6,7 +6,7 @@
 //!
 //! The state is kept only while it is known to match the node's copy exactly:
 //! - it is built by replaying the copy (checked as a start checks it) under the state
-//!   machine's lock, so no batch is applied meanwhile ([`crate::raft::SledStateMachine::warm_up`]);
+//!   machine's lock, so no batch is applied meanwhile ([`crate::raft::StateMachine::warm_up`]);
 //! - from then on every record the state machine writes is applied to it, in order: a record
 //!   already applied (openraft applies the entries after its last recorded position again after
 //!   a restart) is skipped by its sequence number, and anything that does not fit (a gap, a

@@ -171,13 +171,11 @@ impl Peers {
             if *id == me {
                 continue;
             }
-            let channel = Endpoint::from_shared(format!("http://{addr}"))
+            let endpoint = Endpoint::from_shared(format!("http://{addr}"))
                 .ok()?
                 .connect_timeout(Duration::from_millis(500))
-                .timeout(Duration::from_secs(2))
-                .connect()
-                .await
-                .ok()?;
+                .timeout(Duration::from_secs(2));
+            let channel = crate::net::channel_now(&self.net, endpoint).await.ok()?;
             let mut req = Request::new(RaftMessage {
                 payload: vec![],
                 group: self.group,
@@ -252,6 +250,7 @@ pub struct Peers {
     secret: ClusterSecret,
     group: u32,
     groups: u32,
+    net: crate::net::Net,
 }
 
 impl Peers {
@@ -263,7 +262,24 @@ impl Peers {
             secret,
             group: 0,
             groups: 1,
+            net: None,
         }
+    }
+
+    /// The group these peers are reached in.
+    pub fn group(&self) -> u32 {
+        self.group
+    }
+
+    /// Every node's address.
+    pub fn addrs(&self) -> &BTreeMap<NodeId, String> {
+        &self.addrs
+    }
+
+    /// The same peers, reached over `net` (a simulation's network; `None`: the OS's).
+    pub fn over(mut self, net: crate::net::Net) -> Peers {
+        self.net = net;
+        self
     }
 
     /// The same peers, in group `group` of `groups`.
@@ -282,9 +298,10 @@ impl RaftNetworkFactory<TypeConfig> for Peers {
             Endpoint::from_shared(format!("http://{addr}"))
                 .ok()
                 .map(|e| {
-                    e.connect_timeout(Duration::from_millis(500))
-                        .tcp_nodelay(true)
-                        .connect_lazy()
+                    let e = e
+                        .connect_timeout(Duration::from_millis(500))
+                        .tcp_nodelay(true);
+                    crate::net::channel_lazy(&self.net, e)
                 })
         });
         PeerClient {

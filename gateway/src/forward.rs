@@ -57,17 +57,20 @@ pub struct Forwarder {
     secret: ClusterSecret,
     groups: Groups,
     channels: Mutex<BTreeMap<u64, Channel>>,
+    net: crate::net::Net,
 }
 
 impl Forwarder {
     /// Node `id` of the groups `rafts` (index: the group), with every node's address in
-    /// `peers`; `groups` is each group's state here (set while this node serves it).
+    /// `peers`; `groups` is each group's state here (set while this node serves it); calls go
+    /// over `net` (`None`: the OS's network).
     pub fn new(
         id: u64,
         rafts: Vec<Raft>,
         peers: BTreeMap<u64, String>,
         secret: ClusterSecret,
         groups: Groups,
+        net: crate::net::Net,
     ) -> Forwarder {
         Forwarder {
             id,
@@ -76,6 +79,7 @@ impl Forwarder {
             secret,
             groups,
             channels: Mutex::new(BTreeMap::new()),
+            net,
         }
     }
 
@@ -114,14 +118,14 @@ impl Forwarder {
         let addr = self.peers.get(&node)?;
         // Keepalive pings: a leader that vanishes without closing its connections (power,
         // network) is noticed in seconds, not when TCP gives up.
-        let channel = Endpoint::from_shared(format!("http://{addr}"))
+        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
             .ok()?
             .connect_timeout(Duration::from_millis(500))
             .http2_keep_alive_interval(Duration::from_secs(1))
             .keep_alive_timeout(Duration::from_secs(2))
             .keep_alive_while_idle(true)
-            .tcp_nodelay(true)
-            .connect_lazy();
+            .tcp_nodelay(true);
+        let channel = crate::net::channel_lazy(&self.net, endpoint);
         channels.insert(node, channel.clone());
         Some(channel)
     }
@@ -410,7 +414,7 @@ fn route_of(path: &str, headers: &http::HeaderMap, body: bytes::Bytes) -> (Route
                 // The id the engine derives from the key: every retry lands in one group.
                 Route::Event(boxoffice_engine::event_id_of_key(&m.idempotency_key).0)
             } else {
-                m.event_id = format!("ev-{}", ulid::Ulid::generate()).to_lowercase();
+                m.event_id = format!("ev-{}", boxoffice_engine::rt::ulid()).to_lowercase();
                 let event = m.event_id.clone();
                 return (Route::Event(event), frame(&m.encode_to_vec()));
             }

@@ -33,6 +33,7 @@ pub mod health;
 pub mod http;
 pub mod limits;
 pub mod metrics;
+pub mod net;
 pub mod pow;
 pub mod seat_maps;
 pub mod server;

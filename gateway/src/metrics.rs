@@ -780,7 +780,8 @@ pub fn spawn_sampler(
             tick.tick().await;
             let dir = data_dir.clone();
             if let Ok(usage) =
-                tokio::task::spawn_blocking(move || boxoffice_engine::store::disk_usage(&dir)).await
+                boxoffice_engine::rt::blocking(move || boxoffice_engine::store::disk_usage(&dir))
+                    .await
             {
                 log.set(usage.log as f64);
                 total.set(usage.total as f64);

@@ -92,7 +92,7 @@ impl JoinChallenges {
     pub fn new(ttl_ms: u64) -> JoinChallenges {
         JoinChallenges {
             ttl_ms: ttl_ms.max(1),
-            instance: rand::random(),
+            instance: boxoffice_engine::rt::random_u64(),
             used: DashMap::new(),
         }
     }
@@ -116,7 +116,7 @@ impl JoinChallenges {
             kind: TokenKind::JoinChallenge,
             event_id: event_id.to_owned(),
             user_id: user_id.to_owned(),
-            number: rand::random(),
+            number: boxoffice_engine::rt::random_u64(),
             at_ms: now_ms,
             epoch: self.instance,
             expires_at_ms,

@@ -300,7 +300,7 @@ impl SectionMaps {
             let _one_builder = one_builder;
             let (spec, seats_len) = (me.spec.clone(), me.seats_len);
             // A big section takes tens of ms to encode: off the async workers.
-            let built = tokio::task::spawn_blocking(move || build(&spec, &snap, seats_len, now))
+            let built = boxoffice_engine::rt::blocking(move || build(&spec, &snap, seats_len, now))
                 .await
                 .ok()?;
             let built = Arc::new(built);

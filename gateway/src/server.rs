@@ -20,6 +20,7 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use crate::gate::{Gate, GateLayer, Keys, Scope};
+use crate::net::Listener;
 use crate::seat_maps::SeatMaps;
 use crate::services::{Api, BookingSvc, EventRoutes, Groups, Ready, WaitingRoomSvc, WaitlistSvc};
 use crate::tokens::TokenSigner;
@@ -86,6 +87,9 @@ pub struct ServerConfig {
     pub seat_map_staleness: Duration,
     /// A cluster node's part (`None`: a single node, the default).
     pub cluster: Option<ClusterConfig>,
+    /// The network the server listens on and reaches its peers over: the OS's (`None`, the
+    /// default) or a deterministic simulation's ([`crate::net`]).
+    pub network: crate::net::Net,
 }
 
 /// A cluster node's part of [`ServerConfig`] (issue 13): the node serves the Raft service
@@ -105,6 +109,12 @@ pub struct ClusterConfig {
     /// [`crate::forward::group_of_event`] of its id; group `g`'s first leader is the `g`-th
     /// node (by id, round robin), so leaders are spread over the nodes. The same on every node.
     pub groups: u32,
+    /// Each group's store instead of a sled database under the data dir (index: the group; a
+    /// deterministic simulation's disks). `None`: sled, the default.
+    pub stores: Option<Vec<Arc<dyn boxoffice_engine::store::Kv>>>,
+    /// Raft entries kept in the log behind a snapshot
+    /// ([`boxoffice_engine::raft::SNAPSHOT_KEEP_DEFAULT`] unless a simulation keeps fewer).
+    pub snapshot_keep: u64,
 }
 
 /// The file of a cluster node's data dir that records its `--groups`.
@@ -189,6 +199,7 @@ impl ServerConfig {
             seat_map_max_bytes: crate::limits::SEAT_MAP_BYTES_DEFAULT,
             seat_map_staleness: Duration::from_millis(crate::limits::SEAT_MAP_STALENESS_MS_DEFAULT),
             cluster: None,
+            network: None,
         }
     }
 }
@@ -458,7 +469,7 @@ async fn serve_metrics(
 /// [`Running::wait_ready`] to wait for recovery. A cluster node ([`ServerConfig::cluster`])
 /// starts its Raft instead, and runs the engine while it leads (see [`lead`]).
 pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
-    let listener = tokio::net::TcpListener::bind(config.listen)
+    let listener = Listener::bind(&config.network, config.listen)
         .await
         .with_context(|| format!("binding the gRPC address {}", config.listen))?;
     let addr = listener.local_addr()?;
@@ -479,7 +490,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
             check_groups(&config.data_dir, n_groups)?;
             let mut rafts = Vec::new();
             for g in 0..n_groups {
-                rafts.push(open_raft(c, &config.data_dir, g).await?);
+                rafts.push(open_raft(c, &config.data_dir, g, &config.network).await?);
             }
             Some(rafts)
         }
@@ -500,16 +511,25 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
                 c.peers.clone(),
                 c.secret.clone(),
                 groups.clone(),
+                config.network.clone(),
             )),
         )),
         _ => None,
     };
     let router = grpc_router(&gate, health_service, &groups, seat_map_max_bytes, cluster)?;
     let (stop_grpc, stop_rx) = oneshot::channel::<()>();
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    let grpc_task = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async move {
+    let stopped = async move {
         let _ = stop_rx.await;
-    }));
+    };
+    let grpc_task = match listener {
+        Listener::Tcp(l) => {
+            let incoming = TcpIncoming::from(l).with_nodelay(Some(true));
+            tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
+        }
+        Listener::Other(_, incoming) => {
+            tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
+        }
+    };
 
     let mut background = Vec::new();
     let (http_addr, stop_http) = match config.http_listen {
@@ -785,9 +805,10 @@ async fn open_raft(
     cluster: &ClusterConfig,
     data_dir: &std::path::Path,
     group: u32,
+    net: &crate::net::Net,
 ) -> anyhow::Result<(
     boxoffice_engine::raft::Raft,
-    boxoffice_engine::raft::SledStateMachine,
+    boxoffice_engine::raft::StateMachine,
     boxoffice_engine::raft::VoteGuard,
 )> {
     use boxoffice_engine::raft;
@@ -802,17 +823,26 @@ async fn open_raft(
     // The node's groups share one page cache budget (sled's 1 GiB), at least 64 MiB each.
     let cache = (boxoffice_engine::store::SLED_CACHE_BYTES / u64::from(cluster.groups.max(1)))
         .max(64 << 20);
-    let db = tokio::task::spawn_blocking(move || raft::open_node_db_cached(&dir, cache))
-        .await?
-        .with_context(|| format!("opening {}", shown.display()))?;
-    let sm = raft::SledStateMachine::open(&db)?;
-    let log = raft::SledLogStore::open(&db)?;
+    let store = cluster
+        .stores
+        .as_ref()
+        .and_then(|s| s.get(group as usize).cloned());
+    let db = match store {
+        Some(store) => raft::NodeDb::new(store),
+        None => boxoffice_engine::rt::blocking(move || raft::open_node_db_cached(&dir, cache))
+            .await
+            .map_err(anyhow::Error::msg)?
+            .with_context(|| format!("opening {}", shown.display()))?,
+    };
+    let sm = raft::StateMachine::open(&db)?;
+    let log = raft::LogStore::open(&db)?;
     let guard = raft::VoteGuard::open(&db)?;
     let peers = crate::cluster::Peers::new(cluster.peers.clone(), cluster.secret.clone())
-        .in_group(group, cluster.groups.max(1));
+        .in_group(group, cluster.groups.max(1))
+        .over(net.clone());
     let raft = raft::Raft::new(
         cluster.node_id,
-        raft::config(cluster.snapshot_every),
+        raft::config_keeping(cluster.snapshot_every, cluster.snapshot_keep),
         peers,
         log,
         sm.clone(),
@@ -825,10 +855,9 @@ async fn open_raft(
         tokio::spawn(form_group(
             raft.clone(),
             guard.clone(),
-            cluster.peers.clone(),
-            cluster.secret.clone(),
-            group,
-            cluster.groups.max(1),
+            crate::cluster::Peers::new(cluster.peers.clone(), cluster.secret.clone())
+                .in_group(group, cluster.groups.max(1))
+                .over(net.clone()),
         ));
     }
     Ok((raft, sm, guard))
@@ -841,13 +870,10 @@ async fn open_raft(
 async fn form_group(
     raft: boxoffice_engine::raft::Raft,
     guard: boxoffice_engine::raft::VoteGuard,
-    peers: std::collections::BTreeMap<u64, String>,
-    secret: crate::cluster::ClusterSecret,
-    group: u32,
-    groups: u32,
+    network: crate::cluster::Peers,
 ) {
     let me = raft.metrics().borrow().id;
-    let network = crate::cluster::Peers::new(peers.clone(), secret).in_group(group, groups);
+    let group = network.group();
     loop {
         tokio::time::sleep(FORM_RETRY).await;
         if !matches!(raft.is_initialized().await, Ok(false))
@@ -864,7 +890,8 @@ async fn form_group(
             None => tracing::info!("waiting for every node before forming the group"),
         }
     }
-    let members: std::collections::BTreeMap<u64, openraft::BasicNode> = peers
+    let members: std::collections::BTreeMap<u64, openraft::BasicNode> = network
+        .addrs()
         .iter()
         .map(|(id, a)| (*id, openraft::BasicNode::new(a.clone())))
         .collect();
@@ -883,7 +910,7 @@ const FORM_RETRY: Duration = Duration::from_millis(1_500);
 /// What the leadership loop needs.
 struct Leading {
     raft: boxoffice_engine::raft::Raft,
-    sm: boxoffice_engine::raft::SledStateMachine,
+    sm: boxoffice_engine::raft::StateMachine,
     /// Which group.
     group: u32,
     config: ServerConfig,
@@ -925,7 +952,6 @@ impl Leading {
         // while this engine runs, they are skipped, and the engine stops (see `lead`).
         ec.replicate = Some(Arc::new(boxoffice_engine::raft::RaftReplicator::new(
             self.raft.clone(),
-            tokio::runtime::Handle::current(),
             term,
         )));
         // Each node signs tickets with its own key (made on its first lead).

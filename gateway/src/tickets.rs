@@ -372,7 +372,7 @@ fn new_signing_key(dir: &Path, kept: usize) -> anyhow::Result<TicketSigner> {
         dir.join(PUBLIC_KEYS_DIR).display()
     );
     let mut seed = [0u8; 32];
-    rand::RngCore::fill_bytes(&mut rand::rng(), &mut seed);
+    boxoffice_engine::rt::fill_random(&mut seed);
     let signer = TicketSigner::from_seed(seed);
     keep_public_key(dir, signer.public_key())?;
     write_atomically(&dir.join(KEY_FILE), hex::encode(seed).as_bytes(), true)?;

@@ -185,7 +185,7 @@ impl WaitingRoom {
     /// A room that records nothing (benchmarks, tests): its line lives in memory only.
     /// `_now_ms` is when it was made (kept for symmetry with the clock-driven API).
     pub fn new(config: RoomConfig, _now_ms: u64) -> WaitingRoom {
-        WaitingRoom::with(config, rand::random(), u32::MAX)
+        WaitingRoom::with(config, boxoffice_engine::rt::random_u64(), u32::MAX)
     }
 
     fn with(config: RoomConfig, epoch: u64, reserved: u32) -> WaitingRoom {

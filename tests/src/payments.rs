@@ -22,25 +22,25 @@ pub struct Gated {
     /// One permit per charge captured and waiting at `after`.
     pub captured: Arc<Semaphore>,
     hold_after: std::sync::atomic::AtomicBool,
-    _db: boxoffice_engine::raw::sled::Db,
 }
 
 impl Gated {
     /// A gated provider recording in `dir`, with its gate closed.
     pub fn open(dir: &Path) -> Arc<Gated> {
-        let db = boxoffice_engine::raw::sled::Config::new()
-            .path(dir)
-            .open()
-            .expect("the payments database opens");
+        let store = boxoffice_engine::store::SledKv::open(
+            dir,
+            64 << 20,
+            std::time::Duration::from_secs(10),
+        )
+        .expect("the payments database opens");
         Arc::new(Gated {
-            inner: SimulatedProvider::open(&db, SimulatedConfig::default())
+            inner: SimulatedProvider::open(Arc::new(store), SimulatedConfig::default())
                 .expect("the simulated provider opens"),
             gate: Arc::new(Semaphore::new(0)),
             arrived: Arc::new(Semaphore::new(0)),
             after: Arc::new(Semaphore::new(0)),
             captured: Arc::new(Semaphore::new(0)),
             hold_after: std::sync::atomic::AtomicBool::new(false),
-            _db: db,
         })
     }
 }

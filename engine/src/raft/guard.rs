@@ -33,25 +33,22 @@ enum State {
 #[derive(Clone)]
 pub struct VoteGuard {
     state: Arc<Mutex<State>>,
-    meta: sled::Tree,
+    meta: Arc<dyn crate::store::KvTree>,
 }
 
 impl VoteGuard {
     /// The guard of `node`: ready if it was ready before, or if its Raft state is not pristine
     /// (it kept its data); catching up otherwise.
     pub fn open(node: &NodeDb) -> std::io::Result<VoteGuard> {
-        let meta = node
-            .db
-            .open_tree(format!("{}meta", names::RAFT_TREES_PREFIX))
-            .map_err(std::io::Error::other)?;
-        let log = node
-            .db
-            .open_tree(format!("{}log", names::RAFT_TREES_PREFIX))
-            .map_err(std::io::Error::other)?;
+        let meta = node.tree(&format!("{}meta", names::RAFT_TREES_PREFIX))?;
+        let log = node.tree(&format!("{}log", names::RAFT_TREES_PREFIX))?;
         let ready = meta
-            .contains_key(VOTER_READY)
-            .map_err(std::io::Error::other)?;
-        let pristine = !ready && meta.is_empty() && log.is_empty();
+            .get(VOTER_READY)
+            .map_err(std::io::Error::other)?
+            .is_some();
+        let pristine = !ready
+            && meta.is_empty().map_err(std::io::Error::other)?
+            && log.is_empty().map_err(std::io::Error::other)?;
         let guard = VoteGuard {
             state: Arc::new(Mutex::new(if pristine {
                 State::CatchingUp { target: None }

@@ -20,7 +20,7 @@ pub fn one_record(stream: &str, seq: u64, bytes: Vec<u8>) -> Batch {
 }
 
 /// Every record of `stream` in the log `sm` applies to, by seq.
-pub fn records(sm: &super::SledStateMachine, stream: &str) -> Vec<(u64, Vec<u8>)> {
+pub fn records(sm: &super::StateMachine, stream: &str) -> Vec<(u64, Vec<u8>)> {
     sm.sink()
         .stream(stream)
         .and_then(|s| s.read_after(0))
@@ -100,11 +100,11 @@ pub async fn write_applied(
 /// Waits (10 s at most) until the log of every state machine of `sms` holds exactly the
 /// records of `acked` in the streams they write (`Err`: how many each held).
 pub async fn all_hold(
-    sms: &BTreeMap<u64, super::SledStateMachine>,
+    sms: &BTreeMap<u64, super::StateMachine>,
     acked: &[Batch],
 ) -> Result<(), String> {
     let want = expected(acked);
-    let held = |sm: &super::SledStateMachine| -> BTreeMap<String, BTreeMap<u64, Vec<u8>>> {
+    let held = |sm: &super::StateMachine| -> BTreeMap<String, BTreeMap<u64, Vec<u8>>> {
         want.keys()
             .map(|s| (s.clone(), records(sm, s).into_iter().collect()))
             .collect()
@@ -141,14 +141,18 @@ pub async fn open_engine_with(
         .ensure_linearizable()
         .await
         .map_err(|e| format!("node {}: not the leader: {e}", node.id))?;
-    let mut config = crate::EngineConfig::new(node.db.dir());
+    let mut config = crate::EngineConfig::new(
+        node.db
+            .dir()
+            .map(std::path::Path::to_path_buf)
+            .unwrap_or_default(),
+    );
     config.sink = Some(node.sm.sink());
     // The state the node kept while it followed, if it warmed up.
     config.warm = Some(node.sm.warm());
     let term = node.raft.metrics().borrow().current_term;
     config.replicate = Some(std::sync::Arc::new(super::RaftReplicator::new(
         node.raft.clone(),
-        tokio::runtime::Handle::current(),
         term,
     )));
     change(&mut config);
@@ -160,7 +164,7 @@ pub struct Node {
     /// Its Raft.
     pub raft: Raft,
     /// Its state machine (its copy of the log).
-    pub sm: super::SledStateMachine,
+    pub sm: super::StateMachine,
     /// Its id.
     pub id: u64,
     db: super::NodeDb,
@@ -175,8 +179,8 @@ pub async fn start(
     snapshot_every: u64,
 ) -> Result<Node, String> {
     let db = super::open_node_db(dir).map_err(|e| e.to_string())?;
-    let sm = super::SledStateMachine::open(&db).map_err(|e| e.to_string())?;
-    let log = super::SledLogStore::open(&db).map_err(|e| e.to_string())?;
+    let sm = super::StateMachine::open(&db).map_err(|e| e.to_string())?;
+    let log = super::LogStore::open(&db).map_err(|e| e.to_string())?;
     let raft = Raft::new(
         id,
         super::config(snapshot_every),

@@ -6,11 +6,11 @@
 //! - [`TypeConfig`]: a Raft entry's payload is a [`Batch`] (one group commit: the records of
 //!   several streams, each already encoded by [`crate::codec`]), so replication is paid per batch,
 //!   not per hold.
-//! - [`SledLogStore`] ([`openraft::storage::RaftLogStorage`]): the Raft log, vote and commit index
+//! - [`LogStore`] ([`openraft::storage::RaftLogStorage`]): the Raft log, vote and commit index
 //!   in the node's sled database (trees `raft_log`, `raft_meta`), made durable (sled flush, then
 //!   `fdatasync` of sled's data file, as the engine's own sink does) before openraft is told an
 //!   append is done. A vote is durable before it is answered.
-//! - [`SledStateMachine`] ([`openraft::storage::RaftStateMachine`]): applies committed batches to
+//! - [`StateMachine`] ([`openraft::storage::RaftStateMachine`]): applies committed batches to
 //!   the node's copy of the records (tree `raft_applied`, keyed by Raft log index) with the last
 //!   applied log id and membership; snapshots are the whole copy, so a node whose data was wiped
 //!   catches up from one.
@@ -32,7 +32,7 @@ use std::io::Cursor;
 use serde::{Deserialize, Serialize};
 
 pub use guard::VoteGuard;
-pub use store::{NodeDb, SledLogStore, SledStateMachine, open_node_db, open_node_db_cached};
+pub use store::{LogStore, NodeDb, StateMachine, open_node_db, open_node_db_cached};
 
 /// One change to a node's log, as the flusher would make it on a single node.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -105,6 +105,7 @@ openraft::declare_raft_types!(
         NodeId = u64,
         Node = openraft::BasicNode,
         SnapshotData = Cursor<Vec<u8>>,
+        AsyncRuntime = Runtime,
 );
 
 /// A Raft node of this crate's types.
@@ -115,72 +116,144 @@ pub type Raft = openraft::Raft<TypeConfig>;
 pub const COMMIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The flusher's way into a group ([`crate::store::Replicate`]): each group commit becomes one
-/// `client_write` submitted from the flusher's thread, its answer awaited on the node's runtime
-/// from the acker's.
+/// `client_write` submitted by the flusher, its answer awaited by the acker.
 pub struct RaftReplicator {
     raft: Raft,
-    runtime: tokio::runtime::Handle,
     term: u64,
 }
 
 impl RaftReplicator {
-    /// Replicates through `raft`, awaiting on `runtime` (the one the node's Raft runs on), for
-    /// an engine opened while this node leads in `term` (its batches are stamped with it).
-    pub fn new(raft: Raft, runtime: tokio::runtime::Handle, term: u64) -> RaftReplicator {
-        RaftReplicator {
-            raft,
-            runtime,
-            term,
-        }
+    /// Replicates through `raft`, for an engine opened while this node leads in `term` (its
+    /// batches are stamped with it).
+    pub fn new(raft: Raft, term: u64) -> RaftReplicator {
+        RaftReplicator { raft, term }
     }
 }
 
 impl crate::store::Replicate for RaftReplicator {
-    fn submit(&self, mut batch: Batch) -> Result<crate::store::Waiter, crate::error::StorageError> {
-        batch.term = self.term;
-        let raft = self.raft.clone();
-        let rx = self
-            .runtime
-            .block_on(async move { raft.client_write_ff(batch).await })
-            .map_err(|e| crate::error::StorageError::Halted(format!("raft: {e}")))?;
-        let runtime = self.runtime.clone();
-        Ok(Box::new(move || {
-            let answer =
-                runtime.block_on(async move { tokio::time::timeout(COMMIT_TIMEOUT, rx).await });
-            match answer {
-                Ok(Ok(Ok(r))) if r.data.stale => Err(crate::error::StorageError::Halted(
-                    "this engine's leadership ended (the group moved to a later term)".into(),
-                )),
-                Ok(Ok(Ok(r))) => Ok(r.data.refused),
-                Ok(Ok(Err(openraft::error::ClientWriteError::ForwardToLeader(_)))) => {
-                    Err(crate::error::StorageError::Halted(
-                        "this node no longer leads its group".into(),
-                    ))
+    fn submit(
+        &self,
+        mut batch: Batch,
+    ) -> futures_util::future::BoxFuture<'_, Result<crate::store::Waiter, crate::error::StorageError>>
+    {
+        Box::pin(async move {
+            batch.term = self.term;
+            let rx = self
+                .raft
+                .client_write_ff(batch)
+                .await
+                .map_err(|e| crate::error::StorageError::Halted(format!("raft: {e}")))?;
+            let wait: crate::store::Waiter = Box::pin(async move {
+                match tokio::time::timeout(COMMIT_TIMEOUT, rx).await {
+                    Ok(Ok(Ok(r))) if r.data.stale => Err(crate::error::StorageError::Halted(
+                        "this engine's leadership ended (the group moved to a later term)".into(),
+                    )),
+                    Ok(Ok(Ok(r))) => Ok(r.data.refused),
+                    Ok(Ok(Err(openraft::error::ClientWriteError::ForwardToLeader(_)))) => {
+                        Err(crate::error::StorageError::Halted(
+                            "this node no longer leads its group".into(),
+                        ))
+                    }
+                    Ok(Ok(Err(e))) => Err(crate::error::StorageError::Io(format!("raft: {e}"))),
+                    Ok(Err(_)) => Err(crate::error::StorageError::Halted(
+                        "this node's Raft stopped".into(),
+                    )),
+                    Err(_) => Err(crate::error::StorageError::Halted(format!(
+                        "no majority of the group answered within {} s",
+                        COMMIT_TIMEOUT.as_secs()
+                    ))),
                 }
-                Ok(Ok(Err(e))) => Err(crate::error::StorageError::Io(format!("raft: {e}"))),
-                Ok(Err(_)) => Err(crate::error::StorageError::Halted(
-                    "this node's Raft stopped".into(),
-                )),
-                Err(_) => Err(crate::error::StorageError::Halted(format!(
-                    "no majority of the group answered within {} s",
-                    COMMIT_TIMEOUT.as_secs()
-                ))),
-            }
-        }))
+            });
+            Ok(wait)
+        })
     }
 }
+
+/// openraft's runtime: tokio's, but for its random numbers (the election timeouts), which come
+/// from [`crate::rt`]: the OS-seeded thread RNG, or a deterministic simulation's seed.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Runtime;
+
+impl openraft::AsyncRuntime for Runtime {
+    type JoinError = tokio::task::JoinError;
+    type JoinHandle<T: openraft::OptionalSend + 'static> = tokio::task::JoinHandle<T>;
+    type Sleep = tokio::time::Sleep;
+    type Instant = openraft::TokioInstant;
+    type TimeoutError = tokio::time::error::Elapsed;
+    type Timeout<R, T: std::future::Future<Output = R> + openraft::OptionalSend> =
+        tokio::time::Timeout<T>;
+    type ThreadLocalRng = crate::rt::RaftRng;
+    type OneshotSender<T: openraft::OptionalSend> = openraft::async_runtime::TokioOneShotSender<T>;
+    type OneshotReceiverError = tokio::sync::oneshot::error::RecvError;
+    type OneshotReceiver<T: openraft::OptionalSend> = tokio::sync::oneshot::Receiver<T>;
+
+    fn spawn<T>(future: T) -> Self::JoinHandle<T::Output>
+    where
+        T: std::future::Future + openraft::OptionalSend + 'static,
+        T::Output: openraft::OptionalSend + 'static,
+    {
+        tokio::task::spawn(future)
+    }
+
+    fn sleep(duration: std::time::Duration) -> Self::Sleep {
+        tokio::time::sleep(duration)
+    }
+
+    fn sleep_until(deadline: Self::Instant) -> Self::Sleep {
+        tokio::time::sleep_until(deadline)
+    }
+
+    fn timeout<R, F: std::future::Future<Output = R> + openraft::OptionalSend>(
+        duration: std::time::Duration,
+        future: F,
+    ) -> Self::Timeout<R, F> {
+        tokio::time::timeout(duration, future)
+    }
+
+    fn timeout_at<R, F: std::future::Future<Output = R> + openraft::OptionalSend>(
+        deadline: Self::Instant,
+        future: F,
+    ) -> Self::Timeout<R, F> {
+        tokio::time::timeout_at(deadline, future)
+    }
+
+    fn is_panic(join_error: &Self::JoinError) -> bool {
+        join_error.is_panic()
+    }
+
+    fn thread_rng() -> Self::ThreadLocalRng {
+        crate::rt::RaftRng
+    }
+
+    fn oneshot<T>() -> (Self::OneshotSender<T>, Self::OneshotReceiver<T>)
+    where
+        T: openraft::OptionalSend,
+    {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        (openraft::async_runtime::TokioOneShotSender(tx), rx)
+    }
+}
+
+/// Entries kept in the log behind a snapshot (a follower a little behind catches up from them).
+pub const SNAPSHOT_KEEP_DEFAULT: u64 = 1_000;
 
 /// The Raft timing of a group: heartbeats every 50 ms, an election after 200 to 400 ms without
 /// one (so a leader's death is noticed in well under a second), and a snapshot every
 /// `snapshot_every` entries (the log before it is then purged, but for the last 1,000).
 pub fn config(snapshot_every: u64) -> std::sync::Arc<openraft::Config> {
+    config_keeping(snapshot_every, SNAPSHOT_KEEP_DEFAULT)
+}
+
+/// [`config`], keeping `keep` entries behind a snapshot (a simulation keeps few, so lagging
+/// followers catch up from snapshots often).
+pub fn config_keeping(snapshot_every: u64, keep: u64) -> std::sync::Arc<openraft::Config> {
     let config = openraft::Config {
         heartbeat_interval: 50,
         election_timeout_min: 200,
         election_timeout_max: 400,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(snapshot_every),
         // A follower a little behind catches up from the log, not from a whole snapshot.
-        max_in_snapshot_log_to_keep: 1_000,
+        max_in_snapshot_log_to_keep: keep,
         // An entry is a whole group commit (a checkpoint can be megabytes): few per message,
         // so an append stays well within the message limit between nodes.
         max_payload_entries: 16,

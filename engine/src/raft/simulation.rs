@@ -22,7 +22,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::harness::Node;
 use super::network::Router;
-use super::{Batch, SledStateMachine};
+use super::{Batch, StateMachine};
 
 async fn start(router: &Router, id: u64, dir: &Path) -> Node {
     super::harness::start(router, id, dir, 10).await.unwrap()
@@ -33,7 +33,7 @@ fn batch(n: u64) -> Batch {
     super::harness::one_record("sim", n.saturating_add(1), n.to_be_bytes().to_vec())
 }
 
-fn applied(sm: &SledStateMachine) -> Vec<(u64, Vec<u8>)> {
+fn applied(sm: &StateMachine) -> Vec<(u64, Vec<u8>)> {
     super::harness::records(sm, "sim")
 }
 

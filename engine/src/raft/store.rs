@@ -1,9 +1,10 @@
-//! The Raft log and the state machine of a node, in its sled database.
+//! The Raft log and the state machine of a node, in its store ([`Kv`]: sled in the data dir,
+//! or a simulated disk).
 
 use std::fmt::Debug;
 use std::io::Cursor;
 use std::ops::{Bound, RangeBounds};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage, RaftStateMachine, Snapshot};
@@ -12,57 +13,67 @@ use openraft::{
     SnapshotMeta, StorageError, StorageIOError, StoredMembership, Vote,
 };
 use serde::{Deserialize, Serialize};
-use sled::Transactional;
 
 use super::{Applied, Batch, Op, TypeConfig};
 use crate::codec;
-use crate::store::{Claim, LogSink, SledSink, names};
+use crate::store::{Change, Claim, Kv, KvSink, KvTree, LogSink, SledKv, names};
 
 type NodeId = u64;
 type Node = openraft::BasicNode;
 type Result<T> = std::result::Result<T, StorageError<NodeId>>;
 
-/// A node's sled database and its data file (to `fdatasync`), shared by its log store and
-/// state machine.
+/// A node's store ([`Kv`]), shared by its log store, state machine and vote guard: one sync
+/// makes all of them durable.
 #[derive(Clone)]
 pub struct NodeDb {
-    pub(super) db: sled::Db,
-    data_file: Arc<std::fs::File>,
-    dir: std::path::PathBuf,
-    blobs: Arc<crate::store::BlobSync>,
+    kv: Arc<dyn Kv>,
+    dir: Option<PathBuf>,
 }
 
 impl NodeDb {
-    /// The engine's log in this database ([`SledSink::over`]): what the state machine applies
-    /// committed batches to, and what the engine recovers from when this node leads.
-    pub fn sink(&self) -> std::result::Result<SledSink, crate::error::StorageError> {
-        SledSink::over(self.db.clone(), &self.dir)
+    /// A node over `kv` (a simulated disk: no data dir).
+    pub fn new(kv: Arc<dyn Kv>) -> NodeDb {
+        NodeDb { kv, dir: None }
     }
 
-    /// The node's data dir.
-    pub fn dir(&self) -> &Path {
-        &self.dir
+    /// The engine's log in this store ([`KvSink`]): what the state machine applies committed
+    /// batches to, and what the engine recovers from when this node leads.
+    pub fn sink(&self) -> std::result::Result<KvSink, crate::error::StorageError> {
+        KvSink::new(self.kv.clone())
     }
 
-    /// Makes everything written so far durable: sled's flush, then `fdatasync` of its data file
-    /// (as the engine's own sink does; see the integrity notes on sled's flush). Runs on the
-    /// blocking pool, so a slow disk does not stall the async workers (and with them the
-    /// heartbeats that keep a leader).
+    /// The node's store.
+    pub fn store(&self) -> &Arc<dyn Kv> {
+        &self.kv
+    }
+
+    /// The node's data dir (`None`: a store in memory).
+    pub fn dir(&self) -> Option<&Path> {
+        self.dir.as_deref()
+    }
+
+    pub(super) fn tree(&self, name: &str) -> std::io::Result<Arc<dyn KvTree>> {
+        self.kv.tree(name).map_err(std::io::Error::other)
+    }
+
+    /// Makes everything written so far durable (sled: its flush, then `fdatasync` of its data
+    /// file). Runs off the async workers ([`crate::rt::blocking`]), so a slow disk does not
+    /// stall them (and with them the heartbeats that keep a leader).
     async fn sync(&self) -> std::io::Result<()> {
-        let node = self.clone();
-        tokio::task::spawn_blocking(move || {
-            node.db.flush()?;
-            node.data_file.sync_data()?;
-            node.blobs.sync(&node.dir)
-        })
-        .await
-        .map_err(std::io::Error::other)?
+        let kv = self.kv.clone();
+        crate::rt::blocking(move || kv.sync())
+            .await
+            .map_err(std::io::Error::other)?
+            .map_err(std::io::Error::other)
     }
 }
 
-/// Opens (or creates) a node's sled database in `dir`. A node restarted in the same process
-/// may find the lock of its previous instance still held for a moment (its tasks let go of the
-/// database as they end): the open is retried for up to 10 s.
+/// How long opening a node's sled database waits for the lock of a previous instance (in this
+/// process, its tasks let go of the database as they end).
+const NODE_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Opens (or creates) a node's sled database in `dir`, waiting up to 10 s for the lock of a
+/// previous instance.
 pub fn open_node_db(dir: &Path) -> std::io::Result<NodeDb> {
     open_node_db_cached(dir, crate::store::SLED_CACHE_BYTES)
 }
@@ -70,26 +81,11 @@ pub fn open_node_db(dir: &Path) -> std::io::Result<NodeDb> {
 /// [`open_node_db`] with a sled page cache of `cache_bytes` (one group of several shares the
 /// node's budget).
 pub fn open_node_db_cached(dir: &Path, cache_bytes: u64) -> std::io::Result<NodeDb> {
-    let mut tries = 0;
-    std::fs::create_dir_all(dir)?;
-    let db = loop {
-        match crate::store::open_db_cached(dir, cache_bytes) {
-            Ok(db) => break db,
-            Err(crate::error::StorageError::Open { reason, .. })
-                if reason.contains("could not acquire lock") && tries < 200 =>
-            {
-                tries += 1;
-                std::thread::sleep(std::time::Duration::from_millis(50));
-            }
-            Err(e) => return Err(std::io::Error::other(e.to_string())),
-        }
-    };
-    let data_file = std::fs::File::open(dir.join("db"))?;
+    let kv = SledKv::open(dir, cache_bytes, NODE_LOCK_WAIT)
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
     Ok(NodeDb {
-        db,
-        data_file: Arc::new(data_file),
-        dir: dir.to_owned(),
-        blobs: Arc::default(),
+        kv: Arc::new(kv),
+        dir: Some(dir.to_owned()),
     })
 }
 
@@ -108,7 +104,7 @@ fn decode_err(
 
 /// A tree of small serialized values by key, whose errors read as `read`/`write` say.
 fn get_in<T: for<'de> Deserialize<'de>>(
-    tree: &sled::Tree,
+    tree: &dyn KvTree,
     key: &[u8],
     read: fn(AnyError) -> StorageIOError<NodeId>,
 ) -> Result<Option<T>> {
@@ -119,48 +115,46 @@ fn get_in<T: for<'de> Deserialize<'de>>(
 }
 
 fn put_in<T: Serialize>(
-    tree: &sled::Tree,
+    tree: &dyn KvTree,
     key: &[u8],
     value: &T,
     write: fn(AnyError) -> StorageIOError<NodeId>,
 ) -> Result<()> {
-    tree.insert(key, codec::encode(value)).map_err(io(write))?;
-    Ok(())
+    tree.insert(key, &codec::encode(value)).map_err(io(write))
 }
 
 /// The Raft log, vote and commit index (trees `raft_log`, `raft_meta`).
 #[derive(Clone)]
-pub struct SledLogStore {
+pub struct LogStore {
     node: NodeDb,
-    log: sled::Tree,
-    meta: sled::Tree,
+    log: Arc<dyn KvTree>,
+    meta: Arc<dyn KvTree>,
 }
 
 const VOTE: &[u8] = b"vote";
 const COMMITTED: &[u8] = b"committed";
 const PURGED: &[u8] = b"last_purged";
 
-impl SledLogStore {
+impl LogStore {
     /// The log store of `node`.
-    pub fn open(node: &NodeDb) -> std::io::Result<SledLogStore> {
-        let open = |name: &str| node.db.open_tree(name).map_err(std::io::Error::other);
-        Ok(SledLogStore {
+    pub fn open(node: &NodeDb) -> std::io::Result<LogStore> {
+        Ok(LogStore {
             node: node.clone(),
-            log: open(&format!("{}log", names::RAFT_TREES_PREFIX))?,
-            meta: open(&format!("{}meta", names::RAFT_TREES_PREFIX))?,
+            log: node.tree(&format!("{}log", names::RAFT_TREES_PREFIX))?,
+            meta: node.tree(&format!("{}meta", names::RAFT_TREES_PREFIX))?,
         })
     }
 
     fn get_meta<T: for<'de> Deserialize<'de>>(&self, key: &[u8]) -> Result<Option<T>> {
-        get_in(&self.meta, key, StorageIOError::read_logs)
+        get_in(self.meta.as_ref(), key, StorageIOError::read_logs)
     }
 
     fn put_meta<T: Serialize>(&self, key: &[u8], value: &T) -> Result<()> {
-        put_in(&self.meta, key, value, StorageIOError::write_logs)
+        put_in(self.meta.as_ref(), key, value, StorageIOError::write_logs)
     }
 }
 
-impl RaftLogReader<TypeConfig> for SledLogStore {
+impl RaftLogReader<TypeConfig> for LogStore {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
         range: RB,
@@ -170,10 +164,24 @@ impl RaftLogReader<TypeConfig> for SledLogStore {
             Bound::Excluded(i) => i.saturating_add(1),
             Bound::Unbounded => 0,
         };
+        let from = start.to_be_bytes();
+        let end = match range.end_bound() {
+            Bound::Included(i) => Bound::Included(i.to_be_bytes()),
+            Bound::Excluded(i) => Bound::Excluded(i.to_be_bytes()),
+            Bound::Unbounded => Bound::Unbounded,
+        };
+        let to = match &end {
+            Bound::Included(k) => Bound::Included(&k[..]),
+            Bound::Excluded(k) => Bound::Excluded(&k[..]),
+            Bound::Unbounded => Bound::Unbounded,
+        };
         let mut out = Vec::new();
-        for kv in self.log.range(start.to_be_bytes()..) {
-            let (k, v) = kv.map_err(io(StorageIOError::read_logs))?;
-            let index = u64::from_be_bytes(k.as_ref().try_into().unwrap_or([0xff; 8]));
+        for (k, v) in self
+            .log
+            .range(Bound::Included(&from[..]), to)
+            .map_err(io(StorageIOError::read_logs))?
+        {
+            let index = u64::from_be_bytes(k.as_slice().try_into().unwrap_or([0xff; 8]));
             if !range.contains(&index) {
                 break;
             }
@@ -183,8 +191,8 @@ impl RaftLogReader<TypeConfig> for SledLogStore {
     }
 }
 
-impl RaftLogStorage<TypeConfig> for SledLogStore {
-    type LogReader = SledLogStore;
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>> {
         let last_purged: Option<LogId<NodeId>> = self.get_meta(PURGED)?;
@@ -232,12 +240,17 @@ impl RaftLogStorage<TypeConfig> for SledLogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let mut batch = sled::Batch::default();
-        for e in entries {
-            batch.insert(&e.log_id.index.to_be_bytes(), codec::encode(&e));
-        }
+        let changes: Vec<_> = entries
+            .into_iter()
+            .map(|e| {
+                (
+                    e.log_id.index.to_be_bytes().to_vec(),
+                    Some(codec::encode(&e)),
+                )
+            })
+            .collect();
         self.log
-            .apply_batch(batch)
+            .apply(&changes)
             .map_err(io(StorageIOError::write_logs))?;
         // Durable before openraft may count this node in a majority.
         let synced = self.node.sync().await;
@@ -246,13 +259,8 @@ impl RaftLogStorage<TypeConfig> for SledLogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<()> {
-        let mut batch = sled::Batch::default();
-        for kv in self.log.range(log_id.index.to_be_bytes()..) {
-            let (k, _) = kv.map_err(io(StorageIOError::write_logs))?;
-            batch.remove(k);
-        }
         self.log
-            .apply_batch(batch)
+            .remove_from(&log_id.index.to_be_bytes())
             .map_err(io(StorageIOError::write_logs))?;
         self.node
             .sync()
@@ -262,13 +270,8 @@ impl RaftLogStorage<TypeConfig> for SledLogStore {
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<()> {
         self.put_meta(PURGED, &log_id)?;
-        let mut batch = sled::Batch::default();
-        for kv in self.log.range(..=log_id.index.to_be_bytes()) {
-            let (k, _) = kv.map_err(io(StorageIOError::write_logs))?;
-            batch.remove(k);
-        }
         self.log
-            .apply_batch(batch)
+            .remove_upto(&log_id.index.to_be_bytes())
             .map_err(io(StorageIOError::write_logs))?;
         Ok(())
     }
@@ -292,10 +295,10 @@ struct SnapshotContent {
 /// the single-node flusher writes them; the last applied log id and membership in tree
 /// `raft_sm`.
 #[derive(Clone)]
-pub struct SledStateMachine {
+pub struct StateMachine {
     node: NodeDb,
-    sink: Arc<SledSink>,
-    meta: sled::Tree,
+    sink: Arc<KvSink>,
+    meta: Arc<dyn KvTree>,
     /// Held by `apply`, a snapshot's build and its install: openraft builds snapshots on a task
     /// of its own while it applies, and a snapshot must be one consistent state. It guards
     /// where the log stands: the last applied log id and membership, with how many entries
@@ -323,21 +326,16 @@ const RECORD_APPLIED_EVERY: u64 = 256;
 const LAST_APPLIED: &[u8] = b"last_applied";
 const MEMBERSHIP: &[u8] = b"membership";
 const SNAPSHOT: &[u8] = b"snapshot";
-/// sled's own tree, which the log does not use.
-const SLED_DEFAULT_TREE: &[u8] = b"__sled__default";
 
 fn sm_err(e: impl std::fmt::Display) -> StorageError<NodeId> {
     StorageIOError::write_state_machine(AnyError::error(e.to_string())).into()
 }
 
-impl SledStateMachine {
+impl StateMachine {
     /// The state machine of `node`.
-    pub fn open(node: &NodeDb) -> std::io::Result<SledStateMachine> {
-        let meta = node
-            .db
-            .open_tree(format!("{}sm", names::RAFT_TREES_PREFIX))
-            .map_err(std::io::Error::other)?;
-        Ok(SledStateMachine {
+    pub fn open(node: &NodeDb) -> std::io::Result<StateMachine> {
+        let meta = node.tree(&format!("{}sm", names::RAFT_TREES_PREFIX))?;
+        Ok(StateMachine {
             node: node.clone(),
             sink: Arc::new(
                 node.sink()
@@ -345,11 +343,19 @@ impl SledStateMachine {
             ),
             meta: meta.clone(),
             turn: Arc::new(tokio::sync::Mutex::new(Position {
-                last_applied: get_in(&meta, LAST_APPLIED, StorageIOError::read_state_machine)
-                    .map_err(|e| std::io::Error::other(e.to_string()))?,
-                membership: get_in(&meta, MEMBERSHIP, StorageIOError::read_state_machine)
-                    .map_err(|e| std::io::Error::other(e.to_string()))?
-                    .unwrap_or_default(),
+                last_applied: get_in(
+                    meta.as_ref(),
+                    LAST_APPLIED,
+                    StorageIOError::read_state_machine,
+                )
+                .map_err(|e| std::io::Error::other(e.to_string()))?,
+                membership: get_in(
+                    meta.as_ref(),
+                    MEMBERSHIP,
+                    StorageIOError::read_state_machine,
+                )
+                .map_err(|e| std::io::Error::other(e.to_string()))?
+                .unwrap_or_default(),
                 since_recorded: 0,
             })),
             warm: Arc::new(crate::warm::Warm::new()),
@@ -372,7 +378,7 @@ impl SledStateMachine {
         };
         let at = self.turn.lock().await;
         let sink = self.sink.clone();
-        let replayed = tokio::task::spawn_blocking(move || {
+        let replayed = crate::rt::blocking(move || {
             crate::recovery::replay_for_warmth(sink.as_ref(), window_ms)
         })
         .await;
@@ -397,30 +403,33 @@ impl SledStateMachine {
 
     /// The log this node applies committed batches to (the engine recovers from it when this
     /// node leads).
-    pub fn sink(&self) -> Arc<SledSink> {
+    pub fn sink(&self) -> Arc<KvSink> {
         self.sink.clone()
     }
 
     fn get<T: for<'de> Deserialize<'de>>(&self, key: &[u8]) -> Result<Option<T>> {
-        get_in(&self.meta, key, StorageIOError::read_state_machine)
+        get_in(self.meta.as_ref(), key, StorageIOError::read_state_machine)
     }
 
     fn put<T: Serialize>(&self, key: &[u8], value: &T) -> Result<()> {
-        put_in(&self.meta, key, value, StorageIOError::write_state_machine)
+        put_in(
+            self.meta.as_ref(),
+            key,
+            value,
+            StorageIOError::write_state_machine,
+        )
     }
 
-    /// The names of the log's trees: every tree but Raft's own and sled's default.
-    fn log_trees(&self) -> Vec<Vec<u8>> {
-        self.node
-            .db
+    /// The names of the log's trees: every tree but Raft's own.
+    fn log_trees(&self) -> Result<Vec<String>> {
+        Ok(self
+            .node
+            .kv
             .tree_names()
+            .map_err(sm_err)?
             .into_iter()
-            .filter(|n| {
-                n.as_ref() != SLED_DEFAULT_TREE
-                    && !n.starts_with(names::RAFT_TREES_PREFIX.as_bytes())
-            })
-            .map(|n| n.to_vec())
-            .collect()
+            .filter(|n| !n.starts_with(names::RAFT_TREES_PREFIX))
+            .collect())
     }
 
     /// Records where the state machine stands, once what it counts is on disk.
@@ -439,14 +448,14 @@ impl SledStateMachine {
 
     fn content(&self, at: &Position) -> Result<SnapshotContent> {
         let mut trees = Vec::new();
-        for name in self.log_trees() {
-            let tree = self.node.db.open_tree(&name).map_err(sm_err)?;
-            let kvs = tree
-                .iter()
-                .map(|kv| kv.map(|(k, v)| (k.to_vec(), v.to_vec())))
-                .collect::<std::result::Result<Vec<_>, _>>()
+        for name in self.log_trees()? {
+            let kvs = self
+                .node
+                .kv
+                .tree(&name)
+                .and_then(|t| t.pairs())
                 .map_err(io(StorageIOError::read_state_machine))?;
-            trees.push((String::from_utf8_lossy(&name).into_owned(), kvs));
+            trees.push((name, kvs));
         }
         Ok(SnapshotContent {
             last_applied: at.last_applied,
@@ -499,11 +508,7 @@ impl SledStateMachine {
                     self.warm.append(stream, entries);
                 }
                 Op::Put { table, key, value } => {
-                    self.node
-                        .db
-                        .open_tree(table)
-                        .and_then(|t| t.insert(key.as_slice(), value.as_slice()))
-                        .map_err(|e| crate::error::StorageError::Io(e.to_string()))?;
+                    self.node.kv.tree(table)?.insert(key, value)?;
                 }
                 Op::Checkpoint { stream, upto, blob } => {
                     self.sink
@@ -517,7 +522,7 @@ impl SledStateMachine {
     }
 }
 
-impl RaftSnapshotBuilder<TypeConfig> for SledStateMachine {
+impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>> {
         let mut at = self.turn.lock().await;
         let content = self.content(&at)?;
@@ -538,8 +543,8 @@ impl RaftSnapshotBuilder<TypeConfig> for SledStateMachine {
     }
 }
 
-impl RaftStateMachine<TypeConfig> for SledStateMachine {
-    type SnapshotBuilder = SledStateMachine;
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = StateMachine;
 
     async fn applied_state(
         &mut self,
@@ -618,58 +623,56 @@ impl RaftStateMachine<TypeConfig> for SledStateMachine {
         self.warm
             .drop_state("a snapshot from the leader replaced this node's copy");
         // Every tree the log has now or the snapshot brings, then Raft's state machine tree.
-        let mut names: Vec<Vec<u8>> = self.log_trees();
+        let mut trees = self.log_trees()?;
         for (name, _) in &content.trees {
-            if !names.iter().any(|n| n == name.as_bytes()) {
-                names.push(name.as_bytes().to_vec());
+            if !trees.contains(name) {
+                trees.push(name.clone());
             }
         }
-        let mut trees = Vec::new();
-        let mut old = Vec::new();
-        let mut new: Vec<&[(Vec<u8>, Vec<u8>)]> = Vec::new();
-        for name in &names {
-            let tree = self.node.db.open_tree(name).map_err(sm_err)?;
-            old.push(
-                tree.iter()
-                    .keys()
-                    .collect::<std::result::Result<Vec<_>, _>>()
-                    .map_err(io(StorageIOError::write_state_machine))?,
-            );
-            trees.push(tree);
-            new.push(
-                content
-                    .trees
-                    .iter()
-                    .find(|(n, _)| n.as_bytes() == name.as_slice())
-                    .map_or(&[][..], |(_, kvs)| kvs.as_slice()),
-            );
+        let mut changes = Vec::new();
+        for name in &trees {
+            let old = self
+                .node
+                .kv
+                .tree(name)
+                .and_then(|t| t.pairs())
+                .map_err(io(StorageIOError::write_state_machine))?;
+            for (key, _) in old {
+                changes.push(Change {
+                    tree: name.clone(),
+                    key,
+                    value: None,
+                });
+            }
+            if let Some((_, kvs)) = content.trees.iter().find(|(n, _)| n == name) {
+                for (key, value) in kvs {
+                    changes.push(Change {
+                        tree: name.clone(),
+                        key: key.clone(),
+                        value: Some(value.clone()),
+                    });
+                }
+            }
         }
-        trees.push(self.meta.clone());
-        let last = meta.last_log_id.map(|l| codec::encode(&l));
-        let membership = codec::encode(&meta.last_membership);
-        let stored = codec::encode(&(meta.clone(), bytes));
+        let sm = format!("{}sm", names::RAFT_TREES_PREFIX);
+        let mut put = |key: &[u8], value: Vec<u8>| {
+            changes.push(Change {
+                tree: sm.clone(),
+                key: key.to_vec(),
+                value: Some(value),
+            });
+        };
+        if let Some(last) = meta.last_log_id {
+            put(LAST_APPLIED, codec::encode(&last));
+        }
+        put(MEMBERSHIP, codec::encode(&meta.last_membership));
+        put(SNAPSHOT, codec::encode(&(meta.clone(), bytes)));
         // One transaction over every tree: a crash leaves the old state or the new one, never
         // an emptied log under the old last-applied mark.
-        trees
-            .as_slice()
-            .transaction(|views| {
-                let (sm, log) = views.split_last().expect("the meta tree is last");
-                for ((view, old), new) in log.iter().zip(&old).zip(&new) {
-                    for k in old {
-                        view.remove(k)?;
-                    }
-                    for (k, v) in *new {
-                        view.insert(k.as_slice(), v.as_slice())?;
-                    }
-                }
-                if let Some(last) = &last {
-                    sm.insert(LAST_APPLIED, last.as_slice())?;
-                }
-                sm.insert(MEMBERSHIP, membership.as_slice())?;
-                sm.insert(SNAPSHOT, stored.as_slice())?;
-                Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
-            })
-            .map_err(|e| sm_err(format!("installing a snapshot: {e:?}")))?;
+        self.node
+            .kv
+            .transaction(&changes)
+            .map_err(|e| sm_err(format!("installing a snapshot: {e}")))?;
         self.node
             .sync()
             .await

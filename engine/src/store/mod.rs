@@ -2,7 +2,8 @@
 //!
 //! - [`names`]: every stream's and table's name.
 //! - [`sink`]: the [`LogSink`] seam; [`SledSink`] (the data dir) and [`MemorySink`] (tests and
-//!   simulation, with injected faults) implement it.
+//!   simulation, with injected faults) implement it, each a [`KvSink`] over a [`Kv`] store
+//!   ([`SledKv`], [`SimKv`]): the seam under everything a node keeps on its disk.
 //! - this module: [`Durability`], the flusher (group commit), the halt flag (fail-stop),
 //!   [`StreamWriter`] (numbering a stream's records). Recovery's checking reader is
 //!   [`crate::integrity::read_stream`].
@@ -13,32 +14,42 @@
 //! everything it drained and makes it durable with **one** [`LogSink::sync`]; then the acker
 //! thread records the new high-water marks in the superblock ([`LogSink::put_superblock`]) and
 //! only then runs the completions, which send the replies. The acker works beside the flusher,
-//! so one commit's superblock write overlaps the next commit's writes and sync. Both are plain
-//! OS threads so a sync never blocks a runtime worker (and sled's `flush_async`,
-//! spacejam/sled#1308, is never used).
+//! so one commit's superblock write overlaps the next commit's writes and sync. Both are
+//! [`crate::rt::spawn_worker`]s: OS threads with a small runtime of their own, so a sync never
+//! blocks a runtime worker (and sled's `flush_async`, spacejam/sled#1308, is never used); in a
+//! deterministic simulation, tasks of the node's runtime over a [`SimKv`].
 //!
 //! Fail-stop: after a write or flush error, or a backstop refusal, the store halts: every pending
 //! and later job fails with a storage error and nothing more is acknowledged (PostgreSQL's answer
 //! to fsync failure).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, mpsc};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
+
+use futures_util::future::BoxFuture;
+use tokio::sync::mpsc;
 
 use crate::codec;
 use crate::error::StorageError;
 
+mod kv;
+mod kv_sink;
 mod memory;
 pub mod names;
+mod sim_kv;
 mod sink;
+mod sled_kv;
 mod sled_sink;
 pub mod superblock;
 
+pub use kv::{Change, Kv, KvTree, Pair, Pairs};
+pub use kv_sink::KvSink;
 pub use memory::MemorySink;
+pub use sim_kv::SimKv;
 pub use sink::{Claim, LogSink, StreamSink};
-pub(crate) use sled_sink::BlobSync;
-pub use sled_sink::{DiskUsage, SLED_CACHE_BYTES, SledSink, disk_usage, open_db, open_db_cached};
+pub use sled_kv::{SLED_CACHE_BYTES, SledKv, open_db, open_db_cached};
+pub use sled_sink::{DiskUsage, SledSink, disk_usage};
 pub use superblock::{Marks, SuperblockRead};
 
 /// When an acknowledged write is durable.
@@ -94,22 +105,25 @@ pub(crate) fn checkpoint_value(upto: u64, blob: &[u8]) -> Vec<u8> {
 /// Where a replicated store's group commits go instead of its own sink: a cluster node's Raft
 /// group ([`crate::raft::RaftReplicator`]), whose state machine writes them to every node's log.
 pub trait Replicate: Send + Sync + 'static {
-    /// Commits `batch` on a majority of the group and applies it on this node, blocking the
-    /// calling thread until then. `Ok(Some(key))`: the sold-seat backstop refused the claim
-    /// `key` (that stream's records were not written). `Err`: not known committed (this node
-    /// lost its leadership, or no majority answered in time).
-    fn commit(&self, batch: crate::raft::Batch) -> Result<Option<String>, StorageError> {
-        self.submit(batch)?()
+    /// Commits `batch` on a majority of the group and applies it on this node.
+    /// `Ok(Some(key))`: the sold-seat backstop refused the claim `key` (that stream's records
+    /// were not written). `Err`: not known committed (this node lost its leadership, or no
+    /// majority answered in time).
+    fn commit(
+        &self,
+        batch: crate::raft::Batch,
+    ) -> BoxFuture<'_, Result<Option<String>, StorageError>> {
+        Box::pin(async move { self.submit(batch).await?.await })
     }
 
     /// Hands `batch` to the group without waiting for it (so the next batch can follow it
-    /// while it replicates): the returned waiter blocks until it is committed and applied, and
+    /// while it replicates): the returned waiter ends once it is committed and applied, and
     /// answers as [`Replicate::commit`] does. Batches commit in the order they are submitted.
-    fn submit(&self, batch: crate::raft::Batch) -> Result<Waiter, StorageError>;
+    fn submit(&self, batch: crate::raft::Batch) -> BoxFuture<'_, Result<Waiter, StorageError>>;
 }
 
-/// Blocks until a submitted batch is committed (see [`Replicate::submit`]).
-pub type Waiter = Box<dyn FnOnce() -> Result<Option<String>, StorageError> + Send>;
+/// Ends once a submitted batch is committed (see [`Replicate::submit`]).
+pub type Waiter = BoxFuture<'static, Result<Option<String>, StorageError>>;
 
 /// Group commits a replicating leader keeps in flight at once (each one Raft entry): while one
 /// replicates, the flusher forms the next. Measured with `benches/cluster.sh` (BENCHMARKS.md):
@@ -198,10 +212,10 @@ impl Halt {
 /// The log sink and its flusher thread.
 pub(crate) struct Store {
     pub sink: Arc<dyn LogSink>,
-    tx: mpsc::Sender<Job>,
+    tx: mpsc::UnboundedSender<Job>,
     pub halt: Arc<Halt>,
-    thread: Mutex<Option<JoinHandle<()>>>,
-    compactor: Mutex<Option<JoinHandle<()>>>,
+    thread: Mutex<Option<crate::rt::Worker>>,
+    compactor: Mutex<Option<crate::rt::Worker>>,
     /// The marks last written to the superblock (what the log must hold now).
     durable: Arc<Mutex<Marks>>,
 }
@@ -215,8 +229,8 @@ struct Compaction {
 /// Removes log records that a durable checkpoint covers, in chunks, on its own thread: the
 /// flusher (and so every commit) never waits for it. If a crash loses some removals, replay
 /// skips those records anyway (their seq is at or below the checkpoint's).
-fn compact(rx: mpsc::Receiver<Compaction>, halt: Arc<Halt>) {
-    while let Ok(c) = rx.recv() {
+async fn compact(mut rx: mpsc::UnboundedReceiver<Compaction>, halt: Arc<Halt>) {
+    while let Some(c) = rx.recv().await {
         if halt.check().is_err() {
             return;
         }
@@ -238,26 +252,20 @@ impl Store {
         marks: Marks,
         replicate: Option<Arc<dyn Replicate>>,
     ) -> Result<Store, StorageError> {
-        let (tx, rx) = mpsc::channel();
+        let (tx, rx) = mpsc::unbounded_channel();
         let halt = Arc::new(Halt::default());
-        let (compact_tx, compact_rx) = mpsc::channel();
-        let compactor = {
-            let halt = halt.clone();
-            std::thread::Builder::new()
-                .name("boxoffice-compact".into())
-                .spawn(move || compact(compact_rx, halt))
-                .map_err(|e| StorageError::Io(format!("cannot start the compactor thread: {e}")))?
-        };
+        let (compact_tx, compact_rx) = mpsc::unbounded_channel();
+        let compactor =
+            crate::rt::spawn_worker("boxoffice-compact", compact(compact_rx, halt.clone()))
+                .map_err(|e| StorageError::Io(format!("cannot start the compactor thread: {e}")))?;
         let durable = Arc::new(Mutex::new(marks.clone()));
         // Bounded: a replicating leader's flusher runs at most this far ahead of the commits.
-        let (ack_tx, ack_rx) = mpsc::sync_channel(REPLICATED_IN_FLIGHT_MAX);
-        let acker = {
-            let (sink, halt, durable) = (sink.clone(), halt.clone(), durable.clone());
-            std::thread::Builder::new()
-                .name("boxoffice-ack".into())
-                .spawn(move || acker(ack_rx, sink, halt, durable))
-                .map_err(|e| StorageError::Io(format!("cannot start the acker thread: {e}")))?
-        };
+        let (ack_tx, ack_rx) = mpsc::channel(REPLICATED_IN_FLIGHT_MAX);
+        let acker = crate::rt::spawn_worker(
+            "boxoffice-ack",
+            acker(ack_rx, sink.clone(), halt.clone(), durable.clone()),
+        )
+        .map_err(|e| StorageError::Io(format!("cannot start the acker thread: {e}")))?;
         let flusher = Flusher {
             sink: sink.clone(),
             durability,
@@ -269,13 +277,11 @@ impl Store {
             acker: Some(acker),
             replicate,
         };
-        let thread = std::thread::Builder::new()
-            .name("boxoffice-wal".into())
-            .spawn(move || {
-                let mut flusher = flusher;
-                flusher.run(rx)
-            })
-            .map_err(|e| StorageError::Io(format!("cannot start the flusher thread: {e}")))?;
+        let thread = crate::rt::spawn_worker("boxoffice-wal", async move {
+            let mut flusher = flusher;
+            flusher.run(rx).await
+        })
+        .map_err(|e| StorageError::Io(format!("cannot start the flusher thread: {e}")))?;
         Ok(Store {
             sink,
             tx,
@@ -298,8 +304,8 @@ impl Store {
     pub fn submit(&self, job: Job) {
         let closed = || Err(StorageError::Halted("the log is closed".into()));
         match self.tx.send(job) {
-            Err(mpsc::SendError(Job::Append(a))) => (a.done)(closed()),
-            Err(mpsc::SendError(Job::Barrier(done))) => done(closed()),
+            Err(mpsc::error::SendError(Job::Append(a))) => (a.done)(closed()),
+            Err(mpsc::error::SendError(Job::Barrier(done))) => done(closed()),
             _ => {}
         }
     }
@@ -331,16 +337,16 @@ impl Store {
     }
 
     /// Stops the flusher after the jobs already queued (with a final flush), and waits for it.
-    pub fn close(&self) {
+    pub async fn close(&self) {
         let _ = self.tx.send(Job::Stop);
         let handle = self.thread.lock().map(|mut t| t.take()).unwrap_or(None);
         if let Some(h) = handle {
-            let _ = h.join();
+            h.join().await;
         }
         // The flusher owned the compactor's sender: with it gone, the compactor finishes.
         let handle = self.compactor.lock().map(|mut t| t.take()).unwrap_or(None);
         if let Some(h) = handle {
-            let _ = h.join();
+            h.join().await;
         }
     }
 
@@ -354,14 +360,14 @@ struct Flusher {
     sink: Arc<dyn LogSink>,
     durability: Durability,
     halt: Arc<Halt>,
-    compact: mpsc::Sender<Compaction>,
+    compact: mpsc::UnboundedSender<Compaction>,
     /// Every stream's highest written seq and the claims taken (durable at the next sync).
     marks: Marks,
     /// Whether `marks` changed since they were last handed to the acker.
     dirty: bool,
     /// The acker thread: writes each synced batch's marks to the superblock, then replies.
-    ack: Option<mpsc::SyncSender<Ack>>,
-    acker: Option<JoinHandle<()>>,
+    ack: Option<mpsc::Sender<Ack>>,
+    acker: Option<crate::rt::Worker>,
     /// A cluster node's leader: batches go to its Raft group instead of the sink.
     replicate: Option<Arc<dyn Replicate>>,
 }
@@ -381,17 +387,17 @@ struct Ack {
 /// write of one commit overlaps the writing and syncing of the next; a reply still leaves only
 /// after both its records and the superblock that counts them are durable. A failed superblock
 /// write halts the store and fails this batch and every later one.
-fn acker(
-    rx: mpsc::Receiver<Ack>,
+async fn acker(
+    mut rx: mpsc::Receiver<Ack>,
     sink: Arc<dyn LogSink>,
     halt: Arc<Halt>,
     durable: Arc<Mutex<Marks>>,
 ) {
     let mut failed: Option<StorageError> = None;
-    while let Ok(ack) = rx.recv() {
+    while let Some(ack) = rx.recv().await {
         if let Some(wait) = ack.commit {
             let started = Instant::now();
-            let reason = match wait() {
+            let reason = match wait.await {
                 Ok(None) => None,
                 Ok(Some(key)) => Some(StorageError::BackstopRefused { key }.to_string()),
                 Err(e) => Some(format!("replication failed: {e}")),
@@ -440,10 +446,10 @@ struct Written {
 }
 
 impl Flusher {
-    fn run(&mut self, rx: mpsc::Receiver<Job>) {
+    async fn run(&mut self, mut rx: mpsc::UnboundedReceiver<Job>) {
         let mut stop = false;
         while !stop {
-            let Ok(first) = rx.recv() else { break };
+            let Some(first) = rx.recv().await else { break };
             let mut batch = vec![first];
             while batch.len() < FLUSH_BATCH_JOBS_MAX {
                 match rx.try_recv() {
@@ -453,7 +459,7 @@ impl Flusher {
             }
             let started = Instant::now();
             if let Some(replicate) = self.replicate.clone() {
-                stop = self.replicate(batch, replicate.as_ref(), started);
+                stop = self.replicate(batch, replicate.as_ref(), started).await;
                 continue;
             }
             let written = self.write(batch);
@@ -461,12 +467,12 @@ impl Flusher {
             let synced = (self.durability == Durability::Sync || stop)
                 && self.halt.check().is_ok()
                 && self.sync();
-            self.finish(written, started, synced, None);
+            self.finish(written, started, synced, None).await;
         }
         // Every batch's replies are out before the store reports closed.
         drop(self.ack.take());
         if let Some(h) = self.acker.take() {
-            let _ = h.join();
+            h.join().await;
         }
     }
 
@@ -475,7 +481,12 @@ impl Flusher {
     /// and applied to this node's log by the state machine before any completion runs (up to
     /// [`REPLICATED_IN_FLIGHT_MAX`] batches replicate at once). No superblock here: Raft's log is the durable record, and
     /// the state machine's copy is rebuilt from it. Returns whether a stop was queued.
-    fn replicate(&mut self, batch: Vec<Job>, replicate: &dyn Replicate, started: Instant) -> bool {
+    async fn replicate(
+        &mut self,
+        batch: Vec<Job>,
+        replicate: &dyn Replicate,
+        started: Instant,
+    ) -> bool {
         let mut w = Written::default();
         let mut ops = Vec::new();
         for job in batch {
@@ -509,13 +520,13 @@ impl Flusher {
         let mut commit = None;
         if !ops.is_empty() && self.halt.check().is_ok() {
             // The replicator stamps the term.
-            match replicate.submit(crate::raft::Batch { ops, term: 0 }) {
+            match replicate.submit(crate::raft::Batch { ops, term: 0 }).await {
                 Ok(wait) => commit = Some(wait),
                 Err(e) => self.halt.set(format!("replication failed: {e}")),
             }
         }
         let stop = w.stop;
-        self.finish(w, started, false, commit);
+        self.finish(w, started, false, commit).await;
         stop
     }
 
@@ -565,7 +576,13 @@ impl Flusher {
     /// After the batch's sync: hands compactions on, and the completions to the acker (with
     /// the marks to write first, if the batch was synced). A failed sync (or any halt) means
     /// none of the batch is known durable: every completion gets the error.
-    fn finish(&mut self, w: Written, started: Instant, mut synced: bool, commit: Option<Waiter>) {
+    async fn finish(
+        &mut self,
+        w: Written,
+        started: Instant,
+        mut synced: bool,
+        commit: Option<Waiter>,
+    ) {
         let halted = self.halt.check().err();
         if halted.is_none() && !w.compactions.is_empty() {
             // Records may only go once their checkpoint is durable (Sync synced above).
@@ -592,7 +609,7 @@ impl Flusher {
             commit,
         };
         if let Some(tx) = &self.ack
-            && let Err(mpsc::SendError(ack)) = tx.send(ack)
+            && let Err(mpsc::error::SendError(ack)) = tx.send(ack).await
         {
             // The acker is gone (it cannot be, short of a panic): nothing is acknowledged.
             let closed = StorageError::Halted("the log's acker stopped".into());

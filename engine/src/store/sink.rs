@@ -1,10 +1,12 @@
 //! The seam between the log and the bytes on a device: [`LogSink`].
 //!
 //! Everything above this trait (the flusher, recovery, the actors) speaks of streams, sequence
-//! numbers, checkpoints and claims; only an implementation knows where they live. Two exist:
-//! [`SledSink`](super::SledSink) (the data dir, sled 0.34) and
-//! [`MemorySink`](super::MemorySink) (in memory, for tests and simulation: it can fail a write,
-//! fail a sync, or lose everything after the last sync on command).
+//! numbers, checkpoints and claims; only an implementation knows where they live. Each is a
+//! [`KvSink`](super::KvSink) over a [`Kv`](super::Kv) store: [`SledSink`](super::SledSink) (the
+//! data dir, sled 0.34, with its superblock files), [`MemorySink`](super::MemorySink) (in memory,
+//! for tests and simulation: it can fail a write, fail a sync, or lose everything after the last
+//! sync on command), and a cluster node's copy of the log (`KvSink` itself, over the node's
+//! store).
 //!
 //! The contract every implementation keeps:
 //! - Writes (`append`, `put_checkpoint`, `claim`, `set_claim_aside`, `remove_upto`) may be lost in
@@ -79,9 +81,9 @@ pub trait LogSink: Send + Sync + 'static {
     fn put_superblock(&self, marks: &Marks) -> Result<(), StorageError>;
     /// Makes every write so far durable. An error means none of them may be.
     fn sync(&self) -> Result<(), StorageError>;
-    /// The sled database behind this sink, if there is one (for the simulated payment provider's
-    /// own trees and for tools that inspect the data dir).
-    fn sled_db(&self) -> Option<sled::Db> {
+    /// The store behind this sink, if it is a [`Kv`](super::Kv) (for the simulated payment
+    /// provider's own trees beside the log, and for tools that inspect the data dir).
+    fn kv(&self) -> Option<Arc<dyn super::Kv>> {
         None
     }
     /// Recovery refused a damaged log: keeps the copy of the files as they were before this

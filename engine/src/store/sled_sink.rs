@@ -1,135 +1,27 @@
-//! [`SledSink`]: the log in a sled 0.34.7 database in the data dir.
-//!
-//! | tree | key | value |
-//! |---|---|---|
-//! | one per stream (`catalog`, `section/{event}/{section}`, `ledger/{n}`, `waitlist`) | seq (u64 BE) | framed record |
-//! | `checkpoints` | stream name | framed `(seq, state blob)` |
-//! | `sold` | claim key | holder (hold id) |
-//! | `sold_set_aside` | `{claim key}@{holder}` | holder: claims recovery set aside, kept as evidence |
-//!
-//! Beside sled's files: the two superblock copies (see [`superblock`](super::superblock)).
-//!
-//! `sync` is sled's `flush` (which writes sled's buffers and calls `sync_file_range`: that neither
-//! flushes the drive's write cache nor the file's metadata, sled#1452) followed by our own
-//! `fdatasync` of sled's data file, so a sync survives a power cut and not only a `kill -9`. One
-//! of each per group commit.
+//! [`SledSink`]: the log of a single node in a sled 0.34.7 database in the data dir: a
+//! [`KvSink`] over [`SledKv`] (sled's `flush`, then `fdatasync`, per group commit), with the two
+//! superblock copies beside sled's files (see [`superblock`](super::superblock)) and the
+//! evidence of a damaged start kept.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::names;
+use super::kv::Kv;
+use super::kv_sink::KvSink;
 use super::sink::{Claim, LogSink, StreamSink};
+use super::sled_kv::{SLED_BLOBS_DIR, SLED_CACHE_BYTES, SLED_DATA_FILE, SledKv};
 use super::superblock::{Marks, SuperblockFiles, SuperblockRead};
 use crate::error::StorageError;
 
-fn io(e: sled::Error) -> StorageError {
-    StorageError::Io(e.to_string())
-}
-
-/// The file sled 0.34 keeps its log and pages in, under the database's directory.
-const SLED_DATA_FILE: &str = "db";
-
-/// Opens the sled database under `dir` (no retry).
-pub fn open_db(dir: &Path) -> Result<sled::Db, StorageError> {
-    open_db_cached(dir, SLED_CACHE_BYTES)
-}
-
-/// sled's page cache per database (its own default: 1 GiB).
-pub const SLED_CACHE_BYTES: u64 = 1 << 30;
-
-/// [`open_db`] with a page cache of `cache_bytes` (a cluster node's groups share one budget).
-pub fn open_db_cached(dir: &Path, cache_bytes: u64) -> Result<sled::Db, StorageError> {
-    sled::Config::new()
-        .path(dir)
-        .mode(sled::Mode::HighThroughput)
-        .cache_capacity(cache_bytes)
-        .open()
-        .map_err(|e| StorageError::Open {
-            path: dir.display().to_string(),
-            reason: e.to_string(),
-        })
-}
-
-/// The log in a sled database.
+/// The log of a single node in a sled database.
 pub struct SledSink {
-    db: sled::Db,
-    checkpoints: sled::Tree,
-    claims: sled::Tree,
-    set_aside: sled::Tree,
-    /// sled's data file (`{dir}/db`), synced after every flush.
-    data_file: std::fs::File,
-    /// `None`: a cluster node's log, which keeps none ([`SledSink::over`]).
-    superblock: Option<SuperblockFiles>,
+    log: KvSink,
+    superblock: SuperblockFiles,
     /// The superblock as found when this sink opened.
     superblock_read: SuperblockRead,
     /// The data dir.
     dir: std::path::PathBuf,
-    /// sled's files of large values, synced with the log.
-    blobs: BlobSync,
-}
-
-/// sled 0.34 keeps a value over a quarter of its segment size (128 KiB by default: a big
-/// checkpoint, a large group commit as one Raft entry) in a file of its own under `blobs/`,
-/// written without an fsync: its flush does not cover them. So a sync also fsyncs every blob
-/// file written since the last sync (by modification time, with a margin for the clock's
-/// granularity), and the `blobs/` directory (for the new names).
-#[derive(Default)]
-pub(crate) struct BlobSync {
-    last: std::sync::Mutex<Option<std::time::SystemTime>>,
-}
-
-impl BlobSync {
-    /// Fsyncs the blob files of the sled database in `dir` written since the last call.
-    pub(crate) fn sync(&self, dir: &Path) -> std::io::Result<()> {
-        let blobs = dir.join(SLED_BLOBS_DIR);
-        if !blobs.is_dir() {
-            return Ok(());
-        }
-        let started = std::time::SystemTime::now();
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        let since = last.map(|t| t - Duration::from_secs(2));
-        // sled writes a blob once, as a new file: a directory unchanged since the last sync
-        // (its mtime) holds no blob to sync (most syncs: no value over 128 KiB was written).
-        if let (Some(since), Ok(m)) = (since, blobs.metadata().and_then(|m| m.modified()))
-            && m < since
-        {
-            *last = Some(started);
-            return Ok(());
-        }
-        for entry in std::fs::read_dir(&blobs)? {
-            let entry = entry?;
-            // A blob removed meanwhile (its value replaced or deleted, a purged Raft entry)
-            // needs no sync.
-            let meta = match entry.metadata() {
-                Ok(m) => m,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(e),
-            };
-            if !meta.is_file() {
-                continue;
-            }
-            let fresh = match (since, meta.modified()) {
-                (Some(since), Ok(m)) => m >= since,
-                _ => true,
-            };
-            if fresh {
-                match std::fs::File::open(entry.path()).and_then(|f| f.sync_data()) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(e),
-                }
-            }
-        }
-        std::fs::File::open(&blobs)?.sync_all()?;
-        *last = Some(started);
-        Ok(())
-    }
-}
-
-struct SledStream {
-    name: String,
-    tree: sled::Tree,
 }
 
 impl SledSink {
@@ -140,13 +32,12 @@ impl SledSink {
     /// sled rewrites its files when it opens them: past the first message that fails its
     /// checksum, everything is wiped as a torn tail. So the files are first copied to
     /// `{dir}/pre-open/` (the evidence, should recovery find the log damaged: see
-    /// [`LogSink::keep_evidence`]); recovery drops the copy once the log proves whole.
+    /// [`LogSink::keep_evidence`]).
     pub fn open(dir: &Path, lock_wait: Duration) -> Result<SledSink, StorageError> {
         SledSink::open_inner(dir, lock_wait, true)
     }
 
-    /// [`SledSink::open`] without the copy of the files as they were (for a log that is itself
-    /// a copy, as `check-log` makes).
+    /// [`SledSink::open`] without copying the files first (a tool that opens a copy).
     pub fn open_without_evidence(
         dir: &Path,
         lock_wait: Duration,
@@ -168,186 +59,56 @@ impl SledSink {
         if evidence {
             copy_before_open(dir, deadline)?;
         }
-        let db = loop {
-            match open_db(dir) {
-                Err(StorageError::Open { reason, .. })
-                    if reason.contains("could not acquire lock") && Instant::now() < deadline =>
-                {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                other => break other?,
-            }
-        };
+        let kv = SledKv::open(
+            dir,
+            SLED_CACHE_BYTES,
+            deadline.saturating_duration_since(Instant::now()),
+        )?;
         let (superblock, superblock_read) = SuperblockFiles::open(dir)?;
-        SledSink::with_db(db, dir, Some(superblock), superblock_read)
-    }
-
-    /// The log in `db`, a cluster node's sled database already open on `dir`, which its Raft
-    /// log and state machine share ([`crate::raft`]). Such a log keeps no superblock: its
-    /// records come from the group's Raft log, which is the durable record of what was
-    /// acknowledged (a node's copy that lost a tail re-applies it from there, or from a
-    /// snapshot); recovery starts from no marks.
-    pub fn over(db: sled::Db, dir: &Path) -> Result<SledSink, StorageError> {
-        let none = SuperblockRead {
-            marks: Some(Marks::default()),
-            damaged_copies: vec![],
-        };
-        SledSink::with_db(db, dir, None, none)
-    }
-
-    fn with_db(
-        db: sled::Db,
-        dir: &Path,
-        superblock: Option<SuperblockFiles>,
-        superblock_read: SuperblockRead,
-    ) -> Result<SledSink, StorageError> {
-        let path = dir.join(SLED_DATA_FILE);
-        let data_file = std::fs::File::open(&path).map_err(|e| StorageError::Open {
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        })?;
         Ok(SledSink {
-            checkpoints: db.open_tree(names::CHECKPOINTS).map_err(io)?,
-            claims: db.open_tree(names::CLAIMS).map_err(io)?,
-            set_aside: db.open_tree(names::CLAIMS_SET_ASIDE).map_err(io)?,
-            db,
-            data_file,
+            log: KvSink::new(Arc::new(kv))?,
             superblock,
             superblock_read,
             dir: dir.to_owned(),
-            blobs: BlobSync::default(),
         })
-    }
-}
-
-impl StreamSink for SledStream {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn append(&self, seq: u64, bytes: &[u8]) -> Result<(), StorageError> {
-        self.tree.insert(seq.to_be_bytes(), bytes).map_err(io)?;
-        Ok(())
-    }
-
-    fn read_after(&self, after: u64) -> Result<Vec<(u64, Vec<u8>)>, StorageError> {
-        let mut out = Vec::new();
-        for item in self.tree.range((after + 1).to_be_bytes()..) {
-            let (key, value) = item.map_err(io)?;
-            let seq = <[u8; 8]>::try_from(key.as_ref())
-                .map(u64::from_be_bytes)
-                .map_err(|_| StorageError::Corrupt {
-                    stream: self.name.clone(),
-                    seq: 0,
-                    reason: format!("key of {} bytes is not a sequence number", key.len()),
-                })?;
-            out.push((seq, value.to_vec()));
-        }
-        Ok(out)
-    }
-
-    fn remove(&self, seq: u64) -> Result<(), StorageError> {
-        self.tree.remove(seq.to_be_bytes()).map_err(io)?;
-        Ok(())
-    }
-
-    fn remove_upto(&self, upto: u64) -> Result<usize, StorageError> {
-        let mut batch = sled::Batch::default();
-        let mut n = 0usize;
-        for key in self.tree.range(..=upto.to_be_bytes()).keys() {
-            batch.remove(key.map_err(io)?);
-            n += 1;
-            if n.is_multiple_of(10_000) {
-                self.tree
-                    .apply_batch(std::mem::take(&mut batch))
-                    .map_err(io)?;
-            }
-        }
-        self.tree.apply_batch(batch).map_err(io)?;
-        Ok(n)
     }
 }
 
 impl LogSink for SledSink {
     fn stream(&self, name: &str) -> Result<Arc<dyn StreamSink>, StorageError> {
-        Ok(Arc::new(SledStream {
-            name: name.to_owned(),
-            tree: self.db.open_tree(name).map_err(io)?,
-        }))
+        self.log.stream(name)
     }
 
     fn stream_names(&self) -> Result<Vec<String>, StorageError> {
-        let tables = [
-            names::CHECKPOINTS,
-            names::CLAIMS,
-            names::CLAIMS_SET_ASIDE,
-            names::PAYMENTS,
-            names::PAYMENTS_BY_ID,
-        ];
-        Ok(self
-            .db
-            .tree_names()
-            .into_iter()
-            .map(|n| String::from_utf8_lossy(&n).into_owned())
-            .filter(|n| {
-                !tables.contains(&n.as_str())
-                    && !n.starts_with("__sled")
-                    && !n.starts_with(names::RAFT_TREES_PREFIX)
-            })
-            .collect())
+        self.log.stream_names()
     }
 
     fn checkpoint(&self, stream: &str) -> Result<Option<Vec<u8>>, StorageError> {
-        Ok(self
-            .checkpoints
-            .get(stream.as_bytes())
-            .map_err(io)?
-            .map(|v| v.to_vec()))
+        self.log.checkpoint(stream)
     }
 
     fn put_checkpoint(&self, stream: &str, blob: &[u8]) -> Result<(), StorageError> {
-        self.checkpoints
-            .insert(stream.as_bytes(), blob)
-            .map_err(io)?;
-        Ok(())
+        self.log.put_checkpoint(stream, blob)
     }
 
     fn claim(&self, key: &str, holder: &[u8]) -> Result<Claim, StorageError> {
-        match self
-            .claims
-            .compare_and_swap(key.as_bytes(), None::<&[u8]>, Some(holder))
-            .map_err(io)?
-        {
-            Ok(()) => Ok(Claim::Taken),
-            Err(cas) if cas.current.as_deref() == Some(holder) => Ok(Claim::Already),
-            Err(cas) => Ok(Claim::Refused(
-                cas.current.map(|v| v.to_vec()).unwrap_or_default(),
-            )),
-        }
-    }
-
-    fn claims(&self) -> Result<Vec<(String, Vec<u8>)>, StorageError> {
-        entries(&self.claims)
+        self.log.claim(key, holder)
     }
 
     fn unclaim(&self, key: &str) -> Result<(), StorageError> {
-        self.claims.remove(key.as_bytes()).map_err(io)?;
-        Ok(())
+        self.log.unclaim(key)
+    }
+
+    fn claims(&self) -> Result<Vec<(String, Vec<u8>)>, StorageError> {
+        self.log.claims()
     }
 
     fn set_claim_aside(&self, key: &str) -> Result<(), StorageError> {
-        if let Some(holder) = self.claims.get(key.as_bytes()).map_err(io)? {
-            let aside = super::sink::set_aside_key(key, &holder);
-            self.set_aside
-                .insert(aside.as_bytes(), holder)
-                .map_err(io)?;
-            self.claims.remove(key.as_bytes()).map_err(io)?;
-        }
-        Ok(())
+        self.log.set_claim_aside(key)
     }
 
     fn claims_set_aside(&self) -> Result<Vec<(String, Vec<u8>)>, StorageError> {
-        entries(&self.set_aside)
+        self.log.claims_set_aside()
     }
 
     fn superblock(&self) -> Result<SuperblockRead, StorageError> {
@@ -355,25 +116,15 @@ impl LogSink for SledSink {
     }
 
     fn put_superblock(&self, marks: &Marks) -> Result<(), StorageError> {
-        match &self.superblock {
-            Some(s) => s.write(marks),
-            None => Ok(()),
-        }
+        self.superblock.write(marks)
     }
 
     fn sync(&self) -> Result<(), StorageError> {
-        self.db.flush().map_err(io)?;
-        self.data_file
-            .sync_data()
-            .map_err(|e| StorageError::Io(format!("fdatasync of the log: {e}")))?;
-        self.blobs
-            .sync(&self.dir)
-            .map_err(|e| StorageError::Io(format!("fsync of the log's large values: {e}")))?;
-        Ok(())
+        self.log.sync()
     }
 
-    fn sled_db(&self) -> Option<sled::Db> {
-        Some(self.db.clone())
+    fn kv(&self) -> Option<Arc<dyn Kv>> {
+        self.log.kv()
     }
 
     fn keep_evidence(&self) -> Option<String> {
@@ -445,9 +196,6 @@ fn is_sled_file(name: &str) -> bool {
     name == SLED_DATA_FILE || name == "conf" || name.starts_with("snap.")
 }
 
-/// sled's own dir of large values.
-const SLED_BLOBS_DIR: &str = "blobs";
-
 /// What a data dir takes on disk, in bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DiskUsage {
@@ -506,16 +254,6 @@ fn copy_sled_files_all(from: &Path, to: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Every (key, value) of a tree, keys as text.
-fn entries(tree: &sled::Tree) -> Result<Vec<(String, Vec<u8>)>, StorageError> {
-    tree.iter()
-        .map(|item| {
-            let (k, v) = item.map_err(io)?;
-            Ok((String::from_utf8_lossy(&k).into_owned(), v.to_vec()))
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -542,43 +280,5 @@ mod tests {
             disk_usage(&dir.path().join("missing")),
             DiskUsage::default()
         );
-    }
-
-    /// sled removes a blob file when its value goes (a replaced checkpoint, a Raft entry
-    /// purged behind a snapshot), at any moment: a sync that lists the blob directory while
-    /// that happens skips the file that went, instead of failing the sync (and with it the
-    /// node's Raft log, which once stopped a follower's Raft for good).
-    #[test]
-    fn blob_sync_skips_blobs_removed_under_it() {
-        let dir = tempfile::tempdir().expect("a temp dir");
-        let blobs = dir.path().join(SLED_BLOBS_DIR);
-        std::fs::create_dir_all(&blobs).expect("mkdir");
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let churn = {
-            let (blobs, stop) = (blobs.clone(), stop.clone());
-            std::thread::spawn(move || {
-                let mut n = 0u64;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    let path = blobs.join(n.to_string());
-                    std::fs::write(&path, b"value").expect("write a blob");
-                    std::fs::remove_file(&path).expect("remove it");
-                    n += 1;
-                }
-                n
-            })
-        };
-        let sync = BlobSync::default();
-        for _ in 0..2_000 {
-            sync.sync(dir.path())
-                .expect("a sync while blobs come and go");
-        }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        assert!(
-            churn.join().expect("the churn thread") > 0,
-            "blobs came and went"
-        );
-        // A blob that stays is synced and the directory too: no error either.
-        std::fs::write(blobs.join("kept"), b"value").expect("write");
-        sync.sync(dir.path()).expect("a sync");
     }
 }

@@ -289,6 +289,8 @@ fn cluster_config(
             .map_err(|e| UsageError::new(format!("--cluster-secret-file: {e}")))?,
         snapshot_every: snapshot_every.max(1),
         groups,
+        stores: None,
+        snapshot_keep: boxoffice_engine::raft::SNAPSHOT_KEEP_DEFAULT,
     }))
 }
 

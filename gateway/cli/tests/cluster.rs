@@ -457,10 +457,10 @@ async fn until_grown(count: &AtomicU64, by: u64) {
 
 /// Opens a stopped node's copy of the log offline and checks it holds everything acknowledged.
 async fn check_copy(dir: &Path, acked: &Acked) {
-    use boxoffice_engine::raft::{SledStateMachine, open_node_db};
+    use boxoffice_engine::raft::{StateMachine, open_node_db};
     use boxoffice_engine::{Engine, EngineConfig, EventId, HoldId, UserId};
     let db = open_node_db(dir).unwrap();
-    let sm = SledStateMachine::open(&db).unwrap();
+    let sm = StateMachine::open(&db).unwrap();
     let mut config = EngineConfig::new(dir);
     config.sink = Some(sm.sink());
     let engine = Engine::open(config).await.unwrap();

@@ -480,13 +480,13 @@ pub struct CopyCheck {
 /// or written, and a captured charge whose hold ended without an order counts as a refund
 /// pending, not a finding.
 pub async fn check_copy(dir: &Path) -> anyhow::Result<CopyCheck> {
-    use boxoffice_engine::raft::{SledStateMachine, open_node_db};
+    use boxoffice_engine::raft::{StateMachine, open_node_db};
     use boxoffice_engine::{Engine, EngineConfig};
     let path = dir.to_path_buf();
     let db = tokio::task::spawn_blocking(move || open_node_db(&path))
         .await?
         .with_context(|| format!("opening {}", dir.display()))?;
-    let sm = SledStateMachine::open(&db)?;
+    let sm = StateMachine::open(&db)?;
     let mut config = EngineConfig::new(dir);
     config.sink = Some(sm.sink());
     let engine = Engine::open(config)

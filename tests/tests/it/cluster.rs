@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use boxoffice_engine::raft::{
-    Batch, NodeDb, Raft, SledLogStore, SledStateMachine, VoteGuard, harness, open_node_db,
+    Batch, LogStore, NodeDb, Raft, StateMachine, VoteGuard, harness, open_node_db,
 };
 use boxoffice_gateway::cluster::{self, ClusterSecret, Peers};
 use openraft::BasicNode;
@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 
 struct Node {
     raft: Raft,
-    sm: SledStateMachine,
+    sm: StateMachine,
     stop: Option<oneshot::Sender<()>>,
     served: tokio::task::JoinHandle<()>,
     _db: NodeDb,
@@ -56,7 +56,7 @@ async fn start(
     secret: &str,
 ) -> Node {
     let db = open_node_db(dir).unwrap();
-    let sm = SledStateMachine::open(&db).unwrap();
+    let sm = StateMachine::open(&db).unwrap();
     let guard = VoteGuard::open(&db).unwrap();
     let addrs = addrs.iter().map(|(id, a)| (*id, a.to_string())).collect();
     let peers = Peers::new(addrs, ClusterSecret::new(secret).unwrap());
@@ -64,7 +64,7 @@ async fn start(
         id,
         boxoffice_engine::raft::config(50),
         peers,
-        SledLogStore::open(&db).unwrap(),
+        LogStore::open(&db).unwrap(),
         sm.clone(),
     )
     .await

@@ -1,0 +1,458 @@
+//! [`SimKv`]: a [`Kv`] store in memory that fails as a disk does, on command.
+//!
+//! It keeps what was written and what was durable at the last good [`Kv::sync`], with the
+//! writes in between in order. A test or a deterministic simulation can:
+//! - cut the power ([`SimKv::crash`]): what the last good sync covered survives, with the first
+//!   `keep` of the later writes (a drive that got some of them out: a torn tail, never a write
+//!   without every one before it; 0 is a clean cut);
+//! - fail the next write, or a later one ([`SimKv::fail_write_after`]), or every write as on a
+//!   full disk ([`SimKv::fill_disk`]);
+//! - fail the next sync, or a later one: everything written since the last good sync is then
+//!   lost (as Linux may drop dirty pages after a failed fsync), and a later good sync does not
+//!   bring it back;
+//! - flip a bit of a stored value ([`SimKv::flip_bit`]), or wipe everything ([`SimKv::wipe`]).
+//!
+//! A write fault counts every write (an insert, a removal, a batch, a transaction), in order.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::kv::{Change, Kv, KvTree, Pair, Pairs};
+use crate::error::StorageError;
+
+type Trees = BTreeMap<String, BTreeMap<Vec<u8>, Vec<u8>>>;
+
+/// One step of a write.
+#[derive(Clone)]
+enum Step {
+    /// A tree came to be.
+    Tree(String),
+    /// `value` at `key` of `tree` (`None`: removed).
+    Set {
+        tree: String,
+        key: Vec<u8>,
+        value: Option<Vec<u8>>,
+    },
+}
+
+fn apply(trees: &mut Trees, steps: &[Step]) {
+    for step in steps {
+        match step {
+            Step::Tree(name) => {
+                trees.entry(name.clone()).or_default();
+            }
+            Step::Set { tree, key, value } => {
+                let t = trees.entry(tree.clone()).or_default();
+                match value {
+                    Some(v) => {
+                        t.insert(key.clone(), v.clone());
+                    }
+                    None => {
+                        t.remove(key);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    written: Trees,
+    durable: Trees,
+    /// The writes since the last good sync, in order: each one all or nothing.
+    pending: Vec<Vec<Step>>,
+}
+
+/// A fault armed to fire on the `n`th next call (1: the very next).
+#[derive(Default)]
+pub(crate) struct Trigger(AtomicU64);
+
+impl Trigger {
+    pub(crate) fn arm(&self, nth: u64) {
+        self.0.store(nth, Ordering::SeqCst);
+    }
+
+    /// Whether this call fires the fault.
+    pub(crate) fn fires(&self) -> bool {
+        self.0
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok_and(|n| n == 1)
+    }
+}
+
+#[derive(Default)]
+struct Shared {
+    state: Mutex<State>,
+    fail_write: Trigger,
+    full: AtomicBool,
+    fail_sync: Trigger,
+    syncs: AtomicU64,
+    failed_syncs: AtomicU64,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves plain data: keep using it.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self, steps: Vec<Step>) -> Result<(), StorageError> {
+        if self.fail_write.fires() {
+            return Err(StorageError::Io("injected write failure".into()));
+        }
+        if self.full.load(Ordering::SeqCst) {
+            return Err(StorageError::Io(
+                "No space left on device (os error 28)".into(),
+            ));
+        }
+        let mut st = self.lock();
+        apply(&mut st.written, &steps);
+        st.pending.push(steps);
+        Ok(())
+    }
+
+    fn crash(&self, keep: usize) {
+        let mut st = self.lock();
+        let pending = std::mem::take(&mut st.pending);
+        for steps in pending.iter().take(keep) {
+            apply(&mut st.durable, steps);
+        }
+        st.written = st.durable.clone();
+    }
+}
+
+/// The store in memory; see the module docs. Cheap to clone: clones share the same "disk".
+#[derive(Clone, Default)]
+pub struct SimKv {
+    shared: Arc<Shared>,
+}
+
+impl SimKv {
+    /// An empty store.
+    pub fn new() -> SimKv {
+        SimKv::default()
+    }
+
+    /// The power is cut: everything written since the last good sync is lost, but for the
+    /// first `keep` of those writes (0: a clean cut; see [`SimKv::unsynced_writes`]).
+    pub fn crash(&self, keep: usize) {
+        self.shared.crash(keep);
+    }
+
+    /// Drops every write since the last good sync, as a crash would ([`SimKv::crash`] with 0).
+    pub fn lose_unsynced(&self) {
+        self.shared.crash(0);
+    }
+
+    /// Writes made since the last good sync (what a crash may lose).
+    pub fn unsynced_writes(&self) -> usize {
+        self.shared.lock().pending.len()
+    }
+
+    /// Everything is gone, durable or not (a wiped or replaced disk).
+    pub fn wipe(&self) {
+        *self.shared.lock() = State::default();
+    }
+
+    /// Flips one bit of one stored value, in what was written and what is durable alike (a
+    /// damaged sector), chosen by `pick`; says which `(tree, key)`, or `None` if the store holds
+    /// no value of a tree whose name `only` accepts.
+    pub fn flip_bit(&self, pick: u64, only: impl Fn(&str) -> bool) -> Option<(String, Vec<u8>)> {
+        let mut st = self.shared.lock();
+        let candidates: Vec<(String, Vec<u8>)> = st
+            .durable
+            .iter()
+            .filter(|(name, _)| only(name))
+            .flat_map(|(name, t)| {
+                t.iter()
+                    .filter(|(_, v)| !v.is_empty())
+                    .map(move |(k, _)| (name.clone(), k.clone()))
+            })
+            .collect();
+        if candidates.is_empty() {
+            return None;
+        }
+        let n = u64::try_from(candidates.len()).unwrap_or(u64::MAX);
+        let (tree, key) = candidates[usize::try_from(pick % n).unwrap_or(0)].clone();
+        let flip = |trees: &mut Trees| {
+            if let Some(v) = trees.get_mut(&tree).and_then(|t| t.get_mut(&key)) {
+                let bits = u64::try_from(v.len()).unwrap_or(u64::MAX) * 8;
+                let bit = (pick >> 20) % bits;
+                let byte = usize::try_from(bit / 8).unwrap_or(0);
+                v[byte] ^= 1 << (bit % 8);
+            }
+        };
+        flip(&mut st.durable);
+        flip(&mut st.written);
+        Some((tree, key))
+    }
+
+    /// The next write fails (once).
+    pub fn fail_next_write(&self) {
+        self.shared.fail_write.arm(1);
+    }
+
+    /// The `nth` write from now fails (1: the next).
+    pub fn fail_write_after(&self, nth: u64) {
+        self.shared.fail_write.arm(nth);
+    }
+
+    /// From now on every write fails as on a full disk (`ENOSPC`), until [`SimKv::free_disk`].
+    pub fn fill_disk(&self) {
+        self.shared.full.store(true, Ordering::SeqCst);
+    }
+
+    /// Writes succeed again (space was freed).
+    pub fn free_disk(&self) {
+        self.shared.full.store(false, Ordering::SeqCst);
+    }
+
+    /// Whether every write fails as on a full disk.
+    pub fn is_full(&self) -> bool {
+        self.shared.full.load(Ordering::SeqCst)
+    }
+
+    /// The next sync fails (once); what it would have covered is lost.
+    pub fn fail_next_sync(&self) {
+        self.shared.fail_sync.arm(1);
+    }
+
+    /// The `nth` sync from now fails (1: the next).
+    pub fn fail_sync_after(&self, nth: u64) {
+        self.shared.fail_sync.arm(nth);
+    }
+
+    /// Good syncs so far.
+    pub fn syncs(&self) -> u64 {
+        self.shared.syncs.load(Ordering::SeqCst)
+    }
+
+    /// Failed syncs so far.
+    pub fn failed_syncs(&self) -> u64 {
+        self.shared.failed_syncs.load(Ordering::SeqCst)
+    }
+
+    /// The durable pairs of `tree` (what a clean cut now would leave).
+    pub fn durable_pairs(&self, tree: &str) -> Pairs {
+        self.shared
+            .lock()
+            .durable
+            .get(tree)
+            .map(|t| t.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default()
+    }
+}
+
+struct SimTree {
+    name: String,
+    shared: Arc<Shared>,
+}
+
+impl SimTree {
+    fn set(&self, key: &[u8], value: Option<&[u8]>) -> Step {
+        Step::Set {
+            tree: self.name.clone(),
+            key: key.to_vec(),
+            value: value.map(<[u8]>::to_vec),
+        }
+    }
+
+    fn read<T>(&self, f: impl FnOnce(Option<&BTreeMap<Vec<u8>, Vec<u8>>>) -> T) -> T {
+        let st = self.shared.lock();
+        f(st.written.get(&self.name))
+    }
+}
+
+impl KvTree for SimTree {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        Ok(self.read(|t| t.and_then(|t| t.get(key).cloned())))
+    }
+
+    fn insert(&self, key: &[u8], value: &[u8]) -> Result<(), StorageError> {
+        self.shared.write(vec![self.set(key, Some(value))])
+    }
+
+    fn remove(&self, key: &[u8]) -> Result<(), StorageError> {
+        self.shared.write(vec![self.set(key, None)])
+    }
+
+    fn insert_if_absent(&self, key: &[u8], value: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        if let Some(current) = self.get(key)? {
+            return Ok(Some(current));
+        }
+        self.insert(key, value)?;
+        Ok(None)
+    }
+
+    fn range(&self, from: Bound<&[u8]>, to: Bound<&[u8]>) -> Result<Pairs, StorageError> {
+        Ok(self.read(|t| {
+            t.map(|t| {
+                t.range::<[u8], _>((from, to))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+        }))
+    }
+
+    fn apply(&self, changes: &[(Vec<u8>, Option<Vec<u8>>)]) -> Result<(), StorageError> {
+        let steps = changes
+            .iter()
+            .map(|(k, v)| self.set(k, v.as_deref()))
+            .collect();
+        self.shared.write(steps)
+    }
+
+    fn is_empty(&self) -> Result<bool, StorageError> {
+        Ok(self.read(|t| t.is_none_or(BTreeMap::is_empty)))
+    }
+
+    fn last(&self) -> Result<Option<Pair>, StorageError> {
+        Ok(self.read(|t| {
+            t.and_then(|t| t.last_key_value())
+                .map(|(k, v)| (k.clone(), v.clone()))
+        }))
+    }
+}
+
+impl Kv for SimKv {
+    fn tree(&self, name: &str) -> Result<Arc<dyn KvTree>, StorageError> {
+        let exists = self.shared.lock().written.contains_key(name);
+        if !exists {
+            self.shared.write(vec![Step::Tree(name.to_owned())])?;
+        }
+        Ok(Arc::new(SimTree {
+            name: name.to_owned(),
+            shared: self.shared.clone(),
+        }))
+    }
+
+    fn tree_names(&self) -> Result<Vec<String>, StorageError> {
+        Ok(self.shared.lock().written.keys().cloned().collect())
+    }
+
+    fn transaction(&self, changes: &[Change]) -> Result<(), StorageError> {
+        let steps = changes
+            .iter()
+            .map(|c| Step::Set {
+                tree: c.tree.clone(),
+                key: c.key.clone(),
+                value: c.value.clone(),
+            })
+            .collect();
+        self.shared.write(steps)
+    }
+
+    fn sync(&self) -> Result<(), StorageError> {
+        if self.shared.fail_sync.fires() {
+            self.shared.failed_syncs.fetch_add(1, Ordering::SeqCst);
+            // As Linux may after a failed fsync ("fsyncgate"): the dirty pages are dropped, so
+            // a later sync that succeeds does not bring them back.
+            self.shared.crash(0);
+            return Err(StorageError::Io("injected fsync failure".into()));
+        }
+        let mut st = self.shared.lock();
+        let pending = std::mem::take(&mut st.pending);
+        for steps in &pending {
+            apply(&mut st.durable, steps);
+        }
+        self.shared.syncs.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(t: &Arc<dyn KvTree>) -> Vec<Vec<u8>> {
+        t.pairs().unwrap().into_iter().map(|(k, _)| k).collect()
+    }
+
+    #[test]
+    fn a_crash_keeps_the_synced_writes_and_a_prefix_of_the_rest() {
+        let kv = SimKv::new();
+        let t = kv.tree("t").unwrap();
+        t.insert(b"a", b"1").unwrap();
+        kv.sync().unwrap();
+        t.insert(b"b", b"2").unwrap();
+        t.apply(&[(b"c".to_vec(), Some(b"3".to_vec())), (b"a".to_vec(), None)])
+            .unwrap();
+        t.insert(b"d", b"4").unwrap();
+        assert_eq!(kv.unsynced_writes(), 3);
+        assert_eq!(keys(&t), vec![b"b".to_vec(), b"c".to_vec(), b"d".to_vec()]);
+        // The first two unsynced writes reached the disk, the third did not: the batch is
+        // whole.
+        kv.crash(2);
+        assert_eq!(keys(&t), vec![b"b".to_vec(), b"c".to_vec()]);
+        assert_eq!(kv.unsynced_writes(), 0);
+        t.insert(b"e", b"5").unwrap();
+        kv.lose_unsynced();
+        assert_eq!(keys(&t), vec![b"b".to_vec(), b"c".to_vec()]);
+        assert_eq!(kv.durable_pairs("t").len(), 2);
+    }
+
+    #[test]
+    fn a_tree_made_after_the_last_sync_is_gone_after_a_crash() {
+        let kv = SimKv::new();
+        kv.tree("kept").unwrap();
+        kv.sync().unwrap();
+        kv.tree("lost").unwrap().insert(b"k", b"v").unwrap();
+        kv.crash(0);
+        assert_eq!(kv.tree_names().unwrap(), vec!["kept".to_owned()]);
+    }
+
+    #[test]
+    fn a_failed_sync_loses_its_writes_and_a_later_sync_does_not_bring_them_back() {
+        let kv = SimKv::new();
+        let t = kv.tree("t").unwrap();
+        t.insert(b"a", b"1").unwrap();
+        kv.sync().unwrap();
+        t.insert(b"b", b"2").unwrap();
+        kv.fail_next_sync();
+        assert!(kv.sync().is_err());
+        kv.sync().unwrap();
+        assert_eq!(keys(&t), vec![b"a".to_vec()]);
+        assert_eq!((kv.syncs(), kv.failed_syncs()), (2, 1));
+    }
+
+    #[test]
+    fn write_faults_change_nothing() {
+        let kv = SimKv::new();
+        let t = kv.tree("t").unwrap();
+        kv.fail_write_after(2);
+        t.insert(b"a", b"1").unwrap();
+        assert!(t.insert(b"b", b"2").is_err());
+        t.insert(b"c", b"3").unwrap();
+        assert_eq!(keys(&t), vec![b"a".to_vec(), b"c".to_vec()]);
+        kv.fill_disk();
+        assert!(t.remove(b"a").is_err());
+        assert!(kv.is_full());
+        kv.free_disk();
+        t.remove(b"a").unwrap();
+        assert_eq!(t.insert_if_absent(b"c", b"9").unwrap(), Some(b"3".to_vec()));
+        assert_eq!(t.insert_if_absent(b"z", b"9").unwrap(), None);
+    }
+
+    #[test]
+    fn a_flipped_bit_changes_one_value_on_disk() {
+        let kv = SimKv::new();
+        let t = kv.tree("t").unwrap();
+        t.insert(b"a", &[0u8; 4]).unwrap();
+        kv.sync().unwrap();
+        assert_eq!(kv.flip_bit(7, |n| n == "other"), None);
+        assert_eq!(
+            kv.flip_bit(7, |n| n == "t"),
+            Some(("t".into(), b"a".to_vec()))
+        );
+        let v = t.get(b"a").unwrap().unwrap();
+        assert_eq!(v.iter().map(|b| b.count_ones()).sum::<u32>(), 1);
+        kv.lose_unsynced();
+        assert_eq!(t.get(b"a").unwrap(), Some(v), "the flip is on disk");
+        kv.wipe();
+        assert!(kv.tree_names().unwrap().is_empty());
+    }
+}
