@@ -512,10 +512,11 @@ impl State {
             Node::File(f) => f.len(),
             Node::Dir => return Err(Errno::EISDIR),
         };
-        if let Some(cap) = limits.capacity {
-            if new_len > old && self.used + (new_len - old) > cap {
-                return Err(Errno::ENOSPC);
-            }
+        if let Some(cap) = limits.capacity
+            && new_len > old
+            && self.used + (new_len - old) > cap
+        {
+            return Err(Errno::ENOSPC);
         }
         Ok(())
     }
