@@ -326,13 +326,38 @@ fn keep_some_unsynced_keeps_only_durable_or_current_bytes() {
     }
 }
 
-/// After a cut, reads see the reverted bytes, also through paths the kernel had cached and
-/// pages it had read before (no stale page cache), and through mmap-free re-reads of big files.
+/// After a cut, reads and `stat` see the reverted state at once, for files whose sizes and
+/// pages the kernel had cached just before (the cut remounts: nothing stale survives).
 #[test]
 fn reads_after_a_cut_see_the_reverted_bytes() {
     let Some(m) = mounted("reads_after_a_cut_see_the_reverted_bytes") else {
         return;
     };
+    // Small files, checked at once after the cut (well within the kernel's attribute TTL): one
+    // shrunk by an unsynced truncate, one grown by an unsynced append; the kernel has their
+    // sizes from the truncate and the write (a read would refresh them).
+    let mut shrunk = File::create(m.path("shrunk")).unwrap();
+    shrunk.write_all(&[5; 3 * 4096]).unwrap();
+    shrunk.sync_all().unwrap();
+    shrunk.set_len(100).unwrap();
+    drop(shrunk);
+    let mut grown = File::create(m.path("grown")).unwrap();
+    grown.write_all(b"base").unwrap();
+    grown.sync_all().unwrap();
+    grown.write_all(&[6; 10000]).unwrap();
+    drop(grown);
+    m.cut();
+    let shrunk = read(&m.path("shrunk")).unwrap();
+    assert!(
+        shrunk == vec![5; 3 * 4096],
+        "the truncation was not undone: {} bytes",
+        shrunk.len()
+    );
+    assert_eq!(read(&m.path("grown")).unwrap(), b"base");
+    assert_eq!(fs::metadata(m.path("shrunk")).unwrap().len(), 3 * 4096);
+    assert_eq!(fs::metadata(m.path("grown")).unwrap().len(), 4);
+
+    // A big file, read whole into the page cache before the cut.
     let size = 8 << 20;
     let synced: Vec<u8> = (0..size).map(|i| (i * 7 % 256) as u8).collect();
     let mut f = File::create(m.path("big")).unwrap();
