@@ -20,6 +20,11 @@
 //! Mounting needs `/dev/fuse` and, as root, nothing else (fuser mounts with `mount(2)`); other
 //! users need `fusermount3` (Debian's `fuse3`). [`available`] says whether this machine can.
 //! Locks (`flock`, `fcntl`) are left to the kernel, which keeps them locally per mount.
+//!
+//! Kernel caches: writes go through to the filesystem at once (no writeback cache), names and
+//! attributes are cached for 1 s (every change passes through the kernel, so within one mount
+//! they stay right), pages are dropped at each open. A cut remounts, so nothing the kernel
+//! cached of the old state survives it; no `direct_io` is needed.
 
 mod file;
 mod fs;
@@ -270,6 +275,7 @@ pub fn available() -> Result<(), String> {
     PROBE.get_or_init(probe).clone()
 }
 
+/// Mounts a disk in a fresh directory, checks it answers, and unmounts it.
 fn probe() -> Result<(), String> {
     OpenOptions::new()
         .read(true)
@@ -313,5 +319,14 @@ pub fn fuse_or_skip(test: &str) -> bool {
             eprintln!("{test}: skipped, FUSE is not available: {why}");
             false
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_disk_can_be_shared_between_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<super::PowerCutDisk>();
     }
 }

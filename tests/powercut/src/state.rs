@@ -230,8 +230,6 @@ pub(crate) struct State {
     current: Namespace,
     durable: Namespace,
     journal: Vec<NsOp>,
-    /// Sum of the current sizes of all files held.
-    used: u64,
     fsyncs: u64,
     dir_fsyncs: u64,
     failed_fsyncs: u64,
@@ -271,7 +269,6 @@ impl State {
             current: Namespace::new(),
             durable: Namespace::new(),
             journal: Vec::new(),
-            used: 0,
             fsyncs: 0,
             dir_fsyncs: 0,
             failed_fsyncs: 0,
@@ -514,15 +511,14 @@ impl State {
         };
         if let Some(cap) = limits.capacity
             && new_len > old
-            && self.used + (new_len - old) > cap
+            && self.used() + (new_len - old) > cap
         {
             return Err(Errno::ENOSPC);
         }
         Ok(())
     }
 
-    fn modified(&mut self, ino: Ino, old_len: u64, new_len: u64) {
-        self.used = self.used - old_len + new_len;
+    fn modified(&mut self, ino: Ino) {
         if let Some(i) = self.inodes.get_mut(&ino) {
             let now = SystemTime::now();
             i.mtime = now;
@@ -545,7 +541,7 @@ impl State {
         let new_len = old.max(end);
         self.check_growth(ino, new_len, limits)?;
         self.file_mut(ino)?.write(offset, data);
-        self.modified(ino, old, new_len);
+        self.modified(ino);
         Ok(written)
     }
 
@@ -557,7 +553,7 @@ impl State {
         }
         self.check_growth(ino, len, limits)?;
         self.file_mut(ino)?.set_len(len);
-        self.modified(ino, old, len);
+        self.modified(ino);
         Ok(())
     }
 
@@ -678,9 +674,22 @@ impl State {
         Ok(out)
     }
 
-    /// Bytes used by all current contents, and inodes held.
+    /// The sum of the current sizes of the files that have a name now or are open: what a disk
+    /// would hold (files kept only in case a cut brings their name back do not count).
+    fn used(&self) -> u64 {
+        self.inodes
+            .values()
+            .filter(|i| i.nlink > 0 || i.open > 0)
+            .map(|i| match &i.node {
+                Node::File(f) => f.len(),
+                Node::Dir => 0,
+            })
+            .sum()
+    }
+
+    /// Bytes used (see [`State::used`]), and inodes held.
     pub(crate) fn usage(&self) -> (u64, u64) {
-        (self.used, self.inodes.len() as u64)
+        (self.used(), self.inodes.len() as u64)
     }
 
     /// Frees the inodes nothing can reach any more: no name now, none in the durable namespace,
@@ -697,13 +706,7 @@ impl State {
             .map(|(ino, _)| *ino)
             .collect();
         for ino in dead {
-            if let Some(Inode {
-                node: Node::File(f),
-                ..
-            }) = self.inodes.remove(&ino)
-            {
-                self.used -= f.len();
-            }
+            self.inodes.remove(&ino);
         }
     }
 
@@ -737,7 +740,6 @@ impl State {
         let mut reverted = Vec::new();
         for (&ino, inode) in &mut self.inodes {
             if let Node::File(f) = &mut inode.node {
-                let old = f.len();
                 let fc = match rng.as_mut() {
                     None => f.cut(|| false),
                     Some(r) => {
@@ -745,7 +747,6 @@ impl State {
                         f.cut(|| r.random_bool(p))
                     }
                 };
-                self.used = self.used - old + f.len();
                 report.bytes_dropped += fc.dropped;
                 report.bytes_kept += fc.kept;
                 if fc.dropped > 0 {
@@ -799,7 +800,7 @@ impl State {
                 })
                 .sum(),
             uncommitted_ops: self.journal.len(),
-            used_bytes: self.used,
+            used_bytes: self.used(),
             cuts: self.cuts,
         }
     }

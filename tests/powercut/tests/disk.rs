@@ -450,3 +450,72 @@ fn a_handle_left_open_cannot_touch_the_state_after_a_cut() {
     drop(f);
     assert_eq!(read(&m.path("f")).unwrap(), b"synced");
 }
+
+/// What std and sled use works in the mount: directories, copies (`copy_file_range` falls back
+/// to read/write), renames over a file, listing, permissions and times, `flock` (kept by the
+/// kernel), and what is not supported fails cleanly.
+#[test]
+fn std_fs_operations_work() {
+    let Some(m) = mounted("std_fs_operations_work") else {
+        return;
+    };
+    fs::create_dir_all(m.path("a/b/c")).unwrap();
+    fs::write(m.path("a/b/c/f"), b"0123456789").unwrap();
+    assert_eq!(fs::copy(m.path("a/b/c/f"), m.path("a/g")).unwrap(), 10);
+    assert_eq!(read(&m.path("a/g")).unwrap(), b"0123456789");
+    fs::write(m.path("a/h"), b"h").unwrap();
+    fs::rename(m.path("a/h"), m.path("a/g")).unwrap();
+    assert_eq!(read(&m.path("a/g")).unwrap(), b"h");
+    let mut names: Vec<_> = fs::read_dir(m.path("a"))
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.file_name().into_string().unwrap(),
+                e.file_type().unwrap().is_dir(),
+            )
+        })
+        .collect();
+    names.sort();
+    assert_eq!(names, [("b".to_owned(), true), ("g".to_owned(), false)]);
+
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(m.path("a/g"), fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(
+        fs::metadata(m.path("a/g")).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let when = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
+    File::options()
+        .write(true)
+        .open(m.path("a/g"))
+        .unwrap()
+        .set_modified(when)
+        .unwrap();
+    assert_eq!(
+        fs::metadata(m.path("a/g")).unwrap().modified().unwrap(),
+        when
+    );
+
+    // flock, as sled takes it on its data file: the kernel keeps it locally
+    let first = File::open(m.path("a/g")).unwrap();
+    let second = File::open(m.path("a/g")).unwrap();
+    first.try_lock().unwrap();
+    assert!(
+        second.try_lock().is_err(),
+        "a second exclusive flock was granted"
+    );
+    first.unlock().unwrap();
+    second.try_lock().unwrap();
+    drop((first, second));
+
+    assert!(fs::hard_link(m.path("a/g"), m.path("a/link")).is_err());
+    assert!(std::os::unix::fs::symlink("g", m.path("a/sym")).is_err());
+    assert_eq!(
+        fs::remove_dir(m.path("a")).unwrap_err().raw_os_error(),
+        Some(libc::ENOTEMPTY)
+    );
+    fs::remove_dir_all(m.path("a")).unwrap();
+    assert_eq!(fs::read_dir(m.disk.path()).unwrap().count(), 0);
+    assert_eq!(m.disk.stats().used_bytes, 0);
+}
