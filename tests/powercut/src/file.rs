@@ -36,6 +36,12 @@ pub(crate) struct FileData {
     undo: BTreeMap<u64, Vec<u8>>,
 }
 
+/// How many positions differ between `a` and `b` (a position in only one of them counts).
+fn differing(a: &[u8], b: &[u8]) -> u64 {
+    let same_len = a.iter().zip(b).filter(|(x, y)| x != y).count();
+    (same_len + a.len().abs_diff(b.len())) as u64
+}
+
 /// `x` as an index into a file's bytes. Callers keep sizes under [`crate::state::MAX_FILE_SIZE`],
 /// so this never saturates on a 64-bit target.
 fn idx(x: u64) -> usize {
@@ -120,18 +126,6 @@ impl FileData {
         pages
     }
 
-    /// The durable byte at `pos` (`None` past the durable size).
-    fn durable_at(&self, pos: u64) -> Option<u8> {
-        if pos >= self.durable_len {
-            return None;
-        }
-        let page = pos / PAGE;
-        match self.undo.get(&page) {
-            Some(saved) => saved.get(idx(pos - page * PAGE)).copied(),
-            None => self.cur.get(idx(pos)).copied(),
-        }
-    }
-
     /// How many byte positions differ between the current and the durable content (a byte that
     /// exists in only one of them counts).
     pub(crate) fn unsynced_bytes(&self) -> u64 {
@@ -140,15 +134,13 @@ impl FileData {
         for page in self.unsynced_pages() {
             let start = page * PAGE;
             let end = (start + PAGE).min(l.max(d));
-            if self.undo.contains_key(&page) {
-                for pos in start..end {
-                    if self.cur.get(idx(pos)).copied() != self.durable_at(pos) {
-                        n += 1;
-                    }
+            match self.undo.get(&page) {
+                Some(saved) => {
+                    let cur = self.cur.get(idx(start)..idx(end.min(l))).unwrap_or(&[]);
+                    n += differing(cur, saved);
                 }
-            } else {
                 // Below the durable size such a page is unchanged; past it, every byte is new.
-                n += end.min(l).saturating_sub(start.max(d));
+                None => n += end.min(l).saturating_sub(start.max(d)),
             }
         }
         n
@@ -171,25 +163,25 @@ impl FileData {
             }
         }
         let mut out = FileCut::default();
+        let FileData { cur, undo, .. } = self;
         if new_len > l {
-            self.cur.resize(idx(new_len), 0);
+            cur.resize(idx(new_len), 0);
         }
         for &page in &pages {
             let start = page * PAGE;
             let end = (start + PAGE).min(l.max(new_len));
             let lim = end.min(new_len);
             let keep_page = kept.contains(&page);
-            let saved = self.undo.get(&page);
+            let saved = undo.get(&page);
             if keep_page {
-                for pos in start..lim.min(l) {
-                    let durable = match saved {
-                        Some(s) => s.get(idx(pos - start)).copied(),
-                        None if pos < d => Some(self.cur[idx(pos)]),
-                        None => None,
+                // unsynced bytes kept: the current ones that differ from the durable ones
+                let cur_end = lim.min(l);
+                if cur_end > start {
+                    let kept_bytes = &cur[idx(start)..idx(cur_end)];
+                    out.kept += match saved {
+                        Some(s) => differing(kept_bytes, s),
+                        None => cur_end.saturating_sub(start.max(d)),
                     };
-                    if durable != Some(self.cur[idx(pos)]) {
-                        out.kept += 1;
-                    }
                 }
             }
             // From `from` to `lim` the bytes become durable ones (zero past the durable size).
@@ -202,18 +194,28 @@ impl FileData {
                 // Not touched below the durable size: those bytes already are the durable ones.
                 from = from.max(d.min(end));
             }
-            for pos in from..lim {
-                let durable = saved.and_then(|s| s.get(idx(pos - start)).copied());
-                let new = durable.unwrap_or(0);
-                if pos >= l || self.cur[idx(pos)] != new {
-                    out.dropped += 1;
+            if from < lim {
+                let durable = saved
+                    .and_then(|s| s.get(idx(from - start)..))
+                    .unwrap_or(&[]);
+                let take = durable.len().min(idx(lim - from));
+                let old_end = lim.min(l);
+                if old_end > from {
+                    let old = &cur[idx(from)..idx(old_end)];
+                    let a = take.min(old.len());
+                    out.dropped += differing(&old[..a], &durable[..a]);
+                    out.dropped += old[a..].iter().filter(|&&b| b != 0).count() as u64;
                 }
-                self.cur[idx(pos)] = new;
+                // bytes that did not exist before the cut (a truncation undone)
+                out.dropped += lim.saturating_sub(from.max(l));
+                let at = idx(from);
+                cur[at..at + take].copy_from_slice(&durable[..take]);
+                cur[at + take..idx(lim)].fill(0);
             }
             // Pre-cut bytes past the new end are gone.
             out.dropped += end.min(l).saturating_sub(start.max(new_len));
         }
-        self.cur.truncate(idx(new_len));
+        cur.truncate(idx(new_len));
         self.durable_len = new_len;
         self.undo.clear();
         out
@@ -271,7 +273,7 @@ mod tests {
         }
     }
 
-    fn differing(m: &Model) -> u64 {
+    fn model_differing(m: &Model) -> u64 {
         let n = m.cur.len().max(m.durable.len());
         (0..n).filter(|&i| m.cur.get(i) != m.durable.get(i)).count() as u64
     }
@@ -282,7 +284,7 @@ mod tests {
             let mut rng = ChaCha8Rng::seed_from_u64(seed);
             let (mut f, mut m) = (FileData::default(), Model::default());
             random_ops(&mut rng, &mut f, &mut m, 12);
-            assert_eq!(f.unsynced_bytes(), differing(&m), "seed {seed}");
+            assert_eq!(f.unsynced_bytes(), model_differing(&m), "seed {seed}");
             let cut = f.cut(|| false);
             assert_eq!(f.current(), &m.durable[..], "seed {seed}");
             assert_eq!(cut.kept, 0);
@@ -326,7 +328,7 @@ mod tests {
                 saw_dropped |= Some(b) != current;
             }
             assert_eq!(f.unsynced_bytes(), 0);
-            assert!(cut.dropped + cut.kept <= differing(&before) + (d.max(l) as u64));
+            assert!(cut.dropped + cut.kept <= model_differing(&before) + (d.max(l) as u64));
         }
         assert!(saw_kept && saw_dropped);
     }

@@ -243,7 +243,8 @@ impl PowerCutDisk {
         self.shared.set_capacity(bytes);
     }
 
-    /// Makes every write, fsync and directory fsync take at least `delay` (zero: no delay).
+    /// Makes every write, fsync and directory fsync take at least `delay` (zero: no delay). The
+    /// disk serves one request at a time, so the requests behind a slow one wait too.
     pub fn set_op_delay(&self, delay: Duration) {
         self.shared.set_op_delay(delay);
     }

@@ -18,7 +18,7 @@ pub(crate) type Ino = u64;
 /// The root directory's inode.
 pub(crate) const ROOT: Ino = 1;
 /// Largest file this filesystem accepts (beyond it writes answer `EFBIG`).
-pub(crate) const MAX_FILE_SIZE: u64 = 1 << 36;
+pub(crate) const MAX_FILE_SIZE: u64 = 1 << 32;
 
 /// What an inode is.
 #[derive(Debug)]

@@ -519,3 +519,32 @@ fn std_fs_operations_work() {
     assert_eq!(fs::read_dir(m.disk.path()).unwrap().count(), 0);
     assert_eq!(m.disk.stats().used_bytes, 0);
 }
+
+/// `set_op_delay` slows writes and fsyncs down; a write past the largest file size fails.
+#[test]
+fn slow_disk_and_file_size_limit() {
+    let Some(m) = mounted("slow_disk_and_file_size_limit") else {
+        return;
+    };
+    let mut f = File::create(m.path("f")).unwrap();
+    m.disk.set_op_delay(std::time::Duration::from_millis(100));
+    let t = std::time::Instant::now();
+    f.write_all(b"slow").unwrap();
+    f.sync_data().unwrap();
+    assert!(
+        t.elapsed() >= std::time::Duration::from_millis(200),
+        "{:?}",
+        t.elapsed()
+    );
+    m.disk.set_op_delay(std::time::Duration::ZERO);
+    let t = std::time::Instant::now();
+    f.write_all(b"fast").unwrap();
+    f.sync_data().unwrap();
+    assert!(
+        t.elapsed() < std::time::Duration::from_millis(100),
+        "{:?}",
+        t.elapsed()
+    );
+    let err = f.write_all_at(b"x", 1 << 33).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EFBIG), "{err}");
+}
