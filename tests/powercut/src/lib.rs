@@ -6,7 +6,8 @@
 //! - `fsync` or `fdatasync` of a file makes its current content durable and commits the
 //!   namespace journal: every create, mkdir, unlink, rmdir and rename done so far becomes durable
 //!   (as one ext4 journal commit would). `fsync` of a directory commits the journal only.
-//!   `close`, `sync_file_range` and sled's `flush` alone make nothing durable.
+//!   `close`, `sync_file_range`, `syncfs`/`sync` (the kernel does not pass them to a FUSE
+//!   filesystem) and sled's `flush` alone make nothing durable.
 //! - [`PowerCutDisk::power_cut`] unmounts (every process using the disk must be dead already),
 //!   reverts every file and the namespace to their durable state ([`Cut::DropUnsynced`]), or
 //!   lets a seeded random part of the unsynced pages and a prefix of the uncommitted namespace
