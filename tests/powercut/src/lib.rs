@@ -55,7 +55,8 @@ pub enum Cut {
     /// 4 KiB pages changed since its last sync keeps its current bytes (the others revert; a file
     /// grows past its durable size only as far as a kept page reaches, and a byte past the durable
     /// size on a page not kept reads as zero), and a random prefix of the uncommitted namespace
-    /// operations survives. The same seed on the same history gives the same result.
+    /// operations survives. A page is kept or reverted whole (no torn sectors). The same seed on
+    /// the same history gives the same result.
     KeepSomeUnsynced {
         /// Seeds the choices.
         seed: u64,
