@@ -9,373 +9,23 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a failed unwrap is a failed test
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use std::collections::BTreeSet;
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use boxoffice_client::{Bearer, Clients};
 use boxoffice_proto::v1 as pb;
+use common::{
+    ADMIN, Acked, CLIENT, Fan, Layout, Node, Patience, admit, admit_to, channel, check_copy,
+    ga_event, join, layout, leader, leader_of, retrying, status, until_applied, until_grown,
+};
 use tonic::Code;
-use tonic::transport::{Channel, Endpoint};
 
-const ADMIN: &str = "adm-cluster-test";
-const CLIENT: &str = "cli-cluster-test";
 const SEATS: u32 = 100_000;
-
-/// A free loopback port (bound, then released for the node to bind).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-struct Node {
-    id: u64,
-    metrics: String,
-    child: Option<Child>,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Node {
-    fn start(id: u64, peers: &str, addr: &str, metrics: &str, dir: &Path, secret: &Path) -> Node {
-        Node::start_with(id, peers, addr, metrics, dir, secret, &[])
-    }
-
-    fn start_with(
-        id: u64,
-        peers: &str,
-        addr: &str,
-        metrics: &str,
-        dir: &Path,
-        secret: &Path,
-        extra: &[&str],
-    ) -> Node {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_boxoffice"))
-            .args(["serve", "--node-id", &id.to_string(), "--peers", peers])
-            .args(["--listen", addr, "--metrics-listen", metrics])
-            .arg("--cluster-secret-file")
-            .arg(secret)
-            .arg("--data-dir")
-            .arg(dir)
-            .args(["--admin-key", ADMIN, "--client-key", CLIENT])
-            .args(["--token-secret", "cluster-test-token-secret"])
-            // Small, so the group's log is purged behind snapshots during the run.
-            .args(["--snapshot-every", "200"])
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        Node {
-            id,
-            metrics: metrics.to_owned(),
-            child: Some(child),
-            lines,
-        }
-    }
-
-    fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = self
-                .lines
-                .recv_timeout(left)
-                .unwrap_or_else(|_| panic!("node {} never said `ready: serving`", self.id));
-            if line.contains("ready: serving") {
-                return;
-            }
-        }
-    }
-
-    fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            c.kill().unwrap(); // SIGKILL: no drain, no flush
-            c.wait().unwrap();
-        }
-    }
-
-    fn terminate(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let ok = Command::new("kill")
-                .args(["-TERM", &c.id().to_string()])
-                .status()
-                .unwrap();
-            assert!(ok.success());
-            let status = c.wait().unwrap();
-            assert!(status.success(), "node {} stopped with {status:?}", self.id);
-        }
-    }
-
-    /// Waits (20 s at most) until the node says it keeps its group's state warm
-    /// (`boxoffice_raft_warm`).
-    async fn until_warm(&self) {
-        for _ in 0..200 {
-            if self.metric("boxoffice_raft_warm{group=\"0\"}").await == Some(1.0) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("node {} did not warm up within 20 s", self.id);
-    }
-
-    /// The node's series `name` (with its labels, if any, as exported), if it answers.
-    async fn metric(&self, name: &str) -> Option<f64> {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::TcpStream::connect(&self.metrics).await.ok()?;
-        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
-            .await
-            .ok()?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).await.ok()?;
-        out.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// Where three local nodes live: the cluster secret's file, their gRPC and metrics addresses
-/// (free loopback ports), `--peers`, their data dirs.
-struct Layout {
-    secret: PathBuf,
-    addrs: Vec<String>,
-    metrics: Vec<String>,
-    peers: String,
-    dirs: Vec<PathBuf>,
-}
-
-fn layout(root: &Path) -> Layout {
-    let secret = root.join("cluster-secret");
-    std::fs::write(&secret, "cluster-test-secret\n").unwrap();
-    let addrs: Vec<String> = (0..3)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
-        .collect();
-    let metrics = (0..3)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
-        .collect();
-    let peers = addrs
-        .iter()
-        .enumerate()
-        .map(|(i, a)| format!("{}={a}", i + 1))
-        .collect::<Vec<_>>()
-        .join(",");
-    let dirs = (1..=3).map(|i| root.join(format!("node{i}"))).collect();
-    Layout {
-        secret,
-        addrs,
-        metrics,
-        peers,
-        dirs,
-    }
-}
-
-/// The live node that says it leads (group 0), waiting up to 20 s for one.
-async fn leader(nodes: &[Node]) -> usize {
-    leader_of(nodes, 0).await
-}
-
-/// The live node that says it leads group `g`, waiting up to 20 s for one.
-async fn leader_of(nodes: &[Node], g: u32) -> usize {
-    let series = format!("boxoffice_raft_leader{{group=\"{g}\"}}");
-    for _ in 0..1_000 {
-        for (i, n) in nodes.iter().enumerate() {
-            if n.child.is_some() && n.metric(&series).await == Some(1.0) {
-                return i;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("no leader of group {g} within 20 s");
-}
-
-fn channel(addr: &str) -> Channel {
-    Endpoint::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect_timeout(Duration::from_millis(300))
-        .tcp_nodelay(true)
-        .connect_lazy()
-}
-
-/// Whether a failed call may be retried on another node with the same idempotency key: the
-/// node is down, has no leader yet, or the leader changed under the call; or the key's first
-/// attempt is still running on the new leader (`IDEMPOTENCY_KEY_IN_FLIGHT`: retry shortly).
-fn transient(s: &tonic::Status) -> bool {
-    matches!(
-        s.code(),
-        Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded
-    ) || (s.code() == Code::Internal && s.message().contains("transport"))
-        || boxoffice_client::reason(s).as_deref() == Some("IDEMPOTENCY_KEY_IN_FLIGHT")
-}
-
-/// What the clients saw.
-#[derive(Default)]
-struct Acked {
-    holds: Vec<(String, String)>,
-    orders: Vec<(String, String, String)>,
-}
-
-/// Calls `call` on node `first`, then the next nodes in turn, while it fails transiently (up to
-/// 30 s); counts the retries.
-async fn retrying<T, F, Fut>(
-    clients: &[Clients],
-    first: usize,
-    retried: &AtomicU64,
-    mut call: F,
-) -> Result<T, tonic::Status>
-where
-    F: FnMut(Clients) -> Fut,
-    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut at = first;
-    loop {
-        let c = clients[at % clients.len()].clone();
-        match tokio::time::timeout(Duration::from_secs(5), call(c)).await {
-            Ok(Ok(r)) => return Ok(r.into_inner()),
-            Ok(Err(s)) if !transient(&s) => return Err(s),
-            _ if Instant::now() > deadline => {
-                return Err(tonic::Status::unavailable("no node answered within 30 s"));
-            }
-            _ => {
-                retried.fetch_add(1, Ordering::Relaxed);
-                at += 1;
-                tokio::time::sleep(Duration::from_millis(25)).await;
-            }
-        }
-    }
-}
-
-/// One fan's stream of calls: holds of one place each, every second one confirmed.
-async fn fan(
-    w: usize,
-    clients: Arc<Vec<Clients>>,
-    token: String,
-    stop: Arc<AtomicBool>,
-    acked: Arc<Mutex<Acked>>,
-    count: Arc<AtomicU64>,
-    retried: Arc<AtomicU64>,
-) {
-    let user = format!("fan-{w}");
-    for i in 0u64.. {
-        if stop.load(Ordering::Relaxed) {
-            return;
-        }
-        let req = pb::HoldRequest {
-            event_id: "c".into(),
-            user_id: user.clone(),
-            admission_token: token.clone(),
-            idempotency_key: format!("h-{w}-{i}"),
-            selection: Some(pb::hold_request::Selection::BestAvailable(
-                pb::BestAvailable {
-                    section_id: String::new(),
-                    quantity: 1,
-                },
-            )),
-        };
-        let hold = retrying(&clients, w + i as usize, &retried, |mut c| {
-            let req = req.clone();
-            async move { c.booking.hold(req).await }
-        })
-        .await
-        .unwrap_or_else(|s| panic!("fan {w}: hold {i} failed for good: {s:?}"));
-        acked
-            .lock()
-            .unwrap()
-            .holds
-            .push((hold.hold_id.clone(), user.clone()));
-        count.fetch_add(1, Ordering::Relaxed);
-        if i % 2 == 0 {
-            let req = pb::ConfirmRequest {
-                hold_id: hold.hold_id.clone(),
-                user_id: user.clone(),
-                payment_token: "tok_visa".into(),
-                idempotency_key: format!("c-{w}-{i}"),
-            };
-            let order = retrying(&clients, w + i as usize + 1, &retried, |mut c| {
-                let req = req.clone();
-                async move { c.booking.confirm(req).await }
-            })
-            .await
-            .unwrap_or_else(|s| panic!("fan {w}: confirm {i} failed for good: {s:?}"));
-            acked
-                .lock()
-                .unwrap()
-                .orders
-                .push((order.order_id, hold.hold_id, user.clone()));
-            count.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-
-/// Joins `user` to the line of `event`: the queue token.
-async fn join(c: &mut Clients, event: &str, user: &str) -> String {
-    c.room
-        .join(pb::JoinRequest {
-            event_id: event.into(),
-            user_id: user.into(),
-            session_id: "s".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .queue_token
-}
-
-/// The standing of a queue token.
-async fn status(c: &mut Clients, token: &str) -> pb::QueueStatus {
-    c.room
-        .get_status(pb::GetStatusRequest {
-            queue_token: token.to_owned(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-}
-
-/// An admission token for each of `fans` users (join, then poll until admitted).
-async fn admit(c: &mut Clients, fans: usize) -> Vec<String> {
-    admit_to(c, "c", fans).await
-}
-
-/// An admission token to `event` for each of `fans` users.
-async fn admit_to(c: &mut Clients, event: &str, fans: usize) -> Vec<String> {
-    let mut tokens = Vec::new();
-    for w in 0..fans {
-        let q = join(c, event, &format!("fan-{w}")).await;
-        loop {
-            let s = status(c, &q).await;
-            if s.state == pb::QueueState::Admitted as i32 {
-                tokens.push(s.admission_token);
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-    tokens
-}
 
 /// Makes event `w`, whose line admits one fan a second, and puts 20 fans in it: their queue
 /// tokens and standings.
@@ -441,67 +91,6 @@ async fn line_after(clients: &[Clients], line: &[(String, pb::QueueStatus)]) {
     }
 }
 
-/// Waits until `count` has grown by `by`.
-async fn until_grown(count: &AtomicU64, by: u64) {
-    let from = count.load(Ordering::Relaxed);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while count.load(Ordering::Relaxed) < from + by {
-        assert!(
-            Instant::now() < deadline,
-            "the load stalled at {}",
-            count.load(Ordering::Relaxed)
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// Opens a stopped node's copy of the log offline and checks it holds everything acknowledged.
-async fn check_copy(dir: &Path, acked: &Acked) {
-    use boxoffice_engine::raft::{StateMachine, open_node_db};
-    use boxoffice_engine::{Engine, EngineConfig, EventId, HoldId, UserId};
-    let db = open_node_db(dir).unwrap();
-    let sm = StateMachine::open(&db).unwrap();
-    let mut config = EngineConfig::new(dir);
-    config.sink = Some(sm.sink());
-    let engine = Engine::open(config).await.unwrap();
-    for (hold, user) in &acked.holds {
-        engine
-            .get_hold_of(&HoldId::from(hold.as_str()), &UserId::from(user.as_str()))
-            .await
-            .unwrap_or_else(|e| {
-                panic!(
-                    "{}: acknowledged hold {hold} is missing: {e}",
-                    dir.display()
-                )
-            });
-    }
-    let orders: BTreeSet<String> = engine
-        .orders()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|o| o.order_id.to_string())
-        .collect();
-    for (order, _, _) in &acked.orders {
-        assert!(
-            orders.contains(order),
-            "{}: acknowledged order {order} is missing",
-            dir.display()
-        );
-    }
-    let event = engine.event(&EventId::from("c")).unwrap();
-    let sold: u32 = event.sections.iter().map(|s| s.sold).sum();
-    assert_eq!(
-        sold as usize,
-        orders.len(),
-        "{}: one seat per order",
-        dir.display()
-    );
-    let findings = engine.reconcile().await.unwrap();
-    assert!(findings.is_empty(), "{}: {findings:?}", dir.display());
-    engine.shutdown().await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_serve_processes_lose_nothing_acknowledged_when_the_leader_is_killed() {
     let slow = boxoffice_engine::tiers::slow();
@@ -509,23 +98,9 @@ async fn three_serve_processes_lose_nothing_acknowledged_when_the_leader_is_kill
     let kills = boxoffice_engine::tiers::count("BOXOFFICE_CLUSTER_KILLS", 1, 3);
     let per_phase: u64 = if slow { 2_000 } else { 300 };
     let tmp = tempfile::tempdir().unwrap();
-    let Layout {
-        secret,
-        addrs,
-        metrics,
-        peers,
-        dirs,
-    } = layout(tmp.path());
-    let start = |i: usize| {
-        Node::start(
-            i as u64 + 1,
-            &peers,
-            &addrs[i],
-            &metrics[i],
-            &dirs[i],
-            &secret,
-        )
-    };
+    let lay = layout(tmp.path());
+    let Layout { addrs, dirs, .. } = &lay;
+    let start = |i: usize| lay.start(i);
     let mut nodes: Vec<Node> = (0..3).map(start).collect();
     for n in &nodes {
         n.wait_ready();
@@ -563,15 +138,23 @@ async fn three_serve_processes_lose_nothing_acknowledged_when_the_leader_is_kill
     let retried = Arc::new(AtomicU64::new(0));
     let mut load = Vec::new();
     for (w, token) in tokens.into_iter().enumerate() {
-        load.push(tokio::spawn(fan(
-            w,
-            clients.clone(),
-            token,
-            stop.clone(),
-            acked.clone(),
-            count.clone(),
-            retried.clone(),
-        )));
+        load.push(tokio::spawn(
+            Fan {
+                w,
+                event: "c".into(),
+                clients: clients.clone(),
+                token,
+                sections: vec![String::new()],
+                limit: None,
+                spare_users: 0,
+                patience: Patience::CLUSTER,
+                stop: stop.clone(),
+                acked: acked.clone(),
+                count: count.clone(),
+                tally: retried.clone(),
+            }
+            .run(),
+        ));
     }
     until_grown(&count, per_phase).await;
     let mut killed = BTreeSet::new();
@@ -648,30 +231,12 @@ async fn three_serve_processes_lose_nothing_acknowledged_when_the_leader_is_kill
 
     // Every node applies everything its group committed, then stops cleanly.
     let live: Vec<usize> = (0..3).filter(|i| !killed.contains(i)).collect();
-    let mut last = BTreeMap::new();
-    for _ in 0..500 {
-        last.clear();
-        for &i in &live {
-            let log = nodes[i].metric("boxoffice_raft_last_log_index").await;
-            let applied = nodes[i].metric("boxoffice_raft_applied_index").await;
-            last.insert(i, (log, applied));
-        }
-        let first = last.values().next().copied();
-        if last
-            .values()
-            .all(|v| Some(*v) == first && v.0.is_some() && v.0 == v.1)
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    // Sampled every 500 ms: one more period, so the figures are the last ones.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    until_applied(&nodes, &live).await;
     for &i in &live {
         nodes[i].terminate();
     }
     for &i in &live {
-        check_copy(&dirs[i], &acked).await;
+        check_copy(&dirs[i], "c", &acked).await;
     }
 }
 
@@ -813,25 +378,6 @@ fn cluster_flags_are_checked_before_anything_opens() {
     assert!(!data.exists(), "nothing was opened");
 }
 
-/// An event of one general-admission section of `seats`, admitting fans at once.
-fn ga_event(id: &str, seats: u32) -> pb::CreateEventRequest {
-    pb::CreateEventRequest {
-        event_id: id.into(),
-        name: format!("event {id}"),
-        sections: vec![pb::SectionSpec {
-            section_id: "ga".into(),
-            name: "GA".into(),
-            price_cents: 100,
-            layout: Some(pb::section_spec::Layout::GeneralAdmissionCapacity(seats)),
-        }],
-        hold_ttl_seconds: 600,
-        per_user_limit: 100,
-        admit_rate_per_second: 100_000,
-        admission_window_seconds: 3_600,
-        ..Default::default()
-    }
-}
-
 /// `--groups 2` (issue 13, point 2): two Raft groups over the three nodes. Their first leaders
 /// are different nodes; each event lives in the group of its id's hash (an event made without
 /// an id or key gets one from the node that takes the call); any node answers for any event
@@ -843,25 +389,16 @@ fn ga_event(id: &str, seats: u32) -> pb::CreateEventRequest {
 async fn two_groups_spread_their_leaders_and_each_survives_its_leaders_death() {
     use boxoffice_gateway::forward::group_of_event;
     let tmp = tempfile::tempdir().unwrap();
+    let lay = layout(tmp.path());
     let Layout {
         secret,
         addrs,
-        metrics,
         peers,
         dirs,
-    } = layout(tmp.path());
+        ..
+    } = &lay;
     let mut nodes: Vec<Node> = (0..3)
-        .map(|i| {
-            Node::start_with(
-                i as u64 + 1,
-                &peers,
-                &addrs[i],
-                &metrics[i],
-                &dirs[i],
-                &secret,
-                &["--groups", "2"],
-            )
-        })
+        .map(|i| lay.start_with(i, &["--groups", "2"]))
         .collect();
     for n in &nodes {
         n.wait_ready();
@@ -1093,10 +630,10 @@ async fn two_groups_spread_their_leaders_and_each_survives_its_leaders_death() {
     }
     // Another group count on a data dir made with 2 would lose events: refused, named.
     let out = Command::new(env!("CARGO_BIN_EXE_boxoffice"))
-        .args(["serve", "--node-id", "1", "--peers", &peers])
+        .args(["serve", "--node-id", "1", "--peers", peers])
         .args(["--listen", &addrs[0], "--groups", "3"])
         .arg("--cluster-secret-file")
-        .arg(&secret)
+        .arg(secret)
         .arg("--data-dir")
         .arg(&dirs[0])
         .args(["--admin-key", ADMIN, "--client-key", CLIENT])
@@ -1126,25 +663,9 @@ fn signal(n: &Node, signal: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_cut_off_from_its_majority_stops_answering() {
     let tmp = tempfile::tempdir().unwrap();
-    let Layout {
-        secret,
-        addrs,
-        metrics,
-        peers,
-        dirs,
-    } = layout(tmp.path());
-    let mut nodes: Vec<Node> = (0..3)
-        .map(|i| {
-            Node::start(
-                i as u64 + 1,
-                &peers,
-                &addrs[i],
-                &metrics[i],
-                &dirs[i],
-                &secret,
-            )
-        })
-        .collect();
+    let lay = layout(tmp.path());
+    let addrs = &lay.addrs;
+    let mut nodes: Vec<Node> = (0..3).map(|i| lay.start(i)).collect();
     for n in &nodes {
         n.wait_ready();
     }
