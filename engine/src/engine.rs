@@ -99,12 +99,27 @@ fn open_payments(
                  (EngineConfig::with_sink sets the simulated provider)"
             .into(),
     })?;
-    Ok(SimulatedProvider::open_replicated(
+    let provider = SimulatedProvider::open_replicated(
         kv,
         config.simulated_payments.clone(),
         config.replicate.clone(),
     )
-    .map_err(|e| StorageError::Io(format!("payments: {e}")))?)
+    .map_err(|e| StorageError::Io(format!("payments: {e}")))?;
+    // Its record is part of the data dir: a charge that does not decode is damage, named now
+    // rather than when reconciliation first reads it.
+    if let Err(damage) = provider.check_record() {
+        if config.recovery_mode == crate::integrity::RecoveryMode::AcceptDamage {
+            tracing::error!(%damage, "the payment record is damaged; accepted");
+        } else {
+            return Err(StorageError::Damaged {
+                count: 1,
+                summary: damage,
+                evidence: sink.keep_evidence(),
+            }
+            .into());
+        }
+    }
+    Ok(provider)
 }
 
 impl Engine {
@@ -444,8 +459,9 @@ impl Engine {
         let _ = self.inner.supervisor.stop_and_wait(None, None).await;
         // An actor's state (with its handles on the store) may be dropped just after it reports
         // stopped; wait for that, so the data dir is free once the last `Engine` goes.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Arc::strong_count(&self.inner.store) > 1 && Instant::now() < deadline {
+        // tokio's clock: a simulation's virtual one.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while Arc::strong_count(&self.inner.store) > 1 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }

@@ -84,6 +84,7 @@ pub struct ReadmeDoctests;
 
 mod audit;
 mod booking;
+pub mod bugs;
 mod catalog;
 mod checkout;
 pub mod clock;

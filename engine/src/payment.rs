@@ -190,6 +190,40 @@ impl SimulatedProvider {
         }))
     }
 
+    /// Reads every record of the provider's tables: `Err` names the first that does not decode
+    /// (damage) or that the other table does not agree with.
+    pub fn check_record(&self) -> Result<(), String> {
+        let by_key = self
+            .by_key
+            .pairs()
+            .map_err(|e| format!("table `payments`: {e}"))?;
+        for (key, value) in &by_key {
+            let key = String::from_utf8_lossy(key);
+            let charge: Charge = codec::decode(value).map_err(|e| {
+                format!("table `payments`: the charge of key {key} is damaged: {e}")
+            })?;
+            if charge.key != key {
+                return Err(format!(
+                    "table `payments`: the charge at key {key} says it is {}'s",
+                    charge.key
+                ));
+            }
+        }
+        for (id, key) in self
+            .by_id
+            .pairs()
+            .map_err(|e| format!("table `payments_by_id`: {e}"))?
+        {
+            let id = String::from_utf8_lossy(&id);
+            if !by_key.iter().any(|(k, _)| *k == key) {
+                return Err(format!(
+                    "table `payments_by_id`: payment {id} names a charge that is not recorded"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The lock of `key`'s stripe.
     async fn lock(&self, key: &str) -> tokio::sync::MutexGuard<'_, ()> {
         use std::hash::{BuildHasher, BuildHasherDefault};

@@ -213,10 +213,10 @@ impl SectionState {
         reply: impl FnOnce(Result<(), StorageError>) + Send + 'static,
     ) {
         let last_numbered = self.a.stream.next_seq - 1;
-        if records.is_empty()
-            && self.open.replies.is_empty()
-            && self.durable_seq.load(Ordering::Acquire) >= last_numbered
-        {
+        let at_once = crate::bugs::on(crate::bugs::Bug::RefusalBeforeDurable)
+            || (self.open.replies.is_empty()
+                && self.durable_seq.load(Ordering::Acquire) >= last_numbered);
+        if records.is_empty() && at_once {
             reply(Ok(()));
             return;
         }

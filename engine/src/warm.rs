@@ -45,7 +45,7 @@ struct Slot {
     generation: u64,
     warming: bool,
     /// After a failed warm-up, none begins before this (the copy is read whole each time).
-    retry_after: Option<std::time::Instant>,
+    retry_after: Option<tokio::time::Instant>,
 }
 
 /// How long after a failed warm-up the next may begin.
@@ -228,7 +228,7 @@ impl Warm {
             || slot.warming
             || slot
                 .retry_after
-                .is_some_and(|t| std::time::Instant::now() < t)
+                .is_some_and(|t| tokio::time::Instant::now() < t)
         {
             return None;
         }
@@ -253,7 +253,7 @@ impl Warm {
             }
             Some(_) => false,
             None => {
-                slot.retry_after = Some(std::time::Instant::now() + RETRY_AFTER);
+                slot.retry_after = Some(tokio::time::Instant::now() + RETRY_AFTER);
                 false
             }
         }

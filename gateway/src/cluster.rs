@@ -298,8 +298,14 @@ impl RaftNetworkFactory<TypeConfig> for Peers {
             Endpoint::from_shared(format!("http://{addr}"))
                 .ok()
                 .map(|e| {
+                    // Keepalive pings: a connection that a partition or a peer's power cut left
+                    // dead (nothing comes back, no reset) is noticed in seconds and opened
+                    // again, instead of failing every heartbeat until TCP gives up.
                     let e = e
                         .connect_timeout(Duration::from_millis(500))
+                        .http2_keep_alive_interval(Duration::from_secs(1))
+                        .keep_alive_timeout(Duration::from_secs(2))
+                        .keep_alive_while_idle(true)
                         .tcp_nodelay(true);
                     crate::net::channel_lazy(&self.net, e)
                 })
@@ -310,6 +316,7 @@ impl RaftNetworkFactory<TypeConfig> for Peers {
             secret: self.secret.clone(),
             group: self.group,
             groups: self.groups,
+            net: self.net.clone(),
         }
     }
 }
@@ -321,6 +328,8 @@ pub struct PeerClient {
     secret: ClusterSecret,
     group: u32,
     groups: u32,
+    /// A simulation's network, whose message faults apply (`None`: the OS's).
+    net: crate::net::Net,
 }
 
 impl PeerClient {
@@ -329,7 +338,7 @@ impl PeerClient {
         &mut self,
         rpc: &Q,
         option: &RPCOption,
-        call: impl AsyncFnOnce(
+        call: impl AsyncFn(
             RaftClient<Channel>,
             Request<RaftMessage>,
         ) -> Result<Response<RaftMessage>, Status>,
@@ -348,16 +357,32 @@ impl PeerClient {
         let client = RaftClient::new(channel)
             .max_decoding_message_size(MESSAGE_BYTES_MAX)
             .max_encoding_message_size(MESSAGE_BYTES_MAX);
-        let mut req = Request::new(RaftMessage {
-            payload: codec::encode(rpc),
-            group: self.group,
-            groups: self.groups,
-        });
-        req.set_timeout(option.hard_ttl());
-        if let Ok(v) = self.secret.bearer.parse() {
-            req.metadata_mut().insert("authorization", v);
+        let payload = codec::encode(rpc);
+        let request = || {
+            let mut req = Request::new(RaftMessage {
+                payload: payload.clone(),
+                group: self.group,
+                groups: self.groups,
+            });
+            req.set_timeout(option.hard_ttl());
+            if let Ok(v) = self.secret.bearer.parse() {
+                req.metadata_mut().insert("authorization", v);
+            }
+            req
+        };
+        let faults = self
+            .net
+            .as_ref()
+            .map(|n| n.message_faults(self.target))
+            .unwrap_or_default();
+        if !faults.delay.is_zero() {
+            tokio::time::sleep(faults.delay).await;
         }
-        let answer = call(client, req).await.map_err(|s| match s.code() {
+        if faults.duplicate {
+            // The peer gets the message twice; only the second answer is read.
+            let _ = call(client.clone(), request()).await;
+        }
+        let answer = call(client, request()).await.map_err(|s| match s.code() {
             // The peer is down or cannot be reached: openraft backs off from it.
             tonic::Code::Unavailable => {
                 RPCError::Unreachable(openraft::error::Unreachable::new(&s))

@@ -82,12 +82,28 @@ impl Connected for Conn {
 /// Accepted connections, as a listener yields them.
 pub type Incoming = BoxStream<'static, io::Result<Conn>>;
 
+/// What happens to one message a node sends a peer (Raft's), beyond what TCP does: TCP never
+/// duplicates or reorders, but a retry after a lost answer duplicates, and a slow path lets a
+/// later message overtake an earlier one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MessageFaults {
+    /// Held this long before it is sent (a message sent meanwhile may arrive first).
+    pub delay: std::time::Duration,
+    /// Sent twice (the peer answers both; the first answer is dropped).
+    pub duplicate: bool,
+}
+
 /// A network other than the OS's (a simulation's); see the module docs.
 pub trait Network: Send + Sync + 'static {
     /// Binds `addr`: the address bound, and the connections accepted there.
     fn bind(&self, addr: SocketAddr) -> BoxFuture<'static, io::Result<(SocketAddr, Incoming)>>;
     /// Opens a connection to `authority` (`host:port`).
     fn connect(&self, authority: String) -> BoxFuture<'static, io::Result<Conn>>;
+    /// What happens to the next message to peer `to` (none by default).
+    fn message_faults(&self, to: u64) -> MessageFaults {
+        let _ = to;
+        MessageFaults::default()
+    }
 }
 
 /// The network a server uses: the OS's (`None`) or a simulation's.

@@ -9,7 +9,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use boxoffice_engine::{Clock, Durability, Engine, EngineConfig, RecoveryMode, SystemClock};
@@ -944,6 +944,21 @@ impl Leading {
         .await
         .context("catching up with the group took too long")?
         .context("not the leader")?;
+        // And everything in this node's log applied: this leadership has written nothing yet,
+        // so every entry there is a former leader's, which the engine must see before it
+        // numbers its own records (else it would number them over those entries' records).
+        let mut metrics = self.raft.metrics();
+        if !boxoffice_engine::bugs::on(boxoffice_engine::bugs::Bug::LeaderResumesTerm) {
+            tokio::time::timeout(
+                CATCH_UP_TIMEOUT,
+                metrics.wait_for(|m| {
+                    m.last_applied.map(|l| l.index) >= m.last_log_index || m.current_term != term
+                }),
+            )
+            .await
+            .context("applying this node's log took too long")?
+            .context("this node's Raft stopped")?;
+        }
         let mut ec = engine_config(&self.config);
         ec.sink = Some(self.sm.sink());
         // The state this node kept while it followed, if it did: no replay of its copy.
@@ -995,7 +1010,8 @@ fn lease_watchdog(
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let lost_ms = u64::try_from(LEASE_LOST_AFTER.as_millis()).unwrap_or(u64::MAX);
-        let started = Instant::now();
+        // tokio's clock: a simulation's virtual one.
+        let started = tokio::time::Instant::now();
         loop {
             tokio::time::sleep(LEASE_CHECK_EVERY).await;
             let since = raft.metrics().borrow().millis_since_quorum_ack;
@@ -1326,8 +1342,8 @@ impl Running {
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
         set_health(&self.health, ServingStatus::NotServing).await;
         self.gate.start_draining();
-        let deadline = Instant::now() + self.grace;
-        while self.gate.in_flight() > 0 && Instant::now() < deadline {
+        let deadline = tokio::time::Instant::now() + self.grace;
+        while self.gate.in_flight() > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         if let Some(tx) = self.stop_grpc.take() {

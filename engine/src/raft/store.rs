@@ -60,6 +60,11 @@ impl NodeDb {
     /// file). Runs off the async workers ([`crate::rt::blocking`]), so a slow disk does not
     /// stall them (and with them the heartbeats that keep a leader).
     async fn sync(&self) -> std::io::Result<()> {
+        let latency = self.kv.sync_latency();
+        if !latency.is_zero() {
+            // A simulated disk's time to sync.
+            tokio::time::sleep(latency).await;
+        }
         let kv = self.kv.clone();
         crate::rt::blocking(move || kv.sync())
             .await
@@ -132,6 +137,10 @@ pub struct LogStore {
 }
 
 const VOTE: &[u8] = b"vote";
+
+/// The last log index forming a group writes: the membership (0) and the first leader's blank
+/// entry (1). Every batch of an engine's comes after.
+const FORMED_INDEX: u64 = 1;
 const COMMITTED: &[u8] = b"committed";
 const PURGED: &[u8] = b"last_purged";
 
@@ -216,14 +225,37 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<()> {
         self.put_meta(VOTE, vote)?;
+        if crate::bugs::on(crate::bugs::Bug::VoteBeforeDurable) {
+            return Ok(());
+        }
         self.node
             .sync()
             .await
             .map_err(io(StorageIOError::write_vote))
     }
 
+    /// The saved vote, never as committed: a node that led before its restart must win an
+    /// election in a new term before it leads again. openraft 0.9 restores a node whose saved
+    /// vote is its own and committed as the leader at once, in the same term, with no new
+    /// entry of its own: its engine would open on a copy that has not yet applied what the
+    /// group committed before the restart (entries of that term still to be applied), then
+    /// write over those records; and after a coordinated power cut the log it resumes with may
+    /// lack a tail its followers committed. A new term begins with a blank entry, committed
+    /// and applied only after everything before it, which the engine waits for.
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>> {
-        self.get_meta(VOTE)
+        // A log that holds no more than forming the group wrote has no batch of an engine's to
+        // lose or write over: its leader resumes (the other nodes, new, vote only in the
+        // group's first election, and could elect it no more).
+        let formed_only = self
+            .log
+            .last()
+            .map_err(io(StorageIOError::read_vote))?
+            .is_none_or(|(k, _)| k.as_slice() <= FORMED_INDEX.to_be_bytes().as_slice());
+        let resume = formed_only || crate::bugs::on(crate::bugs::Bug::LeaderResumesTerm);
+        Ok(self.get_meta::<Vote<NodeId>>(VOTE)?.map(|v| Vote {
+            committed: v.committed && resume,
+            ..v
+        }))
     }
 
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<()> {
@@ -252,6 +284,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.log
             .apply(&changes)
             .map_err(io(StorageIOError::write_logs))?;
+        if crate::bugs::on(crate::bugs::Bug::ReplyBeforeSync) {
+            callback.log_io_completed(Ok(()));
+            return Ok(());
+        }
         // Durable before openraft may count this node in a majority.
         let synced = self.node.sync().await;
         callback.log_io_completed(synced);
@@ -669,10 +705,24 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         put(SNAPSHOT, codec::encode(&(meta.clone(), bytes)));
         // One transaction over every tree: a crash leaves the old state or the new one, never
         // an emptied log under the old last-applied mark.
-        self.node
-            .kv
-            .transaction(&changes)
-            .map_err(|e| sm_err(format!("installing a snapshot: {e}")))?;
+        if crate::bugs::on(crate::bugs::Bug::SnapshotNonAtomic) {
+            // Tree by tree, the state machine's marks first: a crash in between leaves the new
+            // marks over part of the old copy.
+            let marks = changes.iter().rev().take_while(|c| c.tree == sm).count();
+            changes.rotate_right(marks);
+            for c in &changes {
+                self.node
+                    .kv
+                    .tree(&c.tree)
+                    .and_then(|t| t.apply(&[(c.key.clone(), c.value.clone())]))
+                    .map_err(|e| sm_err(format!("installing a snapshot: {e}")))?;
+            }
+        } else {
+            self.node
+                .kv
+                .transaction(&changes)
+                .map_err(|e| sm_err(format!("installing a snapshot: {e}")))?;
+        }
         self.node
             .sync()
             .await

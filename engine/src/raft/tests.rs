@@ -338,6 +338,18 @@ async fn stale_batches_and_refused_claims_change_no_node() {
         .unwrap();
     assert_eq!(applied.refused.as_deref(), Some("e/s/a"));
     all_hold(&nodes, &[first]).await;
+    // Every node has applied the refused batch (its claims are taken and given back in one
+    // apply; read before it, a node would show neither, during it the first claim).
+    for n in nodes.values() {
+        let mut m = n.raft.metrics();
+        tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            m.wait_for(|m| m.last_applied.map(|l| l.index) >= Some(applied.index)),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    }
     for n in nodes.values() {
         let claims = n.sm.sink().claims().unwrap();
         assert_eq!(claims, vec![claim("e/s/a", "h1")], "node {}", n.id);

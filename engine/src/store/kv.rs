@@ -47,6 +47,12 @@ pub trait Kv: Send + Sync + 'static {
     fn transaction(&self, changes: &[Change]) -> Result<(), StorageError>;
     /// Makes every write so far durable. An error means none since the last good sync may be.
     fn sync(&self) -> Result<(), StorageError>;
+    /// How long a sync takes on this store, if the caller should wait for it on its runtime's
+    /// clock first (a simulated disk, and a slow one on command); zero for a real disk, whose
+    /// sync takes its own time.
+    fn sync_latency(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
     /// The sled database behind this store, if it is one (tools and tests that inspect or
     /// damage a data dir on purpose).
     fn as_sled(&self) -> Option<sled::Db> {

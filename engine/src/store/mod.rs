@@ -464,9 +464,15 @@ impl Flusher {
             }
             let written = self.write(batch);
             stop = written.stop;
+            if let Some(latency) = self.sink.kv().map(|kv| kv.sync_latency())
+                && !latency.is_zero()
+            {
+                // A simulated disk's time to sync (the batch's replies wait for it).
+                tokio::time::sleep(latency).await;
+            }
             let synced = (self.durability == Durability::Sync || stop)
                 && self.halt.check().is_ok()
-                && self.sync();
+                && (crate::bugs::on(crate::bugs::Bug::ReplyBeforeSync) || self.sync());
             self.finish(written, started, synced, None).await;
         }
         // Every batch's replies are out before the store reports closed.

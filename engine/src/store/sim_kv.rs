@@ -86,6 +86,8 @@ impl Trigger {
 #[derive(Default)]
 struct Shared {
     state: Mutex<State>,
+    /// How long a sync takes, µs.
+    latency_us: AtomicU64,
     fail_write: Trigger,
     full: AtomicBool,
     fail_sync: Trigger,
@@ -152,6 +154,19 @@ impl SimKv {
         self.shared.lock().pending.len()
     }
 
+    /// An independent copy of what was written now, all of it durable (to read a node's
+    /// state offline without touching its disk).
+    pub fn fork(&self) -> SimKv {
+        let written = self.shared.lock().written.clone();
+        let copy = SimKv::new();
+        {
+            let mut st = copy.shared.lock();
+            st.durable = written.clone();
+            st.written = written;
+        }
+        copy
+    }
+
     /// Everything is gone, durable or not (a wiped or replaced disk).
     pub fn wipe(&self) {
         *self.shared.lock() = State::default();
@@ -208,6 +223,14 @@ impl SimKv {
     /// Writes succeed again (space was freed).
     pub fn free_disk(&self) {
         self.shared.full.store(false, Ordering::SeqCst);
+    }
+
+    /// From now on a sync takes `latency` (a slow disk, or just a disk's time to sync).
+    pub fn set_sync_latency(&self, latency: std::time::Duration) {
+        self.shared.latency_us.store(
+            u64::try_from(latency.as_micros()).unwrap_or(u64::MAX),
+            Ordering::SeqCst,
+        );
     }
 
     /// Whether every write fails as on a full disk.
@@ -332,6 +355,10 @@ impl Kv for SimKv {
 
     fn tree_names(&self) -> Result<Vec<String>, StorageError> {
         Ok(self.shared.lock().written.keys().cloned().collect())
+    }
+
+    fn sync_latency(&self) -> std::time::Duration {
+        std::time::Duration::from_micros(self.shared.latency_us.load(Ordering::SeqCst))
     }
 
     fn transaction(&self, changes: &[Change]) -> Result<(), StorageError> {

@@ -1,11 +1,670 @@
 //! # boxoffice-sim
 //!
-//! A deterministic simulation of whole boxoffice nodes.
+//! A deterministic simulation of whole boxoffice nodes: three real servers
+//! ([`boxoffice_gateway::server::start`]: gateway, engine, openraft, sweeper) as turmoil hosts
+//! on a simulated network and clock, each over a simulated disk; fans driving every public
+//! call; faults drawn from the seed; checkers after every run. A seed replays the same run,
+//! down to the same trace (and its hash).
 //!
 //! Layout:
-//! - [`node`]: a node is the real server stack as a turmoil host, over a simulated disk
-//!   ([`boxoffice_engine::store::SimKv`]) and clock ([`clock`]), on turmoil's network ([`net`]).
+//! - [`node`]: a node is the real server stack as a turmoil host, over its own
+//!   [`boxoffice_engine::store::SimKv`] disk and [`clock`], on turmoil's network ([`net`]);
+//! - [`fans`]: the workload; [`history`]: every call and its answer;
+//! - [`faults`]: what goes wrong, drawn from the seed; the driver here applies it;
+//! - [`check`]: the checkers over the history and Raft; [`offline`]: each node's disk read
+//!   offline after the run.
+//!
+//! Every source of nondeterminism goes through a seam: time (tokio's clock, which turmoil
+//! drives; [`clock::SimClock`] for wall time), randomness ([`boxoffice_engine::rt`]: ids,
+//! jitter, openraft's election timeouts), threads (the log's workers become tasks), storage
+//! ([`boxoffice_engine::store::SimKv`]) and the network ([`boxoffice_gateway::net`]).
 
+pub mod check;
 pub mod clock;
+pub mod fans;
+pub mod faults;
+pub mod history;
 pub mod net;
 pub mod node;
+pub mod offline;
+pub mod refusals;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sha2::Digest;
+
+use crate::faults::Fault;
+use crate::history::{Answer, History, Op, Shared};
+use crate::node::{Node, RaftSeen, Setup, host};
+
+/// How a run goes (the seed decides the rest).
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Fans buying.
+    pub fans: usize,
+    /// How long they buy (virtual ms), after which every fault is healed and they read back.
+    pub work_ms: u64,
+    /// Whether faults are injected.
+    pub faults: bool,
+    /// The nodes.
+    pub setup: Setup,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            fans: 6,
+            work_ms: 12_000,
+            faults: true,
+            setup: Setup::default(),
+        }
+    }
+}
+
+/// What a run found.
+#[derive(Debug)]
+pub struct Report {
+    /// Its seed.
+    pub seed: u64,
+    /// SHA-256 of its trace (every call, fault and finding, in order): the same for the same
+    /// seed.
+    pub trace_hash: String,
+    /// Every broken promise (the first ones found while the run went, when it stopped early).
+    pub violations: Vec<String>,
+    /// Stale reads made while a deposed leader still led (before its lease ran out): a known
+    /// bug (the cluster issue, 27, makes reads linearizable); counted apart, not hidden.
+    pub known: Vec<String>,
+    /// Calls made.
+    pub calls: usize,
+    /// Calls answered definitely.
+    pub answered: usize,
+    /// Faults injected (with the driver's restarts).
+    pub faults: usize,
+    /// Virtual time the run took, ms.
+    pub virtual_ms: u64,
+    /// The trace itself.
+    pub trace: String,
+}
+
+impl Report {
+    /// The one-line command that replays this run.
+    pub fn replay(&self) -> String {
+        format!(
+            "BOXOFFICE_SIM_SEED={} cargo test -p boxoffice-sim --test sim -- --nocapture",
+            self.seed
+        )
+    }
+}
+
+/// One tick of turmoil's clock.
+const TICK: Duration = Duration::from_millis(5);
+/// How long after the work ends the cluster has to serve every read-back (virtual).
+const READ_BACK_MS: u64 = 60_000;
+
+/// Something the driver undoes later.
+#[derive(Clone, Debug)]
+enum Undo {
+    Repair(u64, u64),
+    RepairOneWay(u64, u64),
+    Release(String, String),
+    Start(u64),
+    FreeDisk(u64),
+    FastDisk(u64),
+    Jump(u64, i64),
+}
+
+struct Driver {
+    nodes: Vec<Node>,
+    setup: Setup,
+    plan: std::collections::VecDeque<(u64, Fault)>,
+    later: Vec<(u64, Undo)>,
+    down: BTreeSet<u64>,
+    history: Shared,
+    seen: Arc<Mutex<RaftSeen>>,
+    /// Restarts of a failed node in a row.
+    failures: BTreeMap<u64, u32>,
+    /// Virtual ms of the last wipe (one node at a time, with the others caught up).
+    wiped_at: Option<u64>,
+    /// Nodes whose disk had a bit flipped since it was last wiped.
+    flipped: BTreeSet<u64>,
+}
+
+impl Driver {
+    fn record(&self, now: u64, what: String) {
+        history::lock(&self.history).fault(now, what);
+    }
+
+    fn node(&self, id: u64) -> &Node {
+        &self.nodes[(id - 1) as usize]
+    }
+
+    fn ids(&self) -> std::ops::RangeInclusive<u64> {
+        1..=self.setup.nodes
+    }
+
+    fn stop(&mut self, sim: &mut turmoil::Sim<'_>, id: u64) {
+        if self.down.insert(id) {
+            sim.crash(host(id));
+        }
+        history_seen(&self.seen).now.remove(&id);
+    }
+
+    fn start(&mut self, sim: &mut turmoil::Sim<'_>, id: u64) {
+        if self.down.remove(&id) {
+            history_seen(&self.seen).failed.remove(&id);
+            sim.bounce(host(id));
+        }
+    }
+
+    /// Whether every node but `id` keeps its data: up, not failed, no bit flipped on its disk,
+    /// not wiped in the last 10 s, and past the group's forming (a wiped or new node counts as
+    /// failed until it has caught up). Every committed entry is on a majority, so one of them
+    /// has it: a wipe of `id` (or damage to it) then loses nothing.
+    fn others_fine(&self, id: u64, now: u64) -> bool {
+        let seen = history_seen(&self.seen);
+        self.wiped_at.is_none_or(|at| now >= at + 10_000)
+            && self.ids().filter(|n| *n != id).all(|n| {
+                !self.down.contains(&n)
+                    && !seen.failed.contains_key(&n)
+                    && !self.flipped.contains(&n)
+                    && seen.now.get(&n).is_some_and(|(_, _, applied)| *applied > 1)
+            })
+    }
+
+    fn apply(&mut self, sim: &mut turmoil::Sim<'_>, now: u64, fault: Fault) {
+        use Fault::*;
+        let named = format!("{fault:?}");
+        match fault {
+            Partition { a, b, ms } => {
+                sim.partition(host(a), host(b));
+                self.later.push((now + ms, Undo::Repair(a, b)));
+            }
+            OneWay { from, to, ms } => {
+                sim.partition_oneway(host(from), host(to));
+                self.later.push((now + ms, Undo::RepairOneWay(from, to)));
+            }
+            Isolate { node, ms } => {
+                for other in self.ids().filter(|o| *o != node) {
+                    sim.partition(host(node), host(other));
+                    self.later.push((now + ms, Undo::Repair(node, other)));
+                }
+            }
+            Delay { a, b, ms } => {
+                sim.hold(host(a), host(b));
+                self.later.push((now + ms, Undo::Release(host(a), host(b))));
+            }
+            Crash {
+                node,
+                down_ms,
+                keep,
+            } => {
+                if self.down.contains(&node) {
+                    return;
+                }
+                self.stop(sim, node);
+                let disk = &self.node(node).disk;
+                disk.crash(disk.unsynced_writes() * keep as usize / 1_000);
+                self.later.push((now + down_ms, Undo::Start(node)));
+            }
+            PowerCutAll { down_ms, keep } => {
+                for id in self.ids() {
+                    if !self.down.contains(&id) {
+                        self.stop(sim, id);
+                        self.later.push((now + down_ms, Undo::Start(id)));
+                    }
+                    let disk = &self.node(id).disk;
+                    disk.crash(disk.unsynced_writes() * keep as usize / 1_000);
+                }
+            }
+            Wipe { node, down_ms } => {
+                if self.down.contains(&node) || !self.others_fine(node, now) {
+                    return;
+                }
+                self.stop(sim, node);
+                self.node(node).wipe();
+                self.flipped.remove(&node);
+                self.wiped_at = Some(now);
+                self.later.push((now + down_ms, Undo::Start(node)));
+            }
+            Pause { node, ms } => {
+                for other in self.ids().filter(|o| *o != node) {
+                    sim.hold(host(node), host(other));
+                    self.later
+                        .push((now + ms, Undo::Release(host(node), host(other))));
+                }
+                sim.hold(host(node), "fans");
+                self.later
+                    .push((now + ms, Undo::Release(host(node), "fans".into())));
+                self.later.push((now + ms, Undo::Jump(node, ms as i64)));
+            }
+            ClockJump { node, ms } => self.node(node).clock.jump(ms),
+            FailSync { node } => self.node(node).disk.fail_next_sync(),
+            SlowDisk { node, sync_ms, ms } => {
+                self.node(node)
+                    .disk
+                    .set_sync_latency(Duration::from_millis(sync_ms));
+                self.later.push((now + ms, Undo::FastDisk(node)));
+            }
+            FullDisk { node, ms } => {
+                self.node(node).disk.fill_disk();
+                self.later.push((now + ms, Undo::FreeDisk(node)));
+            }
+            BitFlip { node, pick } => {
+                if self.down.contains(&node) || !self.others_fine(node, now) {
+                    return;
+                }
+                let flipped = self.node(node).disk.flip_bit(pick, |_| true);
+                self.record(now, format!("{named}: {flipped:?}"));
+                self.flipped.insert(node);
+                self.stop(sim, node);
+                self.later.push((now + 300, Undo::Start(node)));
+                return;
+            }
+        }
+        self.record(now, named);
+    }
+
+    fn undo(&mut self, sim: &mut turmoil::Sim<'_>, now: u64, undo: Undo) {
+        self.record(now, format!("undo {undo:?}"));
+        match undo {
+            Undo::Repair(a, b) => sim.repair(host(a), host(b)),
+            Undo::RepairOneWay(a, b) => sim.repair_oneway(host(a), host(b)),
+            Undo::Release(a, b) => sim.release(a, b),
+            Undo::Start(id) => self.start(sim, id),
+            Undo::FreeDisk(id) => self.node(id).disk.free_disk(),
+            Undo::FastDisk(id) => self.node(id).disk.set_sync_latency(node::SYNC_LATENCY),
+            Undo::Jump(id, ms) => self.node(id).clock.jump(ms),
+        }
+    }
+
+    /// A node whose Raft stopped (a failed sync, a full disk, damage) is restarted, as its
+    /// supervisor would restart `serve`; one that fails three times in a row has its disk
+    /// replaced (an operator's wipe), once the others are fine.
+    fn restart_failed(&mut self, sim: &mut turmoil::Sim<'_>, now: u64) {
+        let failed: Vec<(u64, String)> = history_seen(&self.seen)
+            .failed
+            .iter()
+            .map(|(id, why)| (*id, why.clone()))
+            .collect();
+        for (id, why) in failed {
+            if self.down.contains(&id)
+                || self
+                    .later
+                    .iter()
+                    .any(|(_, u)| matches!(u, Undo::Start(n) if *n == id))
+            {
+                continue;
+            }
+            let tries = self.failures.entry(id).or_default();
+            *tries += 1;
+            let tries = *tries;
+            self.stop(sim, id);
+            if tries >= 3 && self.others_fine(id, now) {
+                self.record(
+                    now,
+                    format!("node {id} failed {tries} times ({why}): the operator wipes it"),
+                );
+                self.node(id).wipe();
+                self.wiped_at = Some(now);
+                self.flipped.remove(&id);
+                self.failures.insert(id, 0);
+            } else {
+                self.record(now, format!("node {id} failed ({why}): restarted"));
+            }
+            self.later.push((now + 500, Undo::Start(id)));
+        }
+    }
+
+    /// Applies what is due at `now`.
+    fn tick(&mut self, sim: &mut turmoil::Sim<'_>, now: u64) {
+        while self.plan.front().is_some_and(|(at, _)| *at <= now) {
+            if let Some((_, f)) = self.plan.pop_front() {
+                self.apply(sim, now, f);
+            }
+        }
+        let mut due = Vec::new();
+        self.later.retain(|(at, u)| {
+            if *at <= now {
+                due.push(u.clone());
+                false
+            } else {
+                true
+            }
+        });
+        for u in due {
+            self.undo(sim, now, u);
+        }
+        self.restart_failed(sim, now);
+    }
+
+    /// Ends every fault: links repaired and released, disks freed, every node up.
+    fn heal(&mut self, sim: &mut turmoil::Sim<'_>, now: u64) {
+        self.plan.clear();
+        let pending: Vec<Undo> = self.later.drain(..).map(|(_, u)| u).collect();
+        for u in pending {
+            self.undo(sim, now, u);
+        }
+        for a in self.ids() {
+            for b in self.ids().filter(|b| *b != a) {
+                sim.repair(host(a), host(b));
+                sim.release(host(a), host(b));
+            }
+            sim.release(host(a), "fans");
+            self.node(a).disk.free_disk();
+        }
+        for id in self.ids().collect::<Vec<_>>() {
+            self.start(sim, id);
+        }
+        self.record(now, "healed".into());
+    }
+
+    /// Whether the group is whole again: every node up and serving the same applied log.
+    fn settled(&self) -> bool {
+        let seen = history_seen(&self.seen);
+        let applied: BTreeSet<u64> = seen.now.values().map(|(_, _, a)| *a).collect();
+        seen.failed.is_empty()
+            && seen.now.len() == self.nodes.len()
+            && seen.now.values().any(|(_, leads, _)| *leads)
+            && applied.len() == 1
+    }
+}
+
+fn history_seen(seen: &Arc<Mutex<RaftSeen>>) -> std::sync::MutexGuard<'_, RaftSeen> {
+    seen.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Runs the simulation of `seed`: its report.
+pub fn run(seed: u64, options: &Options) -> Report {
+    let _rt = boxoffice_engine::rt::simulate(seed, || clock::EPOCH_MS + clock::elapsed_ms());
+    let root = tempfile::tempdir().unwrap_or_else(|e| panic!("a temp dir: {e}"));
+    let history: Shared = Arc::new(Mutex::new(History::default()));
+    let healed = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new(RaftSeen::default()));
+    let net = net::TurmoilNet::default();
+    if options.faults {
+        let (delayed, duplicated) = faults::message_rates(seed);
+        net.rates.delayed.store(delayed, Ordering::SeqCst);
+        net.rates.duplicated.store(duplicated, Ordering::SeqCst);
+    }
+    let nodes: Vec<Node> = (1..=options.setup.nodes)
+        .map(|i| Node::new(i, root.path(), &net))
+        .collect();
+    let mut sim = turmoil::Builder::new()
+        .rng_seed(seed)
+        .simulation_duration(Duration::from_millis(options.work_ms + READ_BACK_MS))
+        .tick_duration(TICK)
+        .min_message_latency(Duration::from_millis(1))
+        .max_message_latency(Duration::from_millis(5))
+        .build();
+    for n in &nodes {
+        sim.host(host(n.id), n.software(&options.setup, seen.clone()));
+    }
+    let workload = fans::Workload {
+        seed,
+        fans: options.fans,
+        nodes: options.setup.nodes,
+        work_until_ms: options.work_ms,
+        healed: healed.clone(),
+        history: history.clone(),
+    };
+    sim.client("fans", fans::run(workload));
+    let plan = if options.faults {
+        faults::plan(
+            seed,
+            options.setup.nodes,
+            1_500,
+            options.work_ms.saturating_sub(500),
+        )
+    } else {
+        Vec::new()
+    };
+    let mut driver = Driver {
+        nodes: nodes.clone(),
+        setup: options.setup.clone(),
+        plan: plan.into(),
+        later: Vec::new(),
+        down: BTreeSet::new(),
+        history: history.clone(),
+        seen: seen.clone(),
+        failures: BTreeMap::new(),
+        wiped_at: None,
+        flipped: BTreeSet::new(),
+    };
+    let mut violations: Vec<check::Violation> = Vec::new();
+    let mut healed_at = None;
+    // The cheap checks (over the history so far) every virtual second: a run that broke a
+    // promise stops there, its first violations named with the time they were found.
+    let mut next_check = CHECK_EVERY_MS;
+    let mut healing_since = None;
+    let ms = |sim: &turmoil::Sim<'_>| u64::try_from(sim.elapsed().as_millis()).unwrap_or(u64::MAX);
+    loop {
+        let now = ms(&sim);
+        if now >= options.work_ms && healing_since.is_none() {
+            driver.heal(&mut sim, now);
+            healing_since = Some(now);
+        }
+        if healing_since.is_some() {
+            // Nothing more is planned; restarts of failed nodes still happen.
+            driver.tick(&mut sim, now);
+            if healed_at.is_none() {
+                let waited = now - healing_since.unwrap_or(now);
+                if driver.settled() || waited > 20_000 {
+                    if waited > 20_000 {
+                        violations.push(check::Violation::new(format!(
+                            "the group did not settle within 20 s of healing: {:?}",
+                            history_seen(&seen).now
+                        )));
+                    }
+                    healed.store(true, Ordering::SeqCst);
+                    healed_at = Some(now);
+                }
+            }
+        } else {
+            driver.tick(&mut sim, now);
+        }
+        if now >= next_check {
+            next_check = now + CHECK_EVERY_MS;
+            let found = step_checks(&history, &seen, healed_at);
+            if !found.is_empty() {
+                history::lock(&history).note(&format!("checked at {now} ms: stopped"));
+                violations.extend(found);
+                break;
+            }
+        }
+        match sim.step() {
+            Ok(true) => break,
+            Ok(false) => {}
+            Err(e) => {
+                violations.push(check::Violation::new(format!(
+                    "the simulation stopped: {e}"
+                )));
+                break;
+            }
+        }
+    }
+    // Let the group settle (every node applied the same log) before its disks are compared.
+    for _ in 0..10_000 {
+        if driver.settled() {
+            break;
+        }
+        if sim.step().is_err() {
+            break;
+        }
+    }
+    let virtual_ms = ms(&sim);
+    drop(sim);
+
+    let h = history::lock(&history);
+    if violations.is_empty() {
+        violations.extend(check::history(
+            &h,
+            &history_seen(&seen),
+            fans::PER_USER_LIMIT,
+            healed_at,
+        ));
+        violations.extend(refusals::check(&h));
+    }
+    if let Some(at) = healed_at {
+        violations.extend(check::served_after_healing(&h, at));
+    }
+    let acked = acknowledged(&h);
+    let retried = check::retried_entries(&h);
+    let calls = h.calls.len();
+    let answered = h.calls.iter().filter(|c| c.answer.definite()).count();
+    let faults = h.faults.len();
+    drop(h);
+    if healed_at.is_some() {
+        // (A run stopped early, with its violations, never healed: its nodes' disks are not
+        // expected to agree.)
+        violations.extend(
+            offline_checks(
+                &nodes,
+                &acked,
+                clock::EPOCH_MS + virtual_ms,
+                &driver.flipped,
+            )
+            .into_iter()
+            .map(|text| {
+                let mut v = check::Violation::new(text);
+                // An entry of the known waitlist bug, missing from a node's copy too.
+                if retried.iter().any(|e| v.text.contains(e.as_str())) {
+                    v.known = Some(check::KNOWN_WAITLIST);
+                }
+                v
+            }),
+        );
+    }
+    let (known, violations) = classify(violations, &history_seen(&seen));
+    let known: Vec<String> = known
+        .into_iter()
+        .map(|v| format!("{} [{}]", v.text, v.known.unwrap_or_default()))
+        .collect();
+    let violations: Vec<String> = violations.into_iter().map(|v| v.text).collect();
+    let mut h = history::lock(&history);
+    for v in &known {
+        h.note(&format!("known: {v}"));
+    }
+    for v in &violations {
+        h.note(&format!("violation: {v}"));
+    }
+    let trace = h.trace().to_owned();
+    let trace_hash = hex::encode(sha2::Sha256::digest(trace.as_bytes()));
+    Report {
+        seed,
+        trace_hash,
+        violations,
+        known,
+        calls,
+        answered,
+        faults,
+        virtual_ms,
+        trace,
+    }
+}
+
+/// How often the cheap checks run while a run goes (virtual ms).
+const CHECK_EVERY_MS: u64 = 1_000;
+
+/// The checks over the history so far that found something not known. The refusals wait for
+/// the end: a call still running is in no history yet, and it may hold the places a refusal
+/// says were taken.
+fn step_checks(
+    history: &Shared,
+    seen: &Arc<Mutex<RaftSeen>>,
+    healed_at: Option<u64>,
+) -> Vec<check::Violation> {
+    let h = history::lock(history);
+    let seen = history_seen(seen);
+    let found = check::history(&h, &seen, fans::PER_USER_LIMIT, healed_at);
+    classify(found, &seen).1
+}
+
+/// Splits violations into the known bugs (each labelled with it) and the rest. A read made
+/// while a deposed leader still led (it had not heard of the new leader, and answers until its
+/// lease runs out: 3 s, checked every 0.5 s) is the known stale read the cluster issue fixes.
+fn classify(
+    found: Vec<check::Violation>,
+    seen: &RaftSeen,
+) -> (Vec<check::Violation>, Vec<check::Violation>) {
+    found
+        .into_iter()
+        .map(|mut v| {
+            if v.known.is_none() && v.read.is_some_and(|(_, at)| seen.deposed_leader_at(at)) {
+                v.known = Some(check::KNOWN_STALE_READ);
+            }
+            v
+        })
+        .partition(|v| v.known.is_some())
+}
+
+/// What the fans were told, for the offline checks.
+fn acknowledged(h: &History) -> offline::Acked {
+    let mut acked = offline::Acked::default();
+    let user = |fan| format!("fan-{fan}");
+    for c in &h.calls {
+        match (&c.op, &c.answer) {
+            (Op::Hold { .. }, Answer::Hold(held)) => {
+                acked.holds.push((held.id.clone(), user(c.fan)))
+            }
+            (Op::Batch { .. }, Answer::Batch(items)) => {
+                for held in items.iter().flatten() {
+                    acked.holds.push((held.id.clone(), user(c.fan)));
+                }
+            }
+            (Op::Confirm { .. }, Answer::Order(o)) => {
+                acked.orders.push((o.id.clone(), o.tickets.clone()))
+            }
+            (Op::JoinWaitlist { .. }, Answer::Entry(id, ..)) => {
+                acked.entries.push((id.clone(), user(c.fan)))
+            }
+            _ => {}
+        }
+    }
+    acked.holds.sort();
+    acked.holds.dedup();
+    acked.orders.sort();
+    acked.orders.dedup();
+    acked.entries.sort();
+    acked.entries.dedup();
+    acked
+}
+
+/// Every node's disk read offline, and every node's state against the others'.
+fn offline_checks(
+    nodes: &[Node],
+    acked: &offline::Acked,
+    now_ms: u64,
+    flipped: &BTreeSet<u64>,
+) -> Vec<String> {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => return vec![format!("no runtime for the offline checks: {e}")],
+    };
+    runtime.block_on(async {
+        let mut v = Vec::new();
+        let mut states = Vec::new();
+        for n in nodes {
+            let (found, state) =
+                offline::check_node(n.id, &n.disk, acked, now_ms, flipped.contains(&n.id)).await;
+            v.extend(found);
+            if let Some(s) = state {
+                states.push((n.id, s));
+            }
+        }
+        for pair in states.windows(2) {
+            if pair[0].1 != pair[1].1 {
+                v.push(format!(
+                    "nodes {} and {} disagree after applying the same log: {:?} / {:?}",
+                    pair[0].0, pair[1].0, pair[0].1, pair[1].1
+                ));
+            }
+        }
+        v
+    })
+}

@@ -12,6 +12,10 @@ use boxoffice_gateway::server::{ClusterConfig, ServerConfig};
 use crate::clock::SimClock;
 use crate::net::TurmoilNet;
 
+/// A disk's time to sync: the group commit's batches form while it runs, and a crash can land
+/// in the middle of one.
+pub const SYNC_LATENCY: Duration = Duration::from_millis(1);
+
 /// The port every node serves gRPC (and Raft) on.
 pub const GRPC_PORT: u16 = 50051;
 /// The admin key of every node.
@@ -47,18 +51,58 @@ pub fn host(id: u64) -> String {
     format!("n{id}")
 }
 
+/// A leader id as openraft 0.9 has it: `(term, node)`. Its leader ids are ordered by both, so
+/// two candidates of one term can each win (each its own leader id); an index is still
+/// committed with one entry only, which is what the checkers hold it to.
+pub type LeaderId = (u64, u64);
+
 /// What the harness sees of every node's Raft, gathered from each node's metrics as they
 /// change: the evidence for the Raft checkers.
 #[derive(Default)]
 pub struct RaftSeen {
-    /// Every node seen leading in a term.
-    pub leaders: BTreeMap<u64, BTreeSet<u64>>,
-    /// For each log index seen applied, by which term's entry, on which nodes.
-    pub applied: BTreeMap<u64, BTreeMap<u64, BTreeSet<u64>>>,
+    /// Every leadership seen: `(node, leader id, from ms, until ms)` (until: open while it
+    /// leads, closed when it stops or its software does).
+    pub leads: Vec<(u64, LeaderId, u64, Option<u64>)>,
+    /// For each log index seen applied, by which leader's entry, on which nodes.
+    pub applied: BTreeMap<u64, BTreeMap<LeaderId, BTreeSet<u64>>>,
     /// Each node's latest figures: (term, leads, last applied index).
     pub now: BTreeMap<u64, (u64, bool, u64)>,
     /// Nodes whose Raft stopped (a storage error), with why.
     pub failed: BTreeMap<u64, String>,
+}
+
+impl RaftSeen {
+    /// Node `node` leads as `id` now (or leads nothing), at virtual `now_ms`.
+    pub fn lead(&mut self, node: u64, id: Option<LeaderId>, now_ms: u64) {
+        let open = self
+            .leads
+            .iter_mut()
+            .find(|(n, _, _, until)| *n == node && until.is_none());
+        match (open, id) {
+            (Some((_, was, _, _)), Some(id)) if *was == id => {}
+            (Some((_, _, _, until)), id) => {
+                *until = Some(now_ms);
+                if let Some(id) = id {
+                    self.leads.push((node, id, now_ms, None));
+                }
+            }
+            (None, Some(id)) => self.leads.push((node, id, now_ms, None)),
+            (None, None) => {}
+        }
+    }
+
+    /// Whether, at `at_ms`, some node still led while another had already led with a greater
+    /// leader id: a deposed leader that has not heard of it yet.
+    pub fn deposed_leader_at(&self, at_ms: u64) -> bool {
+        self.leads.iter().any(|(n, id, from, until)| {
+            *from <= at_ms
+                && until.is_none_or(|u| u >= at_ms)
+                && self
+                    .leads
+                    .iter()
+                    .any(|(m, later, start, _)| m != n && later > id && *start <= at_ms)
+        })
+    }
 }
 
 /// One node of a run: its disk, data dir and clock outlive its software (a crash or restart
@@ -67,6 +111,8 @@ pub struct RaftSeen {
 pub struct Node {
     /// Its id (1-based).
     pub id: u64,
+    /// The network it reaches its peers over (with the run's message faults).
+    pub net: TurmoilNet,
     /// Its Raft log, state machine and engine log.
     pub disk: SimKv,
     /// Its data dir on the real disk (ticket keys, the recorded group count).
@@ -76,14 +122,17 @@ pub struct Node {
 }
 
 impl Node {
-    /// Node `id` with an empty disk, its data dir under `root`.
-    pub fn new(id: u64, root: &std::path::Path) -> Node {
+    /// Node `id` with an empty disk, its data dir under `root`, on `net`.
+    pub fn new(id: u64, root: &std::path::Path, net: &TurmoilNet) -> Node {
         let dir = root.join(host(id));
         std::fs::create_dir_all(&dir)
             .unwrap_or_else(|e| panic!("the node's data dir {}: {e}", dir.display()));
+        let disk = SimKv::new();
+        disk.set_sync_latency(SYNC_LATENCY);
         Node {
             id,
-            disk: SimKv::new(),
+            net: net.clone(),
+            disk,
             dir,
             clock: SimClock::default(),
         }
@@ -107,7 +156,7 @@ impl Node {
         config.grace = Duration::from_secs(1);
         config.reconcile_every = Some(Duration::from_secs(5));
         config.refund_grace = Duration::from_secs(10);
-        config.network = Some(Arc::new(TurmoilNet));
+        config.network = Some(Arc::new(self.net.clone()));
         config.cluster = Some(ClusterConfig {
             node_id: self.id,
             peers: (1..=setup.nodes)
@@ -136,9 +185,19 @@ impl Node {
         move || {
             let (node, setup, seen) = (node.clone(), setup.clone(), seen.clone());
             Box::pin(async move {
-                let running = boxoffice_gateway::server::start(node.config(&setup))
-                    .await
-                    .map_err(|e| format!("node {} did not start: {e:#}", node.id))?;
+                let running = match boxoffice_gateway::server::start(node.config(&setup)).await {
+                    Ok(r) => r,
+                    Err(e) => {
+                        // As `serve` exits for its supervisor: the driver restarts it (or, after
+                        // failures in a row, an operator replaces its disk).
+                        seen.lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .failed
+                            .insert(node.id, format!("did not start: {e:#}"));
+                        std::future::pending::<()>().await;
+                        return Ok(());
+                    }
+                };
                 if let Some(raft) = running.raft() {
                     let mut metrics = raft.metrics();
                     loop {
@@ -147,17 +206,13 @@ impl Node {
                             let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
                             let leads = m.state == openraft::ServerState::Leader
                                 && m.current_leader == Some(node.id);
-                            if leads {
-                                seen.leaders
-                                    .entry(m.current_term)
-                                    .or_default()
-                                    .insert(node.id);
-                            }
+                            let id = (m.current_term, node.id);
+                            seen.lead(node.id, leads.then_some(id), crate::clock::elapsed_ms());
                             if let Some(l) = m.last_applied {
                                 seen.applied
                                     .entry(l.index)
                                     .or_default()
-                                    .entry(l.leader_id.term)
+                                    .entry((l.leader_id.term, l.leader_id.node_id))
                                     .or_default()
                                     .insert(node.id);
                             }

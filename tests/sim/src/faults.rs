@@ -1,0 +1,189 @@
+//! The faults of a run: drawn from its seed before it starts, applied by the driver between
+//! turmoil's steps.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// One fault, at a virtual time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Nodes `a` and `b` cannot reach each other for `ms`.
+    Partition {
+        /// One node.
+        a: u64,
+        /// The other.
+        b: u64,
+        /// How long.
+        ms: u64,
+    },
+    /// Nothing from `from` reaches `to` for `ms` (the other way works).
+    OneWay {
+        /// The sender cut off.
+        from: u64,
+        /// The receiver.
+        to: u64,
+        /// How long.
+        ms: u64,
+    },
+    /// Node `node` reaches no other node for `ms` (clients still reach it).
+    Isolate {
+        /// The node.
+        node: u64,
+        /// How long.
+        ms: u64,
+    },
+    /// Messages between `a` and `b` are held for `ms`, then delivered (a slow link: they arrive
+    /// late, after others).
+    Delay {
+        /// One node.
+        a: u64,
+        /// The other.
+        b: u64,
+        /// How long.
+        ms: u64,
+    },
+    /// Node `node` loses power: its software stops, its disk keeps what was synced and the
+    /// first `keep` per mille of the later writes; it starts again after `down_ms`.
+    Crash {
+        /// The node.
+        node: u64,
+        /// How long it stays down.
+        down_ms: u64,
+        /// Share of the unsynced writes that reached the disk, per mille.
+        keep: u64,
+    },
+    /// Every node loses power at once (the coordinated power cut); all start again after
+    /// `down_ms`.
+    PowerCutAll {
+        /// How long they stay down.
+        down_ms: u64,
+        /// Share of the unsynced writes that reached each disk, per mille.
+        keep: u64,
+    },
+    /// Node `node`'s disk is replaced by an empty one (with the others up): it starts pristine
+    /// after `down_ms` and catches up from its group.
+    Wipe {
+        /// The node.
+        node: u64,
+        /// How long it stays down.
+        down_ms: u64,
+    },
+    /// Node `node` stops for `ms` (its messages and its clients' wait), then its clock jumps by
+    /// as much, as a paused VM's would.
+    Pause {
+        /// The node.
+        node: u64,
+        /// How long.
+        ms: u64,
+    },
+    /// Node `node`'s wall clock jumps by `ms` (back if negative).
+    ClockJump {
+        /// The node.
+        node: u64,
+        /// How far.
+        ms: i64,
+    },
+    /// Node `node`'s next fsync fails (it must stop acknowledging, and is restarted).
+    FailSync {
+        /// The node.
+        node: u64,
+    },
+    /// Node `node`'s disk syncs take `sync_ms` each for `ms` (a slow disk).
+    SlowDisk {
+        /// The node.
+        node: u64,
+        /// How long a sync takes.
+        sync_ms: u64,
+        /// How long.
+        ms: u64,
+    },
+    /// Node `node`'s disk is full for `ms`.
+    FullDisk {
+        /// The node.
+        node: u64,
+        /// How long.
+        ms: u64,
+    },
+    /// One bit of a value on node `node`'s disk flips (`pick` chooses it), and the node
+    /// restarts: it must refuse to start naming the damage, or lose nothing.
+    BitFlip {
+        /// The node.
+        node: u64,
+        /// Which value and bit.
+        pick: u64,
+    },
+}
+
+/// Faults at their virtual times (ms), in order.
+pub type Plan = Vec<(u64, Fault)>;
+
+/// How often a run's nodes' messages to each other are delayed and sent twice (per mille): a
+/// third of the runs have neither.
+pub fn message_rates(seed: u64) -> (u64, u64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x6d65_7373_6167_6573);
+    if rng.random_range(0..3) == 0 {
+        return (0, 0);
+    }
+    (rng.random_range(0..100), rng.random_range(0..50))
+}
+
+/// Draws a run's faults from `seed`: between `from_ms` and `until_ms`, on `nodes` nodes.
+pub fn plan(seed: u64, nodes: u64, from_ms: u64, until_ms: u64) -> Plan {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xfa17_5eed_0000_0001);
+    let count = rng.random_range(2..=7);
+    let mut plan: Plan = (0..count)
+        .map(|_| {
+            let at = rng.random_range(from_ms..until_ms.max(from_ms + 1));
+            let node = rng.random_range(1..=nodes);
+            let other = (node % nodes) + 1;
+            let ms = rng.random_range(300..3_000);
+            let fault = match rng.random_range(0..100) {
+                0..12 => Fault::Partition {
+                    a: node,
+                    b: other,
+                    ms,
+                },
+                12..20 => Fault::OneWay {
+                    from: node,
+                    to: other,
+                    ms,
+                },
+                20..32 => Fault::Isolate { node, ms },
+                32..40 => Fault::Delay {
+                    a: node,
+                    b: other,
+                    ms,
+                },
+                40..56 => Fault::Crash {
+                    node,
+                    down_ms: ms,
+                    keep: rng.random_range(0..1_000),
+                },
+                56..64 => Fault::PowerCutAll {
+                    down_ms: ms,
+                    keep: rng.random_range(0..1_000),
+                },
+                64..70 => Fault::Wipe { node, down_ms: ms },
+                70..78 => Fault::Pause { node, ms },
+                78..84 => Fault::ClockJump {
+                    node,
+                    ms: rng.random_range(-5_000..20_000),
+                },
+                84..88 => Fault::FailSync { node },
+                88..91 => Fault::FullDisk { node, ms },
+                91..95 => Fault::SlowDisk {
+                    node,
+                    sync_ms: rng.random_range(20..300),
+                    ms,
+                },
+                _ => Fault::BitFlip {
+                    node,
+                    pick: rng.random(),
+                },
+            };
+            (at, fault)
+        })
+        .collect();
+    plan.sort_by_key(|(at, _)| *at);
+    plan
+}

@@ -1,0 +1,190 @@
+//! Each node's disk after a run, read offline: an engine opened on a copy of what the node
+//! wrote (as a new leader would open it), checked against what the fans were told.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use boxoffice_engine::store::{KvSink, SimKv};
+use boxoffice_engine::{Engine, EngineConfig, EventId, HoldId, ManualClock, UserId};
+
+use crate::fans::EVENT;
+
+/// A ticket as an answer showed it: `(ticket, section, seat)`.
+pub type Ticket = (String, String, String);
+
+/// What the fans were told, to find on every node.
+#[derive(Default)]
+pub struct Acked {
+    /// `(hold, fan's user)`.
+    pub holds: Vec<(String, String)>,
+    /// `(order, its tickets)`.
+    pub orders: Vec<(String, Vec<Ticket>)>,
+    /// `(waitlist entry, fan's user)`.
+    pub entries: Vec<(String, String)>,
+}
+
+/// A node's state, as far as two nodes that applied the same entries must agree.
+#[derive(Debug, PartialEq, Eq)]
+pub struct State {
+    /// Each section's `(available, held, sold)`.
+    pub counts: BTreeMap<String, (u32, u32, u32)>,
+    /// Each reserved seat's status.
+    pub seats: BTreeMap<String, String>,
+    /// Every order: `(id, hold, seats)`.
+    pub orders: Vec<(String, String, Vec<String>)>,
+}
+
+/// Opens an engine on a copy of `disk` (node `id`'s) at `now_ms` and checks it; its state,
+/// if it opened. A node whose disk had a bit flipped (`damaged`) may refuse to open, naming
+/// the damage; every other refusal, and any loss, is a violation.
+pub async fn check_node(
+    id: u64,
+    disk: &SimKv,
+    acked: &Acked,
+    now_ms: u64,
+    damaged: bool,
+) -> (Vec<String>, Option<State>) {
+    let mut v = Vec::new();
+    let copy = disk.fork();
+    let sink = match KvSink::new(Arc::new(copy)) {
+        Ok(s) => Arc::new(s),
+        Err(e) => {
+            return (
+                vec![format!("node {id}: its disk does not open: {e}")],
+                None,
+            );
+        }
+    };
+    let mut config = EngineConfig::new(std::path::PathBuf::new());
+    config.sink = Some(sink);
+    config.clock = Arc::new(ManualClock::new(now_ms));
+    let engine = match Engine::open(config).await {
+        Ok(e) => e,
+        Err(boxoffice_engine::EngineError::Storage(boxoffice_engine::StorageError::Damaged {
+            ..
+        })) if damaged => {
+            // A flipped bit, named: the node refuses to serve from its copy.
+            return (v, None);
+        }
+        Err(e) => {
+            return (
+                vec![format!("node {id}: its copy of the log does not open: {e}")],
+                None,
+            );
+        }
+    };
+    if engine.event(&EventId::from(EVENT)).is_err() {
+        // The event was never made (a run that did not get that far): nothing to check.
+        engine.shutdown().await;
+        return (v, None);
+    }
+    for (hold, user) in &acked.holds {
+        if let Err(e) = engine
+            .get_hold_of(&HoldId::from(hold.as_str()), &UserId::from(user.as_str()))
+            .await
+        {
+            v.push(format!(
+                "node {id}: acknowledged hold {hold} is missing from its copy: {e}"
+            ));
+        }
+    }
+    let orders = engine.orders().await.unwrap_or_default();
+    for (order, tickets) in &acked.orders {
+        match orders.iter().find(|o| o.order_id.as_str() == order) {
+            None => v.push(format!(
+                "node {id}: acknowledged order {order} is missing from its copy"
+            )),
+            Some(o) => {
+                let seen: Vec<Ticket> = o
+                    .tickets
+                    .iter()
+                    .map(|t| {
+                        (
+                            t.ticket_id.clone(),
+                            t.section_id.to_string(),
+                            t.seat_id
+                                .as_ref()
+                                .map(|s| s.to_string())
+                                .unwrap_or_default(),
+                        )
+                    })
+                    .collect();
+                if &seen != tickets {
+                    v.push(format!("node {id}: order {order}'s tickets changed: {seen:?}, acknowledged {tickets:?}"));
+                }
+            }
+        }
+    }
+    for (entry, user) in &acked.entries {
+        if let Err(e) = engine
+            .waitlist_entry_of(entry, &UserId::from(user.as_str()))
+            .await
+        {
+            v.push(format!(
+                "node {id}: acknowledged waitlist entry {entry} is missing from its copy: {e}"
+            ));
+        }
+    }
+    // As the server's periodic pass sees it: a captured charge whose checkout ended without
+    // an order waits for its refund (not a finding); anything else is one.
+    match engine
+        .settle_and_reconcile(std::time::Duration::from_secs(3_600))
+        .await
+    {
+        Ok((f, _)) if f.is_empty() => {}
+        Ok((f, _)) => v.push(format!("node {id}: reconciliation found {f:?}")),
+        Err(e) => v.push(format!("node {id}: reconciliation could not run: {e}")),
+    }
+    match engine.invariant_violations().await {
+        Ok(f) if f.is_empty() => {}
+        Ok(f) => v.push(format!(
+            "node {id}: the engine's invariants are broken: {f:?}"
+        )),
+        Err(e) => v.push(format!(
+            "node {id}: the invariants could not be checked: {e}"
+        )),
+    }
+    let state = engine
+        .seat_map(&EventId::from(EVENT), None)
+        .ok()
+        .map(|map| State {
+            counts: map
+                .sections
+                .iter()
+                .map(|s| (s.section_id.to_string(), (s.available, s.held, s.sold)))
+                .collect(),
+            seats: map
+                .sections
+                .iter()
+                .flat_map(|s| {
+                    s.seats
+                        .iter()
+                        .map(|seat| (seat.seat_id.to_string(), format!("{:?}", seat.status)))
+                })
+                .collect(),
+            orders: {
+                let mut o: Vec<(String, String, Vec<String>)> = orders
+                    .iter()
+                    .map(|o| {
+                        (
+                            o.order_id.to_string(),
+                            o.hold_id.to_string(),
+                            o.tickets
+                                .iter()
+                                .map(|t| {
+                                    t.seat_id
+                                        .as_ref()
+                                        .map(|s| s.to_string())
+                                        .unwrap_or_default()
+                                })
+                                .collect(),
+                        )
+                    })
+                    .collect();
+                o.sort();
+                o
+            },
+        });
+    engine.shutdown().await;
+    (v, state)
+}

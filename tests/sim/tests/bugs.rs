@@ -1,0 +1,107 @@
+//! Proof that the simulation bites (issue 24): each bug of [`boxoffice_engine::bugs`] is put
+//! back, and seeds are run, in order, until one breaks a promise that the same seed keeps
+//! without the bug. Each must be caught within 100 seeds. A test binary of its own: the
+//! switches are process-wide.
+//!
+//! `BOXOFFICE_SIM_BUG=<name>` hunts one bug; `BOXOFFICE_SIM_BUG_SEEDS=N` sets the budget;
+//! `BOXOFFICE_SIM_SEED=S` with `BOXOFFICE_SIM_BUG=<name>` replays one seed with that bug (its
+//! violations and, with `BOXOFFICE_SIM_TRACE=1`, its trace).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use boxoffice_engine::bugs::{self, Bug};
+use boxoffice_sim::{Options, Report, run};
+
+fn named(name: &str) -> Bug {
+    Bug::ALL
+        .into_iter()
+        .find(|b| format!("{b:?}") == name)
+        .unwrap_or_else(|| panic!("no bug named {name}: {:?}", Bug::ALL))
+}
+
+/// Runs `seeds` with `bug` put back, two at a time, until one breaks a promise: the first such
+/// seed (in order) and its report.
+fn hunt(bug: Bug, seeds: &[u64]) -> Option<Report> {
+    bugs::set(&[bug]);
+    let mut found = None;
+    for pair in seeds.chunks(2) {
+        let reports: Vec<Report> = std::thread::scope(|s| {
+            let runs: Vec<_> = pair
+                .iter()
+                .map(|seed| s.spawn(move || run(*seed, &Options::default())))
+                .collect();
+            runs.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        if let Some(r) = reports.into_iter().find(|r| !r.violations.is_empty()) {
+            found = Some(r);
+            break;
+        }
+    }
+    bugs::set(&[]);
+    found
+}
+
+#[test]
+fn each_bug_put_back_is_caught_within_100_seeds() {
+    if let (Some(seed), Ok(name)) = (
+        boxoffice_engine::tiers::number("BOXOFFICE_SIM_SEED"),
+        std::env::var("BOXOFFICE_SIM_BUG"),
+    ) {
+        bugs::set(&[named(&name)]);
+        let r = run(seed, &Options::default());
+        bugs::set(&[]);
+        println!("seed {seed} with {name}: {} violations", r.violations.len());
+        for v in &r.violations {
+            println!("  {v}");
+        }
+        if std::env::var_os("BOXOFFICE_SIM_TRACE").is_some() {
+            println!("{}", r.trace);
+        }
+        return;
+    }
+    let budget = boxoffice_engine::tiers::count("BOXOFFICE_SIM_BUG_SEEDS", 100, 100) as u64;
+    let which: Vec<Bug> = match std::env::var("BOXOFFICE_SIM_BUG") {
+        Ok(name) => vec![named(&name)],
+        Err(_) => Bug::ALL.to_vec(),
+    };
+    let seeds: Vec<u64> = (1..=budget).collect();
+    let mut missed = Vec::new();
+    for bug in which {
+        let started = std::time::Instant::now();
+        let mut from = 0;
+        let caught = loop {
+            let Some(r) = hunt(bug, &seeds[from..]) else {
+                break None;
+            };
+            // Only a promise the same seed keeps without the bug counts.
+            let clean = run(r.seed, &Options::default());
+            if clean.violations.is_empty() {
+                break Some(r);
+            }
+            println!(
+                "{bug:?}: seed {} breaks a promise without the bug too: {:?}",
+                r.seed, clean.violations
+            );
+            from = usize::try_from(r.seed).unwrap_or(usize::MAX);
+        };
+        match caught {
+            Some(r) => println!(
+                "{bug:?}: caught at seed {} of {budget} ({:.1?}): {}; replay: BOXOFFICE_SIM_BUG={bug:?} BOXOFFICE_SIM_SEED={} cargo test -p boxoffice-sim --test bugs -- --nocapture",
+                r.seed,
+                started.elapsed(),
+                r.violations[0],
+                r.seed
+            ),
+            None => {
+                println!(
+                    "{bug:?}: not caught in {budget} seeds ({:.1?})",
+                    started.elapsed()
+                );
+                missed.push(bug);
+            }
+        }
+    }
+    assert!(
+        missed.is_empty(),
+        "bugs the simulation did not catch: {missed:?}"
+    );
+}
