@@ -630,10 +630,10 @@ async fn two_groups_spread_their_leaders_and_each_survives_its_leaders_death() {
     }
     // Another group count on a data dir made with 2 would lose events: refused, named.
     let out = Command::new(env!("CARGO_BIN_EXE_boxoffice"))
-        .args(["serve", "--node-id", "1", "--peers", &peers])
+        .args(["serve", "--node-id", "1", "--peers", peers])
         .args(["--listen", &addrs[0], "--groups", "3"])
         .arg("--cluster-secret-file")
-        .arg(&secret)
+        .arg(secret)
         .arg("--data-dir")
         .arg(&dirs[0])
         .args(["--admin-key", ADMIN, "--client-key", CLIENT])

@@ -83,7 +83,24 @@ struct Phases {
     now: AtomicUsize,
     ok: Vec<AtomicU64>,
     failed: Vec<AtomicU64>,
+    /// The failed attempts' errors, per phase: `code/reason` (or the message's start), or
+    /// `timeout`.
+    errors: Vec<Mutex<BTreeMap<String, u64>>>,
     retried: AtomicU64,
+}
+
+/// A failed attempt's error, in a few words.
+fn kind(error: Option<&tonic::Status>) -> String {
+    let Some(s) = error else {
+        return format!("timeout ({:?})", PATIENCE.per_call);
+    };
+    match boxoffice_client::reason(s) {
+        Some(r) => format!("{:?}/{r}", s.code()),
+        None => {
+            let m: String = s.message().chars().take(48).collect();
+            format!("{:?}: {m}", s.code())
+        }
+    }
 }
 
 impl Phases {
@@ -94,6 +111,7 @@ impl Phases {
             now: AtomicUsize::new(0),
             ok: (0..n).map(|_| AtomicU64::new(0)).collect(),
             failed: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            errors: (0..n).map(|_| Mutex::default()).collect(),
             retried: AtomicU64::new(0),
         }
     }
@@ -117,11 +135,30 @@ impl Phases {
             .collect::<Vec<_>>()
             .join("; ")
     }
+
+    /// The failed attempts' errors of each phase that had any.
+    fn errors(&self) -> String {
+        self.names
+            .iter()
+            .enumerate()
+            .filter_map(|(i, n)| {
+                let e = self.errors[i].lock().unwrap();
+                (!e.is_empty()).then(|| format!("{n}: {e:?}"))
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
 }
 
 impl Tally for Phases {
-    fn failed(&self) {
-        self.failed[self.now.load(Ordering::Relaxed)].fetch_add(1, Ordering::Relaxed);
+    fn failed(&self, error: Option<&tonic::Status>) {
+        let now = self.now.load(Ordering::Relaxed);
+        self.failed[now].fetch_add(1, Ordering::Relaxed);
+        *self.errors[now]
+            .lock()
+            .unwrap()
+            .entry(kind(error))
+            .or_default() += 1;
         self.retried.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -156,7 +193,7 @@ impl Fault {
     }
 
     fn all(round: usize) -> [Fault; 6] {
-        let way = if round % 2 == 0 {
+        let way = if round.is_multiple_of(2) {
             Way::Inbound
         } else {
             Way::Outbound
@@ -269,6 +306,50 @@ async fn watch(
     w
 }
 
+/// When the count of acknowledged calls changed, sampled every 10 ms until `stop`: the longest
+/// stretch without an acknowledgement in a window.
+#[derive(Default)]
+struct Progress {
+    changes: Mutex<Vec<Instant>>,
+}
+
+impl Progress {
+    async fn sample(self: Arc<Self>, count: Arc<AtomicU64>, stop: Arc<AtomicBool>) {
+        let mut last = count.load(Ordering::Relaxed);
+        while !stop.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let now = count.load(Ordering::Relaxed);
+            if now != last {
+                last = now;
+                self.changes.lock().unwrap().push(Instant::now());
+            }
+        }
+    }
+
+    /// The longest stretch of `from..to` without an acknowledgement.
+    fn longest_stall(&self, from: Instant, to: Instant) -> Duration {
+        let changes = self.changes.lock().unwrap();
+        let mut prev = from;
+        let mut most = Duration::ZERO;
+        for &c in changes.iter().filter(|c| **c > from && **c < to) {
+            most = most.max(c - prev);
+            prev = c;
+        }
+        most.max(to.saturating_duration_since(prev))
+    }
+}
+
+/// The highest Raft term any node reports (group 0).
+async fn term(nodes: &[Node]) -> f64 {
+    let mut t = 0f64;
+    for n in nodes {
+        if let Some(v) = n.metric("boxoffice_raft_term{group=\"0\"}").await {
+            t = t.max(v);
+        }
+    }
+    t
+}
+
 /// Prints the end of each node's log if the test panics (the logs go with the temp dir).
 struct LogsOnPanic(PathBuf);
 
@@ -369,6 +450,7 @@ async fn partitions_and_a_bad_network_lose_nothing_acknowledged() {
     for n in &nodes {
         n.wait_ready();
     }
+    println!("netns: {:.1?}: the nodes are ready", began.elapsed());
 
     let admin = Bearer::new(ADMIN).unwrap();
     let client = Bearer::new(CLIENT).unwrap();
@@ -420,13 +502,17 @@ async fn partitions_and_a_bad_network_lose_nothing_acknowledged() {
             .run(),
         ));
     }
+    let progress = Arc::new(Progress::default());
+    tokio::spawn(progress.clone().sample(count.clone(), stop.clone()));
     until_grown(&count, 100).await;
+    println!("netns: {:.1?}: the load runs", began.elapsed());
 
     let mut report = Vec::new();
     for (r, fault) in &schedule {
         let name = fault.name(*r);
         let l = sole_leader(&nodes, Duration::from_secs(60)).await;
         let others: Vec<usize> = (0..3).filter(|i| *i != l).collect();
+        let term_before = term(&nodes).await;
         phases.enter(&name);
         let target = match *fault {
             Fault::CutLeader => {
@@ -447,6 +533,7 @@ async fn partitions_and_a_bad_network_lose_nothing_acknowledged() {
                 l
             }
         };
+        let cut = Instant::now();
         let seen = watch(&nodes, target, &clients[target], &acked, span).await;
         let delayer = net.heal();
         phases.enter(&format!("healing after {name}"));
@@ -454,6 +541,10 @@ async fn partitions_and_a_bad_network_lose_nothing_acknowledged() {
         until_grown(&count, 20).await;
         let flowing = healed.elapsed();
         let new = sole_leader(&nodes, Duration::from_secs(60)).await;
+        // A moment more, so a node coming back and disturbing the group is seen here.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let calm = Instant::now();
+        let term_after = term(&nodes).await;
         for (i, n) in nodes.iter_mut().enumerate() {
             assert!(
                 n.exited().is_none(),
@@ -463,10 +554,13 @@ async fn partitions_and_a_bad_network_lose_nothing_acknowledged() {
             );
         }
         let line = format!(
-            "{name}: leader node {} -> node {}; {seen}; calls acknowledged again {flowing:.1?} \
-             after the heal{}",
+            "{name}: leader node {} -> node {} (term {term_before} -> {term_after}); {seen}; \
+             longest stretch without an acknowledged call: {:.1?} during the fault, {:.1?} \
+             after the heal (calls acknowledged again {flowing:.1?} after it){}",
             l + 1,
             new + 1,
+            progress.longest_stall(cut, healed),
+            progress.longest_stall(healed, calm),
             if delayer.delayed + delayer.immediate + delayer.dropped > 0 {
                 format!(" (user-space link: {delayer:?})")
             } else {
@@ -478,6 +572,7 @@ async fn partitions_and_a_bad_network_lose_nothing_acknowledged() {
     }
 
     // Everything healed: the load flows, then stops.
+    println!("netns: {:.1?}: the faults are over", began.elapsed());
     phases.enter("after");
     sole_leader(&nodes, Duration::from_secs(60)).await;
     until_grown(&count, 50).await;
@@ -532,7 +627,7 @@ async fn partitions_and_a_bad_network_lose_nothing_acknowledged() {
     let orders = Arc::new(acked.orders.clone());
     for (i, c) in clients.iter().enumerate() {
         let mut reads = Vec::new();
-        let tasks = 8;
+        let tasks = 16;
         for k in 0..tasks {
             let (c, fate, orders, tally) =
                 (c.clone(), fate.clone(), orders.clone(), AtomicU64::new(0));
@@ -579,6 +674,11 @@ async fn partitions_and_a_bad_network_lose_nothing_acknowledged() {
         for r in reads {
             wrong.extend(r.await.unwrap());
         }
+        println!(
+            "netns: {:.1?}: read back through node {}",
+            began.elapsed(),
+            i + 1
+        );
         assert!(
             wrong.is_empty(),
             "through node {}: {} of {} holds and {} orders read back wrong, e.g. {:#?}",
@@ -624,6 +724,10 @@ async fn partitions_and_a_bad_network_lose_nothing_acknowledged() {
         }
     }
 
+    println!(
+        "netns: {:.1?}: everything read back through each node",
+        began.elapsed()
+    );
     // Replays through another node than the one that answered first: the same answers.
     let replay_holds: Vec<_> = {
         let ok: Vec<_> = acked
@@ -707,14 +811,22 @@ async fn partitions_and_a_bad_network_lose_nothing_acknowledged() {
         );
     }
 
+    println!("netns: {:.1?}: replays checked", began.elapsed());
     // Every node applies everything, stops cleanly, and its copy holds it all.
     until_applied(&nodes, &[0, 1, 2]).await;
+    println!(
+        "netns: {:.1?}: every node applied everything",
+        began.elapsed()
+    );
     for n in &mut nodes {
         n.terminate();
+        println!("netns: {:.1?}: node {} stopped", began.elapsed(), n.id);
     }
+    println!("netns: {:.1?}: the nodes stopped", began.elapsed());
     for d in &lay.dirs {
         check_copy(d, EVENT, &acked).await;
     }
+    println!("netns: {:.1?}: each node's copy checked", began.elapsed());
     let refusals = acked
         .hold_answers
         .iter()
@@ -736,4 +848,5 @@ async fn partitions_and_a_bad_network_lose_nothing_acknowledged() {
         phases.summary(),
         began.elapsed()
     );
+    println!("netns errors of the failed attempts: {}", phases.errors());
 }
