@@ -48,7 +48,7 @@ use boxoffice_engine::tiers;
 use boxoffice_proto::v1 as pb;
 use common::{
     ADMIN, Acked, CLIENT, Fan, Node, Patience, Tally, admit_to, channel, check_copy,
-    claiming_leaders, layout_at, retrying_on, sole_leader, until_applied, until_grown,
+    claiming_leaders, layout_at, retrying_on, sole_leader, until_applied,
 };
 use net::{Net, Way, Weather};
 
@@ -339,6 +339,27 @@ impl Progress {
     }
 }
 
+/// Waits until `count` has grown by `by` (60 s at most); a fan that ended meanwhile (a call of
+/// its failed for good: it panicked) fails the test with its own message.
+async fn until_grown(count: &AtomicU64, by: u64, load: &mut Vec<tokio::task::JoinHandle<()>>) {
+    let from = count.load(Ordering::Relaxed);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while count.load(Ordering::Relaxed) < from + by {
+        if let Some(i) = load.iter().position(|t| t.is_finished()) {
+            if let Err(e) = load.swap_remove(i).await {
+                std::panic::resume_unwind(e.into_panic());
+            }
+            panic!("a fan ended before the load was stopped");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the load stalled at {}",
+            count.load(Ordering::Relaxed)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// The highest Raft term any node reports (group 0).
 async fn term(nodes: &[Node]) -> f64 {
     let mut t = 0f64;
@@ -504,7 +525,7 @@ async fn partitions_and_a_bad_network_lose_nothing_acknowledged() {
     }
     let progress = Arc::new(Progress::default());
     tokio::spawn(progress.clone().sample(count.clone(), stop.clone()));
-    until_grown(&count, 100).await;
+    until_grown(&count, 100, &mut load).await;
     println!("netns: {:.1?}: the load runs", began.elapsed());
 
     let mut report = Vec::new();
@@ -538,7 +559,7 @@ async fn partitions_and_a_bad_network_lose_nothing_acknowledged() {
         let delayer = net.heal();
         phases.enter(&format!("healing after {name}"));
         let healed = Instant::now();
-        until_grown(&count, 20).await;
+        until_grown(&count, 20, &mut load).await;
         let flowing = healed.elapsed();
         let new = sole_leader(&nodes, Duration::from_secs(60)).await;
         // A moment more, so a node coming back and disturbing the group is seen here.
@@ -575,7 +596,7 @@ async fn partitions_and_a_bad_network_lose_nothing_acknowledged() {
     println!("netns: {:.1?}: the faults are over", began.elapsed());
     phases.enter("after");
     sole_leader(&nodes, Duration::from_secs(60)).await;
-    until_grown(&count, 50).await;
+    until_grown(&count, 50, &mut load).await;
     stop.store(true, Ordering::Relaxed);
     for t in load {
         t.await.unwrap();
