@@ -335,15 +335,16 @@ impl Patience {
 
 /// What is counted of the attempts of [`retrying`]'s calls.
 pub trait Tally: Send + Sync {
-    /// An attempt failed transiently (or took too long): the call is retried on the next node.
-    fn failed(&self);
+    /// An attempt failed transiently with `error` (`None`: it took too long): the call is
+    /// retried on the next node.
+    fn failed(&self, error: Option<&tonic::Status>);
     /// An attempt was answered for good (a success, or an error that is final).
     fn answered(&self) {}
 }
 
 /// Counts the retries.
 impl Tally for AtomicU64 {
-    fn failed(&self) {
+    fn failed(&self, _: Option<&tonic::Status>) {
         self.fetch_add(1, Ordering::Relaxed);
     }
 }
@@ -382,7 +383,7 @@ where
     loop {
         let node = at % clients.len();
         let c = clients[node].clone();
-        match tokio::time::timeout(patience.per_call, call(c)).await {
+        let error = match tokio::time::timeout(patience.per_call, call(c)).await {
             Ok(Ok(r)) => {
                 tally.answered();
                 return Ok((r.into_inner(), node));
@@ -391,18 +392,18 @@ where
                 tally.answered();
                 return Err(s);
             }
-            _ if Instant::now() > deadline => {
-                return Err(tonic::Status::unavailable(format!(
-                    "no node answered within {:?}",
-                    patience.total
-                )));
-            }
-            _ => {
-                tally.failed();
-                at += 1;
-                tokio::time::sleep(Duration::from_millis(25)).await;
-            }
+            Ok(Err(s)) => Some(s),
+            Err(_) => None,
+        };
+        if Instant::now() > deadline {
+            return Err(tonic::Status::unavailable(format!(
+                "no node answered within {:?}",
+                patience.total
+            )));
         }
+        tally.failed(error.as_ref());
+        at += 1;
+        tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
 
@@ -814,15 +815,21 @@ pub async fn check_copy(dir: &Path, event: &str, acked: &Acked) {
     engine.shutdown().await;
 }
 
-/// Waits (10 s at most) until every node of `live` has applied the same last log index, then
-/// one metrics period more (they are sampled every 500 ms), so the figures are the last ones.
+/// Waits (20 s at most) until every node of `live` has applied the same last log index of
+/// group 0, then one metrics period more (they are sampled every 500 ms), so the figures are
+/// the last ones.
 pub async fn until_applied(nodes: &[Node], live: &[usize]) {
+    let deadline = Instant::now() + Duration::from_secs(20);
     let mut last = BTreeMap::new();
-    for _ in 0..500 {
+    loop {
         last.clear();
         for &i in live {
-            let log = nodes[i].metric("boxoffice_raft_last_log_index").await;
-            let applied = nodes[i].metric("boxoffice_raft_applied_index").await;
+            let log = nodes[i]
+                .metric("boxoffice_raft_last_log_index{group=\"0\"}")
+                .await;
+            let applied = nodes[i]
+                .metric("boxoffice_raft_applied_index{group=\"0\"}")
+                .await;
             last.insert(i, (log, applied));
         }
         let first = last.values().next().copied();
@@ -832,6 +839,11 @@ pub async fn until_applied(nodes: &[Node], live: &[usize]) {
         {
             break;
         }
+        assert!(
+            Instant::now() < deadline,
+            "the nodes did not apply the same last entry within 20 s: (last log index, applied \
+             index) by node index: {last:?}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tokio::time::sleep(Duration::from_millis(600)).await;
