@@ -52,6 +52,25 @@ pub enum Fault {
         /// Share of the unsynced writes that reached the disk, per mille.
         keep: u64,
     },
+    /// Whichever node leads loses power (as [`Fault::Crash`]; a random node if none leads).
+    CrashLeader {
+        /// How long it stays down.
+        down_ms: u64,
+        /// Share of the unsynced writes that reached the disk, per mille.
+        keep: u64,
+    },
+    /// Node `node` loses power, starts again after `down_ms`, and loses power again `up_ms`
+    /// later, while it catches up (from a snapshot, often); then starts for good.
+    Flap {
+        /// The node.
+        node: u64,
+        /// How long it stays down each time.
+        down_ms: u64,
+        /// How long it runs in between.
+        up_ms: u64,
+        /// Share of the unsynced writes that reached the disk, per mille.
+        keep: u64,
+    },
     /// Every node loses power at once (the coordinated power cut); all start again after
     /// `down_ms`.
     PowerCutAll {
@@ -154,9 +173,19 @@ pub fn plan(seed: u64, nodes: u64, from_ms: u64, until_ms: u64) -> Plan {
                     b: other,
                     ms,
                 },
-                40..56 => Fault::Crash {
+                40..48 => Fault::Crash {
                     node,
                     down_ms: ms,
+                    keep: rng.random_range(0..1_000),
+                },
+                48..53 => Fault::CrashLeader {
+                    down_ms: ms,
+                    keep: rng.random_range(0..1_000),
+                },
+                53..56 => Fault::Flap {
+                    node,
+                    down_ms: ms,
+                    up_ms: rng.random_range(20..400),
                     keep: rng.random_range(0..1_000),
                 },
                 56..64 => Fault::PowerCutAll {

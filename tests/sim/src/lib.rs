@@ -209,6 +209,53 @@ impl Driver {
                 disk.crash(disk.unsynced_writes() * keep as usize / 1_000);
                 self.later.push((now + down_ms, Undo::Start(node)));
             }
+            CrashLeader { down_ms, keep } => {
+                let leader = history_seen(&self.seen)
+                    .now
+                    .iter()
+                    .find(|(_, (_, leads, _))| *leads)
+                    .map(|(id, _)| *id);
+                let node = leader.unwrap_or(1 + now % self.setup.nodes);
+                self.record(now, format!("{named}: node {node}"));
+                return self.apply(
+                    sim,
+                    now,
+                    Crash {
+                        node,
+                        down_ms,
+                        keep,
+                    },
+                );
+            }
+            Flap {
+                node,
+                down_ms,
+                up_ms,
+                keep,
+            } => {
+                if self.down.contains(&node) {
+                    return;
+                }
+                self.apply(
+                    sim,
+                    now,
+                    Crash {
+                        node,
+                        down_ms,
+                        keep,
+                    },
+                );
+                let again = now + down_ms + up_ms;
+                self.plan.push_front((
+                    again,
+                    Crash {
+                        node,
+                        down_ms,
+                        keep,
+                    },
+                ));
+                self.plan.make_contiguous().sort_by_key(|(at, _)| *at);
+            }
             PowerCutAll { down_ms, keep } => {
                 for id in self.ids() {
                     if !self.down.contains(&id) {
