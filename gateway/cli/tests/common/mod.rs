@@ -112,6 +112,54 @@ impl Node {
     }
 }
 
+impl Node {
+    /// Spawns `cmd` (a `boxoffice serve` command line) as node `id` whose metrics are at
+    /// `metrics`, reading its stdout line by line (its stderr goes where `cmd` says).
+    pub fn spawn(id: u64, metrics: &str, cmd: &mut Command) -> Node {
+        let mut child = cmd.stdout(Stdio::piped()).spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        Node {
+            id,
+            metrics: metrics.to_owned(),
+            child: Some(child),
+            lines,
+        }
+    }
+
+    /// Waits (`within` at most) until the node says `ready: serving`; `Err` says what happened
+    /// instead: it exited (with its status and what it printed), or it stayed silent.
+    pub fn ready_or_exit(&mut self, within: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + within;
+        let mut said = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.contains("ready: serving") => return Ok(()),
+                Ok(line) => said.push(line),
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    let status = self.child.take().map(|mut c| c.wait());
+                    return Err(format!(
+                        "node {} exited before it was ready ({status:?}); it said: {said:?}",
+                        self.id
+                    ));
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    return Err(format!(
+                        "node {} was not ready within {within:?}; it said: {said:?}",
+                        self.id
+                    ));
+                }
+            }
+        }
+    }
+}
+
 impl Drop for Node {
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {
