@@ -285,8 +285,22 @@ struct Rig {
     /// Every key sent, with its answers.
     book: Arc<Mutex<Book>>,
     retried: Arc<AtomicU64>,
-    /// Where the disks are mounted and the logs kept: removed last.
-    tmp: tempfile::TempDir,
+    /// Where the disks are mounted and the logs kept: removed last (kept if the test fails).
+    tmp: Option<tempfile::TempDir>,
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        if std::thread::panicking()
+            && let Some(tmp) = self.tmp.take()
+        {
+            eprintln!(
+                "{}: the nodes' logs are kept in {}/logs",
+                self.name,
+                tmp.keep().display()
+            );
+        }
+    }
 }
 
 impl Rig {
@@ -349,7 +363,7 @@ impl Rig {
             seed,
             book: Arc::default(),
             retried: Arc::default(),
-            tmp,
+            tmp: Some(tmp),
         };
         rig.nodes = (0..nodes).map(|i| rig.start(i)).collect();
         if let Err(e) = rig.all_ready() {
@@ -418,7 +432,7 @@ impl Rig {
     }
 
     /// Every node still runs, and none wrote of damage or of leaving its group since the last
-    /// look.
+    /// look (a leader's failed try to open its engine, retried, is not counted).
     fn all_well(&mut self) -> Vec<String> {
         let mut problems = Vec::new();
         for i in 0..self.nodes.len() {
@@ -428,7 +442,7 @@ impl Rig {
                 .lines()
                 .filter(|l| {
                     let l = l.to_ascii_lowercase();
-                    l.contains("damage") || l.contains("left its") || l.contains("cannot serve")
+                    l.contains("damage") || l.contains("left its") || l.contains("leaves the")
                 })
                 .collect();
             if let Some(status) = exited {
@@ -585,9 +599,21 @@ impl Rig {
             panic!("{ctx}: a node did not start again after the cut: {e}");
         }
         if matches!(self.kind, Kind::Cluster(_)) {
-            leader(&self.nodes).await;
             let all: Vec<usize> = (0..self.nodes.len()).collect();
-            until_applied(&self.nodes, &all).await;
+            let settled = Caught(Box::pin(async {
+                leader(&self.nodes).await;
+                until_applied(&self.nodes, &all).await;
+            }))
+            .await;
+            if let Err(why) = settled {
+                let mut problems = vec![why];
+                problems.extend(self.all_well());
+                for i in 0..self.nodes.len() {
+                    let log = self.new_log(i);
+                    problems.push(format!("node {}'s stderr:\n{}", i + 1, tail(&log, 20)));
+                }
+                fail_if_any(&format!("{ctx}: after the restart"), &problems);
+            }
         }
         let mut problems = std::mem::take(&mut self.book.lock().unwrap().errors);
         problems.extend(self.resolve(cycle).await);
@@ -648,8 +674,10 @@ impl Rig {
                         });
                     }
                     Err(s) => problems.push(format!(
-                        "hold key {} of {}, unanswered at the cut, sent again: {s:?}",
-                        req.idempotency_key, req.user_id
+                        "hold key {} of {}, unanswered at the cut, sent again: {}",
+                        req.idempotency_key,
+                        req.user_id,
+                        said(&s)
                     )),
                 }
             } else if let Some((creq, None)) = &k.confirm {
@@ -679,8 +707,11 @@ impl Rig {
                     }
                     Err(s) => problems.push(format!(
                         "confirm key {} of {} (hold {}), unanswered at the cut, sent again: \
-                         {s:?}",
-                        creq.idempotency_key, creq.user_id, creq.hold_id
+                         {}",
+                        creq.idempotency_key,
+                        creq.user_id,
+                        creq.hold_id,
+                        said(&s)
                     )),
                 }
             }
@@ -754,6 +785,39 @@ impl Rig {
             orders.iter().filter(|o| o.after_cut).count(),
         )
     }
+}
+
+/// A future whose panic is caught: `Err` is the panic's message.
+struct Caught<F>(std::pin::Pin<Box<F>>);
+
+impl<F: std::future::Future> std::future::Future for Caught<F> {
+    type Output = Result<F::Output, String>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let inner = self.0.as_mut();
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| inner.poll(cx))) {
+            Ok(std::task::Poll::Ready(v)) => std::task::Poll::Ready(Ok(v)),
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Err(payload) => std::task::Poll::Ready(Err(payload
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "a panic".to_owned()))),
+        }
+    }
+}
+
+/// A refusal, short: its code, its reason and its message.
+fn said(s: &tonic::Status) -> String {
+    format!(
+        "{:?} {} ({})",
+        s.code(),
+        boxoffice_client::reason(s).unwrap_or_default(),
+        s.message()
+    )
 }
 
 /// The last `n` lines of `text`.
@@ -863,7 +927,7 @@ async fn check_one(
     })
     .await
     {
-        Err(s) => problems.push(format!("{who}: LOST: GetHold answers {s:?}")),
+        Err(s) => problems.push(format!("{who}: LOST: GetHold answers {}", said(&s))),
         Ok(now) => {
             if now.seat_ids != acked.seat_ids || now.section_id != acked.section_id {
                 problems.push(format!(
@@ -888,7 +952,7 @@ async fn check_one(
         })
         .await
         {
-            Err(s) => problems.push(format!("{who}: its key replayed: {s:?}")),
+            Err(s) => problems.push(format!("{who}: its key replayed: {}", said(&s))),
             Ok(again) => {
                 if again.hold_id != acked.hold_id
                     || again.seat_ids != acked.seat_ids
@@ -929,7 +993,7 @@ async fn check_one(
     })
     .await
     {
-        Err(s) => problems.push(format!("{who}: LOST: GetOrder answers {s:?}")),
+        Err(s) => problems.push(format!("{who}: LOST: GetOrder answers {}", said(&s))),
         Ok(now) => {
             if now.status != pb::OrderStatus::Confirmed as i32 || now.hold_id != acked.hold_id {
                 problems.push(format!(
@@ -950,7 +1014,7 @@ async fn check_one(
         })
         .await
         {
-            Err(s) => problems.push(format!("{who}: its confirm key replayed: {s:?}")),
+            Err(s) => problems.push(format!("{who}: its confirm key replayed: {}", said(&s))),
             Ok(again) => {
                 if again.order_id != order.order_id {
                     problems.push(format!(
@@ -1085,7 +1149,7 @@ async fn counters_now(c: &Clients, n: usize, want: &Seats) -> Vec<String> {
     .await
     {
         Ok(e) => e,
-        Err(s) => return vec![format!("node {node}: GetEvent: {s:?}")],
+        Err(s) => return vec![format!("node {node}: GetEvent: {}", said(&s))],
     };
     let Some(s) = event.sections.first() else {
         return vec![format!("node {node}: GetEvent shows no section: {event:?}")];
@@ -1124,7 +1188,7 @@ async fn counters_now(c: &Clients, n: usize, want: &Seats) -> Vec<String> {
         .await
         {
             Ok(m) => m,
-            Err(s) => return vec![format!("node {node}: GetSeatMap: {s:?}")],
+            Err(s) => return vec![format!("node {node}: GetSeatMap: {}", said(&s))],
         };
         for seat in map.sections.iter().flat_map(|s| &s.seats) {
             if seat.status == pb::SeatStatus::Held as i32 {
@@ -1198,12 +1262,9 @@ async fn run(name: &'static str, nodes: usize, cycles: usize, fans: usize) -> Ri
             .iter()
             .map(|r| {
                 format!(
-                    "{} B dropped, {} B kept, {} files reverted, {} namespace ops dropped, {} kept",
-                    r.bytes_dropped,
-                    r.bytes_kept,
-                    r.files_reverted.len(),
-                    r.ops_dropped,
-                    r.ops_kept
+                    "{} B dropped, {} B kept, files reverted {:?}, {} namespace ops dropped, {} \
+                     kept",
+                    r.bytes_dropped, r.bytes_kept, r.files_reverted, r.ops_dropped, r.ops_kept
                 )
             })
             .collect();
@@ -1223,10 +1284,21 @@ async fn run(name: &'static str, nodes: usize, cycles: usize, fans: usize) -> Ri
         started.elapsed(),
         rig.retried.load(Ordering::Relaxed)
     );
+    for (i, d) in rig.disks.iter().enumerate() {
+        let st = d.stats();
+        println!(
+            "{name}: node {}'s disk: {} file fsyncs ({} failed), {} directory fsyncs; by file: \
+             {:?}",
+            i + 1,
+            st.fsyncs,
+            st.failed_fsyncs,
+            st.dir_fsyncs,
+            st.fsyncs_by_path
+        );
+    }
     for n in &mut rig.nodes {
         n.terminate();
     }
-    println!("{name}: logs in {}", rig.tmp.path().join("logs").display());
     rig
 }
 
