@@ -100,6 +100,11 @@ fn cut_of(seed: u64, cycle: usize, node: usize) -> Cut {
     }
 }
 
+/// How long each write and fsync of the disks takes during `cycle`'s burst.
+fn disk_delay(seed: u64, cycle: usize) -> Duration {
+    Duration::from_micros(mix(seed, 2_000_000 + cycle as u64) % 2_001)
+}
+
 /// Acknowledged calls between the start of a cycle's burst and its cut: 20 to 150.
 fn calls_before_cut(seed: u64, cycle: usize) -> u64 {
     20 + mix(seed, 1_000_000 + cycle as u64) % 131
@@ -540,6 +545,11 @@ impl Rig {
         let tokens = self.admit(&users).await;
         let count = Arc::new(AtomicU64::new(0));
         let cut_started = Arc::new(AtomicBool::new(false));
+        // Slow disks during the burst: the kill more often finds writes not synced yet.
+        let delay = disk_delay(self.seed, cycle);
+        for d in &self.disks {
+            d.set_op_delay(delay);
+        }
         let load: Vec<_> = users
             .into_iter()
             .zip(tokens)
@@ -588,6 +598,7 @@ impl Rig {
             .iter()
             .enumerate()
             .map(|(i, d)| {
+                d.set_op_delay(Duration::ZERO);
                 let cut = cut_of(self.seed, cycle, i);
                 d.power_cut(cut)
                     .unwrap_or_else(|e| panic!("{}: cycle {cycle}: {cut:?}: {e}", self.name))
