@@ -2,9 +2,11 @@
 //! each data dir lives on a [`PowerCutDisk`] (an in-memory FUSE filesystem that keeps, for each
 //! file, what `fsync`/`fdatasync` made durable). Fans hold and confirm seats of a reserved
 //! section in a burst, each call with an idempotency key (retried on the next node with the same
-//! key); mid-burst every `serve` process is killed with SIGKILL and its disk loses what was not
-//! synced (`Cut::DropUnsynced` in even cycles, `Cut::KeepSomeUnsynced` with a seed in odd ones);
-//! the servers start again on the same dirs. Then:
+//! key); mid-burst (after a seeded number of acknowledged calls, the disks slowed by a seeded
+//! 0 to 2 ms per write and fsync so that the kill often finds writes not yet synced) every
+//! `serve` process is killed with SIGKILL and its disk loses what was not synced
+//! (`Cut::DropUnsynced` in even cycles, `Cut::KeepSomeUnsynced` with a seed in odd ones); the
+//! servers start again on the same dirs. Then:
 //!
 //! - every server starts (a power cut alone is not damage: no refusal, no "damaged" in its log)
 //!   and stays up;
@@ -30,8 +32,8 @@
 //!   Raft group, each on its own disk, all killed and all cut at once.
 //!   `BOXOFFICE_POWERCUT_CLUSTER_CUTS` cuts (default 3; 50 with `BOXOFFICE_SLOW=1`).
 //!
-//! `BOXOFFICE_POWERCUT_SEED=N` fixes the seed of the cuts and of when they come (printed at the
-//! start; failures name it, with the cycle and the cut). It replays each cut's choices for the
+//! `BOXOFFICE_POWERCUT_SEED=N` fixes the seed of the cuts, of when they come and of the disks'
+//! slowness (printed at the start; failures name it, with the cycle and the cuts). It replays each cut's choices for the
 //! same history; the history itself (which calls were in flight at the kill) depends on timing.
 //! Both tests skip without FUSE, unless `BOXOFFICE_REQUIRE_FUSE=1`.
 
