@@ -573,7 +573,17 @@ impl Rig {
                 )
             })
             .collect();
-        until_grown(&count, calls_before_cut(self.seed, cycle)).await;
+        if let Err(why) = Caught(Box::pin(until_grown(
+            &count,
+            calls_before_cut(self.seed, cycle),
+        )))
+        .await
+        {
+            let mut problems = vec![why];
+            problems.append(&mut self.book.lock().unwrap().errors);
+            problems.extend(self.all_well());
+            fail_if_any(&format!("{}: the burst", self.context(cycle)), &problems);
+        }
         // The power goes: every process at once, then every disk.
         cut_started.store(true, Ordering::SeqCst);
         for n in &mut self.nodes {
