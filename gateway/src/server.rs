@@ -1206,9 +1206,18 @@ async fn ticket_signer(
     engine: &Engine,
 ) -> anyhow::Result<crate::tickets::TicketSigner> {
     use crate::tickets::{KEY_FILE, KeyRing, PUBLIC_KEYS_DIR, open_for_signing};
-    // A node's groups share its key ring: one of them makes the key, the others load it.
-    static MAKING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    let _one_at_a_time = MAKING.lock().await;
+    // A node's groups share its key ring: one of them makes the key, the others load it. One
+    // lock per data dir: nodes of other dirs in the same process (the simulation's runs, side
+    // by side) never wait on each other.
+    static MAKING: std::sync::LazyLock<
+        dashmap::DashMap<std::path::PathBuf, Arc<tokio::sync::Mutex<()>>>,
+    > = std::sync::LazyLock::new(dashmap::DashMap::new);
+    let lock = MAKING
+        .entry(config.data_dir.clone())
+        .or_default()
+        .value()
+        .clone();
+    let _one_at_a_time = lock.lock().await;
     let dir = &config.data_dir;
     if let Some(signer) = open_for_signing(dir, false)? {
         return Ok(signer);

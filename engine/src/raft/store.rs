@@ -134,6 +134,9 @@ pub struct LogStore {
     node: NodeDb,
     log: Arc<dyn KvTree>,
     meta: Arc<dyn KvTree>,
+    /// A purge openraft asked for before a stored snapshot covered it: done at the next append
+    /// that finds it covered ([`LogStore::purge_covered`]).
+    deferred: Arc<std::sync::Mutex<Option<LogId<NodeId>>>>,
 }
 
 const VOTE: &[u8] = b"vote";
@@ -151,11 +154,61 @@ impl LogStore {
             node: node.clone(),
             log: node.tree(&format!("{}log", names::RAFT_TREES_PREFIX))?,
             meta: node.tree(&format!("{}meta", names::RAFT_TREES_PREFIX))?,
+            deferred: Arc::default(),
         })
     }
 
     fn get_meta<T: for<'de> Deserialize<'de>>(&self, key: &[u8]) -> Result<Option<T>> {
         get_in(self.meta.as_ref(), key, StorageIOError::read_logs)
+    }
+
+    /// Purges the entries up to `upto` if a stored snapshot covers them (its mark is written
+    /// after it, on the same disk: a cut that keeps this purge keeps the snapshot) and they are
+    /// not purged yet. Whether they are purged now.
+    fn purge_covered(&self, upto: LogId<NodeId>) -> Result<bool> {
+        if self.snapshot_at()?.is_none_or(|at| at.index < upto.index) {
+            return Ok(false);
+        }
+        let purged: Option<LogId<NodeId>> = self.get_meta(PURGED)?;
+        if purged.is_some_and(|p| p.index >= upto.index) {
+            return Ok(true);
+        }
+        self.put_meta(PURGED, &upto)?;
+        self.log
+            .remove_upto(&upto.index.to_be_bytes())
+            .map_err(io(StorageIOError::write_logs))?;
+        Ok(true)
+    }
+
+    /// A deferred purge, if a stored snapshot covers it now.
+    fn purge_deferred(&self) -> Result<()> {
+        let due = *self.deferred.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(upto) = due
+            && self.purge_covered(upto)?
+        {
+            let mut deferred = self.deferred.lock().unwrap_or_else(|p| p.into_inner());
+            if *deferred == Some(upto) {
+                *deferred = None;
+            }
+        }
+        Ok(())
+    }
+
+    /// The last log id the state machine's stored snapshot covers (written so far).
+    fn snapshot_at(&self) -> Result<Option<LogId<NodeId>>> {
+        let sm = self
+            .node
+            .tree(&format!("{}sm", names::RAFT_TREES_PREFIX))
+            .map_err(io(StorageIOError::read_logs))?;
+        if let Some(at) =
+            get_in::<Option<LogId<NodeId>>>(sm.as_ref(), SNAPSHOT_AT, StorageIOError::read_logs)?
+        {
+            return Ok(at);
+        }
+        // A snapshot stored before its mark was kept apart.
+        let stored: Option<(SnapshotMeta<NodeId, Node>, Vec<u8>)> =
+            get_in(sm.as_ref(), SNAPSHOT, StorageIOError::read_logs)?;
+        Ok(stored.and_then(|(meta, _)| meta.last_log_id))
     }
 
     fn put_meta<T: Serialize>(&self, key: &[u8], value: &T) -> Result<()> {
@@ -204,6 +257,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = LogStore;
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>> {
+        // A purge deferred before a power cut (or never asked again): entries the stored
+        // snapshot covers go now, so the log holds no gap below what comes after the snapshot.
+        if let Some(at) = self.snapshot_at()? {
+            self.purge_covered(at)?;
+        }
         let last_purged: Option<LogId<NodeId>> = self.get_meta(PURGED)?;
         let last = match self.log.last().map_err(io(StorageIOError::read_logs))? {
             Some((_, v)) => {
@@ -272,6 +330,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
+        self.purge_deferred()?;
         let changes: Vec<_> = entries
             .into_iter()
             .map(|e| {
@@ -305,10 +364,22 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<()> {
-        self.put_meta(PURGED, &log_id)?;
-        self.log
-            .remove_upto(&log_id.index.to_be_bytes())
-            .map_err(io(StorageIOError::write_logs))?;
+        // openraft purges the entries a snapshot covers, and may ask before the state machine
+        // has stored that snapshot (a follower's install runs on the state machine's task). A
+        // power cut then would leave a log purged past its snapshot: the node could not start
+        // again ("purge_upto > snapshot_last_log_id", or entries to re-apply missing). So the
+        // entries go only once a stored snapshot covers them; until then the purge waits for
+        // the next append (an install is stored before the entries after it come).
+        if !self.purge_covered(log_id)? {
+            tracing::debug!(
+                upto = log_id.index,
+                "purge deferred: no stored snapshot covers it yet"
+            );
+            let mut deferred = self.deferred.lock().unwrap_or_else(|p| p.into_inner());
+            if deferred.is_none_or(|d| d.index < log_id.index) {
+                *deferred = Some(log_id);
+            }
+        }
         Ok(())
     }
 }
@@ -362,6 +433,9 @@ const RECORD_APPLIED_EVERY: u64 = 256;
 const LAST_APPLIED: &[u8] = b"last_applied";
 const MEMBERSHIP: &[u8] = b"membership";
 const SNAPSHOT: &[u8] = b"snapshot";
+/// The last log id the stored snapshot covers, written after (or with) the snapshot itself: the
+/// log store reads it before it purges.
+const SNAPSHOT_AT: &[u8] = b"snapshot_at";
 
 fn sm_err(e: impl std::fmt::Display) -> StorageError<NodeId> {
     StorageIOError::write_state_machine(AnyError::error(e.to_string())).into()
@@ -572,6 +646,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
         };
         let bytes = codec::encode(&content);
         self.put(SNAPSHOT, &(meta.clone(), bytes.clone()))?;
+        self.put(SNAPSHOT_AT, &meta.last_log_id)?;
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(bytes)),
@@ -703,6 +778,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
         put(MEMBERSHIP, codec::encode(&meta.last_membership));
         put(SNAPSHOT, codec::encode(&(meta.clone(), bytes)));
+        put(SNAPSHOT_AT, codec::encode(&meta.last_log_id));
         // One transaction over every tree: a crash leaves the old state or the new one, never
         // an emptied log under the old last-applied mark.
         if crate::bugs::on(crate::bugs::Bug::SnapshotNonAtomic) {

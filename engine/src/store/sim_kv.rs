@@ -93,6 +93,11 @@ struct Shared {
     fail_sync: Trigger,
     syncs: AtomicU64,
     failed_syncs: AtomicU64,
+    /// A power cut armed to land in the next sync that covers at least this many bytes:
+    /// `(bytes, share of the unsynced writes kept, per mille)`.
+    cut_in_sync: Mutex<Option<(usize, u64)>>,
+    /// The power is off: every write and sync fails until [`SimKv::power_on`].
+    off: AtomicBool,
 }
 
 impl Shared {
@@ -102,6 +107,9 @@ impl Shared {
     }
 
     fn write(&self, steps: Vec<Step>) -> Result<(), StorageError> {
+        if self.off.load(Ordering::SeqCst) {
+            return Err(StorageError::Io("the disk has no power".into()));
+        }
         if self.fail_write.fires() {
             return Err(StorageError::Io("injected write failure".into()));
         }
@@ -124,6 +132,19 @@ impl Shared {
         }
         st.written = st.durable.clone();
     }
+
+    /// Bytes written since the last good sync.
+    fn pending_bytes(&self) -> usize {
+        self.lock()
+            .pending
+            .iter()
+            .flatten()
+            .map(|step| match step {
+                Step::Tree(name) => name.len(),
+                Step::Set { key, value, .. } => key.len() + value.as_ref().map_or(0, Vec::len),
+            })
+            .sum()
+    }
 }
 
 /// The store in memory; see the module docs. Cheap to clone: clones share the same "disk".
@@ -142,6 +163,38 @@ impl SimKv {
     /// first `keep` of those writes (0: a clean cut; see [`SimKv::unsynced_writes`]).
     pub fn crash(&self, keep: usize) {
         self.shared.crash(keep);
+    }
+
+    /// Arms a power cut that lands in the next sync covering at least `bytes` (a cut is
+    /// likelier to land in a long sync than a short one): the sync fails, the disk keeps what
+    /// was synced and the first `keep` per mille of the writes it covered, and the power stays
+    /// off (every write and sync fails) until [`SimKv::power_on`]. A cut armed while the
+    /// node is down lands after it starts again.
+    pub fn cut_in_sync(&self, bytes: usize, keep: u64) {
+        *self
+            .shared
+            .cut_in_sync
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some((bytes, keep));
+    }
+
+    /// Whether the power is off (an armed cut landed).
+    pub fn is_off(&self) -> bool {
+        self.shared.off.load(Ordering::SeqCst)
+    }
+
+    /// Power back on (a cut still armed stays armed).
+    pub fn power_on(&self) {
+        self.shared.off.store(false, Ordering::SeqCst);
+    }
+
+    /// Disarms a cut armed by [`SimKv::cut_in_sync`] that has not landed.
+    pub fn disarm_cut(&self) {
+        *self
+            .shared
+            .cut_in_sync
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     /// Drops every write since the last good sync, as a crash would ([`SimKv::crash`] with 0).
@@ -364,17 +417,7 @@ impl Kv for SimKv {
         if base == 0 {
             return std::time::Duration::ZERO;
         }
-        let waiting: usize = self
-            .shared
-            .lock()
-            .pending
-            .iter()
-            .flatten()
-            .map(|step| match step {
-                Step::Tree(name) => name.len(),
-                Step::Set { key, value, .. } => key.len() + value.as_ref().map_or(0, Vec::len),
-            })
-            .sum();
+        let waiting = self.shared.pending_bytes();
         std::time::Duration::from_micros(base + u64::try_from(waiting / 64).unwrap_or(u64::MAX))
     }
 
@@ -391,6 +434,30 @@ impl Kv for SimKv {
     }
 
     fn sync(&self) -> Result<(), StorageError> {
+        if self.shared.off.load(Ordering::SeqCst) {
+            return Err(StorageError::Io("the disk has no power".into()));
+        }
+        let cut = {
+            let mut armed = self
+                .shared
+                .cut_in_sync
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            match *armed {
+                Some((bytes, keep)) if self.shared.pending_bytes() >= bytes => {
+                    *armed = None;
+                    Some(keep)
+                }
+                _ => None,
+            }
+        };
+        if let Some(keep) = cut {
+            let writes = self.unsynced_writes();
+            self.shared.off.store(true, Ordering::SeqCst);
+            self.shared
+                .crash(writes * usize::try_from(keep).unwrap_or(0) / 1_000);
+            return Err(StorageError::Io("the power was cut during an fsync".into()));
+        }
         if self.shared.fail_sync.fires() {
             self.shared.failed_syncs.fetch_add(1, Ordering::SeqCst);
             // As Linux may after a failed fsync ("fsyncgate"): the dirty pages are dropped, so
@@ -479,6 +546,31 @@ mod tests {
         t.remove(b"a").unwrap();
         assert_eq!(t.insert_if_absent(b"c", b"9").unwrap(), Some(b"3".to_vec()));
         assert_eq!(t.insert_if_absent(b"z", b"9").unwrap(), None);
+    }
+
+    #[test]
+    fn a_cut_lands_in_the_first_sync_big_enough_and_keeps_a_prefix() {
+        let kv = SimKv::new();
+        let t = kv.tree("t").unwrap();
+        kv.cut_in_sync(100, 500);
+        t.insert(b"small", b"x").unwrap();
+        kv.sync().unwrap();
+        assert!(!kv.is_off());
+        for i in 0..4u8 {
+            t.insert(&[b'k', i], &[i; 40]).unwrap();
+        }
+        assert!(kv.sync().is_err());
+        assert!(kv.is_off());
+        assert!(t.insert(b"after", b"y").is_err());
+        assert!(kv.sync().is_err());
+        kv.power_on();
+        // Synced before the cut, and the first half of the four writes it landed in.
+        assert_eq!(
+            keys(&kv.tree("t").unwrap()),
+            vec![b"k\x00".to_vec(), b"k\x01".to_vec(), b"small".to_vec()]
+        );
+        t.insert(b"again", b"z").unwrap();
+        kv.sync().unwrap();
     }
 
     #[test]

@@ -132,8 +132,28 @@ where
     F: Fn(Clients) -> Fut,
     Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 {
+    within(w, conn, fan, first, op, send, answer, ATTEMPTS_MAX).await
+}
+
+/// As [`until_definite`], at most `attempts` times: a fan that runs out of patience gives up
+/// on the call, not knowing whether it took effect.
+#[allow(clippy::too_many_arguments)]
+async fn within<T, F, Fut>(
+    w: &Workload,
+    conn: &Conn,
+    fan: Fan,
+    first: usize,
+    op: Op,
+    send: F,
+    answer: impl Fn(T) -> Answer,
+    attempts: usize,
+) -> Answer
+where
+    F: Fn(Clients) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
     let mut last = Answer::Failed(0, "never sent".into());
-    for attempt in 0..ATTEMPTS_MAX {
+    for attempt in 0..attempts {
         last = once(w, conn, fan, first + attempt, &op, &send, &answer).await;
         if last.definite() {
             return last;
@@ -229,6 +249,16 @@ pub async fn run(w: Workload) -> turmoil::Result {
     Ok(())
 }
 
+/// How many attempts a fan makes at a hold: one in four gives up after one failed attempt (a
+/// caller that gives up mid-call; the hold may or may not have been made).
+fn patience(rng: &mut ChaCha8Rng) -> usize {
+    if rng.random_range(0..2) == 0 {
+        1
+    } else {
+        ATTEMPTS_MAX
+    }
+}
+
 fn hold_answer(h: pb::Hold) -> Answer {
     Answer::Hold(HoldSeen::of(&h))
 }
@@ -258,6 +288,7 @@ async fn fan(w: Workload, me: Fan) {
         };
         match roll {
             0..30 => {
+                let patience = patience(&mut rng);
                 let section = [GA, FLOOR, ""][rng.random_range(0..3)].to_owned();
                 let quantity = rng.random_range(1..=2);
                 let op = Op::Hold {
@@ -278,7 +309,7 @@ async fn fan(w: Workload, me: Fan) {
                         },
                     )),
                 };
-                let got = until_definite(
+                let got = within(
                     &w,
                     &conn,
                     me,
@@ -289,6 +320,7 @@ async fn fan(w: Workload, me: Fan) {
                         async move { c.booking.hold(req).await }
                     },
                     hold_answer,
+                    patience,
                 )
                 .await;
                 sold_out = got.reason() == "SOLD_OUT";
@@ -298,6 +330,7 @@ async fn fan(w: Workload, me: Fan) {
                 }
             }
             30..40 => {
+                let patience = patience(&mut rng);
                 let seats = floor_seats();
                 let seat = seats[rng.random_range(0..seats.len())].clone();
                 let op = Op::Hold {
@@ -315,7 +348,7 @@ async fn fan(w: Workload, me: Fan) {
                         seat_ids: vec![seat],
                     })),
                 };
-                let got = until_definite(
+                let got = within(
                     &w,
                     &conn,
                     me,
@@ -326,6 +359,7 @@ async fn fan(w: Workload, me: Fan) {
                         async move { c.booking.hold(req).await }
                     },
                     hold_answer,
+                    patience,
                 )
                 .await;
                 if let Answer::Hold(h) = got {

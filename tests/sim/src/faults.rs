@@ -59,15 +59,31 @@ pub enum Fault {
         /// Share of the unsynced writes that reached the disk, per mille.
         keep: u64,
     },
-    /// Node `node` loses power, starts again after `down_ms`, and loses power again `up_ms`
-    /// later, while it catches up (from a snapshot, often); then starts for good.
+    /// Node `node` loses power, starts again after `down_ms`, and loses power again in its
+    /// first sync of at least `bytes` (while it catches up: often a snapshot's install); then
+    /// starts for good `again_ms` later.
     Flap {
         /// The node.
         node: u64,
-        /// How long it stays down each time.
+        /// How long it stays down the first time.
         down_ms: u64,
-        /// How long it runs in between.
-        up_ms: u64,
+        /// How long it stays down the second time.
+        again_ms: u64,
+        /// The second cut lands in a sync of at least this many bytes.
+        bytes: u64,
+        /// Share of the unsynced writes that reached the disk, per mille.
+        keep: u64,
+    },
+    /// Node `node` loses power in its next sync of at least `bytes` (a cut is likelier to land
+    /// in a long fsync): the writes that sync covered are kept in part (the first `keep` per
+    /// mille); it starts again `down_ms` later.
+    CutInSync {
+        /// The node.
+        node: u64,
+        /// The sync it lands in covers at least this many bytes.
+        bytes: u64,
+        /// How long it stays down.
+        down_ms: u64,
         /// Share of the unsynced writes that reached the disk, per mille.
         keep: u64,
     },
@@ -173,8 +189,14 @@ pub fn plan(seed: u64, nodes: u64, from_ms: u64, until_ms: u64) -> Plan {
                     b: other,
                     ms,
                 },
-                40..48 => Fault::Crash {
+                40..45 => Fault::Crash {
                     node,
+                    down_ms: ms,
+                    keep: rng.random_range(0..1_000),
+                },
+                45..48 => Fault::CutInSync {
+                    node,
+                    bytes: rng.random_range(64..8_192),
                     down_ms: ms,
                     keep: rng.random_range(0..1_000),
                 },
@@ -185,7 +207,8 @@ pub fn plan(seed: u64, nodes: u64, from_ms: u64, until_ms: u64) -> Plan {
                 53..56 => Fault::Flap {
                     node,
                     down_ms: ms,
-                    up_ms: rng.random_range(20..400),
+                    again_ms: rng.random_range(30..300),
+                    bytes: rng.random_range(256..16_384),
                     keep: rng.random_range(0..1_000),
                 },
                 56..64 => Fault::PowerCutAll {

@@ -39,6 +39,7 @@ use sha2::Digest;
 use crate::faults::Fault;
 use crate::history::{Answer, History, Op, Shared};
 use crate::node::{Node, RaftSeen, Setup, host};
+use boxoffice_engine::{SeatId, SectionId, Selection};
 
 /// How a run goes (the seed decides the rest).
 #[derive(Clone, Debug)]
@@ -130,6 +131,12 @@ struct Driver {
     wiped_at: Option<u64>,
     /// Nodes whose disk had a bit flipped since it was last wiped.
     flipped: BTreeSet<u64>,
+    /// Promises broken that the driver saw itself: a node that refused to start naming damage
+    /// although its disk only lost power (a power cut alone is not damage).
+    findings: Vec<String>,
+    /// Nodes with a power cut armed to land in a sync ([`Fault::CutInSync`]): how long each
+    /// stays down once it lands.
+    armed: BTreeMap<u64, u64>,
 }
 
 impl Driver {
@@ -154,6 +161,7 @@ impl Driver {
 
     fn start(&mut self, sim: &mut turmoil::Sim<'_>, id: u64) {
         if self.down.remove(&id) {
+            self.node(id).disk.power_on();
             history_seen(&self.seen).failed.remove(&id);
             sim.bounce(host(id));
         }
@@ -230,7 +238,8 @@ impl Driver {
             Flap {
                 node,
                 down_ms,
-                up_ms,
+                again_ms,
+                bytes,
                 keep,
             } => {
                 if self.down.contains(&node) {
@@ -245,16 +254,29 @@ impl Driver {
                         keep,
                     },
                 );
-                let again = now + down_ms + up_ms;
-                self.plan.push_front((
-                    again,
-                    Crash {
+                // Armed now, it lands once the node is up again: in its catching up.
+                return self.apply(
+                    sim,
+                    now,
+                    CutInSync {
                         node,
-                        down_ms,
+                        bytes,
+                        down_ms: again_ms,
                         keep,
                     },
-                ));
-                self.plan.make_contiguous().sort_by_key(|(at, _)| *at);
+                );
+            }
+            CutInSync {
+                node,
+                bytes,
+                down_ms,
+                keep,
+            } => {
+                // (A node that is down gets its cut once it is up again.)
+                self.node(node)
+                    .disk
+                    .cut_in_sync(usize::try_from(bytes).unwrap_or(usize::MAX), keep);
+                self.armed.insert(node, down_ms);
             }
             PowerCutAll { down_ms, keep } => {
                 for id in self.ids() {
@@ -345,6 +367,19 @@ impl Driver {
             {
                 continue;
             }
+            // A start refused for anything but a fault the driver put on the disk (a flipped
+            // bit, a full disk, a failed write or sync) breaks a promise: a power cut alone is
+            // not damage, and every node starts again after one.
+            let disk_fault = ["No space left", "injected", "no power"]
+                .iter()
+                .any(|w| why.contains(w));
+            if why.starts_with("did not start") && !disk_fault && !self.flipped.contains(&id) {
+                let found = format!(
+                    "node {id} did not start at {now} ms, though its disk only lost power: {why}"
+                );
+                self.record(now, found.clone());
+                self.findings.push(found);
+            }
             let tries = self.failures.entry(id).or_default();
             *tries += 1;
             let tries = *tries;
@@ -365,8 +400,25 @@ impl Driver {
         }
     }
 
+    /// Stops each node whose armed power cut landed (its disk is off), to start again later.
+    fn cuts_landed(&mut self, sim: &mut turmoil::Sim<'_>, now: u64) {
+        let landed: Vec<(u64, u64)> = self
+            .armed
+            .iter()
+            .filter(|(id, _)| self.node(**id).disk.is_off())
+            .map(|(id, down)| (*id, *down))
+            .collect();
+        for (id, down_ms) in landed {
+            self.armed.remove(&id);
+            self.record(now, format!("node {id} lost power during a sync"));
+            self.stop(sim, id);
+            self.later.push((now + down_ms, Undo::Start(id)));
+        }
+    }
+
     /// Applies what is due at `now`.
     fn tick(&mut self, sim: &mut turmoil::Sim<'_>, now: u64) {
+        self.cuts_landed(sim, now);
         while self.plan.front().is_some_and(|(at, _)| *at <= now) {
             if let Some((_, f)) = self.plan.pop_front() {
                 self.apply(sim, now, f);
@@ -390,6 +442,10 @@ impl Driver {
     /// Ends every fault: links repaired and released, disks freed, every node up.
     fn heal(&mut self, sim: &mut turmoil::Sim<'_>, now: u64) {
         self.plan.clear();
+        self.cuts_landed(sim, now);
+        for (id, _) in std::mem::take(&mut self.armed) {
+            self.node(id).disk.disarm_cut();
+        }
         let pending: Vec<Undo> = self.later.drain(..).map(|(_, u)| u).collect();
         for u in pending {
             self.undo(sim, now, u);
@@ -479,6 +535,8 @@ pub fn run(seed: u64, options: &Options) -> Report {
         failures: BTreeMap::new(),
         wiped_at: None,
         flipped: BTreeSet::new(),
+        armed: BTreeMap::new(),
+        findings: Vec::new(),
     };
     let mut violations: Vec<check::Violation> = Vec::new();
     let mut healed_at = None;
@@ -532,6 +590,11 @@ pub fn run(seed: u64, options: &Options) -> Report {
             }
         }
     }
+    violations.extend(
+        std::mem::take(&mut driver.findings)
+            .into_iter()
+            .map(check::Violation::new),
+    );
     // Let the group settle (every node applied the same log) before its disks are compared.
     for _ in 0..10_000 {
         if driver.settled() {
@@ -552,7 +615,6 @@ pub fn run(seed: u64, options: &Options) -> Report {
             fans::PER_USER_LIMIT,
             healed_at,
         ));
-        violations.extend(refusals::check(&h));
     }
     if let Some(at) = healed_at {
         violations.extend(check::served_after_healing(&h, at));
@@ -563,26 +625,30 @@ pub fn run(seed: u64, options: &Options) -> Report {
     let answered = h.calls.iter().filter(|c| c.answer.definite()).count();
     let faults = h.faults.len();
     drop(h);
+    let checked_before = violations.is_empty();
+    let mut never_made = BTreeSet::new();
     if healed_at.is_some() {
         // (A run stopped early, with its violations, never healed: its nodes' disks are not
         // expected to agree.)
-        violations.extend(
-            offline_checks(
-                &nodes,
-                &acked,
-                clock::EPOCH_MS + virtual_ms,
-                &driver.flipped,
-            )
-            .into_iter()
-            .map(|text| {
-                let mut v = check::Violation::new(text);
-                // An entry of the known waitlist bug, missing from a node's copy too.
-                if retried.iter().any(|e| v.text.contains(e.as_str())) {
-                    v.known = Some(check::KNOWN_WAITLIST);
-                }
-                v
-            }),
+        let (found, never) = offline_checks(
+            &nodes,
+            &acked,
+            clock::EPOCH_MS + virtual_ms,
+            &driver.flipped,
         );
+        never_made = never;
+        violations.extend(found.into_iter().map(|text| {
+            let mut v = check::Violation::new(text);
+            // An entry of the known waitlist bug, missing from a node's copy too.
+            if retried.iter().any(|e| v.text.contains(e.as_str())) {
+                v.known = Some(check::KNOWN_WAITLIST);
+            }
+            v
+        }));
+    }
+    if checked_before {
+        // The refusals, once the disks said which holds the fans gave up on were never made.
+        violations.extend(refusals::check(&history::lock(&history), &never_made));
     }
     let (known, violations) = classify(violations, &history_seen(&seen));
     let known: Vec<String> = known
@@ -676,6 +742,36 @@ fn acknowledged(h: &History) -> offline::Acked {
     acked.orders.dedup();
     acked.entries.sort();
     acked.entries.dedup();
+    // Holds no attempt of which was answered (the fan gave up on them).
+    let mut asked: BTreeMap<(String, crate::history::Fan), (String, Selection)> = BTreeMap::new();
+    let mut answered: BTreeSet<(String, crate::history::Fan)> = BTreeSet::new();
+    for c in &h.calls {
+        if let Op::Hold {
+            key,
+            section,
+            seats,
+            quantity,
+        } = &c.op
+        {
+            let selection = if seats.is_empty() {
+                Selection::BestAvailable {
+                    section: (!section.is_empty()).then(|| SectionId::from(section.as_str())),
+                    quantity: *quantity,
+                }
+            } else {
+                Selection::Seats(seats.iter().map(|s| SeatId::from(s.as_str())).collect())
+            };
+            asked.insert((key.clone(), c.fan), (user(c.fan), selection));
+            if c.answer.definite() {
+                answered.insert((key.clone(), c.fan));
+            }
+        }
+    }
+    acked.unanswered = asked
+        .into_iter()
+        .filter(|(k, _)| !answered.contains(k))
+        .map(|((key, _), (user, selection))| (key, user, selection))
+        .collect();
     acked
 }
 
@@ -685,25 +781,44 @@ fn offline_checks(
     acked: &offline::Acked,
     now_ms: u64,
     flipped: &BTreeSet<u64>,
-) -> Vec<String> {
+) -> (Vec<String>, BTreeSet<String>) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
     {
         Ok(r) => r,
-        Err(e) => return vec![format!("no runtime for the offline checks: {e}")],
+        Err(e) => {
+            return (
+                vec![format!("no runtime for the offline checks: {e}")],
+                BTreeSet::new(),
+            );
+        }
     };
     runtime.block_on(async {
         let mut v = Vec::new();
         let mut states = Vec::new();
+        let mut made: Vec<BTreeSet<String>> = Vec::new();
         for n in nodes {
-            let (found, state) =
+            let found =
                 offline::check_node(n.id, &n.disk, acked, now_ms, flipped.contains(&n.id)).await;
-            v.extend(found);
-            if let Some(s) = state {
+            v.extend(found.violations);
+            if let Some(s) = found.state {
                 states.push((n.id, s));
+                made.push(found.made);
             }
         }
+        // A hold the fan gave up on was never made if no node remembers its key (every node
+        // opened: a committed hold is on a majority, with its key, for a day).
+        let never: BTreeSet<String> = if made.len() == nodes.len() {
+            acked
+                .unanswered
+                .iter()
+                .map(|(key, ..)| key.clone())
+                .filter(|key| made.iter().all(|m| !m.contains(key)))
+                .collect()
+        } else {
+            BTreeSet::new()
+        };
         for pair in states.windows(2) {
             if pair[0].1 != pair[1].1 {
                 v.push(format!(
@@ -712,6 +827,6 @@ fn offline_checks(
                 ));
             }
         }
-        v
+        (v, never)
     })
 }

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use boxoffice_engine::store::{KvSink, SimKv};
-use boxoffice_engine::{Engine, EngineConfig, EventId, HoldId, ManualClock, UserId};
+use boxoffice_engine::{
+    Engine, EngineConfig, EventId, HoldId, HoldRequest, ManualClock, Selection, UserId,
+};
 
 use crate::fans::EVENT;
 
@@ -21,6 +23,20 @@ pub struct Acked {
     pub orders: Vec<(String, Vec<Ticket>)>,
     /// `(waitlist entry, fan's user)`.
     pub entries: Vec<(String, String)>,
+    /// Holds of which no attempt got a definite answer (the fan gave up): `(key, fan's user,
+    /// what it asked for)`. Whether each was made is read from the disks.
+    pub unanswered: Vec<(String, String, Selection)>,
+}
+
+/// What one node's disk holds.
+#[derive(Default)]
+pub struct Found {
+    /// What is wrong with it.
+    pub violations: Vec<String>,
+    /// Its state, if it opened with the event made.
+    pub state: Option<State>,
+    /// The keys of [`Acked::unanswered`] it remembers (those holds were made).
+    pub made: std::collections::BTreeSet<String>,
 }
 
 /// A node's state, as far as two nodes that applied the same entries must agree.
@@ -34,16 +50,30 @@ pub struct State {
     pub orders: Vec<(String, String, Vec<String>)>,
 }
 
-/// Opens an engine on a copy of `disk` (node `id`'s) at `now_ms` and checks it; its state,
-/// if it opened. A node whose disk had a bit flipped (`damaged`) may refuse to open, naming
-/// the damage; every other refusal, and any loss, is a violation.
-pub async fn check_node(
+/// Opens an engine on a copy of `disk` (node `id`'s) at `now_ms` and checks it: what it
+/// found. A node whose disk had a bit flipped (`damaged`) may refuse to open, naming the
+/// damage; every other refusal, and any loss, is a violation.
+pub async fn check_node(id: u64, disk: &SimKv, acked: &Acked, now_ms: u64, damaged: bool) -> Found {
+    let (violations, state, made) = check_copy(id, disk, acked, now_ms, damaged).await;
+    Found {
+        violations,
+        state,
+        made,
+    }
+}
+
+async fn check_copy(
     id: u64,
     disk: &SimKv,
     acked: &Acked,
     now_ms: u64,
     damaged: bool,
-) -> (Vec<String>, Option<State>) {
+) -> (
+    Vec<String>,
+    Option<State>,
+    std::collections::BTreeSet<String>,
+) {
+    let mut made = std::collections::BTreeSet::new();
     let mut v = Vec::new();
     let copy = disk.fork();
     let sink = match KvSink::new(Arc::new(copy)) {
@@ -52,6 +82,7 @@ pub async fn check_node(
             return (
                 vec![format!("node {id}: its disk does not open: {e}")],
                 None,
+                made,
             );
         }
     };
@@ -64,19 +95,32 @@ pub async fn check_node(
             ..
         })) if damaged => {
             // A flipped bit, named: the node refuses to serve from its copy.
-            return (v, None);
+            return (v, None, made);
         }
         Err(e) => {
             return (
                 vec![format!("node {id}: its copy of the log does not open: {e}")],
                 None,
+                made,
             );
         }
     };
     if engine.event(&EventId::from(EVENT)).is_err() {
         // The event was never made (a run that did not get that far): nothing to check.
         engine.shutdown().await;
-        return (v, None);
+        return (v, None, made);
+    }
+    for (key, user, selection) in &acked.unanswered {
+        let asked = HoldRequest {
+            event_id: EventId::from(EVENT),
+            user_id: UserId::from(user.as_str()),
+            idempotency_key: key.clone(),
+            selection: selection.clone(),
+        };
+        // Known, or not readable (then counted as made: the refusals' check stays generous).
+        if !matches!(engine.replayed_hold(&asked).await, Ok(None)) {
+            made.insert(key.clone());
+        }
     }
     for (hold, user) in &acked.holds {
         if let Err(e) = engine
@@ -186,5 +230,5 @@ pub async fn check_node(
             },
         });
     engine.shutdown().await;
-    (v, state)
+    (v, state, made)
 }

@@ -130,8 +130,9 @@ fn logical(h: &History) -> Vec<Logical> {
     all
 }
 
-/// Every refusal of a history that no possible state could have given.
-pub fn check(h: &History) -> Vec<Violation> {
+/// Every refusal of a history that no possible state could have given. `never_made`: keys of
+/// holds the fans gave up on that no node's disk remembers after the run (they took no places).
+pub fn check(h: &History, never_made: &BTreeSet<String>) -> Vec<Violation> {
     let holds = logical(h);
     // When a hold was known to have ended (released, or read released or expired), unless a
     // confirm of it may have run (it may live on as a new hold of the same places).
@@ -182,7 +183,7 @@ pub fn check(h: &History) -> Vec<Violation> {
                     confirmed.contains(&held.id)
                         || ended.get(&held.id).is_none_or(|end| *end >= r.invoked_ms)
                 }
-                None => true,
+                None => !never_made.contains(&x.key),
             }
         };
         let sections: Vec<&str> = if r.section.is_empty() {
