@@ -616,7 +616,11 @@ impl Rig {
                     .unwrap_or_else(|e| panic!("{}: cycle {cycle}: {cut:?}: {e}", self.name))
             })
             .collect();
-        let ctx = self.context(cycle);
+        let ctx = format!(
+            "{}; the cuts did (node 1 first): {:?}",
+            self.context(cycle),
+            reports.iter().map(describe_cut).collect::<Vec<_>>()
+        );
         self.nodes = (0..self.nodes.len()).map(|i| self.start(i)).collect();
         if let Err(e) = self.all_ready() {
             panic!("{ctx}: a node did not start again after the cut: {e}");
@@ -840,6 +844,21 @@ fn said(s: &tonic::Status) -> String {
         s.code(),
         boxoffice_client::reason(s).unwrap_or_default(),
         s.message()
+    )
+}
+
+/// What a cut did, in a line.
+fn describe_cut(r: &CutReport) -> String {
+    format!(
+        "{} B dropped, {} B kept, files reverted {:?}, {} namespace ops dropped, {} kept, names \
+         vanished {:?}, names back {:?}",
+        r.bytes_dropped,
+        r.bytes_kept,
+        r.files_reverted,
+        r.ops_dropped,
+        r.ops_kept,
+        r.names_vanished,
+        r.names_reappeared
     )
 }
 
@@ -1281,16 +1300,7 @@ async fn run(name: &'static str, nodes: usize, cycles: usize, fans: usize) -> Ri
         let t = Instant::now();
         let (acked, reports) = rig.cycle(cycle, fans).await;
         let (holds, orders, h_after, o_after) = rig.totals();
-        let cuts: Vec<String> = reports
-            .iter()
-            .map(|r| {
-                format!(
-                    "{} B dropped, {} B kept, files reverted {:?}, {} namespace ops dropped, {} \
-                     kept",
-                    r.bytes_dropped, r.bytes_kept, r.files_reverted, r.ops_dropped, r.ops_kept
-                )
-            })
-            .collect();
+        let cuts: Vec<String> = reports.iter().map(describe_cut).collect();
         println!(
             "{name}: cycle {cycle}: cut after {acked} acknowledged calls; {:?}: {cuts:?}; \
              checked; now {holds} holds and {orders} orders acknowledged ({h_after} and \
