@@ -862,9 +862,14 @@ fn describe_cut(r: &CutReport) -> String {
     )
 }
 
-/// The last `n` lines of `text`.
+/// The last `n` lines of a node's stderr, without the frames of a backtrace (indented) and
+/// without repeats of the line before.
 fn tail(text: &str, n: usize) -> String {
-    let lines: Vec<&str> = text.lines().collect();
+    let mut lines: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with(char::is_whitespace) && *l != "stack backtrace:")
+        .collect();
+    lines.dedup_by(|a, b| a.get(27..) == b.get(27..));
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
