@@ -74,14 +74,17 @@ pub enum Fault {
         /// Share of the unsynced writes that reached the disk, per mille.
         keep: u64,
     },
-    /// Node `node` loses power in its next sync of at least `bytes` (a cut is likelier to land
-    /// in a long fsync): the writes that sync covered are kept in part (the first `keep` per
-    /// mille); it starts again `down_ms` later.
+    /// Node `node`'s syncs slow down to `sync_ms` each (a disk in trouble), and it loses power
+    /// in its next sync of at least `bytes` (a cut is likelier to land in a long fsync): the
+    /// writes that sync covered are kept in part (the first `keep` per mille); it starts again
+    /// `down_ms` later, its disk back to speed.
     CutInSync {
         /// The node.
         node: u64,
         /// The sync it lands in covers at least this many bytes.
         bytes: u64,
+        /// How long each sync takes until the cut lands.
+        sync_ms: u64,
         /// How long it stays down.
         down_ms: u64,
         /// Share of the unsynced writes that reached the disk, per mille.
@@ -172,7 +175,13 @@ pub fn plan(seed: u64, nodes: u64, from_ms: u64, until_ms: u64) -> Plan {
             let node = rng.random_range(1..=nodes);
             let other = (node % nodes) + 1;
             let ms = rng.random_range(300..3_000);
-            let fault = match rng.random_range(0..100) {
+            // A node alone has no links to cut: it gets the node and disk faults.
+            let roll = if nodes == 1 {
+                rng.random_range(40..100)
+            } else {
+                rng.random_range(0..100)
+            };
+            let fault = match roll {
                 0..12 => Fault::Partition {
                     a: node,
                     b: other,
@@ -196,7 +205,8 @@ pub fn plan(seed: u64, nodes: u64, from_ms: u64, until_ms: u64) -> Plan {
                 },
                 45..48 => Fault::CutInSync {
                     node,
-                    bytes: rng.random_range(64..8_192),
+                    bytes: 1 << rng.random_range(6..14),
+                    sync_ms: rng.random_range(1..200),
                     down_ms: ms,
                     keep: rng.random_range(0..1_000),
                 },

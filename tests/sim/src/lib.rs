@@ -65,6 +65,19 @@ impl Default for Options {
     }
 }
 
+impl Options {
+    /// The options of seed `seed`: every fourth seed runs one node alone (a group of one, whose
+    /// disk is the only copy: a power cut there has no follower to fall back on); the others
+    /// three.
+    pub fn for_seed(seed: u64) -> Options {
+        let mut o = Options::default();
+        if seed % 4 == 0 {
+            o.setup.nodes = 1;
+        }
+        o
+    }
+}
+
 /// What a run found.
 #[derive(Debug)]
 pub struct Report {
@@ -173,7 +186,9 @@ impl Driver {
     /// has it: a wipe of `id` (or damage to it) then loses nothing.
     fn others_fine(&self, id: u64, now: u64) -> bool {
         let seen = history_seen(&self.seen);
-        self.wiped_at.is_none_or(|at| now >= at + 10_000)
+        // (A node alone has no one to catch up from.)
+        self.setup.nodes > 1
+            && self.wiped_at.is_none_or(|at| now >= at + 10_000)
             && self.ids().filter(|n| *n != id).all(|n| {
                 !self.down.contains(&n)
                     && !seen.failed.contains_key(&n)
@@ -261,6 +276,7 @@ impl Driver {
                     CutInSync {
                         node,
                         bytes,
+                        sync_ms: node::SYNC_LATENCY.as_millis() as u64,
                         down_ms: again_ms,
                         keep,
                     },
@@ -269,13 +285,14 @@ impl Driver {
             CutInSync {
                 node,
                 bytes,
+                sync_ms,
                 down_ms,
                 keep,
             } => {
                 // (A node that is down gets its cut once it is up again.)
-                self.node(node)
-                    .disk
-                    .cut_in_sync(usize::try_from(bytes).unwrap_or(usize::MAX), keep);
+                let disk = &self.node(node).disk;
+                disk.set_sync_latency(Duration::from_millis(sync_ms));
+                disk.cut_in_sync(usize::try_from(bytes).unwrap_or(usize::MAX), keep);
                 self.armed.insert(node, down_ms);
             }
             PowerCutAll { down_ms, keep } => {
@@ -410,6 +427,7 @@ impl Driver {
             .collect();
         for (id, down_ms) in landed {
             self.armed.remove(&id);
+            self.node(id).disk.set_sync_latency(node::SYNC_LATENCY);
             self.record(now, format!("node {id} lost power during a sync"));
             self.stop(sim, id);
             self.later.push((now + down_ms, Undo::Start(id)));
@@ -445,6 +463,7 @@ impl Driver {
         self.cuts_landed(sim, now);
         for (id, _) in std::mem::take(&mut self.armed) {
             self.node(id).disk.disarm_cut();
+            self.node(id).disk.set_sync_latency(node::SYNC_LATENCY);
         }
         let pending: Vec<Undo> = self.later.drain(..).map(|(_, u)| u).collect();
         for u in pending {

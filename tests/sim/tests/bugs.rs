@@ -36,7 +36,7 @@ fn hunt(bug: Bug, seeds: &[u64]) -> Option<Report> {
         let reports: Vec<Report> = std::thread::scope(|s| {
             let runs: Vec<_> = pair
                 .iter()
-                .map(|seed| s.spawn(move || run(*seed, &Options::default())))
+                .map(|seed| s.spawn(move || run(*seed, &Options::for_seed(*seed))))
                 .collect();
             runs.into_iter().map(|r| r.join().unwrap()).collect()
         });
@@ -56,7 +56,7 @@ fn each_bug_put_back_is_caught_within_100_seeds() {
         std::env::var("BOXOFFICE_SIM_BUG"),
     ) {
         bugs::set(&[named(&name)]);
-        let r = run(seed, &Options::default());
+        let r = run(seed, &Options::for_seed(seed));
         bugs::set(&[]);
         println!("seed {seed} with {name}: {} violations", r.violations.len());
         for v in &r.violations {
@@ -84,14 +84,14 @@ fn each_bug_put_back_is_caught_within_100_seeds() {
             // Only a run that replays (the same seed, alone, with the bug: the same trace) and a
             // promise the same seed keeps without the bug count.
             bugs::set(&[bug]);
-            let again = run(r.seed, &Options::default());
+            let again = run(r.seed, &Options::for_seed(r.seed));
             bugs::set(&[]);
             assert_eq!(
                 again.trace_hash, r.trace_hash,
                 "{bug:?}: seed {} did not replay the same run alone (its trace differs): the simulation is not deterministic",
                 r.seed
             );
-            let clean = run(r.seed, &Options::default());
+            let clean = run(r.seed, &Options::for_seed(r.seed));
             if clean.violations.is_empty() {
                 break Some(r);
             }

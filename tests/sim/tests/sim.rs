@@ -52,7 +52,7 @@ fn run_all(seeds: &[u64], threads: usize) -> Vec<Report> {
                 loop {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     let Some(seed) = seeds.get(i) else { break };
-                    let r = run(*seed, &Options::default());
+                    let r = run(*seed, &Options::for_seed(*seed));
                     if !r.violations.is_empty() {
                         println!(
                             "seed {seed}: {} violations; replay: {}",
@@ -136,4 +136,11 @@ fn a_seed_replays_the_same_run() {
     );
     let c = run(8, &Options::default());
     assert_ne!(a.trace_hash, c.trace_hash, "two seeds, one trace");
+    // A node alone (every fourth seed) replays too.
+    let d = run(8, &Options::for_seed(8));
+    let e = run(8, &Options::for_seed(8));
+    assert_eq!(
+        d.trace_hash, e.trace_hash,
+        "seed 8 (one node) ran twice gave two traces"
+    );
 }
