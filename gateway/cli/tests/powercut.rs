@@ -33,8 +33,10 @@
 //!   `BOXOFFICE_POWERCUT_CLUSTER_CUTS` cuts (default 3; 50 with `BOXOFFICE_SLOW=1`).
 //!
 //! `BOXOFFICE_POWERCUT_SEED=N` fixes the seed of the cuts, of when they come and of the disks'
-//! slowness (printed at the start; failures name it, with the cycle and the cuts). It replays each cut's choices for the
-//! same history; the history itself (which calls were in flight at the kill) depends on timing.
+//! slowness (printed at the start; failures name it, with the cycle and the cuts). It replays
+//! each cut's choices for the same history; the history itself (which calls were in flight at
+//! the kill) depends on timing. The offline checks at the end: `boxoffice check-log` and
+//! `reconcile` of the single node's dir, `check_copy` of each cluster node's.
 //! Both tests skip without FUSE, unless `BOXOFFICE_REQUIRE_FUSE=1`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a failed unwrap is a failed test
