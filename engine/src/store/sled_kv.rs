@@ -266,12 +266,14 @@ impl Kv for SledKv {
 
     fn sync(&self) -> Result<(), StorageError> {
         self.db.flush().map_err(io)?;
-        self.data_file
-            .sync_data()
-            .map_err(|e| StorageError::Io(format!("fdatasync of the log: {e}")))?;
+        // The large values first: the data file points to them, and a cut between the two
+        // syncs must never leave a durable pointer to a blob that is not.
         self.blobs
             .sync(&self.dir)
             .map_err(|e| StorageError::Io(format!("fsync of the log's large values: {e}")))?;
+        self.data_file
+            .sync_data()
+            .map_err(|e| StorageError::Io(format!("fdatasync of the log: {e}")))?;
         Ok(())
     }
 
