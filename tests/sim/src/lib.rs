@@ -71,7 +71,7 @@ impl Options {
     /// three.
     pub fn for_seed(seed: u64) -> Options {
         let mut o = Options::default();
-        if seed % 4 == 0 {
+        if seed.is_multiple_of(4) {
             o.setup.nodes = 1;
         }
         o
