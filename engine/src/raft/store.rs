@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Applied, Batch, Op, TypeConfig};
 use crate::codec;
-use crate::store::{Change, Claim, Kv, KvSink, KvTree, LogSink, SledKv, names};
+use crate::store::{Change, Claim, FailStopKv, Kv, KvSink, KvTree, LogSink, SledKv, names};
 
 type NodeId = u64;
 type Node = openraft::BasicNode;
@@ -31,9 +31,13 @@ pub struct NodeDb {
 }
 
 impl NodeDb {
-    /// A node over `kv` (a simulated disk: no data dir).
+    /// A node over `kv` (a simulated disk: no data dir). The node stops using it for good at
+    /// its first failed sync ([`FailStopKv`]).
     pub fn new(kv: Arc<dyn Kv>) -> NodeDb {
-        NodeDb { kv, dir: None }
+        NodeDb {
+            kv: Arc::new(FailStopKv::new(kv)),
+            dir: None,
+        }
     }
 
     /// The engine's log in this store ([`KvSink`]): what the state machine applies committed
@@ -89,7 +93,7 @@ pub fn open_node_db_cached(dir: &Path, cache_bytes: u64) -> std::io::Result<Node
     let kv = SledKv::open(dir, cache_bytes, NODE_LOCK_WAIT)
         .map_err(|e| std::io::Error::other(e.to_string()))?;
     Ok(NodeDb {
-        kv: Arc::new(kv),
+        kv: Arc::new(FailStopKv::new(Arc::new(kv))),
         dir: Some(dir.to_owned()),
     })
 }

@@ -33,6 +33,7 @@ use tokio::sync::mpsc;
 use crate::codec;
 use crate::error::StorageError;
 
+mod fail_stop;
 mod kv;
 mod kv_sink;
 mod memory;
@@ -43,6 +44,7 @@ mod sled_kv;
 mod sled_sink;
 pub mod superblock;
 
+pub use fail_stop::FailStopKv;
 pub use kv::{Change, Kv, KvTree, Pair, Pairs};
 pub use kv_sink::KvSink;
 pub use memory::MemorySink;
