@@ -552,10 +552,16 @@ impl StateMachine {
             .sync()
             .await
             .map_err(io(StorageIOError::write_state_machine))?;
+        // One write: a crash must not keep the new mark without the membership it goes with
+        // (a node that then reads no membership, and no log entry that names one, is a learner
+        // for good: a group of one never leads again).
+        let mut marks = vec![(MEMBERSHIP.to_vec(), Some(codec::encode(&at.membership)))];
         if let Some(last) = &at.last_applied {
-            self.put(LAST_APPLIED, last)?;
+            marks.push((LAST_APPLIED.to_vec(), Some(codec::encode(last))));
         }
-        self.put(MEMBERSHIP, &at.membership)?;
+        self.meta
+            .apply(&marks)
+            .map_err(io(StorageIOError::write_state_machine))?;
         at.since_recorded = 0;
         Ok(())
     }
