@@ -357,7 +357,7 @@ pub(crate) fn read_stream<T>(
             };
             found.damage_at(marks, name, expected, seq - 1, gap);
         }
-        expected = seq + 1;
+        expected = seq.saturating_add(1);
         read += 1;
         match decode(&value) {
             Ok(r) => records.push((seq, r)),

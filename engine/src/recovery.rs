@@ -404,7 +404,16 @@ pub(crate) fn replay_for_warmth(
     if !check.found.damage.is_empty() || !check.repairs.is_empty() {
         return Err(StorageError::Damaged {
             count: check.found.damage.len() + check.repairs.len(),
-            summary: "the copy needs repairs or holds damage: not kept warm".into(),
+            summary: format!(
+                "the copy needs repairs or holds damage (first: {})",
+                check
+                    .found
+                    .damage
+                    .first()
+                    .map(|d| d.to_string())
+                    .or_else(|| check.repairs.first().map(|r| r.describe()))
+                    .unwrap_or_default()
+            ),
             evidence: None,
         });
     }

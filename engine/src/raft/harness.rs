@@ -178,8 +178,33 @@ pub async fn start(
     dir: &std::path::Path,
     snapshot_every: u64,
 ) -> Result<Node, String> {
+    start_with(router, id, dir, snapshot_every, false).await
+}
+
+/// [`start`] for batches that are not an engine's (records of no event, with gaps where a
+/// write failed): its snapshots are not checked as an engine's log
+/// ([`super::StateMachine::with_opaque_batches`]).
+pub async fn start_opaque(
+    router: &super::network::Router,
+    id: u64,
+    dir: &std::path::Path,
+    snapshot_every: u64,
+) -> Result<Node, String> {
+    start_with(router, id, dir, snapshot_every, true).await
+}
+
+async fn start_with(
+    router: &super::network::Router,
+    id: u64,
+    dir: &std::path::Path,
+    snapshot_every: u64,
+    opaque: bool,
+) -> Result<Node, String> {
     let db = super::open_node_db(dir).map_err(|e| e.to_string())?;
-    let sm = super::StateMachine::open(&db).map_err(|e| e.to_string())?;
+    let mut sm = super::StateMachine::open(&db).map_err(|e| e.to_string())?;
+    if opaque {
+        sm = sm.with_opaque_batches();
+    }
     let log = super::LogStore::open(&db).map_err(|e| e.to_string())?;
     let raft = Raft::new(
         id,

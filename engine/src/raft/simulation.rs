@@ -25,7 +25,9 @@ use super::network::Router;
 use super::{Batch, StateMachine};
 
 async fn start(router: &Router, id: u64, dir: &Path) -> Node {
-    super::harness::start(router, id, dir, 10).await.unwrap()
+    super::harness::start_opaque(router, id, dir, 10)
+        .await
+        .unwrap()
 }
 
 /// Write `n` appends record `n + 1` of the stream `sim`, holding `n`.
