@@ -348,27 +348,48 @@ pub fn history(
         }
     }
 
-    // Queue positions never move back; an admission is never taken back.
+    // Queue positions never move back; an admission is never taken back. (Each is a read
+    // answered from an older state of the line than one already shown.) Waiting at position 0
+    // is the line before its opening draw: no place yet.
     let mut standing: BTreeMap<Fan, (u64, i32)> = BTreeMap::new();
     for c in calls {
         if let (Op::Status, Answer::Queue(position, state, _)) = (&c.op, &c.answer) {
+            let unplaced = *position == 0 && *state == pb::QueueState::Waiting as i32;
             if let Some((p, s)) = standing.get(&c.fan) {
+                if unplaced {
+                    v.push(Violation::stale(
+                        c,
+                        format!(
+                            "fan {} had place {p} in the line, then was told the line has not                              opened (node {}, {} ms)",
+                            c.fan, c.node, c.invoked_ms
+                        ),
+                    ));
+                    continue;
+                }
                 if position > p {
-                    v.push(Violation::new(format!(
-                        "fan {}'s place in the line moved back from {p} to {position} (node {}, {} ms)",
-                        c.fan, c.node, c.invoked_ms
-                    )));
+                    v.push(Violation::stale(
+                        c,
+                        format!(
+                            "fan {}'s place in the line moved back from {p} to {position} (node {}, {} ms)",
+                            c.fan, c.node, c.invoked_ms
+                        ),
+                    ));
                 }
                 if *s == pb::QueueState::Admitted as i32
                     && *state != pb::QueueState::Admitted as i32
                 {
-                    v.push(Violation::new(format!(
-                        "fan {}'s admission was taken back (state {state}, node {}, {} ms)",
-                        c.fan, c.node, c.invoked_ms
-                    )));
+                    v.push(Violation::stale(
+                        c,
+                        format!(
+                            "fan {}'s admission was taken back (state {state}, node {}, {} ms)",
+                            c.fan, c.node, c.invoked_ms
+                        ),
+                    ));
                 }
             }
-            standing.insert(c.fan, (*position, *state));
+            if !unplaced {
+                standing.insert(c.fan, (*position, *state));
+            }
         }
     }
 
