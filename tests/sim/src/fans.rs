@@ -332,7 +332,13 @@ async fn fan(w: Workload, me: Fan) {
             30..40 => {
                 let patience = patience(&mut rng);
                 let seats = floor_seats();
-                let seat = seats[rng.random_range(0..seats.len())].clone();
+                // Half the time one of the two best seats, which every fan wants.
+                let pick = if rng.random_range(0..2) == 0 {
+                    2
+                } else {
+                    seats.len()
+                };
+                let seat = seats[rng.random_range(0..pick)].clone();
                 let op = Op::Hold {
                     key: format!("s-{me}-{n}"),
                     section: FLOOR.into(),

@@ -52,6 +52,12 @@ pub enum Fault {
         /// Share of the unsynced writes that reached the disk, per mille.
         keep: u64,
     },
+    /// Whichever node leads is cut off from the others for `ms` (as [`Fault::Isolate`]; a
+    /// random node if none leads): writes it takes meanwhile never commit.
+    IsolateLeader {
+        /// How long.
+        ms: u64,
+    },
     /// Whichever node leads loses power (as [`Fault::Crash`]; a random node if none leads).
     CrashLeader {
         /// How long it stays down.
@@ -192,7 +198,8 @@ pub fn plan(seed: u64, nodes: u64, from_ms: u64, until_ms: u64) -> Plan {
                     to: other,
                     ms,
                 },
-                20..32 => Fault::Isolate { node, ms },
+                20..26 => Fault::Isolate { node, ms },
+                26..32 => Fault::IsolateLeader { ms },
                 32..40 => Fault::Delay {
                     a: node,
                     b: other,
@@ -205,10 +212,11 @@ pub fn plan(seed: u64, nodes: u64, from_ms: u64, until_ms: u64) -> Plan {
                 },
                 45..48 => Fault::CutInSync {
                     node,
-                    bytes: 1 << rng.random_range(6..14),
-                    sync_ms: rng.random_range(1..200),
+                    bytes: 1 << rng.random_range(6..12),
+                    sync_ms: rng.random_range(1..1_000),
                     down_ms: ms,
-                    keep: rng.random_range(0..1_000),
+                    // Half the cuts keep nothing the failed sync covered.
+                    keep: rng.random_range(0..1_000u64).saturating_sub(500) * 2,
                 },
                 48..53 => Fault::CrashLeader {
                     down_ms: ms,
@@ -242,6 +250,13 @@ pub fn plan(seed: u64, nodes: u64, from_ms: u64, until_ms: u64) -> Plan {
                     node,
                     pick: rng.random(),
                 },
+            };
+            // A cut inside a sync bites while the sale is busy (its first seconds, when many
+            // writes are in flight): it comes in the first third of the window.
+            let at = if matches!(fault, Fault::CutInSync { .. }) {
+                from_ms + (at - from_ms) / 3
+            } else {
+                at
             };
             (at, fault)
         })

@@ -213,6 +213,16 @@ impl Driver {
         self.wiped_at.is_some_and(|at| now < at + 10_000)
     }
 
+    /// The node that leads now (a node chosen by `now` if none does).
+    fn leader_or_any(&self, now: u64) -> u64 {
+        history_seen(&self.seen)
+            .now
+            .iter()
+            .find(|(_, (_, leads, _))| *leads)
+            .map(|(id, _)| *id)
+            .unwrap_or(1 + now % self.setup.nodes)
+    }
+
     fn apply(&mut self, sim: &mut turmoil::Sim<'_>, now: u64, fault: Fault) {
         use Fault::*;
         let named = format!("{fault:?}");
@@ -255,13 +265,13 @@ impl Driver {
                 disk.crash(disk.unsynced_writes() * keep as usize / 1_000);
                 self.later.push((now + down_ms, Undo::Start(node)));
             }
+            IsolateLeader { ms } => {
+                let node = self.leader_or_any(now);
+                self.record(now, format!("{named}: node {node}"));
+                return self.apply(sim, now, Isolate { node, ms });
+            }
             CrashLeader { down_ms, keep } => {
-                let leader = history_seen(&self.seen)
-                    .now
-                    .iter()
-                    .find(|(_, (_, leads, _))| *leads)
-                    .map(|(id, _)| *id);
-                let node = leader.unwrap_or(1 + now % self.setup.nodes);
+                let node = self.leader_or_any(now);
                 self.record(now, format!("{named}: node {node}"));
                 return self.apply(
                     sim,
@@ -334,6 +344,7 @@ impl Driver {
                 }
                 self.stop(sim, node);
                 self.node(node).wipe();
+                history_seen(&self.seen).votes.remove(&node);
                 self.flipped.remove(&node);
                 self.wiped_at = Some(now);
                 self.later.push((now + down_ms, Undo::Start(node)));
@@ -368,6 +379,7 @@ impl Driver {
                 let flipped = self.node(node).disk.flip_bit(pick, |_| true);
                 self.record(now, format!("{named}: {flipped:?}"));
                 self.flipped.insert(node);
+                history_seen(&self.seen).votes.remove(&node);
                 self.stop(sim, node);
                 self.later.push((now + 300, Undo::Start(node)));
                 return;
@@ -430,6 +442,7 @@ impl Driver {
                     format!("node {id} failed {tries} times ({why}): the operator wipes it"),
                 );
                 self.node(id).wipe();
+                history_seen(&self.seen).votes.remove(&id);
                 self.wiped_at = Some(now);
                 self.flipped.remove(&id);
                 self.failures.insert(id, 0);
@@ -635,6 +648,7 @@ pub fn run(seed: u64, options: &Options) -> Report {
     violations.extend(
         std::mem::take(&mut driver.findings)
             .into_iter()
+            .chain(std::mem::take(&mut history_seen(&driver.seen).votes_lost))
             .map(check::Violation::new),
     );
     // Let the group settle (every node applied the same log) before its disks are compared.

@@ -69,9 +69,28 @@ pub struct RaftSeen {
     pub now: BTreeMap<u64, (u64, bool, u64)>,
     /// Nodes whose Raft stopped (a storage error), with why.
     pub failed: BTreeMap<u64, String>,
+    /// The greatest vote (term, candidate) each node reported: a vote is reported once it is
+    /// saved, and a saved vote must survive a restart (forgotten when the driver wipes the
+    /// node's disk or flips a bit on it).
+    pub votes: BTreeMap<u64, (u64, u64)>,
+    /// Votes a node forgot across a restart: a vote it granted was not durable.
+    pub votes_lost: Vec<String>,
 }
 
 impl RaftSeen {
+    /// Node `node` reports `vote` (`restarted`: the first report of its software's start,
+    /// the vote it read back from its disk), at virtual `now_ms`.
+    pub fn vote(&mut self, node: u64, vote: (u64, u64), restarted: bool, now_ms: u64) {
+        let before = self.votes.entry(node).or_insert(vote);
+        if restarted && vote < *before {
+            self.votes_lost.push(format!(
+                "node {node} restarted at {now_ms} ms with vote (term {}, node {}), though it had saved (term {}, node {}) before: a vote it granted was not durable",
+                vote.0, vote.1, before.0, before.1
+            ));
+        }
+        *before = (*before).max(vote);
+    }
+
     /// Node `node` leads as `id` now (or leads nothing), at virtual `now_ms`.
     pub fn lead(&mut self, node: u64, id: Option<LeaderId>, now_ms: u64) {
         let open = self
@@ -200,10 +219,23 @@ impl Node {
                 };
                 if let Some(raft) = running.raft() {
                     let mut metrics = raft.metrics();
+                    let mut restarted = true;
                     loop {
                         {
                             let m = metrics.borrow_and_update();
                             let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+                            // (Before Raft reports what it read, its figures are a placeholder
+                            // with no membership: a node with data always has one.)
+                            if m.membership_config
+                                .membership()
+                                .voter_ids()
+                                .next()
+                                .is_some()
+                            {
+                                let vote = (m.vote.leader_id.term, m.vote.leader_id.node_id);
+                                seen.vote(node.id, vote, restarted, crate::clock::elapsed_ms());
+                                restarted = false;
+                            }
                             let leads = m.state == openraft::ServerState::Leader
                                 && m.current_leader == Some(node.id);
                             let id = (m.current_term, node.id);
