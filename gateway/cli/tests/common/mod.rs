@@ -23,13 +23,26 @@ use tonic::transport::{Channel, Endpoint};
 pub const ADMIN: &str = "adm-cluster-test";
 pub const CLIENT: &str = "cli-cluster-test";
 
-/// A free loopback port (bound, then released for the node to bind).
+/// A free loopback port for a node to bind, never the same one twice in this process.
+///
+/// Not one the kernel picks for `127.0.0.1:0`: those come from the ephemeral range
+/// (`ip_local_port_range`, 32768..60999 here), where the kernel may hand the same port to the next
+/// such bind, or to the source end of any outgoing connection, before the node binds it (one CI run
+/// gave two nodes the same metrics port). These come from below that range, are checked free by
+/// binding them, and are remembered.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let mut given = GIVEN.lock().unwrap();
+    loop {
+        let port = rand::random_range(20_000..32_000u16);
+        if given.contains(&port) {
+            continue;
+        }
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.insert(port);
+            return port;
+        }
+    }
 }
 
 /// One `boxoffice serve` child process.
