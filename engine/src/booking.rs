@@ -20,6 +20,7 @@ use crate::types::{
     EventId, HoldId, HoldRequest, HoldView, OrderId, OrderView, SectionId, Selection, UserId,
     check_idempotency_key, check_user_id,
 };
+use crate::waitlist::WaitlistView;
 
 impl Engine {
     /// Holds places: exact seats, or best available in a section or anywhere in the event.
@@ -27,13 +28,42 @@ impl Engine {
     /// even if the caller stops waiting (see [`Engine::detached`]).
     pub async fn hold(&self, req: HoldRequest) -> Result<HoldView, EngineError> {
         let engine = self.clone();
-        self.detached(async move { engine.hold_now(req).await })
+        self.detached(async move { engine.hold_now(req, None).await })
             .await
     }
 
-    async fn hold_now(&self, req: HoldRequest) -> Result<HoldView, EngineError> {
+    /// Places the hold a waitlist offer makes for `entry`'s fan: best available places of its
+    /// section (any, for none), all or nothing, with no idempotency key of the fan's (a refusal
+    /// is not remembered: the entry is tried again when places free up). The hold carries the
+    /// entry's mark, so after a crash between this hold and the offer's record the hold is
+    /// found again ([`Engine::waitlist_offer_made`]) instead of a second one being placed.
+    pub async fn hold_offer(&self, entry: &WaitlistView) -> Result<HoldView, EngineError> {
+        let req = HoldRequest {
+            event_id: entry.event_id.clone(),
+            user_id: entry.user_id.clone(),
+            idempotency_key: String::new(),
+            selection: Selection::BestAvailable {
+                section: entry.section_id.clone(),
+                quantity: entry.quantity,
+            },
+        };
+        let mark = crate::waitlist_calls::offer_mark(&entry.entry_id);
+        let engine = self.clone();
+        self.detached(async move { engine.hold_now(req, Some(mark)).await })
+            .await
+    }
+
+    /// `mark`: what the hold's record carries in place of the request's key (a waitlist offer's).
+    async fn hold_now(
+        &self,
+        req: HoldRequest,
+        mark: Option<IdemTag>,
+    ) -> Result<HoldView, EngineError> {
         self.check_ready()?;
-        let plan = self.plan_hold(req)?;
+        let mut plan = self.plan_hold(req)?;
+        if mark.is_some() {
+            plan.mark = mark;
+        }
         match self
             .inner
             .ledger
@@ -310,6 +340,7 @@ impl Engine {
             candidates,
             quantity,
             pick,
+            mark: tag.clone(),
             tag,
         })
     }
@@ -516,7 +547,10 @@ struct HoldPlan {
     candidates: Vec<SectionId>,
     quantity: u32,
     pick: Pick,
+    /// The request's key, for the ledger (replays, in flight, remembered refusals).
     tag: Option<IdemTag>,
+    /// What the hold's record carries: the request's key, or a waitlist offer's mark.
+    mark: Option<IdemTag>,
 }
 
 impl HoldPlan {
@@ -544,7 +578,7 @@ impl HoldPlan {
             user_id: self.user_id.clone(),
             pick: self.pick.clone(),
             ttl_ms: self.event.spec.hold_ttl_ms,
-            idem: self.tag.clone(),
+            idem: self.mark.clone(),
         }
     }
 }

@@ -50,7 +50,9 @@ impl Engine {
     }
 
     /// Expires what is due in a section (at most `max` holds) and then, in the same step of the
-    /// section's actor, places a hold for each of `offers` (user, quantity), in order, each all or
+    /// section's actor, places a hold for each of `offers` (user, quantity, the waitlist entry
+    /// it is for: its hold carries the entry's mark, see [`Engine::waitlist_offer_made`]), in
+    /// order, each all or
     /// nothing at the best available places of this section, with the event's TTL. No request
     /// queued behind can take the freed places first: waiting fans are served before new ones.
     /// Quota is reserved per offer as for any hold (USER_LIMIT skips that fan) and given back
@@ -61,7 +63,7 @@ impl Engine {
         event_id: &EventId,
         section_id: &SectionId,
         max: usize,
-        offers: &[(UserId, u32)],
+        offers: &[(UserId, u32, Option<String>)],
     ) -> Result<ExpiredAndOffered, EngineError> {
         self.check_ready()?;
         let max = max.clamp(1, EXPIRE_PER_SECTION_MAX);
@@ -174,9 +176,9 @@ impl Offering<'_> {
 
     /// Reserves every offer's quota at once (one round trip of waiting, not one per offer: the
     /// sweeper does this while sections' deadlines wait for it); returns the holds to place.
-    async fn reserve(&mut self, offers: &[(UserId, u32)]) -> Vec<PlaceHold> {
+    async fn reserve(&mut self, offers: &[(UserId, u32, Option<String>)]) -> Vec<PlaceHold> {
         let mut asks = Vec::new();
-        for (k, (user, quantity)) in offers.iter().enumerate() {
+        for (k, (user, quantity, entry)) in offers.iter().enumerate() {
             if *quantity == 0 || *quantity > PLACES_PER_HOLD_MAX {
                 self.outcomes[k] = Some(Err(Rejection::invalid(
                     "quantity",
@@ -187,10 +189,10 @@ impl Offering<'_> {
             }
             let a = self.args(user, *quantity);
             let ledger = &self.engine.inner.ledger;
-            asks.push(async move { (k, user, *quantity, ledger.begin(a).await) });
+            asks.push(async move { (k, user, *quantity, entry, ledger.begin(a).await) });
         }
         let mut plans = Vec::new();
-        for (k, user, quantity, begun) in futures_util::future::join_all(asks).await {
+        for (k, user, quantity, entry, begun) in futures_util::future::join_all(asks).await {
             match begun {
                 Ok(Begin::Proceed) => {
                     plans.push(PlaceHold {
@@ -198,7 +200,7 @@ impl Offering<'_> {
                         user_id: user.clone(),
                         pick: Pick::Best(quantity),
                         ttl_ms: self.event.spec.hold_ttl_ms,
-                        idem: None,
+                        idem: entry.as_deref().map(crate::waitlist_calls::offer_mark),
                     });
                     self.reserved.push((k, user.clone(), quantity));
                 }

@@ -9,12 +9,14 @@
 //! the state it reflects is durable.
 //!
 //! It publishes a [`SectionSnapshot`] on a `watch` channel (reading availability never enters the
-//! mailbox) with every change, before the change's records go to the flusher, so a caller that
-//! got its reply reads its own change (or a later one); only then (a message that changes
-//! nothing copies nothing). A snapshot is the counts and
-//! one byte per seat (up to 1 MB for the largest section), with its version (the last record
-//! of the stream it shows): readers that build something from a snapshot (the gateway's seat
-//! maps) rebuild only when the version moved.
+//! mailbox) with every change once the change is durable, just before its replies leave: a caller
+//! that got its reply reads its own change (or a later one), and no reader ever sees a change that
+//! a crash could still take back (on a cluster, a leader's batch is durable once committed; a
+//! leader that dies first loses it, and a count that had shown it would go back). The snapshot is
+//! taken when the batch is sealed and sent by the flusher's completion; a message that changes
+//! nothing copies nothing. A snapshot is the counts and one byte per seat (up to 1 MB for the
+//! largest section), with its version (the last record of the stream it shows): readers that
+//! build something from a snapshot (the gateway's seat maps) rebuild only when the version moved.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -226,21 +228,21 @@ impl SectionState {
         self.open.replies.push(Box::new(reply));
     }
 
-    /// Seals the open batch: publishes the snapshot of its change (before any of its replies
-    /// can leave, so a caller that got its reply reads its own change), numbers and encodes
-    /// its records into one job for the flusher, and queues a checkpoint behind it if one is
-    /// due. Nothing open: nothing to do.
+    /// Seals the open batch: takes the snapshot of its change, numbers and encodes its records
+    /// into one job for the flusher, and queues a checkpoint behind it if one is due. Once the
+    /// job is durable, the snapshot is published before any of its replies leave (so a caller
+    /// that got its reply reads its own change, and nobody reads a change still in flight).
+    /// Nothing open: nothing to do.
     fn seal(&mut self) {
         if self.open.replies.is_empty() {
             return;
         }
         let open = std::mem::take(&mut self.open);
         let upto = self.a.stream.next_seq - 1 + open.records.len() as u64;
-        if !open.records.is_empty() {
-            // The snapshot shows these records' change: its version is their last number. A
-            // batch that writes nothing changed nothing, so it publishes nothing.
-            self.publish(upto);
-        }
+        // The snapshot shows these records' change: its version is their last number. A batch
+        // that writes nothing changed nothing, so it publishes nothing.
+        let snap = (!open.records.is_empty()).then(|| self.snapshot_at(upto));
+        let publisher = self.publisher();
         let durable = self.durable_seq.clone();
         let ledger = self.a.ledger.clone();
         let event_id = self.a.core.event_id().clone();
@@ -252,6 +254,9 @@ impl SectionState {
             Box::new(move |r| {
                 if r.is_ok() {
                     durable.fetch_max(upto, Ordering::AcqRel);
+                    if let Some(snap) = snap {
+                        publisher.publish(snap);
+                    }
                     for hold in ended {
                         // Released or expired places count against nobody once durable.
                         if matches!(hold.status, HoldStatus::Released | HoldStatus::Expired) {
@@ -274,15 +279,50 @@ impl SectionState {
         );
     }
 
-    fn publish(&mut self, version: u64) {
+    /// The section as it stands now, as of record `version`.
+    fn snapshot_at(&self, version: u64) -> SectionSnapshot {
         let mut snap = self.a.core.snapshot(version);
         snap.changed_at_ms = self.a.clock.now_ms();
-        // Three atomic stores: the gauges follow the published counts, no lock taken.
-        let [available, held, sold] = &self.counters.places;
-        available.set(f64::from(snap.available));
-        held.set(f64::from(snap.held));
-        sold.set(f64::from(snap.sold));
-        self.a.snapshot.send_replace(Arc::new(snap));
+        snap
+    }
+
+    fn publisher(&self) -> Publisher {
+        Publisher {
+            snapshot: self.a.snapshot.clone(),
+            places: self.counters.places.clone(),
+        }
+    }
+}
+
+/// Where a section's durable snapshots go: the `watch` channel, and the places gauges.
+struct Publisher {
+    snapshot: Arc<watch::Sender<Arc<SectionSnapshot>>>,
+    places: [metrics::Gauge; 3],
+}
+
+impl Publisher {
+    /// Publishes `snap` unless a later version is out already (completions run in log order;
+    /// this keeps the versions a reader sees from ever going back regardless).
+    fn publish(&self, snap: SectionSnapshot) {
+        let newer = self.snapshot.send_if_modified(|current| {
+            let newer = snap.version > current.version;
+            if newer {
+                *current = Arc::new(snap);
+            }
+            newer
+        });
+        if newer {
+            self.gauges();
+        }
+    }
+
+    /// Sets the places gauges to the published counts: three atomic stores, no lock taken.
+    fn gauges(&self) {
+        let current = self.snapshot.borrow();
+        let [available, held, sold] = &self.places;
+        available.set(f64::from(current.available));
+        held.set(f64::from(current.held));
+        sold.set(f64::from(current.sold));
     }
 }
 
@@ -324,7 +364,7 @@ impl Actor for SectionActor {
             a.core.event_id().as_str(),
             a.core.spec().section_id.as_str(),
         );
-        let mut st = SectionState {
+        let st = SectionState {
             a,
             durable_seq,
             open: OpenBatch::default(),
@@ -333,8 +373,11 @@ impl Actor for SectionActor {
             counters,
             reported_deadline: None,
         };
+        // What the actor starts from is durable: published at once.
         let version = st.a.stream.next_seq - 1;
-        st.publish(version);
+        let snap = st.snapshot_at(version);
+        st.a.snapshot.send_replace(Arc::new(snap));
+        st.publisher().gauges();
         Ok(st)
     }
 
@@ -577,7 +620,7 @@ impl SectionState {
     }
 
     /// After every message: tell the listener if the earliest deadline moved, keep the depth
-    /// gauge, publish a snapshot due at a batch's end.
+    /// gauge.
     fn after_message(&mut self, left: usize, batch_end: bool) {
         let next = self.a.core.next_deadline_ms();
         if self.reported_deadline != Some(next) {

@@ -1,11 +1,14 @@
 //! The engine's waitlist calls: join, read, and the sweeper's offer bookkeeping, over the waitlist
 //! actor ([`crate::waitlist`]).
 
+use crate::booking::idem_tag;
 use crate::catalog::EventEntry;
+use crate::core::IdemTag;
 use crate::engine::Engine;
 use crate::error::{EngineError, Rejection};
+use crate::ledger::{Answer, Rpc};
 use crate::section::{Notice, SectionMsg};
-use crate::types::{EventId, HoldId, SectionId, UserId, check_user_id};
+use crate::types::{EventId, HoldId, HoldView, SectionId, UserId, check_user_id};
 use crate::waitlist::{JoinRequest, WaitlistMsg, WaitlistState, WaitlistView};
 
 impl Engine {
@@ -168,6 +171,34 @@ impl Engine {
             .await
     }
 
+    /// The hold an offer to `entry` placed before, if its record is known while the offer was
+    /// never recorded with the waitlist: a leader that died between the two (the hold is
+    /// replicated, the offer is not) leaves such a hold, which the next leader's sweeper records
+    /// as the entry's offer instead of placing a second one (the first would hold its places
+    /// for a whole TTL, offered to nobody). Found by the mark the offer's hold carries
+    /// ([`offer_mark`]), through the ledger, which learns every hold's mark from the records it
+    /// starts from. `None`: no such hold, or its window passed.
+    pub async fn waitlist_offer_made(
+        &self,
+        entry: &WaitlistView,
+    ) -> Result<Option<HoldView>, EngineError> {
+        self.check_ready()?;
+        let found = self
+            .inner
+            .ledger
+            .lookup(
+                entry.user_id.clone(),
+                Rpc::Hold,
+                offer_mark(&entry.entry_id),
+                self.now_ms(),
+            )
+            .await?;
+        Ok(match found {
+            Some(Ok(Answer::Hold(view))) => Some(view),
+            _ => None,
+        })
+    }
+
     /// Records that `hold_id` was offered to a waiting entry (idempotent for the same hold).
     pub async fn waitlist_offer(
         &self,
@@ -215,4 +246,16 @@ impl Engine {
         let e = event_id.clone();
         self.ask_waitlist(|reply| WaitlistMsg::Len(e, reply)).await
     }
+}
+
+/// The mark the hold of an offer to waitlist entry `entry_id` carries in its record, where a
+/// fan's hold carries its idempotency key: one per entry (an entry is offered once). Its
+/// fingerprint is the entry's, not any request's: a fan's hold sent with the same key is never
+/// answered with the offer (it is refused as a reused key once the ledger knows the mark).
+pub(crate) fn offer_mark(entry_id: &str) -> IdemTag {
+    let key = format!("waitlist-offer:{entry_id}");
+    idem_tag(&key, &(Rpc::Hold, entry_id)).unwrap_or(IdemTag {
+        key,
+        fingerprint: 0,
+    })
 }

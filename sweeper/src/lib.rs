@@ -37,8 +37,8 @@ use std::time::Duration;
 
 use boxoffice_engine::limits;
 use boxoffice_engine::{
-    Engine, EngineError, EventId, HoldId, HoldRequest, HoldStatus, HoldView, Notice, Rejection,
-    SectionId, Selection, UserId, WaitlistState, WaitlistView,
+    Engine, EngineError, EventId, HoldId, HoldStatus, HoldView, Notice, Rejection, SectionId,
+    UserId, WaitlistState, WaitlistView,
 };
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
@@ -99,6 +99,12 @@ pub enum SweeperMsg {
 /// How soon a section that answered `NOT_READY` (its actor restarting) is tried again, in ms.
 const SECTION_RETRY_MS: u64 = 50;
 
+/// How many passes' worth of waiting entries (`offers_per_pass_max` each) a restarted sweeper
+/// looks at for an offer made but never recorded (`adopt_offers`). Offers go to the head of the
+/// line a pass at a time, so an unrecorded one is near the head; the rest of a long line is
+/// not read.
+const ADOPT_SCAN_PASSES: usize = 4;
+
 /// The sweeper actor.
 pub struct Sweeper;
 
@@ -155,9 +161,9 @@ impl SweeperState {
             } else {
                 Vec::new()
             };
-            let offers: Vec<(UserId, u32)> = candidates
+            let offers: Vec<(UserId, u32, Option<String>)> = candidates
                 .iter()
-                .map(|c| (c.user_id.clone(), c.quantity))
+                .map(|c| (c.user_id.clone(), c.quantity, Some(c.entry_id.clone())))
                 .collect();
             match self
                 .engine
@@ -330,19 +336,10 @@ impl SweeperState {
             if !fits {
                 continue;
             }
-            let req = HoldRequest {
-                event_id: event.clone(),
-                user_id: c.user_id.clone(),
-                // No idempotency key: a key would replay this attempt's SOLD_OUT forever. A
-                // crash between this hold and its record leaves a hold nobody was told of; it
-                // expires with its TTL and its places come back.
-                idempotency_key: String::new(),
-                selection: Selection::BestAvailable {
-                    section: c.section_id.clone(),
-                    quantity: c.quantity,
-                },
-            };
-            let outcome = self.engine.hold(req).await;
+            // No idempotency key (a key would replay this attempt's SOLD_OUT forever), but the
+            // entry's mark: a crash between this hold and its record leaves a hold the next
+            // leader finds and offers (`adopt_offers`), not one offered to nobody.
+            let outcome = self.engine.hold_offer(&c).await;
             if let Ok(h) = &outcome
                 && let Some(a) = free.get_mut(&h.section_id)
             {
@@ -360,6 +357,45 @@ impl SweeperState {
                 self.waiting_events.remove(event);
             }
         }
+    }
+
+    /// Offers made but never recorded: a leader that died between an offer's hold and its
+    /// record with the waitlist left the hold (replicated) without the offer (not). Each is
+    /// recorded now as its entry's offer, before any new offer could place a second hold for
+    /// the same entry; one that ended meanwhile ends its offer as any ended offer does.
+    async fn adopt_offers(&mut self) -> Result<(), EngineError> {
+        for event in self.engine.waitlist_events().await? {
+            let waiting = self
+                .engine
+                .waitlist_candidates(
+                    &event,
+                    None,
+                    ADOPT_SCAN_PASSES.saturating_mul(self.config.offers_per_pass_max),
+                )
+                .await?;
+            let mut made = Vec::new();
+            for c in waiting {
+                if let Some(hold) = self.engine.waitlist_offer_made(&c).await? {
+                    tracing::warn!(entry = %c.entry_id, hold = %hold.hold_id, "a waitlist offer made before a restart was never recorded: recorded now");
+                    made.push((c, hold));
+                }
+            }
+            let holds: Vec<HoldId> = made.iter().map(|(_, h)| h.hold_id.clone()).collect();
+            self.record_offers(made).await;
+            for id in holds {
+                match self.engine.get_hold(&id).await {
+                    Ok(hold) if hold.status == HoldStatus::Held => {}
+                    Ok(hold) => self.hold_ended(hold).await,
+                    Err(EngineError::Rejected(Rejection::HoldNotFound)) => {
+                        if let Some(entry) = self.offered.remove(&id) {
+                            self.end_offer(entry, false);
+                        }
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(())
     }
 
     /// After a (re)start: deadlines, outstanding offers, and places free for waiting fans.
@@ -386,6 +422,7 @@ impl SweeperState {
                 Err(e) => return Err(e),
             }
         }
+        self.adopt_offers().await?;
         for event in self.engine.waitlist_events().await? {
             self.waiting_events.insert(event.clone());
             self.offer(&event, None).await;

@@ -8,8 +8,11 @@
 //! votes only for a candidate whose log is empty too (the group's first election, when nothing
 //! was ever committed), until it has applied everything its group had committed when a leader
 //! first reached it (the `leader_commit` of that first append); from then on it is a node like
-//! any other, and that is remembered (`voter_ready` in `raft_meta`). A node restarted with its
-//! data was never pristine. See ARCHITECTURE.md, "Replication".
+//! any other, and that is remembered (`voter_ready` in `raft_meta`). Catching up is remembered
+//! too (`voter_catching_up`, with the target once known): a node restarted before it caught up
+//! has a log then, but still not everything it may once have acknowledged, so it keeps
+//! waiting. A node restarted with its data, never marked either way, was never pristine. See
+//! ARCHITECTURE.md, "Replication".
 
 use std::sync::{Arc, Mutex};
 
@@ -19,6 +22,9 @@ use super::{NodeDb, Raft, TypeConfig};
 use crate::store::names;
 
 const VOTER_READY: &[u8] = b"voter_ready";
+/// Present while the node catches up: empty until a leader reached it, then the target index
+/// (8 bytes, big-endian).
+const VOTER_CATCHING_UP: &[u8] = b"voter_catching_up";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
@@ -42,23 +48,34 @@ impl VoteGuard {
     pub fn open(node: &NodeDb) -> std::io::Result<VoteGuard> {
         let meta = node.tree(&format!("{}meta", names::RAFT_TREES_PREFIX))?;
         let log = node.tree(&format!("{}log", names::RAFT_TREES_PREFIX))?;
-        let ready = meta
-            .get(VOTER_READY)
-            .map_err(std::io::Error::other)?
-            .is_some();
+        let read = |key: &[u8]| meta.get(key).map_err(std::io::Error::other);
+        let ready = read(VOTER_READY)?.is_some();
+        let catching_up = read(VOTER_CATCHING_UP)?;
         let pristine = !ready
+            && catching_up.is_none()
             && meta.is_empty().map_err(std::io::Error::other)?
             && log.is_empty().map_err(std::io::Error::other)?;
+        let state = match (&catching_up, ready) {
+            (_, true) => State::Ready,
+            (Some(target), false) => State::CatchingUp {
+                target: <[u8; 8]>::try_from(target.as_slice())
+                    .ok()
+                    .map(u64::from_be_bytes),
+            },
+            (None, false) if pristine => State::CatchingUp { target: None },
+            (None, false) => State::Ready,
+        };
         let guard = VoteGuard {
-            state: Arc::new(Mutex::new(if pristine {
-                State::CatchingUp { target: None }
-            } else {
-                State::Ready
-            })),
+            state: Arc::new(Mutex::new(state)),
             meta,
         };
-        if !pristine && !ready {
-            guard.set_ready();
+        match state {
+            // Durable with the node's first acknowledgement (its sync covers every tree).
+            State::CatchingUp { target: None } if pristine => {
+                guard.remember(VOTER_CATCHING_UP, &[])
+            }
+            State::Ready if !ready => guard.set_ready(),
+            _ => {}
         }
         Ok(guard)
     }
@@ -70,9 +87,19 @@ impl VoteGuard {
     /// Marks the node ready to vote (it formed the group, or it caught up), durably.
     pub fn set_ready(&self) {
         *self.state.lock().unwrap_or_else(|p| p.into_inner()) = State::Ready;
-        if let Err(e) = self.meta.insert(VOTER_READY, &[1u8]) {
-            // Not durable: after a restart the node is not pristine anyway (it has a log).
-            tracing::warn!(error = %e, "cannot record that this node may vote");
+        // Not recorded: after a restart the node still catches up, which is safe.
+        self.remember(VOTER_READY, &[1u8]);
+        if let Err(e) = self.meta.remove(VOTER_CATCHING_UP) {
+            tracing::warn!(error = %e, "cannot record that this node caught up");
+        }
+    }
+
+    /// Writes a mark of the guard's state; it is durable with the node's next sync (the one
+    /// before it acknowledges anything). A write that fails is logged; a restart then goes by
+    /// what is on disk.
+    fn remember(&self, key: &[u8], value: &[u8]) {
+        if let Err(e) = self.meta.insert(key, value) {
+            tracing::warn!(error = %e, "cannot record this node's vote guard state");
         }
     }
 
@@ -93,6 +120,8 @@ impl VoteGuard {
             *s = State::CatchingUp {
                 target: Some(target),
             };
+            // Written before the append is taken, so durable with its sync.
+            self.remember(VOTER_CATCHING_UP, &target.to_be_bytes());
         }
     }
 
@@ -140,5 +169,51 @@ mod tests {
         let wiped = tempfile::tempdir().unwrap();
         let db = super::super::open_node_db(wiped.path()).unwrap();
         assert!(VoteGuard::open(&db).unwrap().catching_up());
+    }
+
+    #[test]
+    fn a_node_restarted_before_it_caught_up_still_catches_up() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let db = super::super::open_node_db(dir.path()).unwrap();
+            let g = VoteGuard::open(&db).unwrap();
+            assert_eq!(g.state(), State::CatchingUp { target: None });
+            // A restart before any leader reached it, with something in its log by then.
+            let log = db
+                .tree(&format!("{}log", names::RAFT_TREES_PREFIX))
+                .unwrap();
+            log.insert(b"entry", b"x").unwrap();
+        }
+        {
+            let db = super::super::open_node_db(dir.path()).unwrap();
+            let g = VoteGuard::open(&db).unwrap();
+            assert_eq!(
+                g.state(),
+                State::CatchingUp { target: None },
+                "not ready for its log"
+            );
+            let req = AppendEntriesRequest::<TypeConfig> {
+                vote: openraft::Vote::new_committed(2, 1),
+                prev_log_id: None,
+                entries: Vec::new(),
+                leader_commit: Some(openraft::LogId::new(
+                    openraft::CommittedLeaderId::new(2, 1),
+                    41,
+                )),
+            };
+            g.saw_append(&req);
+        }
+        let db = super::super::open_node_db(dir.path()).unwrap();
+        let g = VoteGuard::open(&db).unwrap();
+        assert_eq!(
+            g.state(),
+            State::CatchingUp { target: Some(41) },
+            "the target is kept"
+        );
+        g.set_ready();
+        drop(g);
+        drop(db);
+        let db = super::super::open_node_db(dir.path()).unwrap();
+        assert_eq!(VoteGuard::open(&db).unwrap().state(), State::Ready);
     }
 }

@@ -143,8 +143,13 @@ impl crate::store::Replicate for RaftReplicator {
                 .client_write_ff(batch)
                 .await
                 .map_err(|e| crate::error::StorageError::Halted(format!("raft: {e}")))?;
+            // From the submit, not from when the waiter is first awaited: the acker awaits the
+            // batches in flight one after another, and a timeout of its own for each would add
+            // up (seed 7943: four batches of a deposed leader took 20 s to fail, and its
+            // engine that long to stop, while the node led again and could not serve).
+            let deadline = tokio::time::Instant::now() + COMMIT_TIMEOUT;
             let wait: crate::store::Waiter = Box::pin(async move {
-                match tokio::time::timeout(COMMIT_TIMEOUT, rx).await {
+                match tokio::time::timeout_at(deadline, rx).await {
                     Ok(Ok(Ok(r))) if r.data.stale => Err(crate::error::StorageError::Halted(
                         "this engine's leadership ended (the group moved to a later term)".into(),
                     )),

@@ -66,11 +66,13 @@ impl Violation {
     }
 }
 
-/// The waitlist entries acknowledged by a retried `JoinWaitlist`: one whose fan's attempt just
-/// before (for the same section) had no definite answer. Such an answer may come from the
-/// first attempt's entry held in memory before its record was durable: the known bug.
+/// The waitlist entries acknowledged by a retried `JoinWaitlist`: one whose fan had an attempt
+/// before (for the same section) with no definite answer, not only the one just before: the
+/// node that took that attempt may answer a later one from the entry it holds in memory, its
+/// record not durable (seeds 9618, 9802: a deposed leader, paused or cut off, answered a third
+/// attempt so after a second one had an entry from the new leader). The known bug.
 pub fn retried_entries(h: &History) -> BTreeSet<String> {
-    let mut last_failed: BTreeMap<(Fan, String), bool> = BTreeMap::new();
+    let mut ever_failed: BTreeMap<(Fan, String), bool> = BTreeMap::new();
     let mut joins: Vec<&Call> = h
         .calls
         .iter()
@@ -84,11 +86,11 @@ pub fn retried_entries(h: &History) -> BTreeSet<String> {
         };
         let key = (c.fan, section.clone());
         if let Answer::Entry(id, ..) = &c.answer
-            && last_failed.get(&key).copied().unwrap_or(false)
+            && ever_failed.get(&key).copied().unwrap_or(false)
         {
             retried.insert(id.clone());
         }
-        last_failed.insert(key, !c.answer.definite());
+        *ever_failed.entry(key).or_default() |= !c.answer.definite();
     }
     retried
 }

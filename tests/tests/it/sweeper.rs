@@ -233,16 +233,41 @@ async fn futures_holds(engine: &Engine, event: &str, prefix: &str, n: usize) -> 
     out
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waitlist_offers_in_order_all_or_nothing_pass_on_and_survive_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = Arc::new(ManualClock::new(T0_MS));
-    let engine = open(dir.path(), &clock).await;
-    let e = EventId::from("w");
+/// An engine in `dir` with event `w`: 4 places of general admission in section `g`, holds of
+/// 10 s, 4 places per fan.
+async fn open_four_places(dir: &std::path::Path, clock: &Arc<ManualClock>) -> Engine {
+    let engine = open(dir, clock).await;
     engine
         .create_event(event("w", vec![ga("g", 4, 1)], 10_000, 4))
         .await
         .unwrap();
+    engine
+}
+
+/// Crashes `engine`, opens it again from `dir` with a sweeper, and waits for the sweeper's
+/// start (its reconciliation) to be done.
+async fn crash_and_restart(
+    engine: Engine,
+    dir: &std::path::Path,
+    clock: &Arc<ManualClock>,
+) -> (Engine, ActorRef<SweeperMsg>) {
+    engine.crash().await;
+    drop(engine);
+    let engine = open(dir, clock).await;
+    let sweeper = start(engine.clone(), SweeperConfig::default())
+        .await
+        .unwrap()
+        .0;
+    sync(&sweeper).await.unwrap();
+    (engine, sweeper)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waitlist_offers_in_order_all_or_nothing_pass_on_and_survive_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let engine = open_four_places(dir.path(), &clock).await;
+    let e = EventId::from("w");
     let sweeper = start(engine.clone(), SweeperConfig::default())
         .await
         .unwrap()
@@ -287,14 +312,7 @@ async fn waitlist_offers_in_order_all_or_nothing_pass_on_and_survive_restart() {
 
     // Restart: entries, positions and offers survive.
     sweeper.stop(None);
-    engine.crash().await;
-    drop(engine);
-    let engine = open(dir.path(), &clock).await;
-    let sweeper = start(engine.clone(), SweeperConfig::default())
-        .await
-        .unwrap()
-        .0;
-    sync(&sweeper).await.unwrap();
+    let (engine, sweeper) = crash_and_restart(engine, dir.path(), &clock).await;
     let view = |id: String| {
         let engine = engine.clone();
         async move { engine.waitlist_entry(&id).await.unwrap() }
@@ -347,6 +365,43 @@ async fn waitlist_offers_in_order_all_or_nothing_pass_on_and_survive_restart() {
         WaitlistState::Fulfilled
     );
     assert!(stats.offers_accepted >= 1);
+    sweeper.stop(None);
+    engine.shutdown().await;
+}
+
+/// A leader that dies between an offer's hold and the offer's record leaves the hold (it is in
+/// the log) and an entry still waiting (its record is not). The next start records that hold
+/// as the entry's offer; it does not place a second one (seeds 6791 and 9709 of the simulation:
+/// the first hold then held its places for a whole TTL, offered to nobody).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offer_whose_record_was_lost_is_found_again_not_made_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let engine = open_four_places(dir.path(), &clock).await;
+    let e = EventId::from("w");
+    let all = engine.hold(best("w", "u1", 4)).await.unwrap();
+    let b = engine
+        .join_waitlist(&e, &UserId::from("b"), None, 2)
+        .await
+        .unwrap();
+    engine.release(&all.hold_id, &all.user_id).await.unwrap();
+    // What the dead leader's sweeper did before it could record the offer.
+    let orphan = engine.hold_offer(&b).await.unwrap();
+    assert_eq!(held(&engine, "w").await, 2);
+    let (engine, sweeper) = crash_and_restart(engine, dir.path(), &clock).await;
+    let b_now = engine.waitlist_entry(&b.entry_id).await.unwrap();
+    assert_eq!(b_now.state, WaitlistState::Offered);
+    assert_eq!(b_now.offered_hold_id.as_ref(), Some(&orphan.hold_id));
+    assert_eq!(held(&engine, "w").await, 2, "one hold for b's 2 places");
+    // It is an offer like any other: when it lapses, the entry ends and the places come back.
+    clock.advance_ms(11_000);
+    poke(&sweeper).await;
+    sync(&sweeper).await.unwrap();
+    assert_eq!(
+        engine.waitlist_entry(&b.entry_id).await.unwrap().state,
+        WaitlistState::Expired
+    );
+    assert_eq!(held(&engine, "w").await, 0);
     sweeper.stop(None);
     engine.shutdown().await;
 }
@@ -433,11 +488,11 @@ async fn expiry_hands_freed_places_to_waiting_fans_in_the_same_step() {
     // Offers in line order: 3 does not fit the 2 freed, the fan at the limit is skipped, the 1
     // and the next 1 fit.
     let offers = [
-        (UserId::from("big"), 3),
-        (UserId::from("full"), 1),
-        (UserId::from("one"), 1),
-        (UserId::from("two"), 1),
-        (UserId::from("late"), 1),
+        (UserId::from("big"), 3, None),
+        (UserId::from("full"), 1, None),
+        (UserId::from("one"), 1, None),
+        (UserId::from("two"), 1, None),
+        (UserId::from("late"), 1, None),
     ];
     let (ended, next, outcomes) = engine
         .expire_section_offering(&e, &g, 64, &offers)
@@ -479,7 +534,12 @@ async fn expiry_hands_freed_places_to_waiting_fans_in_the_same_step() {
     // (with 3 still reserved that would be USER_LIMIT).
     clock.advance_ms(5_000);
     let (ended, _, outcomes) = engine
-        .expire_section_offering(&e, &SectionId::from("h"), 64, &[(UserId::from("big"), 4)])
+        .expire_section_offering(
+            &e,
+            &SectionId::from("h"),
+            64,
+            &[(UserId::from("big"), 4, None)],
+        )
         .await
         .unwrap();
     assert_eq!(ended.len(), 1);
@@ -494,7 +554,7 @@ async fn expiry_hands_freed_places_to_waiting_fans_in_the_same_step() {
     ));
     let before = held(&engine, "w").await;
     let (_, _, outcomes) = engine
-        .expire_section_offering(&e, &g, 64, &[(UserId::from("zero"), 0)])
+        .expire_section_offering(&e, &g, 64, &[(UserId::from("zero"), 0, None)])
         .await
         .unwrap();
     assert_eq!(
