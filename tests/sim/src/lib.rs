@@ -419,15 +419,18 @@ impl Driver {
             {
                 continue;
             }
-            // A start refused for anything but a fault the driver put on the disk (a flipped
-            // bit, a full disk, a failed write or sync) breaks a promise: a power cut alone is
-            // not damage, and every node starts again after one.
+            // A start refused, or damage named, for anything but a fault the driver put on the
+            // disk (a flipped bit, a full disk, a failed write or sync) breaks a promise: a
+            // power cut alone is not damage, and every node starts again after one. (A node
+            // that starts but finds its copy damaged when it builds a snapshot counts too: a
+            // cut in the middle of a snapshot's install leaves that.)
             let disk_fault = ["No space left", "injected", "no power"]
                 .iter()
                 .any(|w| why.contains(w));
-            if why.starts_with("did not start") && !disk_fault && !self.flipped.contains(&id) {
+            let refused = why.starts_with("did not start") || why.contains("damage");
+            if refused && !disk_fault && !self.flipped.contains(&id) {
                 let found = format!(
-                    "node {id} did not start at {now} ms, though its disk only lost power: {why}"
+                    "node {id} failed at {now} ms naming damage or refusing to start, though its disk only lost power: {why}"
                 );
                 self.record(now, found.clone());
                 self.findings.push(found);
