@@ -102,7 +102,8 @@ pub(crate) struct Check {
     orphans: Vec<(String, String)>,
     /// Claim keys accepted now (mismatches, orphans that could not be withdrawn).
     accepted_claims: Vec<String>,
-    /// Whether `marks` come from a valid superblock (else no tail may count as torn).
+    /// Whether `marks` come from a valid superblock of a store whose records can be torn
+    /// (else no tail may count as torn).
     trusted: bool,
     /// The streams the log has, listed once at the first read.
     stored: Option<BTreeSet<String>>,
@@ -197,7 +198,8 @@ fn read_marks(sink: &dyn LogSink, found: &mut Findings) -> Result<(Marks, bool),
                 "superblock copy {copy} (the other copy is valid: a write torn by a crash)"
             ));
         }
-        return Ok((marks, true));
+        // Records written whole are never torn: a bad last one is damage.
+        return Ok((marks, !read.atomic_records));
     }
     if holds_data(sink)? {
         found.damage.push(if read.damaged_copies.is_empty() {
@@ -693,6 +695,7 @@ pub(crate) fn restart_section(
     marks: Marks,
 ) -> Result<(SectionCore, u64), StorageError> {
     let mut check = Check::new(marks, RecoveryMode::Strict);
+    check.trusted = !sink.superblock()?.atomic_records;
     let report = &mut RecoveryReport::default();
     let rebuilt = recover_section(sink, event_id, spec, window_ms, &mut check, report)?;
     check.refuse_if_damaged()?;
@@ -705,6 +708,7 @@ pub(crate) fn restart_waitlist(
     marks: Marks,
 ) -> Result<(WaitlistCore, u64), StorageError> {
     let mut check = Check::new(marks, RecoveryMode::Strict);
+    check.trusted = !sink.superblock()?.atomic_records;
     let rebuilt = recover_waitlist(sink, &mut check, &mut RecoveryReport::default())?;
     check.refuse_if_damaged()?;
     Ok(rebuilt)

@@ -162,6 +162,7 @@ impl LogSink for KvSink {
         Ok(SuperblockRead {
             marks: Some(Marks::default()),
             damaged_copies: vec![],
+            atomic_records: true,
         })
     }
 

@@ -143,6 +143,7 @@ impl LogSink for MemorySink {
         Ok(SuperblockRead {
             marks,
             damaged_copies: Vec::new(),
+            atomic_records: false,
         })
     }
 

@@ -93,9 +93,14 @@ struct Shared {
     fail_sync: Trigger,
     syncs: AtomicU64,
     failed_syncs: AtomicU64,
-    /// A power cut armed to land in the next sync that covers at least this many bytes:
-    /// `(bytes, share of the unsynced writes kept, per mille)`.
-    cut_in_sync: Mutex<Option<(usize, u64)>>,
+    /// A power cut armed to land in the next sync that covers at least this many bytes and
+    /// began after it was armed: `(bytes, share of the unsynced writes kept, per mille, syncs
+    /// begun before it was armed still to pass)`.
+    cut_in_sync: Mutex<Option<(usize, u64, u64)>>,
+    /// Syncs begun (their callers asked for the disk's time to sync, then wait it out).
+    syncs_begun: AtomicU64,
+    /// Syncs asked for.
+    syncs_called: AtomicU64,
     /// The power is off: every write and sync fails until [`SimKv::power_on`].
     off: AtomicBool,
 }
@@ -124,7 +129,17 @@ impl Shared {
         Ok(())
     }
 
+    /// Syncs begun and not yet asked for.
+    fn syncs_in_flight(&self) -> u64 {
+        self.syncs_begun
+            .load(Ordering::SeqCst)
+            .saturating_sub(self.syncs_called.load(Ordering::SeqCst))
+    }
+
     fn crash(&self, keep: usize) {
+        // The syncs under way die with the power.
+        self.syncs_begun
+            .store(self.syncs_called.load(Ordering::SeqCst), Ordering::SeqCst);
         let mut st = self.lock();
         let pending = std::mem::take(&mut st.pending);
         for steps in pending.iter().take(keep) {
@@ -166,16 +181,19 @@ impl SimKv {
     }
 
     /// Arms a power cut that lands in the next sync covering at least `bytes` (a cut is
-    /// likelier to land in a long sync than a short one): the sync fails, the disk keeps what
-    /// was synced and the first `keep` per mille of the writes it covered, and the power stays
-    /// off (every write and sync fails) until [`SimKv::power_on`]. A cut armed while the
-    /// node is down lands after it starts again.
+    /// likelier to land in a long sync than a short one) that began after it was armed (one
+    /// that takes the disk's time to sync as it is now: a slow disk stalls it first, and the
+    /// writes behind it wait): the sync fails, the disk keeps what was synced and the first
+    /// `keep` per mille of the writes it covered, and the power stays off (every write and
+    /// sync fails) until [`SimKv::power_on`]. A cut armed while the node is down lands after it
+    /// starts again.
     pub fn cut_in_sync(&self, bytes: usize, keep: u64) {
+        let before = self.shared.syncs_in_flight();
         *self
             .shared
             .cut_in_sync
             .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some((bytes, keep));
+            .unwrap_or_else(|p| p.into_inner()) = Some((bytes, keep, before));
     }
 
     /// Whether the power is off (an armed cut landed).
@@ -413,6 +431,8 @@ impl Kv for SimKv {
     /// The disk's own time to sync, and a microsecond for every 64 bytes waiting (about
     /// 64 MB/s): a big write, a snapshot's install, takes its time, and a crash can land in it.
     fn sync_latency(&self) -> std::time::Duration {
+        // A sync begins: its caller waits this long, then syncs.
+        self.shared.syncs_begun.fetch_add(1, Ordering::SeqCst);
         let base = self.shared.latency_us.load(Ordering::SeqCst);
         if base == 0 {
             return std::time::Duration::ZERO;
@@ -437,14 +457,21 @@ impl Kv for SimKv {
         if self.shared.off.load(Ordering::SeqCst) {
             return Err(StorageError::Io("the disk has no power".into()));
         }
+        self.shared.syncs_called.fetch_add(1, Ordering::SeqCst);
         let cut = {
             let mut armed = self
                 .shared
                 .cut_in_sync
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
-            match *armed {
-                Some((bytes, keep)) if self.shared.pending_bytes() >= bytes => {
+            match armed.as_mut() {
+                // A sync begun before the cut was armed (at the disk's speed then) passes.
+                Some((_, _, before)) if *before > 0 => {
+                    *before -= 1;
+                    None
+                }
+                Some((bytes, keep, _)) if self.shared.pending_bytes() >= *bytes => {
+                    let keep = *keep;
                     *armed = None;
                     Some(keep)
                 }
@@ -571,6 +598,27 @@ mod tests {
         );
         t.insert(b"again", b"z").unwrap();
         kv.sync().unwrap();
+    }
+
+    #[test]
+    fn a_cut_lands_only_in_a_sync_begun_after_it_was_armed() {
+        let kv = SimKv::new();
+        kv.set_sync_latency(std::time::Duration::from_millis(1));
+        let t = kv.tree("t").unwrap();
+        // A sync under way (its caller waits out the disk's time) when the cut is armed...
+        let _ = kv.sync_latency();
+        kv.cut_in_sync(10, 0);
+        t.insert(b"a", &[1; 40]).unwrap();
+        // ...took the disk's time as it was then: the cut does not land in it.
+        kv.sync().unwrap();
+        assert!(!kv.is_off());
+        // The next one begins after: it lands there.
+        t.insert(b"b", &[2; 40]).unwrap();
+        let _ = kv.sync_latency();
+        assert!(kv.sync().is_err());
+        assert!(kv.is_off());
+        kv.power_on();
+        assert_eq!(keys(&kv.tree("t").unwrap()), vec![b"a".to_vec()]);
     }
 
     #[test]

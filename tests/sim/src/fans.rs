@@ -18,7 +18,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::clock::elapsed_ms;
-use crate::history::{Answer, Call, Fan, HoldSeen, Op, OrderSeen, Shared, lock};
+use crate::history::{Answer, Call, Fan, HoldSeen, NO_KEY, Op, OrderSeen, Shared, lock};
 use crate::node::{ADMIN_KEY, CLIENT_KEY, GRPC_PORT, host};
 
 /// The event every run sells.
@@ -259,6 +259,19 @@ fn patience(rng: &mut ChaCha8Rng) -> usize {
     }
 }
 
+/// The key of a fan's `n`th call, a hold (`kind`: `h` best available, `s` a seat), the key it
+/// sends, and how many attempts it makes. One hold in four is sent without an idempotency key,
+/// as a caller without keys does ("empty means none"); such a caller cannot retry safely, so it
+/// makes one attempt. Its key in the history begins with [`NO_KEY`] and only names the call.
+fn hold_key(rng: &mut ChaCha8Rng, kind: &str, me: Fan, n: u64) -> (String, String, usize) {
+    if rng.random_range(0..4) == 0 {
+        (format!("{NO_KEY}{kind}-{me}-{n}"), String::new(), 1)
+    } else {
+        let key = format!("{kind}-{me}-{n}");
+        (key.clone(), key, patience(rng))
+    }
+}
+
 fn hold_answer(h: pb::Hold) -> Answer {
     Answer::Hold(HoldSeen::of(&h))
 }
@@ -288,11 +301,11 @@ async fn fan(w: Workload, me: Fan) {
         };
         match roll {
             0..30 => {
-                let patience = patience(&mut rng);
+                let (key, sent, patience) = hold_key(&mut rng, "h", me, n);
                 let section = [GA, FLOOR, ""][rng.random_range(0..3)].to_owned();
                 let quantity = rng.random_range(1..=2);
                 let op = Op::Hold {
-                    key: format!("h-{me}-{n}"),
+                    key,
                     section: section.clone(),
                     seats: vec![],
                     quantity,
@@ -301,7 +314,7 @@ async fn fan(w: Workload, me: Fan) {
                     event_id: EVENT.into(),
                     user_id: user.clone(),
                     admission_token: token.clone(),
-                    idempotency_key: format!("h-{me}-{n}"),
+                    idempotency_key: sent,
                     selection: Some(pb::hold_request::Selection::BestAvailable(
                         pb::BestAvailable {
                             section_id: section,
@@ -330,7 +343,7 @@ async fn fan(w: Workload, me: Fan) {
                 }
             }
             30..40 => {
-                let patience = patience(&mut rng);
+                let (key, sent, patience) = hold_key(&mut rng, "s", me, n);
                 let seats = floor_seats();
                 // Half the time one of the two best seats, which every fan wants.
                 let pick = if rng.random_range(0..2) == 0 {
@@ -340,7 +353,7 @@ async fn fan(w: Workload, me: Fan) {
                 };
                 let seat = seats[rng.random_range(0..pick)].clone();
                 let op = Op::Hold {
-                    key: format!("s-{me}-{n}"),
+                    key,
                     section: FLOOR.into(),
                     seats: vec![seat.clone()],
                     quantity: 1,
@@ -349,7 +362,7 @@ async fn fan(w: Workload, me: Fan) {
                     event_id: EVENT.into(),
                     user_id: user.clone(),
                     admission_token: token.clone(),
-                    idempotency_key: format!("s-{me}-{n}"),
+                    idempotency_key: sent,
                     selection: Some(pb::hold_request::Selection::Seats(pb::SeatSelection {
                         seat_ids: vec![seat],
                     })),

@@ -104,6 +104,22 @@ pub enum Fault {
         /// Share of the unsynced writes that reached each disk, per mille.
         keep: u64,
     },
+    /// The coordinated power cut in its worst moment: whichever node leads (a random node if
+    /// none does) has its syncs slow down to `sync_ms` each, and loses power in its next sync
+    /// of at least `bytes` (its log's fdatasync, while the followers have synced and
+    /// committed what it is writing); every other node loses power at that moment too. Each
+    /// disk keeps the first `keep` per mille of its unsynced writes; all start again
+    /// `down_ms` later.
+    PowerCutAllInLeaderSync {
+        /// The leader's sync it lands in covers at least this many bytes.
+        bytes: u64,
+        /// How long each of the leader's syncs takes until the cut lands.
+        sync_ms: u64,
+        /// How long they stay down.
+        down_ms: u64,
+        /// Share of the unsynced writes that reached each disk, per mille.
+        keep: u64,
+    },
     /// Node `node`'s disk is replaced by an empty one (with the others up): it starts pristine
     /// after `down_ms` and catches up from its group.
     Wipe {
@@ -233,15 +249,22 @@ pub fn plan(seed: u64, nodes: u64, from_ms: u64, until_ms: u64) -> Plan {
                 },
                 58..64 => Fault::PowerCutAll {
                     down_ms: ms,
-                    keep: rng.random_range(0..1_000),
+                    // Half the cuts keep nothing unsynced.
+                    keep: rng.random_range(0..1_000u64).saturating_sub(500) * 2,
                 },
                 64..70 => Fault::Wipe { node, down_ms: ms },
-                70..78 => Fault::Pause { node, ms },
-                78..84 => Fault::ClockJump {
+                70..74 => Fault::Pause { node, ms },
+                74..78 => Fault::PowerCutAllInLeaderSync {
+                    bytes: 1 << rng.random_range(6..11),
+                    sync_ms: rng.random_range(1..200),
+                    down_ms: ms,
+                    keep: rng.random_range(0..1_000),
+                },
+                78..82 => Fault::ClockJump {
                     node,
                     ms: rng.random_range(-5_000..20_000),
                 },
-                84..88 => Fault::FailSync { node },
+                82..88 => Fault::FailSync { node },
                 88..91 => Fault::FullDisk { node, ms },
                 91..95 => Fault::SlowDisk {
                     node,

@@ -9,6 +9,9 @@ use boxoffice_proto::v1 as pb;
 /// A fan's number.
 pub type Fan = usize;
 
+/// How the key of a [`Op::Hold`] sent without an idempotency key begins.
+pub const NO_KEY: &str = "n-";
+
 /// One call of the public API.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
@@ -18,9 +21,10 @@ pub enum Op {
     Join,
     /// `GetStatus` of the fan's queue token.
     Status,
-    /// `Hold` with an idempotency key: best available (`seats` empty) or exactly `seats`.
+    /// `Hold`: best available (`seats` empty) or exactly `seats`.
     Hold {
-        /// Its idempotency key.
+        /// Its idempotency key; one that begins with [`NO_KEY`] was not sent (a caller
+        /// without keys), and only names the call.
         key: String,
         /// The section asked for (empty: any).
         section: String,

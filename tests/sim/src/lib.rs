@@ -150,6 +150,9 @@ struct Driver {
     /// Nodes with a power cut armed to land in a sync ([`Fault::CutInSync`]): how long each
     /// stays down once it lands.
     armed: BTreeMap<u64, u64>,
+    /// The node whose armed cut cuts every node's power when it lands
+    /// ([`Fault::PowerCutAllInLeaderSync`]), with the share of unsynced writes the others keep.
+    cut_all_with: Option<(u64, u64)>,
 }
 
 impl Driver {
@@ -328,6 +331,30 @@ impl Driver {
                 disk.cut_in_sync(usize::try_from(bytes).unwrap_or(usize::MAX), keep);
                 self.armed.insert(node, down_ms);
             }
+            PowerCutAllInLeaderSync {
+                bytes,
+                sync_ms,
+                down_ms,
+                keep,
+            } => {
+                let leader = self.leader_or_any(now);
+                if self.down.contains(&leader) {
+                    return;
+                }
+                self.record(now, format!("{named}: node {leader}"));
+                self.cut_all_with = Some((leader, keep));
+                return self.apply(
+                    sim,
+                    now,
+                    CutInSync {
+                        node: leader,
+                        bytes,
+                        sync_ms,
+                        down_ms,
+                        keep,
+                    },
+                );
+            }
             PowerCutAll { down_ms, keep } => {
                 for id in self.ids() {
                     if !self.down.contains(&id) {
@@ -461,7 +488,9 @@ impl Driver {
         let landed: Vec<(u64, u64)> = self
             .armed
             .iter()
-            .filter(|(id, _)| self.node(**id).disk.is_off())
+            // (A node that is down has its disk off from an earlier cut: its armed cut lands
+            // once it is up again.)
+            .filter(|(id, _)| !self.down.contains(*id) && self.node(**id).disk.is_off())
             .map(|(id, down)| (*id, *down))
             .collect();
         for (id, down_ms) in landed {
@@ -470,6 +499,17 @@ impl Driver {
             self.record(now, format!("node {id} lost power during a sync"));
             self.stop(sim, id);
             self.later.push((now + down_ms, Undo::Start(id)));
+            if let Some((_, keep)) = self.cut_all_with.take_if(|(with, _)| *with == id) {
+                self.record(now, "every other node loses power with it".into());
+                for other in self.ids().filter(|o| *o != id) {
+                    if !self.down.contains(&other) {
+                        self.stop(sim, other);
+                        self.later.push((now + down_ms, Undo::Start(other)));
+                    }
+                    let disk = &self.node(other).disk;
+                    disk.crash(disk.unsynced_writes() * keep as usize / 1_000);
+                }
+            }
         }
     }
 
@@ -500,6 +540,7 @@ impl Driver {
     fn heal(&mut self, sim: &mut turmoil::Sim<'_>, now: u64) {
         self.plan.clear();
         self.cuts_landed(sim, now);
+        self.cut_all_with = None;
         for (id, _) in std::mem::take(&mut self.armed) {
             self.node(id).disk.disarm_cut();
             self.node(id).disk.set_sync_latency(node::SYNC_LATENCY);
@@ -594,6 +635,7 @@ pub fn run(seed: u64, options: &Options) -> Report {
         wiped_at: None,
         flipped: BTreeSet::new(),
         armed: BTreeMap::new(),
+        cut_all_with: None,
         findings: Vec::new(),
     };
     let mut violations: Vec<check::Violation> = Vec::new();
