@@ -15,8 +15,10 @@ use boxoffice_sim::{Options, Report, run};
 
 /// Bugs the simulation does not yet catch within 100 seeds (measured at this commit): a
 /// refusal answered before the hold it depends on is durable is wrong only when that hold is
-/// then lost and its fan gives up on it, while another fan wanted the same places; the runs
-/// produce that seldom (caught at seed 763 of 1,000).
+/// then lost and its fan gives up on it, while another fan wanted the same places; and a
+/// refusal of a keyed hold is recorded with its key behind that hold in the same log, so only
+/// a keyless refusal can come early. The runs produce that seldom (not caught in 1,000 seeds;
+/// TESTING.md).
 const NOT_YET: [Bug; 1] = [Bug::RefusalBeforeDurable];
 
 fn named(name: &str) -> Bug {
