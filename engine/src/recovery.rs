@@ -102,16 +102,16 @@ pub(crate) struct Check {
     orphans: Vec<(String, String)>,
     /// Claim keys accepted now (mismatches, orphans that could not be withdrawn).
     accepted_claims: Vec<String>,
-    /// Whether `marks` come from a valid superblock of a store whose records can be torn
-    /// (else no tail may count as torn).
+    /// Whether `marks` come from a valid superblock and the sink's records can be torn at
+    /// all (else no tail may count as torn: [`LogSink::atomic_records`]).
     trusted: bool,
     /// The streams the log has, listed once at the first read.
     stored: Option<BTreeSet<String>>,
 }
 
 impl Check {
-    /// A check against `marks` (a section restart passes the store's current marks).
-    pub fn new(marks: Marks, mode: RecoveryMode) -> Check {
+    /// A check of `sink` against `marks` (a section restart passes the store's current marks).
+    pub fn new(sink: &dyn LogSink, marks: Marks, mode: RecoveryMode) -> Check {
         Check {
             marks,
             mode,
@@ -119,7 +119,7 @@ impl Check {
             repairs: Vec::new(),
             orphans: Vec::new(),
             accepted_claims: Vec::new(),
-            trusted: true,
+            trusted: !sink.atomic_records(),
             stored: None,
         }
     }
@@ -198,8 +198,7 @@ fn read_marks(sink: &dyn LogSink, found: &mut Findings) -> Result<(Marks, bool),
                 "superblock copy {copy} (the other copy is valid: a write torn by a crash)"
             ));
         }
-        // Records written whole are never torn: a bad last one is damage.
-        return Ok((marks, !read.atomic_records));
+        return Ok((marks, true));
     }
     if holds_data(sink)? {
         found.damage.push(if read.damaged_copies.is_empty() {
@@ -362,9 +361,9 @@ pub(crate) fn recover(
     refuse_older_format(sink)?;
     let mut found = Findings::default();
     let (marks, trusted) = read_marks(sink, &mut found)?;
-    let mut check = Check::new(marks, with.mode);
+    let mut check = Check::new(sink, marks, with.mode);
     check.found = found;
-    check.trusted = trusted;
+    check.trusted &= trusted;
     let mut replayed = replay(sink, with.window_ms, &mut check, report)?;
     check.refuse_if_damaged()?;
     if with.mode == RecoveryMode::AcceptDamage {
@@ -398,9 +397,9 @@ pub(crate) fn replay_for_warmth(
     refuse_older_format(sink)?;
     let mut found = Findings::default();
     let (marks, trusted) = read_marks(sink, &mut found)?;
-    let mut check = Check::new(marks, RecoveryMode::Verify);
+    let mut check = Check::new(sink, marks, RecoveryMode::Verify);
     check.found = found;
-    check.trusted = trusted;
+    check.trusted &= trusted;
     let report = &mut RecoveryReport::default();
     let replayed = replay(sink, window_ms, &mut check, report)?;
     if !check.found.damage.is_empty() || !check.repairs.is_empty() {
@@ -694,8 +693,7 @@ pub(crate) fn restart_section(
     window_ms: u64,
     marks: Marks,
 ) -> Result<(SectionCore, u64), StorageError> {
-    let mut check = Check::new(marks, RecoveryMode::Strict);
-    check.trusted = !sink.superblock()?.atomic_records;
+    let mut check = Check::new(sink, marks, RecoveryMode::Strict);
     let report = &mut RecoveryReport::default();
     let rebuilt = recover_section(sink, event_id, spec, window_ms, &mut check, report)?;
     check.refuse_if_damaged()?;
@@ -707,8 +705,7 @@ pub(crate) fn restart_waitlist(
     sink: &dyn LogSink,
     marks: Marks,
 ) -> Result<(WaitlistCore, u64), StorageError> {
-    let mut check = Check::new(marks, RecoveryMode::Strict);
-    check.trusted = !sink.superblock()?.atomic_records;
+    let mut check = Check::new(sink, marks, RecoveryMode::Strict);
     let rebuilt = recover_waitlist(sink, &mut check, &mut RecoveryReport::default())?;
     check.refuse_if_damaged()?;
     Ok(rebuilt)

@@ -162,7 +162,6 @@ impl LogSink for KvSink {
         Ok(SuperblockRead {
             marks: Some(Marks::default()),
             damaged_copies: vec![],
-            atomic_records: true,
         })
     }
 
@@ -176,5 +175,9 @@ impl LogSink for KvSink {
 
     fn kv(&self) -> Option<Arc<dyn Kv>> {
         Some(self.kv.clone())
+    }
+
+    fn atomic_records(&self) -> bool {
+        true
     }
 }

@@ -143,7 +143,6 @@ impl LogSink for MemorySink {
         Ok(SuperblockRead {
             marks,
             damaged_copies: Vec::new(),
-            atomic_records: false,
         })
     }
 

@@ -94,4 +94,11 @@ pub trait LogSink: Send + Sync + 'static {
     }
     /// Recovery found the log whole (or accepted its damage): the copy is not needed.
     fn drop_evidence(&self) {}
+    /// Whether this sink writes every record whole and keeps no marks of its own (a cluster
+    /// node's store: each write atomic, the Raft log the durable record): a last record that
+    /// does not decode was then not torn by a crash but damaged, and is never dropped as a
+    /// torn write, whatever the marks say.
+    fn atomic_records(&self) -> bool {
+        false
+    }
 }

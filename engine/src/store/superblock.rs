@@ -85,11 +85,6 @@ pub struct SuperblockRead {
     /// Copies that exist but do not verify (file name and why). With `marks` set, one damaged
     /// copy is the expected trace of a write torn by a crash; with `marks` unset it is damage.
     pub damaged_copies: Vec<String>,
-    /// The store writes every record whole (each write is atomic, as a key-value store's
-    /// insert is): a last record that does not decode was not torn by a crash but damaged, so
-    /// it is never dropped as a torn write, whatever the marks say. (A cluster node keeps no
-    /// marks of its own: its Raft log is the durable record.)
-    pub atomic_records: bool,
 }
 
 /// The format version inside the superblock.

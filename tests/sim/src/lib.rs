@@ -356,14 +356,8 @@ impl Driver {
                 );
             }
             PowerCutAll { down_ms, keep } => {
-                for id in self.ids() {
-                    if !self.down.contains(&id) {
-                        self.stop(sim, id);
-                        self.later.push((now + down_ms, Undo::Start(id)));
-                    }
-                    let disk = &self.node(id).disk;
-                    disk.crash(disk.unsynced_writes() * keep as usize / 1_000);
-                }
+                let all: Vec<u64> = self.ids().collect();
+                self.cut_power(sim, now, &all, down_ms, keep);
             }
             Wipe { node, down_ms } => {
                 if self.down.contains(&node) || !self.others_fine(node, now) {
@@ -483,6 +477,26 @@ impl Driver {
         }
     }
 
+    /// Nodes `ids` lose power at once: those up stop, to start again `down_ms` later, and each
+    /// disk keeps the first `keep` per mille of its unsynced writes.
+    fn cut_power(
+        &mut self,
+        sim: &mut turmoil::Sim<'_>,
+        now: u64,
+        ids: &[u64],
+        down_ms: u64,
+        keep: u64,
+    ) {
+        for &id in ids {
+            if !self.down.contains(&id) {
+                self.stop(sim, id);
+                self.later.push((now + down_ms, Undo::Start(id)));
+            }
+            let disk = &self.node(id).disk;
+            disk.crash(disk.unsynced_writes() * keep as usize / 1_000);
+        }
+    }
+
     /// Stops each node whose armed power cut landed (its disk is off), to start again later.
     fn cuts_landed(&mut self, sim: &mut turmoil::Sim<'_>, now: u64) {
         let landed: Vec<(u64, u64)> = self
@@ -501,14 +515,8 @@ impl Driver {
             self.later.push((now + down_ms, Undo::Start(id)));
             if let Some((_, keep)) = self.cut_all_with.take_if(|(with, _)| *with == id) {
                 self.record(now, "every other node loses power with it".into());
-                for other in self.ids().filter(|o| *o != id) {
-                    if !self.down.contains(&other) {
-                        self.stop(sim, other);
-                        self.later.push((now + down_ms, Undo::Start(other)));
-                    }
-                    let disk = &self.node(other).disk;
-                    disk.crash(disk.unsynced_writes() * keep as usize / 1_000);
-                }
+                let others: Vec<u64> = self.ids().filter(|o| *o != id).collect();
+                self.cut_power(sim, now, &others, down_ms, keep);
             }
         }
     }
