@@ -25,6 +25,7 @@ mod guard;
 #[cfg(any(test, feature = "test-support"))]
 pub mod harness;
 pub mod network;
+pub mod observe;
 mod store;
 
 use std::io::Cursor;

@@ -624,11 +624,12 @@ impl StateMachine {
     /// refused claim and the compactions its checkpoints allow.
     fn apply_batch(
         &self,
+        index: u64,
         batch: &Batch,
         compactions: &mut Vec<(String, u64)>,
     ) -> std::result::Result<Option<String>, crate::error::StorageError> {
         let mut refused = None;
-        for op in &batch.ops {
+        for (at, op) in batch.ops.iter().enumerate() {
             match op {
                 Op::Append {
                     stream,
@@ -661,6 +662,12 @@ impl StateMachine {
                         s.append(*seq, bytes)?;
                     }
                     self.warm.append(stream, entries);
+                    super::observe::applied(&super::observe::Applied {
+                        index,
+                        op: at,
+                        stream,
+                        entries,
+                    });
                 }
                 Op::Put { table, key, value } => {
                     self.node.kv.tree(table)?.insert(key, value)?;
@@ -754,7 +761,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     stale = true;
                 }
                 EntryPayload::Normal(batch) => {
-                    refused = self.apply_batch(batch, &mut compactions).map_err(sm_err)?;
+                    refused = self
+                        .apply_batch(e.log_id.index, batch, &mut compactions)
+                        .map_err(sm_err)?;
                 }
                 EntryPayload::Membership(m) => {
                     at.membership = StoredMembership::new(Some(e.log_id), m.clone());

@@ -93,16 +93,27 @@ struct Shared {
     fail_sync: Trigger,
     syncs: AtomicU64,
     failed_syncs: AtomicU64,
-    /// A power cut armed to land in the next sync that covers at least this many bytes and
-    /// began after it was armed: `(bytes, share of the unsynced writes kept, per mille, syncs
-    /// begun before it was armed still to pass)`.
-    cut_in_sync: Mutex<Option<(usize, u64, u64)>>,
+    /// A power cut armed to land in the next sync begun after it was armed.
+    cut_in_sync: Mutex<Option<ArmedCut>>,
     /// Syncs begun (their callers asked for the disk's time to sync, then wait it out).
     syncs_begun: AtomicU64,
     /// Syncs asked for.
     syncs_called: AtomicU64,
     /// The power is off: every write and sync fails until [`SimKv::power_on`].
     off: AtomicBool,
+}
+
+/// A power cut armed by [`SimKv::cut_in_sync`].
+struct ArmedCut {
+    /// It lands in a sync that covers at least this many bytes...
+    bytes: usize,
+    /// ...or, if none has before, in the sync that leaves this many at 0 (each sync begun
+    /// after it was armed counts one off).
+    within: u64,
+    /// Share of the unsynced writes kept, per mille.
+    keep: u64,
+    /// Syncs begun before it was armed, still to pass.
+    before: u64,
 }
 
 impl Shared {
@@ -181,19 +192,24 @@ impl SimKv {
     }
 
     /// Arms a power cut that lands in the next sync covering at least `bytes` (a cut is
-    /// likelier to land in a long sync than a short one) that began after it was armed (one
-    /// that takes the disk's time to sync as it is now: a slow disk stalls it first, and the
-    /// writes behind it wait): the sync fails, the disk keeps what was synced and the first
-    /// `keep` per mille of the writes it covered, and the power stays off (every write and
-    /// sync fails) until [`SimKv::power_on`]. A cut armed while the node is down lands after it
-    /// starts again.
-    pub fn cut_in_sync(&self, bytes: usize, keep: u64) {
+    /// likelier to land in a long sync than a short one), and at the latest in the `within`th
+    /// (from 1), of the syncs that began after it was armed (ones that take the disk's time to
+    /// sync as it is now: a slow disk stalls them first, and the writes behind them wait): the
+    /// sync fails, the disk keeps what was synced and the first `keep` per mille of the writes
+    /// it covered, and the power stays off (every write and sync fails) until
+    /// [`SimKv::power_on`]. A cut armed while the node is down lands after it starts again.
+    pub fn cut_in_sync(&self, bytes: usize, within: u64, keep: u64) {
         let before = self.shared.syncs_in_flight();
         *self
             .shared
             .cut_in_sync
             .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some((bytes, keep, before));
+            .unwrap_or_else(|p| p.into_inner()) = Some(ArmedCut {
+            bytes,
+            within: within.max(1),
+            keep,
+            before,
+        });
     }
 
     /// Whether the power is off (an armed cut landed).
@@ -466,16 +482,21 @@ impl Kv for SimKv {
                 .unwrap_or_else(|p| p.into_inner());
             match armed.as_mut() {
                 // A sync begun before the cut was armed (at the disk's speed then) passes.
-                Some((_, _, before)) if *before > 0 => {
-                    *before -= 1;
+                Some(cut) if cut.before > 0 => {
+                    cut.before -= 1;
                     None
                 }
-                Some((bytes, keep, _)) if self.shared.pending_bytes() >= *bytes => {
-                    let keep = *keep;
-                    *armed = None;
-                    Some(keep)
+                Some(cut) => {
+                    cut.within -= 1;
+                    if cut.within == 0 || self.shared.pending_bytes() >= cut.bytes {
+                        let keep = cut.keep;
+                        *armed = None;
+                        Some(keep)
+                    } else {
+                        None
+                    }
                 }
-                _ => None,
+                None => None,
             }
         };
         if let Some(keep) = cut {
@@ -579,7 +600,7 @@ mod tests {
     fn a_cut_lands_in_the_first_sync_big_enough_and_keeps_a_prefix() {
         let kv = SimKv::new();
         let t = kv.tree("t").unwrap();
-        kv.cut_in_sync(100, 500);
+        kv.cut_in_sync(100, u64::MAX, 500);
         t.insert(b"small", b"x").unwrap();
         kv.sync().unwrap();
         assert!(!kv.is_off());
@@ -607,7 +628,7 @@ mod tests {
         let t = kv.tree("t").unwrap();
         // A sync under way (its caller waits out the disk's time) when the cut is armed...
         let _ = kv.sync_latency();
-        kv.cut_in_sync(10, 0);
+        kv.cut_in_sync(10, u64::MAX, 0);
         t.insert(b"a", &[1; 40]).unwrap();
         // ...took the disk's time as it was then: the cut does not land in it.
         kv.sync().unwrap();
@@ -619,6 +640,26 @@ mod tests {
         assert!(kv.is_off());
         kv.power_on();
         assert_eq!(keys(&kv.tree("t").unwrap()), vec![b"a".to_vec()]);
+    }
+
+    #[test]
+    fn a_cut_lands_at_the_latest_in_its_last_sync_however_small() {
+        let kv = SimKv::new();
+        let t = kv.tree("t").unwrap();
+        kv.cut_in_sync(1 << 20, 3, 0);
+        for i in 0..2u8 {
+            t.insert(&[b'k', i], b"x").unwrap();
+            kv.sync().unwrap();
+        }
+        assert!(!kv.is_off());
+        t.insert(b"third", b"x").unwrap();
+        assert!(kv.sync().is_err());
+        assert!(kv.is_off());
+        kv.power_on();
+        assert_eq!(
+            keys(&kv.tree("t").unwrap()),
+            vec![b"k\x00".to_vec(), b"k\x01".to_vec()]
+        );
     }
 
     #[test]

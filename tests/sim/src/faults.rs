@@ -81,14 +81,16 @@ pub enum Fault {
         keep: u64,
     },
     /// Node `node`'s syncs slow down to `sync_ms` each (a disk in trouble), and it loses power
-    /// in its next sync of at least `bytes` (a cut is likelier to land in a long fsync): the
-    /// writes that sync covered are kept in part (the first `keep` per mille); it starts again
-    /// `down_ms` later, its disk back to speed.
+    /// in its next sync of at least `bytes` (a cut is likelier to land in a long fsync), or at
+    /// the latest in its `within`th slow sync: the writes that sync covered are kept in part
+    /// (the first `keep` per mille); it starts again `down_ms` later, its disk back to speed.
     CutInSync {
         /// The node.
         node: u64,
-        /// The sync it lands in covers at least this many bytes.
+        /// The sync it lands in covers at least this many bytes...
         bytes: u64,
+        /// ...or is the node's `within`th slow sync (from 1; `u64::MAX`: only a big one).
+        within: u64,
         /// How long each sync takes until the cut lands.
         sync_ms: u64,
         /// How long it stays down.
@@ -177,6 +179,14 @@ pub enum Fault {
 /// Faults at their virtual times (ms), in order.
 pub type Plan = Vec<(u64, Fault)>;
 
+/// Whether `fault` is timed from the sale's rush: then the time [`plan`] gives it, less the
+/// window's start, is how long after the sale's first acknowledged hold it comes (a cut in a
+/// stalled sync is the worst while fans fight for the last places; before the sale has begun,
+/// the stall would only hold the queue up).
+pub fn in_the_rush(fault: &Fault) -> bool {
+    matches!(fault, Fault::CutInSync { .. } | Fault::IsolateLeader { .. })
+}
+
 /// How often a run's nodes' messages to each other are delayed and sent twice (per mille): a
 /// third of the runs have neither.
 pub fn message_rates(seed: u64) -> (u64, u64) {
@@ -229,6 +239,7 @@ pub fn plan(seed: u64, nodes: u64, from_ms: u64, until_ms: u64) -> Plan {
                 45..48 => Fault::CutInSync {
                     node,
                     bytes: 1 << rng.random_range(6..12),
+                    within: rng.random_range(1..=4),
                     sync_ms: rng.random_range(1..1_000),
                     down_ms: ms,
                     // Half the cuts keep nothing the failed sync covered.
@@ -276,10 +287,10 @@ pub fn plan(seed: u64, nodes: u64, from_ms: u64, until_ms: u64) -> Plan {
                     pick: rng.random(),
                 },
             };
-            // A cut inside a sync bites while the sale is busy (its first seconds, when many
-            // writes are in flight): it comes in the first third of the window.
-            let at = if matches!(fault, Fault::CutInSync { .. }) {
-                from_ms + (at - from_ms) / 3
+            // A cut inside a sync bites while the sale is busy (its rush, when many writes are
+            // in flight): its time counts from the sale's first hold (see [`in_the_rush`]).
+            let at = if in_the_rush(&fault) {
+                from_ms + (at - from_ms) / 15
             } else {
                 at
             };

@@ -113,14 +113,31 @@ impl RaftSeen {
     /// Whether, at `at_ms`, some node still led while another had already led with a greater
     /// leader id: a deposed leader that has not heard of it yet.
     pub fn deposed_leader_at(&self, at_ms: u64) -> bool {
-        self.leads.iter().any(|(n, id, from, until)| {
-            *from <= at_ms
-                && until.is_none_or(|u| u >= at_ms)
-                && self
-                    .leads
+        self.deposed_leader_during(at_ms, at_ms)
+    }
+
+    /// Whether, at some moment from `from_ms` to `to_ms`, a node still led in a term after
+    /// which another node had begun to lead (see [`RaftSeen::deposed_leader_at`]).
+    pub fn deposed_leader_during(&self, from_ms: u64, to_ms: u64) -> bool {
+        self.deposed_since(from_ms, to_ms).is_some()
+    }
+
+    /// The earliest moment at which a node that still led at some moment from `from_ms` to
+    /// `to_ms` had been superseded (another node had begun to lead in a later term while it
+    /// still led); `None` if no deposed leader led then.
+    pub fn deposed_since(&self, from_ms: u64, to_ms: u64) -> Option<u64> {
+        self.leads
+            .iter()
+            .filter(|(_, _, from, until)| *from <= to_ms && until.is_none_or(|u| u >= from_ms))
+            .flat_map(|(n, id, _, until)| {
+                self.leads
                     .iter()
-                    .any(|(m, later, start, _)| m != n && later > id && *start <= at_ms)
-        })
+                    .filter(move |(m, later, start, _)| {
+                        m != n && later > id && *start <= to_ms && until.is_none_or(|u| u >= *start)
+                    })
+                    .map(|(_, _, start, _)| *start)
+            })
+            .min()
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use boxoffice_engine::store::{KvSink, SimKv};
 use boxoffice_engine::{
-    Engine, EngineConfig, EventId, HoldId, HoldRequest, ManualClock, Selection, UserId,
+    Engine, EngineConfig, EventId, HoldId, HoldRequest, ManualClock, SectionId, Selection, UserId,
 };
 
 use crate::fans::EVENT;
@@ -62,6 +62,39 @@ pub async fn check_node(id: u64, disk: &SimKv, acked: &Acked, now_ms: u64, damag
     }
 }
 
+/// The holds on a node's disk that were placed without a key and that no answer named:
+/// `(user, section, seats, quantity)`. `None` if a section could not be read.
+async fn keyless_holds(
+    engine: &Engine,
+    acked: &Acked,
+) -> Option<Vec<(String, String, Vec<String>, u32)>> {
+    let answered: std::collections::BTreeSet<&str> =
+        acked.holds.iter().map(|(h, _)| h.as_str()).collect();
+    let mut found = Vec::new();
+    for section in [crate::fans::GA, crate::fans::FLOOR] {
+        let core = engine
+            .inspect_section(&EventId::from(EVENT), &SectionId::from(section))
+            .await
+            .ok()?;
+        found.extend(
+            core.holds_for_ledger()
+                .filter(|(view, tag, _)| tag.is_none() && !answered.contains(view.hold_id.as_str()))
+                .map(|(view, ..)| {
+                    let mut seats: Vec<String> =
+                        view.seat_ids.iter().map(|s| s.to_string()).collect();
+                    seats.sort();
+                    (
+                        view.user_id.to_string(),
+                        view.section_id.to_string(),
+                        seats,
+                        view.quantity,
+                    )
+                }),
+        );
+    }
+    Some(found)
+}
+
 async fn check_copy(
     id: u64,
     disk: &SimKv,
@@ -110,11 +143,33 @@ async fn check_copy(
         engine.shutdown().await;
         return (v, None, made);
     }
+    let keyless = keyless_holds(&engine, acked).await;
     for (key, user, selection) in &acked.unanswered {
         if key.starts_with(crate::history::NO_KEY) {
-            // Sent without a key: nothing on disk tells whether it was made, so it counts as
-            // made (the refusals' check stays generous).
-            made.insert(key.clone());
+            // Sent without a key: made if the disk has a hold with no key that could be it (the
+            // fan's, of what it asked for, and answered to no call); counted as made when the
+            // sections cannot be read (the refusals' check stays generous).
+            let could_be = |(u, section, seats, quantity): &(String, String, Vec<String>, u32)| {
+                u == user
+                    && match selection {
+                        Selection::Seats(asked) => {
+                            let mut asked: Vec<String> =
+                                asked.iter().map(|s| s.to_string()).collect();
+                            asked.sort();
+                            asked == *seats
+                        }
+                        Selection::BestAvailable {
+                            section: asked,
+                            quantity: q,
+                        } => q == quantity && asked.as_ref().is_none_or(|a| a.as_str() == section),
+                    }
+            };
+            if keyless
+                .as_ref()
+                .is_none_or(|found| found.iter().any(could_be))
+            {
+                made.insert(key.clone());
+            }
             continue;
         }
         let asked = HoldRequest {

@@ -1,9 +1,7 @@
 //! Proof that the simulation bites (issue 24): each bug of [`boxoffice_engine::bugs`] is put
 //! back, and seeds are run, in order, until one breaks a promise that the same seed keeps
-//! without the bug. Each must be caught within 100 seeds, but for the ones in [`NOT_YET`]: the
-//! simulation does not catch those within 100 seeds yet (issue 24 stays open for them); they
-//! are hunted and reported all the same, and the test says so if one is caught. A test binary
-//! of its own: the switches are process-wide.
+//! without the bug. Each must be caught within 100 seeds. A test binary of its own: the
+//! switches are process-wide.
 //!
 //! `BOXOFFICE_SIM_BUG=<name>` hunts one bug; `BOXOFFICE_SIM_BUG_SEEDS=N` sets the budget;
 //! `BOXOFFICE_SIM_SEED=S` with `BOXOFFICE_SIM_BUG=<name>` replays one seed with that bug (its
@@ -12,14 +10,6 @@
 
 use boxoffice_engine::bugs::{self, Bug};
 use boxoffice_sim::{Options, Report, run};
-
-/// Bugs the simulation does not yet catch within 100 seeds (measured at this commit): a
-/// refusal answered before the hold it depends on is durable is wrong only when that hold is
-/// then lost and its fan gives up on it, while another fan wanted the same places; and a
-/// refusal of a keyed hold is recorded with its key behind that hold in the same log, so only
-/// a keyless refusal can come early. The runs produce that seldom (not caught in 1,000 seeds;
-/// TESTING.md).
-const NOT_YET: [Bug; 1] = [Bug::RefusalBeforeDurable];
 
 fn named(name: &str) -> Bug {
     Bug::ALL
@@ -109,10 +99,6 @@ fn each_bug_put_back_is_caught_within_100_seeds() {
                 started.elapsed(),
                 r.violations[0],
                 r.seed
-            ),
-            None if NOT_YET.contains(&bug) => println!(
-                "{bug:?}: not caught in {budget} seeds ({:.1?}), as known (NOT_YET)",
-                started.elapsed()
             ),
             None => {
                 println!(
