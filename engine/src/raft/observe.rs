@@ -1,5 +1,6 @@
 //! What a node's state machine applies, shown to the deterministic simulation (feature
-//! `test-support`): every committed op of records, as it is applied, with its place in the log.
+//! `test-support`): every committed op of records, as it is applied, with its place in the log
+//! (not the ops the state machine skips: a stale batch's, or one whose claims were refused).
 //! The simulation checks each refusal against the states the committed log went through while
 //! the refusal ran (`boxoffice-sim`'s `refusals`).
 //!

@@ -176,11 +176,14 @@ impl Driver {
         1..=self.setup.nodes
     }
 
-    fn stop(&mut self, sim: &mut turmoil::Sim<'_>, id: u64) {
+    fn stop(&mut self, sim: &mut turmoil::Sim<'_>, id: u64, now: u64) {
         if self.down.insert(id) {
             sim.crash(host(id));
         }
-        history_seen(&self.seen).now.remove(&id);
+        let mut seen = history_seen(&self.seen);
+        seen.now.remove(&id);
+        // A node without power leads nothing (it never says so itself).
+        seen.lead(id, None, now);
     }
 
     fn start(&mut self, sim: &mut turmoil::Sim<'_>, id: u64) {
@@ -271,7 +274,7 @@ impl Driver {
                 if self.down.contains(&node) {
                     return;
                 }
-                self.stop(sim, node);
+                self.stop(sim, node, now);
                 let disk = &self.node(node).disk;
                 disk.crash(disk.unsynced_writes() * keep as usize / 1_000);
                 self.later.push((now + down_ms, Undo::Start(node)));
@@ -374,7 +377,7 @@ impl Driver {
                 if self.down.contains(&node) || !self.others_fine(node, now) {
                     return;
                 }
-                self.stop(sim, node);
+                self.stop(sim, node, now);
                 self.node(node).wipe();
                 history_seen(&self.seen).votes.remove(&node);
                 self.flipped.remove(&node);
@@ -412,7 +415,7 @@ impl Driver {
                 self.record(now, format!("{named}: {flipped:?}"));
                 self.flipped.insert(node);
                 history_seen(&self.seen).votes.remove(&node);
-                self.stop(sim, node);
+                self.stop(sim, node, now);
                 self.later.push((now + 300, Undo::Start(node)));
                 return;
             }
@@ -470,7 +473,7 @@ impl Driver {
             let tries = self.failures.entry(id).or_default();
             *tries += 1;
             let tries = *tries;
-            self.stop(sim, id);
+            self.stop(sim, id, now);
             if tries >= 3 && self.others_fine(id, now) {
                 self.record(
                     now,
@@ -500,7 +503,7 @@ impl Driver {
     ) {
         for &id in ids {
             if !self.down.contains(&id) {
-                self.stop(sim, id);
+                self.stop(sim, id, now);
                 self.later.push((now + down_ms, Undo::Start(id)));
             }
             let disk = &self.node(id).disk;
@@ -522,7 +525,7 @@ impl Driver {
             self.armed.remove(&id);
             self.node(id).disk.set_sync_latency(node::SYNC_LATENCY);
             self.record(now, format!("node {id} lost power during a sync"));
-            self.stop(sim, id);
+            self.stop(sim, id, now);
             self.later.push((now + down_ms, Undo::Start(id)));
             if let Some((_, keep)) = self.cut_all_with.take_if(|(with, _)| *with == id) {
                 self.record(now, "every other node loses power with it".into());
@@ -544,7 +547,11 @@ impl Driver {
             self.sale_began = history::lock(&self.history)
                 .calls
                 .iter()
-                .filter(|c| matches!(c.answer, Answer::Hold(_)))
+                .filter(|c| match &c.answer {
+                    Answer::Hold(_) => true,
+                    Answer::Batch(items) => items.iter().any(Result::is_ok),
+                    _ => false,
+                })
                 .map(|c| c.completed_ms)
                 .min();
         }

@@ -277,11 +277,12 @@ impl Node {
                             break;
                         }
                     }
-                    seen.lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .failed
+                    let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+                    seen.failed
                         .entry(node.id)
                         .or_insert_with(|| "its Raft stopped".into());
+                    // A node whose Raft stopped leads nothing.
+                    seen.lead(node.id, None, crate::clock::elapsed_ms());
                 }
                 // Serve until turmoil crashes the host (a node whose Raft stopped waits for a
                 // restart, as `serve` exits for its supervisor to restart it).
