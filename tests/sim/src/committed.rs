@@ -293,50 +293,15 @@ pub fn check(h: &History, c: &Committed, seen: &RaftSeen) -> Vec<Violation> {
         .into_iter()
         .filter_map(|(e, (invoked, acked))| at.get(&e).map(|p| (*p, invoked, acked)))
         .collect();
-    // Every refusal of a hold or a batch's item: `(call, key, section, seats, quantity,
-    // reason)`.
-    let mut refusals = Vec::new();
-    for call in &h.calls {
-        match (&call.op, &call.answer) {
-            (
-                Op::Hold {
-                    key,
-                    section,
-                    seats,
-                    quantity,
-                },
-                Answer::Refused(_, reason),
-            ) => refusals.push((call, key, section, seats.as_slice(), *quantity, reason)),
-            (Op::Batch { items }, Answer::Batch(results)) => {
-                for ((key, section, quantity), r) in items.iter().zip(results) {
-                    if let Err((_, reason)) = r {
-                        refusals.push((call, key, section, &[], *quantity, reason));
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    // When each key's first attempt was sent: a retry may be answered with the refusal an
-    // earlier attempt was decided with (the key's first answer).
-    let mut first: BTreeMap<(Fan, &str), u64> = BTreeMap::new();
-    for call in &h.calls {
-        let keys: Vec<&str> = match &call.op {
-            Op::Hold { key, .. } => vec![key.as_str()],
-            Op::Batch { items } => items.iter().map(|(key, ..)| key.as_str()).collect(),
-            _ => Vec::new(),
+    // Every refusal of a hold or a batch's item, once per key: from its first attempt (a retry
+    // may be answered with the refusal an earlier attempt was decided with) to its first
+    // definite answer.
+    for r in crate::refusals::logical(h) {
+        let Some((to, Err(reason))) = &r.outcome else {
+            continue;
         };
-        for key in keys {
-            let t = first.entry((call.fan, key)).or_insert(call.invoked_ms);
-            *t = (*t).min(call.invoked_ms);
-        }
-    }
-    for (call, key, section, seats, quantity, reason) in refusals {
-        let from = first
-            .get(&(call.fan, key.as_str()))
-            .copied()
-            .unwrap_or(call.invoked_ms);
-        let to = call.completed_ms;
+        let (from, to, reason) = (r.invoked_ms, *to, reason.as_str());
+        let (key, section, seats, quantity) = (&r.key, r.section.as_str(), &r.seats, r.quantity);
         // The places in the log the state it was decided on may end at: after every record
         // acknowledged before it was asked (`since`: before that moment), before any record
         // of a call first sent after it was answered.
@@ -360,7 +325,7 @@ pub fn check(h: &History, c: &Committed, seen: &RaftSeen) -> Vec<Violation> {
         };
         let mut found = Violation::new(format!(
             "fan {}'s hold {key} was refused {reason} at {to} ms (asked at {from} ms), but {why} of the committed log while it ran (its records {}..={})",
-            call.fan,
+            r.fan,
             lo(from),
             if hi == u64::MAX {
                 "end".to_owned()

@@ -19,18 +19,18 @@ use crate::fans::{FLOOR, GA, GA_CAPACITY, floor_seats};
 use crate::history::{Answer, Fan, History, HoldSeen, Op};
 
 /// One logical hold: every attempt of one idempotency key (a call or a batch item).
-struct Logical {
-    fan: Fan,
-    key: String,
+pub(crate) struct Logical {
+    pub(crate) fan: Fan,
+    pub(crate) key: String,
     /// The section asked for (empty: any).
-    section: String,
+    pub(crate) section: String,
     /// Exact seats asked for (empty: best available).
-    seats: Vec<String>,
-    quantity: u32,
+    pub(crate) seats: Vec<String>,
+    pub(crate) quantity: u32,
     /// The first attempt's start.
-    invoked_ms: u64,
+    pub(crate) invoked_ms: u64,
     /// The first definite answer: the hold, or the refusal's reason; with when it came.
-    outcome: Option<(u64, Result<HoldSeen, String>)>,
+    pub(crate) outcome: Option<(u64, Result<HoldSeen, String>)>,
 }
 
 fn capacity(section: &str) -> u32 {
@@ -42,7 +42,7 @@ fn capacity(section: &str) -> u32 {
 }
 
 /// The logical holds of a history, in the order of their first attempts.
-fn logical(h: &History) -> Vec<Logical> {
+pub(crate) fn logical(h: &History) -> Vec<Logical> {
     let mut by_key: BTreeMap<(Fan, String), Logical> = BTreeMap::new();
     let mut note = |fan: Fan,
                     key: &str,
