@@ -57,11 +57,17 @@ impl Router {
         self.actors.insert((event, section), handle);
     }
 
+    /// Every section's actor, in the order of (event, section): the map's own order hangs on
+    /// its process-random hash keys, and the order in which actors are stopped decides which
+    /// waiting caller hears first (a simulation's seed must replay the same run in any process).
     pub(crate) fn actors(&self) -> Vec<ActorRef<SectionMsg>> {
-        self.actors
+        let mut all: Vec<_> = self
+            .actors
             .iter()
-            .map(|e| e.value().actor.clone())
-            .collect()
+            .map(|e| (e.key().clone(), e.value().actor.clone()))
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all.into_iter().map(|(_, actor)| actor).collect()
     }
 
     /// Number of section actors.

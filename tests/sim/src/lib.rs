@@ -28,6 +28,7 @@ pub mod history;
 pub mod net;
 pub mod node;
 pub mod offline;
+pub mod procs;
 pub mod refusals;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -79,8 +80,8 @@ impl Options {
     }
 }
 
-/// What a run found.
-#[derive(Debug)]
+/// What a run found. A worker process sends it back without its trace ([`procs`]).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Report {
     /// Its seed.
     pub seed: u64,
@@ -100,18 +101,21 @@ pub struct Report {
     pub faults: usize,
     /// Virtual time the run took, ms.
     pub virtual_ms: u64,
-    /// The trace itself.
+    /// The trace itself (empty in a report sent back by a worker process).
+    #[serde(skip)]
     pub trace: String,
 }
 
 impl Report {
     /// The one-line command that replays this run.
     pub fn replay(&self) -> String {
-        format!(
-            "BOXOFFICE_SIM_SEED={} cargo test -p boxoffice-sim --test sim -- --nocapture",
-            self.seed
-        )
+        replay_command(self.seed)
     }
+}
+
+/// The one-line command that replays the run of `seed`.
+pub fn replay_command(seed: u64) -> String {
+    format!("BOXOFFICE_SIM_SEED={seed} cargo test -p boxoffice-sim --test sim -- --nocapture")
 }
 
 /// One tick of turmoil's clock.
@@ -620,12 +624,60 @@ impl Driver {
     }
 }
 
+/// A run's turn: the process's only simulation while it is held, starting at the same place
+/// of tokio's task ids as every other run.
+///
+/// tokio numbers every task it spawns from one counter for the whole process, and a runtime
+/// keeps its tasks in lists chosen by that number (four lists for a current-thread runtime,
+/// `id & 3`); when a host loses power, turmoil drops its runtime, which shuts its tasks down list
+/// by list. The order in which a dead node's connections close, and so which fan hears first,
+/// thus hangs on the task ids. Two runs side by side (two threads, or two tests of one binary)
+/// take ids from each other at moments that differ from one process to the next, and a run after
+/// another starts wherever that one left the counter: a seed gave another trace in a run of many
+/// seeds than alone. So runs take turns, and each first spends ids until the next is a multiple
+/// of [`TASK_ID_ALIGN`].
+fn one_run_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static RUNS: Mutex<()> = Mutex::new(());
+    let turn = RUNS.lock().unwrap_or_else(|p| p.into_inner());
+    align_task_ids();
+    turn
+}
+
+/// The task ids a run starts at are a multiple of this: any multiple of tokio's four lists per
+/// current-thread runtime.
+const TASK_ID_ALIGN: u64 = 64;
+
+/// Spends tokio task ids until the next one spawned is a multiple of [`TASK_ID_ALIGN`].
+fn align_task_ids() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap_or_else(|e| panic!("a runtime to align task ids: {e}"));
+    // One `block_on` (which may take an id of its own) around all the spawns.
+    rt.block_on(async {
+        loop {
+            let id = tokio::spawn(async { tokio::task::id() })
+                .await
+                .unwrap_or_else(|e| panic!("a task to read its id: {e}"));
+            let id: u64 = id
+                .to_string()
+                .parse()
+                .unwrap_or_else(|e| panic!("tokio's task id {id} is a number: {e}"));
+            if (id + 1).is_multiple_of(TASK_ID_ALIGN) {
+                return;
+            }
+        }
+    });
+}
+
 fn history_seen(seen: &Arc<Mutex<RaftSeen>>) -> std::sync::MutexGuard<'_, RaftSeen> {
     seen.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Runs the simulation of `seed`: its report.
+/// Runs the simulation of `seed`: its report. Runs in one process take turns (see
+/// [`one_run_at_a_time`]).
 pub fn run(seed: u64, options: &Options) -> Report {
+    // Declared first, so dropped last: the whole run and its teardown happen inside it.
+    let _turn = one_run_at_a_time();
     let _rt = boxoffice_engine::rt::simulate(seed, || clock::EPOCH_MS + clock::elapsed_ms());
     let (log, observing) = committed::watch();
     let root = tempfile::tempdir().unwrap_or_else(|e| panic!("a temp dir: {e}"));

@@ -1,6 +1,7 @@
 //! Proof that the simulation bites (issue 24): each bug of [`boxoffice_engine::bugs`] is put
-//! back, and seeds are run, in order, until one breaks a promise that the same seed keeps
-//! without the bug. Each must be caught within 100 seeds. A test binary of its own: the
+//! back, and seeds are run (in worker processes, one per core), until one breaks a promise that
+//! the same seed keeps without the bug; the first such seed in order counts, once it replays the
+//! same trace alone in this process. Each must be caught within 100 seeds. A test binary of its own: the
 //! switches are process-wide.
 //!
 //! `BOXOFFICE_SIM_BUG=<name>` hunts one bug; `BOXOFFICE_SIM_BUG_SEEDS=N` sets the budget;
@@ -9,6 +10,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use boxoffice_engine::bugs::{self, Bug};
+use boxoffice_sim::procs;
 use boxoffice_sim::{Options, Report, run};
 
 fn named(name: &str) -> Bug {
@@ -18,30 +20,42 @@ fn named(name: &str) -> Bug {
         .unwrap_or_else(|| panic!("no bug named {name}: {:?}", Bug::ALL))
 }
 
-/// Runs `seeds` with `bug` put back, two at a time, until one breaks a promise: the first such
-/// seed (in order) and its report.
+/// This test's name: its workers run it again, with their seeds.
+const TEST: &str = "each_bug_put_back_is_caught_within_100_seeds";
+
+/// Runs `seeds` with `bug` put back, in worker processes (one per core), until one breaks a
+/// promise: the first such seed (in order) and its summary, once every seed before it has run.
 fn hunt(bug: Bug, seeds: &[u64]) -> Option<Report> {
-    bugs::set(&[bug]);
-    let mut found = None;
-    for pair in seeds.chunks(2) {
-        let reports: Vec<Report> = std::thread::scope(|s| {
-            let runs: Vec<_> = pair
-                .iter()
-                .map(|seed| s.spawn(move || run(*seed, &Options::for_seed(*seed))))
-                .collect();
-            runs.into_iter().map(|r| r.join().unwrap()).collect()
-        });
-        if let Some(r) = reports.into_iter().find(|r| !r.violations.is_empty()) {
-            found = Some(r);
-            break;
+    let workers = procs::Workers::start(
+        TEST,
+        seeds,
+        procs::default_count(),
+        &[("BOXOFFICE_SIM_BUG", format!("{bug:?}"))],
+    );
+    let mut done = std::collections::BTreeMap::new();
+    for s in workers {
+        done.insert(s.seed, s);
+        for seed in seeds {
+            match done.get(seed) {
+                None => break,
+                Some(s) if !s.violations.is_empty() => return Some(s.clone()),
+                Some(_) => {}
+            }
         }
     }
-    bugs::set(&[]);
-    found
+    None
 }
 
 #[test]
 fn each_bug_put_back_is_caught_within_100_seeds() {
+    if let Some(mine) = procs::worker_seeds() {
+        let name = std::env::var("BOXOFFICE_SIM_BUG").expect("a worker is told its bug");
+        bugs::set(&[named(&name)]);
+        for seed in mine {
+            procs::send(&run(seed, &Options::for_seed(seed)));
+        }
+        return;
+    }
     if let (Some(seed), Ok(name)) = (
         boxoffice_engine::tiers::number("BOXOFFICE_SIM_SEED"),
         std::env::var("BOXOFFICE_SIM_BUG"),
