@@ -2,7 +2,7 @@
 //! orders. A hold reserves the user's quota in their ledger shard first (and settles the
 //! idempotency key), then asks the section actor that owns the places.
 
-use std::collections::HashMap;
+use crate::hash::HashMap;
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -130,7 +130,8 @@ impl Engine {
         //    quota back before the next is checked, and a key given twice gets what a retry
         //    would. Most batches carry one request per user: one round.
         let round_of: Vec<usize> = {
-            let mut seen: HashMap<&str, usize> = HashMap::with_capacity(n);
+            let mut seen: HashMap<&str, usize> =
+                HashMap::with_capacity_and_hasher(n, Default::default());
             reqs.iter()
                 .map(|r| {
                     let k = seen.entry(r.user_id.as_str()).or_insert(0);

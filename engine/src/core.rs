@@ -18,7 +18,8 @@
 //! record's own time, so replay forgets exactly what the live section forgot. Confirmed holds
 //! (orders) stay.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use crate::hash::{HashMap, HashSet};
+use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
@@ -246,7 +247,7 @@ impl SectionCore {
     /// A fresh section with every place available.
     pub fn new(event_id: EventId, spec: SectionSpec) -> SectionCore {
         let mut rows = Vec::new();
-        let mut row_index = HashMap::new();
+        let mut row_index = HashMap::default();
         let mut seats = Vec::new();
         if let Layout::Reserved { rows: specs } = &spec.layout {
             for (i, r) in specs.iter().enumerate() {
@@ -278,9 +279,9 @@ impl SectionCore {
             available: capacity,
             held: 0,
             sold: 0,
-            holds: HashMap::new(),
+            holds: HashMap::default(),
             deadlines: BTreeSet::new(),
-            orders: HashMap::new(),
+            orders: HashMap::default(),
             withdrawn: Vec::new(),
             next_place: 0,
             ended: ForgetIndex::default(),
@@ -352,7 +353,7 @@ impl SectionCore {
                 format!("must name 1 to {PLACES_PER_HOLD_MAX} seats"),
             ));
         }
-        let mut seen = HashSet::new();
+        let mut seen = HashSet::default();
         let mut seats = Vec::with_capacity(ids.len());
         for id in ids {
             let idx = self
@@ -748,7 +749,7 @@ impl SectionCore {
         let mut records = Vec::new();
         let mut places = Vec::new();
         let mut left = Vec::new();
-        let mut releasing = HashSet::new();
+        let mut releasing = HashSet::default();
         let mut free = self.available;
         for (key, holder) in claims {
             let Some(place) = key.strip_prefix(&prefix) else {
@@ -861,7 +862,7 @@ impl SectionCore {
         self.assert_counts();
         let mut held = 0u32;
         let mut sold = 0u32;
-        let mut owner: HashMap<u32, &HoldId> = HashMap::new();
+        let mut owner: HashMap<u32, &HoldId> = HashMap::default();
         for (id, h) in &self.holds {
             let counted = match h.status {
                 HoldStatus::Held => {

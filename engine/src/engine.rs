@@ -5,12 +5,11 @@
 //! waitlist hand-off), [`waitlist`](crate::waitlist), [`audit`](crate::audit) (reconciliation),
 //! [`supervisor`](crate::supervisor) (restarting actors that panic).
 
-use std::collections::HashMap;
+use crate::hash::{DashMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
-use dashmap::DashMap;
 use ractor::{Actor, ActorRef};
 use tokio::sync::{Mutex, watch};
 
@@ -213,7 +212,7 @@ impl Engine {
             config.replicate.clone(),
         )?);
         let engine_slot = Arc::new(OnceLock::new());
-        let roles: Roles = Arc::new(DashMap::new());
+        let roles: Roles = Arc::new(DashMap::default());
         let (supervisor, supervisor_done) = Actor::spawn(
             None,
             Supervisor,
@@ -257,7 +256,7 @@ impl Engine {
             store,
             ledger,
             router: Router::default(),
-            events: DashMap::new(),
+            events: DashMap::default(),
             catalog: Mutex::new(catalog),
             ready: AtomicBool::new(false),
             recovery: OnceLock::new(),

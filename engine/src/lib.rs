@@ -94,6 +94,7 @@ pub mod core;
 pub mod engine;
 pub mod error;
 mod expiry;
+pub mod hash;
 pub mod ids;
 pub mod integrity;
 mod ledger;

@@ -5,9 +5,8 @@
 //! every claim a sale, that every order is paid by exactly one captured charge of its amount,
 //! and that every captured charge belongs to an order (else it should have been refunded).
 
-use std::collections::{HashMap, HashSet};
-
 use crate::core::SectionCore;
+use crate::hash::{HashMap, HashSet};
 use crate::payment::{Charge, ChargeStatus};
 use crate::types::OrderView;
 
@@ -98,7 +97,7 @@ pub(crate) struct Books<'a> {
 /// Everything that does not add up in `books` (pure: no IO; [`report`] counts and logs them).
 pub(crate) fn check(books: &Books<'_>) -> Vec<Finding> {
     let mut findings = Vec::new();
-    let mut expected_claims: HashMap<String, String> = HashMap::new();
+    let mut expected_claims: HashMap<String, String> = HashMap::default();
     let mut orders = Vec::new();
     for (name, core) in books.sections {
         if let Err(detail) = core.check_invariants() {
@@ -113,7 +112,7 @@ pub(crate) fn check(books: &Books<'_>) -> Vec<Finding> {
         orders.extend(core.orders());
     }
     // The backstop.
-    let mut seen = HashSet::new();
+    let mut seen = HashSet::default();
     for (key, _) in books.claims_before {
         if !expected_claims.contains_key(key) {
             findings.push(Finding::ClaimWithoutSale { key: key.clone() });
@@ -146,7 +145,7 @@ pub(crate) fn report(findings: &[Finding], last: &crate::share::Share) {
 fn check_payments(orders: &[OrderView], charges: &[Charge], findings: &mut Vec<Finding>) {
     let by_id: HashMap<&str, &Charge> =
         charges.iter().map(|c| (c.payment_id.as_str(), c)).collect();
-    let mut orders_of: HashMap<&str, Vec<String>> = HashMap::new();
+    let mut orders_of: HashMap<&str, Vec<String>> = HashMap::default();
     for o in orders {
         orders_of
             .entry(o.payment_ref.as_str())

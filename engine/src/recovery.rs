@@ -9,7 +9,8 @@
 //! planned repairs run (a torn tail dropped, an unacknowledged claim set aside, a missing claim
 //! restored) and the superblock is rewritten with what the log now holds.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use crate::hash::HashMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::codec;
 use crate::core::{SectionCore, SectionRecord};
@@ -322,7 +323,7 @@ fn replay(
     report: &mut RecoveryReport,
 ) -> Result<Replayed, StorageError> {
     let (events, catalog_last) = recover_catalog(sink, check, report)?;
-    let mut cores = HashMap::new();
+    let mut cores = HashMap::default();
     for (event_id, spec, _) in &events {
         for s in &spec.sections {
             let (core, last_seq) = recover_section(sink, event_id, s, window_ms, check, report)?;
@@ -333,7 +334,7 @@ fn replay(
     }
     let ledgers = recover_ledgers(sink, check, report)?;
     let (waitlist, waitlist_last) = recover_waitlist(sink, check, report)?;
-    let mut rooms = HashMap::new();
+    let mut rooms = HashMap::default();
     for (event_id, _, _) in &events {
         if let Some(room) = recover_room(sink, event_id, check, report)? {
             rooms.insert(event_id.clone(), room);
@@ -797,7 +798,7 @@ fn recover_backstop(
     report: &mut RecoveryReport,
 ) -> Result<(), StorageError> {
     let whole = check.found.damage.is_empty();
-    let mut expected: HashMap<String, HoldId> = HashMap::new();
+    let mut expected: HashMap<String, HoldId> = HashMap::default();
     for (core, _) in cores.values() {
         expected.extend(core.all_sold_keys());
     }

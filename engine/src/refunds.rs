@@ -15,12 +15,9 @@
 //! into an order, and once the hold expires they become orphans. Whatever can't be tied to a
 //! hold of this engine stays a reconciliation finding for a person to look at.
 
-use std::collections::HashSet;
-
-use dashmap::DashMap;
-
 use crate::engine::Engine;
 use crate::error::EngineError;
+use crate::hash::{DashMap, HashSet};
 use crate::payment::{Charge, ChargeStatus};
 use crate::reconcile::{self, Finding};
 use crate::types::{HoldId, HoldStatus};
@@ -41,8 +38,8 @@ pub(crate) struct Orphans {
 impl Default for Orphans {
     fn default() -> Orphans {
         Orphans {
-            first_seen: DashMap::new(),
-            checkouts: DashMap::new(),
+            first_seen: DashMap::default(),
+            checkouts: DashMap::default(),
             pending: crate::share::Share::new("boxoffice_refunds_pending"),
             last_findings: crate::share::Share::new("boxoffice_reconcile_last_findings"),
         }
@@ -111,7 +108,7 @@ impl Engine {
         let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
         let mut settlement = Settlement::default();
         let mut left = Vec::new();
-        let mut orphaned_now = HashSet::new();
+        let mut orphaned_now = HashSet::default();
         for finding in findings {
             let Finding::CapturedWithoutOrder { payment_id, .. } = &finding else {
                 left.push(finding);

@@ -99,7 +99,7 @@ pub(crate) struct RoomWriter {
 }
 
 /// A room stream's writer, shared by the calls that record.
-pub(crate) type Rooms = dashmap::DashMap<EventId, Arc<tokio::sync::Mutex<RoomWriter>>>;
+pub(crate) type Rooms = crate::hash::DashMap<EventId, Arc<tokio::sync::Mutex<RoomWriter>>>;
 
 impl Engine {
     /// The line of `event_id`'s waiting room as its records leave it (empty if it has none).

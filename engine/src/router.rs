@@ -2,10 +2,10 @@
 //! how far its log is durable.
 //! Nothing else lives in it. A restarted section actor replaces its entry.
 
+use crate::hash::DashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 
-use dashmap::DashMap;
 use ractor::ActorRef;
 
 use crate::ids::{EventId, SectionId};

@@ -18,7 +18,7 @@
 //! largest section), with its version (the last record of the stream it shows): readers that
 //! build something from a snapshot (the gateway's seat maps) rebuild only when the version moved.
 
-use std::collections::HashMap;
+use crate::hash::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -160,7 +160,7 @@ impl Counters {
                 "state" => state
             )
         };
-        let mut rejections = HashMap::new();
+        let mut rejections = HashMap::default();
         // Every reason at 0 from the section's start, not from its first refusal.
         for r in Rejection::every() {
             let reason = r.reason();

@@ -15,11 +15,10 @@
 //! An actor restarted more than [`ACTOR_RESTARTS_MAX`] times, or one whose log cannot be
 //! replayed, also stops the engine. Never a silent, permanent `NOT_READY`.
 
-use std::collections::HashMap;
+use crate::hash::{DashMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 
-use dashmap::DashMap;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::sync::watch;
 
@@ -87,7 +86,7 @@ impl Actor for Supervisor {
     ) -> Result<SupervisorState, ActorProcessingErr> {
         Ok(SupervisorState {
             args,
-            restarts: HashMap::new(),
+            restarts: HashMap::default(),
         })
     }
 

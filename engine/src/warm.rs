@@ -18,7 +18,7 @@
 //! A dropped state costs nothing but speed: the engine then starts as a single node does, from
 //! the log.
 
-use std::collections::HashMap;
+use crate::hash::HashMap;
 use std::sync::Mutex;
 
 use crate::codec;
@@ -70,9 +70,9 @@ impl Kept {
         let mut kept = Kept {
             replayed,
             window_ms,
-            sections: HashMap::new(),
-            rooms: HashMap::new(),
-            ledger_tails: HashMap::new(),
+            sections: HashMap::default(),
+            rooms: HashMap::default(),
+            ledger_tails: HashMap::default(),
         };
         let events: Vec<_> = kept
             .replayed

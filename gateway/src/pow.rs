@@ -26,11 +26,11 @@
 //! `--queue-max`; one entry is a 16-byte id and an 8-byte expiry (about 40 bytes with the
 //! table's overhead).
 
+use boxoffice_engine::hash::DashMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use boxoffice_engine::Clock;
-use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 
 use crate::tokens::{Claims, TokenError, TokenKind, TokenSigner};
@@ -93,7 +93,7 @@ impl JoinChallenges {
         JoinChallenges {
             ttl_ms: ttl_ms.max(1),
             instance: boxoffice_engine::rt::random_u64(),
-            used: DashMap::new(),
+            used: DashMap::default(),
         }
     }
 

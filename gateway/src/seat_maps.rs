@@ -14,6 +14,7 @@
 //! event over the cap is refused (`SEAT_MAP_TOO_LARGE`), and one section is answered in pages
 //! of whole rows that fit the cap (`first_row`, `next_first_row`).
 
+use boxoffice_engine::hash::DashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,7 +24,6 @@ use boxoffice_engine::{
     SectionSnapshot, SectionSpec,
 };
 use bytes::{BufMut, Bytes, BytesMut};
-use dashmap::DashMap;
 use prost::encoding::{DecodeContext, WireType, encode_key, encode_varint, encoded_len_varint};
 
 use crate::convert::seat_status;
@@ -64,7 +64,7 @@ impl SeatMaps {
     /// always shown at once).
     pub fn new(limit_bytes: usize, staleness_ms: u64) -> SeatMaps {
         SeatMaps {
-            events: DashMap::new(),
+            events: DashMap::default(),
             limit_bytes: limit_bytes.clamp(SEAT_MAP_BYTES_MIN, SEAT_MAP_BYTES_MAX),
             staleness_ms,
             next_sweep_ms: AtomicU64::new(0),

@@ -1,5 +1,6 @@
 //! The four gRPC services of `boxoffice.v1`, over one shared [`Api`].
 
+use boxoffice_engine::hash::DashMap;
 use std::sync::Arc;
 
 use boxoffice_engine::{
@@ -7,7 +8,6 @@ use boxoffice_engine::{
     Rejection, SectionId, UserId, check_idempotency_key, check_user_id,
 };
 use boxoffice_proto::v1 as pb;
-use dashmap::DashMap;
 use tonic::codec::CompressionEncoding;
 use tonic::{Request, Response, Status};
 
@@ -136,8 +136,8 @@ impl Api {
             queue_max,
             seat_maps,
             challenges,
-            rooms: DashMap::new(),
-            admitters: DashMap::new(),
+            rooms: DashMap::default(),
+            admitters: DashMap::default(),
             pruner,
         }
     }

@@ -30,7 +30,7 @@
 //! table), 8 bytes of admission time, and 4 bytes of shuffled position for pre-opening fans:
 //! [`WaitingRoom::memory_bytes`] reports it; the `waiting_room` bench measures 1,000,000 fans.
 
-use std::collections::HashMap;
+use boxoffice_engine::hash::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -192,7 +192,7 @@ impl WaitingRoom {
         let max = config.queue_max as usize;
         WaitingRoom {
             joins: Mutex::new(Joins {
-                map: HashMap::new(),
+                map: HashMap::default(),
                 opened: false,
             }),
             joined: AtomicU32::new(0),

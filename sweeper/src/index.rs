@@ -4,7 +4,8 @@
 //! Timers are numbered by a generation: re-arming (an earlier deadline came in) makes the old
 //! timer stale, and a stale timer's tick is ignored.
 
-use std::collections::{BTreeSet, HashMap};
+use boxoffice_engine::hash::HashMap;
+use std::collections::BTreeSet;
 
 use boxoffice_engine::{EventId, SectionId};
 

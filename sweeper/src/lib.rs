@@ -31,7 +31,7 @@
 //! to the next fan. On start it reconciles offers with their holds (a restart may have happened
 //! in between) and offers whatever is free.
 
-use std::collections::{HashMap, HashSet};
+use boxoffice_engine::hash::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -453,10 +453,10 @@ impl Actor for Sweeper {
             engine: args.engine,
             config: args.config,
             deadlines: DeadlineIndex::default(),
-            offered: HashMap::new(),
-            handed_off: HashSet::new(),
+            offered: HashMap::default(),
+            handed_off: HashSet::default(),
             pending_ends: tokio::task::JoinSet::new(),
-            waiting_events: HashSet::new(),
+            waiting_events: HashSet::default(),
             stats: SweeperStats::default(),
         };
         // Holds already past their deadline (say, after a restart) expire right away.

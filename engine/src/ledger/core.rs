@@ -8,8 +8,7 @@
 //! ([`crate::retention`]): a lookup past it finds nothing (a new request), and each request
 //! forgets a bounded number of answers whose window has passed.
 
-use std::collections::HashMap;
-
+use crate::hash::HashMap;
 use serde::{Deserialize, Serialize};
 
 use super::{Begin, BeginArgs};
@@ -104,8 +103,8 @@ impl ShardState {
     /// An empty shard keeping answers for `window_ms` (at least 1 ms).
     pub fn new(window_ms: u64) -> ShardState {
         ShardState {
-            quotas: HashMap::new(),
-            keys: HashMap::new(),
+            quotas: HashMap::default(),
+            keys: HashMap::default(),
             answered: ForgetIndex::default(),
             window_ms: window_ms.max(1),
         }

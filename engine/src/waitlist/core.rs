@@ -1,7 +1,8 @@
 //! [`WaitlistCore`]: every event's waitlist as pure state. `apply` is the only mutation; the
 //! `decide_*` functions say what a request would record, or answer it outright.
 
-use std::collections::{BTreeMap, HashMap};
+use crate::hash::HashMap;
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
