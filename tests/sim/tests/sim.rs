@@ -5,7 +5,10 @@
 //!   `BOXOFFICE_SLOW=1`), from `BOXOFFICE_SIM_FROM` (1); `BOXOFFICE_SIM_SEED=S` runs only S, with
 //!   `BOXOFFICE_SIM_TRACE=1` printing its trace and `BOXOFFICE_SIM_LOG=<filter>` the nodes' logs
 //!   (virtual time in each line). `BOXOFFICE_SIM_HASHES=1` prints every seed's trace hash, to
-//!   compare two processes' runs of the same seeds.
+//!   compare two processes' runs of the same seeds; `BOXOFFICE_SIM_TRACE_DIR=D` writes every
+//!   trace to `D/seed-S.trace`.
+//! - More than one seed run in worker processes (one per core, `BOXOFFICE_SIM_PROCS=N`), each a
+//!   copy of this test running its share one at a time (see `boxoffice_sim::procs`).
 //! - A failing seed prints its violations and the one-line command that replays it.
 //! - Known bugs (issue 27 fixes them: reads answered while a deposed leader still led, before
 //!   its lease ran out; a retried `JoinWaitlist` answered from memory before the entry was
