@@ -842,7 +842,7 @@ async fn open_raft(
         .over(net.clone());
     let raft = raft::Raft::new(
         cluster.node_id,
-        raft::config_keeping(cluster.snapshot_every, cluster.snapshot_keep),
+        raft::config_keeping(cluster.snapshot_every, cluster.snapshot_keep)?,
         peers,
         log,
         sm.clone(),

@@ -208,7 +208,7 @@ async fn start_with(
     let log = super::LogStore::open(&db).map_err(|e| e.to_string())?;
     let raft = Raft::new(
         id,
-        super::config(snapshot_every),
+        super::config(snapshot_every).map_err(|e| e.to_string())?,
         router.client_of(id),
         log,
         sm.clone(),

@@ -195,7 +195,12 @@ pub struct ServeArgs {
     cluster_secret_file: Option<PathBuf>,
     /// Raft entries (group commits) between snapshots of a node's log; the Raft log before a
     /// snapshot is purged, and a node that lost its data catches up from one.
-    #[arg(long, env = "BOXOFFICE_SNAPSHOT_EVERY", default_value_t = 10_000)]
+    #[arg(
+        long,
+        env = "BOXOFFICE_SNAPSHOT_EVERY",
+        default_value_t = 10_000,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
     snapshot_every: u64,
     /// Raft groups of a cluster (1 to 64): each event belongs to one (by a hash of its id), each
     /// group has its own log and leader, and the groups' first leaders are spread over the
@@ -287,7 +292,7 @@ fn cluster_config(
         peers: map,
         secret: boxoffice_gateway::cluster::ClusterSecret::new(&secret)
             .map_err(|e| UsageError::new(format!("--cluster-secret-file: {e}")))?,
-        snapshot_every: snapshot_every.max(1),
+        snapshot_every,
         groups,
         stores: None,
         snapshot_keep: boxoffice_engine::raft::SNAPSHOT_KEEP_DEFAULT,

@@ -335,6 +335,19 @@ fn cluster_flags_are_checked_before_anything_opens() {
             ],
             "--groups",
         ),
+        (
+            vec![
+                "--node-id",
+                "1",
+                "--peers",
+                one,
+                "--cluster-secret",
+                "shh-secret",
+                "--snapshot-every",
+                "0",
+            ],
+            "--snapshot-every",
+        ),
     ];
     for (args, named) in &cases {
         let out = Command::new(env!("CARGO_BIN_EXE_boxoffice"))
@@ -348,6 +361,7 @@ fn cluster_flags_are_checked_before_anything_opens() {
             .env_remove("BOXOFFICE_CLUSTER_SECRET")
             .env_remove("BOXOFFICE_CLUSTER_SECRET_FILE")
             .env_remove("BOXOFFICE_GROUPS")
+            .env_remove("BOXOFFICE_SNAPSHOT_EVERY")
             .output()
             .unwrap();
         let text = format!(

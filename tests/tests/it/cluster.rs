@@ -62,7 +62,7 @@ async fn start(
     let peers = Peers::new(addrs, ClusterSecret::new(secret).unwrap());
     let raft = Raft::new(
         id,
-        boxoffice_engine::raft::config(50),
+        boxoffice_engine::raft::config(50).expect("a valid Raft config"),
         peers,
         LogStore::open(&db).unwrap(),
         sm.clone(),
