@@ -1124,15 +1124,6 @@ impl SectionCore {
             .collect()
     }
 
-    /// The order of a confirmed hold.
-    pub fn order_of(&self, hold_id: &HoldId) -> Option<OrderId> {
-        self.holds
-            .get(hold_id)?
-            .order
-            .as_ref()
-            .map(|o| o.order_id.clone())
-    }
-
     /// Every hold with its idempotency tags, for rebuilding the ledger on recovery:
     /// (view as it is now, hold tag, confirm tag and order).
     pub fn holds_for_ledger(
@@ -1162,12 +1153,6 @@ impl SectionCore {
             version,
             changed_at_ms: 0,
         }
-    }
-
-    /// Row label and number of the seat at `index`.
-    pub fn seat_position(&self, index: u32) -> (&str, u32) {
-        let r = &self.rows[self.row_of(index)];
-        (&r.label, index - r.start + 1)
     }
 }
 

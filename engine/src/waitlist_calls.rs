@@ -221,16 +221,6 @@ impl Engine {
             .await
     }
 
-    /// The entry a hold was offered to, if any.
-    pub async fn waitlist_entry_of_hold(
-        &self,
-        hold_id: &HoldId,
-    ) -> Result<Option<WaitlistView>, EngineError> {
-        let h = hold_id.clone();
-        self.ask_waitlist(|reply| WaitlistMsg::OfHold(h, reply))
-            .await
-    }
-
     /// Every entry with an outstanding offer.
     pub async fn waitlist_offered(&self) -> Result<Vec<WaitlistView>, EngineError> {
         self.ask_waitlist(WaitlistMsg::Offered).await

@@ -22,7 +22,6 @@ pub(crate) enum WaitlistMsg {
     Candidates(EventId, Option<SectionId>, usize, Reply<Vec<WaitlistView>>),
     Offer(String, HoldId, Reply<WaitlistView>),
     End(String, WaitlistState, Reply<WaitlistView>),
-    OfHold(HoldId, Reply<Option<WaitlistView>>),
     Offered(Reply<Vec<WaitlistView>>),
     EventsWaiting(Reply<Vec<EventId>>),
     Len(EventId, Reply<usize>),
@@ -120,9 +119,6 @@ impl Actor for WaitlistActor {
             }
             WaitlistMsg::Candidates(event, section, n, reply) => {
                 let _ = reply.send(Ok(st.core.candidates(&event, section.as_ref(), n)));
-            }
-            WaitlistMsg::OfHold(hold_id, reply) => {
-                let _ = reply.send(Ok(st.core.of_hold(&hold_id)));
             }
             WaitlistMsg::Offered(reply) => {
                 let _ = reply.send(Ok(st.core.offered()));

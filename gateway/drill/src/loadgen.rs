@@ -116,11 +116,6 @@ impl fmt::Display for LoadReport {
 }
 
 impl LoadReport {
-    /// The calls that failed, all RPCs together.
-    pub fn failed_calls(&self) -> u64 {
-        self.rpcs.iter().map(|r| r.errors).sum()
-    }
-
     /// What failed, one line (`None` if every call succeeded): e.g. `269 of 300 Hold calls
     /// failed (first: ResourceExhausted OVERLOADED: ...)`, per RPC.
     pub fn failures(&self) -> Option<String> {
