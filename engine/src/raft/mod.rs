@@ -14,9 +14,9 @@
 //!   the node's copy of the records (tree `raft_applied`, keyed by Raft log index) with the last
 //!   applied log id and membership; snapshots are the whole copy, so a node whose data was wiped
 //!   catches up from one.
-//! - [`network::Router`]: an in-process network between the nodes of one process (tests and
-//!   simulations). The gRPC network between processes, the engine's actors writing through
-//!   `client_write`, forwarding, placement and the CLI come in the next steps.
+//! - `network::Router` (tests and feature `test-support` only): an in-process network between
+//!   the nodes of one process. The network between processes is gRPC
+//!   (`boxoffice_gateway::cluster`).
 
 // openraft's traits fix the error types (`StorageError`, `RPCError`), large as they are.
 #![allow(clippy::result_large_err)]
@@ -24,6 +24,7 @@
 mod guard;
 #[cfg(any(test, feature = "test-support"))]
 pub mod harness;
+#[cfg(any(test, feature = "test-support"))]
 pub mod network;
 pub mod observe;
 mod store;
