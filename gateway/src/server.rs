@@ -834,9 +834,11 @@ async fn open_raft(
             .map_err(anyhow::Error::msg)?
             .with_context(|| format!("opening {}", shown.display()))?,
     };
-    let sm = raft::StateMachine::open(&db)?;
-    let log = raft::LogStore::open(&db)?;
-    let guard = raft::VoteGuard::open(&db)?;
+    // What the last run wrote but never synced is made durable before anything is read, so
+    // this start never acts on a vote or entries that a power cut could take back.
+    let (sm, log, guard) = raft::open_for_start(&db)
+        .await
+        .with_context(|| format!("opening the Raft storage in {}", shown.display()))?;
     let peers = crate::cluster::Peers::new(cluster.peers.clone(), cluster.secret.clone())
         .in_group(group, cluster.groups.max(1))
         .over(net.clone());

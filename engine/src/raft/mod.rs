@@ -34,7 +34,9 @@ use std::io::Cursor;
 use serde::{Deserialize, Serialize};
 
 pub use guard::VoteGuard;
-pub use store::{LogStore, NodeDb, StateMachine, open_node_db, open_node_db_cached};
+pub use store::{
+    LogStore, NodeDb, StateMachine, open_for_start, open_node_db, open_node_db_cached,
+};
 
 /// One change to a node's log, as the flusher would make it on a single node.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
