@@ -255,6 +255,19 @@ fn cluster_flags_are_checked_before_anything_opens() {
         "t",
     ];
     let one = "1=127.0.0.1:1,2=127.0.0.1:2,3=127.0.0.1:3";
+    // A valid node's flags, then `flag value`.
+    let node_with = |flag: &'static str, value: &'static str| {
+        vec![
+            "--node-id",
+            "1",
+            "--peers",
+            one,
+            "--cluster-secret",
+            "shh-secret",
+            flag,
+            value,
+        ]
+    };
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["--node-id", "1"], "--peers"),
         (vec!["--peers", one], "--node-id"),
@@ -309,45 +322,9 @@ fn cluster_flags_are_checked_before_anything_opens() {
         ),
         (vec!["--cluster-secret", "shh-secret"], "--node-id"),
         (vec!["--groups", "2"], "--groups needs --node-id"),
-        (
-            vec![
-                "--node-id",
-                "1",
-                "--peers",
-                one,
-                "--cluster-secret",
-                "shh-secret",
-                "--groups",
-                "0",
-            ],
-            "--groups",
-        ),
-        (
-            vec![
-                "--node-id",
-                "1",
-                "--peers",
-                one,
-                "--cluster-secret",
-                "shh-secret",
-                "--groups",
-                "65",
-            ],
-            "--groups",
-        ),
-        (
-            vec![
-                "--node-id",
-                "1",
-                "--peers",
-                one,
-                "--cluster-secret",
-                "shh-secret",
-                "--snapshot-every",
-                "0",
-            ],
-            "--snapshot-every",
-        ),
+        (node_with("--groups", "0"), "--groups"),
+        (node_with("--groups", "65"), "--groups"),
+        (node_with("--snapshot-every", "0"), "--snapshot-every"),
     ];
     for (args, named) in &cases {
         let out = Command::new(env!("CARGO_BIN_EXE_boxoffice"))
