@@ -109,13 +109,11 @@ pub struct Report {
 impl Report {
     /// The one-line command that replays this run.
     pub fn replay(&self) -> String {
-        replay_command(self.seed)
+        format!(
+            "BOXOFFICE_SIM_SEED={} cargo test -p boxoffice-sim --test sim -- --nocapture",
+            self.seed
+        )
     }
-}
-
-/// The one-line command that replays the run of `seed`.
-pub fn replay_command(seed: u64) -> String {
-    format!("BOXOFFICE_SIM_SEED={seed} cargo test -p boxoffice-sim --test sim -- --nocapture")
 }
 
 /// One tick of turmoil's clock.
