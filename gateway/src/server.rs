@@ -236,6 +236,8 @@ type SweeperSlot = Arc<std::sync::Mutex<Option<ractor::ActorRef<boxoffice_sweepe
 struct Node {
     /// Each group's Raft (index: the group).
     rafts: Vec<boxoffice_engine::raft::Raft>,
+    /// Each group's vote guard (index: the group).
+    guards: Vec<boxoffice_engine::raft::VoteGuard>,
     stop: tokio::sync::watch::Sender<bool>,
     /// Each group's leadership loop.
     leads: Vec<tokio::task::JoinHandle<()>>,
@@ -614,6 +616,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
                 let _ = recovered_tx.send(result);
             }));
             Some(Node {
+                guards: rafts.iter().map(|(_, _, guard)| guard.clone()).collect(),
                 rafts: rafts.into_iter().map(|(raft, _, _)| raft).collect(),
                 stop,
                 leads,
@@ -1341,6 +1344,14 @@ impl Running {
             .as_ref()
             .map(|n| n.rafts.clone())
             .unwrap_or_default()
+    }
+
+    /// Whether this cluster node, started without its data, still waits to catch up from a
+    /// leader before it votes, in some group (see `raft::VoteGuard`); `false` on a single node.
+    pub fn catching_up(&self) -> bool {
+        self.node
+            .as_ref()
+            .is_some_and(|n| n.guards.iter().any(|g| g.catching_up()))
     }
 
     /// The engine, once recovered.

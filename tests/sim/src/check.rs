@@ -67,12 +67,15 @@ impl Violation {
 }
 
 /// The waitlist entries acknowledged by a retried `JoinWaitlist`: one whose fan had an attempt
-/// before (for the same section) with no definite answer, not only the one just before: the
-/// node that took that attempt may answer a later one from the entry it holds in memory, its
-/// record not durable (seeds 9618, 9802: a deposed leader, paused or cut off, answered a third
-/// attempt so after a second one had an entry from the new leader). The known bug.
+/// before with no definite answer, not only the one just before: the node that took that
+/// attempt may answer a later one from the entry it holds in memory, its record not durable
+/// (seeds 9618, 9802: a deposed leader, paused or cut off, answered a third attempt so after a
+/// second one had an entry from the new leader). Any section: a fan has one active entry for
+/// the event, and a join for another section returns it unchanged (docs/api.md; seeds 6714,
+/// 7774, 9786 at 2614c48: a join for `ga` timed out on a cut-off leader, whose entry then
+/// answered a join for `floor`). The known bug.
 pub fn retried_entries(h: &History) -> BTreeSet<String> {
-    let mut ever_failed: BTreeMap<(Fan, String), bool> = BTreeMap::new();
+    let mut ever_failed: BTreeMap<Fan, bool> = BTreeMap::new();
     let mut joins: Vec<&Call> = h
         .calls
         .iter()
@@ -81,10 +84,7 @@ pub fn retried_entries(h: &History) -> BTreeSet<String> {
     joins.sort_by_key(|c| c.invoked_ms);
     let mut retried = BTreeSet::new();
     for c in joins {
-        let Op::JoinWaitlist { section, .. } = &c.op else {
-            continue;
-        };
-        let key = (c.fan, section.clone());
+        let key = c.fan;
         if let Answer::Entry(id, ..) = &c.answer
             && ever_failed.get(&key).copied().unwrap_or(false)
         {

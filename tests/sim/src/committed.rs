@@ -236,7 +236,7 @@ fn effects(h: &History) -> BTreeMap<Effect, (u64, Option<u64>)> {
 
 /// How late a node may report that it leads (its Raft metrics reach the driver between
 /// steps), ms.
-const REPORT_SLACK_MS: u64 = 100;
+pub(crate) const REPORT_SLACK_MS: u64 = 100;
 
 /// Why a refusal of `quantity` places of `section` (or `seats`) for `reason` is given by no
 /// state of the sections' log from place `lo` to place `hi`; `None` if some state gives it.

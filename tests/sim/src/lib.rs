@@ -197,8 +197,10 @@ impl Driver {
     }
 
     /// Whether every node but `id` keeps its data: up, not failed, no bit flipped on its disk,
-    /// not wiped in the last 10 s, and past the group's forming (a wiped or new node counts as
-    /// failed until it has caught up). Every committed entry is on a majority, so one of them
+    /// not wiped in the last 10 s, not catching up after it started without its data (a power
+    /// cut in its first sync), and past the group's forming (a wiped or new node counts as
+    /// failed until it has caught up; seed 7522 at 2614c48: a node wiped while another caught
+    /// up after such a cut left one voter, which no one would vote for). Every committed entry is on a majority, so one of them
     /// has it: a wipe of `id` (or damage to it) then loses nothing.
     fn others_fine(&self, id: u64, now: u64) -> bool {
         let seen = history_seen(&self.seen);
@@ -216,6 +218,7 @@ impl Driver {
             && self.ids().filter(|n| *n != id).all(|n| {
                 !self.down.contains(&n)
                     && !seen.failed.contains_key(&n)
+                    && !seen.catching_up.contains(&n)
                     && !self.flipped.contains(&n)
                     && seen.now.get(&n).is_some_and(|(_, _, applied)| *applied > 1)
             })
@@ -866,7 +869,7 @@ pub fn run(seed: u64, options: &Options) -> Report {
         // The refusals, once the disks said which holds the fans gave up on were never made,
         // and against the states of the committed log.
         let h = history::lock(&history);
-        violations.extend(refusals::check(&h, &never_made));
+        violations.extend(refusals::check(&h, &never_made, &history_seen(&seen)));
         violations.extend(committed::check(&h, &log.borrow(), &history_seen(&seen)));
     }
     let (known, violations) = classify(violations, &history_seen(&seen));

@@ -67,6 +67,9 @@ pub struct RaftSeen {
     pub applied: BTreeMap<u64, BTreeMap<LeaderId, BTreeSet<u64>>>,
     /// Each node's latest figures: (term, leads, last applied index).
     pub now: BTreeMap<u64, (u64, bool, u64)>,
+    /// Nodes that started without their data and have not caught up yet: they do not vote,
+    /// so each counts as a failed node until it has.
+    pub catching_up: BTreeSet<u64>,
     /// Nodes whose Raft stopped (a storage error), with why.
     pub failed: BTreeMap<u64, String>,
     /// The greatest vote (term, candidate) each node reported: a vote is reported once it is
@@ -269,6 +272,11 @@ impl Node {
                                 node.id,
                                 (m.current_term, leads, m.last_applied.map_or(0, |l| l.index)),
                             );
+                            if running.catching_up() {
+                                seen.catching_up.insert(node.id);
+                            } else {
+                                seen.catching_up.remove(&node.id);
+                            }
                             if let Err(e) = &m.running_state {
                                 seen.failed.insert(node.id, e.to_string());
                             }

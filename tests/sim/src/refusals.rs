@@ -14,9 +14,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use boxoffice_proto::v1 as pb;
 
-use crate::check::Violation;
+use crate::check::{KNOWN_STALE_READ, Violation};
+use crate::committed::REPORT_SLACK_MS;
 use crate::fans::{FLOOR, GA, GA_CAPACITY, floor_seats};
 use crate::history::{Answer, Fan, History, HoldSeen, Op};
+use crate::node::RaftSeen;
 
 /// One logical hold: every attempt of one idempotency key (a call or a batch item).
 pub(crate) struct Logical {
@@ -132,7 +134,7 @@ pub(crate) fn logical(h: &History) -> Vec<Logical> {
 
 /// Every refusal of a history that no possible state could have given. `never_made`: keys of
 /// holds the fans gave up on that no node's disk remembers after the run (they took no places).
-pub fn check(h: &History, never_made: &BTreeSet<String>) -> Vec<Violation> {
+pub fn check(h: &History, never_made: &BTreeSet<String>, seen: &RaftSeen) -> Vec<Violation> {
     let holds = logical(h);
     // When a hold was known to have ended (released, or read released or expired), unless a
     // confirm of it may have run (it may live on as a new hold of the same places).
@@ -172,32 +174,84 @@ pub fn check(h: &History, never_made: &BTreeSet<String>) -> Vec<Violation> {
         let Some((answered_ms, Err(reason))) = &r.outcome else {
             continue;
         };
-        // Could `x` have held places while `r` ran?
-        let could_hold = |x: &Logical| -> bool {
-            if std::ptr::eq(x, r) || x.invoked_ms >= *answered_ms {
-                return false;
-            }
-            match &x.outcome {
-                Some((_, Err(_))) => false,
-                Some((_, Ok(held))) => {
-                    confirmed.contains(&held.id)
-                        || ended.get(&held.id).is_none_or(|end| *end >= r.invoked_ms)
-                }
-                None => !never_made.contains(&x.key),
-            }
+        // Why no state from `from` (when the places it wanted were last known free) to its
+        // answer gives the refusal.
+        let why = |from: u64| -> Vec<String> {
+            let ctx = Context {
+                holds: &holds,
+                ended: &ended,
+                confirmed: &confirmed,
+                offers: &offers,
+                never_made,
+            };
+            ctx.wrong(r, from, *answered_ms, reason)
         };
+        let found = why(r.invoked_ms);
+        if found.is_empty() {
+            continue;
+        }
+        // A deposed leader that still thinks it leads answers from the state it last knew: the
+        // known stale read of issue 27 (seed 5759 at 2614c48: a leader cut off while floor was
+        // full refused a hold after the new leader had released a place), if the places were
+        // taken at some moment from when another node began to lead.
+        let known = seen
+            .deposed_since(r.invoked_ms, *answered_ms)
+            .is_some_and(|since| why(since.saturating_sub(REPORT_SLACK_MS)).is_empty());
+        v.extend(found.into_iter().map(|text| {
+            let mut found = Violation::new(text);
+            if known {
+                found.known = Some(KNOWN_STALE_READ);
+            }
+            found
+        }));
+    }
+    v
+}
+
+/// What a refusal is judged against: every logical hold, when holds were known to have ended,
+/// the holds a confirm may have kept, the waitlist's possible offers and the holds never made.
+struct Context<'a> {
+    holds: &'a [Logical],
+    ended: &'a BTreeMap<String, u64>,
+    confirmed: &'a BTreeSet<String>,
+    offers: &'a [(String, u32, u64)],
+    never_made: &'a BTreeSet<String>,
+}
+
+impl Context<'_> {
+    /// Could `x` have held places at some moment from `from` to `to`, while `r` ran?
+    fn could_hold(&self, x: &Logical, r: &Logical, from: u64, to: u64) -> bool {
+        if std::ptr::eq(x, r) || x.invoked_ms >= to {
+            return false;
+        }
+        match &x.outcome {
+            Some((_, Err(_))) => false,
+            Some((_, Ok(held))) => {
+                self.confirmed.contains(&held.id)
+                    || self.ended.get(&held.id).is_none_or(|end| *end >= from)
+            }
+            None => !self.never_made.contains(&x.key),
+        }
+    }
+
+    /// Why refusal `r` (answered `reason` at `to`) matches no state from `from` on: empty if
+    /// some state could have given it.
+    fn wrong(&self, r: &Logical, from: u64, to: u64, reason: &str) -> Vec<String> {
+        let mut v = Vec::new();
+        let could = |x: &&Logical| self.could_hold(x, r, from, to);
         let sections: Vec<&str> = if r.section.is_empty() {
             vec![GA, FLOOR]
         } else {
             vec![r.section.as_str()]
         };
-        match reason.as_str() {
+        match reason {
             "SOLD_OUT" if r.seats.is_empty() => {
                 // Every section asked must have lacked the places at some moment.
                 for section in sections {
-                    let mut taken: u32 = holds
+                    let mut taken: u32 = self
+                        .holds
                         .iter()
-                        .filter(|x| could_hold(x))
+                        .filter(could)
                         .map(|x| match &x.outcome {
                             Some((_, Ok(held))) if held.section == section => held.quantity,
                             Some(_) => 0,
@@ -207,52 +261,50 @@ pub fn check(h: &History, never_made: &BTreeSet<String>) -> Vec<Violation> {
                             None => 0,
                         })
                         .sum();
-                    taken += offers
+                    taken += self
+                        .offers
                         .iter()
-                        .filter(|(s, _, since)| s == section && *since < *answered_ms)
+                        .filter(|(s, _, since)| s == section && *since < to)
                         .map(|(_, q, _)| *q)
                         .sum::<u32>();
                     if taken + r.quantity <= capacity(section) {
-                        v.push(Violation::new(format!(
-                            "fan {}'s hold {} ({} x{}) was refused SOLD_OUT at {answered_ms} ms, but at most {taken} of {} places of {section} could have been taken while it ran (from {} ms)",
+                        v.push(format!(
+                            "fan {}'s hold {} ({} x{}) was refused SOLD_OUT at {to} ms, but at most {taken} of {} places of {section} could have been taken while it ran (from {} ms)",
                             r.fan,
                             r.key,
                             if r.section.is_empty() { "any section" } else { &r.section },
                             r.quantity,
                             capacity(section),
                             r.invoked_ms
-                        )));
+                        ));
                     }
                 }
             }
             "SEAT_UNAVAILABLE" => {
                 // One of the seats asked must have been taken, by some hold that could hold it.
                 let takers = |seat: &String| {
-                    holds
+                    self.holds.iter().filter(could).any(|x| match &x.outcome {
+                        Some((_, Ok(held))) => held.seats.contains(seat),
+                        Some(_) => false,
+                        None => {
+                            x.seats.contains(seat)
+                                || (x.seats.is_empty()
+                                    && (x.section == FLOOR || x.section.is_empty()))
+                        }
+                    }) || self
+                        .offers
                         .iter()
-                        .filter(|x| could_hold(x))
-                        .any(|x| match &x.outcome {
-                            Some((_, Ok(held))) => held.seats.contains(seat),
-                            Some(_) => false,
-                            None => {
-                                x.seats.contains(seat)
-                                    || (x.seats.is_empty()
-                                        && (x.section == FLOOR || x.section.is_empty()))
-                            }
-                        })
-                        || offers
-                            .iter()
-                            .any(|(s, _, since)| s == FLOOR && *since < *answered_ms)
+                        .any(|(s, _, since)| s == FLOOR && *since < to)
                 };
                 if !r.seats.iter().any(takers) {
-                    v.push(Violation::new(format!(
-                        "fan {}'s hold {} of {:?} was refused SEAT_UNAVAILABLE at {answered_ms} ms, but no hold could have had those seats while it ran (from {} ms)",
+                    v.push(format!(
+                        "fan {}'s hold {} of {:?} was refused SEAT_UNAVAILABLE at {to} ms, but no hold could have had those seats while it ran (from {} ms)",
                         r.fan, r.key, r.seats, r.invoked_ms
-                    )));
+                    ));
                 }
             }
             _ => {}
         }
+        v
     }
-    v
 }
