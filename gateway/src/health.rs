@@ -9,6 +9,7 @@ use std::task::{Context, Poll};
 use tokio::sync::watch;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
+use tonic_health::ServingStatus;
 use tonic_health::pb::health_server::{Health, HealthServer};
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 use tonic_health::server::{HealthReporter, HealthService};
@@ -82,5 +83,76 @@ impl Health for DrainingHealth {
             inner,
             drained: Some(drained),
         }))
+    }
+}
+
+/// The services whose health the server reports: the server as a whole (`""`) and each
+/// `boxoffice.v1` service.
+const SERVICES: &[&str] = &[
+    "",
+    "boxoffice.v1.EventService",
+    "boxoffice.v1.WaitingRoomService",
+    "boxoffice.v1.BookingService",
+    "boxoffice.v1.WaitlistService",
+];
+
+/// Sets every service's health ([`SERVICES`]) to `status`.
+pub(crate) async fn set_health(health: &HealthReporter, status: ServingStatus) {
+    for s in SERVICES {
+        health.set_service_status(*s, status).await;
+    }
+}
+
+/// A cluster node's health over its groups. A group is fine while it is served here (this node
+/// leads it, its engine open) or has a leader known to forward to. `SERVING` once every group
+/// has been fine at once (the start), then while any group is: an election in one group makes
+/// its calls answer `NOT_READY` for a moment, but must not take the node out of a load
+/// balancer that sends it the other groups' calls. (One group: `NOT_SERVING` during its
+/// elections, as before.)
+pub(crate) struct GroupHealth {
+    health: HealthReporter,
+    ok: tokio::sync::Mutex<GroupStates>,
+}
+
+struct GroupStates {
+    fine: Vec<bool>,
+    /// Every group has been fine at once.
+    started: bool,
+    /// What health says now.
+    serving: Option<bool>,
+}
+
+impl GroupHealth {
+    pub(crate) fn new(health: HealthReporter, groups: usize) -> GroupHealth {
+        GroupHealth {
+            health,
+            ok: tokio::sync::Mutex::new(GroupStates {
+                fine: vec![false; groups],
+                started: false,
+                serving: None,
+            }),
+        }
+    }
+
+    /// Group `g` is served (`true`) or not; health follows all of them.
+    pub(crate) async fn set(&self, g: u32, ok: bool) {
+        let mut state = self.ok.lock().await;
+        if let Some(slot) = state.fine.get_mut(g as usize) {
+            *slot = ok;
+        }
+        state.started |= state.fine.iter().all(|o| *o);
+        let serving = state.started && state.fine.iter().any(|o| *o);
+        if state.serving != Some(serving) {
+            state.serving = Some(serving);
+            set_health(
+                &self.health,
+                if serving {
+                    ServingStatus::Serving
+                } else {
+                    ServingStatus::NotServing
+                },
+            )
+            .await;
+        }
     }
 }

@@ -6,7 +6,12 @@
 //! `gateway/client` (`boxoffice-client`), the load tools `gateway/drill` (`boxoffice-drill`).
 //!
 //! ## Layout
-//! - [`server`]: start, recover, drain; [`ServerConfig`](server::ServerConfig).
+//! - [`server`]: the composition of a server: start, drain.
+//! - [`config`]: what a server starts with ([`ServerConfig`](config::ServerConfig)).
+//! - [`stack`]: what serves an engine: the services' state, the sweeper, the reconciliation.
+//! - [`node`]: a cluster node: its Raft groups, the leadership loop, the lease, the Raft
+//!   network between nodes ([`node::peers`]) and forwarding to the leader ([`node::forward`]).
+//! - [`ticket_keys`]: the ticket signing key a server starts with, and its rotation.
 //! - [`gate`]: the tower layer: auth, draining, shedding, RPC metrics.
 //! - [`services`]: the four services over one shared [`Api`](services::Api).
 //! - [`convert`]: protobuf <-> engine types, validated once at the edge.
@@ -19,26 +24,26 @@
 //! - [`tickets`]: Ed25519-signed e-ticket codes naming their key, verifiable offline; the key
 //!   ring in the data dir and its rotation.
 //! - [`metrics`]: the Prometheus endpoint.
-//! - [`cluster`]: the Raft network between nodes (internal gRPC behind the cluster secret).
-//! - [`forward`]: a cluster node that does not lead forwards public calls to the one that does.
 //! - [`health`]: `grpc.health.v1.Health` whose watches end when the drain starts.
 //! - [`http`]: the HTTP/JSON API (the seeds' REST paths over the same services), its OpenAPI
 //!   document.
 
-pub mod cluster;
+pub mod config;
 pub mod convert;
-pub mod forward;
 pub mod gate;
 pub mod health;
 pub mod http;
 pub mod limits;
 pub mod metrics;
 pub mod net;
+pub mod node;
 pub mod pow;
 pub mod seat_maps;
 pub mod server;
 pub mod services;
+pub mod stack;
 pub mod status;
+pub mod ticket_keys;
 pub mod tickets;
 pub mod tokens;
 pub mod waiting_room;

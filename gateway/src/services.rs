@@ -27,7 +27,7 @@ pub use crate::limits::QUEUE_TOKEN_TTL_MS;
 /// The services' shared state, set once recovery has finished (the server sets it; until then
 /// every call answers `UNAVAILABLE` / `NOT_READY`). A cluster node sets it while it leads its
 /// group and takes it back when it stops leading (its calls are then forwarded to the leader:
-/// see [`crate::forward`]).
+/// see [`crate::node::forward`]).
 #[derive(Clone, Default)]
 pub struct Ready(Arc<std::sync::RwLock<Option<Arc<Api>>>>);
 
@@ -50,7 +50,7 @@ impl Ready {
 
 /// The state of each Raft group this server serves (index: the group; one on a single node
 /// and in a one-group cluster). A call is served by the group named in its [`GroupOf`]
-/// extension (set by the cluster's routing layer, [`crate::forward`]), group 0 without one.
+/// extension (set by the cluster's routing layer, [`crate::node::forward`]), group 0 without one.
 #[derive(Clone)]
 pub struct Groups(Arc<[Ready]>);
 

@@ -1,7 +1,9 @@
-//! Crash tests re-run their own test binary as a child process that runs one test (the child
-//! side of the crash), and kill it or let it die. A filter that matches no test would make the
-//! child run nothing and exit at once; so the child announces itself with [`announce`] and the
-//! parent, through [`ChildTest`], fails unless it saw that announcement.
+//! Crash tests run their child side in a process of its own: the helper binary
+//! `boxoffice-test-child ROLE` of this package ([`child_bin!`]; roles in
+//! `src/bin/boxoffice-test-child.rs`), which the test kills or lets die. A child side is never
+//! a `#[test]`, so no test passes by doing nothing. A role the binary does not know would make
+//! the child exit at once; so the child announces itself with [`announce`] and the parent,
+//! through [`ChildTest`], fails unless it saw that announcement.
 
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Lines, Write};
@@ -10,36 +12,24 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 /// The line a child test prints before anything else it prints.
 pub const STARTED: &str = "BOXOFFICE-CHILD-TEST-STARTED";
 
-/// The name the test harness gives the test `test` of the module `module_path` (as
-/// `module_path!()` spells it): the module path without the crate's name, then the test, e.g.
-/// `it::kill9` and `crash_child` make `kill9::crash_child`.
-pub fn test_name(module_path: &str, test: &str) -> String {
-    match module_path.split_once("::") {
-        Some((_crate, module)) => format!("{module}::{test}"),
-        None => test.to_owned(),
-    }
-}
-
-/// The harness's name of the test function `$test` of the calling module, for
-/// [`ChildTest::spawn`]. Checks at compile time that `$test` is a function of that module.
+/// The path of the helper binary `boxoffice-test-child`, for [`ChildTest::spawn`] (Cargo
+/// builds it for this package's tests and names it to them at compile time).
 #[macro_export]
-macro_rules! child_test_name {
-    ($test:ident) => {{
-        let _: fn() = $test;
-        $crate::child::test_name(module_path!(), stringify!($test))
-    }};
+macro_rules! child_bin {
+    () => {
+        env!("CARGO_BIN_EXE_boxoffice-test-child")
+    };
 }
 
-/// Called by the child test first thing once it knows it is the child: tells the parent that
-/// the filter found it and it runs.
+/// Called by a child role first thing: tells the parent that the role was found and runs.
 pub fn announce() {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{STARTED}");
     let _ = out.flush();
 }
 
-/// This test binary, started again to run exactly one test, with its stdout read line by line
-/// and its stdin open for [`ChildTest::send_line`].
+/// The helper binary running one child role, with its stdout read line by line and its stdin
+/// open for [`ChildTest::send_line`].
 pub struct ChildTest {
     name: String,
     child: Child,
@@ -49,23 +39,21 @@ pub struct ChildTest {
 }
 
 impl ChildTest {
-    /// Starts this test binary running only the test called `name` (see [`child_test_name`]),
-    /// with `envs` set, its output not captured (`--nocapture`), its stdin a pipe from the
-    /// parent and its stderr dropped.
-    pub fn spawn(name: String, envs: &[(&str, &OsStr)]) -> ChildTest {
-        let exe = std::env::current_exe().expect("the test binary's path");
+    /// Starts the helper binary `exe` ([`child_bin!`]) in role `role`, with `envs` set, its
+    /// stdin a pipe from the parent and its stderr dropped.
+    pub fn spawn(exe: &str, role: &str, envs: &[(&str, &OsStr)]) -> ChildTest {
         let mut child = Command::new(exe)
-            .args(["--exact", &name, "--nocapture", "--test-threads=1"])
+            .arg(role)
             .envs(envs.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
-            .expect("the child test starts");
+            .expect("the child starts");
         let stdin = child.stdin.take().expect("piped stdin");
         let stdout = child.stdout.take().expect("piped stdout");
         ChildTest {
-            name,
+            name: role.to_owned(),
             child,
             stdin,
             lines: BufReader::new(stdout).lines(),
@@ -73,9 +61,9 @@ impl ChildTest {
         }
     }
 
-    /// The next line the child test printed after its announcement (the harness's own lines
-    /// before it are skipped); `None` once the child's stdout is closed. Fails the test if the
-    /// child closed its stdout without having announced itself: then it ran no test.
+    /// The next line the child printed after its announcement (lines before it are skipped);
+    /// `None` once the child's stdout is closed. Fails the test if the child closed its stdout
+    /// without having announced itself: then it ran no role.
     pub fn next_line(&mut self) -> Option<String> {
         loop {
             let line = match self.lines.next() {
@@ -83,8 +71,8 @@ impl ChildTest {
                 Some(Err(_)) | None => {
                     assert!(
                         self.started,
-                        "the child never started the test {:?}: does the filter name a test of \
-                         this binary, and does the test call child::announce()?",
+                        "the child never started the role {:?}: does boxoffice-test-child know \
+                         it, and does it call child::announce()?",
                         self.name
                     );
                     return None;
@@ -93,8 +81,7 @@ impl ChildTest {
             if self.started {
                 return Some(line);
             }
-            // The harness prints `test <name> ... ` without a line end before the test's output.
-            self.started = line.ends_with(STARTED);
+            self.started = line == STARTED;
         }
     }
 
@@ -103,10 +90,10 @@ impl ChildTest {
     pub fn send_line(&mut self, line: &str) {
         writeln!(self.stdin, "{line}")
             .and_then(|()| self.stdin.flush())
-            .unwrap_or_else(|e| panic!("the child test {:?} takes no more input: {e}", self.name));
+            .unwrap_or_else(|e| panic!("the child {:?} takes no more input: {e}", self.name));
     }
 
-    /// Every line the child test prints from here until it closes its stdout.
+    /// Every line the child prints from here until it closes its stdout.
     pub fn rest(&mut self) -> Vec<String> {
         std::iter::from_fn(|| self.next_line()).collect()
     }

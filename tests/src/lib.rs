@@ -7,6 +7,7 @@
 
 pub mod cases;
 pub mod child;
+pub mod children;
 pub mod http;
 pub mod payments;
 pub mod promtool;

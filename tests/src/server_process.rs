@@ -1,18 +1,14 @@
 //! A real gRPC server in a child process, for tests that kill it with SIGKILL at a moment of
 //! their choosing and start another on the same data dir.
 //!
-//! The child side, [`serve`], is called by a test function of the test binary that does nothing
-//! unless [`DIR_VAR`] is set (see [`crate::child`]): it starts the server of `boxoffice serve`
+//! The child side, [`serve`], runs in the helper binary (`boxoffice-test-child serve`, its
+//! data dir in [`DIR_VAR`]; see [`crate::child`]): it starts the server of `boxoffice serve`
 //! (the keys and token secret of [`crate::server`]) on `127.0.0.1:0` over that data dir, waits
 //! for recovery, prints where it listens, and then answers audits asked on its stdin: the
 //! engine's reconciliation and invariant checks, which the gRPC contract does not expose.
 //!
 //! ```text
-//! #[test]
-//! fn server_child() {
-//!     if let Ok(dir) = std::env::var(server_process::DIR_VAR) { server_process::serve(&dir) }
-//! }
-//! let mut server = ServerProcess::start(child_test_name!(server_child), dir.path()).await?;
+//! let mut server = ServerProcess::start(child_bin!(), dir.path()).await?;
 //! let audit = server.audit();  // reconciliation findings, invariant violations
 //! server.kill();               // SIGKILL: no drain, no flush, no goodbye
 //! ```
@@ -152,27 +148,27 @@ pub struct ServerProcess {
 }
 
 impl ServerProcess {
-    /// Starts the child test `test` (which calls [`serve`]) on `dir`, waits until it serves,
-    /// and connects; or says why the server did not start (its recovery refused the data dir,
-    /// or the process ended).
-    pub async fn start(test: String, dir: &Path) -> anyhow::Result<ServerProcess> {
-        Self::start_with(test, dir, &[]).await
+    /// Starts [`serve`] on `dir` in the helper binary `exe` ([`crate::child_bin!`]), waits
+    /// until it serves, and connects; or says why the server did not start (its recovery
+    /// refused the data dir, or the process ended).
+    pub async fn start(exe: &str, dir: &Path) -> anyhow::Result<ServerProcess> {
+        Self::start_with(exe, dir, &[]).await
     }
 
     /// [`ServerProcess::start`] for a server that also serves `/metrics`
     /// ([`ServerProcess::metrics_addr`]).
-    pub async fn start_with_metrics(test: String, dir: &Path) -> anyhow::Result<ServerProcess> {
-        Self::start_with(test, dir, &[(METRICS_VAR, "1".as_ref())]).await
+    pub async fn start_with_metrics(exe: &str, dir: &Path) -> anyhow::Result<ServerProcess> {
+        Self::start_with(exe, dir, &[(METRICS_VAR, "1".as_ref())]).await
     }
 
     async fn start_with(
-        test: String,
+        exe: &str,
         dir: &Path,
         envs: &[(&str, &std::ffi::OsStr)],
     ) -> anyhow::Result<ServerProcess> {
         let mut all = vec![(DIR_VAR, dir.as_os_str())];
         all.extend_from_slice(envs);
-        let mut child = ChildTest::spawn(test, &all);
+        let mut child = ChildTest::spawn(exe, "serve", &all);
         let mut metrics_addr = None;
         let addr = tokio::task::block_in_place(|| {
             loop {

@@ -16,7 +16,7 @@
 //!   catches up from one.
 //! - `network::Router` (tests and feature `test-support` only): an in-process network between
 //!   the nodes of one process. The network between processes is gRPC
-//!   (`boxoffice_gateway::cluster`).
+//!   (`boxoffice_gateway::node::peers`).
 
 // openraft's traits fix the error types (`StorageError`, `RPCError`), large as they are.
 #![allow(clippy::result_large_err)]

@@ -3,7 +3,7 @@
 //! sold-seat claims against the orders. Nothing in the data dir is changed: the check runs on a
 //! copy (sled's own start-up may rewrite its files).
 //!
-//! Exit codes (the table of every subcommand, [`crate::Exit`]): 0 the log is whole, 1 damage
+//! Exit codes (the table of every subcommand, [`crate::exit::Exit`]): 0 the log is whole, 1 damage
 //! found (each named) or the check failed while running (the copy, or sled cannot open the
 //! log), 2 there is nothing to check (no such dir, no log in it, a server holds it). A missing
 //! dir is an error, never a clean store.
@@ -17,7 +17,7 @@ use anyhow::Context;
 use boxoffice_drill::secret::UsageError;
 use boxoffice_engine::{Findings, SledSink, verify_log};
 
-use crate::Exit;
+use crate::exit::Exit;
 
 /// Flags of `boxoffice check-log`.
 #[derive(clap::Args, Debug)]
@@ -35,11 +35,11 @@ pub struct CheckLogArgs {
 pub fn run(args: CheckLogArgs) -> Exit {
     match check(&args.data_dir) {
         Err(e) => {
-            crate::error(format_args!(
+            crate::exit::error(format_args!(
                 "cannot check {}: {e:#}",
                 args.data_dir.display()
             ));
-            crate::error_exit(&e)
+            crate::exit::error_exit(&e)
         }
         Ok(findings) => {
             match &args.json {
@@ -50,7 +50,7 @@ pub fn run(args: CheckLogArgs) -> Exit {
                     print_text(&findings);
                     let json = report(&args.data_dir, &findings, "check-log");
                     if let Err(e) = std::fs::write(path, format!("{json:#}\n")) {
-                        crate::error(format_args!("writing {}: {e}", path.display()));
+                        crate::exit::error(format_args!("writing {}: {e}", path.display()));
                         return Exit::Failed;
                     }
                 }

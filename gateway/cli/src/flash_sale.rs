@@ -3,14 +3,14 @@
 
 use boxoffice_drill::flash_sale::{self, FlashSaleArgs};
 
-use crate::Exit;
+use crate::exit::Exit;
 
 /// Runs the subcommand; its exit code.
 pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Exit> {
     let json = args.json.clone();
     let report = flash_sale::run(args).await?;
     print!("{}", report.table());
-    Ok(crate::verdict(
+    Ok(crate::exit::verdict(
         report.clean(),
         report.promises_kept(),
         [

@@ -4,7 +4,7 @@
 
 use boxoffice_drill::loadgen::{self, LoadgenArgs};
 
-use crate::Exit;
+use crate::exit::Exit;
 
 /// Runs the subcommand; its exit code.
 pub async fn run(args: LoadgenArgs) -> anyhow::Result<Exit> {
@@ -13,7 +13,7 @@ pub async fn run(args: LoadgenArgs) -> anyhow::Result<Exit> {
     match report.failures() {
         None => Ok(Exit::Ok),
         Some(what) => {
-            crate::error(format_args!("loadgen: FAILED: {what}"));
+            crate::exit::error(format_args!("loadgen: FAILED: {what}"));
             Ok(Exit::Failed)
         }
     }

@@ -8,7 +8,7 @@ use anyhow::Context;
 use boxoffice_drill::secret::UsageError;
 use boxoffice_engine::{Engine, EngineConfig};
 
-use crate::Exit;
+use crate::exit::Exit;
 
 /// Flags of `boxoffice reconcile`.
 #[derive(clap::Args, Debug)]

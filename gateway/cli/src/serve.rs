@@ -27,7 +27,7 @@ use boxoffice_gateway::server::{self, ServerConfig};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use rand::RngCore;
 
-use crate::Exit;
+use crate::exit::Exit;
 
 /// Flags of `boxoffice serve`.
 #[derive(clap::Args, Debug)]
@@ -290,7 +290,7 @@ fn cluster_config(
     Ok(Some(server::ClusterConfig {
         node_id,
         peers: map,
-        secret: boxoffice_gateway::cluster::ClusterSecret::new(&secret)
+        secret: boxoffice_gateway::node::peers::ClusterSecret::new(&secret)
             .map_err(|e| UsageError::new(format!("--cluster-secret-file: {e}")))?,
         snapshot_every,
         groups,
@@ -336,7 +336,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<Exit> {
                     )
                 });
                 if damaged {
-                    crate::error(format_args!(
+                    crate::exit::error(format_args!(
                         "the log in {dir} is damaged and was left as it is: \
                          `boxoffice check-log --data-dir {dir}` lists everything found; \
                          `boxoffice serve --accept-damage REPORT_FILE` starts from what is there",
@@ -475,7 +475,7 @@ fn config(args: ServeArgs) -> Result<ServerConfig, UsageError> {
     let secret = match token_secret {
         Some(s) if !s.is_empty() => s.into_bytes(),
         _ => {
-            crate::warn("no --token-secret: using a random one; tokens will not survive a restart");
+            crate::exit::warn("no --token-secret: using a random one; tokens will not survive a restart");
             random_text(32).into_bytes()
         }
     };

@@ -3,7 +3,7 @@
 
 use boxoffice_drill::sessions::{self, SessionsArgs};
 
-use crate::Exit;
+use crate::exit::Exit;
 
 /// Runs the subcommand; its exit code.
 pub async fn run(args: SessionsArgs) -> anyhow::Result<Exit> {
@@ -12,10 +12,10 @@ pub async fn run(args: SessionsArgs) -> anyhow::Result<Exit> {
     Ok(if report.clean() {
         Exit::Ok
     } else if report.promises_kept() {
-        crate::error("FAILED: calls failed or holds were refused (see above)");
+        crate::exit::error("FAILED: calls failed or holds were refused (see above)");
         Exit::Failed
     } else {
-        crate::error("FAILED: the places do not add up: a broken promise (see above)");
+        crate::exit::error("FAILED: the places do not add up: a broken promise (see above)");
         Exit::BrokenPromise
     })
 }

@@ -7,7 +7,7 @@ use std::ffi::OsString;
 use anyhow::Context;
 use boxoffice_drill::soak::{self, SoakArgs};
 
-use crate::Exit;
+use crate::exit::Exit;
 
 /// Runs the subcommand; its exit code.
 pub async fn run(args: SoakArgs) -> anyhow::Result<Exit> {
@@ -20,7 +20,7 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<Exit> {
     let json = args.json.clone();
     let report = soak::run(args, &command).await?;
     print!("{report}");
-    Ok(crate::verdict(
+    Ok(crate::exit::verdict(
         report.clean(),
         report.promises_kept(),
         [

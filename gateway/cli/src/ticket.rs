@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use boxoffice_gateway::tickets::{self, KeyRing, PublicKey};
 use clap::Subcommand;
 
-use crate::Exit;
+use crate::exit::Exit;
 
 /// The subcommands of `boxoffice ticket`.
 #[derive(Subcommand, Debug)]

@@ -378,7 +378,7 @@ fn cluster_flags_are_checked_before_anything_opens() {
 /// of both groups reads back through every node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_groups_spread_their_leaders_and_each_survives_its_leaders_death() {
-    use boxoffice_gateway::forward::group_of_event;
+    use boxoffice_gateway::node::forward::group_of_event;
     let tmp = tempfile::tempdir().unwrap();
     let lay = layout(tmp.path());
     let Layout {

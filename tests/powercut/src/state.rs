@@ -11,7 +11,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::file::FileData;
-use crate::{Cut, CutReport, Stats};
+use crate::report::{Cut, CutReport, Stats};
 
 /// An inode number.
 pub(crate) type Ino = u64;

@@ -2,60 +2,19 @@
 //! not is gone, and it opens cleanly after cut upon cut. Skips itself without FUSE (unless
 //! `BOXOFFICE_REQUIRE_FUSE=1`).
 //!
-//! sled writes in another process, killed with SIGKILL before the cut: dropping a `sled::Db`
+//! sled writes in another process (the helper binary `powercut-sled-child`, see
+//! `boxoffice_powercut::sled_plan`), killed with SIGKILL before the cut: dropping a `sled::Db`
 //! fsyncs its data file (sled's `Log` drop), so a graceful close would make everything durable.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
+use boxoffice_powercut::sled_plan::{DONE, INSERTED, key, open_quiet, value};
 use boxoffice_powercut::{Cut, PowerCutDisk, fuse_or_skip};
-
-/// The environment variables that make [`sled_child`] the child side of a test: the directory
-/// of the database, and what to do in it (see [`sled_child`]).
-const CHILD_DB: &str = "POWERCUT_SLED_CHILD_DB";
-const CHILD_PLAN: &str = "POWERCUT_SLED_CHILD_PLAN";
-/// What the child prints once its plan is done, and before each count of keys inserted. The
-/// harness may print its `test sled_child ... ` on the same line, before.
-const DONE: &str = "POWERCUT-CHILD-DONE";
-const INSERTED: &str = "POWERCUT-CHILD-INSERTED ";
-
-fn key(i: u64) -> [u8; 8] {
-    i.to_be_bytes()
-}
-
-fn value(i: u64) -> Vec<u8> {
-    format!("value of key {i} ")
-        .repeat(1 + (i % 7) as usize)
-        .into_bytes()
-}
-
-/// sled without its background flusher: nothing reaches the disk durably unless the test
-/// flushes and fsyncs.
-fn open_quiet(dir: &Path) -> sled::Db {
-    sled::Config::new()
-        .path(dir)
-        .flush_every_ms(None)
-        .open()
-        .unwrap_or_else(|e| panic!("sled opens {}: {e}", dir.display()))
-}
-
-/// What the engine does to make sled durable: sled's flush (which ends in `sync_file_range`,
-/// not durable), then an fsync of its data file.
-fn flush_and_sync(db: &sled::Db, dir: &Path) {
-    db.flush().unwrap();
-    File::open(dir.join("db")).unwrap().sync_data().unwrap();
-}
-
-fn insert(db: &sled::Db, keys: std::ops::Range<u64>) {
-    for i in keys {
-        db.insert(key(i), value(i)).unwrap();
-    }
-}
 
 /// Checks that every key of `must` is there with its value; returns how many of `may` are there
 /// (each with its value, never another).
@@ -82,58 +41,11 @@ fn check(db: &sled::Db, must: std::ops::Range<u64>, may: std::ops::Range<u64>, w
     present
 }
 
-/// The child side of the tests: runs only with [`CHILD_DB`] set. Follows [`CHILD_PLAN`], steps
-/// separated by commas: `quiet` or `default` (open sled without its background flusher, or with
-/// its defaults: a flusher that fsyncs every 500 ms; first step), `insert:A:B` (keys A..B),
-/// `flush:A:B` (insert, then sled's flush), `sync:A:B` (insert, then sled's flush and an fsync
-/// of the data file), `forever:A` (insert from A on without end, printing [`INSERTED`] and a count
-/// every 1000 keys). Then prints [`DONE`] and waits to be killed.
-#[test]
-fn sled_child() {
-    let (Ok(dir), Ok(plan)) = (std::env::var(CHILD_DB), std::env::var(CHILD_PLAN)) else {
-        return;
-    };
-    let dir = Path::new(&dir);
-    let mut db = None;
-    for step in plan.split(',') {
-        let parts: Vec<&str> = step.split(':').collect();
-        let n = |i: usize| parts[i].parse::<u64>().unwrap();
-        match parts[0] {
-            "quiet" => db = Some(open_quiet(dir)),
-            "default" => db = Some(sled::open(dir).unwrap()),
-            "insert" => insert(db.as_ref().unwrap(), n(1)..n(2)),
-            "flush" => {
-                insert(db.as_ref().unwrap(), n(1)..n(2));
-                db.as_ref().unwrap().flush().unwrap();
-            }
-            "sync" => {
-                insert(db.as_ref().unwrap(), n(1)..n(2));
-                flush_and_sync(db.as_ref().unwrap(), dir);
-            }
-            "forever" => {
-                let db = db.as_ref().unwrap();
-                for i in n(1).. {
-                    db.insert(key(i), value(i)).unwrap();
-                    if (i + 1) % 1000 == 0 {
-                        println!("{INSERTED}{}", i + 1);
-                    }
-                }
-            }
-            other => panic!("unknown step {other}"),
-        }
-    }
-    println!("{DONE}");
-    loop {
-        std::thread::sleep(Duration::from_secs(3600));
-    }
-}
-
 /// A child running `plan` on the database in `dir`, and its output.
 fn spawn_child(dir: &Path, plan: &str) -> (Child, std::io::Lines<BufReader<ChildStdout>>) {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "sled_child", "--nocapture", "--test-threads=1"])
-        .env(CHILD_DB, dir)
-        .env(CHILD_PLAN, plan)
+    let mut child = Command::new(env!("CARGO_BIN_EXE_powercut-sled-child"))
+        .arg(dir)
+        .arg(plan)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()

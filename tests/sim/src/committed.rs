@@ -27,6 +27,7 @@ use boxoffice_engine::{EventId, Layout, RowSpec, SeatStatus, SectionCore, Sectio
 use crate::check::{KNOWN_STALE_READ, Violation};
 use crate::fans::{EVENT, FLOOR, FLOOR_ROWS, GA, GA_CAPACITY, floor_seats};
 use crate::history::{Answer, Fan, History, Op};
+use crate::node::REPORT_SLACK_MS;
 use crate::node::RaftSeen;
 
 /// The ops of section records applied, by `(log index, op in the entry)`: `(stream, records)`.
@@ -233,10 +234,6 @@ fn effects(h: &History) -> BTreeMap<Effect, (u64, Option<u64>)> {
     }
     by
 }
-
-/// How late a node may report that it leads (its Raft metrics reach the driver between
-/// steps), ms.
-pub(crate) const REPORT_SLACK_MS: u64 = 100;
 
 /// Why a refusal of `quantity` places of `section` (or `seats`) for `reason` is given by no
 /// state of the sections' log from place `lo` to place `hi`; `None` if some state gives it.

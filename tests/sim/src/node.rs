@@ -56,6 +56,10 @@ pub fn host(id: u64) -> String {
 /// committed with one entry only, which is what the checkers hold it to.
 pub type LeaderId = (u64, u64);
 
+/// How late a node may report that it leads (its Raft metrics reach the driver between
+/// steps), ms.
+pub(crate) const REPORT_SLACK_MS: u64 = 100;
+
 /// What the harness sees of every node's Raft, gathered from each node's metrics as they
 /// change: the evidence for the Raft checkers.
 #[derive(Default)]
@@ -201,7 +205,7 @@ impl Node {
             peers: (1..=setup.nodes)
                 .map(|i| (i, format!("{}:{GRPC_PORT}", host(i))))
                 .collect(),
-            secret: boxoffice_gateway::cluster::ClusterSecret::new(CLUSTER_SECRET)
+            secret: boxoffice_gateway::node::peers::ClusterSecret::new(CLUSTER_SECRET)
                 .unwrap_or_else(|e| panic!("the cluster secret: {e}")),
             snapshot_every: setup.snapshot_every,
             groups: 1,

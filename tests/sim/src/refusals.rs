@@ -15,10 +15,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use boxoffice_proto::v1 as pb;
 
 use crate::check::{KNOWN_STALE_READ, Violation};
-use crate::committed::REPORT_SLACK_MS;
 use crate::fans::{FLOOR, GA, GA_CAPACITY, floor_seats};
 use crate::history::{Answer, Fan, History, HoldSeen, Op};
-use crate::node::RaftSeen;
+use crate::node::{REPORT_SLACK_MS, RaftSeen};
 
 /// One logical hold: every attempt of one idempotency key (a call or a batch item).
 pub(crate) struct Logical {

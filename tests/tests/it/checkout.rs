@@ -10,11 +10,10 @@ use boxoffice_engine::{
     Charge, ChargeStatus, ConfirmRequest, Engine, EngineConfig, EngineError, EventId, Finding,
     HoldId, HoldRequest, HoldStatus, HoldView, ManualClock, Rejection, SeatId, Selection, UserId,
 };
-use boxoffice_tests::child::{self, ChildTest};
+use boxoffice_tests::child::ChildTest;
+use boxoffice_tests::children::CHECKOUT_DIR_VAR;
 use boxoffice_tests::payments::Gated;
-use boxoffice_tests::{
-    T0_MS, any_section as best, child_test_name, config, event, ga, on_runtime, open, reserved,
-};
+use boxoffice_tests::{T0_MS, any_section as best, child_bin, config, event, ga, open, reserved};
 
 fn pay(hold: &HoldView, token: &str, key: &str) -> ConfirmRequest {
     ConfirmRequest {
@@ -222,35 +221,14 @@ async fn paid_after_expiry_is_rescued_or_refunded_never_lost() {
     engine.shutdown().await;
 }
 
-const DIR_VAR: &str = "BOXOFFICE_CHECKOUT_CRASH_DIR";
-
-#[test]
-fn crash_child_after_charge() {
-    let Ok(dir) = std::env::var(DIR_VAR) else {
-        return; // Only does something when started by the parent below.
-    };
-    child::announce();
-    on_runtime(async move {
-        let engine = Engine::open(EngineConfig::new(&dir)).await.unwrap();
-        engine
-            .create_event(event("k", vec![ga("g", 10, 700)], 600_000, 4))
-            .await
-            .unwrap();
-        let h = engine.hold(best("k", "ann", 2)).await.unwrap();
-        println!("HOLD {}", h.hold_id);
-        // BOXOFFICE_FAILPOINT=after_charge: the process dies right after the charge.
-        let _ = engine.confirm(pay(&h, "tok_visa", "pay")).await;
-        println!("SURVIVED");
-    });
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_between_charge_and_order_then_retry_charges_once() {
     let dir = tempfile::tempdir().unwrap();
     let mut child = ChildTest::spawn(
-        child_test_name!(crash_child_after_charge),
+        child_bin!(),
+        "crash-after-charge",
         &[
-            (DIR_VAR, dir.path().as_os_str()),
+            (CHECKOUT_DIR_VAR, dir.path().as_os_str()),
             ("BOXOFFICE_FAILPOINT", OsStr::new("after_charge")),
         ],
     );

@@ -13,7 +13,7 @@ use std::time::Duration;
 use boxoffice_engine::raft::{
     Batch, LogStore, NodeDb, Raft, StateMachine, VoteGuard, harness, open_node_db,
 };
-use boxoffice_gateway::cluster::{self, ClusterSecret, Peers};
+use boxoffice_gateway::node::peers::{self, ClusterSecret, Peers};
 use openraft::BasicNode;
 use tokio::sync::oneshot;
 
@@ -73,7 +73,7 @@ async fn start(
     let served = {
         let (raft, secret) = (raft.clone(), ClusterSecret::new(secret).unwrap());
         tokio::spawn(async move {
-            let _ = cluster::serve(listener, raft, guard, secret, async move {
+            let _ = peers::serve(listener, raft, guard, secret, async move {
                 let _ = stopped.await;
             })
             .await;

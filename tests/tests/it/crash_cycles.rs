@@ -35,9 +35,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use boxoffice_proto::v1 as pb;
-use boxoffice_tests::server_process::{self, ServerProcess};
+use boxoffice_tests::server_process::ServerProcess;
 use boxoffice_tests::wait::PATIENCE;
-use boxoffice_tests::{Clients, child_test_name, row_label};
+use boxoffice_tests::{Clients, child_bin, row_label};
 use pb::HoldStatus;
 use rand::seq::IteratorRandom;
 use rand::{Rng, SeedableRng};
@@ -98,14 +98,6 @@ const INDEFINITE: &[&str] = &[
     "OVERLOADED",
     "IDEMPOTENCY_KEY_IN_FLIGHT",
 ];
-
-/// The child side: a server on the data dir named by `server_process::DIR_VAR`.
-#[test]
-fn server_child() {
-    if let Ok(dir) = std::env::var(server_process::DIR_VAR) {
-        server_process::serve(&dir);
-    }
-}
 
 /// What the server answered a call.
 enum Answer<T> {
@@ -420,7 +412,7 @@ async fn acknowledged_answers_survive_kill_9_cycles() {
         } else {
             format!("the restart after the kill of cycle {cycle}")
         };
-        let mut server = ServerProcess::start(child_test_name!(server_child), dir.path())
+        let mut server = ServerProcess::start(child_bin!(), dir.path())
             .await
             .unwrap_or_else(|e| fail(&[format!("the server did not start: {e:#}")], seed, &start));
         if cycle == 0 {

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use boxoffice_proto::v1 as pb;
 use boxoffice_tests::child::ChildTest;
+use boxoffice_tests::child_bin;
 use boxoffice_tests::server::{Home, TestServer};
 use boxoffice_tests::wait::{PATIENCE, periodic_check};
 
@@ -67,12 +68,12 @@ async fn a_test_server_stops_when_its_test_panics_or_drops_it() {
 }
 
 #[test]
-fn a_crash_child_that_runs_no_test_fails_its_parent() {
-    let mut child = ChildTest::spawn("harness::no_such_test".into(), &[]);
+fn a_crash_child_that_runs_no_role_fails_its_parent() {
+    let mut child = ChildTest::spawn(child_bin!(), "no-such-role", &[]);
     let failed = std::panic::catch_unwind(AssertUnwindSafe(|| child.next_line()));
     let message = message(failed.unwrap_err());
     assert!(
-        message.contains("never started the test \"harness::no_such_test\""),
+        message.contains("never started the role \"no-such-role\""),
         "{message}"
     );
 }

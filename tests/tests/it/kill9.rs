@@ -1,83 +1,17 @@
 //! Invariant 4: every acknowledged hold and confirm survives `kill -9`.
 //!
-//! The test re-runs its own binary as a child process (the `crash_child` test, which does
-//! nothing unless `BOXOFFICE_CRASH_DIR` is set). The child books places as fast as it can and
+//! The test runs the child side in a process of its own (`boxoffice-test-child kill9-sale`,
+//! [`boxoffice_tests::children::kill9_sale`]). The child books places as fast as it can and
 //! prints each acknowledged hold or confirm on stdout. The parent reads until it has seen enough,
 //! sends SIGKILL mid-flight, reopens the data dir and checks that everything acknowledged is
 //! there, and that the invariants hold.
 
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
-use std::sync::Arc;
-
-use boxoffice_engine::{
-    ConfirmRequest, Engine, EngineConfig, EventId, HoldId, HoldRequest, HoldStatus, OrderId,
-    Selection, SystemClock, UserId,
-};
-use boxoffice_tests::child::{self, ChildTest};
-use boxoffice_tests::{child_test_name, event, ga, on_runtime, reserved};
-
-const DIR_VAR: &str = "BOXOFFICE_CRASH_DIR";
-
-#[test]
-fn crash_child() {
-    let Ok(dir) = std::env::var(DIR_VAR) else {
-        return; // Only does something when started by the parent below.
-    };
-    child::announce();
-    on_runtime(async move {
-        let mut config = EngineConfig::new(&dir);
-        config.clock = Arc::new(SystemClock);
-        let engine = Engine::open(config).await.unwrap();
-        engine
-            .create_event(event(
-                "k9",
-                vec![ga("floor", 1_000_000, 10), reserved("orch", 100, 100, 20)],
-                600_000,
-                4,
-            ))
-            .await
-            .unwrap();
-        let mut tasks = Vec::new();
-        for t in 0..16 {
-            let engine = engine.clone();
-            tasks.push(tokio::spawn(async move {
-                for i in 0u64.. {
-                    let user = UserId::from(format!("t{t}-{i}"));
-                    let section = if i % 2 == 0 { "floor" } else { "orch" };
-                    let hold = engine
-                        .hold(HoldRequest {
-                            event_id: EventId::from("k9"),
-                            user_id: user.clone(),
-                            idempotency_key: format!("h{i}"),
-                            selection: Selection::BestAvailable {
-                                section: Some(section.into()),
-                                quantity: 1 + (i % 3) as u32,
-                            },
-                        })
-                        .await
-                        .unwrap();
-                    println!("HOLD {}", hold.hold_id);
-                    if i % 2 == 0 {
-                        let order = engine
-                            .confirm(ConfirmRequest {
-                                hold_id: hold.hold_id.clone(),
-                                user_id: user,
-                                payment_ref: "tok_visa".into(),
-                                idempotency_key: format!("c{i}"),
-                            })
-                            .await
-                            .unwrap();
-                        println!("ORDER {} {}", order.order_id, hold.hold_id);
-                    }
-                }
-            }));
-        }
-        for t in tasks {
-            t.await.unwrap();
-        }
-    });
-}
+use boxoffice_engine::{Engine, EngineConfig, EventId, HoldId, HoldStatus, OrderId};
+use boxoffice_tests::child::ChildTest;
+use boxoffice_tests::child_bin;
+use boxoffice_tests::children::KILL9_DIR_VAR;
 
 /// Notes what one line of the child's output acknowledged.
 fn record(line: &str, holds: &mut Vec<HoldId>, orders: &mut Vec<(OrderId, HoldId)>) {
@@ -96,8 +30,9 @@ fn record(line: &str, holds: &mut Vec<HoldId>, orders: &mut Vec<(OrderId, HoldId
 async fn acknowledged_holds_survive_kill_9() {
     let dir = tempfile::tempdir().unwrap();
     let mut child = ChildTest::spawn(
-        child_test_name!(crash_child),
-        &[(DIR_VAR, dir.path().as_os_str())],
+        child_bin!(),
+        "kill9-sale",
+        &[(KILL9_DIR_VAR, dir.path().as_os_str())],
     );
     let mut holds = Vec::new();
     let mut orders = Vec::new();

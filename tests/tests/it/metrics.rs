@@ -15,20 +15,12 @@ use std::sync::Arc;
 use boxoffice_engine::{EventId, ManualClock};
 use boxoffice_gateway::metrics::{FAMILIES, Series};
 use boxoffice_proto::v1 as pb;
-use boxoffice_tests::server_process::{self, ServerProcess};
+use boxoffice_tests::server_process::ServerProcess;
 use boxoffice_tests::wait::{PATIENCE, periodic_check};
-use boxoffice_tests::{T0_MS, any_section, child_test_name};
+use boxoffice_tests::{T0_MS, any_section, child_bin};
 use tonic::Code;
 
 use crate::grpc::{admitted_all, best, event, ga, reserved, scrape, seats};
-
-/// The child side: a server with a metrics endpoint on the data dir the parent names.
-#[test]
-fn metrics_server_child() {
-    if let Ok(dir) = std::env::var(server_process::DIR_VAR) {
-        server_process::serve(&dir);
-    }
-}
 
 /// One scrape, parsed: HELP and TYPE by family, and every sample.
 struct Scraped {
@@ -161,10 +153,9 @@ fn went_up(before: &Scraped, after: &Scraped, name: &str, labels: &[(&str, &str)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_scrape_follows_prometheus_conventions_and_counts_refusals_by_reason() {
     let dir = tempfile::tempdir().unwrap();
-    let server =
-        ServerProcess::start_with_metrics(child_test_name!(metrics_server_child), dir.path())
-            .await
-            .unwrap();
+    let server = ServerProcess::start_with_metrics(child_bin!(), dir.path())
+        .await
+        .unwrap();
 
     // A fresh server, before any call.
     let fresh = scraped(&server).await;

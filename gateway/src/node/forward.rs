@@ -30,8 +30,8 @@ use tower::{Layer, Service};
 
 use http_body_util::{BodyExt, Full};
 
-use crate::cluster::ClusterSecret;
 use crate::limits::MESSAGE_BYTES_MAX;
+use crate::node::peers::ClusterSecret;
 use crate::services::{GroupOf, Groups};
 use crate::status::ApiError;
 
@@ -322,11 +322,7 @@ where
     metrics::counter!("boxoffice_cluster_forwarded_total", "method" => method).increment(1);
     // A channel is a buffer: ready first, then called; never longer than FORWARD_TIMEOUT (the
     // caller's own deadline is the gate's).
-    let sent = tokio::time::timeout(FORWARD_TIMEOUT, async {
-        let ready = tower::ServiceExt::ready(&mut channel).await?;
-        ready.call(req).await
-    })
-    .await;
+    let sent = tokio::time::timeout(FORWARD_TIMEOUT, send(&mut channel, req)).await;
     match sent {
         Ok(Ok(res)) => Ok(res),
         Ok(Err(e)) => {
@@ -342,6 +338,35 @@ where
             Ok(answer(tonic::Status::from(ApiError::NotReady)))
         }
     }
+}
+
+/// Sends `req` to the leader over `channel` and reads its whole answer before any of it is
+/// passed on: a leader that dies half-way through its answer leaves the call's outcome unknown,
+/// which the caller must hear as `NOT_READY` (indefinite), never as a reset stream (`INTERNAL`;
+/// seen once in the cluster test's leader kill). `Err`: no whole answer came.
+async fn send(
+    channel: &mut Channel,
+    req: http::Request<Body>,
+) -> Result<http::Response<Body>, String> {
+    let ready = tower::ServiceExt::ready(channel)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (parts, body) = ready
+        .call(req)
+        .await
+        .map_err(|e| e.to_string())?
+        .into_parts();
+    let whole = body.collect().await.map_err(|e| e.to_string())?;
+    Ok(http::Response::from_parts(parts, whole_body(whole)))
+}
+
+/// A body of what `whole` collected: its data, then its trailers (a gRPC answer's status).
+fn whole_body(whole: http_body_util::Collected<bytes::Bytes>) -> Body {
+    let trailers = whole.trailers().cloned();
+    Body::new(
+        Full::new(whole.to_bytes())
+            .with_trailers(async move { trailers.map(Ok::<_, std::convert::Infallible>) }),
+    )
 }
 
 /// The 5 bytes before a gRPC message: compressed flag, length.
@@ -866,6 +891,69 @@ mod tests {
                 .unwrap();
         assert_eq!(sent.event_id, id, "the request sent on carries the id");
         assert_eq!(sent.name, "show", "and the rest as it came");
+    }
+
+    /// A leader on 127.0.0.1 that answers each call with headers, then either a whole answer
+    /// (`whole`: a frame and an OK status in the trailers) or half a frame and a reset stream,
+    /// as a leader killed mid-answer leaves it.
+    async fn leader_answering(whole: bool) -> Channel {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (socket, _) = listener.accept().await.unwrap();
+            let mut conn = h2::server::handshake(socket).await.unwrap();
+            while let Some(Ok((_req, mut respond))) = conn.accept().await {
+                let head = http::Response::builder()
+                    .header("content-type", "application/grpc")
+                    .body(())
+                    .unwrap();
+                let mut out = respond.send_response(head, false).unwrap();
+                if whole {
+                    out.send_data(frame(b"\x0a\x01x"), false).unwrap();
+                    let mut trailers = http::HeaderMap::new();
+                    trailers.insert("grpc-status", "0".parse().unwrap());
+                    out.send_trailers(trailers).unwrap();
+                } else {
+                    out.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 9, 1]), false)
+                        .unwrap();
+                    // Once the caller has the headers (the connection keeps being driven).
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        out.send_reset(h2::Reason::INTERNAL_ERROR);
+                    });
+                }
+            }
+        });
+        Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect_lazy()
+    }
+
+    fn confirm_call() -> http::Request<Body> {
+        http::Request::builder()
+            .method("POST")
+            .uri("http://leader/boxoffice.v1.BookingService/Confirm")
+            .header("content-type", "application/grpc")
+            .body(Body::new(Full::new(frame(b""))))
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_leader_that_dies_mid_answer_gives_no_answer_to_pass_on() {
+        let mut cut = leader_answering(false).await;
+        let sent = send(&mut cut, confirm_call()).await;
+        assert!(sent.is_err(), "half an answer was passed on");
+
+        let mut fine = leader_answering(true).await;
+        let answer = send(&mut fine, confirm_call()).await.unwrap();
+        let whole = answer.into_body().collect().await.unwrap();
+        let status = whole.trailers().and_then(|t| t.get("grpc-status")).cloned();
+        assert_eq!(
+            status.as_ref().map(|v| v.as_bytes()),
+            Some(&b"0"[..]),
+            "the status is kept"
+        );
+        assert_eq!(whole.to_bytes(), frame(b"\x0a\x01x"), "the message is kept");
     }
 
     #[test]

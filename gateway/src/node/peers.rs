@@ -204,13 +204,14 @@ impl tonic::service::Interceptor for SecretCheck {
     }
 }
 
+/// The Raft service a cluster node serves to its peers, behind the cluster secret.
+pub type PeerService =
+    tonic::service::interceptor::InterceptedService<RaftServer<RaftEndpoint>, SecretCheck>;
+
 /// The Raft service of this node's `groups` (each one's Raft, its votes behind its guard; the
 /// index is the group) for its peers, behind `secret` (checked from the headers, before a
 /// request's body is read).
-pub fn raft_service(
-    groups: Vec<(Raft, VoteGuard)>,
-    secret: ClusterSecret,
-) -> tonic::service::interceptor::InterceptedService<RaftServer<RaftEndpoint>, SecretCheck> {
+pub fn raft_service(groups: Vec<(Raft, VoteGuard)>, secret: ClusterSecret) -> PeerService {
     tonic::service::interceptor::InterceptedService::new(
         RaftServer::new(RaftEndpoint {
             groups: Arc::new(groups),
