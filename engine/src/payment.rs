@@ -248,12 +248,12 @@ impl SimulatedProvider {
         let Some(replicate) = self.replicate.clone() else {
             return self.put_here(c);
         };
-        let put = |table: &str, key: &str, value: Vec<u8>| crate::raft::Op::Put {
+        let put = |table: &str, key: &str, value: Vec<u8>| crate::store::Op::Put {
             table: table.to_owned(),
             key: key.as_bytes().to_vec(),
             value,
         };
-        let batch = crate::raft::Batch {
+        let batch = crate::store::Batch {
             term: 0, // the replicator stamps it
             ops: vec![
                 put(crate::store::names::PAYMENTS, &c.key, codec::encode(c)),

@@ -22,7 +22,7 @@ use pb::waiting_room_service_client::WaitingRoomServiceClient;
 use tokio::runtime::Runtime;
 use tonic::transport::Channel;
 
-use super::{
+use super::workload::{
     HealthResult, Latency, Outcomes, Row, RowResult, SOLD_OUT, Workload, describe, histogram,
     runtime,
 };

@@ -33,7 +33,7 @@ use tonic::{Request, Response, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
 use super::ours::{CLIENT_KEY, EVENT_ID, HOLD_TTL_SECONDS, channels, user_of};
-use super::{Latency, Outcomes, Row, RowResult, Workload, runtime};
+use super::workload::{Latency, Outcomes, Row, RowResult, Workload, runtime};
 
 /// The reserve script: check, decrement and hold in one atomic step (the seeds' `reserve.lua`).
 /// `KEYS[1]`: the seats-left counter; `KEYS[2]`: the hold id sequence. `ARGV`: quantity, user
@@ -272,7 +272,7 @@ fn sold_out() -> Status {
     Status::with_error_details(
         tonic::Code::FailedPrecondition,
         "sold out",
-        ErrorDetails::with_error_info(super::SOLD_OUT, "boxoffice", HashMap::new()),
+        ErrorDetails::with_error_info(super::workload::SOLD_OUT, "boxoffice", HashMap::new()),
     )
 }
 

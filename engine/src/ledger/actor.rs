@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
-use super::core::{BeginDecision, FinishDecision, LedgerRecord, ShardState};
-use super::{Answer, Begin, BeginArgs, Rpc};
+use super::core::{
+    Answer, Begin, BeginArgs, BeginDecision, FinishDecision, LedgerRecord, Rpc, ShardState,
+};
 use crate::core::IdemTag;
 use crate::error::{EngineError, Rejection};
 use crate::store::{Store, StreamWriter};

@@ -11,12 +11,32 @@
 use crate::hash::HashMap;
 use serde::{Deserialize, Serialize};
 
-use super::{Begin, BeginArgs};
 use crate::core::IdemTag;
 use crate::error::{EngineError, Rejection};
 use crate::limits::{FORGET_PER_STEP_MAX, IDEMPOTENCY_WINDOW_MS_DEFAULT};
 use crate::retention::{ForgetIndex, window_passed};
 use crate::types::{EventId, HoldView, OrderView, UserId};
+
+/// What `begin` decided.
+#[derive(Debug)]
+pub(crate) enum Begin {
+    /// Go ahead: quota (if any) is reserved and the key is marked in flight.
+    Proceed,
+    /// The key was used before with this request: here is its first answer.
+    Replay(Result<Answer, Rejection>),
+}
+
+pub(crate) struct BeginArgs {
+    pub event_id: EventId,
+    pub user_id: UserId,
+    pub limit: u32,
+    pub rpc: Rpc,
+    pub tag: Option<IdemTag>,
+    pub quantity: u32,
+    /// Now, by the engine's clock: answers older than the window are forgotten, and a
+    /// rejection recorded by this request is recorded at this time.
+    pub now_ms: u64,
+}
 
 /// Which RPC an idempotency key belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

@@ -29,28 +29,7 @@ mod actor;
 mod core;
 
 pub(crate) use actor::{LedgerMsg, LedgerShard, ShardArgs};
-pub(crate) use core::{Answer, LedgerRecord, Rpc, ShardState};
-
-/// What `begin` decided.
-#[derive(Debug)]
-pub(crate) enum Begin {
-    /// Go ahead: quota (if any) is reserved and the key is marked in flight.
-    Proceed,
-    /// The key was used before with this request: here is its first answer.
-    Replay(Result<Answer, Rejection>),
-}
-
-pub(crate) struct BeginArgs {
-    pub event_id: EventId,
-    pub user_id: UserId,
-    pub limit: u32,
-    pub rpc: Rpc,
-    pub tag: Option<IdemTag>,
-    pub quantity: u32,
-    /// Now, by the engine's clock: answers older than the window are forgotten, and a
-    /// rejection recorded by this request is recorded at this time.
-    pub now_ms: u64,
-}
+pub(crate) use core::{Answer, Begin, BeginArgs, LedgerRecord, Rpc, ShardState};
 
 /// A shard and the items for it, each with its position among all items.
 type ShardItems<T> = (ActorRef<LedgerMsg>, Vec<(usize, T)>);

@@ -18,7 +18,8 @@ use std::sync::{Arc, Mutex};
 
 use openraft::raft::{AppendEntriesRequest, VoteRequest};
 
-use super::{NodeDb, Raft, TypeConfig};
+use super::store::NodeDb;
+use super::types::{Raft, TypeConfig};
 use crate::store::names;
 
 const VOTER_READY: &[u8] = b"voter_ready";

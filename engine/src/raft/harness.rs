@@ -4,8 +4,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use super::{Batch, Op, Raft};
+use super::types::Raft;
 use crate::store::LogSink;
+use crate::store::{Batch, Op};
 
 /// A batch of one record, `bytes` at `seq` of `stream` (seq from 1).
 pub fn one_record(stream: &str, seq: u64, bytes: Vec<u8>) -> Batch {
@@ -20,7 +21,7 @@ pub fn one_record(stream: &str, seq: u64, bytes: Vec<u8>) -> Batch {
 }
 
 /// Every record of `stream` in the log `sm` applies to, by seq.
-pub fn records(sm: &super::StateMachine, stream: &str) -> Vec<(u64, Vec<u8>)> {
+pub fn records(sm: &super::store::StateMachine, stream: &str) -> Vec<(u64, Vec<u8>)> {
     sm.sink()
         .stream(stream)
         .and_then(|s| s.read_after(0))
@@ -78,7 +79,7 @@ pub async fn write(rafts: &BTreeMap<u64, Raft>, batch: &Batch) -> Result<u64, St
 pub async fn write_applied(
     rafts: &BTreeMap<u64, Raft>,
     batch: &Batch,
-) -> Result<super::Applied, String> {
+) -> Result<super::types::Applied, String> {
     loop {
         let l = leader(rafts).await?;
         let answer = tokio::time::timeout(
@@ -100,11 +101,11 @@ pub async fn write_applied(
 /// Waits (10 s at most) until the log of every state machine of `sms` holds exactly the
 /// records of `acked` in the streams they write (`Err`: how many each held).
 pub async fn all_hold(
-    sms: &BTreeMap<u64, super::StateMachine>,
+    sms: &BTreeMap<u64, super::store::StateMachine>,
     acked: &[Batch],
 ) -> Result<(), String> {
     let want = expected(acked);
-    let held = |sm: &super::StateMachine| -> BTreeMap<String, BTreeMap<u64, Vec<u8>>> {
+    let held = |sm: &super::store::StateMachine| -> BTreeMap<String, BTreeMap<u64, Vec<u8>>> {
         want.keys()
             .map(|s| (s.clone(), records(sm, s).into_iter().collect()))
             .collect()
@@ -151,7 +152,7 @@ pub async fn open_engine_with(
     // The state the node kept while it followed, if it warmed up.
     config.warm = Some(node.sm.warm());
     let term = node.raft.metrics().borrow().current_term;
-    config.replicate = Some(std::sync::Arc::new(super::RaftReplicator::new(
+    config.replicate = Some(std::sync::Arc::new(super::replicator::RaftReplicator::new(
         node.raft.clone(),
         term,
     )));
@@ -164,10 +165,10 @@ pub struct Node {
     /// Its Raft.
     pub raft: Raft,
     /// Its state machine (its copy of the log).
-    pub sm: super::StateMachine,
+    pub sm: super::store::StateMachine,
     /// Its id.
     pub id: u64,
-    db: super::NodeDb,
+    db: super::store::NodeDb,
 }
 
 /// Starts node `id` on the sled database in `dir` (new or as it was left), on `router`, with a
@@ -183,7 +184,7 @@ pub async fn start(
 
 /// [`start`] for batches that are not an engine's (records of no event, with gaps where a
 /// write failed): its snapshots are not checked as an engine's log
-/// ([`super::StateMachine::with_opaque_batches`]).
+/// ([`super::store::StateMachine::with_opaque_batches`]).
 pub async fn start_opaque(
     router: &super::network::Router,
     id: u64,
@@ -200,15 +201,15 @@ async fn start_with(
     snapshot_every: u64,
     opaque: bool,
 ) -> Result<Node, String> {
-    let db = super::open_node_db(dir).map_err(|e| e.to_string())?;
-    let mut sm = super::StateMachine::open(&db).map_err(|e| e.to_string())?;
+    let db = super::store::open_node_db(dir).map_err(|e| e.to_string())?;
+    let mut sm = super::store::StateMachine::open(&db).map_err(|e| e.to_string())?;
     if opaque {
         sm = sm.with_opaque_batches();
     }
-    let log = super::LogStore::open(&db).map_err(|e| e.to_string())?;
+    let log = super::store::LogStore::open(&db).map_err(|e| e.to_string())?;
     let raft = Raft::new(
         id,
-        super::config(snapshot_every).map_err(|e| e.to_string())?,
+        super::config::config(snapshot_every).map_err(|e| e.to_string())?,
         router.client_of(id),
         log,
         sm.clone(),

@@ -13,7 +13,7 @@ use openraft::raft::{
 };
 use openraft::{AnyError, BasicNode};
 
-use super::{Raft, TypeConfig};
+use super::types::{Raft, TypeConfig};
 
 type NodeId = u64;
 

@@ -22,7 +22,8 @@ use rand_chacha::ChaCha8Rng;
 
 use super::harness::Node;
 use super::network::Router;
-use super::{Batch, StateMachine};
+use super::store::StateMachine;
+use crate::store::Batch;
 
 async fn start(router: &Router, id: u64, dir: &Path) -> Node {
     super::harness::start_opaque(router, id, dir, 10)

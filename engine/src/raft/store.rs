@@ -14,8 +14,9 @@ use openraft::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::{Applied, Batch, Op, TypeConfig};
+use super::types::{Applied, TypeConfig};
 use crate::codec;
+use crate::store::{Batch, Op};
 use crate::store::{Change, Claim, FailStopKv, Kv, KvSink, KvTree, LogSink, SledKv, names};
 
 type NodeId = u64;
@@ -84,20 +85,6 @@ impl NodeDb {
             .map_err(std::io::Error::other)?
             .map_err(std::io::Error::other)
     }
-}
-
-/// A node's Raft storage at its start: what the last run wrote is made durable first
-/// ([`NodeDb::make_durable`]), then the state machine, the log and the vote guard are opened
-/// over it.
-pub async fn open_for_start(
-    node: &NodeDb,
-) -> std::io::Result<(StateMachine, LogStore, super::VoteGuard)> {
-    node.make_durable().await?;
-    Ok((
-        StateMachine::open(node)?,
-        LogStore::open(node)?,
-        super::VoteGuard::open(node)?,
-    ))
 }
 
 /// How long opening a node's sled database waits for the lock of a previous instance (in this
@@ -939,7 +926,7 @@ mod tests {
         assert!(disk.unsynced_writes() > 0);
         // The next start reads that vote and acts on it ...
         let node = NodeDb::new(Arc::new(disk.clone()));
-        let (_, mut log, _) = open_for_start(&node).await.unwrap();
+        let (_, mut log, _) = crate::raft::open_for_start(&node).await.unwrap();
         assert_eq!(log.read_vote().await.unwrap(), Some(vote));
         // ... so a power cut after it must not take it back.
         disk.crash(0);

@@ -33,6 +33,7 @@ use tokio::sync::mpsc;
 use crate::codec;
 use crate::error::StorageError;
 
+mod batch;
 mod fail_stop;
 mod kv;
 mod kv_sink;
@@ -44,6 +45,7 @@ mod sled_kv;
 mod sled_sink;
 pub mod superblock;
 
+pub use batch::{Batch, Op};
 pub use fail_stop::FailStopKv;
 pub use kv::{Change, Kv, KvTree, Pair, Pairs};
 pub use kv_sink::KvSink;
@@ -111,17 +113,14 @@ pub trait Replicate: Send + Sync + 'static {
     /// `Ok(Some(key))`: the sold-seat backstop refused the claim `key` (that stream's records
     /// were not written). `Err`: not known committed (this node lost its leadership, or no
     /// majority answered in time).
-    fn commit(
-        &self,
-        batch: crate::raft::Batch,
-    ) -> BoxFuture<'_, Result<Option<String>, StorageError>> {
+    fn commit(&self, batch: Batch) -> BoxFuture<'_, Result<Option<String>, StorageError>> {
         Box::pin(async move { self.submit(batch).await?.await })
     }
 
     /// Hands `batch` to the group without waiting for it (so the next batch can follow it
     /// while it replicates): the returned waiter ends once it is committed and applied, and
     /// answers as [`Replicate::commit`] does. Batches commit in the order they are submitted.
-    fn submit(&self, batch: crate::raft::Batch) -> BoxFuture<'_, Result<Waiter, StorageError>>;
+    fn submit(&self, batch: Batch) -> BoxFuture<'_, Result<Waiter, StorageError>>;
 }
 
 /// Ends once a submitted batch is committed (see [`Replicate::submit`]).
@@ -504,7 +503,7 @@ impl Flusher {
                     if r.is_ok() {
                         w.records += a.entries.len();
                         w.bytes += a.entries.iter().map(|(_, v)| v.len() + 8).sum::<usize>();
-                        ops.push(crate::raft::Op::Append {
+                        ops.push(Op::Append {
                             stream: a.stream.name().to_owned(),
                             entries: a.entries,
                             claims: a.claims,
@@ -514,7 +513,7 @@ impl Flusher {
                 }
                 Job::Checkpoint { stream, upto, blob } => {
                     if self.halt.check().is_ok() {
-                        ops.push(crate::raft::Op::Checkpoint {
+                        ops.push(Op::Checkpoint {
                             stream: stream.name().to_owned(),
                             upto,
                             blob,
@@ -528,7 +527,7 @@ impl Flusher {
         let mut commit = None;
         if !ops.is_empty() && self.halt.check().is_ok() {
             // The replicator stamps the term.
-            match replicate.submit(crate::raft::Batch { ops, term: 0 }).await {
+            match replicate.submit(Batch { ops, term: 0 }).await {
                 Ok(wait) => commit = Some(wait),
                 Err(e) => self.halt.set(format!("replication failed: {e}")),
             }

@@ -83,7 +83,7 @@ pub trait LogSink: Send + Sync + 'static {
     fn sync(&self) -> Result<(), StorageError>;
     /// The store behind this sink, if it is a [`Kv`](super::Kv) (for the simulated payment
     /// provider's own trees beside the log, and for tools that inspect the data dir).
-    fn kv(&self) -> Option<Arc<dyn super::Kv>> {
+    fn kv(&self) -> Option<Arc<dyn super::kv::Kv>> {
         None
     }
     /// Recovery refused a damaged log: keeps the copy of the files as they were before this

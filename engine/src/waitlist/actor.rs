@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
+use super::core::WaitlistCore;
 use super::core::{Decision, JoinRequest};
-use super::{WaitlistCore, WaitlistRecord, WaitlistState, WaitlistView};
+use super::records::{WaitlistRecord, WaitlistState, WaitlistView};
 use crate::error::{EngineError, Rejection, StorageError};
 use crate::store::{Store, StreamWriter};
 use crate::types::{EventId, HoldId, SectionId, UserId};

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{WaitlistRecord, WaitlistState, WaitlistView};
+use super::records::{WaitlistRecord, WaitlistState, WaitlistView};
 use crate::error::Rejection;
 use crate::types::{EventId, HoldId, SectionId, UserId};
 

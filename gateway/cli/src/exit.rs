@@ -108,4 +108,3 @@ pub fn error_exit(e: &anyhow::Error) -> Exit {
         Exit::Failed
     }
 }
-

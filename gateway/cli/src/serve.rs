@@ -475,7 +475,9 @@ fn config(args: ServeArgs) -> Result<ServerConfig, UsageError> {
     let secret = match token_secret {
         Some(s) if !s.is_empty() => s.into_bytes(),
         _ => {
-            crate::exit::warn("no --token-secret: using a random one; tokens will not survive a restart");
+            crate::exit::warn(
+                "no --token-secret: using a random one; tokens will not survive a restart",
+            );
             random_text(32).into_bytes()
         }
     };

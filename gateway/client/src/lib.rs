@@ -18,10 +18,11 @@ use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
-use tonic_types::StatusExt;
 
+mod reason;
 mod retry;
 
+pub use reason::reason;
 pub use retry::{Idempotent, Retry, is_overloaded, is_transient};
 
 /// The join proof of work of the contract: the hash rule, a checker and the solver.
@@ -126,12 +127,4 @@ pub async fn connect(target: &str) -> anyhow::Result<Channel> {
         .connect()
         .await
         .with_context(|| format!("connecting to {target}"))
-}
-
-/// The `ErrorInfo.reason` a status carries, if any (`OVERLOADED`, `SOLD_OUT`, ...).
-pub fn reason(status: &Status) -> Option<String> {
-    status
-        .get_error_details()
-        .error_info()
-        .map(|i| i.reason.clone())
 }

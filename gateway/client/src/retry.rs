@@ -18,7 +18,7 @@ use backon::{ExponentialBuilder, Retryable};
 use boxoffice_proto::v1 as pb;
 use tonic::{Code, Status};
 
-use crate::reason;
+use crate::reason::reason;
 
 /// A request that may be sent again: a repetition changes nothing the first one did not.
 pub trait Idempotent: Clone + sealed::Sealed {}

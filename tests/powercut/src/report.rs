@@ -61,4 +61,3 @@ pub struct Stats {
     /// Power cuts so far.
     pub cuts: u64,
 }
-

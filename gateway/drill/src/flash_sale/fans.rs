@@ -26,7 +26,7 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tonic::transport::Channel;
 
-use super::FlashSaleArgs;
+use super::args::FlashSaleArgs;
 use super::failover::Attempts;
 use super::tally::{AckedOrder, Latencies, Tally, Ticket, reason, record, record_duration};
 

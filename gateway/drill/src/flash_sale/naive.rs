@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::{FlashSaleArgs, Report};
+use super::args::FlashSaleArgs;
+use super::report::Report;
 
 /// The seeds' uncoordinated baseline: every fan reads a seat map that is up to 100 ms old, then
 /// books what looked free with no atomic check (`if seat.free { seat.book() }` against a stale

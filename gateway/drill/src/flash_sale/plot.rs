@@ -6,9 +6,9 @@ use plotters::coord::Shift;
 use plotters::coord::ranged1d::SegmentValue;
 use plotters::prelude::*;
 
-use super::Report;
 use super::progress::Sample;
 use super::report::Percentiles;
+use super::report::Report;
 
 /// Width of the picture.
 const WIDTH: u32 = 900;

@@ -1,0 +1,270 @@
+//! What a section shows of itself: its counts, holds, orders and snapshot, and the check of
+//! its invariants.
+
+use crate::hash::HashMap;
+
+use crate::types::{
+    EventId, HoldId, HoldStatus, HoldView, OrderId, OrderView, SeatStatus, SectionSnapshot,
+    SectionSpec, TicketView,
+};
+
+use super::{IdemTag, SectionCore};
+
+impl SectionCore {
+    /// (holds remembered, of which released or expired): live state plus the window's.
+    pub fn remembered(&self) -> (usize, usize) {
+        (self.holds.len(), self.ended.len())
+    }
+
+    /// The section's spec.
+    pub fn spec(&self) -> &SectionSpec {
+        &self.spec
+    }
+
+    /// The event this section belongs to.
+    pub fn event_id(&self) -> &EventId {
+        &self.event_id
+    }
+
+    /// (capacity, available, held, sold).
+    pub fn counts(&self) -> (u32, u32, u32, u32) {
+        (self.capacity, self.available, self.held, self.sold)
+    }
+
+    /// Invariant 1: `available + held + sold == capacity`. O(1), so it runs after every change.
+    pub(super) fn assert_counts(&self) {
+        assert_eq!(
+            u64::from(self.available) + u64::from(self.held) + u64::from(self.sold),
+            u64::from(self.capacity),
+            "section {} of {}: available + held + sold != capacity",
+            self.spec.section_id,
+            self.event_id
+        );
+    }
+
+    /// Full consistency check (O(seats + holds)), for tests and recovery: counters, per-row
+    /// counts, seat statuses against holds, the deadline index against active holds.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.assert_counts();
+        let mut held = 0u32;
+        let mut sold = 0u32;
+        let mut owner: HashMap<u32, &HoldId> = HashMap::default();
+        for (id, h) in &self.holds {
+            let counted = match h.status {
+                HoldStatus::Held => {
+                    held += h.quantity;
+                    if !self.deadlines.contains(&(h.expires_at_ms, id.clone())) {
+                        return Err(format!("active hold {id} missing from deadline index"));
+                    }
+                    Some(SeatStatus::Held)
+                }
+                HoldStatus::Confirmed => {
+                    sold += h.quantity;
+                    Some(SeatStatus::Sold)
+                }
+                _ => None,
+            };
+            if let Some(want) = counted {
+                for &s in &h.seats {
+                    if let Some(other) = owner.insert(s, id) {
+                        return Err(format!("seat {s} in holds {other} and {id}"));
+                    }
+                    if self.seats[s as usize] != want {
+                        return Err(format!(
+                            "seat {s} of hold {id} is {:?}",
+                            self.seats[s as usize]
+                        ));
+                    }
+                }
+            }
+        }
+        for w in &self.withdrawn {
+            sold += 1;
+            if self.is_reserved() {
+                if self.seats[w.place as usize] != SeatStatus::Sold {
+                    return Err(format!("withdrawn seat {} is not sold", w.place));
+                }
+                if owner.contains_key(&w.place) {
+                    return Err(format!("withdrawn seat {} is in a hold", w.place));
+                }
+            }
+        }
+        let owned = owner.len()
+            + if self.is_reserved() {
+                self.withdrawn.len()
+            } else {
+                0
+            };
+        if held != self.held || sold != self.sold {
+            return Err(format!(
+                "holds say held {held} sold {sold}, counters say {} {}",
+                self.held, self.sold
+            ));
+        }
+        if self.deadlines.len()
+            != self
+                .holds
+                .values()
+                .filter(|h| h.status == HoldStatus::Held)
+                .count()
+        {
+            return Err("deadline index has ended holds".into());
+        }
+        let ended = self
+            .holds
+            .values()
+            .filter(|h| matches!(h.status, HoldStatus::Released | HoldStatus::Expired))
+            .count();
+        let indexed_ended = self.ended.keys().all(|id| {
+            self.holds
+                .get(id)
+                .is_some_and(|h| matches!(h.status, HoldStatus::Released | HoldStatus::Expired))
+        });
+        if ended != self.ended.len() || !indexed_ended {
+            return Err(format!(
+                "{ended} ended holds but {} in the index of holds to forget",
+                self.ended.len()
+            ));
+        }
+        if self.is_reserved() {
+            self.check_seats(owned)?;
+        }
+        Ok(())
+    }
+
+    /// Seats agree with the holds (`owned` seats belong to an active or confirmed hold) and
+    /// every row's free count is right.
+    pub(super) fn check_seats(&self, owned: usize) -> Result<(), String> {
+        let busy = self
+            .seats
+            .iter()
+            .filter(|s| **s != SeatStatus::Available)
+            .count();
+        if busy != owned {
+            return Err(format!("{busy} seats busy but {owned} owned by holds"));
+        }
+        for r in &self.rows {
+            let free = self.seats[r.start as usize..(r.start + r.len) as usize]
+                .iter()
+                .filter(|s| **s == SeatStatus::Available)
+                .count();
+            if free != r.available as usize {
+                return Err(format!("row {} count is off", r.label));
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn sold_keys(&self, hold_id: &HoldId) -> Vec<String> {
+        let Some(h) = self.holds.get(hold_id) else {
+            return Vec::new();
+        };
+        let prefix = format!("{}/{}", self.event_id, self.spec.section_id);
+        if self.is_reserved() {
+            h.seats
+                .iter()
+                .map(|&s| format!("{prefix}/{}", self.seat_id(s)))
+                .collect()
+        } else {
+            let first = h.order.as_ref().map_or(0, |o| o.first_place);
+            (first..first + h.quantity)
+                .map(|n| format!("{prefix}/#{n}"))
+                .collect()
+        }
+    }
+
+    /// Backstop keys of every confirmed hold and withdrawn place (recovery checks the store
+    /// against them).
+    pub fn all_sold_keys(&self) -> Vec<(String, HoldId)> {
+        let mut out: Vec<(String, HoldId)> = self
+            .withdrawn
+            .iter()
+            .map(|w| (w.key.clone(), HoldId::from(w.holder.as_str())))
+            .collect();
+        for (id, h) in &self.holds {
+            if h.status == HoldStatus::Confirmed {
+                out.extend(self.sold_keys(id).into_iter().map(|k| (k, id.clone())));
+            }
+        }
+        out
+    }
+
+    /// A hold as the API shows it.
+    pub fn hold_view(&self, hold_id: &HoldId) -> Option<HoldView> {
+        let h = self.holds.get(hold_id)?;
+        Some(HoldView {
+            hold_id: hold_id.clone(),
+            event_id: self.event_id.clone(),
+            user_id: h.user_id.clone(),
+            section_id: self.spec.section_id.clone(),
+            seat_ids: h.seats.iter().map(|&s| self.seat_id(s)).collect(),
+            quantity: h.quantity,
+            status: h.status,
+            placed_at_ms: h.placed_at_ms,
+            expires_at_ms: h.expires_at_ms,
+        })
+    }
+
+    /// An order as the API shows it.
+    pub fn order_view(&self, order_id: &OrderId) -> Option<OrderView> {
+        let hold_id = self.orders.get(order_id)?;
+        let h = self.holds.get(hold_id)?;
+        let o = h.order.as_ref()?;
+        let tickets = (0..h.quantity)
+            .map(|i| TicketView {
+                ticket_id: format!("{order_id}.{}", i + 1),
+                section_id: self.spec.section_id.clone(),
+                seat_id: h.seats.get(i as usize).map(|&s| self.seat_id(s)),
+            })
+            .collect();
+        Some(OrderView {
+            order_id: order_id.clone(),
+            hold_id: hold_id.clone(),
+            event_id: self.event_id.clone(),
+            user_id: h.user_id.clone(),
+            tickets,
+            amount_cents: self.spec.price_cents * u64::from(h.quantity),
+            payment_ref: o.payment_ref.clone(),
+            created_at_ms: o.created_at_ms,
+        })
+    }
+
+    /// Every order of the section.
+    pub fn orders(&self) -> Vec<OrderView> {
+        self.orders
+            .keys()
+            .filter_map(|id| self.order_view(id))
+            .collect()
+    }
+
+    /// Every hold with its idempotency tags, for rebuilding the ledger on recovery:
+    /// (view as it is now, hold tag, confirm tag and order).
+    pub fn holds_for_ledger(
+        &self,
+    ) -> impl Iterator<Item = (HoldView, Option<&IdemTag>, Option<(&IdemTag, OrderView)>)> + '_
+    {
+        self.holds.iter().filter_map(move |(id, h)| {
+            let view = self.hold_view(id)?;
+            let confirm = h.order.as_ref().and_then(|o| {
+                let tag = o.idem.as_ref()?;
+                Some((tag, self.order_view(&o.order_id)?))
+            });
+            Some((view, h.idem.as_ref(), confirm))
+        })
+    }
+
+    /// The availability snapshot the actor publishes, showing every change up to the stream's
+    /// record `version`.
+    pub fn snapshot(&self, version: u64) -> SectionSnapshot {
+        SectionSnapshot {
+            section_id: self.spec.section_id.clone(),
+            capacity: self.capacity,
+            available: self.available,
+            held: self.held,
+            sold: self.sold,
+            seats: self.seats.clone(),
+            version,
+            changed_at_ms: 0,
+        }
+    }
+}
