@@ -28,7 +28,8 @@ pub use crate::limits::MESSAGE_BYTES_MAX;
 use crate::net::Listener;
 pub use crate::node::{GROUPS_FILE, group_dir};
 use crate::node::{Node, Opened, Serving};
-use crate::services::{BookingSvc, EventRoutes, Groups, Ready, WaitingRoomSvc, WaitlistSvc};
+use crate::services::grpc::{BookingSvc, EventRoutes, WaitingRoomSvc, WaitlistSvc};
+use crate::services::{Groups, Ready};
 use crate::stack::SweeperSlot;
 pub use crate::ticket_keys::rotate_ticket_key;
 

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 
 use openraft::raft::{AppendEntriesRequest, VoteRequest};
 
-use super::store::NodeDb;
+use super::node_db::NodeDb;
 use super::types::{Raft, TypeConfig};
 use crate::store::names;
 

@@ -168,7 +168,7 @@ pub struct Node {
     pub sm: super::store::StateMachine,
     /// Its id.
     pub id: u64,
-    db: super::store::NodeDb,
+    db: super::node_db::NodeDb,
 }
 
 /// Starts node `id` on the sled database in `dir` (new or as it was left), on `router`, with a
@@ -201,7 +201,7 @@ async fn start_with(
     snapshot_every: u64,
     opaque: bool,
 ) -> Result<Node, String> {
-    let db = super::store::open_node_db(dir).map_err(|e| e.to_string())?;
+    let db = super::node_db::open_node_db(dir).map_err(|e| e.to_string())?;
     let mut sm = super::store::StateMachine::open(&db).map_err(|e| e.to_string())?;
     if opaque {
         sm = sm.with_opaque_batches();

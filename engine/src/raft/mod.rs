@@ -27,6 +27,7 @@ mod guard;
 pub mod harness;
 #[cfg(any(test, feature = "test-support"))]
 pub mod network;
+mod node_db;
 pub mod observe;
 mod replicator;
 mod start;
@@ -36,9 +37,10 @@ mod types;
 pub use crate::store::{Batch, Op};
 pub use config::{ConfigError, SNAPSHOT_KEEP_DEFAULT, config, config_keeping};
 pub use guard::VoteGuard;
+pub use node_db::{NodeDb, open_node_db, open_node_db_cached};
 pub use replicator::{COMMIT_TIMEOUT, RaftReplicator};
 pub use start::open_for_start;
-pub use store::{LogStore, NodeDb, StateMachine, open_node_db, open_node_db_cached};
+pub use store::{LogStore, StateMachine};
 pub use types::{Applied, Raft, Runtime, TypeConfig};
 
 #[cfg(test)]

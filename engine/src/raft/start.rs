@@ -1,7 +1,8 @@
 //! A node's Raft storage as a start opens it.
 
 use super::guard::VoteGuard;
-use super::store::{LogStore, NodeDb, StateMachine};
+use super::node_db::NodeDb;
+use super::store::{LogStore, StateMachine};
 
 /// A node's Raft storage at its start: what the last run wrote is made durable first
 /// ([`NodeDb::make_durable`]), then the state machine, the log and the vote guard are opened

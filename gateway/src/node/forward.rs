@@ -569,7 +569,7 @@ where
                 more = true;
                 events.truncate(size);
             }
-            let next_page_token = crate::services::next_page_token(&events, more);
+            let next_page_token = crate::services::grpc::next_page_token(&events, more);
             Ok(tonic::Response::new(
                 boxoffice_proto::v1::ListEventsResponse {
                     events,

@@ -9,45 +9,26 @@
 //! planned repairs run (a torn tail dropped, an unacknowledged claim set aside, a missing claim
 //! restored) and the superblock is rewritten with what the log now holds.
 
+mod backstop;
+mod check;
+mod report;
+
 use crate::hash::HashMap;
+use backstop::{recover_backstop, withdraw_orphans};
+use check::{Check, check_unread_streams, read_marks, refuse_older_format};
+pub(crate) use report::RecoverWith;
+pub use report::RecoveryReport;
+use report::{Repair, corrupt};
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::codec;
 use crate::core::{SectionCore, SectionRecord};
 use crate::error::StorageError;
-use crate::integrity::{Damage, Findings, RecoveryMode, read_stream};
+use crate::integrity::{Damage, Findings, RecoveryMode};
 use crate::ledger::{Answer, LedgerRecord, Rpc, ShardState, shard_index};
 use crate::store::{LogSink, Marks, names};
-use crate::types::{CatalogRecord, EventId, EventSpec, HoldId, HoldStatus, SectionId, SectionSpec};
+use crate::types::{CatalogRecord, EventId, EventSpec, HoldStatus, SectionId, SectionSpec};
 use crate::waitlist::{WaitlistCore, WaitlistRecord};
-
-/// What recovery found, for logs and metrics.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RecoveryReport {
-    /// Events in the catalog.
-    pub events: usize,
-    /// Sections rebuilt.
-    pub sections: usize,
-    /// Log records replayed (after checkpoints).
-    pub records_replayed: u64,
-    /// Streams that started from a checkpoint.
-    pub checkpoints_loaded: usize,
-    /// Torn last records dropped (past their stream's acknowledged mark).
-    pub torn_tails_dropped: usize,
-    /// Sold-seat claims without a confirm in a whole log (a crash between the claim and its
-    /// record: never acknowledged), moved to the set-aside table.
-    pub claims_set_aside: usize,
-    /// Confirms whose sold-seat claim was missing (the record was written, the claim was not):
-    /// claimed again.
-    pub claims_restored: usize,
-    /// The integrity check: damage (accepted, if the engine started), actions, every stream.
-    pub integrity: Findings,
-    /// Time recovery took, in ms.
-    pub duration_ms: u64,
-    /// A cluster node's warm start: the state its follower kept ([`crate::warm`]), not read
-    /// from the log again.
-    pub warm: bool,
-}
 
 /// An event as the catalog recorded it: id, spec, creation time.
 pub(crate) type CatalogEntry = (EventId, EventSpec, u64);
@@ -65,236 +46,6 @@ pub(crate) struct Recovered {
     pub rooms: HashMap<EventId, (crate::rooms::RoomLine, u64)>,
     /// What the log holds now: the flusher starts from these marks.
     pub marks: Marks,
-}
-
-/// A change recovery makes once it knows it may (no damage, or damage accepted; never in
-/// `Verify`).
-#[derive(Debug)]
-enum Repair {
-    DropTorn {
-        stream: String,
-        seq: u64,
-    },
-    Append {
-        stream: String,
-        seq: u64,
-        bytes: Vec<u8>,
-    },
-    SetAside {
-        key: String,
-    },
-    Restore {
-        key: String,
-        hold: HoldId,
-    },
-    Checkpoint {
-        stream: String,
-        blob: Vec<u8>,
-    },
-}
-
-/// Recovery's working state: what it found, what it will repair, how strict it is.
-pub(crate) struct Check {
-    pub marks: Marks,
-    pub mode: RecoveryMode,
-    pub found: Findings,
-    repairs: Vec<Repair>,
-    /// Claims (key, holder) of sales whose records may be lost: withdrawn if damage is accepted.
-    orphans: Vec<(String, String)>,
-    /// Claim keys accepted now (mismatches, orphans that could not be withdrawn).
-    accepted_claims: Vec<String>,
-    /// Whether `marks` come from a valid superblock and the sink's records can be torn at
-    /// all (else no tail may count as torn: [`LogSink::atomic_records`]).
-    trusted: bool,
-    /// The streams the log has, listed once at the first read.
-    stored: Option<BTreeSet<String>>,
-}
-
-impl Check {
-    /// A check of `sink` against `marks` (a section restart passes the store's current marks).
-    pub fn new(sink: &dyn LogSink, marks: Marks, mode: RecoveryMode) -> Check {
-        Check {
-            marks,
-            mode,
-            found: Findings::default(),
-            repairs: Vec::new(),
-            orphans: Vec::new(),
-            accepted_claims: Vec::new(),
-            trusted: !sink.atomic_records(),
-            stored: None,
-        }
-    }
-
-    /// Reads a stream, planning the removal of a torn tail.
-    fn read<T: serde::de::DeserializeOwned>(
-        &mut self,
-        sink: &dyn LogSink,
-        name: &str,
-        report: &mut RecoveryReport,
-    ) -> Result<crate::integrity::Replay<T>, StorageError> {
-        self.read_with(sink, name, report, codec::decode::<T>)
-    }
-
-    /// [`Check::read`] with the records' decoder given.
-    fn read_with<T>(
-        &mut self,
-        sink: &dyn LogSink,
-        name: &str,
-        report: &mut RecoveryReport,
-        decode: impl Fn(&[u8]) -> Result<T, codec::DecodeError>,
-    ) -> Result<crate::integrity::Replay<T>, StorageError> {
-        if self.stored.is_none() {
-            self.stored = Some(sink.stream_names()?.into_iter().collect());
-        }
-        let stored = self.stored.as_ref().is_some_and(|s| s.contains(name));
-        let replay = read_stream(
-            sink,
-            name,
-            stored,
-            &self.marks,
-            self.trusted,
-            &mut self.found,
-            decode,
-        )?;
-        if replay.dropped_tail {
-            report.torn_tails_dropped += 1;
-            self.repairs.push(Repair::DropTorn {
-                stream: name.to_owned(),
-                seq: replay.last_seq + 1,
-            });
-        }
-        Ok(replay)
-    }
-
-    /// A record that does not fit: damage (unless accepted before), and the record is skipped.
-    fn misfit(&mut self, stream: &str, seq: u64, reason: String) {
-        let d = Damage::Replay {
-            stream: stream.to_owned(),
-            seq,
-            reason,
-        };
-        self.found.damage_at(&self.marks, stream, seq, seq, d);
-    }
-
-    /// Refuses (strict) if anything was damaged.
-    pub fn refuse_if_damaged(&self) -> Result<(), StorageError> {
-        if self.found.damage.is_empty() || self.mode != RecoveryMode::Strict {
-            return Ok(());
-        }
-        Err(StorageError::Damaged {
-            count: self.found.damage.len(),
-            summary: self.found.summary(),
-            evidence: None,
-        })
-    }
-}
-
-/// Reads the superblock; its absence where a log exists (or both copies damaged) is damage.
-/// Returns the marks and whether they come from a valid superblock.
-fn read_marks(sink: &dyn LogSink, found: &mut Findings) -> Result<(Marks, bool), StorageError> {
-    let read = sink.superblock()?;
-    if let Some(marks) = read.marks {
-        for copy in read.damaged_copies {
-            found.notes.push(format!(
-                "superblock copy {copy} (the other copy is valid: a write torn by a crash)"
-            ));
-        }
-        return Ok((marks, true));
-    }
-    if holds_data(sink)? {
-        found.damage.push(if read.damaged_copies.is_empty() {
-            Damage::SuperblockMissing
-        } else {
-            Damage::SuperblockDamaged {
-                copies: read.damaged_copies,
-            }
-        });
-    } else if !read.damaged_copies.is_empty() {
-        found.notes.push(format!(
-            "superblock copies damaged before any record was written: {}",
-            read.damaged_copies.join("; ")
-        ));
-        // Nothing was ever acknowledged: a torn first record may be dropped.
-        return Ok((Marks::default(), true));
-    }
-    Ok((
-        Marks::default(),
-        !found.damage.iter().any(is_superblock_damage),
-    ))
-}
-
-fn is_superblock_damage(d: &Damage) -> bool {
-    matches!(
-        d,
-        Damage::SuperblockMissing | Damage::SuperblockDamaged { .. }
-    )
-}
-
-/// A log written by a boxoffice from before the superblock and log format 2 is not read (the
-/// record shapes changed with it): refused with a clear message, before anything is touched.
-fn refuse_older_format(sink: &dyn LogSink) -> Result<(), StorageError> {
-    if !sink.stream_names()?.iter().any(|n| n == names::CATALOG) {
-        return Ok(());
-    }
-    let first = sink.stream(names::CATALOG)?.read_after(0)?;
-    if let Some((_, bytes)) = first.first()
-        && bytes.first().is_some_and(|v| *v < codec::CODEC_VERSION)
-    {
-        return Err(StorageError::Open {
-            path: String::new(),
-            reason: format!(
-                "the log was written by an older boxoffice (log format {}; this version reads \
-                 format {} only, with no migration): start from a new data dir",
-                bytes[0],
-                codec::CODEC_VERSION
-            ),
-        });
-    }
-    Ok(())
-}
-
-/// Whether the log holds any record, checkpoint or claim (empty trees do not count: reading a
-/// stream creates it).
-fn holds_data(sink: &dyn LogSink) -> Result<bool, StorageError> {
-    if !sink.claims()?.is_empty() {
-        return Ok(true);
-    }
-    for name in sink.stream_names()? {
-        if sink.checkpoint(&name)?.is_some() || !sink.stream(&name)?.read_after(0)?.is_empty() {
-            return Ok(true);
-        }
-    }
-    Ok(false)
-}
-
-/// What recovery needs to know beyond the log.
-pub(crate) struct RecoverWith {
-    /// Number of ledger shards.
-    pub ledger_shards: usize,
-    /// The idempotency window, ms (sections forget ended holds by it as they replay).
-    pub window_ms: u64,
-    /// Now, by the engine's clock: idempotency answers older than the window are not kept, and
-    /// places withdrawn for accepted damage are recorded at this time.
-    pub now_ms: u64,
-    /// What to do with damage.
-    pub mode: RecoveryMode,
-    /// A cluster node's copy of its group's log: recovery changes nothing in it (a repair made
-    /// here alone would make this copy differ from the others'); damage that needs one refuses
-    /// the start.
-    pub replicated: bool,
-}
-
-impl Repair {
-    /// What the repair would change, in a few words.
-    fn describe(&self) -> String {
-        match self {
-            Repair::DropTorn { stream, seq } => format!("drop torn record {stream}#{seq}"),
-            Repair::Append { stream, seq, .. } => format!("append {stream}#{seq}"),
-            Repair::SetAside { key } => format!("set claim {key} aside"),
-            Repair::Restore { key, .. } => format!("restore claim {key}"),
-            Repair::Checkpoint { stream, .. } => format!("rewrite the checkpoint of {stream}"),
-        }
-    }
 }
 
 /// The streams as replayed, before the ledger shards are settled: what a start reads from the
@@ -508,48 +259,6 @@ pub(crate) fn settle(replayed: Replayed, with: &RecoverWith, marks: Marks) -> Re
     }
 }
 
-/// Checks a log without changing it (offline `check-log`): everything recovery would find.
-/// Errors only if the log cannot be read at all.
-pub fn verify_log(sink: &dyn LogSink) -> Result<Findings, StorageError> {
-    let mut report = RecoveryReport::default();
-    let with = RecoverWith {
-        ledger_shards: crate::limits::LEDGER_SHARDS_DEFAULT,
-        window_ms: crate::limits::IDEMPOTENCY_WINDOW_MS_DEFAULT,
-        now_ms: 0,
-        mode: RecoveryMode::Verify,
-        replicated: false,
-    };
-    recover(sink, &with, &mut report)?;
-    Ok(report.integrity)
-}
-
-/// Streams nobody read (the superblock knows them, or sled has them, but no event or shard
-/// does: an event the catalog lost, say): checked for what was acknowledged in them.
-fn check_unread_streams(
-    sink: &dyn LogSink,
-    check: &mut Check,
-    report: &mut RecoveryReport,
-) -> Result<(), StorageError> {
-    let read: BTreeSet<String> = check
-        .found
-        .streams
-        .iter()
-        .map(|s| s.stream.clone())
-        .collect();
-    let mut unread: BTreeSet<String> = check.marks.streams.keys().cloned().collect();
-    unread.extend(sink.stream_names()?);
-    for name in unread.difference(&read) {
-        // Only the frames (version, checksum) of a stream nobody reads can be checked.
-        let replay = check.read_with(sink, name, report, |b| codec::verify(b).map(|_| ()))?;
-        if !replay.records.is_empty() || replay.checkpoint.is_some() {
-            check.found.notes.push(format!(
-                "stream `{name}` is in the log but no event or shard reads it"
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// Applies the planned repairs (if allowed), makes them durable, and writes the superblock with
 /// what the log now holds (accepted damage remembered). Nothing is written in `Verify`.
 fn finish(sink: &dyn LogSink, check: &mut Check) -> Result<Marks, StorageError> {
@@ -677,14 +386,6 @@ pub(crate) fn recover_section(
     Ok((core, replay.last_seq))
 }
 
-fn corrupt(stream: &str, seq: u64, reason: impl Into<String>) -> StorageError {
-    StorageError::Corrupt {
-        stream: stream.to_owned(),
-        seq,
-        reason: reason.into(),
-    }
-}
-
 /// Rebuilds one section for a restarted actor, against the store's current marks; any damage
 /// is an error (the actor is not restarted).
 pub(crate) fn restart_section(
@@ -787,184 +488,6 @@ fn recover_ledgers(
     Ok(staged)
 }
 
-/// The backstop, checked against the orders: a claim naming another hold than the order is
-/// damage; a claim without a confirm is set aside if every stream is whole (the superblock proves
-/// the confirm was never acknowledged) and damage otherwise (its sale's record may be lost);
-/// fewer claims than the superblock counted is damage; a confirm without its claim gets it back.
-fn recover_backstop(
-    sink: &dyn LogSink,
-    cores: &HashMap<(EventId, SectionId), (SectionCore, u64)>,
-    check: &mut Check,
-    report: &mut RecoveryReport,
-) -> Result<(), StorageError> {
-    let whole = check.found.damage.is_empty();
-    let mut expected: HashMap<String, HoldId> = HashMap::default();
-    for (core, _) in cores.values() {
-        expected.extend(core.all_sold_keys());
-    }
-    let claims = sink.claims()?;
-    check.found.claims = claims.len() as u64;
-    check.found.claims_set_aside = sink.claims_set_aside()?.len() as u64;
-    if (claims.len() as u64) < check.marks.claims {
-        check.found.damage.push(Damage::ClaimsMissing {
-            expected: check.marks.claims,
-            found: claims.len() as u64,
-        });
-    }
-    for (key, value) in claims {
-        let holder = String::from_utf8_lossy(&value).into_owned();
-        match expected.remove(&key) {
-            Some(hold) if hold.as_str() == holder => {}
-            Some(hold) if check.marks.accepted_claims.contains(&key) => {
-                check.found.notes.push(format!(
-                    "accepted earlier: seat {key} is claimed by {holder} but sold to {hold}"
-                ));
-            }
-            Some(hold) => {
-                check.accepted_claims.push(key.clone());
-                check.found.damage.push(Damage::ClaimMismatch {
-                    key,
-                    claimed_by: holder,
-                    sold_to: hold.to_string(),
-                });
-            }
-            None if check.marks.accepted_claims.contains(&key) => {
-                check.found.notes.push(format!(
-                    "accepted earlier: seat {key} is claimed by {holder} with no sale in the log \
-                     (kept)"
-                ));
-            }
-            None if whole => {
-                tracing::warn!(key = %key, "setting aside a sold-seat claim never acknowledged");
-                check.found.actions.push(format!(
-                    "table `sold`: set aside the claim of seat {key} by {holder} (its confirm was \
-                     never acknowledged: every stream is whole)"
-                ));
-                report.claims_set_aside += 1;
-                check.repairs.push(Repair::SetAside { key });
-            }
-            None => {
-                check.orphans.push((key.clone(), holder.clone()));
-                check
-                    .found
-                    .damage
-                    .push(Damage::OrphanClaim { key, hold: holder });
-            }
-        }
-    }
-    for (key, hold) in expected {
-        check.found.actions.push(format!(
-            "table `sold`: claimed seat {key} for {hold} again (its confirm is in the log)"
-        ));
-        report.claims_restored += 1;
-        check.repairs.push(Repair::Restore { key, hold });
-    }
-    Ok(())
-}
-
-/// Accepted damage: the places of sales whose records are lost leave the sale (a live hold on
-/// such a seat is released first), recorded in their sections' logs; their claims stay. In a
-/// section whose records may be lost (its stream damaged, or claims missing anywhere), every live
-/// hold may have been paid for in the lost records: its places leave the sale too, claimed for
-/// it. A claim no section can withdraw is kept and remembered as accepted.
-fn withdraw_orphans(
-    cores: &mut HashMap<(EventId, SectionId), (SectionCore, u64)>,
-    check: &mut Check,
-    now_ms: u64,
-) -> Result<(), StorageError> {
-    let mut left: BTreeSet<String> = check.orphans.iter().map(|(k, _)| k.clone()).collect();
-    let orphans = std::mem::take(&mut check.orphans);
-    let claims_lost = check
-        .found
-        .damage
-        .iter()
-        .any(|d| matches!(d, Damage::ClaimsMissing { .. }));
-    let damaged: BTreeSet<String> = check
-        .found
-        .damage
-        .iter()
-        .filter_map(Damage::stream)
-        .map(str::to_owned)
-        .collect();
-    for ((event_id, section_id), (core, last_seq)) in cores.iter_mut() {
-        let prefix = format!("{event_id}/{section_id}/");
-        let name = names::section(event_id, section_id);
-        let mine: Vec<(String, String)> = orphans
-            .iter()
-            .filter(|(k, _)| k.starts_with(&prefix))
-            .cloned()
-            .collect();
-        if !mine.is_empty() {
-            let records = core.plan_withdrawal(&mine, now_ms).0;
-            append_withdrawal(core, last_seq, &name, records, check, &mut left)?;
-        }
-        if claims_lost || damaged.contains(&name) {
-            let records = core.plan_withdraw_live(now_ms);
-            append_withdrawal(core, last_seq, &name, records, check, &mut left)?;
-        }
-    }
-    for key in left {
-        check.found.actions.push(format!(
-            "table `sold`: kept the claim of seat {key}: no section could withdraw it"
-        ));
-        check.accepted_claims.push(key);
-    }
-    Ok(())
-}
-
-/// Applies withdrawal records to a recovered section, plans their append after `last_seq`, and
-/// says what was done. A withdrawn place with no surviving claim (a live hold's) is claimed.
-fn append_withdrawal(
-    core: &mut SectionCore,
-    last_seq: &mut u64,
-    name: &str,
-    records: Vec<SectionRecord>,
-    check: &mut Check,
-    orphans_left: &mut BTreeSet<String>,
-) -> Result<(), StorageError> {
-    for record in records {
-        core.apply(&record)
-            .map_err(|e| corrupt(name, *last_seq + 1, e))?;
-        *last_seq += 1;
-        match &record {
-            SectionRecord::HoldReleased { hold_id, .. } => check.found.actions.push(format!(
-                "stream `{name}`: released hold {hold_id} to take its places out of sale"
-            )),
-            SectionRecord::PlacesWithdrawn { places, .. } => {
-                for w in places {
-                    if orphans_left.remove(&w.key) {
-                        check.found.actions.push(format!(
-                            "stream `{name}`: withdrew seat {} from sale (claimed by {}, whose \
-                             sale record is lost: its fan may hold a ticket)",
-                            w.key, w.holder
-                        ));
-                    } else {
-                        check.found.actions.push(format!(
-                            "stream `{name}`: withdrew seat {} of live hold {} from sale (records \
-                             were lost: it may have been paid for)",
-                            w.key, w.holder
-                        ));
-                        check.repairs.push(Repair::Restore {
-                            key: w.key.clone(),
-                            hold: HoldId::from(w.holder.as_str()),
-                        });
-                    }
-                }
-            }
-            _ => {}
-        }
-        check.repairs.push(Repair::Append {
-            stream: name.to_owned(),
-            seq: *last_seq,
-            bytes: codec::encode(&record),
-        });
-    }
-    if let Some(s) = check.found.streams.iter_mut().find(|s| s.stream == name) {
-        s.last = *last_seq;
-    }
-    Ok(())
-}
-
 /// An event's waiting-room stream, if it has one: the line and the stream's last sequence
 /// number.
 fn recover_room(
@@ -1025,4 +548,19 @@ pub(crate) fn recover_waitlist(
         }
     }
     Ok((waitlist, replay.last_seq))
+}
+
+/// Checks a log without changing it (offline `check-log`): everything recovery would find.
+/// Errors only if the log cannot be read at all.
+pub fn verify_log(sink: &dyn LogSink) -> Result<Findings, StorageError> {
+    let mut report = RecoveryReport::default();
+    let with = RecoverWith {
+        ledger_shards: crate::limits::LEDGER_SHARDS_DEFAULT,
+        window_ms: crate::limits::IDEMPOTENCY_WINDOW_MS_DEFAULT,
+        now_ms: 0,
+        mode: RecoveryMode::Verify,
+        replicated: false,
+    };
+    recover(sink, &with, &mut report)?;
+    Ok(report.integrity)
 }

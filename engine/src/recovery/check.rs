@@ -1,0 +1,214 @@
+//! The checks recovery makes before it trusts the log: the superblock's marks, the format, and
+//! every stream read against them ([`crate::integrity`]).
+
+use std::collections::BTreeSet;
+
+use super::report::{RecoveryReport, Repair};
+use crate::codec;
+use crate::error::StorageError;
+use crate::integrity::{Damage, Findings, RecoveryMode, read_stream};
+use crate::store::{LogSink, Marks, names};
+
+/// Recovery's working state: what it found, what it will repair, how strict it is.
+pub(crate) struct Check {
+    pub marks: Marks,
+    pub mode: RecoveryMode,
+    pub found: Findings,
+    pub(super) repairs: Vec<Repair>,
+    /// Claims (key, holder) of sales whose records may be lost: withdrawn if damage is accepted.
+    pub(super) orphans: Vec<(String, String)>,
+    /// Claim keys accepted now (mismatches, orphans that could not be withdrawn).
+    pub(super) accepted_claims: Vec<String>,
+    /// Whether `marks` come from a valid superblock and the sink's records can be torn at
+    /// all (else no tail may count as torn: [`LogSink::atomic_records`]).
+    pub(super) trusted: bool,
+    /// The streams the log has, listed once at the first read.
+    pub(super) stored: Option<BTreeSet<String>>,
+}
+
+impl Check {
+    /// A check of `sink` against `marks` (a section restart passes the store's current marks).
+    pub fn new(sink: &dyn LogSink, marks: Marks, mode: RecoveryMode) -> Check {
+        Check {
+            marks,
+            mode,
+            found: Findings::default(),
+            repairs: Vec::new(),
+            orphans: Vec::new(),
+            accepted_claims: Vec::new(),
+            trusted: !sink.atomic_records(),
+            stored: None,
+        }
+    }
+
+    /// Reads a stream, planning the removal of a torn tail.
+    pub(super) fn read<T: serde::de::DeserializeOwned>(
+        &mut self,
+        sink: &dyn LogSink,
+        name: &str,
+        report: &mut RecoveryReport,
+    ) -> Result<crate::integrity::Replay<T>, StorageError> {
+        self.read_with(sink, name, report, codec::decode::<T>)
+    }
+
+    /// [`Check::read`] with the records' decoder given.
+    pub(super) fn read_with<T>(
+        &mut self,
+        sink: &dyn LogSink,
+        name: &str,
+        report: &mut RecoveryReport,
+        decode: impl Fn(&[u8]) -> Result<T, codec::DecodeError>,
+    ) -> Result<crate::integrity::Replay<T>, StorageError> {
+        if self.stored.is_none() {
+            self.stored = Some(sink.stream_names()?.into_iter().collect());
+        }
+        let stored = self.stored.as_ref().is_some_and(|s| s.contains(name));
+        let replay = read_stream(
+            sink,
+            name,
+            stored,
+            &self.marks,
+            self.trusted,
+            &mut self.found,
+            decode,
+        )?;
+        if replay.dropped_tail {
+            report.torn_tails_dropped += 1;
+            self.repairs.push(Repair::DropTorn {
+                stream: name.to_owned(),
+                seq: replay.last_seq + 1,
+            });
+        }
+        Ok(replay)
+    }
+
+    /// A record that does not fit: damage (unless accepted before), and the record is skipped.
+    pub(super) fn misfit(&mut self, stream: &str, seq: u64, reason: String) {
+        let d = Damage::Replay {
+            stream: stream.to_owned(),
+            seq,
+            reason,
+        };
+        self.found.damage_at(&self.marks, stream, seq, seq, d);
+    }
+
+    /// Refuses (strict) if anything was damaged.
+    pub fn refuse_if_damaged(&self) -> Result<(), StorageError> {
+        if self.found.damage.is_empty() || self.mode != RecoveryMode::Strict {
+            return Ok(());
+        }
+        Err(StorageError::Damaged {
+            count: self.found.damage.len(),
+            summary: self.found.summary(),
+            evidence: None,
+        })
+    }
+}
+
+/// Reads the superblock; its absence where a log exists (or both copies damaged) is damage.
+/// Returns the marks and whether they come from a valid superblock.
+pub(super) fn read_marks(
+    sink: &dyn LogSink,
+    found: &mut Findings,
+) -> Result<(Marks, bool), StorageError> {
+    let read = sink.superblock()?;
+    if let Some(marks) = read.marks {
+        for copy in read.damaged_copies {
+            found.notes.push(format!(
+                "superblock copy {copy} (the other copy is valid: a write torn by a crash)"
+            ));
+        }
+        return Ok((marks, true));
+    }
+    if holds_data(sink)? {
+        found.damage.push(if read.damaged_copies.is_empty() {
+            Damage::SuperblockMissing
+        } else {
+            Damage::SuperblockDamaged {
+                copies: read.damaged_copies,
+            }
+        });
+    } else if !read.damaged_copies.is_empty() {
+        found.notes.push(format!(
+            "superblock copies damaged before any record was written: {}",
+            read.damaged_copies.join("; ")
+        ));
+        // Nothing was ever acknowledged: a torn first record may be dropped.
+        return Ok((Marks::default(), true));
+    }
+    Ok((
+        Marks::default(),
+        !found.damage.iter().any(is_superblock_damage),
+    ))
+}
+
+fn is_superblock_damage(d: &Damage) -> bool {
+    matches!(
+        d,
+        Damage::SuperblockMissing | Damage::SuperblockDamaged { .. }
+    )
+}
+
+/// A log written by a boxoffice from before the superblock and log format 2 is not read (the
+/// record shapes changed with it): refused with a clear message, before anything is touched.
+pub(super) fn refuse_older_format(sink: &dyn LogSink) -> Result<(), StorageError> {
+    if !sink.stream_names()?.iter().any(|n| n == names::CATALOG) {
+        return Ok(());
+    }
+    let first = sink.stream(names::CATALOG)?.read_after(0)?;
+    if let Some((_, bytes)) = first.first()
+        && bytes.first().is_some_and(|v| *v < codec::CODEC_VERSION)
+    {
+        return Err(StorageError::Open {
+            path: String::new(),
+            reason: format!(
+                "the log was written by an older boxoffice (log format {}; this version reads \
+                 format {} only, with no migration): start from a new data dir",
+                bytes[0],
+                codec::CODEC_VERSION
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Whether the log holds any record, checkpoint or claim (empty trees do not count: reading a
+/// stream creates it).
+fn holds_data(sink: &dyn LogSink) -> Result<bool, StorageError> {
+    if !sink.claims()?.is_empty() {
+        return Ok(true);
+    }
+    for name in sink.stream_names()? {
+        if sink.checkpoint(&name)?.is_some() || !sink.stream(&name)?.read_after(0)?.is_empty() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Streams nobody read (the superblock knows them, or sled has them, but no event or shard
+/// does: an event the catalog lost, say): checked for what was acknowledged in them.
+pub(super) fn check_unread_streams(
+    sink: &dyn LogSink,
+    check: &mut Check,
+    report: &mut RecoveryReport,
+) -> Result<(), StorageError> {
+    let read: BTreeSet<String> = check
+        .found
+        .streams
+        .iter()
+        .map(|s| s.stream.clone())
+        .collect();
+    let mut unread: BTreeSet<String> = check.marks.streams.keys().cloned().collect();
+    unread.extend(sink.stream_names()?);
+    for name in unread.difference(&read) {
+        // Only the frames (version, checksum) of a stream nobody reads can be checked.
+        let replay = check.read_with(sink, name, report, |b| codec::verify(b).map(|_| ()))?;
+        if !replay.records.is_empty() || replay.checkpoint.is_some() {
+            check.found.notes.push(format!(
+                "stream `{name}` is in the log but no event or shard reads it"
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,341 @@
+//! The four gRPC services of `boxoffice.v1` over one shared [`Api`]: the state every call
+//! shares (engine, waiting rooms, tokens, seat maps, join challenges) and what is decided
+//! before the engine is called. The tonic services themselves are in [`grpc`].
+
+pub mod grpc;
+
+use boxoffice_engine::hash::DashMap;
+use std::sync::Arc;
+
+use boxoffice_engine::{
+    Clock, Engine, EventId, EventTerms, EventView, HoldRequest, UserId, check_idempotency_key,
+    check_user_id,
+};
+use boxoffice_proto::v1 as pb;
+use tonic::Request;
+
+use crate::convert;
+use crate::pow::{JoinChallenges, spawn_pruner};
+use crate::seat_maps::SeatMaps;
+use crate::status::ApiError;
+use crate::tokens::{Claims, TokenError, TokenKind, TokenSigner, seed_commitment};
+use crate::waiting_room::{RoomConfig, Standing, WaitingRoom, spawn_admitter};
+
+pub use crate::limits::LIST_PAGE_DEFAULT;
+pub use crate::limits::LIST_PAGE_MAX;
+pub use crate::limits::QUEUE_TOKEN_TTL_MS;
+
+/// The services' shared state, set once recovery has finished (the server sets it; until then
+/// every call answers `UNAVAILABLE` / `NOT_READY`). A cluster node sets it while it leads its
+/// group and takes it back when it stops leading (its calls are then forwarded to the leader:
+/// see [`crate::node::forward`]).
+#[derive(Clone, Default)]
+pub struct Ready(Arc<std::sync::RwLock<Option<Arc<Api>>>>);
+
+impl Ready {
+    /// The state, if set.
+    pub fn get(&self) -> Option<Arc<Api>> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Sets the state (the services answer from now on).
+    pub fn set(&self, api: Arc<Api>) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Some(api);
+    }
+
+    /// Takes the state back (the services answer `NOT_READY` from now on).
+    pub fn take(&self) -> Option<Arc<Api>> {
+        self.0.write().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+/// The state of each Raft group this server serves (index: the group; one on a single node
+/// and in a one-group cluster). A call is served by the group named in its [`GroupOf`]
+/// extension (set by the cluster's routing layer, [`crate::node::forward`]), group 0 without one.
+#[derive(Clone)]
+pub struct Groups(Arc<[Ready]>);
+
+/// The Raft group a call belongs to (a request extension; see [`Groups`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupOf(pub usize);
+
+impl Groups {
+    /// One group's state: a single node's, or a one-group cluster's.
+    pub fn one(ready: Ready) -> Groups {
+        Groups(Arc::from(vec![ready]))
+    }
+
+    /// Each group's state, by index.
+    pub fn new(readies: Vec<Ready>) -> Groups {
+        Groups(Arc::from(readies))
+    }
+
+    /// The state of group `g`, if this server has it.
+    pub fn get(&self, g: usize) -> Option<&Ready> {
+        self.0.get(g)
+    }
+
+    /// How many groups.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there are none (never: a server has at least one group).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The state serving `req`: its group's (group 0 without a [`GroupOf`]; a group this
+    /// server does not have answers as one not ready).
+    pub fn of<T>(&self, req: &Request<T>) -> &Ready {
+        static NONE: std::sync::LazyLock<Ready> = std::sync::LazyLock::new(Ready::default);
+        let g = req.extensions().get::<GroupOf>().map_or(0, |g| g.0);
+        self.0.get(g).unwrap_or(&NONE)
+    }
+}
+
+/// Everything the services share.
+pub struct Api {
+    /// The engine.
+    pub engine: Engine,
+    /// Token signer (and shuffle seeds).
+    pub signer: TokenSigner,
+    /// Wall clock (the engine's).
+    pub clock: Arc<dyn Clock>,
+    /// Most fans per waiting room.
+    pub queue_max: u32,
+    /// Signs e-ticket codes.
+    pub tickets: crate::tickets::TicketSigner,
+    /// Seat maps, built once per change and shared.
+    pub seat_maps: SeatMaps,
+    /// Join challenges (the proof of work before `Join`) and the set of used ones.
+    pub challenges: Arc<JoinChallenges>,
+    rooms: DashMap<EventId, Arc<WaitingRoom>>,
+    admitters: DashMap<EventId, tokio::task::JoinHandle<()>>,
+    pruner: tokio::task::JoinHandle<()>,
+}
+
+impl Api {
+    /// The shared state of the services; join challenges are valid for `join_challenge_ttl_ms`.
+    /// Starts the task that forgets expired used challenges (so it needs a tokio runtime).
+    pub fn new(
+        engine: Engine,
+        signer: TokenSigner,
+        tickets: crate::tickets::TicketSigner,
+        clock: Arc<dyn Clock>,
+        queue_max: u32,
+        seat_maps: SeatMaps,
+        join_challenge_ttl_ms: u64,
+    ) -> Api {
+        let challenges = Arc::new(JoinChallenges::new(join_challenge_ttl_ms));
+        let pruner = spawn_pruner(Arc::downgrade(&challenges), clock.clone());
+        Api {
+            engine,
+            signer,
+            tickets,
+            clock,
+            queue_max,
+            seat_maps,
+            challenges,
+            rooms: DashMap::default(),
+            admitters: DashMap::default(),
+            pruner,
+        }
+    }
+
+    /// The waiting room of an event, resumed from its record (with its admission timer) on
+    /// first use.
+    pub async fn room(&self, event: &EventTerms) -> Result<Arc<WaitingRoom>, ApiError> {
+        if let Some(r) = self.rooms.get(&event.event_id) {
+            return Ok(r.clone());
+        }
+        let line = self
+            .engine
+            .room_line(&event.event_id)
+            .await
+            .map_err(ApiError::from)?;
+        let entry = self.rooms.entry(event.event_id.clone()).or_insert_with(|| {
+            let room = Arc::new(WaitingRoom::resume(
+                RoomConfig {
+                    opens_at_ms: event.sale_opens_at_ms,
+                    admit_rate_per_second: event.admit_rate_per_second,
+                    admission_window_ms: event.admission_window_ms,
+                    queue_max: self.queue_max,
+                    seed: self.signer.shuffle_seed(event.event_id.as_str()),
+                },
+                self.signer.room_epoch(event.event_id.as_str()),
+                &line,
+            ));
+            self.admitters.insert(
+                event.event_id.clone(),
+                spawn_admitter(
+                    &event.event_id,
+                    room.clone(),
+                    self.clock.clone(),
+                    self.engine.clone(),
+                ),
+            );
+            room
+        });
+        Ok(entry.clone())
+    }
+
+    /// The waiting room of an event, if anyone joined it.
+    pub fn existing_room(&self, event_id: &EventId) -> Option<Arc<WaitingRoom>> {
+        self.rooms.get(event_id).map(|r| r.clone())
+    }
+
+    /// Stops every admission timer, and the pruning of used join challenges.
+    pub fn stop(&self) {
+        for a in self.admitters.iter() {
+            a.value().abort();
+        }
+        self.pruner.abort();
+    }
+
+    fn event_proto(&self, e: EventView) -> pb::Event {
+        let now = self.clock.now_ms();
+        let opened = now >= e.spec.sale_opens_at_ms;
+        let seed = self.signer.shuffle_seed(e.event_id.as_str());
+        // The seed is revealed only once the line was actually drawn (a line nobody joined has
+        // nothing to draw): revealing it at the opening instant, before the draw, would let a
+        // bot time its joins against it.
+        let room = self.existing_room(&e.event_id);
+        let drawn = room.as_ref().and_then(|r| r.drawn());
+        let reveal = match &room {
+            Some(r) => r.is_open(),
+            None => opened,
+        };
+        pb::Event {
+            event_id: e.event_id.0.clone(),
+            name: e.spec.name.clone(),
+            sections: e
+                .sections
+                .iter()
+                .map(|s| pb::SectionSummary {
+                    section_id: s.spec.section_id.0.clone(),
+                    name: s.spec.name.clone(),
+                    kind: convert::section_kind(s.spec.kind()),
+                    capacity: s.capacity,
+                    available: s.available,
+                    held: s.held,
+                    sold: s.sold,
+                    price_cents: s.spec.price_cents,
+                })
+                .collect(),
+            hold_ttl_seconds: u32::try_from(e.spec.hold_ttl_ms / 1000).unwrap_or(u32::MAX),
+            per_user_limit: e.spec.per_user_limit,
+            admit_rate_per_second: e.spec.admit_rate_per_second,
+            admission_window_seconds: u32::try_from(e.spec.admission_window_ms / 1000)
+                .unwrap_or(u32::MAX),
+            sale_opens_at_unix_ms: i64::try_from(e.spec.sale_opens_at_ms).unwrap_or(i64::MAX),
+            state: if opened {
+                pb::EventState::OnSale
+            } else {
+                pb::EventState::Scheduled
+            } as i32,
+            shuffle_seed_hash: seed_commitment(&seed),
+            shuffle_seed: if reveal {
+                hex::encode(seed)
+            } else {
+                String::new()
+            },
+            shuffled_fans: u64::from(drawn.unwrap_or(0)),
+            join_pow_difficulty_bits: e.spec.join_pow_difficulty_bits,
+        }
+    }
+
+    /// Checks the admission token of a hold or a waitlist join: bound to the event and user,
+    /// admitted, in window.
+    /// A queue token is accepted too once its position is admitted.
+    async fn check_admission(
+        &self,
+        token: &str,
+        event: &EventTerms,
+        user: &str,
+    ) -> Result<(), ApiError> {
+        convert::required_token("admission_token", token)?;
+        let now = self.clock.now_ms();
+        let event_id = event.event_id.as_str();
+        match self
+            .signer
+            .verify(token, TokenKind::Admission, Some(event_id), Some(user), now)
+        {
+            Ok(_) => return Ok(()),
+            Err(TokenError::Expired) => return Err(ApiError::TokenExpired),
+            Err(TokenError::Invalid) => {}
+        }
+        // Maybe a queue token: then it depends on the fan's standing.
+        match self
+            .signer
+            .verify(token, TokenKind::Queue, Some(event_id), Some(user), now)
+        {
+            Ok(q) if q.epoch != self.signer.room_epoch(event_id) => Err(ApiError::TokenExpired),
+            Ok(q) => match self.room(event).await?.standing(join_number(&q)?, now) {
+                Standing::Admitted { .. } => Ok(()),
+                Standing::Expired { .. } => Err(ApiError::TokenExpired),
+                Standing::BeforeOpening { .. } | Standing::Waiting { .. } => {
+                    Err(ApiError::NotAdmitted)
+                }
+            },
+            Err(TokenError::Expired) => Err(ApiError::TokenExpired),
+            Err(TokenError::Invalid) => Err(ApiError::TokenInvalid("admission_token")),
+        }
+    }
+}
+
+/// A hold request past its admission check: to place, or answered by its key's first answer.
+enum Admitted {
+    Hold(HoldRequest),
+    Replayed(boxoffice_engine::HoldView),
+}
+
+impl Api {
+    /// The admission check of a hold. A replay returns the first answer even once the
+    /// admission window has closed.
+    async fn admitted(
+        &self,
+        hold: HoldRequest,
+        token: &str,
+        event: &EventTerms,
+    ) -> Result<Admitted, ApiError> {
+        match self
+            .check_admission(token, event, hold.user_id.as_str())
+            .await
+        {
+            Ok(()) => Ok(Admitted::Hold(hold)),
+            Err(ApiError::TokenExpired) => match self.engine.replayed_hold(&hold).await? {
+                Some(first) => Ok(Admitted::Replayed(first?)),
+                None => Err(ApiError::TokenExpired),
+            },
+            Err(e) => Err(e),
+        }
+    }
+
+    /// One item of a `HoldBatch`, checked as a `Hold` of the batch's event is.
+    async fn batch_item(
+        &self,
+        event_id: &EventId,
+        event: &EventTerms,
+        item: pb::HoldBatchItem,
+    ) -> Result<Admitted, ApiError> {
+        user_id(&item.user_id)?;
+        check_idempotency_key(&item.idempotency_key)?;
+        let selection = convert::selection(item.selection.map(convert::batch_selection))?;
+        let hold = HoldRequest {
+            event_id: event_id.clone(),
+            user_id: UserId(item.user_id),
+            idempotency_key: item.idempotency_key,
+            selection,
+        };
+        self.admitted(hold, &item.admission_token, event).await
+    }
+}
+
+fn join_number(q: &Claims) -> Result<u32, ApiError> {
+    u32::try_from(q.number).map_err(|_| ApiError::TokenInvalid("queue_token"))
+}
+
+pub(crate) fn user_id(v: &str) -> Result<(), ApiError> {
+    check_user_id(&UserId(v.to_owned())).map_err(ApiError::from)
+}
