@@ -166,7 +166,18 @@ impl Engine {
         plans: Vec<(usize, HoldPlan)>,
         out: &mut [Result<HoldView, EngineError>],
     ) {
-        // 2. Quota and keys, all shards at once.
+        let go = self.begin_round(plans, out).await;
+        let placed = self.place_round(&go).await;
+        self.settle_round(go, placed, out).await;
+    }
+
+    /// Step 2, quota and keys, all shards at once: the plans that go on (a replayed or refused one
+    /// is answered in `out`).
+    async fn begin_round(
+        &self,
+        plans: Vec<(usize, HoldPlan)>,
+        out: &mut [Result<HoldView, EngineError>],
+    ) -> Vec<(usize, HoldPlan)> {
         let now = self.now_ms();
         let begun = self
             .inner
@@ -181,46 +192,21 @@ impl Engine {
                 Err(e) => out[i] = Err(e),
             }
         }
-        // 3. The places: one message per section for holds of one section (placed in the
-        //    order given); then each hold in "any section", trying them one by one as a single
-        //    hold does (these concurrently with each other).
-        let mut by_section: Vec<(Arc<EventEntry>, SectionId, Vec<usize>)> = Vec::new();
-        let mut anywhere = Vec::new();
-        for (k, (_, plan)) in go.iter().enumerate() {
-            if let [section] = plan.candidates.as_slice() {
-                match by_section
-                    .iter_mut()
-                    .find(|(e, s, _)| e.event_id == plan.event.event_id && s == section)
-                {
-                    Some((_, _, ks)) => ks.push(k),
-                    None => by_section.push((plan.event.clone(), section.clone(), vec![k])),
-                }
-            } else {
-                anywhere.push(k);
-            }
-        }
+        go
+    }
+
+    /// Step 3, the places: one message per section for holds of one section (placed in the order
+    /// given; those a durable snapshot says are sold out answered without asking); then each
+    /// hold in "any section", trying them one by one as a single hold does (these concurrently
+    /// with each other). Each plan's answer, by its place in `go`.
+    async fn place_round(
+        &self,
+        go: &[(usize, HoldPlan)],
+    ) -> Vec<Option<Result<HoldView, EngineError>>> {
         let mut placed: Vec<Option<Result<HoldView, EngineError>>> =
             (0..go.len()).map(|_| None).collect();
-        let mut sections = Vec::with_capacity(by_section.len());
-        for (event, section, ks) in by_section {
-            // Sold out by a durable snapshot: those items are answered here (see
-            // `sold_out_durably`); the section is asked only about the others.
-            let ks = match self.durably_free(&event, &section) {
-                Some((free, sold_out)) => {
-                    let (out, ask): (Vec<usize>, Vec<usize>) =
-                        ks.into_iter().partition(|&k| go[k].1.sold_out_at(free));
-                    sold_out.increment(out.len() as u64);
-                    for k in out {
-                        placed[k] = Some(Err(Rejection::SoldOut.into()));
-                    }
-                    ask
-                }
-                None => ks,
-            };
-            if !ks.is_empty() {
-                sections.push((event, section, ks));
-            }
-        }
+        let (by_section, anywhere) = by_section(go);
+        let sections = self.skip_sold_out(go, by_section, &mut placed);
         let sections = sections.into_iter().map(|(event, section, ks)| {
             let cmds = ks
                 .iter()
@@ -256,8 +242,46 @@ impl Engine {
         for (k, a) in singles {
             placed[k] = Some(a);
         }
-        // 4. Settle: successes with a key are recorded without waiting, failures give their
-        //    quota back (and record a keyed refusal) before anyone hears of them.
+        placed
+    }
+
+    /// Answers `SOLD_OUT` in `placed` for the items of each section that a snapshot of durable
+    /// state says are sold out (see `sold_out_durably`): the sections to ask about the others.
+    fn skip_sold_out(
+        &self,
+        go: &[(usize, HoldPlan)],
+        by_section: Vec<SectionItems>,
+        placed: &mut [Option<Result<HoldView, EngineError>>],
+    ) -> Vec<SectionItems> {
+        let mut sections = Vec::with_capacity(by_section.len());
+        for (event, section, ks) in by_section {
+            let ks = match self.durably_free(&event, &section) {
+                Some((free, sold_out)) => {
+                    let (out, ask): (Vec<usize>, Vec<usize>) =
+                        ks.into_iter().partition(|&k| go[k].1.sold_out_at(free));
+                    sold_out.increment(out.len() as u64);
+                    for k in out {
+                        placed[k] = Some(Err(Rejection::SoldOut.into()));
+                    }
+                    ask
+                }
+                None => ks,
+            };
+            if !ks.is_empty() {
+                sections.push((event, section, ks));
+            }
+        }
+        sections
+    }
+
+    /// Step 4, settle: successes with a key are recorded without waiting, failures give their quota
+    /// back (and record a keyed refusal) before anyone hears of them; every answer into `out`.
+    async fn settle_round(
+        &self,
+        go: Vec<(usize, HoldPlan)>,
+        placed: Vec<Option<Result<HoldView, EngineError>>>,
+        out: &mut [Result<HoldView, EngineError>],
+    ) {
         let now = self.now_ms();
         let mut settled = Vec::new();
         let (mut failed, mut failed_at, mut refunds) = (Vec::new(), Vec::new(), Vec::new());
@@ -640,4 +664,28 @@ fn hold_plan(
             Ok((candidates, *quantity, Pick::Best(*quantity)))
         }
     }
+}
+
+/// The items of a round for one section: the event, the section, their places in the round.
+type SectionItems = (Arc<EventEntry>, SectionId, Vec<usize>);
+
+/// The plans of a round for exactly one section, grouped by section (in the order first
+/// named), and the places of those for any section.
+fn by_section(go: &[(usize, HoldPlan)]) -> (Vec<SectionItems>, Vec<usize>) {
+    let mut by_section: Vec<SectionItems> = Vec::new();
+    let mut anywhere = Vec::new();
+    for (k, (_, plan)) in go.iter().enumerate() {
+        if let [section] = plan.candidates.as_slice() {
+            match by_section
+                .iter_mut()
+                .find(|(e, s, _)| e.event_id == plan.event.event_id && s == section)
+            {
+                Some((_, _, ks)) => ks.push(k),
+                None => by_section.push((plan.event.clone(), section.clone(), vec![k])),
+            }
+        } else {
+            anywhere.push(k);
+        }
+    }
+    (by_section, anywhere)
 }

@@ -19,7 +19,7 @@ use crate::core::SectionCore;
 use crate::error::{EngineError, Rejection, StorageError};
 use crate::ledger::Ledger;
 use crate::payment::{PaymentProvider, SimulatedProvider};
-use crate::recovery::{CatalogEntry, RecoverWith, RecoveryReport, recover};
+use crate::recovery::{CatalogEntry, RecoverWith, Recovered, RecoveryReport, recover};
 use crate::router::Router;
 use crate::section::{Listener, Notices, SectionMsg};
 use crate::store::{LogSink, SledSink, Store, StreamWriter, names};
@@ -121,6 +121,107 @@ fn open_payments(
     Ok(provider)
 }
 
+/// Replays the log off the runtime: from a cluster node's warm state if it kept one with this
+/// `window_ms` (the log read in full if that fails), else the whole log. The log's files as
+/// they were before this start are kept as evidence when damage was found or recovery failed,
+/// and dropped otherwise.
+async fn recover_log(
+    config: &EngineConfig,
+    sink: &Arc<dyn LogSink>,
+    window_ms: u64,
+) -> Result<(Recovered, RecoveryReport), EngineError> {
+    let with = RecoverWith {
+        ledger_shards: config.ledger_shards,
+        window_ms,
+        now_ms: config.clock.now_ms(),
+        mode: config.recovery_mode,
+        replicated: config.replicate.is_some(),
+    };
+    let warm = config
+        .warm
+        .as_ref()
+        .and_then(|w| w.take())
+        .filter(|(_, kept_ms)| *kept_ms == window_ms)
+        .map(|(replayed, _)| replayed);
+    let sink_ref = sink.clone();
+    let (recovered, mut report) = crate::rt::blocking(move || {
+        let mut report = RecoveryReport::default();
+        let r = match warm {
+            Some(replayed) => {
+                match crate::recovery::recover_warm(sink_ref.as_ref(), replayed, &with, &mut report)
+                {
+                    Ok(r) => Ok(r),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "a warm start failed: reading the log");
+                        report = RecoveryReport::default();
+                        recover(sink_ref.as_ref(), &with, &mut report)
+                    }
+                }
+            }
+            None => recover(sink_ref.as_ref(), &with, &mut report),
+        };
+        (r, report)
+    })
+    .await
+    .map_err(|e| StorageError::Io(format!("recovery failed: {e}")))?;
+    let recovered = keep_evidence(sink.as_ref(), recovered, &mut report)?;
+    Ok((recovered, report))
+}
+
+/// What recovery gave, with the log's files as they were kept as evidence when it found damage
+/// (accepted, or refusing the start) or failed, and dropped when all was well.
+fn keep_evidence(
+    sink: &dyn LogSink,
+    recovered: Result<Recovered, StorageError>,
+    report: &mut RecoveryReport,
+) -> Result<Recovered, EngineError> {
+    match recovered {
+        Ok(r) if report.integrity.damage.is_empty() => {
+            sink.drop_evidence();
+            Ok(r)
+        }
+        Ok(r) => {
+            if let Some(kept) = sink.keep_evidence() {
+                report.integrity.actions.push(format!(
+                    "kept the log's files as they were before this start in {kept}"
+                ));
+            }
+            Ok(r)
+        }
+        Err(StorageError::Damaged { count, summary, .. }) => {
+            let evidence = sink.keep_evidence();
+            Err(StorageError::Damaged {
+                count,
+                summary,
+                evidence,
+            }
+            .into())
+        }
+        Err(e) => {
+            if let Some(kept) = sink.keep_evidence() {
+                tracing::error!(error = %e, kept, "recovery failed; the log's files as they were are kept");
+            }
+            Err(e.into())
+        }
+    }
+}
+
+/// The waiting rooms' streams, each opened after its last recovered record.
+fn open_rooms(
+    sink: &dyn LogSink,
+    recovered: HashMap<EventId, (crate::rooms::RoomLine, u64)>,
+) -> Result<crate::rooms::Rooms, EngineError> {
+    let rooms = crate::rooms::Rooms::default();
+    for (event_id, (line, last)) in recovered {
+        let stream = StreamWriter::open(sink, &names::room(&event_id), last)?;
+        rooms.insert(
+            event_id,
+            Arc::new(Mutex::new(crate::rooms::RoomWriter { stream, line })),
+        );
+    }
+    Ok(rooms)
+}
+
 impl Engine {
     /// Opens (or creates) the log, replays it and starts the actors. Returns once the engine is
     /// ready to serve.
@@ -128,83 +229,31 @@ impl Engine {
         let started = Instant::now();
         let window_ms = config.idempotency_window_ms()?;
         let sink = open_sink(&config).await?;
-        let mut report = RecoveryReport::default();
         if config.recovery_mode == crate::integrity::RecoveryMode::Verify {
             return Err(
                 StorageError::Io("an engine cannot open a log in verify mode".into()).into(),
             );
         }
-        let with = RecoverWith {
-            ledger_shards: config.ledger_shards,
-            window_ms,
-            now_ms: config.clock.now_ms(),
-            mode: config.recovery_mode,
-            replicated: config.replicate.is_some(),
-        };
-        let sink_ref = sink.clone();
-        // A cluster node's warm state, if it kept one with this engine's window.
-        let warm = config
-            .warm
-            .as_ref()
-            .and_then(|w| w.take())
-            .filter(|(_, kept_ms)| *kept_ms == window_ms)
-            .map(|(replayed, _)| replayed);
-        let (recovered, report_back) = crate::rt::blocking(move || {
-            let r = match warm {
-                Some(replayed) => {
-                    let mut warm_report = RecoveryReport::default();
-                    match crate::recovery::recover_warm(
-                        sink_ref.as_ref(),
-                        replayed,
-                        &with,
-                        &mut warm_report,
-                    ) {
-                        Ok(r) => {
-                            report = warm_report;
-                            Ok(r)
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "a warm start failed: reading the log");
-                            recover(sink_ref.as_ref(), &with, &mut report)
-                        }
-                    }
-                }
-                None => recover(sink_ref.as_ref(), &with, &mut report),
-            };
-            (r, report)
-        })
-        .await
-        .map_err(|e| StorageError::Io(format!("recovery failed: {e}")))?;
-        let mut report = report_back;
-        let recovered = match recovered {
-            Ok(r) if report.integrity.damage.is_empty() => {
-                sink.drop_evidence();
-                r
-            }
-            Ok(r) => {
-                if let Some(kept) = sink.keep_evidence() {
-                    report.integrity.actions.push(format!(
-                        "kept the log's files as they were before this start in {kept}"
-                    ));
-                }
-                r
-            }
-            Err(StorageError::Damaged { count, summary, .. }) => {
-                let evidence = sink.keep_evidence();
-                return Err(StorageError::Damaged {
-                    count,
-                    summary,
-                    evidence,
-                }
-                .into());
-            }
-            Err(e) => {
-                if let Some(kept) = sink.keep_evidence() {
-                    tracing::error!(error = %e, kept, "recovery failed; the log's files as they were are kept");
-                }
-                return Err(e.into());
-            }
-        };
+        let (mut recovered, mut report) = recover_log(&config, &sink, window_ms).await?;
+        let events = std::mem::take(&mut recovered.events);
+        let cores = std::mem::take(&mut recovered.cores);
+        let engine = Engine::start_actors(config, sink, recovered).await?;
+        engine.start_recovered(events, cores).await?;
+        report.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        metrics::gauge!("boxoffice_engine_recovery_seconds").set(started.elapsed().as_secs_f64());
+        tracing::info!(?report, "engine recovered");
+        let _ = engine.inner.recovery.set(report);
+        engine.inner.ready.store(true, Ordering::SeqCst);
+        Ok(engine)
+    }
+
+    /// Starts the store (the group commit), the supervisor, the ledger shards and the waitlist
+    /// from what recovery rebuilt; the sections start after ([`Engine::start_recovered`]).
+    async fn start_actors(
+        config: EngineConfig,
+        sink: Arc<dyn LogSink>,
+        recovered: Recovered,
+    ) -> Result<Engine, EngineError> {
         let store = Arc::new(Store::start(
             sink.clone(),
             config.durability,
@@ -223,35 +272,23 @@ impl Engine {
         )
         .await
         .map_err(|e| StorageError::Io(format!("cannot start the supervisor: {e}")))?;
+        let (ledger_states, ledger_last) = (recovered.ledger_states, recovered.ledger_last);
         let ledger = spawn_ledger(
-            recovered.ledger_states,
-            &recovered.ledger_last,
+            ledger_states,
+            &ledger_last,
             &store,
             &config,
             &supervisor,
             &roles,
         )
         .await?;
-        let waitlist = spawn_waitlist(
-            recovered.waitlist,
-            recovered.waitlist_last,
-            &store,
-            &config,
-            &supervisor,
-            &roles,
-        )
-        .await?;
+        let (list, list_last) = (recovered.waitlist, recovered.waitlist_last);
+        let waitlist =
+            spawn_waitlist(list, list_last, &store, &config, &supervisor, &roles).await?;
         let catalog = StreamWriter::open(sink.as_ref(), names::CATALOG, recovered.catalog_last)?;
-        let rooms = crate::rooms::Rooms::default();
-        for (event_id, (line, last)) in recovered.rooms {
-            let stream = StreamWriter::open(sink.as_ref(), &names::room(&event_id), last)?;
-            rooms.insert(
-                event_id,
-                Arc::new(Mutex::new(crate::rooms::RoomWriter { stream, line })),
-            );
-        }
         let inner = Arc::new(Inner {
             payments: open_payments(&config, sink.as_ref())?,
+            rooms: open_rooms(sink.as_ref(), recovered.rooms)?,
             config,
             store,
             ledger,
@@ -266,20 +303,11 @@ impl Engine {
             roles,
             restarts: AtomicU64::new(0),
             orphans: Default::default(),
-            rooms,
         });
         let _ = engine_slot.set(Arc::downgrade(&inner));
         let engine = Engine { inner };
         // Nobody supervises the supervisor: its children die with it.
         engine.stop_when_ended("the engine's supervisor", supervisor_done);
-        engine
-            .start_recovered(recovered.events, recovered.cores)
-            .await?;
-        report.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        metrics::gauge!("boxoffice_engine_recovery_seconds").set(started.elapsed().as_secs_f64());
-        tracing::info!(?report, "engine recovered");
-        let _ = engine.inner.recovery.set(report);
-        engine.inner.ready.store(true, Ordering::SeqCst);
         Ok(engine)
     }
 

@@ -308,6 +308,41 @@ pub(crate) fn checkpoint_key(d: &Damage) -> String {
     }
 }
 
+/// The checkpoint of stream `name`, if it has one that decodes (a damaged one is noted in
+/// `found` and not used).
+fn read_checkpoint(
+    sink: &dyn LogSink,
+    name: &str,
+    marks: &Marks,
+    found: &mut Findings,
+) -> Result<Option<(u64, Vec<u8>)>, StorageError> {
+    Ok(match sink.checkpoint(name)? {
+        None => None,
+        Some(bytes) => match codec::decode::<(u64, Vec<u8>)>(&bytes) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                found.checkpoint_damage(marks, name, &bytes, e.to_string());
+                None
+            }
+        },
+    })
+}
+
+/// Notes in `found` the stream read (`summary`), and the records it lacks that were
+/// acknowledged (past its last one there).
+fn close_stream(summary: StreamSummary, marks: &Marks, found: &mut Findings) {
+    let (name, present, acknowledged) = (&summary.stream, summary.last, summary.acknowledged);
+    if present < acknowledged {
+        let missing = Damage::Missing {
+            stream: name.clone(),
+            from: present + 1,
+            to: acknowledged,
+        };
+        found.damage_at(marks, name, present + 1, acknowledged, missing);
+    }
+    found.streams.push(summary);
+}
+
 /// Reads and checks a stream: its checkpoint, then every record after it, against the stream's
 /// high-water mark in `marks`. Damage goes to `found` (and the bad record is skipped). A last
 /// record past the mark that does not decode is a torn write (`dropped_tail`: the caller plans
@@ -327,26 +362,15 @@ pub(crate) fn read_stream<T>(
     decode: impl Fn(&[u8]) -> Result<T, codec::DecodeError>,
 ) -> Result<Replay<T>, StorageError> {
     let acknowledged = marks.of(name);
-    let checkpoint = match sink.checkpoint(name)? {
-        None => None,
-        Some(bytes) => match codec::decode::<(u64, Vec<u8>)>(&bytes) {
-            Ok(c) => Some(c),
-            Err(e) => {
-                found.checkpoint_damage(marks, name, &bytes, e.to_string());
-                None
-            }
-        },
-    };
+    let checkpoint = read_checkpoint(sink, name, marks, found)?;
     let after = checkpoint.as_ref().map_or(0, |(s, _)| *s);
     let stored = if stored {
         sink.stream(name)?.read_after(after)?
     } else {
         Vec::new()
     };
-    let mut expected = after + 1;
+    let (mut expected, mut read, mut dropped_tail) = (after + 1, 0u64, false);
     let mut records = Vec::new();
-    let mut dropped_tail = false;
-    let mut read = 0u64;
     let mut iter = stored.into_iter().peekable();
     while let Some((seq, value)) = iter.next() {
         if seq > expected {
@@ -381,21 +405,14 @@ pub(crate) fn read_stream<T>(
         }
     }
     let present = expected - 1;
-    if present < acknowledged {
-        let missing = Damage::Missing {
-            stream: name.to_owned(),
-            from: present + 1,
-            to: acknowledged,
-        };
-        found.damage_at(marks, name, present + 1, acknowledged, missing);
-    }
-    found.streams.push(StreamSummary {
+    let summary = StreamSummary {
         stream: name.to_owned(),
         checkpoint: checkpoint.as_ref().map(|(s, _)| *s),
         records: read,
         last: present,
         acknowledged,
-    });
+    };
+    close_stream(summary, marks, found);
     Ok(Replay {
         checkpoint,
         records,

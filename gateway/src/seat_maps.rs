@@ -118,18 +118,15 @@ impl SeatMaps {
             .clone())
     }
 
-    /// The answer to `ask`: the shared maps of its sections, within the size limit.
-    pub async fn read(
+    /// The sections `ask` wants of `event`: one (its `first_row` within it), or all of them if
+    /// the whole event's map fits the limit.
+    fn chosen<'e>(
         &self,
-        engine: &Engine,
-        clock: &dyn Clock,
-        ask: SeatMapAsk,
-    ) -> Result<SeatMapReply, ApiError> {
-        engine.check_reads()?;
-        self.drop_idle(clock.now_ms());
-        let event = self.event(engine, &ask.event_id)?;
-        let header = event_header_len(ask.event_id.as_str());
-        let chosen: Vec<&Arc<SectionMaps>> = match &ask.section {
+        event: &'e EventMaps,
+        ask: &SeatMapAsk,
+        header: usize,
+    ) -> Result<Vec<&'e Arc<SectionMaps>>, ApiError> {
+        Ok(match &ask.section {
             Some(id) => {
                 let s = event
                     .sections
@@ -162,7 +159,21 @@ impl SeatMaps {
                 }
                 event.sections.iter().collect()
             }
-        };
+        })
+    }
+
+    /// The answer to `ask`: the shared maps of its sections, within the size limit.
+    pub async fn read(
+        &self,
+        engine: &Engine,
+        clock: &dyn Clock,
+        ask: SeatMapAsk,
+    ) -> Result<SeatMapReply, ApiError> {
+        engine.check_reads()?;
+        self.drop_idle(clock.now_ms());
+        let event = self.event(engine, &ask.event_id)?;
+        let header = event_header_len(ask.event_id.as_str());
+        let chosen = self.chosen(&event, &ask, header)?;
         let mut sections = Vec::with_capacity(chosen.len());
         let mut next_first_row = 0;
         for s in chosen {

@@ -101,6 +101,16 @@ impl SectionCore {
                 self.held, self.sold
             ));
         }
+        self.check_indexes()?;
+        if self.is_reserved() {
+            self.check_seats(owned)?;
+        }
+        Ok(())
+    }
+
+    /// The deadline index has exactly the active holds, the index of ended holds to forget
+    /// exactly the released and expired ones.
+    fn check_indexes(&self) -> Result<(), String> {
         if self.deadlines.len()
             != self
                 .holds
@@ -125,9 +135,6 @@ impl SectionCore {
                 "{ended} ended holds but {} in the index of holds to forget",
                 self.ended.len()
             ));
-        }
-        if self.is_reserved() {
-            self.check_seats(owned)?;
         }
         Ok(())
     }

@@ -735,38 +735,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut at = self.turn.lock().await;
         self.warm
             .drop_state("a snapshot from the leader replaced this node's copy");
-        // Every tree the log has now or the snapshot brings, then Raft's state machine tree.
-        let mut trees = self.log_trees()?;
-        for (name, _) in &content.trees {
-            if !trees.contains(name) {
-                trees.push(name.clone());
-            }
-        }
-        let mut changes = Vec::new();
-        for name in &trees {
-            let old = self
-                .node
-                .kv
-                .tree(name)
-                .and_then(|t| t.pairs())
-                .map_err(io(StorageIOError::write_state_machine))?;
-            for (key, _) in old {
-                changes.push(Change {
-                    tree: name.clone(),
-                    key,
-                    value: None,
-                });
-            }
-            if let Some((_, kvs)) = content.trees.iter().find(|(n, _)| n == name) {
-                for (key, value) in kvs {
-                    changes.push(Change {
-                        tree: name.clone(),
-                        key: key.clone(),
-                        value: Some(value.clone()),
-                    });
-                }
-            }
-        }
+        let mut changes = self.replaced_by(&content)?;
         let sm = format!("{}sm", names::RAFT_TREES_PREFIX);
         let mut put = |key: &[u8], value: Vec<u8>| {
             changes.push(Change {
@@ -819,6 +788,46 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             meta,
             snapshot: Box::new(Cursor::new(bytes)),
         }))
+    }
+}
+
+impl StateMachine {
+    /// The changes that make every tree the log has now, or `content` brings, hold exactly
+    /// what `content` holds (Raft's state machine tree aside).
+    fn replaced_by(&self, content: &SnapshotContent) -> Result<Vec<Change>> {
+        // Every tree the log has now or the snapshot brings, then Raft's state machine tree.
+        let mut trees = self.log_trees()?;
+        for (name, _) in &content.trees {
+            if !trees.contains(name) {
+                trees.push(name.clone());
+            }
+        }
+        let mut changes = Vec::new();
+        for name in &trees {
+            let old = self
+                .node
+                .kv
+                .tree(name)
+                .and_then(|t| t.pairs())
+                .map_err(io(StorageIOError::write_state_machine))?;
+            for (key, _) in old {
+                changes.push(Change {
+                    tree: name.clone(),
+                    key,
+                    value: None,
+                });
+            }
+            if let Some((_, kvs)) = content.trees.iter().find(|(n, _)| n == name) {
+                for (key, value) in kvs {
+                    changes.push(Change {
+                        tree: name.clone(),
+                        key: key.clone(),
+                        value: Some(value.clone()),
+                    });
+                }
+            }
+        }
+        Ok(changes)
     }
 }
 

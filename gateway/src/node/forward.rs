@@ -259,42 +259,55 @@ where
         }
         // Several groups: the request names its event (directly, or in a hold, order, entry
         // or queue token); the body is read to find it.
-        Box::pin(async move {
-            let (parts, body) = req.into_parts();
-            let bytes = match http_body_util::Limited::new(body, MESSAGE_BYTES_MAX + FRAME_HEADER)
-                .collect()
-                .await
-            {
-                Ok(c) => c.to_bytes(),
-                Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-                    // As the services answer a request over the limit.
-                    let too_big = boxoffice_engine::Rejection::invalid(
-                        "request",
-                        format!("over {MESSAGE_BYTES_MAX} bytes"),
-                    );
-                    return Ok(answer(tonic::Status::from(ApiError::from(too_big))));
-                }
-                Err(_) => {
-                    return Ok(answer(tonic::Status::cancelled(
-                        "the request's body could not be read (the caller went away?)",
-                    )));
-                }
-            };
-            let path = parts.uri.path().to_owned();
-            let (route, bytes) = route_of(&path, &parts.headers, bytes);
-            let g = match route {
-                Route::All => return list_all(f, inner, parts, bytes).await,
-                Route::Event(event) => group_of_event(&event, f.group_count()),
-                // Not a request the services can read: any group answers its error.
-                Route::Unknown => 0,
-            };
-            let mut parts = parts;
-            // The body may have been rewritten (a CreateEvent given its id): its own length.
-            parts.headers.remove(http::header::CONTENT_LENGTH);
-            let req = http::Request::from_parts(parts, Body::new(Full::new(bytes)));
-            dispatch(f, inner, g, req).await
-        })
+        Box::pin(by_event(f, inner, req))
     }
+}
+
+/// Serves or forwards a call of a node with several groups: its body is read to find the event
+/// it names (directly, or in a hold, order, entry or queue token), whose group it goes to.
+async fn by_event<S>(
+    f: Arc<Forwarder>,
+    inner: S,
+    req: http::Request<Body>,
+) -> Result<http::Response<Body>, S::Error>
+where
+    S: Service<http::Request<Body>, Response = http::Response<Body>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    let (parts, body) = req.into_parts();
+    let bytes = match http_body_util::Limited::new(body, MESSAGE_BYTES_MAX + FRAME_HEADER)
+        .collect()
+        .await
+    {
+        Ok(c) => c.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            // As the services answer a request over the limit.
+            let too_big = boxoffice_engine::Rejection::invalid(
+                "request",
+                format!("over {MESSAGE_BYTES_MAX} bytes"),
+            );
+            return Ok(answer(tonic::Status::from(ApiError::from(too_big))));
+        }
+        Err(_) => {
+            return Ok(answer(tonic::Status::cancelled(
+                "the request's body could not be read (the caller went away?)",
+            )));
+        }
+    };
+    let path = parts.uri.path().to_owned();
+    let (route, bytes) = route_of(&path, &parts.headers, bytes);
+    let g = match route {
+        Route::All => return list_all(f, inner, parts, bytes).await,
+        Route::Event(event) => group_of_event(&event, f.group_count()),
+        // Not a request the services can read: any group answers its error.
+        Route::Unknown => 0,
+    };
+    let mut parts = parts;
+    // The body may have been rewritten (a CreateEvent given its id): its own length.
+    parts.headers.remove(http::header::CONTENT_LENGTH);
+    let req = http::Request::from_parts(parts, Body::new(Full::new(bytes)));
+    dispatch(f, inner, g, req).await
 }
 
 /// Serves a call of group `g` here if this node serves that group (or nobody is known to: the
@@ -430,19 +443,8 @@ fn route_of(path: &str, headers: &http::HeaderMap, body: bytes::Bytes) -> (Route
     let route = match path {
         "/boxoffice.v1.EventService/ListEvents" => Route::All,
         "/boxoffice.v1.EventService/CreateEvent" => {
-            let Ok(mut m) = pb::CreateEventRequest::decode(&*msg) else {
-                return (Route::Unknown, body);
-            };
-            if !m.event_id.is_empty() {
-                Route::Event(m.event_id)
-            } else if !m.idempotency_key.is_empty() {
-                // The id the engine derives from the key: every retry lands in one group.
-                Route::Event(boxoffice_engine::event_id_of_key(&m.idempotency_key).0)
-            } else {
-                m.event_id = format!("ev-{}", boxoffice_engine::rt::ulid()).to_lowercase();
-                let event = m.event_id.clone();
-                return (Route::Event(event), frame(&m.encode_to_vec()));
-            }
+            let msg = msg.into_owned();
+            return create_route(&msg, body);
         }
         "/boxoffice.v1.EventService/GetEvent" => {
             ev(&msg, |m: pb::GetEventRequest| Some(m.event_id))
@@ -484,6 +486,55 @@ fn route_of(path: &str, headers: &http::HeaderMap, body: bytes::Bytes) -> (Route
         _ => Route::Unknown,
     };
     (route, body)
+}
+
+/// The route of a `CreateEvent` (see [`route_of`]): its event id, the one the engine derives
+/// from its idempotency key (every retry lands in one group), or one made here, written into
+/// the body sent on.
+fn create_route(msg: &[u8], body: bytes::Bytes) -> (Route, bytes::Bytes) {
+    use prost::Message;
+    let Ok(mut m) = boxoffice_proto::v1::CreateEventRequest::decode(msg) else {
+        return (Route::Unknown, body);
+    };
+    if !m.event_id.is_empty() {
+        (Route::Event(m.event_id), body)
+    } else if !m.idempotency_key.is_empty() {
+        let event = boxoffice_engine::event_id_of_key(&m.idempotency_key).0;
+        (Route::Event(event), body)
+    } else {
+        m.event_id = format!("ev-{}", boxoffice_engine::rt::ulid()).to_lowercase();
+        let event = m.event_id.clone();
+        (Route::Event(event), frame(&m.encode_to_vec()))
+    }
+}
+
+/// The `ListEvents` request `sub` of group `g`, with the caller's key and deadline (this
+/// request's own framing and encodings).
+fn list_request(
+    caller: &http::HeaderMap,
+    g: u32,
+    sub: &boxoffice_proto::v1::ListEventsRequest,
+) -> Result<http::Request<Body>, tonic::Status> {
+    use prost::Message;
+    let mut req = http::Request::post("/boxoffice.v1.EventService/ListEvents")
+        .body(Body::new(Full::new(frame(&sub.encode_to_vec()))))
+        .map_err(|e| tonic::Status::internal(e.to_string()))?;
+    for (name, value) in caller {
+        if !matches!(
+            name.as_str(),
+            "content-length" | "grpc-encoding" | "grpc-accept-encoding" | "content-type" | "te"
+        ) {
+            req.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    req.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    req.headers_mut()
+        .insert(http::header::TE, http::HeaderValue::from_static("trailers"));
+    req.extensions_mut().insert(GroupOf(g as usize));
+    Ok(req)
 }
 
 /// `ListEvents` over several groups: each group's page (served here, or by its leader), merged
@@ -593,25 +644,7 @@ where
     S: Service<http::Request<Body>, Response = http::Response<Body>>,
 {
     use prost::Message;
-    let mut req = http::Request::post("/boxoffice.v1.EventService/ListEvents")
-        .body(Body::new(Full::new(frame(&sub.encode_to_vec()))))
-        .map_err(|e| tonic::Status::internal(e.to_string()))?;
-    for (name, value) in caller {
-        // The caller's key and deadline; this request's own framing and encodings.
-        if !matches!(
-            name.as_str(),
-            "content-length" | "grpc-encoding" | "grpc-accept-encoding" | "content-type" | "te"
-        ) {
-            req.headers_mut().insert(name.clone(), value.clone());
-        }
-    }
-    req.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/grpc"),
-    );
-    req.headers_mut()
-        .insert(http::header::TE, http::HeaderValue::from_static("trailers"));
-    req.extensions_mut().insert(GroupOf(g as usize));
+    let mut req = list_request(caller, g, sub)?;
     let res = if f.serves(g) {
         inner
             .call(req)
@@ -622,12 +655,7 @@ where
             return Err(tonic::Status::from(ApiError::NotReady));
         };
         f.mark(req.headers_mut(), g);
-        let sent = tokio::time::timeout(FORWARD_TIMEOUT, async {
-            let ready = tower::ServiceExt::ready(&mut channel).await?;
-            ready.call(req).await
-        })
-        .await;
-        match sent {
+        match tokio::time::timeout(FORWARD_TIMEOUT, send(&mut channel, req)).await {
             Ok(Ok(res)) => res,
             _ => return Err(tonic::Status::from(ApiError::NotReady)),
         }

@@ -16,7 +16,7 @@ use crate::convert;
 use crate::seat_maps::{SeatMapAsk, SeatMapReply};
 use crate::status::ApiError;
 use crate::tokens::{Claims, TokenError, TokenKind};
-use crate::waiting_room::{JoinError, Standing};
+use crate::waiting_room::{JoinError, Standing, WaitingRoom};
 use boxoffice_engine::rooms::RoomRecord;
 
 use crate::limits::HOLD_BATCH_ITEMS_MAX;
@@ -246,22 +246,7 @@ impl pb::waiting_room_service_server::WaitingRoomService for WaitingRoomSvc {
     async fn join(&self, req: Request<pb::JoinRequest>) -> Rpc<pb::QueueTicket> {
         let api = ready(self.0.of(&req))?;
         let req = req.into_inner();
-        let id = event_id("event_id", req.event_id)?;
-        user_id(&req.user_id)?;
-        if req.session_id.len() > 256 || req.session_id.chars().any(char::is_control) {
-            return Err(ApiError::from(Rejection::invalid(
-                "session_id",
-                "at most 256 bytes without control characters",
-            ))
-            .into());
-        }
-        if req.join_challenge.len() > crate::limits::TOKEN_LEN_MAX {
-            return Err(ApiError::from(Rejection::invalid(
-                "join_challenge",
-                format!("at most {} bytes", crate::limits::TOKEN_LEN_MAX),
-            ))
-            .into());
-        }
+        let id = check_join(&req)?;
         let event = api.engine.event_terms(&id).map_err(ApiError::from)?;
         let room = api.room(&event).await?;
         let now = api.clock.now_ms();
@@ -289,30 +274,14 @@ impl pb::waiting_room_service_server::WaitingRoomService for WaitingRoomSvc {
         } else {
             None
         };
-        let join = loop {
-            match room.join(&req.user_id, &req.session_id) {
-                Ok(n) => break n,
-                // The next block of numbers is recorded before any of it is handed out.
-                Err(JoinError::Reserve { upto }) => {
-                    let reserved = api
-                        .engine
-                        .record_room(&id, vec![RoomRecord::Reserved { upto }])
-                        .await;
-                    if let Err(e) = reserved {
-                        if let Some(used) = used {
-                            api.challenges.give_back(used);
-                        }
-                        return Err(ApiError::from(e).into());
-                    }
-                    room.reserve(upto);
+        let join = match take_place(&api, &room, &id, &req).await {
+            Ok(n) => n,
+            Err(e) => {
+                // No place was taken: the challenge may be used again.
+                if let Some(used) = used {
+                    api.challenges.give_back(used);
                 }
-                Err(JoinError::QueueFull) => {
-                    // No place was taken: the challenge may be used again.
-                    if let Some(used) = used {
-                        api.challenges.give_back(used);
-                    }
-                    return Err(ApiError::QueueFull.into());
-                }
+                return Err(e.into());
             }
         };
         let token = api.signer.sign(&Claims {
@@ -324,18 +293,7 @@ impl pb::waiting_room_service_server::WaitingRoomService for WaitingRoomSvc {
             epoch: room.epoch(),
             expires_at_ms: now + QUEUE_TOKEN_TTL_MS,
         });
-        let (position, eta_seconds) = match room.standing(join, now) {
-            Standing::BeforeOpening { opens_in_ms } => (
-                0,
-                u32::try_from(opens_in_ms.div_ceil(1000)).unwrap_or(u32::MAX),
-            ),
-            Standing::Waiting {
-                position,
-                eta_seconds,
-                ..
-            } => (position, eta_seconds),
-            Standing::Admitted { position, .. } | Standing::Expired { position } => (position, 0),
-        };
+        let (position, eta_seconds) = place_shown(&room, join, now);
         ok(pb::QueueTicket {
             queue_token: token,
             position,
@@ -395,49 +353,7 @@ impl pb::waiting_room_service_server::WaitingRoomService for WaitingRoomSvc {
         // node after a failover): the token keeps its place.
         let room = api.room(&terms).await?;
         let standing = room.standing(join_number(&q)?, now);
-        let status = match standing {
-            Standing::BeforeOpening { opens_in_ms } => pb::QueueStatus {
-                state: pb::QueueState::Waiting as i32,
-                eta_seconds: u32::try_from(opens_in_ms.div_ceil(1000)).unwrap_or(u32::MAX),
-                ..Default::default()
-            },
-            Standing::Waiting {
-                position,
-                ahead,
-                eta_seconds,
-            } => pb::QueueStatus {
-                state: pb::QueueState::Waiting as i32,
-                position,
-                ahead,
-                eta_seconds,
-                ..Default::default()
-            },
-            Standing::Admitted {
-                position,
-                admitted_at_ms,
-                expires_at_ms,
-            } => pb::QueueStatus {
-                state: pb::QueueState::Admitted as i32,
-                position,
-                admission_token: api.signer.sign(&Claims {
-                    kind: TokenKind::Admission,
-                    event_id: q.event_id,
-                    user_id: q.user_id,
-                    number: position,
-                    at_ms: admitted_at_ms,
-                    epoch: 0,
-                    expires_at_ms,
-                }),
-                admission_expires_at_unix_ms: i64::try_from(expires_at_ms).unwrap_or(i64::MAX),
-                ..Default::default()
-            },
-            Standing::Expired { position } => pb::QueueStatus {
-                state: pb::QueueState::Expired as i32,
-                position,
-                ..Default::default()
-            },
-        };
-        ok(status)
+        ok(status_of(&api, standing, q))
     }
 }
 
@@ -627,5 +543,111 @@ impl pb::waitlist_service_server::WaitlistService for WaitlistSvc {
             .await
             .map_err(ApiError::from)?;
         ok(convert::waitlist_entry(entry))
+    }
+}
+
+/// A `Join`'s own fields checked: its event id.
+fn check_join(req: &pb::JoinRequest) -> Result<EventId, ApiError> {
+    let id = event_id("event_id", req.event_id.clone())?;
+    user_id(&req.user_id)?;
+    if req.session_id.len() > 256 || req.session_id.chars().any(char::is_control) {
+        return Err(ApiError::from(Rejection::invalid(
+            "session_id",
+            "at most 256 bytes without control characters",
+        )));
+    }
+    if req.join_challenge.len() > crate::limits::TOKEN_LEN_MAX {
+        return Err(ApiError::from(Rejection::invalid(
+            "join_challenge",
+            format!("at most {} bytes", crate::limits::TOKEN_LEN_MAX),
+        )));
+    }
+    Ok(id)
+}
+
+/// The fan's number in `room` (its place, or the one this session already has); the next
+/// block of numbers is recorded before any of it is handed out.
+async fn take_place(
+    api: &Api,
+    room: &WaitingRoom,
+    id: &EventId,
+    req: &pb::JoinRequest,
+) -> Result<u32, ApiError> {
+    loop {
+        match room.join(&req.user_id, &req.session_id) {
+            Ok(n) => return Ok(n),
+            Err(JoinError::Reserve { upto }) => {
+                api.engine
+                    .record_room(id, vec![RoomRecord::Reserved { upto }])
+                    .await
+                    .map_err(ApiError::from)?;
+                room.reserve(upto);
+            }
+            Err(JoinError::QueueFull) => return Err(ApiError::QueueFull),
+        }
+    }
+}
+
+/// The place and wait a fan with number `join` is shown: before the opening, its wait until
+/// then; once admitted or expired, no wait.
+fn place_shown(room: &WaitingRoom, join: u32, now: u64) -> (u64, u32) {
+    match room.standing(join, now) {
+        Standing::BeforeOpening { opens_in_ms } => (
+            0,
+            u32::try_from(opens_in_ms.div_ceil(1000)).unwrap_or(u32::MAX),
+        ),
+        Standing::Waiting {
+            position,
+            eta_seconds,
+            ..
+        } => (position, eta_seconds),
+        Standing::Admitted { position, .. } | Standing::Expired { position } => (position, 0),
+    }
+}
+
+/// What `GetStatus` answers a fan of queue token `q` standing so: an admitted fan gets its
+/// admission token.
+fn status_of(api: &Api, standing: Standing, q: Claims) -> pb::QueueStatus {
+    match standing {
+        Standing::BeforeOpening { opens_in_ms } => pb::QueueStatus {
+            state: pb::QueueState::Waiting as i32,
+            eta_seconds: u32::try_from(opens_in_ms.div_ceil(1000)).unwrap_or(u32::MAX),
+            ..Default::default()
+        },
+        Standing::Waiting {
+            position,
+            ahead,
+            eta_seconds,
+        } => pb::QueueStatus {
+            state: pb::QueueState::Waiting as i32,
+            position,
+            ahead,
+            eta_seconds,
+            ..Default::default()
+        },
+        Standing::Admitted {
+            position,
+            admitted_at_ms,
+            expires_at_ms,
+        } => pb::QueueStatus {
+            state: pb::QueueState::Admitted as i32,
+            position,
+            admission_token: api.signer.sign(&Claims {
+                kind: TokenKind::Admission,
+                event_id: q.event_id,
+                user_id: q.user_id,
+                number: position,
+                at_ms: admitted_at_ms,
+                epoch: 0,
+                expires_at_ms,
+            }),
+            admission_expires_at_unix_ms: i64::try_from(expires_at_ms).unwrap_or(i64::MAX),
+            ..Default::default()
+        },
+        Standing::Expired { position } => pb::QueueStatus {
+            state: pb::QueueState::Expired as i32,
+            position,
+            ..Default::default()
+        },
     }
 }
