@@ -214,30 +214,8 @@ pub struct ServeArgs {
     groups: u32,
 }
 
-/// The cluster part of the flags, if `--node-id` was given. A cluster's nodes must share
-/// their keys and token secret: generated ones are refused.
-fn cluster_config(
-    node_id: Option<u64>,
-    peers: &[String],
-    secret: Option<String>,
-    secret_file: Option<&Path>,
-    snapshot_every: u64,
-    groups: u32,
-    keys_given: bool,
-) -> Result<Option<server::ClusterConfig>, UsageError> {
-    let Some(node_id) = node_id else {
-        if secret.is_some() || secret_file.is_some() {
-            return Err(UsageError::new(
-                "--cluster-secret needs --node-id and --peers".to_owned(),
-            ));
-        }
-        if groups != 1 {
-            return Err(UsageError::new(
-                "--groups needs --node-id and --peers (a single node has one log)".to_owned(),
-            ));
-        }
-        return Ok(None);
-    };
+/// `--peers ID=HOST:PORT,...`: each node's address, by id (each id once).
+fn parse_peers(peers: &[String]) -> Result<std::collections::BTreeMap<u64, String>, UsageError> {
     let mut map = std::collections::BTreeMap::new();
     for p in peers {
         let (id, addr) = p
@@ -262,6 +240,34 @@ fn cluster_config(
             )));
         }
     }
+    Ok(map)
+}
+
+/// The cluster part of the flags, if `--node-id` was given. A cluster's nodes must share
+/// their keys and token secret: generated ones are refused.
+fn cluster_config(
+    node_id: Option<u64>,
+    peers: &[String],
+    secret: Option<String>,
+    secret_file: Option<&Path>,
+    snapshot_every: u64,
+    groups: u32,
+    keys_given: bool,
+) -> Result<Option<server::ClusterConfig>, UsageError> {
+    let Some(node_id) = node_id else {
+        if secret.is_some() || secret_file.is_some() {
+            return Err(UsageError::new(
+                "--cluster-secret needs --node-id and --peers".to_owned(),
+            ));
+        }
+        if groups != 1 {
+            return Err(UsageError::new(
+                "--groups needs --node-id and --peers (a single node has one log)".to_owned(),
+            ));
+        }
+        return Ok(None);
+    };
+    let map = parse_peers(peers)?;
     if !map.contains_key(&node_id) {
         return Err(UsageError::new(format!(
             "--node-id {node_id} is not one of --peers ({})",
@@ -315,17 +321,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<Exit> {
     }
     let data_dir = config.data_dir.clone();
     let mut running = server::start(config).await?;
-    println!(
-        "gRPC listening on {} (health and reflection too)",
-        running.addr
-    );
-    if let Some(m) = running.metrics_addr {
-        println!("metrics on {}", boxoffice_gateway::metrics::describe(m));
-    }
-    if let Some(h) = running.http_addr {
-        println!("HTTP API on http://{h}/v1 (OpenAPI at http://{h}/v1/openapi.json)");
-    }
-    println!("data dir {}; recovering...", data_dir.display());
+    say_where(&running, &data_dir);
     tokio::select! {
         r = running.wait_ready() => {
             if let Err(e) = r {
@@ -370,6 +366,21 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<Exit> {
     running.shutdown().await?;
     println!("stopped; log flushed");
     Ok(Exit::Ok)
+}
+
+/// Says where the server listens and what it recovers.
+fn say_where(running: &server::Running, data_dir: &Path) {
+    println!(
+        "gRPC listening on {} (health and reflection too)",
+        running.addr
+    );
+    if let Some(m) = running.metrics_addr {
+        println!("metrics on {}", boxoffice_gateway::metrics::describe(m));
+    }
+    if let Some(h) = running.http_addr {
+        println!("HTTP API on http://{h}/v1 (OpenAPI at http://{h}/v1/openapi.json)");
+    }
+    println!("data dir {}; recovering...", data_dir.display());
 }
 
 /// Writes what recovery found and did (`--accept-damage`).
@@ -462,25 +473,7 @@ fn config(args: ServeArgs) -> Result<ServerConfig, UsageError> {
             && !client_keys.is_empty()
             && token_secret.as_ref().is_some_and(|s| !s.is_empty()),
     )?;
-    if admin_keys.is_empty() {
-        let k = format!("adm_{}", random_text(18));
-        println!("generated admin key:  {k}");
-        admin_keys.push(k);
-    }
-    if client_keys.is_empty() {
-        let k = format!("cli_{}", random_text(18));
-        println!("generated client key: {k}");
-        client_keys.push(k);
-    }
-    let secret = match token_secret {
-        Some(s) if !s.is_empty() => s.into_bytes(),
-        _ => {
-            crate::exit::warn(
-                "no --token-secret: using a random one; tokens will not survive a restart",
-            );
-            random_text(32).into_bytes()
-        }
-    };
+    let secret = generate_missing(&mut admin_keys, &mut client_keys, token_secret);
     let mut config = ServerConfig::new("", "", &secret);
     config.listen = args.listen;
     config.metrics_listen = Some(args.metrics_listen);
@@ -505,6 +498,34 @@ fn config(args: ServeArgs) -> Result<ServerConfig, UsageError> {
         config.recovery_mode = RecoveryMode::AcceptDamage;
     }
     Ok(config)
+}
+
+/// Keys that were not given are generated and printed; a token secret that was not given is
+/// random (and said so): the token secret.
+fn generate_missing(
+    admin_keys: &mut Vec<String>,
+    client_keys: &mut Vec<String>,
+    token_secret: Option<String>,
+) -> Vec<u8> {
+    if admin_keys.is_empty() {
+        let k = format!("adm_{}", random_text(18));
+        println!("generated admin key:  {k}");
+        admin_keys.push(k);
+    }
+    if client_keys.is_empty() {
+        let k = format!("cli_{}", random_text(18));
+        println!("generated client key: {k}");
+        client_keys.push(k);
+    }
+    match token_secret {
+        Some(s) if !s.is_empty() => s.into_bytes(),
+        _ => {
+            crate::exit::warn(
+                "no --token-secret: using a random one; tokens will not survive a restart",
+            );
+            random_text(32).into_bytes()
+        }
+    }
 }
 
 fn random_text(bytes: usize) -> String {

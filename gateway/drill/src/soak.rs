@@ -275,6 +275,14 @@ impl fmt::Display for SoakReport {
             self.data_dir_bytes as f64 / 1048576.0,
             self.data_dir_bytes
         )?;
+        self.fmt_restart(f)?;
+        writeln!(f, "wall time of the cycles: {:.1} s", self.seconds)
+    }
+}
+
+impl SoakReport {
+    /// The line of the restart in a fresh process, if it ran.
+    fn fmt_restart(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.reopened {
             Some(r) => writeln!(
                 f,
@@ -288,10 +296,9 @@ impl fmt::Display for SoakReport {
                 r.remembered.ended_holds,
                 r.remembered.idempotency_keys,
                 r.held
-            )?,
-            None => writeln!(f, "restart: not run")?,
+            ),
+            None => writeln!(f, "restart: not run"),
         }
-        writeln!(f, "wall time of the cycles: {:.1} s", self.seconds)
     }
 }
 

@@ -206,29 +206,7 @@ async fn clean_race(race: Race, target: Target, run: u64, tx: &Sender<Step>) -> 
     let event_id = format!("race-{run}");
     admin
         .events
-        .create_event(pb::CreateEventRequest {
-            event_id: event_id.clone(),
-            name: format!("The race, run {run}"),
-            sections: vec![pb::SectionSpec {
-                section_id: "front".into(),
-                name: "Front row".into(),
-                price_cents: 5_000,
-                layout: Some(pb::section_spec::Layout::Reserved(pb::ReservedLayout {
-                    rows: vec![pb::RowSpec {
-                        label: "A".into(),
-                        seat_count: race.seats,
-                    }],
-                })),
-            }],
-            hold_ttl_seconds: 600,
-            per_user_limit: 1,
-            // The line lets fans in at a pace the page can show.
-            admit_rate_per_second: ((20.0 * race.speed) as u32).max(1),
-            admission_window_seconds: 120,
-            sale_opens_at_unix_ms: 0,
-            idempotency_key: String::new(),
-            join_pow_difficulty_bits: 0,
-        })
+        .create_event(race_event(&race, &event_id, run))
         .await?;
     let _ = tx
         .send(Step::Start {
@@ -267,11 +245,48 @@ async fn clean_race(race: Race, target: Target, run: u64, tx: &Sender<Step>) -> 
     for f in fans {
         let _ = f.await;
     }
+    let checked = engine_says(&mut admin, &event_id, &tally).await?;
+    let told = tally.tally();
+    let _ = tx.send(Step::done("clean", told, checked, started)).await;
+    Ok(())
+}
+
+/// The clean race's event: one row of `race.seats`, one seat per fan, a line that admits fans
+/// at a pace the page can show.
+fn race_event(race: &Race, event_id: &str, run: u64) -> pb::CreateEventRequest {
+    pb::CreateEventRequest {
+        event_id: event_id.to_owned(),
+        name: format!("The race, run {run}"),
+        sections: vec![pb::SectionSpec {
+            section_id: "front".into(),
+            name: "Front row".into(),
+            price_cents: 5_000,
+            layout: Some(pb::section_spec::Layout::Reserved(pb::ReservedLayout {
+                rows: vec![pb::RowSpec {
+                    label: "A".into(),
+                    seat_count: race.seats,
+                }],
+            })),
+        }],
+        hold_ttl_seconds: 600,
+        per_user_limit: 1,
+        // The line lets fans in at a pace the page can show.
+        admit_rate_per_second: ((20.0 * race.speed) as u32).max(1),
+        admission_window_seconds: 120,
+        sale_opens_at_unix_ms: 0,
+        idempotency_key: String::new(),
+        join_pow_difficulty_bits: 0,
+    }
+}
+
+/// What the engine itself says after the clean race: every seat held at most once, the seat
+/// map's counts against what the fans were told (`tally`).
+async fn engine_says(admin: &mut Clients, event_id: &str, tally: &Venue) -> anyhow::Result<String> {
     // What the engine itself says: every seat held at most once, the map's counts.
     let map = admin
         .events
         .get_seat_map(pb::GetSeatMapRequest {
-            event_id: event_id.clone(),
+            event_id: event_id.to_owned(),
             section_id: String::new(),
             first_row: 0,
         })
@@ -291,8 +306,7 @@ async fn clean_race(race: Race, target: Target, run: u64, tx: &Sender<Step>) -> 
             " (NOT as many as the fans were told)"
         }
     );
-    let _ = tx.send(Step::done("clean", told, checked, started)).await;
-    Ok(())
+    Ok(checked)
 }
 
 /// One fan of the clean race: join, wait to be admitted, hold one seat; the seat (0-based).

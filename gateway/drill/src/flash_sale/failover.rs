@@ -395,41 +395,42 @@ async fn read_one(nodes: &[Clients], at: &AtomicUsize, read: Read) -> Found {
                 }
             }
         }
-        Read::Order(order) => {
-            let req = pb::GetOrderRequest {
-                order_id: order.order_id.clone(),
-                user_id: order.user_id.clone(),
-            };
-            let r = on_any_node(nodes, at, |mut c: Clients| {
-                let req = req.clone();
-                async move { c.booking.get_order(req).await }
-            })
-            .await;
-            match r.map(tonic::Response::into_inner) {
-                Ok(o) if o.hold_id == order.hold_id && o.tickets.len() == order.tickets => {
-                    Found::Kept
-                }
-                Ok(o) => Found::Lost(format!(
-                    "order {} reads back with hold {} and {} tickets, acknowledged with hold {} \
-                     and {} tickets",
-                    order.order_id,
-                    o.hold_id,
-                    o.tickets.len(),
-                    order.hold_id,
-                    order.tickets
-                )),
-                Err(s) if s.code() == Code::NotFound => Found::Lost(format!(
-                    "acknowledged order {}: {}",
-                    order.order_id,
-                    reason(&s)
-                )),
-                Err(s) => Found::Failed(format!(
-                    "GetOrder {}: {:?} {}",
-                    order.order_id,
-                    s.code(),
-                    s.message()
-                )),
-            }
-        }
+        Read::Order(order) => read_order(nodes, at, order).await,
+    }
+}
+
+/// Reads one acknowledged order back, starting at node `at`.
+async fn read_order(nodes: &[Clients], at: &AtomicUsize, order: AckedOrder) -> Found {
+    let req = pb::GetOrderRequest {
+        order_id: order.order_id.clone(),
+        user_id: order.user_id.clone(),
+    };
+    let r = on_any_node(nodes, at, |mut c: Clients| {
+        let req = req.clone();
+        async move { c.booking.get_order(req).await }
+    })
+    .await;
+    match r.map(tonic::Response::into_inner) {
+        Ok(o) if o.hold_id == order.hold_id && o.tickets.len() == order.tickets => Found::Kept,
+        Ok(o) => Found::Lost(format!(
+            "order {} reads back with hold {} and {} tickets, acknowledged with hold {} \
+             and {} tickets",
+            order.order_id,
+            o.hold_id,
+            o.tickets.len(),
+            order.hold_id,
+            order.tickets
+        )),
+        Err(s) if s.code() == Code::NotFound => Found::Lost(format!(
+            "acknowledged order {}: {}",
+            order.order_id,
+            reason(&s)
+        )),
+        Err(s) => Found::Failed(format!(
+            "GetOrder {}: {:?} {}",
+            order.order_id,
+            s.code(),
+            s.message()
+        )),
     }
 }

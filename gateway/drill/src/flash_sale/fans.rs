@@ -381,6 +381,27 @@ impl<'a> Fan<'a> {
     /// answers `EXPIRED` at position 0, or the queue token `TOKEN_EXPIRED`: the waiting room of
     /// a leader that died) sends the fan back to the line: they join again, up to
     /// [`REJOINS_MAX`] times.
+    /// One `GetStatus` of the fan's place in line (its latency recorded).
+    async fn poll_status(
+        &mut self,
+        queue_token: &str,
+    ) -> Result<tonic::Response<pb::QueueStatus>, tonic::Status> {
+        let poll_started = Instant::now();
+        let poll = pb::GetStatusRequest {
+            queue_token: queue_token.to_owned(),
+        };
+        let st = self
+            .patient(
+                |n| &n.room,
+                poll,
+                None,
+                |mut c, r| async move { c.get_status(r).await },
+            )
+            .await;
+        record(&self.crowd.lat, |l| &mut l.status, poll_started);
+        st
+    }
+
     async fn queue(&mut self) -> Option<String> {
         let (tally, lat) = (self.tally, &self.crowd.lat);
         let mut rejoins = 0;
@@ -404,19 +425,7 @@ impl<'a> Fan<'a> {
                 }
             };
             loop {
-                let poll_started = Instant::now();
-                let poll = pb::GetStatusRequest {
-                    queue_token: ticket.queue_token.clone(),
-                };
-                let st = self
-                    .patient(
-                        |n| &n.room,
-                        poll,
-                        None,
-                        |mut c, r| async move { c.get_status(r).await },
-                    )
-                    .await;
-                record(lat, |l| &mut l.status, poll_started);
+                let st = self.poll_status(&ticket.queue_token).await;
                 let gone = match &st {
                     Ok(st) => {
                         st.get_ref().state == pb::QueueState::Expired as i32
@@ -594,6 +603,26 @@ impl<'a> Fan<'a> {
 
     /// Pays for `hold_id` with the card `tok_fan_{card}` (after a declined one if
     /// `declined_first`): the tickets, or none if the hold lapsed or a call failed.
+    /// The tickets of an order the fan was told about (noted as acknowledged when the run
+    /// reads them back).
+    fn paid(&self, order: pb::Order) -> Vec<Ticket> {
+        if self.crowd.record_acks
+            && let Ok(mut a) = self.tally.acked.lock()
+        {
+            a.orders.push(AckedOrder {
+                order_id: order.order_id.clone(),
+                hold_id: order.hold_id.clone(),
+                user_id: self.user.clone(),
+                tickets: order.tickets.len(),
+            });
+        }
+        order
+            .tickets
+            .into_iter()
+            .map(|t| (t.section_id, t.seat_id))
+            .collect()
+    }
+
     async fn pay(&mut self, hold_id: &str, card: usize, declined_first: bool) -> Vec<Ticket> {
         let (tally, lat) = (self.tally, &self.crowd.lat);
         let confirm = |token: String, key: &str| pb::ConfirmRequest {
@@ -642,22 +671,7 @@ impl<'a> Fan<'a> {
                 if declined_first {
                     tally.declined_then_paid.fetch_add(1, Ordering::Relaxed);
                 }
-                let order = order.into_inner();
-                if self.crowd.record_acks
-                    && let Ok(mut a) = tally.acked.lock()
-                {
-                    a.orders.push(AckedOrder {
-                        order_id: order.order_id.clone(),
-                        hold_id: order.hold_id.clone(),
-                        user_id: self.user.clone(),
-                        tickets: order.tickets.len(),
-                    });
-                }
-                order
-                    .tickets
-                    .into_iter()
-                    .map(|t| (t.section_id, t.seat_id))
-                    .collect()
+                self.paid(order.into_inner())
             }
             // Too slow to pay: the hold lapsed (it happens; the places went back on sale).
             Err(s) if reason(&s) == "HOLD_EXPIRED" => {
@@ -676,9 +690,22 @@ impl<'a> Fan<'a> {
     /// waitlist (`PLACES_AVAILABLE`): the fan holds and pays for them instead, or joins again if
     /// someone was faster.
     async fn wait_on_waitlist(&mut self, quantity: u32, admission: &str) -> Vec<Ticket> {
+        match self.join_waitlist(quantity, admission).await {
+            Ok(entry) => self.await_offer(entry).await,
+            Err(tickets) => tickets,
+        }
+    }
+
+    /// Joins the waitlist (holding instead, at most three times, while places are free):
+    /// the entry, or (`Err`) what the fan ends with: tickets a hold instead bought, or none.
+    async fn join_waitlist(
+        &mut self,
+        quantity: u32,
+        admission: &str,
+    ) -> Result<pb::WaitlistEntry, Vec<Ticket>> {
         let tally = self.tally;
         let mut tries = 0;
-        let entry = loop {
+        loop {
             tries += 1;
             let join = pb::JoinWaitlistRequest {
                 event_id: self.crowd.event.event_id.clone(),
@@ -696,7 +723,7 @@ impl<'a> Fan<'a> {
                 )
                 .await;
             match joined {
-                Ok(e) => break e.into_inner(),
+                Ok(e) => return Ok(e.into_inner()),
                 Err(s) if reason(&s) == "PLACES_AVAILABLE" && tries <= 3 => {
                     tally
                         .waitlist_places_available
@@ -707,21 +734,26 @@ impl<'a> Fan<'a> {
                     {
                         Ok(h) => {
                             tally.holds_ok.fetch_add(1, Ordering::Relaxed);
-                            return self.pay(&h.hold_id, self.i, false).await;
+                            return Err(self.pay(&h.hold_id, self.i, false).await);
                         }
                         // Sold out again: join again.
                         Err(Outcome {
                             waitlist: Some(_), ..
                         }) => {}
-                        Err(_) => return Vec::new(),
+                        Err(_) => return Err(Vec::new()),
                     }
                 }
                 Err(s) => {
                     tally.error("join_waitlist", Some(&s));
-                    return Vec::new();
+                    return Err(Vec::new());
                 }
             }
-        };
+        }
+    }
+
+    /// Waits on the waitlist `entry` for an offer, and pays for it.
+    async fn await_offer(&mut self, entry: pb::WaitlistEntry) -> Vec<Ticket> {
+        let tally = self.tally;
         tally.waitlist_joined.fetch_add(1, Ordering::Relaxed);
         // Wait while places may still come back, or until an offer comes. Nothing can come back
         // once every place is sold (no place free or held: orders are final), or once no fan is

@@ -126,20 +126,62 @@ impl Servers {
     }
 }
 
-/// The sale itself, against `servers`.
-async fn sale(args: FlashSaleArgs, mut servers: Servers) -> anyhow::Result<Report> {
-    let targets = servers.targets();
-    let bearer = Bearer::new(servers.admin_key())?;
-    // Eight channels to one server; four to each node of a cluster.
+/// Channels to each of `targets`: eight to one server, four to each node of a cluster.
+async fn connect_all(targets: &[String]) -> anyhow::Result<Vec<Vec<tonic::transport::Channel>>> {
     let per_node = if targets.len() == 1 { 8 } else { 4 };
     let mut nodes = Vec::new();
-    for target in &targets {
+    for target in targets {
         let mut channels = Vec::new();
         for _ in 0..per_node {
             channels.push(boxoffice_client::connect(target).await?);
         }
         nodes.push(channels);
     }
+    Ok(nodes)
+}
+
+/// The checks after the sale: the embedded engine's, or the cluster's (see [`check_cluster`]).
+async fn check_servers(
+    servers: &mut Servers,
+    crowd: &Crowd,
+    kill: Option<Kill>,
+    first_term: Option<u64>,
+    bearer: &Bearer,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    match servers {
+        Servers::One(backend) => {
+            let server = backend.server.take();
+            report.engine_checked = server.is_some();
+            if let Some(server) = server {
+                check_engine(server, report).await?;
+            }
+        }
+        Servers::Cluster(cluster) => {
+            check_cluster(cluster, crowd, kill, first_term, bearer, report).await?;
+        }
+    }
+    Ok(())
+}
+
+/// The leader's killer of `--kill-leader-after`, on a cluster: it kills that long after the
+/// `opening`.
+fn killer(servers: &Servers, args: &FlashSaleArgs, opening: Instant) -> Option<Killer> {
+    match (servers, args.kill_leader_after) {
+        (Servers::Cluster(c), Some(after)) => Some(Killer::spawn(
+            c.clone(),
+            opening,
+            opening + Duration::from_secs_f64(after),
+        )),
+        _ => None,
+    }
+}
+
+/// The sale itself, against `servers`.
+async fn sale(args: FlashSaleArgs, mut servers: Servers) -> anyhow::Result<Report> {
+    let targets = servers.targets();
+    let bearer = Bearer::new(servers.admin_key())?;
+    let nodes = connect_all(&targets).await?;
     let admins: Vec<Events> = nodes
         .iter()
         .map(|c| {
@@ -150,11 +192,7 @@ async fn sale(args: FlashSaleArgs, mut servers: Servers) -> anyhow::Result<Repor
         })
         .collect();
     // The opening comes once the pre-opening fans joined.
-    let opens_in = if args.preopen() > 0 {
-        Duration::from_millis(1_500)
-    } else {
-        Duration::ZERO
-    };
+    let opens_in = Duration::from_millis(if args.preopen() > 0 { 1_500 } else { 0 });
     let event = create_event(&mut admins[0].clone(), &args, opens_in).await?;
     let event_id = event.event_id.clone();
     let tally = Arc::new(Tally::default());
@@ -171,14 +209,7 @@ async fn sale(args: FlashSaleArgs, mut servers: Servers) -> anyhow::Result<Repor
         Servers::Cluster(c) => c.term().await,
         Servers::One(_) => None,
     };
-    let killer = match (&servers, args.kill_leader_after) {
-        (Servers::Cluster(c), Some(after)) => Some(Killer::spawn(
-            c.clone(),
-            started + opens_in,
-            started + opens_in + Duration::from_secs_f64(after),
-        )),
-        _ => None,
-    };
+    let killer = killer(&servers, &args, started + opens_in);
     let arrivals = Arrivals::new(&args, started, opens_in);
     let args = Arc::new(args);
     let crowd = Arc::new(Crowd::new(
@@ -212,26 +243,26 @@ async fn sale(args: FlashSaleArgs, mut servers: Servers) -> anyhow::Result<Repor
             .map_err(|_| anyhow::anyhow!("poisoned"))?,
     );
     report.count_tickets(&tickets, &view);
-    match &mut servers {
-        Servers::One(backend) => {
-            let server = backend.server.take();
-            report.engine_checked = server.is_some();
-            if let Some(server) = server {
-                check_engine(server, &mut report).await?;
-            }
-        }
-        Servers::Cluster(cluster) => {
-            check_cluster(cluster, &crowd, kill, first_term, &bearer, &mut report).await?;
-        }
-    }
+    check_servers(&mut servers, &crowd, kill, first_term, &bearer, &mut report).await?;
+    count_and_plot(&mut report, &crowd, &samples, started)?;
+    Ok(report)
+}
+
+/// The fans' and latencies' figures of the sale begun at `started`, and its chart (`--plot`).
+fn count_and_plot(
+    report: &mut Report,
+    crowd: &Crowd,
+    samples: &[progress::Sample],
+    started: Instant,
+) -> anyhow::Result<()> {
     let last_sale = crowd.last_sale.lock().ok().and_then(|l| *l);
-    report.count_fans(&crowd.tally, &samples, started, last_sale);
+    report.count_fans(&crowd.tally, samples, started, last_sale);
     report.count_latencies(&crowd.lat);
-    if let Some(path) = &args.plot {
-        std::fs::write(path, plot::plot_svg(&samples, &report)?)
+    if let Some(path) = &crowd.args.plot {
+        std::fs::write(path, plot::plot_svg(samples, report)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    Ok(report)
+    Ok(())
 }
 
 /// The end of a cluster run: every hold and order the fans were told about is read back
@@ -249,32 +280,7 @@ async fn check_cluster(
 ) -> anyhow::Result<()> {
     let tally = &crowd.tally;
     let last_term = cluster.term().await;
-    let live = cluster.live();
-    let targets = cluster.targets();
-    let mut clients = Vec::new();
-    for id in &live {
-        let target = &targets[usize::try_from(*id)? - 1];
-        clients.push(Clients::new(
-            &boxoffice_client::connect(target).await?,
-            bearer,
-        ));
-    }
-    let acked = std::mem::take(
-        &mut *tally
-            .acked
-            .lock()
-            .map_err(|_| anyhow::anyhow!("poisoned"))?,
-    );
-    let read = failover::read_back(clients, acked).await;
-    if read.failed > 0 {
-        tally.errors.fetch_add(read.failed, Ordering::Relaxed);
-        if let Ok(mut f) = tally.first_error.lock() {
-            f.get_or_insert(format!(
-                "reading back what the fans were told: {}",
-                read.first_failed.clone().unwrap_or_default()
-            ));
-        }
-    }
+    let read = read_back(cluster, bearer, tally).await?;
     let refunded = cluster.await_refunds(Duration::from_secs(15)).await;
     let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
     report.cluster = Some(ClusterFigures {
@@ -303,6 +309,47 @@ async fn check_cluster(
             None,
         );
     }
+    check_copies(cluster, report).await
+}
+
+/// Every hold and order the fans were told about, read back through the live nodes; a read
+/// that failed for good counts as an error of the run.
+async fn read_back(
+    cluster: &LocalCluster,
+    bearer: &Bearer,
+    tally: &Tally,
+) -> anyhow::Result<failover::ReadBack> {
+    let targets = cluster.targets();
+    let mut clients = Vec::new();
+    for id in &cluster.live() {
+        let target = &targets[usize::try_from(*id)? - 1];
+        clients.push(Clients::new(
+            &boxoffice_client::connect(target).await?,
+            bearer,
+        ));
+    }
+    let acked = std::mem::take(
+        &mut *tally
+            .acked
+            .lock()
+            .map_err(|_| anyhow::anyhow!("poisoned"))?,
+    );
+    let read = failover::read_back(clients, acked).await;
+    if read.failed > 0 {
+        tally.errors.fetch_add(read.failed, Ordering::Relaxed);
+        if let Ok(mut f) = tally.first_error.lock() {
+            f.get_or_insert(format!(
+                "reading back what the fans were told: {}",
+                read.first_failed.clone().unwrap_or_default()
+            ));
+        }
+    }
+    Ok(read)
+}
+
+/// Stops the live nodes and opens each one's copy of the log offline: the engine's
+/// invariants and the reconciliation, summed over the copies.
+async fn check_copies(cluster: &LocalCluster, report: &mut Report) -> anyhow::Result<()> {
     for (id, dir) in cluster.stop(Duration::from_secs(10)).await? {
         let copy = crate::cluster::check_copy(&dir)
             .await
