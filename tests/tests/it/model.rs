@@ -1,6 +1,8 @@
-//! Model-based property test: random sequences of hold / confirm / release / expire / advance
-//! time / replay an idempotency key / crash and restart from the log, run against the real
-//! engine (actors, sled log, ledger) and a naive model, compared after every step.
+//! Model-based property test: random sequences of hold / hold batch / confirm / release /
+//! expire / advance time / replay an idempotency key / crash and restart from the log, run
+//! against the real engine (actors, sled log, ledger) and a naive model, compared after every
+//! step. A hold batch is one user's items, which the engine decides one after the other as
+//! separate holds: each answer is checked against the model in item order.
 //!
 //! Checked: invariants 1 and 2 (the core's full check after every step), 5 (a key has one
 //! effect; replays return the first answer), 6 (no confirm succeeds on an expired hold), 7 (per
@@ -83,6 +85,11 @@ enum Op {
     Release {
         hold: usize,
     },
+    /// One user's `HoldBatch`: best-available items (a section, or any), each with its key.
+    HoldBatch {
+        user: usize,
+        items: Vec<(Option<usize>, u32, Option<u8>)>,
+    },
     Advance(u64),
     Expire,
     Restart,
@@ -97,6 +104,11 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (0..64usize, proptest::bool::weighted(0.1), proptest::option::of(0..3u8))
             .prop_map(|(hold, wrong_user, key)| Op::Confirm { hold, wrong_user, key }),
         1 => (0..64usize).prop_map(|hold| Op::Release { hold }),
+        2 => (0..USERS, proptest::collection::vec(
+                (proptest::option::of(0..3usize), 1..4u32, proptest::option::of(0..3u8)),
+                1..5,
+            ))
+            .prop_map(|(user, items)| Op::HoldBatch { user, items }),
         2 => prop_oneof![Just(1u64), 0..20_000u64, Just(TTL_MS)].prop_map(Op::Advance),
         1 => Just(Op::Expire),
         1 => Just(Op::Restart),
@@ -322,16 +334,9 @@ async fn run(ops: Vec<Op>, log: Log) {
                 quantity,
                 key,
             } => {
-                let selection = Selection::BestAvailable {
-                    section: section.map(|s| SectionId::from(section_name(s))),
-                    quantity,
-                };
+                let selection = best_in(section, quantity);
                 hold(&engine, &mut m, user, key, selection, |m| {
-                    let candidates: Vec<usize> = match section {
-                        Some(s) => vec![s],
-                        None => vec![0, 1, 2],
-                    };
-                    candidates.into_iter().find(|&s| m.available(s) >= quantity)
+                    best_fit(m, section, quantity)
                 })
                 .await;
             }
@@ -456,6 +461,25 @@ async fn run(ops: Vec<Op>, log: Log) {
                     _ => {}
                 }
             }
+            Op::HoldBatch { user, items } => {
+                // One user's items are decided one after the other, as separate `Hold`s would
+                // be (docs/api.md, HoldBatch): each answer is checked against the model in
+                // item order.
+                let reqs: Vec<HoldRequest> = items
+                    .iter()
+                    .map(|&(section, quantity, key)| {
+                        hold_request(user, key, best_in(section, quantity))
+                    })
+                    .collect();
+                let answers = engine.hold_batch(reqs).await;
+                assert_eq!(answers.len(), items.len(), "one answer per item");
+                for (&(section, quantity, key), r) in items.iter().zip(answers) {
+                    let selection = best_in(section, quantity);
+                    check_hold(&mut m, user, key, selection, r, |m| {
+                        best_fit(m, section, quantity)
+                    });
+                }
+            }
             Op::Advance(ms) => {
                 clock.advance_ms(ms);
                 m.now += ms;
@@ -499,6 +523,33 @@ async fn run(ops: Vec<Op>, log: Log) {
 
 /// Places a hold and checks it against the model. `fits` says which section the model
 /// expects to serve it (None: sold out). Returns the rejection, if any.
+/// Best available in section `section` (`None`: any).
+fn best_in(section: Option<usize>, quantity: u32) -> Selection {
+    Selection::BestAvailable {
+        section: section.map(|s| SectionId::from(section_name(s))),
+        quantity,
+    }
+}
+
+/// Where the model puts a best-available hold of `quantity` in `section` (`None`: the first
+/// section, in event order, with room).
+fn best_fit(m: &Model, section: Option<usize>, quantity: u32) -> Option<usize> {
+    let candidates: Vec<usize> = match section {
+        Some(s) => vec![s],
+        None => vec![0, 1, 2],
+    };
+    candidates.into_iter().find(|&s| m.available(s) >= quantity)
+}
+
+fn hold_request(user: usize, key: Option<u8>, selection: Selection) -> HoldRequest {
+    HoldRequest {
+        event_id: EventId::from("m"),
+        user_id: UserId::from(user_name(user)),
+        idempotency_key: key_name(key),
+        selection,
+    }
+}
+
 async fn hold(
     engine: &Engine,
     m: &mut Model,
@@ -507,13 +558,22 @@ async fn hold(
     selection: Selection,
     fits: impl Fn(&Model) -> Option<usize>,
 ) -> Option<Rejection> {
-    let req = HoldRequest {
-        event_id: EventId::from("m"),
-        user_id: UserId::from(user_name(user)),
-        idempotency_key: key_name(key),
-        selection: selection.clone(),
-    };
-    let r = engine.hold(req).await;
+    let r = engine
+        .hold(hold_request(user, key, selection.clone()))
+        .await;
+    check_hold(m, user, key, selection, r, fits)
+}
+
+/// Checks the engine's answer `r` to a hold of `selection` by `user` (keyed `key`) against the
+/// model, and applies it to the model.
+fn check_hold(
+    m: &mut Model,
+    user: usize,
+    key: Option<u8>,
+    selection: Selection,
+    r: Result<HoldView, EngineError>,
+    fits: impl Fn(&Model) -> Option<usize>,
+) -> Option<Rejection> {
     let k = key.map(|k| (user, "hold", k));
     if let Some(k) = k
         && let Some((fp, answer)) = m.key(k)
