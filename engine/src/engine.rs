@@ -287,8 +287,8 @@ impl Engine {
             spawn_waitlist(list, list_last, &store, &config, &supervisor, &roles).await?;
         let catalog = StreamWriter::open(sink.as_ref(), names::CATALOG, recovered.catalog_last)?;
         let inner = Arc::new(Inner {
-            payments: open_payments(&config, sink.as_ref())?,
             rooms: open_rooms(sink.as_ref(), recovered.rooms)?,
+            payments: open_payments(&config, sink.as_ref())?,
             config,
             store,
             ledger,

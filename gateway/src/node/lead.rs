@@ -148,8 +148,7 @@ pub(crate) async fn lead(
             break Some(why);
         }
     };
-    l.finish(why_failed.filter(|_| !*stop.borrow()), &failed)
-        .await;
+    l.finish(why_failed, &stop, &failed).await;
 }
 
 /// The leadership loop's state between its turns.
@@ -319,15 +318,21 @@ impl LeadLoop {
         None
     }
 
-    /// Stops the engine served, if any; if the node left its group on its own (`why`), health
-    /// says `NOT_SERVING` and `failed` says why.
-    async fn finish(mut self, why: Option<String>, failed: &watch::Sender<Option<String>>) {
+    /// Stops the engine served, if any; if the node left its group on its own (`why`, unless a
+    /// stop was asked for), health says `NOT_SERVING` and `failed` says why.
+    async fn finish(
+        mut self,
+        why: Option<String>,
+        stop: &watch::Receiver<bool>,
+        failed: &watch::Sender<Option<String>>,
+    ) {
         let group = self.node.group;
         self.node.ready.take();
         if let Some(s) = self.stack.take() {
             s.stop().await;
         }
-        let Some(why) = why else {
+        // A stop asked for meanwhile (while the engine stopped) is a clean stop.
+        let Some(why) = why.filter(|_| !*stop.borrow()) else {
             return;
         };
         tracing::error!(group, reason = %why, "this node left its group: health is NOT_SERVING until a restart");

@@ -4,14 +4,14 @@ use std::time::Duration;
 
 use boxoffice_engine::Engine;
 
-/// How often a leader serving its engine checks when a majority last acknowledged it, and how
-/// long without that it keeps its engine: a leader cut off from the majority (a partition,
-/// followers that hang) keeps no engine past that, so it cannot answer reads from a state
-/// another leader has moved on from for much longer than this (writes never commit without a
-/// majority anyway).
-const LEASE_CHECK_EVERY: Duration = Duration::from_millis(500);
+/// How often a leader serving its engine checks when a majority last acknowledged it.
+pub const LEASE_CHECK_EVERY: Duration = Duration::from_millis(500);
 
-const LEASE_LOST_AFTER: Duration = Duration::from_secs(3);
+/// How long without a majority's acknowledgement a leader keeps its engine: a leader cut off
+/// from the majority (a partition, followers that hang) keeps no engine past that, so it
+/// cannot answer reads from a state another leader has moved on from for much longer than this
+/// (writes never commit without a majority anyway).
+pub const LEASE_LOST_AFTER: Duration = Duration::from_secs(3);
 
 /// The watchdog of a leader's engine (see [`LEASE_LOST_AFTER`]): stops `engine` once no
 /// majority has acknowledged anything this node sent (appends, heartbeats) for that long, as

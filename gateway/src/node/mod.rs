@@ -20,6 +20,7 @@ use boxoffice_engine::raft::{Raft, StateMachine, VoteGuard};
 use tokio::sync::{oneshot, watch};
 use tonic_health::server::HealthReporter;
 
+pub use lease::{LEASE_CHECK_EVERY, LEASE_LOST_AFTER};
 pub use open::{GROUPS_FILE, group_dir};
 
 use crate::config::ServerConfig;

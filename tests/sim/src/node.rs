@@ -60,6 +60,14 @@ pub type LeaderId = (u64, u64);
 /// steps), ms.
 pub(crate) const REPORT_SLACK_MS: u64 = 100;
 
+/// How long after another node began to lead a deposed leader may still answer from its
+/// engine: its lease (no majority's acknowledgement for that long stops the engine; the last
+/// one came before the other node's election), checked every half second, and the slack of
+/// the reports.
+pub(crate) const STALE_FOR_MS: u64 = boxoffice_gateway::node::LEASE_LOST_AFTER.as_millis() as u64
+    + boxoffice_gateway::node::LEASE_CHECK_EVERY.as_millis() as u64
+    + REPORT_SLACK_MS;
+
 /// What the harness sees of every node's Raft, gathered from each node's metrics as they
 /// change: the evidence for the Raft checkers.
 #[derive(Default)]
@@ -131,7 +139,9 @@ impl RaftSeen {
 
     /// The earliest moment at which a node that still led at some moment from `from_ms` to
     /// `to_ms` had been superseded (another node had begun to lead in a later term while it
-    /// still led); `None` if no deposed leader led then.
+    /// still led) and could still answer from its engine: no later than [`STALE_FOR_MS`] after
+    /// that moment, when its lease has run out (its Raft may report that it leads for longer,
+    /// but its engine is stopped). `None` if no deposed leader could answer then.
     pub fn deposed_since(&self, from_ms: u64, to_ms: u64) -> Option<u64> {
         self.leads
             .iter()
@@ -140,7 +150,11 @@ impl RaftSeen {
                 self.leads
                     .iter()
                     .filter(move |(m, later, start, _)| {
-                        m != n && later > id && *start <= to_ms && until.is_none_or(|u| u >= *start)
+                        m != n
+                            && later > id
+                            && *start <= to_ms
+                            && start + STALE_FOR_MS >= from_ms
+                            && until.is_none_or(|u| u >= *start)
                     })
                     .map(|(_, _, start, _)| *start)
             })
