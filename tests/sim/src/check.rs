@@ -74,9 +74,12 @@ impl Violation {
 /// the new leader), and any section: a fan has one active entry for the event, and a join for
 /// another section returns it unchanged (docs/api.md; seeds 6714, 7774, 9786 at 2614c48: a
 /// join for `ga` timed out on a cut-off leader, whose entry then answered a join for `floor`).
-/// The entry must have been made after such an attempt began and before the acknowledging call
-/// did (its id is a ULID of the simulation's clock): an entry the acknowledging call made
-/// itself is no retry's, and its loss is not the known bug.
+/// The entry must have been made while such an attempt's request could still be acted on (its
+/// id is a ULID of the simulation's clock): from when it began to [`LOST_REQUEST_MS`] later. A
+/// lost attempt's request can be acted on after the fan gave up, even during the call that is
+/// answered from it (seed 637: a paused leader made the entry of a join that had timed out as
+/// it resumed, and answered the retry with it); an entry made later is no lost attempt's, and
+/// its loss is not the known bug.
 pub fn retried_entries(h: &History) -> BTreeSet<String> {
     let mut indefinite: BTreeMap<Fan, Vec<u64>> = BTreeMap::new();
     for c in &h.calls {
@@ -92,15 +95,21 @@ pub fn retried_entries(h: &History) -> BTreeSet<String> {
         let Some(made) = entry_made_ms(id) else {
             continue;
         };
-        let after_a_lost_attempt = indefinite
-            .get(&c.fan)
-            .is_some_and(|tries| tries.iter().any(|t| *t <= made && *t < c.invoked_ms));
-        if after_a_lost_attempt && made < c.invoked_ms {
+        let by_a_lost_attempt = indefinite.get(&c.fan).is_some_and(|tries| {
+            tries
+                .iter()
+                .any(|t| *t <= made && made <= t + LOST_REQUEST_MS)
+        });
+        if by_a_lost_attempt {
             retried.insert(id.clone());
         }
     }
     retried
 }
+
+/// How long after it began a request that got no definite answer may still be acted on: the
+/// fans' timeout (1.5 s), the longest a fault holds a node or a link (3 s), and a margin.
+const LOST_REQUEST_MS: u64 = 6_000;
 
 /// When waitlist entry `id` (`{event}.w{ULID}`) was made, virtual ms: its ULID's time, which
 /// the simulation's clock sets (`EPOCH_MS` + virtual time, the same on every node).
