@@ -6,30 +6,29 @@ use crate::hash::HashMap;
 use std::sync::Arc;
 
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 
 use crate::catalog::EventEntry;
+use crate::catalog::EventTerms;
 use crate::codec;
 use crate::core::{IdemTag, Pick, PlaceHold};
 use crate::engine::Engine;
-use crate::error::{EngineError, Rejection};
+use crate::error::{EngineError, Rejection, only};
 use crate::ledger::{Answer, Begin, BeginArgs, Rpc};
 use crate::limits::PLACES_PER_HOLD_MAX;
 use crate::section::SectionMsg;
 use crate::types::{
-    EventId, HoldId, HoldRequest, HoldView, OrderId, OrderView, SectionId, Selection, UserId,
-    check_idempotency_key, check_user_id,
+    CheckedHold, EventId, HoldId, HoldRequest, HoldView, OrderId, OrderView, SectionId, Selection,
+    UserId, check_user_id,
 };
 use crate::waitlist::WaitlistView;
 
 impl Engine {
     /// Holds places: exact seats, or best available in a section or anywhere in the event.
-    /// Reserves the user's quota first and gives it back if the hold fails. Runs to the end
-    /// even if the caller stops waiting (see [`Engine::detached`]).
+    /// Reserves the user's quota first and gives it back if the hold fails. A batch of one:
+    /// see [`Engine::hold_batch`]. Runs to the end even if the caller stops waiting (see
+    /// [`Engine::detached`]).
     pub async fn hold(&self, req: HoldRequest) -> Result<HoldView, EngineError> {
-        let engine = self.clone();
-        self.detached(async move { engine.hold_now(req, None).await })
-            .await
+        only(self.hold_items(vec![Item::of(req)]).await)
     }
 
     /// Places the hold a waitlist offer makes for `entry`'s fan: best available places of its
@@ -48,67 +47,58 @@ impl Engine {
             },
         };
         let mark = crate::waitlist_calls::offer_mark(&entry.entry_id);
-        let engine = self.clone();
-        self.detached(async move { engine.hold_now(req, Some(mark)).await })
-            .await
+        let item = Item::of(req).map(|item| Item {
+            mark: Some(mark),
+            ..item
+        });
+        only(self.hold_items(vec![item]).await)
     }
 
-    /// `mark`: what the hold's record carries in place of the request's key (a waitlist offer's).
-    async fn hold_now(
-        &self,
-        req: HoldRequest,
-        mark: Option<IdemTag>,
-    ) -> Result<HoldView, EngineError> {
-        self.check_ready()?;
-        let mut plan = self.plan_hold(req)?;
-        if mark.is_some() {
-            plan.mark = mark;
-        }
-        match self
-            .inner
-            .ledger
-            .begin(plan.begin_args(self.now_ms()))
-            .await?
-        {
-            Begin::Replay(answer) => return replayed_hold(answer),
-            Begin::Proceed => {}
-        }
-        let outcome = self.place_anywhere(&plan).await;
-        match &outcome {
-            // Without a key, a success leaves nothing to settle: the quota stays reserved.
-            Ok(_) if plan.tag.is_none() => {}
-            Ok(view) => self
-                .inner
-                .ledger
-                .settled(plan.begin_args(self.now_ms()), Answer::Hold(view.clone())),
-            // Without a key, a failure only gives the quota back: nothing to record, so
-            // nothing to wait for (the user's next request queues behind it at the shard).
-            Err(_) if plan.tag.is_none() => self.inner.ledger.refund(
-                plan.event.event_id.clone(),
-                plan.user_id.clone(),
-                plan.quantity,
-            ),
-            Err(e) => {
-                self.inner
-                    .ledger
-                    .finish(plan.begin_args(self.now_ms()), Err(e.clone()))
-                    .await?
-            }
-        }
-        outcome
-    }
-
-    /// Holds many places at once, each request as [`Engine::hold`] would (its own checks,
+    /// Holds many places at once, each request as a hold of its own would be (its own checks,
     /// idempotency key, quota and answer, in the order given): one message per ledger shard to
     /// begin them, one per section to place them (they share its group commit), one per
     /// shard to settle them. Requests of one user are decided in order, so they share the
     /// per-user limit. An error of the whole call (not ready) is every request's answer.
     /// Runs to the end even if the caller stops waiting.
     pub async fn hold_batch(&self, reqs: Vec<HoldRequest>) -> Vec<Result<HoldView, EngineError>> {
-        let n = reqs.len();
+        self.hold_items(reqs.into_iter().map(Item::of).collect())
+            .await
+    }
+
+    /// [`Engine::hold_batch`] of requests whose caller fields are checked already, all for the
+    /// event of `terms` (read from the catalog once, for all of them): what a front that checked
+    /// them in the contract's order calls. A request for another event is `EVENT_NOT_FOUND`.
+    pub async fn hold_checked(
+        &self,
+        terms: &EventTerms,
+        holds: Vec<CheckedHold>,
+    ) -> Vec<Result<HoldView, EngineError>> {
+        let items = holds
+            .into_iter()
+            .map(|hold| {
+                let req = hold.into_request();
+                if req.event_id != terms.event_id {
+                    return Err(Rejection::EventNotFound.into());
+                }
+                Ok(Item {
+                    req,
+                    event: Some(terms.entry.0.clone()),
+                    mark: None,
+                })
+            })
+            .collect();
+        self.hold_items(items).await
+    }
+
+    /// The one hold path: each item checked already, or its error.
+    async fn hold_items(
+        &self,
+        items: Vec<Result<Item, EngineError>>,
+    ) -> Vec<Result<HoldView, EngineError>> {
+        let n = items.len();
         let engine = self.clone();
         match self
-            .detached(async move { Ok(engine.hold_batch_now(reqs).await) })
+            .detached(async move { Ok(engine.hold_now(items).await) })
             .await
         {
             Ok(answers) => answers,
@@ -116,8 +106,11 @@ impl Engine {
         }
     }
 
-    async fn hold_batch_now(&self, reqs: Vec<HoldRequest>) -> Vec<Result<HoldView, EngineError>> {
-        let n = reqs.len();
+    async fn hold_now(
+        &self,
+        items: Vec<Result<Item, EngineError>>,
+    ) -> Vec<Result<HoldView, EngineError>> {
+        let n = items.len();
         let mut out: Vec<Result<HoldView, EngineError>> =
             (0..n).map(|_| Err(EngineError::NotReady)).collect();
         if let Err(e) = self.check_ready() {
@@ -129,20 +122,10 @@ impl Engine {
         //    one after the other, exactly as separate calls would be: a refused one gives its
         //    quota back before the next is checked, and a key given twice gets what a retry
         //    would. Most batches carry one request per user: one round.
-        let round_of: Vec<usize> = {
-            let mut seen: HashMap<&str, usize> =
-                HashMap::with_capacity_and_hasher(n, Default::default());
-            reqs.iter()
-                .map(|r| {
-                    let k = seen.entry(r.user_id.as_str()).or_insert(0);
-                    *k += 1;
-                    *k - 1
-                })
-                .collect()
-        };
+        let round_of = rounds_of(&items);
         let mut rounds: Vec<Vec<(usize, HoldPlan)>> = Vec::new();
-        for ((i, req), round) in reqs.into_iter().enumerate().zip(round_of) {
-            match self.plan_hold(req) {
+        for ((i, item), round) in items.into_iter().enumerate().zip(round_of) {
+            match item.and_then(|item| self.plan_hold(item)) {
                 Ok(plan) => {
                     if rounds.len() <= round {
                         rounds.resize_with(round + 1, Vec::new);
@@ -182,7 +165,7 @@ impl Engine {
         let begun = self
             .inner
             .ledger
-            .begin_many(plans.iter().map(|(_, p)| p.begin_args(now)).collect())
+            .begin(plans.iter().map(|(_, p)| p.begin_args(now)).collect())
             .await;
         let mut go = Vec::with_capacity(plans.len());
         for ((i, plan), begin) in plans.into_iter().zip(begun) {
@@ -214,7 +197,7 @@ impl Engine {
                 .collect::<Vec<_>>();
             async move {
                 let answers = self
-                    .ask(&event, &section, |reply| SectionMsg::HoldMany(cmds, reply))
+                    .ask(&event, &section, |reply| SectionMsg::Hold(cmds, reply))
                     .await;
                 (ks, answers)
             }
@@ -302,29 +285,14 @@ impl Engine {
             }
             out[i] = answer;
         }
-        self.inner.ledger.settled_many(settled);
-        self.inner.ledger.refund_many(refunds);
-        if let Err(e) = self.inner.ledger.finish_many(failed).await {
+        self.inner.ledger.settled(settled);
+        self.inner.ledger.refund(refunds);
+        if let Err(e) = self.inner.ledger.finish(failed).await {
             // A refusal could not be recorded as its key's first answer: its caller hears
             // why instead (as a single hold's would).
             for i in failed_at {
                 out[i] = Err(e.clone());
             }
-        }
-    }
-
-    /// Whether `section` is sold out for a best-available hold of this plan's size by a
-    /// snapshot of durable state: then `SOLD_OUT` is the section's answer without asking it
-    /// (it would answer the same, and only once that state is durable, which it already is).
-    /// Most attempts of a flash sale come after the sell-out; this answers them without a trip
-    /// through the section's mailbox and the log. Exact seats always ask the section.
-    fn sold_out_durably(&self, plan: &HoldPlan, section: &SectionId) -> bool {
-        match self.durably_free(&plan.event, section) {
-            Some((free, sold_out)) if plan.sold_out_at(free) => {
-                sold_out.increment(1);
-                true
-            }
-            _ => false,
         }
     }
 
@@ -346,11 +314,14 @@ impl Engine {
         }
     }
 
-    /// A hold's own checks, and what it asks of the ledger and the sections.
-    fn plan_hold(&self, req: HoldRequest) -> Result<HoldPlan, EngineError> {
-        check_user_id(&req.user_id)?;
-        check_idempotency_key(&req.idempotency_key)?;
-        let event = self.entry(&req.event_id)?;
+    /// What a checked hold asks of the ledger and the sections: its event (from the catalog,
+    /// unless the item carries it) and its selection judged against it.
+    fn plan_hold(&self, item: Item) -> Result<HoldPlan, EngineError> {
+        let Item { req, event, mark } = item;
+        let event = match event {
+            Some(event) => event,
+            None => self.entry(&req.event_id)?,
+        };
         let (candidates, quantity, pick) = hold_plan(&event, &req.selection)?;
         if self.now_ms() < event.spec.sale_opens_at_ms {
             return Err(Rejection::SaleNotOpen.into());
@@ -365,39 +336,38 @@ impl Engine {
             candidates,
             quantity,
             pick,
-            mark: tag.clone(),
+            mark: mark.or_else(|| tag.clone()),
             tag,
         })
     }
 
-    /// Places a planned hold: in its one section, or in the first of the event's sections
-    /// that has the places.
+    /// Places a hold for any section of its event: in the first of them that has the places.
+    /// A section sold out by a durable snapshot is passed over; one whose snapshot is not
+    /// durable yet is asked (its answer waits for what it depends on).
     async fn place_anywhere(&self, plan: &HoldPlan) -> Result<HoldView, EngineError> {
-        let mut outcome: Result<HoldView, EngineError> = Err(Rejection::SoldOut.into());
-        let any_section = plan.candidates.len() > 1;
         for section in &plan.candidates {
-            if any_section {
-                // A section sold out by a durable snapshot is passed over; one whose snapshot
-                // is not durable yet is asked (its answer waits for what it depends on).
-                if self
-                    .durably_free(&plan.event, section)
-                    .is_some_and(|(free, _)| free < plan.quantity)
-                {
-                    continue;
-                }
-            } else if self.sold_out_durably(plan, section) {
-                break;
+            if self
+                .durably_free(&plan.event, section)
+                .is_some_and(|(free, _)| free < plan.quantity)
+            {
+                continue;
             }
-            let cmd = plan.command(section);
-            outcome = self
-                .ask(&plan.event, section, |reply| SectionMsg::Hold(cmd, reply))
-                .await;
-            match &outcome {
-                Err(EngineError::Rejected(Rejection::SoldOut)) if any_section => continue,
-                _ => break,
+            let cmds = vec![plan.command(section)];
+            let answer = self
+                .ask(&plan.event, section, |reply| SectionMsg::Hold(cmds, reply))
+                .await
+                .and_then(|mut answers| {
+                    answers
+                        .pop()
+                        .ok_or(EngineError::NotReady)?
+                        .map_err(Into::into)
+                });
+            match answer {
+                Err(EngineError::Rejected(Rejection::SoldOut)) => continue,
+                answer => return answer,
             }
         }
-        outcome
+        Err(Rejection::SoldOut.into())
     }
 
     /// The first answer already given to this request's idempotency key, if it was settled with
@@ -513,13 +483,7 @@ impl Engine {
     }
 }
 
-pub(crate) fn fingerprint<T: Serialize>(value: &T) -> u64 {
-    let bytes = codec::encode(value);
-    let digest = Sha256::digest(&bytes);
-    let mut first = [0u8; 8];
-    first.copy_from_slice(&digest[..8]);
-    u64::from_le_bytes(first)
-}
+pub(crate) use codec::fingerprint;
 
 pub(crate) fn idem_tag<T: Serialize>(key: &str, request: &T) -> Option<IdemTag> {
     (!key.is_empty()).then(|| IdemTag {
@@ -663,6 +627,44 @@ fn hold_plan(
             };
             Ok((candidates, *quantity, Pick::Best(*quantity)))
         }
+    }
+}
+
+/// The round of each item: a user's first request is in round 0, their second in round 1
+/// (an item that failed its checks takes no round of its user's).
+fn rounds_of(items: &[Result<Item, EngineError>]) -> Vec<usize> {
+    let mut seen: HashMap<&str, usize> =
+        HashMap::with_capacity_and_hasher(items.len(), Default::default());
+    items
+        .iter()
+        .map(|item| match item {
+            Ok(item) => {
+                let k = seen.entry(item.req.user_id.as_str()).or_insert(0);
+                *k += 1;
+                *k - 1
+            }
+            Err(_) => 0,
+        })
+        .collect()
+}
+
+/// A hold request whose caller fields are checked, with its event if the caller read it
+/// already, and the mark its record carries in place of the request's key (a waitlist
+/// offer's), if any.
+struct Item {
+    req: HoldRequest,
+    event: Option<Arc<EventEntry>>,
+    mark: Option<IdemTag>,
+}
+
+impl Item {
+    /// A request checked: its caller fields, once.
+    fn of(req: HoldRequest) -> Result<Item, EngineError> {
+        Ok(Item {
+            req: req.checked()?.into_request(),
+            event: None,
+            mark: None,
+        })
     }
 }
 

@@ -10,7 +10,7 @@ use crate::booking::{fingerprint, idem_tag, not_found_as, replayed_order};
 use crate::catalog::EventEntry;
 use crate::core::{ConfirmHold, IdemTag};
 use crate::engine::Engine;
-use crate::error::{EngineError, Rejection};
+use crate::error::{EngineError, Rejection, only};
 use crate::ledger::{Answer, Begin, BeginArgs, Rpc};
 use crate::limits::PAYMENT_TOKEN_LEN_MAX;
 use crate::payment::{Charge, PaymentError, PaymentProvider};
@@ -75,7 +75,7 @@ impl Engine {
             now_ms: self.now_ms(),
         };
         if tag.is_some() {
-            match self.inner.ledger.begin(args()).await? {
+            match only(self.inner.ledger.begin(vec![args()]).await)? {
                 Begin::Replay(answer) => return replayed_order(answer),
                 Begin::Proceed => {}
             }
@@ -97,8 +97,13 @@ impl Engine {
                 Ok(order) => self
                     .inner
                     .ledger
-                    .settled(args(), Answer::Order(order.clone())),
-                Err(e) => self.inner.ledger.finish(args(), Err(e.clone())).await?,
+                    .settled(vec![(args(), Answer::Order(order.clone()))]),
+                Err(e) => {
+                    self.inner
+                        .ledger
+                        .finish(vec![(args(), Err(e.clone()))])
+                        .await?
+                }
             }
         }
         outcome

@@ -235,6 +235,12 @@ impl EngineError {
     }
 }
 
+/// The one answer of a call made for one item (a batch of one). No answer at all (never the
+/// case: every call answers each item) is `NOT_READY`.
+pub(crate) fn only<T>(mut answers: Vec<Result<T, EngineError>>) -> Result<T, EngineError> {
+    answers.pop().unwrap_or(Err(EngineError::NotReady))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -187,12 +187,12 @@ impl Offering<'_> {
                 .into()));
                 continue;
             }
-            let a = self.args(user, *quantity);
-            let ledger = &self.engine.inner.ledger;
-            asks.push(async move { (k, user, *quantity, entry, ledger.begin(a).await) });
+            asks.push((k, user, *quantity, entry));
         }
+        let args = asks.iter().map(|(_, u, q, _)| self.args(u, *q)).collect();
+        let begun = self.engine.inner.ledger.begin(args).await;
         let mut plans = Vec::new();
-        for (k, user, quantity, entry, begun) in futures_util::future::join_all(asks).await {
+        for ((k, user, quantity, entry), begun) in asks.into_iter().zip(begun) {
             match begun {
                 Ok(Begin::Proceed) => {
                     plans.push(PlaceHold {
@@ -212,22 +212,28 @@ impl Offering<'_> {
         plans
     }
 
-    /// Gives an offer's quota back. A ledger that cannot take it (only while shutting down) is
-    /// logged; the rest still goes back and the outcomes still return.
-    async fn give_back(&self, user: &UserId, quantity: u32, err: EngineError) {
-        let a = self.args(user, quantity);
-        if let Err(e) = self.engine.inner.ledger.finish(a, Err(err)).await {
+    /// Gives offers' quota back: (user, places, why). A ledger that cannot take it (only while
+    /// shutting down) is logged; the rest still goes back and the outcomes still return.
+    async fn give_back(&self, returns: Vec<(&UserId, u32, EngineError)>) {
+        if returns.is_empty() {
+            return;
+        }
+        let many = returns
+            .into_iter()
+            .map(|(user, quantity, err)| (self.args(user, quantity), Err(err)))
+            .collect();
+        if let Err(e) = self.engine.inner.ledger.finish(many).await {
             tracing::error!(error = %e, "cannot give back an offer's quota");
         }
     }
 
     async fn give_back_all(&self, err: EngineError) {
-        futures_util::future::join_all(
-            self.reserved
-                .iter()
-                .map(|(_, user, quantity)| self.give_back(user, *quantity, err.clone())),
-        )
-        .await;
+        let returns = self
+            .reserved
+            .iter()
+            .map(|(_, user, quantity)| (user, *quantity, err.clone()))
+            .collect();
+        self.give_back(returns).await;
     }
 
     /// Records each placed offer's outcome and gives back the quota of those that did not fit.
@@ -246,12 +252,7 @@ impl Offering<'_> {
                 }
             });
         }
-        futures_util::future::join_all(
-            returns
-                .into_iter()
-                .map(|(user, quantity, err)| self.give_back(user, quantity, err)),
-        )
-        .await;
+        self.give_back(returns).await;
         std::mem::take(&mut self.outcomes)
             .into_iter()
             .map(|o| o.unwrap_or(Err(EngineError::NotReady)))

@@ -120,7 +120,7 @@ pub mod waitlist;
 mod waitlist_calls;
 pub mod warm;
 
-pub use catalog::{SectionFeed, event_id_of_key};
+pub use catalog::{EventRef, EventTerms, SectionFeed, event_id_of_key};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::EngineConfig;
 pub use core::SectionCore;

@@ -41,10 +41,9 @@ type Reply<T> = RpcReplyPort<Result<T, EngineError>>;
 
 /// Messages a section actor takes. Commands are imperative.
 pub(crate) enum SectionMsg {
-    Hold(PlaceHold, Reply<HoldView>),
-    /// Several holds at once (a batch call's holds for this section), answered together, in
-    /// order, once durable.
-    HoldMany(Vec<PlaceHold>, Reply<Vec<Result<HoldView, Rejection>>>),
+    /// Holds (a call's holds for this section; one for a unary hold), placed in order and
+    /// answered together once durable.
+    Hold(Vec<PlaceHold>, Reply<Vec<Result<HoldView, Rejection>>>),
     Confirm(ConfirmHold, Reply<OrderView>),
     Release(HoldId, UserId, Reply<HoldView>),
     ExpireDue(usize, Vec<PlaceHold>, Reply<Expired>),
@@ -77,7 +76,6 @@ impl SectionMsg {
         let err = EngineError::from(e.clone());
         match self {
             SectionMsg::Hold(_, reply) => send(reply, Err(err)),
-            SectionMsg::HoldMany(_, reply) => send(reply, Err(err)),
             SectionMsg::Confirm(_, reply) => send(reply, Err(err)),
             SectionMsg::Release(_, _, reply) => send(reply, Err(err)),
             SectionMsg::ExpireDue(_, _, reply) => send(reply, Err(err)),
@@ -257,11 +255,16 @@ impl SectionState {
                     if let Some(snap) = snap {
                         publisher.publish(snap);
                     }
+                    // Released or expired places count against nobody once durable.
+                    let refunds = ended
+                        .iter()
+                        .filter(|h| matches!(h.status, HoldStatus::Released | HoldStatus::Expired))
+                        .map(|h| (event_id.clone(), h.user_id.clone(), h.quantity))
+                        .collect::<Vec<_>>();
+                    if !refunds.is_empty() {
+                        ledger.refund(refunds);
+                    }
                     for hold in ended {
-                        // Released or expired places count against nobody once durable.
-                        if matches!(hold.status, HoldStatus::Released | HoldStatus::Expired) {
-                            ledger.refund(event_id.clone(), hold.user_id.clone(), hold.quantity);
-                        }
                         notify(&notices, Notice::HoldEnded(hold));
                     }
                 }
@@ -397,8 +400,7 @@ impl Actor for SectionActor {
         };
         match msg {
             None => return Ok(()),
-            Some(SectionMsg::Hold(cmd, reply)) => st.on_hold(cmd, now, reply),
-            Some(SectionMsg::HoldMany(cmds, reply)) => st.on_hold_many(cmds, now, reply),
+            Some(SectionMsg::Hold(cmds, reply)) => st.on_hold(cmds, now, reply),
             Some(SectionMsg::Seal) => {
                 // Everything handled before it is the batch: sealed now, whatever came after.
                 st.seal_queued = false;
@@ -500,7 +502,7 @@ impl SectionState {
         }
     }
 
-    fn on_hold_many(
+    fn on_hold(
         &mut self,
         cmds: Vec<PlaceHold>,
         now: u64,
@@ -522,19 +524,6 @@ impl SectionState {
             }
         }
         self.commit(records, Vec::new(), Vec::new(), after(reply, Ok(answers)));
-    }
-
-    fn on_hold(&mut self, cmd: PlaceHold, now: u64, reply: Reply<HoldView>) {
-        match self.a.core.place_hold(cmd, now) {
-            Ok((view, record)) => {
-                self.counters.holds.increment(1);
-                self.commit(vec![record], Vec::new(), Vec::new(), after(reply, Ok(view)));
-            }
-            Err(r) => {
-                self.counters.rejected(&r);
-                self.commit(Vec::new(), Vec::new(), Vec::new(), after(reply, Err(r)));
-            }
-        }
     }
 
     fn on_confirm(&mut self, cmd: ConfirmHold, now: u64, reply: Reply<OrderView>) {

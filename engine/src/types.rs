@@ -296,6 +296,69 @@ pub struct HoldRequest {
     pub selection: Selection,
 }
 
+impl HoldRequest {
+    /// Checks the request's caller fields (user id, then idempotency key): a request the engine
+    /// takes without checking them again ([`crate::Engine::hold_checked`]). Its selection is
+    /// the event's to judge, when it is placed.
+    pub fn checked(self) -> Result<CheckedHold, Rejection> {
+        let caller = Caller::check(self.user_id, self.idempotency_key)?;
+        Ok(caller.hold(self.event_id, self.selection))
+    }
+}
+
+/// A hold's caller whose fields passed their checks: the user id and the idempotency key. For a
+/// front that checks them before it has a selection (the contract's order), then makes the
+/// [`CheckedHold`] with [`Caller::hold`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller {
+    user_id: UserId,
+    idempotency_key: String,
+}
+
+impl Caller {
+    /// Checks a user id, then an idempotency key.
+    pub fn check(user_id: UserId, idempotency_key: String) -> Result<Caller, Rejection> {
+        check_user_id(&user_id)?;
+        check_idempotency_key(&idempotency_key)?;
+        Ok(Caller {
+            user_id,
+            idempotency_key,
+        })
+    }
+
+    /// The caller's user id.
+    pub fn user_id(&self) -> &UserId {
+        &self.user_id
+    }
+
+    /// This caller's hold of `selection` in `event_id`.
+    pub fn hold(self, event_id: EventId, selection: Selection) -> CheckedHold {
+        CheckedHold(HoldRequest {
+            event_id,
+            user_id: self.user_id,
+            idempotency_key: self.idempotency_key,
+            selection,
+        })
+    }
+}
+
+/// A hold request whose caller fields passed their checks, so nothing checks them again: made
+/// by [`HoldRequest::checked`] or [`Caller::hold`] only.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckedHold(HoldRequest);
+
+impl CheckedHold {
+    /// The request.
+    pub fn request(&self) -> &HoldRequest {
+        &self.0
+    }
+
+    /// The request, given back.
+    pub fn into_request(self) -> HoldRequest {
+        self.0
+    }
+}
+
 /// A request to confirm (pay for) a hold.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConfirmRequest {
@@ -438,26 +501,6 @@ pub struct EventView {
     pub created_at_ms: u64,
     /// Sections in the order given.
     pub sections: Vec<SectionSummary>,
-}
-
-/// The settings of an event that the hot paths (join, hold) read: no sections, so reading them
-/// allocates nothing but the id.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EventTerms {
-    /// The event id.
-    pub event_id: EventId,
-    /// How long a hold lasts, ms.
-    pub hold_ttl_ms: u64,
-    /// Places one user may hold or own.
-    pub per_user_limit: u32,
-    /// Waiting-room admissions per second.
-    pub admit_rate_per_second: u32,
-    /// How long an admitted fan may book, ms.
-    pub admission_window_ms: u64,
-    /// When the sale opens, ms since the Unix epoch.
-    pub sale_opens_at_ms: u64,
-    /// Proof of work a `Join` must carry, in leading zero bits (0: none).
-    pub join_pow_difficulty_bits: u32,
 }
 
 /// A seat with its id, for seat maps.

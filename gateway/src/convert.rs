@@ -233,50 +233,29 @@ pub fn batch_result(
     i: usize,
     answer: Result<pb::Hold, crate::status::ApiError>,
 ) -> pb::HoldBatchResult {
-    use boxoffice_engine::EngineError;
-    use tonic_types::StatusExt;
     let e = match answer {
         Ok(hold) => {
             return pb::HoldBatchResult {
                 result: Some(pb::hold_batch_result::Result::Hold(hold)),
             };
         }
-        // The engine's refusals (most items that fail: SOLD_OUT): their parts directly, as
-        // their status would carry them, without encoding a status to read it back.
-        Err(crate::status::ApiError::Engine(EngineError::Rejected(r))) => {
-            let (code, reason, message, mut metadata) = crate::status::rejection_parts(&r);
-            if let Some(field) = metadata.get_mut("field") {
-                *field = format!("items[{i}].{field}");
-            }
-            return pb::HoldBatchResult {
-                result: Some(pb::hold_batch_result::Result::Error(pb::ItemError {
-                    code: code as i32,
-                    reason: reason.to_owned(),
-                    message,
-                    metadata,
-                    retry_delay_ms: 0,
-                })),
-            };
-        }
         Err(e) => e,
     };
-    let status = tonic::Status::from(e);
-    let details = status.get_error_details();
-    let (reason, metadata) = details
-        .error_info()
-        .map(|info| (info.reason.clone(), info.metadata.clone()))
-        .unwrap_or_default();
-    let retry_delay_ms = details
-        .retry_info()
-        .and_then(|r| r.retry_delay)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    // The parts its status would carry, as they are: nothing encoded to be read back.
+    let parts = e.parts();
+    let mut metadata = parts.metadata;
+    if let Some(field) = metadata.get_mut("field") {
+        *field = format!("items[{i}].{field}");
+    }
     pb::HoldBatchResult {
         result: Some(pb::hold_batch_result::Result::Error(pb::ItemError {
-            code: status.code() as i32,
-            reason,
-            message: status.message().to_owned(),
+            code: parts.code as i32,
+            reason: parts.reason.unwrap_or_default().to_owned(),
+            message: parts.message,
             metadata,
-            retry_delay_ms,
+            retry_delay_ms: parts
+                .retry_delay
+                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
         })),
     }
 }

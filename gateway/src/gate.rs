@@ -128,21 +128,43 @@ impl Gate {
         self.in_flight_max
     }
 
-    fn authenticate(&self, req: &http::Request<Body>) -> Result<(), ApiError> {
-        let key = req
-            .headers()
-            .get(http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
+    fn authenticate(&self, path: &str, authorization: Option<&str>) -> Result<(), ApiError> {
+        let key = authorization
             .and_then(|v| v.strip_prefix("Bearer "))
             .ok_or(ApiError::Unauthenticated)?;
         let scope = self
             .keys
             .scope_of(key.trim())
             .ok_or(ApiError::Unauthenticated)?;
-        if scope != Scope::Admin && ADMIN_RPCS.contains(&req.uri().path()) {
+        if scope != Scope::Admin && ADMIN_RPCS.contains(&path) {
             return Err(ApiError::PermissionDenied);
         }
         Ok(())
+    }
+
+    /// Admits a call of `path` whose caller presents `authorization` (the `Authorization`
+    /// header's value): a known key with the scope the RPC needs, no drain under way, and fewer
+    /// than `in_flight_max` calls running. The call counts in flight until the guard is
+    /// dropped. Both faces admit their calls here (gRPC in [`GateService`], the in-process
+    /// face in [`crate::local`]).
+    pub(crate) fn admit(
+        self: &Arc<Self>,
+        path: &str,
+        authorization: Option<&str>,
+    ) -> Result<InFlight, ApiError> {
+        self.authenticate(path, authorization)?;
+        // Count the call first, then look at the drain flag: a drain that sees no call in
+        // flight can never miss one that is about to start.
+        let count = self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let guard = InFlight(self.clone());
+        if self.draining.load(Ordering::SeqCst) {
+            return Err(ApiError::NotReady);
+        }
+        if count >= self.in_flight_max {
+            metrics::counter!("boxoffice_gateway_shed_total", "scope" => "gate").increment(1);
+            return Err(ApiError::Overloaded("gate"));
+        }
+        Ok(guard)
     }
 }
 
@@ -183,7 +205,8 @@ pub struct GateService<S> {
     gate: Arc<Gate>,
 }
 
-struct InFlight(Arc<Gate>);
+/// A call counted in flight (see [`Gate::admit`]) until this is dropped.
+pub(crate) struct InFlight(Arc<Gate>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
@@ -255,6 +278,14 @@ fn outcome(res: &http::Response<Body>) -> (&'static str, &'static str) {
         None | Some(0) => return ("OK", "none"),
         Some(c) => tonic::Code::from_i32(c),
     };
+    // A status this process made carries its reason beside its details: nothing to decode.
+    if let Some(reason) = res
+        .extensions()
+        .get::<tonic::Status>()
+        .and_then(crate::status::reason_kept)
+    {
+        return (code_name(code), reason);
+    }
     let reason = match headers.get("grpc-status-details-bin") {
         None => "none",
         Some(details) => reason_of_details(details.as_bytes(), headers),
@@ -262,9 +293,18 @@ fn outcome(res: &http::Response<Body>) -> (&'static str, &'static str) {
     (code_name(code), reason)
 }
 
-/// The reason label of an error's details header. The same refusal carries the same bytes
-/// every time (`SOLD_OUT` answers most attempts of a sale), so the label of each distinct
-/// header is kept (up to [`REASON_MEMO_MAX`] of them) instead of decoding it per call.
+/// The labels of an error status: (code, reason); its kept reason if this process made it, else
+/// the one its details carry (a leader's answer, passed on).
+pub(crate) fn labels_of(status: &tonic::Status) -> (&'static str, &'static str) {
+    let reason =
+        crate::status::reason_kept(status).unwrap_or_else(|| crate::status::reason_label(status));
+    (code_name(status.code()), reason)
+}
+
+/// The reason label of an error's details header made elsewhere (a leader's answer, passed
+/// on). The same refusal carries the same bytes every time (`SOLD_OUT` answers most attempts
+/// of a sale), so the label of each distinct header is kept (up to [`REASON_MEMO_MAX`] of them)
+/// instead of decoding it per call.
 fn reason_of_details(details: &[u8], headers: &http::HeaderMap) -> &'static str {
     static MEMO: std::sync::LazyLock<dashmap::DashMap<Box<[u8]>, &'static str>> =
         std::sync::LazyLock::new(dashmap::DashMap::new);
@@ -286,6 +326,16 @@ const REASON_MEMO_MAX: usize = 4_096;
 /// Counts a finished call and records its latency, by method, code and reason.
 fn record(method: &'static str, res: &http::Response<Body>, started: Instant) {
     let (code, reason) = outcome(res);
+    observe(method, code, reason, started);
+}
+
+/// Counts a finished call of either face and records its latency, by method, code and reason.
+pub(crate) fn observe(
+    method: &'static str,
+    code: &'static str,
+    reason: &'static str,
+    started: Instant,
+) {
     let labels = [("method", method), ("code", code), ("reason", reason)];
     metrics::counter!("boxoffice_rpc_handled_total", &labels).increment(1);
     metrics::histogram!("boxoffice_rpc_duration_seconds", &labels)
@@ -341,15 +391,20 @@ fn client_deadline(headers: &http::HeaderMap) -> Option<Duration> {
         "n" => Duration::from_nanos(n),
         _ => return None,
     };
-    Some(d.saturating_sub(Duration::from_millis(1)))
+    Some(short_of(d))
+}
+
+/// A deadline shortened by a millisecond, so that the gate's answer comes before any timer of
+/// the caller's for the same deadline.
+pub(crate) fn short_of(d: Duration) -> Duration {
+    d.saturating_sub(Duration::from_millis(1))
 }
 
 /// The answer to a call whose deadline passed: `DEADLINE_EXCEEDED`, no reason (docs/api.md 7.3).
-fn deadline_exceeded() -> http::Response<Body> {
+pub(crate) fn deadline_exceeded() -> tonic::Status {
     tonic::Status::deadline_exceeded(
         "the call's deadline (grpc-timeout) expired before it finished",
     )
-    .into_http()
 }
 
 impl<S> Service<http::Request<Body>> for GateService<S>
@@ -382,22 +437,14 @@ where
             record(method, &res, started);
             Box::pin(async move { Ok(res) })
         };
-        if let Err(e) = gate.authenticate(&req) {
-            return refuse(e);
-        }
-        // Count the call first, then look at the drain flag: a drain that sees no call in
-        // flight can never miss one that is about to start.
-        let count = gate.in_flight.fetch_add(1, Ordering::SeqCst);
-        let guard = InFlight(gate.clone());
-        if gate.draining.load(Ordering::SeqCst) {
-            drop(guard);
-            return refuse(ApiError::NotReady);
-        }
-        if count >= gate.in_flight_max {
-            drop(guard);
-            metrics::counter!("boxoffice_gateway_shed_total", "scope" => "gate").increment(1);
-            return refuse(ApiError::Overloaded("gate"));
-        }
+        let authorization = req
+            .headers()
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        let guard = match gate.admit(&path, authorization) {
+            Ok(guard) => guard,
+            Err(e) => return refuse(e),
+        };
         let deadline = client_deadline(req.headers());
         Box::pin(async move {
             let res = match deadline {
@@ -416,7 +463,7 @@ where
                         Ok(Err(e)) => Ok(
                             tonic::Status::internal(format!("the call failed: {e}")).into_http()
                         ),
-                        Err(_) => Ok(deadline_exceeded()),
+                        Err(_) => Ok(deadline_exceeded().into_http()),
                     }
                 }
                 None => {
@@ -455,6 +502,27 @@ mod tests {
             assert_eq!(of(bad), None, "{bad:?}");
         }
         assert_eq!(client_deadline(&http::HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn an_answer_made_here_is_labelled_by_its_kept_reason_and_one_from_elsewhere_by_its_details() {
+        use crate::status::ApiError;
+        use boxoffice_engine::Rejection;
+        let made_here = tonic::Status::from(ApiError::from(Rejection::SoldOut)).into_http::<Body>();
+        assert_eq!(outcome(&made_here), ("FAILED_PRECONDITION", "SOLD_OUT"));
+        // Its kept reason is what counts, not its headers: none are decoded.
+        let mut only_kept = made_here;
+        only_kept.headers_mut().remove("grpc-status-details-bin");
+        assert_eq!(outcome(&only_kept), ("FAILED_PRECONDITION", "SOLD_OUT"));
+        // The same answer as a leader's, passed on: read from its details.
+        let (parts, _) = tonic::Status::from(ApiError::from(Rejection::SoldOut))
+            .into_http::<Body>()
+            .into_parts();
+        let mut passed_on = http::Response::new(Body::empty());
+        *passed_on.headers_mut() = parts.headers;
+        assert_eq!(outcome(&passed_on), ("FAILED_PRECONDITION", "SOLD_OUT"));
+        let ok = http::Response::new(Body::empty());
+        assert_eq!(outcome(&ok), ("OK", "none"));
     }
 
     #[test]

@@ -34,6 +34,7 @@ pub mod gate;
 pub mod health;
 pub mod http;
 pub mod limits;
+pub mod local;
 pub mod metrics;
 pub mod net;
 pub mod node;

@@ -25,6 +25,7 @@ use crate::gate::{Gate, GateLayer, Keys, Scope};
 use crate::health::set_health;
 /// Largest request message decoded (see [`crate::limits`]).
 pub use crate::limits::MESSAGE_BYTES_MAX;
+use crate::local::Local;
 use crate::net::Listener;
 pub use crate::node::{GROUPS_FILE, group_dir};
 use crate::node::{Node, Opened, Serving};
@@ -156,11 +157,11 @@ fn grpc_router(
         ))
 }
 
-/// Binds and serves the HTTP API on `addr`, calling the gRPC server at `grpc`; returns the
+/// Binds and serves the HTTP API on `addr`, calling the services through `local`; returns the
 /// bound address, the stop signal, the task.
 async fn serve_http(
     addr: SocketAddr,
-    grpc: SocketAddr,
+    local: Arc<Local>,
     extra: Option<axum::Router>,
 ) -> anyhow::Result<MetricsServing> {
     let l = tokio::net::TcpListener::bind(addr)
@@ -170,7 +171,7 @@ async fn serve_http(
     // `/ops` reads this process's metrics: the recorder must be there before the engine's
     // series are made (also without a metrics port).
     crate::metrics::install();
-    let app = crate::http::router(crate::http::Backend::new(grpc)?, extra);
+    let app = crate::http::router(crate::http::Backend::new(local), extra);
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
         let shutdown = async move {
@@ -230,10 +231,16 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
         }
         None => (None, None),
     };
+    // The HTTP API calls the same gate, routing and services in process.
+    let local = Arc::new(Local::new(
+        gate.clone(),
+        groups.clone(),
+        cluster.as_ref().map(|(_, forwarder)| forwarder.clone()),
+    ));
     let router = grpc_router(&gate, health_service, &groups, &config, cluster)?;
     let (stop_grpc, grpc_task) = serve_grpc(listener, router);
     let mut background = Vec::new();
-    let (http_addr, stop_http) = serve_http_of(&config, addr, &mut background).await?;
+    let (http_addr, stop_http) = serve_http_of(&config, local, &mut background).await?;
     let (metrics_addr, stop_metrics) =
         serve_metrics_of(&config, &gate, &readies[0], &mut background).await?;
     let sweeper: SweeperSlot = Arc::default();
@@ -325,17 +332,17 @@ async fn serve_metrics_of(
     Ok((Some(addr), Some(stop)))
 }
 
-/// The HTTP API of `config`, if any, calling the gRPC server at `grpc`: its address and stop
+/// The HTTP API of `config`, if any, calling the services through `local`: its address and stop
 /// signal.
 async fn serve_http_of(
     config: &ServerConfig,
-    grpc: SocketAddr,
+    local: Arc<Local>,
     background: &mut Vec<tokio::task::JoinHandle<()>>,
 ) -> anyhow::Result<(Option<SocketAddr>, Option<oneshot::Sender<()>>)> {
     let Some(h) = config.http_listen else {
         return Ok((None, None));
     };
-    let (addr, stop, task) = serve_http(h, grpc, config.http_routes.clone()).await?;
+    let (addr, stop, task) = serve_http(h, local, config.http_routes.clone()).await?;
     background.push(task);
     Ok((Some(addr), Some(stop)))
 }

@@ -57,12 +57,120 @@ impl From<Rejection> for ApiError {
     }
 }
 
-fn status(code: Code, reason: &str, message: String, metadata: HashMap<String, String>) -> Status {
-    if metadata.is_empty() {
-        return plain_status(code, reason, message);
+/// The parts of a status this process made ([`ErrorParts::into_status`]), kept beside its
+/// encoded details (as the status's source), so that nothing here decodes what it just encoded:
+/// the gate labels the answer by its kept reason, the HTTP API makes its problem from them.
+/// Only statuses this process made have them: a leader's forwarded answer is read from its
+/// details.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Kept(ErrorParts);
+
+impl std::fmt::Display for Kept {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0.reason.unwrap_or("none"))
     }
-    let details = ErrorDetails::with_error_info(reason, DOMAIN, metadata);
-    Status::with_error_details(code, message, details)
+}
+
+impl std::error::Error for Kept {}
+
+/// The parts a status made by this process was made of (see [`Kept`]); `None` for one made
+/// elsewhere.
+pub fn parts_kept(s: &Status) -> Option<&ErrorParts> {
+    use std::error::Error;
+    s.source()?.downcast_ref::<Kept>().map(|k| &k.0)
+}
+
+/// The reason a status made by this process carries (see [`Kept`]); `None` for one made
+/// elsewhere, or one without a reason.
+pub fn reason_kept(s: &Status) -> Option<&'static str> {
+    parts_kept(s)?.reason
+}
+
+/// What an error's answer carries, as [`ApiError::parts`] makes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErrorParts {
+    /// The gRPC code.
+    pub code: Code,
+    /// The `ErrorInfo` reason (`None`: a status without details, `UNAUTHENTICATED` and
+    /// `PERMISSION_DENIED` of the gate).
+    pub reason: Option<&'static str>,
+    /// For humans.
+    pub message: String,
+    /// The `ErrorInfo` metadata.
+    pub metadata: HashMap<String, String>,
+    /// The `RetryInfo` delay, if any.
+    pub retry_delay: Option<std::time::Duration>,
+    /// The `BadRequest` violation (field, why), for `INVALID_REQUEST`.
+    pub violation: Option<(String, String)>,
+}
+
+fn parts(
+    code: Code,
+    reason: &'static str,
+    message: String,
+    metadata: HashMap<String, String>,
+) -> ErrorParts {
+    ErrorParts {
+        code,
+        reason: Some(reason),
+        message,
+        metadata,
+        retry_delay: None,
+        violation: None,
+    }
+}
+
+impl ErrorParts {
+    /// Parts without details: a code and a message.
+    fn bare(code: Code, message: &str) -> ErrorParts {
+        ErrorParts {
+            code,
+            reason: None,
+            message: message.to_owned(),
+            metadata: HashMap::new(),
+            retry_delay: None,
+            violation: None,
+        }
+    }
+
+    /// A rejection's parts (for an `INVALID_REQUEST` the `BadRequest` adds the field's
+    /// violation).
+    pub fn of_rejection(r: &Rejection) -> ErrorParts {
+        let (code, reason, message, meta) = rejection_parts(r);
+        let mut p = parts(code, reason, message, meta);
+        if let Rejection::InvalidRequest { field, reason: why } = r {
+            p.violation = Some((field.clone(), why.clone()));
+        }
+        p
+    }
+
+    /// The gRPC status: `ErrorInfo` (domain `boxoffice`), and `RetryInfo` and `BadRequest`
+    /// where the parts have them, with the parts kept beside it (see [`Kept`]).
+    pub fn into_status(self) -> Status {
+        let kept = std::sync::Arc::new(Kept(self.clone()));
+        let mut s = match self.reason {
+            None => Status::new(self.code, self.message),
+            Some(reason)
+                if self.metadata.is_empty()
+                    && self.retry_delay.is_none()
+                    && self.violation.is_none() =>
+            {
+                plain_status(self.code, reason, self.message)
+            }
+            Some(reason) => {
+                let mut details = ErrorDetails::with_error_info(reason, DOMAIN, self.metadata);
+                if let Some(delay) = self.retry_delay {
+                    details.set_retry_info(Some(delay));
+                }
+                if let Some((field, why)) = self.violation {
+                    details.add_bad_request_violation(field, why);
+                }
+                Status::with_error_details(self.code, self.message, details)
+            }
+        };
+        s.set_source(kept);
+        s
+    }
 }
 
 /// A status whose `ErrorInfo` has no metadata: the same refusal (`SOLD_OUT`, most answers of a
@@ -85,16 +193,6 @@ fn plain_status(code: Code, reason: &str, message: String) -> Status {
 
 /// Most distinct metadata-free statuses [`plain_status`] keeps encoded.
 const PLAIN_MEMO_MAX: usize = 256;
-
-fn rejection_status(r: &Rejection) -> Status {
-    let (code, reason, message, meta) = rejection_parts(r);
-    if let Rejection::InvalidRequest { field, reason: why } = r {
-        let mut details = ErrorDetails::with_error_info(reason, DOMAIN, meta);
-        details.add_bad_request_violation(field.clone(), why.clone());
-        return Status::with_error_details(code, message, details);
-    }
-    status(code, reason, message, meta)
-}
 
 /// What the status of a rejection carries: its code, `ErrorInfo` reason and metadata, and its
 /// message (for an `INVALID_REQUEST` the `BadRequest` adds the field's violation).
@@ -139,22 +237,25 @@ pub fn rejection_parts(r: &Rejection) -> (Code, &'static str, String, HashMap<St
     (code, reason, message, meta)
 }
 
-impl From<ApiError> for Status {
+impl ApiError {
+    /// What this error's answer carries: one table for every face (a gRPC status, a batch
+    /// item's error, an HTTP problem), so none of them decodes another's encoding.
     // Over 70 lines: one arm per error, so the whole mapping to codes and reasons is one table.
-    fn from(e: ApiError) -> Status {
+    pub fn parts(&self) -> ErrorParts {
         let none = HashMap::new;
-        match e {
-            ApiError::Engine(EngineError::Rejected(r)) => rejection_status(&r),
+        match self.clone() {
+            ApiError::Engine(EngineError::Rejected(r)) => ErrorParts::of_rejection(&r),
             ApiError::Engine(EngineError::Overloaded(what)) | ApiError::Overloaded(what) => {
-                let mut details = ErrorDetails::with_error_info("OVERLOADED", DOMAIN, none());
-                details.set_retry_info(Some(crate::limits::OVERLOADED_RETRY_DELAY));
-                Status::with_error_details(
+                let mut p = parts(
                     Code::ResourceExhausted,
+                    "OVERLOADED",
                     format!("overloaded ({what}); back off and retry"),
-                    details,
-                )
+                    none(),
+                );
+                p.retry_delay = Some(crate::limits::OVERLOADED_RETRY_DELAY);
+                p
             }
-            ApiError::Engine(EngineError::NotReady) | ApiError::NotReady => status(
+            ApiError::Engine(EngineError::NotReady) | ApiError::NotReady => parts(
                 Code::Unavailable,
                 "NOT_READY",
                 "not ready: recovering or shutting down".into(),
@@ -169,7 +270,7 @@ impl From<ApiError> for Status {
                     }
                     _ => "the engine stopped: nothing was acknowledged; retry after a restart",
                 };
-                status(
+                parts(
                     Code::Unavailable,
                     "STORAGE_FAILED",
                     message.to_owned(),
@@ -184,32 +285,32 @@ impl From<ApiError> for Status {
                 } else {
                     (Code::Unavailable, "PAYMENT_UNAVAILABLE")
                 };
-                status(
+                parts(
                     code,
                     why,
                     format!("{reason}; retry the confirm with the same payment token"),
                     none(),
                 )
             }
-            ApiError::TokenInvalid(what) => status(
+            ApiError::TokenInvalid(what) => parts(
                 Code::Unauthenticated,
                 "TOKEN_INVALID",
                 format!("{what} is invalid"),
                 none(),
             ),
-            ApiError::TokenExpired => status(
+            ApiError::TokenExpired => parts(
                 Code::Unauthenticated,
                 "TOKEN_EXPIRED",
                 "the admission window is over".into(),
                 none(),
             ),
-            ApiError::NotAdmitted => status(
+            ApiError::NotAdmitted => parts(
                 Code::PermissionDenied,
                 "NOT_ADMITTED",
                 "not admitted yet: keep polling the waiting room".into(),
                 none(),
             ),
-            ApiError::QueueFull => status(
+            ApiError::QueueFull => parts(
                 Code::ResourceExhausted,
                 "QUEUE_FULL",
                 "the waiting room is full; back off and retry".into(),
@@ -227,22 +328,25 @@ impl From<ApiError> for Status {
                     PowError::Expired => "the join challenge expired: get a new one",
                     PowError::Reused => "the join challenge was used already: get a new one",
                 };
-                status(
+                parts(
                     Code::FailedPrecondition,
                     e.reason(),
                     message.to_owned(),
                     none(),
                 )
             }
-            ApiError::Unauthenticated => Status::unauthenticated(
+            ApiError::Unauthenticated => ErrorParts::bare(
+                Code::Unauthenticated,
                 "missing or unknown API key: send `authorization: Bearer <key>`",
             ),
-            ApiError::PermissionDenied => Status::permission_denied("this RPC needs an admin key"),
+            ApiError::PermissionDenied => {
+                ErrorParts::bare(Code::PermissionDenied, "this RPC needs an admin key")
+            }
             ApiError::SeatMapTooLarge {
                 event_id,
                 size,
                 limit,
-            } => status(
+            } => parts(
                 Code::ResourceExhausted,
                 "SEAT_MAP_TOO_LARGE",
                 format!(
@@ -256,6 +360,12 @@ impl From<ApiError> for Status {
                 ]),
             ),
         }
+    }
+}
+
+impl From<ApiError> for Status {
+    fn from(e: ApiError) -> Status {
+        e.parts().into_status()
     }
 }
 
@@ -347,6 +457,25 @@ pub fn reason_of(status: &Status) -> Option<String> {
 mod tests {
     use super::*;
     use boxoffice_engine::SeatId;
+
+    #[test]
+    fn the_reason_kept_beside_a_status_is_the_one_its_details_carry() {
+        let mut with_reason = 0;
+        for e in every_error() {
+            let s = Status::from(e.clone());
+            assert_eq!(reason_kept(&s), reason_of(&s).as_deref(), "{e:?}");
+            with_reason += usize::from(reason_kept(&s).is_some());
+        }
+        assert!(with_reason > 30, "{with_reason}");
+        // A status made elsewhere (a leader's, read back from its headers) has none kept.
+        let s = Status::from(ApiError::from(Rejection::SoldOut));
+        let read = Status::from_header_map(s.clone().into_http::<tonic::body::Body>().headers());
+        assert_eq!(read.as_ref().and_then(reason_kept), None);
+        assert_eq!(
+            read.as_ref().and_then(reason_of).as_deref(),
+            Some("SOLD_OUT")
+        );
+    }
 
     #[test]
     fn every_rejection_has_the_documented_code_and_reason() {
@@ -476,12 +605,13 @@ mod tests {
         let sold_out: Status = ApiError::from(Rejection::SoldOut).into();
         assert_eq!(reason_label(&sold_out), "SOLD_OUT");
         assert_eq!(reason_label(&Status::unauthenticated("no key")), "none");
-        let foreign = status(
+        let foreign = parts(
             Code::FailedPrecondition,
             "SOMEONE_ELSES_REASON",
             String::new(),
             HashMap::new(),
-        );
+        )
+        .into_status();
         assert_eq!(reason_label(&foreign), "other");
     }
 

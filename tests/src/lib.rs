@@ -8,6 +8,7 @@
 pub mod cases;
 pub mod child;
 pub mod children;
+pub mod faces;
 pub mod http;
 pub mod payments;
 pub mod promtool;

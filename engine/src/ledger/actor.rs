@@ -13,40 +13,26 @@ use crate::error::{EngineError, Rejection};
 use crate::store::{Store, StreamWriter};
 use crate::types::{EventId, UserId};
 
+/// The seven kinds of message a shard takes (one of them for tests only). Each change takes
+/// many items: a unary call sends one.
 pub(crate) enum LedgerMsg {
-    Begin(BeginArgs, RpcReplyPort<Result<Begin, EngineError>>),
-    /// Several begins at once (a batch call's users of this shard), decided in order (so a
-    /// user's items share one quota) and answered together once any refusal they record is
-    /// durable.
-    BeginMany(
+    /// Begins requests (quota reserved, keys checked), decided in order (so a user's items share
+    /// one quota) and answered together once any refusal they record is durable.
+    Begin(
         Vec<BeginArgs>,
         RpcReplyPort<Result<Vec<Result<Begin, EngineError>>, EngineError>>,
     ),
-    /// Several finishes at once (see `Finish`), answered once what they record is durable.
-    FinishMany(
+    /// Finishes begun requests that failed (quota back, a keyed refusal recorded), answered once
+    /// what they record is durable.
+    Finish(
         Vec<(BeginArgs, Result<Answer, EngineError>)>,
         RpcReplyPort<Result<(), EngineError>>,
     ),
-    /// Several successes to record, fire and forget (see `Settled`).
-    SettledMany(Vec<(BeginArgs, Answer)>),
-    /// Several refunds (see `Refund`): (event, user, places).
-    RefundMany(Vec<(EventId, UserId, u32)>),
-    Finish {
-        args: BeginArgs,
-        outcome: Result<Answer, EngineError>,
-        reply: RpcReplyPort<Result<(), EngineError>>,
-    },
-    /// A success to record, fire and forget: the caller's reply goes out after this message is
+    /// Successes to record, fire and forget: the caller's reply goes out after this message is
     /// queued, so any replay the caller sends later is queued behind it (one mailbox, FIFO).
-    Settled {
-        args: BeginArgs,
-        answer: Answer,
-    },
-    Refund {
-        event_id: EventId,
-        user_id: UserId,
-        quantity: u32,
-    },
+    Settled(Vec<(BeginArgs, Answer)>),
+    /// Quota given back: (event, user, places).
+    Refund(Vec<(EventId, UserId, u32)>),
     /// The settled first answer of a key, if the request matches; no effect.
     Lookup {
         user_id: UserId,
@@ -55,16 +41,19 @@ pub(crate) enum LedgerMsg {
         now_ms: u64,
         reply: RpcReplyPort<Option<Result<Answer, Rejection>>>,
     },
-    /// How many idempotency keys the shard remembers.
-    KeysRemembered(RpcReplyPort<usize>),
-    Usage {
-        event_id: EventId,
-        user_id: UserId,
-        reply: RpcReplyPort<u32>,
-    },
+    /// A count the shard keeps.
+    Count(Count, RpcReplyPort<usize>),
     /// Test support: panic in the handler (to exercise supervision).
     #[cfg(feature = "test-support")]
     Panic,
+}
+
+/// What a [`LedgerMsg::Count`] counts.
+pub(crate) enum Count {
+    /// The places a user holds or owns for an event.
+    Usage(EventId, UserId),
+    /// The idempotency keys the shard remembers.
+    KeysRemembered,
 }
 
 /// One ledger shard actor.
@@ -78,30 +67,36 @@ pub(crate) struct ShardArgs {
 }
 
 impl ShardArgs {
-    /// Records a refusal durably (applied at once), then replies `ok`.
-    fn record<T: Send + 'static>(
+    /// Decides begins in order, applying each refusal it records at once (so the next item of
+    /// the same user sees it); answers once those are durable.
+    fn begin(
         &mut self,
-        record: LedgerRecord,
-        reply: RpcReplyPort<Result<T, EngineError>>,
-        ok: T,
+        many: Vec<BeginArgs>,
+        reply: RpcReplyPort<Result<Vec<Result<Begin, EngineError>>, EngineError>>,
     ) {
-        let job = self.stream.append(
-            std::slice::from_ref(&record),
-            Vec::new(),
-            Box::new(move |r| {
-                let _ = reply.send(r.map(|()| ok).map_err(EngineError::from));
-            }),
-        );
-        self.state.apply(record);
-        let state = &self.state;
-        self.store
-            .submit_with_checkpoint(job, &mut self.stream, self.checkpoint_every, || {
-                state.checkpoint_state()
-            });
+        if let Err(e) = self.store.halt.check() {
+            let _ = reply.send(Err(e.into()));
+            return;
+        }
+        let mut records = Vec::new();
+        let mut answers = Vec::with_capacity(many.len());
+        for args in &many {
+            let decision = self.state.decide_begin(args);
+            if decision.is_user_limit() {
+                metrics::counter!("boxoffice_ledger_user_limit_total").increment(1);
+            }
+            match decision {
+                BeginDecision::Answer(answer) => answers.push(answer),
+                BeginDecision::Record(record, answer) => {
+                    self.state.apply(record.clone());
+                    records.push(record);
+                    answers.push(Ok(answer));
+                }
+            }
+        }
+        self.log_applied(records, reply, answers);
     }
-}
 
-impl ShardArgs {
     /// Logs refusals already applied to the state, then replies `ok` once they are durable;
     /// with nothing to log, replies at once.
     fn log_applied<T: Send + 'static>(
@@ -142,7 +137,6 @@ impl Actor for LedgerShard {
         Ok(args)
     }
 
-    // Over 70 lines: one arm per message kind, each a short call into the shard's core.
     async fn handle(
         &self,
         _myself: ActorRef<Self::Msg>,
@@ -150,57 +144,8 @@ impl Actor for LedgerShard {
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            LedgerMsg::Begin(args, reply) => {
-                if let Err(e) = st.store.halt.check() {
-                    let _ = reply.send(Err(e.into()));
-                    return Ok(());
-                }
-                let decision = st.state.decide_begin(&args);
-                if decision.is_user_limit() {
-                    metrics::counter!("boxoffice_ledger_user_limit_total").increment(1);
-                }
-                match decision {
-                    BeginDecision::Answer(answer) => {
-                        let _ = reply.send(answer);
-                    }
-                    BeginDecision::Record(record, answer) => st.record(record, reply, answer),
-                }
-            }
-            LedgerMsg::Finish {
-                args,
-                outcome,
-                reply,
-            } => match st.state.decide_finish(&args, outcome) {
-                FinishDecision::Done => {
-                    let _ = reply.send(Ok(()));
-                }
-                FinishDecision::Record(record) => st.record(record, reply, ()),
-            },
-            LedgerMsg::BeginMany(many, reply) => {
-                if let Err(e) = st.store.halt.check() {
-                    let _ = reply.send(Err(e.into()));
-                    return Ok(());
-                }
-                let mut records = Vec::new();
-                let mut answers = Vec::with_capacity(many.len());
-                for args in &many {
-                    let decision = st.state.decide_begin(args);
-                    if decision.is_user_limit() {
-                        metrics::counter!("boxoffice_ledger_user_limit_total").increment(1);
-                    }
-                    match decision {
-                        BeginDecision::Answer(answer) => answers.push(answer),
-                        BeginDecision::Record(record, answer) => {
-                            // Applied now, so the next item of the same user sees it.
-                            st.state.apply(record.clone());
-                            records.push(record);
-                            answers.push(Ok(answer));
-                        }
-                    }
-                }
-                st.log_applied(records, reply, answers);
-            }
-            LedgerMsg::FinishMany(many, reply) => {
+            LedgerMsg::Begin(many, reply) => st.begin(many, reply),
+            LedgerMsg::Finish(many, reply) => {
                 let mut records = Vec::new();
                 for (args, outcome) in many {
                     if let FinishDecision::Record(record) = st.state.decide_finish(&args, outcome) {
@@ -210,22 +155,16 @@ impl Actor for LedgerShard {
                 }
                 st.log_applied(records, reply, ());
             }
-            LedgerMsg::RefundMany(many) => {
-                for (event_id, user_id, quantity) in many {
-                    st.state.refund(&event_id, &user_id, quantity);
-                }
-            }
-            LedgerMsg::SettledMany(many) => {
+            LedgerMsg::Settled(many) => {
                 for (args, answer) in many {
                     st.state.settle(&args, answer);
                 }
             }
-            LedgerMsg::Settled { args, answer } => st.state.settle(&args, answer),
-            LedgerMsg::Refund {
-                event_id,
-                user_id,
-                quantity,
-            } => st.state.refund(&event_id, &user_id, quantity),
+            LedgerMsg::Refund(many) => {
+                for (event_id, user_id, quantity) in many {
+                    st.state.refund(&event_id, &user_id, quantity);
+                }
+            }
             LedgerMsg::Lookup {
                 user_id,
                 rpc,
@@ -235,15 +174,12 @@ impl Actor for LedgerShard {
             } => {
                 let _ = reply.send(st.state.lookup(user_id, rpc, tag, now_ms));
             }
-            LedgerMsg::KeysRemembered(reply) => {
-                let _ = reply.send(st.state.keys_len());
-            }
-            LedgerMsg::Usage {
-                event_id,
-                user_id,
-                reply,
-            } => {
-                let _ = reply.send(st.state.usage(&event_id, &user_id));
+            LedgerMsg::Count(count, reply) => {
+                let n = match count {
+                    Count::Usage(event_id, user_id) => st.state.usage(&event_id, &user_id) as usize,
+                    Count::KeysRemembered => st.state.keys_len(),
+                };
+                let _ = reply.send(n);
             }
             #[cfg(feature = "test-support")]
             LedgerMsg::Panic => panic!("test support: a ledger shard was told to panic"),

@@ -28,7 +28,7 @@ use crate::types::{EventId, UserId};
 mod actor;
 mod core;
 
-pub(crate) use actor::{LedgerMsg, LedgerShard, ShardArgs};
+pub(crate) use actor::{Count, LedgerMsg, LedgerShard, ShardArgs};
 pub(crate) use core::{Answer, Begin, BeginArgs, LedgerRecord, Rpc, ShardState};
 
 /// A shard and the items for it, each with its position among all items.
@@ -69,38 +69,11 @@ impl Ledger {
         &self.shards[shard_of(user, self.shards.len())]
     }
 
-    pub async fn begin(&self, args: BeginArgs) -> Result<Begin, EngineError> {
-        let shard = self.shard(&args.user_id).clone();
-        shard
-            .call(|reply| LedgerMsg::Begin(args, reply), None)
-            .await
-            .map_err(gone)?
-            .success_or(EngineError::NotReady)?
-    }
-
-    pub async fn finish(
-        &self,
-        args: BeginArgs,
-        outcome: Result<Answer, EngineError>,
-    ) -> Result<(), EngineError> {
-        let shard = self.shard(&args.user_id).clone();
-        shard
-            .call(
-                |reply| LedgerMsg::Finish {
-                    args,
-                    outcome,
-                    reply,
-                },
-                None,
-            )
-            .await
-            .map_err(gone)?
-            .success_or(EngineError::NotReady)?
-    }
-
-    /// `begin` for many requests: one message per shard (the shards decide at once), each
-    /// shard deciding its requests in the order given. Answers in the order given.
-    pub async fn begin_many(&self, many: Vec<BeginArgs>) -> Vec<Result<Begin, EngineError>> {
+    /// Begins requests: quota reserved and keys checked, one message per shard (the shards
+    /// decide at once), each shard deciding its requests in the order given (so a user's
+    /// requests share one quota) and answering once any refusal it records is durable.
+    /// Answers in the order given.
+    pub async fn begin(&self, many: Vec<BeginArgs>) -> Vec<Result<Begin, EngineError>> {
         let n = many.len();
         let calls = self
             .by_shard(many, |a| &a.user_id)
@@ -109,7 +82,7 @@ impl Ledger {
                 let (at, args): (Vec<usize>, Vec<BeginArgs>) = items.into_iter().unzip();
                 async move {
                     let answers = shard
-                        .call(|reply| LedgerMsg::BeginMany(args, reply), None)
+                        .call(|reply| LedgerMsg::Begin(args, reply), None)
                         .await
                         .map_err(gone)
                         .and_then(|r| r.success_or(EngineError::NotReady))
@@ -136,8 +109,10 @@ impl Ledger {
         out
     }
 
-    /// `finish` for many requests (one message per shard); the first error, if any.
-    pub async fn finish_many(
+    /// Finishes begun requests that failed (one message per shard): their quota back, and a
+    /// keyed refusal recorded as its key's first answer. Returns once that is durable; the first
+    /// error, if any.
+    pub async fn finish(
         &self,
         many: Vec<(BeginArgs, Result<Answer, EngineError>)>,
     ) -> Result<(), EngineError> {
@@ -148,7 +123,7 @@ impl Ledger {
                 let items = items.into_iter().map(|(_, m)| m).collect();
                 async move {
                     shard
-                        .call(|reply| LedgerMsg::FinishMany(items, reply), None)
+                        .call(|reply| LedgerMsg::Finish(items, reply), None)
                         .await
                         .map_err(gone)?
                         .success_or(EngineError::NotReady)?
@@ -160,19 +135,21 @@ impl Ledger {
             .collect()
     }
 
-    /// `settled` for many successes (one message per shard), without waiting.
-    pub fn settled_many(&self, many: Vec<(BeginArgs, Answer)>) {
+    /// Records successes as their keys' first answers (one message per shard), without
+    /// waiting (see `LedgerMsg::Settled`).
+    pub fn settled(&self, many: Vec<(BeginArgs, Answer)>) {
         for (shard, items) in self.by_shard(many, |m| &m.0.user_id) {
             let items = items.into_iter().map(|(_, m)| m).collect();
-            let _ = shard.cast(LedgerMsg::SettledMany(items));
+            let _ = shard.cast(LedgerMsg::Settled(items));
         }
     }
 
-    /// `refund` of many (event, user, places), one message per shard. Fire and forget.
-    pub fn refund_many(&self, many: Vec<(EventId, UserId, u32)>) {
+    /// Gives back quota: (event, user, places), one message per shard. Fire and forget:
+    /// callable from any thread.
+    pub fn refund(&self, many: Vec<(EventId, UserId, u32)>) {
         for (shard, items) in self.by_shard(many, |m| &m.1) {
             let items = items.into_iter().map(|(_, m)| m).collect();
-            let _ = shard.cast(LedgerMsg::RefundMany(items));
+            let _ = shard.cast(LedgerMsg::Refund(items));
         }
     }
 
@@ -189,22 +166,6 @@ impl Ledger {
             .filter(|(_, items)| !items.is_empty())
             .map(|(i, items)| (self.shards[i].clone(), items))
             .collect()
-    }
-
-    /// Records a success without waiting (see `LedgerMsg::Settled`).
-    pub fn settled(&self, args: BeginArgs, answer: Answer) {
-        let _ = self
-            .shard(&args.user_id)
-            .cast(LedgerMsg::Settled { args, answer });
-    }
-
-    /// Gives back quota of a hold that ended. Fire and forget: callable from any thread.
-    pub fn refund(&self, event_id: EventId, user_id: UserId, quantity: u32) {
-        let _ = self.shard(&user_id).cast(LedgerMsg::Refund {
-            event_id,
-            user_id,
-            quantity,
-        });
     }
 
     pub async fn lookup(
@@ -233,16 +194,13 @@ impl Ledger {
     pub async fn usage(&self, event_id: EventId, user_id: UserId) -> Result<u32, EngineError> {
         self.shard(&user_id)
             .call(
-                |reply| LedgerMsg::Usage {
-                    event_id,
-                    user_id,
-                    reply,
-                },
+                |reply| LedgerMsg::Count(Count::Usage(event_id, user_id), reply),
                 None,
             )
             .await
             .map_err(gone)?
             .success_or(EngineError::NotReady)
+            .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
     }
 
     /// Test support: makes the shard of `user` panic.
@@ -258,7 +216,7 @@ impl Ledger {
         let mut n = 0;
         for shard in self.shards.iter() {
             n += shard
-                .call(LedgerMsg::KeysRemembered, None)
+                .call(|reply| LedgerMsg::Count(Count::KeysRemembered, reply), None)
                 .await
                 .map_err(gone)?
                 .success_or(EngineError::NotReady)?;

@@ -717,3 +717,55 @@ async fn a_leader_cut_off_from_its_majority_stops_answering() {
         n.terminate();
     }
 }
+
+/// The table of good and bad requests that a single server answers alike over gRPC and HTTP
+/// (`tests/tests/it/faces.rs`), sent to a node that does not lead the table's event: each call
+/// is forwarded to the leader (the HTTP face's from its in-process service layer), and every
+/// answer is still the same; with one Raft group, and with two (`ListEvents` merges both).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_answers_the_table_alike_over_grpc_and_http() {
+    for groups in [1, 2] {
+        follower_table(groups).await;
+    }
+}
+
+async fn follower_table(groups: u32) {
+    use boxoffice_tests::faces::{Faces, compare};
+    let tmp = tempfile::tempdir().unwrap();
+    let lay = layout(tmp.path());
+    let http: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", common::free_port()))
+        .collect();
+    let n = groups.to_string();
+    let mut nodes: Vec<Node> = (0..3)
+        .map(|i| lay.start_with(i, &["--http-listen", &http[i], "--groups", &n]))
+        .collect();
+    for n in &nodes {
+        n.wait_ready();
+    }
+    let g = boxoffice_gateway::node::forward::group_of_event("faces", groups);
+    let l = leader_of(&nodes, g).await;
+    let f = (l + 1) % 3;
+    let faces = Faces::new(
+        &channel(&lay.addrs[f]),
+        http[f].parse().unwrap(),
+        ADMIN,
+        CLIENT,
+    );
+    let on_follower = faces.client.grpc.clone();
+    let table = compare(&faces, "faces", |event, user| {
+        let mut c = on_follower.clone();
+        async move { common::admitted(&mut c, &event, &user).await }
+    })
+    .await;
+    let (rows, errors) = table.summary();
+    println!(
+        "{groups} group(s), node {} (group {g} led by node {}): {rows} rows compared, {errors} \
+         of them errors",
+        f + 1,
+        l + 1
+    );
+    for n in &mut nodes {
+        n.terminate();
+    }
+}

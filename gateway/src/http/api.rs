@@ -1,12 +1,11 @@
 //! The seeds' REST paths over the `boxoffice.v1` services. Each handler turns its request into
-//! the gRPC request, calls the server's own gRPC port ([`Backend`]: so the gate's API keys,
-//! shedding and metrics, the services' validation and idempotency, and a cluster node's
-//! forwarding all apply exactly as to a gRPC caller), and turns the answer into JSON, or its
-//! error into a problem ([`super::problem`]).
+//! the contract's request message, calls the services in process ([`Backend`], over
+//! [`crate::local`]: the gate's API keys, shedding and metrics, the services' validation and
+//! idempotency, and a cluster node's forwarding apply exactly as to a gRPC caller, through the
+//! same code), and turns the answer into JSON, or its error into a problem
+//! ([`super::problem`]).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 use axum::Json;
 use axum::body::Bytes;
@@ -15,84 +14,48 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use boxoffice_proto::v1 as pb;
-use pb::booking_service_client::BookingServiceClient;
-use pb::event_service_client::EventServiceClient;
-use pb::waiting_room_service_client::WaitingRoomServiceClient;
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
-use tonic::transport::{Channel, Endpoint};
+use tonic::Status;
+
+use crate::local::{Local, Unary};
 
 use super::problem::{Problem, Refusal};
 use super::types::*;
 
-/// How long the HTTP layer's own gRPC call may take (a caller that leaves sooner cancels it).
-const CALL_TIMEOUT: Duration = Duration::from_secs(30);
-/// Connections to the gRPC port (each carries up to 256 calls at once).
-const CHANNELS: usize = 4;
-
-/// The server's own gRPC port, as the HTTP API calls it.
+/// The server's services as the HTTP API calls them: in process ([`Local`]), through the same
+/// gate, routing and handlers as a gRPC call, without a second gRPC call.
 #[derive(Clone)]
 pub struct Backend {
-    channels: Arc<[Channel]>,
-    next: Arc<AtomicUsize>,
+    local: Arc<Local>,
 }
 
 impl Backend {
-    /// Calls to the gRPC server at `grpc` (an unspecified address means this machine's
-    /// loopback). Connects on first use.
-    pub fn new(grpc: std::net::SocketAddr) -> anyhow::Result<Backend> {
-        let mut addr = grpc;
-        if addr.ip().is_unspecified() {
-            addr.set_ip(match addr {
-                std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
-                std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
-            });
-        }
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))?
-            .tcp_nodelay(true)
-            .connect_timeout(Duration::from_secs(5))
-            .http2_keep_alive_interval(Duration::from_secs(30));
-        let channels: Vec<Channel> = (0..CHANNELS).map(|_| endpoint.connect_lazy()).collect();
-        Ok(Backend {
-            channels: channels.into(),
-            next: Arc::default(),
-        })
+    /// Calls through `local`.
+    pub fn new(local: Arc<Local>) -> Backend {
+        Backend { local }
     }
 
-    fn channel(&self) -> Channel {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.channels.len();
-        self.channels[i].clone()
+    /// Calls `req`'s RPC with the caller's API key (`Authorization: Bearer`).
+    pub async fn call<R: Unary>(&self, headers: &HeaderMap, req: R) -> Result<R::Answer, Status> {
+        self.local.call(authorization(headers), req).await
     }
 
-    /// `msg` as a gRPC request carrying the caller's API key (`Authorization: Bearer`).
-    pub fn request<T>(&self, headers: &HeaderMap, msg: T) -> tonic::Request<T> {
-        let mut r = tonic::Request::new(msg);
-        r.set_timeout(CALL_TIMEOUT);
-        if let Some(v) = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok())
-        {
-            r.metadata_mut().insert("authorization", v);
-        }
-        r
+    /// `ListEvents` (every group's, merged), with the caller's API key.
+    pub async fn list_events(
+        &self,
+        headers: &HeaderMap,
+        req: pb::ListEventsRequest,
+    ) -> Result<pb::ListEventsResponse, Status> {
+        self.local.list_events(authorization(headers), req).await
     }
+}
 
-    /// A client of `EventService` (seat maps up to the largest the server answers).
-    pub fn events(&self) -> EventServiceClient<Channel> {
-        EventServiceClient::new(self.channel())
-            .max_decoding_message_size(crate::limits::SEAT_MAP_BYTES_MAX + (1 << 20))
-    }
-
-    /// A client of `WaitingRoomService`.
-    pub fn room(&self) -> WaitingRoomServiceClient<Channel> {
-        WaitingRoomServiceClient::new(self.channel())
-    }
-
-    /// A client of `BookingService`.
-    pub fn booking(&self) -> BookingServiceClient<Channel> {
-        BookingServiceClient::new(self.channel())
-    }
+/// The caller's `Authorization` header, if it is text.
+fn authorization(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
 }
 
 /// A JSON body (an empty body is the type's default), or `INVALID_REQUEST` (field `request`):
@@ -194,8 +157,7 @@ pub async fn queue_token(
 ) -> Result<Response, Refusal> {
     let q = query(q)?;
     let ticket = b
-        .room()
-        .join(b.request(
+        .call(
             &headers,
             pb::JoinRequest {
                 event_id,
@@ -204,9 +166,8 @@ pub async fn queue_token(
                 join_challenge: q.join_challenge,
                 pow_nonce: q.pow_nonce,
             },
-        ))
-        .await?
-        .into_inner();
+        )
+        .await?;
     Ok(json(StatusCode::OK, &QueueToken::from(ticket)))
 }
 
@@ -226,16 +187,14 @@ pub async fn join_challenge(
 ) -> Result<Response, Refusal> {
     let q = query(q)?;
     let c = b
-        .room()
-        .get_join_challenge(b.request(
+        .call(
             &headers,
             pb::GetJoinChallengeRequest {
                 event_id,
                 user_id: q.user_id,
             },
-        ))
-        .await?
-        .into_inner();
+        )
+        .await?;
     Ok(json(StatusCode::OK, &JoinChallenge::from(c)))
 }
 
@@ -262,24 +221,18 @@ pub async fn queue_status(
         )));
     }
     let s = b
-        .room()
-        .get_status(b.request(
+        .call(
             &headers,
             pb::GetStatusRequest {
                 queue_token: q.token,
             },
-        ))
-        .await?
-        .into_inner();
+        )
+        .await?;
     Ok(json(StatusCode::OK, &QueueStatus::from(s)))
 }
 
 async fn hold(b: &Backend, headers: &HeaderMap, req: pb::HoldRequest) -> Result<Response, Refusal> {
-    let h = b
-        .booking()
-        .hold(b.request(headers, req))
-        .await?
-        .into_inner();
+    let h = b.call(headers, req).await?;
     let location = format!("/v1/holds/{}", h.hold_id);
     Ok(created(location, &Hold::from(h)))
 }
@@ -346,11 +299,7 @@ async fn confirm(
     headers: &HeaderMap,
     req: pb::ConfirmRequest,
 ) -> Result<Response, Refusal> {
-    let o = b
-        .booking()
-        .confirm(b.request(headers, req))
-        .await?
-        .into_inner();
+    let o = b.call(headers, req).await?;
     let location = format!("/v1/orders/{}", o.order_id);
     Ok(created(location, &Order::from(o)))
 }
@@ -423,15 +372,14 @@ pub async fn release_hold(
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Refusal> {
     let r: ReleaseBody = body(raw)?;
-    b.booking()
-        .release(b.request(
-            &headers,
-            pb::ReleaseRequest {
-                hold_id,
-                user_id: r.user_id,
-            },
-        ))
-        .await?;
+    b.call(
+        &headers,
+        pb::ReleaseRequest {
+            hold_id,
+            user_id: r.user_id,
+        },
+    )
+    .await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -451,16 +399,14 @@ pub async fn get_hold(
 ) -> Result<Response, Refusal> {
     let q = query(q)?;
     let h = b
-        .booking()
-        .get_hold(b.request(
+        .call(
             &headers,
             pb::GetHoldRequest {
                 hold_id,
                 user_id: q.user_id,
             },
-        ))
-        .await?
-        .into_inner();
+        )
+        .await?;
     Ok(json(StatusCode::OK, &Hold::from(h)))
 }
 
@@ -480,16 +426,14 @@ pub async fn get_order(
 ) -> Result<Response, Refusal> {
     let q = query(q)?;
     let o = b
-        .booking()
-        .get_order(b.request(
+        .call(
             &headers,
             pb::GetOrderRequest {
                 order_id,
                 user_id: q.user_id,
             },
-        ))
-        .await?
-        .into_inner();
+        )
+        .await?;
     Ok(json(StatusCode::OK, &Order::from(o)))
 }
 
@@ -509,11 +453,7 @@ pub async fn create_event(
 ) -> Result<Response, Refusal> {
     let mut r: CreateEventBody = body(raw)?;
     let key = idempotency_key(&headers, std::mem::take(&mut r.idempotency_key))?;
-    let e = b
-        .events()
-        .create_event(b.request(&headers, r.into_request(key)))
-        .await?
-        .into_inner();
+    let e = b.call(&headers, r.into_request(key)).await?;
     let location = format!("/v1/events/{}", e.event_id);
     Ok(created(location, &Event::from(e)))
 }
@@ -531,11 +471,7 @@ pub async fn get_event(
     Path(event_id): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, Refusal> {
-    let e = b
-        .events()
-        .get_event(b.request(&headers, pb::GetEventRequest { event_id }))
-        .await?
-        .into_inner();
+    let e = b.call(&headers, pb::GetEventRequest { event_id }).await?;
     Ok(json(StatusCode::OK, &Event::from(e)))
 }
 
@@ -554,23 +490,15 @@ pub async fn list_events(
 ) -> Result<Response, Refusal> {
     let q = query(q)?;
     let page = b
-        .events()
-        .list_events(b.request(
+        .list_events(
             &headers,
             pb::ListEventsRequest {
                 page_size: q.page_size,
                 page_token: q.page_token,
             },
-        ))
-        .await?
-        .into_inner();
-    Ok(json(
-        StatusCode::OK,
-        &EventPage {
-            events: page.events.into_iter().map(Event::from).collect(),
-            next_page_token: page.next_page_token,
-        },
-    ))
+        )
+        .await?;
+    Ok(json(StatusCode::OK, &EventPage::from(page)))
 }
 
 /// The seat map's validator: made of what the answer shows (the event, the part asked, and
@@ -624,17 +552,15 @@ pub async fn seats(
 ) -> Result<Response, Refusal> {
     let q = query(q)?;
     let map = b
-        .events()
-        .get_seat_map(b.request(
+        .call(
             &headers,
             pb::GetSeatMapRequest {
                 event_id,
                 section_id: q.section.clone(),
                 first_row: q.first_row,
             },
-        ))
-        .await?
-        .into_inner();
+        )
+        .await?;
     let etag = seat_map_etag(&map, &q.section, q.first_row);
     let changed_ms = map
         .sections
@@ -643,7 +569,7 @@ pub async fn seats(
         .max()
         .unwrap_or(0)
         .max(0) as u64;
-    let changed = std::time::UNIX_EPOCH + Duration::from_secs(changed_ms / 1_000);
+    let changed = std::time::UNIX_EPOCH + std::time::Duration::from_secs(changed_ms / 1_000);
     let not_modified = match none_match(&headers, &etag) {
         Some(m) => m,
         None => headers

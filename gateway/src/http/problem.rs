@@ -88,12 +88,44 @@ pub fn http_status(code: Code, reason: Option<&str>) -> StatusCode {
 }
 
 impl Problem {
-    /// The problem of a gRPC status.
+    /// The problem of a gRPC status: from the parts it was made of if this process made it
+    /// (nothing decoded), else from its details (a leader's answer, passed on).
     pub fn from_status(status: &tonic::Status) -> Problem {
+        match crate::status::parts_kept(status) {
+            Some(parts) => Problem::from_parts(parts),
+            None => Problem::from_details(status),
+        }
+    }
+
+    /// The problem of an error's parts ([`crate::status::ApiError::parts`]).
+    pub fn from_parts(parts: &crate::status::ErrorParts) -> Problem {
+        let reason = parts.reason.filter(|r| !r.is_empty()).map(str::to_owned);
+        let metadata: BTreeMap<String, String> = parts
+            .metadata
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let field = parts
+            .violation
+            .as_ref()
+            .map(|(field, _)| field.clone())
+            .or_else(|| metadata.get("field").cloned());
+        let retry_after_ms = parts.retry_delay.map(|d| d.as_millis() as u64);
+        Problem::of(
+            parts.code,
+            reason,
+            parts.message.clone(),
+            metadata,
+            field,
+            retry_after_ms,
+        )
+    }
+
+    /// The problem of a status made elsewhere, read from its details.
+    fn from_details(status: &tonic::Status) -> Problem {
         let details = status.get_error_details();
         let info = details.error_info();
         let reason = info.map(|i| i.reason.clone()).filter(|r| !r.is_empty());
-        let http = http_status(status.code(), reason.as_deref());
         let metadata: BTreeMap<String, String> = info
             .map(|i| i.metadata.clone().into_iter().collect())
             .unwrap_or_default();
@@ -106,6 +138,25 @@ impl Problem {
             .retry_info()
             .and_then(|r| r.retry_delay)
             .map(|d| d.as_millis() as u64);
+        Problem::of(
+            status.code(),
+            reason,
+            status.message().to_owned(),
+            metadata,
+            field,
+            retry_after_ms,
+        )
+    }
+
+    fn of(
+        code: Code,
+        reason: Option<String>,
+        detail: String,
+        metadata: BTreeMap<String, String>,
+        field: Option<String>,
+        retry_after_ms: Option<u64>,
+    ) -> Problem {
+        let http = http_status(code, reason.as_deref());
         Problem {
             kind: reason.as_ref().map_or_else(
                 || "about:blank".to_owned(),
@@ -115,9 +166,9 @@ impl Problem {
                 .clone()
                 .unwrap_or_else(|| http.canonical_reason().unwrap_or("Error").to_owned()),
             status: http.as_u16(),
-            detail: status.message().to_owned(),
+            detail,
             reason,
-            grpc_code: code_name(status.code()).to_owned(),
+            grpc_code: code_name(code).to_owned(),
             metadata,
             field,
             retry_after_ms,
@@ -128,9 +179,7 @@ impl Problem {
     /// JSON, a header that contradicts the body): the same reason and code a gRPC call gets.
     pub fn invalid(field: &str, detail: impl Into<String>) -> Problem {
         let rejection = boxoffice_engine::Rejection::invalid(field, detail);
-        Problem::from_status(&tonic::Status::from(crate::status::ApiError::from(
-            rejection,
-        )))
+        Problem::from_parts(&crate::status::ApiError::from(rejection).parts())
     }
 
     fn http(&self) -> StatusCode {

@@ -569,6 +569,15 @@ pub struct EventPage {
     pub next_page_token: String,
 }
 
+impl From<pb::ListEventsResponse> for EventPage {
+    fn from(page: pb::ListEventsResponse) -> EventPage {
+        EventPage {
+            events: page.events.into_iter().map(Event::from).collect(),
+            next_page_token: page.next_page_token,
+        }
+    }
+}
+
 /// `GET /v1/events/{id}/seats`: which part of the map.
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(rename_all = "camelCase")]

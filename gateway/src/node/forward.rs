@@ -28,7 +28,10 @@ use tonic::body::Body;
 use tonic::transport::{Channel, Endpoint};
 use tower::{Layer, Service};
 
+use boxoffice_engine::types::{HoldId, OrderId};
+use boxoffice_proto::v1 as pb;
 use http_body_util::{BodyExt, Full};
+use prost::Message;
 
 use crate::limits::MESSAGE_BYTES_MAX;
 use crate::node::peers::ClusterSecret;
@@ -84,7 +87,7 @@ impl Forwarder {
     }
 
     /// How many groups.
-    fn group_count(&self) -> u32 {
+    pub(crate) fn group_count(&self) -> u32 {
         u32::try_from(self.rafts.len()).unwrap_or(u32::MAX)
     }
 
@@ -107,6 +110,74 @@ impl Forwarder {
             return None;
         }
         self.channel(leader).map(|c| (leader, c))
+    }
+
+    /// Where group `g`'s calls are served now: here if this node serves the group (or nobody
+    /// is known to: the services answer `NOT_READY`), else at the group's leader.
+    pub(crate) fn place(&self, g: u32) -> Place {
+        if self.serves(g) {
+            return Place::Here;
+        }
+        match self.leader(g) {
+            Some((leader, channel)) => Place::Leader(leader, channel),
+            // No leader known (an election), or this node leads and is still recovering.
+            None => Place::Here,
+        }
+    }
+
+    /// Sends a call of group `g` to its leader `leader` over `channel`, marked as forwarded by
+    /// this node; its whole answer, or `NOT_READY` (indefinite: the leader did not answer in
+    /// [`FORWARD_TIMEOUT`], or not in whole).
+    async fn forward(
+        &self,
+        g: u32,
+        leader: u64,
+        mut channel: Channel,
+        mut req: http::Request<Body>,
+    ) -> Result<http::Response<Body>, tonic::Status> {
+        self.mark(req.headers_mut(), g);
+        let method = crate::gate::method_label(req.uri().path());
+        metrics::counter!("boxoffice_cluster_forwarded_total", "method" => method).increment(1);
+        // A channel is a buffer: ready first, then called; never longer than FORWARD_TIMEOUT
+        // (the caller's own deadline is the gate's).
+        match tokio::time::timeout(FORWARD_TIMEOUT, send(&mut channel, req)).await {
+            Ok(Ok(res)) => Ok(res),
+            Ok(Err(e)) => {
+                tracing::warn!(leader, group = g, error = %e, "forwarding to the leader failed");
+                Err(tonic::Status::from(ApiError::NotReady))
+            }
+            Err(_) => {
+                tracing::warn!(
+                    leader,
+                    group = g,
+                    "the leader did not answer a forwarded call in time"
+                );
+                Err(tonic::Status::from(ApiError::NotReady))
+            }
+        }
+    }
+
+    /// A typed call of `path` for group `g`, sent to its leader as a forwarded call with the
+    /// caller's key (`authorization`, an `Authorization` header's value) and `deadline`: the
+    /// leader's answer, read.
+    pub(crate) async fn ask_leader<Req: Message, Res: Message + Default>(
+        &self,
+        (g, leader, channel): (u32, u64, Channel),
+        path: &str,
+        authorization: Option<&str>,
+        deadline: Duration,
+        req: &Req,
+    ) -> Result<Res, tonic::Status> {
+        let mut caller = http::HeaderMap::new();
+        if let Some(v) = authorization.and_then(|a| http::HeaderValue::from_str(a).ok()) {
+            caller.insert(http::header::AUTHORIZATION, v);
+        }
+        let timeout = format!("{}m", deadline.as_millis());
+        if let Ok(v) = http::HeaderValue::from_str(&timeout) {
+            caller.insert("grpc-timeout", v);
+        }
+        let req = unary_request(path, &caller, g, req)?;
+        read_answer(self.forward(g, leader, channel, req).await?).await
     }
 
     /// A connection to node `node`.
@@ -310,8 +381,7 @@ where
     dispatch(f, inner, g, req).await
 }
 
-/// Serves a call of group `g` here if this node serves that group (or nobody is known to: the
-/// services answer `NOT_READY`), else forwards it to the group's leader.
+/// Serves a call of group `g` where [`Forwarder::place`] says: here, or at the group's leader.
 async fn dispatch<S>(
     f: Arc<Forwarder>,
     mut inner: S,
@@ -322,34 +392,12 @@ where
     S: Service<http::Request<Body>, Response = http::Response<Body>>,
 {
     req.extensions_mut().insert(GroupOf(g as usize));
-    if f.serves(g) {
-        return inner.call(req).await;
-    }
-    let Some((leader, mut channel)) = f.leader(g) else {
-        // No leader known (an election), or this node leads and is still recovering: the
-        // services answer NOT_READY.
-        return inner.call(req).await;
-    };
-    f.mark(req.headers_mut(), g);
-    let method = crate::gate::method_label(req.uri().path());
-    metrics::counter!("boxoffice_cluster_forwarded_total", "method" => method).increment(1);
-    // A channel is a buffer: ready first, then called; never longer than FORWARD_TIMEOUT (the
-    // caller's own deadline is the gate's).
-    let sent = tokio::time::timeout(FORWARD_TIMEOUT, send(&mut channel, req)).await;
-    match sent {
-        Ok(Ok(res)) => Ok(res),
-        Ok(Err(e)) => {
-            tracing::warn!(leader, group = g, error = %e, "forwarding to the leader failed");
-            Ok(answer(tonic::Status::from(ApiError::NotReady)))
-        }
-        Err(_) => {
-            tracing::warn!(
-                leader,
-                group = g,
-                "the leader did not answer a forwarded call in time"
-            );
-            Ok(answer(tonic::Status::from(ApiError::NotReady)))
-        }
+    match f.place(g) {
+        Place::Here => inner.call(req).await,
+        Place::Leader(leader, channel) => Ok(match f.forward(g, leader, channel, req).await {
+            Ok(res) => res,
+            Err(status) => answer(status),
+        }),
     }
 }
 
@@ -385,9 +433,17 @@ fn whole_body(whole: http_body_util::Collected<bytes::Bytes>) -> Body {
 /// The 5 bytes before a gRPC message: compressed flag, length.
 const FRAME_HEADER: usize = 5;
 
+/// Where a group's calls are served (see [`Forwarder::place`]).
+pub(crate) enum Place {
+    /// Here.
+    Here,
+    /// At this leader, over this connection.
+    Leader(u64, Channel),
+}
+
 /// How a public call finds its group.
 #[derive(Debug, PartialEq, Eq)]
-enum Route {
+pub enum Route {
     /// The group of this event.
     Event(String),
     /// Every group (`ListEvents`).
@@ -424,100 +480,142 @@ fn frame(msg: &[u8]) -> bytes::Bytes {
     out.into()
 }
 
-/// The route of a call to `path` with request body `body`, and the body to send on: the same,
-/// except for a `CreateEvent` without an event id or idempotency key, which gets an event id
-/// here (as the engine would make one: `ev-` and a ULID), so that its group is known.
+/// A request of the contract as the cluster routes it: by the event it names (directly, or in a
+/// hold, order or waitlist entry id or a queue token). One implementation per request: the gRPC
+/// face reads the request from its body ([`route_of`]), the in-process face has it typed.
+pub trait Routed {
+    /// The route.
+    fn route(&self) -> Route;
+
+    /// Names the request's event if it names none yet, as the engine would (only a
+    /// `CreateEvent` without an event id or idempotency key: `ev-` and a ULID), so that its group
+    /// is known. Whether it did.
+    fn name_event(&mut self) -> bool {
+        false
+    }
+}
+
+macro_rules! routed_by {
+    ($req:ty, |$m:ident| $event:expr) => {
+        impl Routed for $req {
+            fn route(&self) -> Route {
+                let $m = self;
+                let event: Option<String> = $event;
+                event.map_or(Route::Unknown, Route::Event)
+            }
+        }
+    };
+}
+
+impl Routed for pb::ListEventsRequest {
+    fn route(&self) -> Route {
+        Route::All
+    }
+}
+
+impl Routed for pb::CreateEventRequest {
+    /// Its event id, or the one the engine derives from its idempotency key (every retry
+    /// lands in one group).
+    fn route(&self) -> Route {
+        if !self.event_id.is_empty() {
+            Route::Event(self.event_id.clone())
+        } else if !self.idempotency_key.is_empty() {
+            Route::Event(boxoffice_engine::event_id_of_key(&self.idempotency_key).0)
+        } else {
+            Route::Unknown
+        }
+    }
+
+    fn name_event(&mut self) -> bool {
+        if !self.event_id.is_empty() || !self.idempotency_key.is_empty() {
+            return false;
+        }
+        self.event_id = format!("ev-{}", boxoffice_engine::rt::ulid()).to_lowercase();
+        true
+    }
+}
+
+fn of_hold(id: &str) -> Option<String> {
+    HoldId::from(id).route().map(|(e, _)| e.0)
+}
+
+routed_by!(pb::GetEventRequest, |m| Some(m.event_id.clone()));
+routed_by!(pb::GetSeatMapRequest, |m| Some(m.event_id.clone()));
+routed_by!(pb::JoinRequest, |m| Some(m.event_id.clone()));
+routed_by!(pb::GetJoinChallengeRequest, |m| Some(m.event_id.clone()));
+routed_by!(
+    pb::GetStatusRequest,
+    |m| crate::tokens::event_of_unverified(&m.queue_token)
+);
+routed_by!(pb::HoldRequest, |m| Some(m.event_id.clone()));
+routed_by!(pb::HoldBatchRequest, |m| Some(m.event_id.clone()));
+routed_by!(pb::ConfirmRequest, |m| of_hold(&m.hold_id));
+routed_by!(pb::ReleaseRequest, |m| of_hold(&m.hold_id));
+routed_by!(pb::GetHoldRequest, |m| of_hold(&m.hold_id));
+routed_by!(pb::GetOrderRequest, |m| OrderId::from(m.order_id.as_str())
+    .route()
+    .map(|(e, _)| e.0));
+routed_by!(pb::JoinWaitlistRequest, |m| Some(m.event_id.clone()));
+routed_by!(pb::GetWaitlistEntryRequest, |m| m
+    .entry_id
+    .split_once('.')
+    .map(|(e, _)| e.to_owned()));
+
+/// The route of a call to `path` with request body `body` (see [`Routed`]), and the body to
+/// send on: the same, except for a `CreateEvent` that [`Routed::name_event`] named.
 fn route_of(path: &str, headers: &http::HeaderMap, body: bytes::Bytes) -> (Route, bytes::Bytes) {
-    use boxoffice_engine::types::{HoldId, OrderId};
     use boxoffice_proto::v1 as pb;
-    use prost::Message;
-    fn ev<M: Message + Default>(msg: &[u8], event: impl FnOnce(M) -> Option<String>) -> Route {
-        M::decode(msg)
-            .ok()
-            .and_then(event)
-            .map_or(Route::Unknown, Route::Event)
+    fn read<M: Message + Default + Routed>(
+        msg: &[u8],
+        body: bytes::Bytes,
+    ) -> (Route, bytes::Bytes) {
+        let Ok(mut m) = M::decode(msg) else {
+            return (Route::Unknown, body);
+        };
+        if m.name_event() {
+            (m.route(), frame(&m.encode_to_vec()))
+        } else {
+            (m.route(), body)
+        }
     }
     let Some(msg) = message(headers, &body) else {
         return (Route::Unknown, body);
     };
-    let route = match path {
-        "/boxoffice.v1.EventService/ListEvents" => Route::All,
-        "/boxoffice.v1.EventService/CreateEvent" => {
-            let msg = msg.into_owned();
-            return create_route(&msg, body);
-        }
-        "/boxoffice.v1.EventService/GetEvent" => {
-            ev(&msg, |m: pb::GetEventRequest| Some(m.event_id))
-        }
-        "/boxoffice.v1.EventService/GetSeatMap" => {
-            ev(&msg, |m: pb::GetSeatMapRequest| Some(m.event_id))
-        }
-        "/boxoffice.v1.WaitingRoomService/Join" => ev(&msg, |m: pb::JoinRequest| Some(m.event_id)),
+    let msg = msg.into_owned();
+    match path {
+        "/boxoffice.v1.EventService/ListEvents" => (Route::All, body),
+        "/boxoffice.v1.EventService/CreateEvent" => read::<pb::CreateEventRequest>(&msg, body),
+        "/boxoffice.v1.EventService/GetEvent" => read::<pb::GetEventRequest>(&msg, body),
+        "/boxoffice.v1.EventService/GetSeatMap" => read::<pb::GetSeatMapRequest>(&msg, body),
+        "/boxoffice.v1.WaitingRoomService/Join" => read::<pb::JoinRequest>(&msg, body),
         "/boxoffice.v1.WaitingRoomService/GetJoinChallenge" => {
-            ev(&msg, |m: pb::GetJoinChallengeRequest| Some(m.event_id))
+            read::<pb::GetJoinChallengeRequest>(&msg, body)
         }
-        "/boxoffice.v1.WaitingRoomService/GetStatus" => ev(&msg, |m: pb::GetStatusRequest| {
-            crate::tokens::event_of_unverified(&m.queue_token)
-        }),
-        "/boxoffice.v1.BookingService/Hold" => ev(&msg, |m: pb::HoldRequest| Some(m.event_id)),
-        "/boxoffice.v1.BookingService/HoldBatch" => {
-            ev(&msg, |m: pb::HoldBatchRequest| Some(m.event_id))
-        }
-        "/boxoffice.v1.BookingService/Confirm" => ev(&msg, |m: pb::ConfirmRequest| {
-            HoldId::from(m.hold_id.as_str()).route().map(|(e, _)| e.0)
-        }),
-        "/boxoffice.v1.BookingService/Release" => ev(&msg, |m: pb::ReleaseRequest| {
-            HoldId::from(m.hold_id.as_str()).route().map(|(e, _)| e.0)
-        }),
-        "/boxoffice.v1.BookingService/GetHold" => ev(&msg, |m: pb::GetHoldRequest| {
-            HoldId::from(m.hold_id.as_str()).route().map(|(e, _)| e.0)
-        }),
-        "/boxoffice.v1.BookingService/GetOrder" => ev(&msg, |m: pb::GetOrderRequest| {
-            OrderId::from(m.order_id.as_str()).route().map(|(e, _)| e.0)
-        }),
-        "/boxoffice.v1.WaitlistService/JoinWaitlist" => {
-            ev(&msg, |m: pb::JoinWaitlistRequest| Some(m.event_id))
-        }
+        "/boxoffice.v1.WaitingRoomService/GetStatus" => read::<pb::GetStatusRequest>(&msg, body),
+        "/boxoffice.v1.BookingService/Hold" => read::<pb::HoldRequest>(&msg, body),
+        "/boxoffice.v1.BookingService/HoldBatch" => read::<pb::HoldBatchRequest>(&msg, body),
+        "/boxoffice.v1.BookingService/Confirm" => read::<pb::ConfirmRequest>(&msg, body),
+        "/boxoffice.v1.BookingService/Release" => read::<pb::ReleaseRequest>(&msg, body),
+        "/boxoffice.v1.BookingService/GetHold" => read::<pb::GetHoldRequest>(&msg, body),
+        "/boxoffice.v1.BookingService/GetOrder" => read::<pb::GetOrderRequest>(&msg, body),
+        "/boxoffice.v1.WaitlistService/JoinWaitlist" => read::<pb::JoinWaitlistRequest>(&msg, body),
         "/boxoffice.v1.WaitlistService/GetWaitlistEntry" => {
-            ev(&msg, |m: pb::GetWaitlistEntryRequest| {
-                m.entry_id.split_once('.').map(|(e, _)| e.to_owned())
-            })
+            read::<pb::GetWaitlistEntryRequest>(&msg, body)
         }
-        _ => Route::Unknown,
-    };
-    (route, body)
-}
-
-/// The route of a `CreateEvent` (see [`route_of`]): its event id, the one the engine derives
-/// from its idempotency key (every retry lands in one group), or one made here, written into
-/// the body sent on.
-fn create_route(msg: &[u8], body: bytes::Bytes) -> (Route, bytes::Bytes) {
-    use prost::Message;
-    let Ok(mut m) = boxoffice_proto::v1::CreateEventRequest::decode(msg) else {
-        return (Route::Unknown, body);
-    };
-    if !m.event_id.is_empty() {
-        (Route::Event(m.event_id), body)
-    } else if !m.idempotency_key.is_empty() {
-        let event = boxoffice_engine::event_id_of_key(&m.idempotency_key).0;
-        (Route::Event(event), body)
-    } else {
-        m.event_id = format!("ev-{}", boxoffice_engine::rt::ulid()).to_lowercase();
-        let event = m.event_id.clone();
-        (Route::Event(event), frame(&m.encode_to_vec()))
+        _ => (Route::Unknown, body),
     }
 }
 
-/// The `ListEvents` request `sub` of group `g`, with the caller's key and deadline (this
-/// request's own framing and encodings).
-fn list_request(
+/// The unary call `m` of `path` for group `g`, with the caller's headers (its key and
+/// deadline; not this request's own framing and encodings).
+fn unary_request<M: Message>(
+    path: &str,
     caller: &http::HeaderMap,
     g: u32,
-    sub: &boxoffice_proto::v1::ListEventsRequest,
+    m: &M,
 ) -> Result<http::Request<Body>, tonic::Status> {
-    use prost::Message;
-    let mut req = http::Request::post("/boxoffice.v1.EventService/ListEvents")
-        .body(Body::new(Full::new(frame(&sub.encode_to_vec()))))
+    let mut req = http::Request::post(path)
+        .body(Body::new(Full::new(frame(&m.encode_to_vec()))))
         .map_err(|e| tonic::Status::internal(e.to_string()))?;
     for (name, value) in caller {
         if !matches!(
@@ -535,6 +633,74 @@ fn list_request(
         .insert(http::header::TE, http::HeaderValue::from_static("trailers"));
     req.extensions_mut().insert(GroupOf(g as usize));
     Ok(req)
+}
+
+/// A unary answer, read: its message, or its status (in its headers, or its trailers).
+async fn read_answer<M: Message + Default>(res: http::Response<Body>) -> Result<M, tonic::Status> {
+    let (parts, body) = res.into_parts();
+    if let Some(status) = tonic::Status::from_header_map(&parts.headers)
+        && status.code() != tonic::Code::Ok
+    {
+        return Err(status);
+    }
+    let collected = body
+        .collect()
+        .await
+        .map_err(|_| tonic::Status::from(ApiError::NotReady))?;
+    if let Some(status) = collected
+        .trailers()
+        .and_then(tonic::Status::from_header_map)
+        && status.code() != tonic::Code::Ok
+    {
+        return Err(status);
+    }
+    let bytes = collected.to_bytes();
+    let msg = message(&http::HeaderMap::new(), &bytes)
+        .ok_or_else(|| tonic::Status::internal("an answer without a message"))?;
+    M::decode(&*msg).map_err(|e| tonic::Status::internal(format!("an answer: {e}")))
+}
+
+/// The page each group is asked for, for a `ListEvents` of several groups: the size asked (the
+/// merged page takes the first of their events).
+pub(crate) fn page_of_group(
+    asked: &boxoffice_proto::v1::ListEventsRequest,
+) -> boxoffice_proto::v1::ListEventsRequest {
+    boxoffice_proto::v1::ListEventsRequest {
+        page_size: u32::try_from(page_size(asked)).unwrap_or(u32::MAX),
+        page_token: asked.page_token.clone(),
+    }
+}
+
+fn page_size(asked: &boxoffice_proto::v1::ListEventsRequest) -> usize {
+    match asked.page_size as usize {
+        0 => crate::limits::LIST_PAGE_DEFAULT,
+        n => n.min(crate::limits::LIST_PAGE_MAX),
+    }
+}
+
+/// The groups' pages merged in event id order into one page of the size asked, as one group
+/// would answer it.
+pub(crate) fn merge_pages(
+    asked: &boxoffice_proto::v1::ListEventsRequest,
+    pages: Vec<boxoffice_proto::v1::ListEventsResponse>,
+) -> boxoffice_proto::v1::ListEventsResponse {
+    let size = page_size(asked);
+    let mut more = false;
+    let mut events = Vec::new();
+    for page in pages {
+        more |= !page.next_page_token.is_empty();
+        events.extend(page.events);
+    }
+    events.sort_by(|a, b| a.event_id.cmp(&b.event_id));
+    if events.len() > size {
+        more = true;
+        events.truncate(size);
+    }
+    let next_page_token = crate::services::grpc::next_page_token(&events, more);
+    boxoffice_proto::v1::ListEventsResponse {
+        events,
+        next_page_token,
+    }
 }
 
 /// `ListEvents` over several groups: each group's page (served here, or by its leader), merged
@@ -593,46 +759,26 @@ where
         let (f, inner, headers) = (self.f.clone(), self.inner.clone(), self.headers.clone());
         Box::pin(async move {
             let asked = req.into_inner();
-            let size = match asked.page_size as usize {
-                0 => crate::limits::LIST_PAGE_DEFAULT,
-                n => n.min(crate::limits::LIST_PAGE_MAX),
-            };
             // Every group at once, each within FORWARD_TIMEOUT (so the whole within it too).
             let mut asking = tokio::task::JoinSet::new();
             for g in 0..f.group_count() {
-                let sub = boxoffice_proto::v1::ListEventsRequest {
-                    page_size: u32::try_from(size).unwrap_or(u32::MAX),
-                    page_token: asked.page_token.clone(),
-                };
+                let sub = page_of_group(&asked);
                 let (f, inner, headers) = (f.clone(), inner.clone(), headers.clone());
                 asking.spawn(async move { one_group(&f, inner, &headers, g, &sub).await });
             }
-            let mut events = Vec::new();
-            let mut more = false;
+            let mut pages = Vec::new();
             while let Some(page) = asking.join_next().await {
-                let page =
-                    page.map_err(|e| tonic::Status::internal(format!("listing a group: {e}")))??;
-                more |= !page.next_page_token.is_empty();
-                events.extend(page.events);
+                pages.push(
+                    page.map_err(|e| tonic::Status::internal(format!("listing a group: {e}")))??,
+                );
             }
-            events.sort_by(|a, b| a.event_id.cmp(&b.event_id));
-            if events.len() > size {
-                more = true;
-                events.truncate(size);
-            }
-            let next_page_token = crate::services::grpc::next_page_token(&events, more);
-            Ok(tonic::Response::new(
-                boxoffice_proto::v1::ListEventsResponse {
-                    events,
-                    next_page_token,
-                },
-            ))
+            Ok(tonic::Response::new(merge_pages(&asked, pages)))
         })
     }
 }
 
-/// Group `g`'s answer to `ListEvents` `sub`, asked of this node's services if it serves the
-/// group, else of the group's leader (a forwarded call, with the caller's key).
+/// Group `g`'s answer to `ListEvents` `sub`, asked where [`Forwarder::place`] says: this
+/// node's services, or the group's leader (a forwarded call, with the caller's key).
 async fn one_group<S>(
     f: &Forwarder,
     mut inner: S,
@@ -643,45 +789,15 @@ async fn one_group<S>(
 where
     S: Service<http::Request<Body>, Response = http::Response<Body>>,
 {
-    use prost::Message;
-    let mut req = list_request(caller, g, sub)?;
-    let res = if f.serves(g) {
-        inner
+    let req = unary_request("/boxoffice.v1.EventService/ListEvents", caller, g, sub)?;
+    let res = match f.place(g) {
+        Place::Here => inner
             .call(req)
             .await
-            .map_err(|_| tonic::Status::from(ApiError::NotReady))?
-    } else {
-        let Some((_, mut channel)) = f.leader(g) else {
-            return Err(tonic::Status::from(ApiError::NotReady));
-        };
-        f.mark(req.headers_mut(), g);
-        match tokio::time::timeout(FORWARD_TIMEOUT, send(&mut channel, req)).await {
-            Ok(Ok(res)) => res,
-            _ => return Err(tonic::Status::from(ApiError::NotReady)),
-        }
+            .map_err(|_| tonic::Status::from(ApiError::NotReady))?,
+        Place::Leader(leader, channel) => f.forward(g, leader, channel, req).await?,
     };
-    let (parts, body) = res.into_parts();
-    if let Some(status) = tonic::Status::from_header_map(&parts.headers)
-        && status.code() != tonic::Code::Ok
-    {
-        return Err(status);
-    }
-    let collected = body
-        .collect()
-        .await
-        .map_err(|_| tonic::Status::from(ApiError::NotReady))?;
-    if let Some(status) = collected
-        .trailers()
-        .and_then(tonic::Status::from_header_map)
-        && status.code() != tonic::Code::Ok
-    {
-        return Err(status);
-    }
-    let bytes = collected.to_bytes();
-    let msg = message(&http::HeaderMap::new(), &bytes)
-        .ok_or_else(|| tonic::Status::internal("a group's ListEvents answer without a message"))?;
-    boxoffice_proto::v1::ListEventsResponse::decode(&*msg)
-        .map_err(|e| tonic::Status::internal(format!("a group's ListEvents answer: {e}")))
+    read_answer(res).await
 }
 
 #[cfg(test)]

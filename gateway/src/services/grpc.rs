@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use boxoffice_engine::{
-    ConfirmRequest, EventId, EventView, HoldId, HoldRequest, OrderId, Rejection, SectionId, UserId,
+    Caller, ConfirmRequest, EventId, EventView, HoldId, OrderId, Rejection, SectionId, UserId,
     check_idempotency_key,
 };
 use boxoffice_proto::v1 as pb;
@@ -24,7 +24,7 @@ pub use crate::limits::LIST_PAGE_DEFAULT;
 pub use crate::limits::LIST_PAGE_MAX;
 pub use crate::limits::QUEUE_TOKEN_TTL_MS;
 
-use super::{Admitted, Api, Groups, Ready, join_number, user_id};
+use super::{Api, Groups, Ready, batch_item, join_number, user_id};
 
 type Rpc<T> = Result<Response<T>, Status>;
 
@@ -363,23 +363,16 @@ impl pb::booking_service_server::BookingService for BookingSvc {
         let api = ready(self.0.of(&req))?;
         let req = req.into_inner();
         let id = event_id("event_id", req.event_id)?;
-        user_id(&req.user_id)?;
-        check_idempotency_key(&req.idempotency_key).map_err(ApiError::from)?;
+        let caller =
+            Caller::check(UserId(req.user_id), req.idempotency_key).map_err(ApiError::from)?;
         let selection = convert::selection(req.selection).map_err(ApiError::from)?;
         let event = api.engine.event_terms(&id).map_err(ApiError::from)?;
-        let hold = HoldRequest {
-            event_id: id,
-            user_id: UserId(req.user_id),
-            idempotency_key: req.idempotency_key,
-            selection,
-        };
-        match api.admitted(hold, &req.admission_token, &event).await? {
-            Admitted::Hold(hold) => {
-                let h = api.engine.hold(hold).await.map_err(ApiError::from)?;
-                ok(convert::hold(h))
-            }
-            Admitted::Replayed(first) => ok(convert::hold(first)),
-        }
+        let item = Ok((caller.hold(id, selection), req.admission_token));
+        // A batch of one: the same path as `HoldBatch`'s items.
+        let mut answers = api.hold_admitted(&event, vec![item]).await;
+        ok(convert::hold(
+            answers.pop().unwrap_or(Err(ApiError::NotReady))?,
+        ))
     }
 
     async fn hold_batch(&self, req: Request<pb::HoldBatchRequest>) -> Rpc<pb::HoldBatchResponse> {
@@ -394,27 +387,18 @@ impl pb::booking_service_server::BookingService for BookingSvc {
             .into());
         }
         let event = api.engine.event_terms(&id).map_err(ApiError::from)?;
-        let n = req.items.len();
-        let mut answers: Vec<Option<Result<pb::Hold, ApiError>>> = (0..n).map(|_| None).collect();
-        let (mut holds, mut at) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        for (i, item) in req.items.into_iter().enumerate() {
-            match api.batch_item(&id, &event, item).await {
-                Ok(Admitted::Hold(hold)) => {
-                    holds.push(hold);
-                    at.push(i);
-                }
-                Ok(Admitted::Replayed(first)) => answers[i] = Some(Ok(convert::hold(first))),
-                Err(e) => answers[i] = Some(Err(e)),
-            }
-        }
-        for (i, answer) in at.into_iter().zip(api.engine.hold_batch(holds).await) {
-            answers[i] = Some(answer.map(convert::hold).map_err(ApiError::from));
-        }
-        let results = answers
+        let items = req
+            .items
+            .into_iter()
+            .map(|item| batch_item(&id, item))
+            .collect();
+        let results = api
+            .hold_admitted(&event, items)
+            .await
             .into_iter()
             .enumerate()
-            .map(|(i, a)| {
-                let r = convert::batch_result(i, a.unwrap_or(Err(ApiError::NotReady)));
+            .map(|(i, answer)| {
+                let r = convert::batch_result(i, answer.map(convert::hold));
                 crate::metrics::hold_batch_item(&r);
                 r
             })

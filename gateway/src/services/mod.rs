@@ -8,7 +8,7 @@ use boxoffice_engine::hash::DashMap;
 use std::sync::Arc;
 
 use boxoffice_engine::{
-    Clock, Engine, EventId, EventTerms, EventView, HoldRequest, UserId, check_idempotency_key,
+    Caller, CheckedHold, Clock, Engine, EventId, EventTerms, EventView, HoldView, UserId,
     check_user_id,
 };
 use boxoffice_proto::v1 as pb;
@@ -284,52 +284,87 @@ impl Api {
     }
 }
 
-/// A hold request past its admission check: to place, or answered by its key's first answer.
-enum Admitted {
-    Hold(HoldRequest),
-    Replayed(boxoffice_engine::HoldView),
-}
-
 impl Api {
+    /// The one hold path of the services, for `Hold` (one item) and `HoldBatch`: each item's
+    /// admission token checked in item order (an expired one answered by its key's first answer
+    /// if it has one), then every admitted item placed in one engine batch. Answers in item
+    /// order.
+    pub(crate) async fn hold_admitted(
+        &self,
+        event: &EventTerms,
+        items: Vec<Result<(CheckedHold, String), ApiError>>,
+    ) -> Vec<Result<HoldView, ApiError>> {
+        let n = items.len();
+        let mut answers: Vec<Option<Result<HoldView, ApiError>>> = (0..n).map(|_| None).collect();
+        let (mut holds, mut at) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for (i, item) in items.into_iter().enumerate() {
+            let admitted = match item {
+                Ok((hold, token)) => self.admitted(hold, &token, event).await,
+                Err(e) => Err(e),
+            };
+            match admitted {
+                Ok(Admitted::Hold(hold)) => {
+                    holds.push(hold);
+                    at.push(i);
+                }
+                Ok(Admitted::Replayed(first)) => answers[i] = Some(Ok(first)),
+                Err(e) => answers[i] = Some(Err(e)),
+            }
+        }
+        if !holds.is_empty() {
+            for (i, answer) in at
+                .into_iter()
+                .zip(self.engine.hold_checked(event, holds).await)
+            {
+                answers[i] = Some(answer.map_err(ApiError::from));
+            }
+        }
+        answers
+            .into_iter()
+            .map(|a| a.unwrap_or(Err(ApiError::NotReady)))
+            .collect()
+    }
+
     /// The admission check of a hold. A replay returns the first answer even once the
     /// admission window has closed.
     async fn admitted(
         &self,
-        hold: HoldRequest,
+        hold: CheckedHold,
         token: &str,
         event: &EventTerms,
     ) -> Result<Admitted, ApiError> {
         match self
-            .check_admission(token, event, hold.user_id.as_str())
+            .check_admission(token, event, hold.request().user_id.as_str())
             .await
         {
             Ok(()) => Ok(Admitted::Hold(hold)),
-            Err(ApiError::TokenExpired) => match self.engine.replayed_hold(&hold).await? {
+            Err(ApiError::TokenExpired) => match self.engine.replayed_hold(hold.request()).await? {
                 Some(first) => Ok(Admitted::Replayed(first?)),
                 None => Err(ApiError::TokenExpired),
             },
             Err(e) => Err(e),
         }
     }
+}
 
-    /// One item of a `HoldBatch`, checked as a `Hold` of the batch's event is.
-    async fn batch_item(
-        &self,
-        event_id: &EventId,
-        event: &EventTerms,
-        item: pb::HoldBatchItem,
-    ) -> Result<Admitted, ApiError> {
-        user_id(&item.user_id)?;
-        check_idempotency_key(&item.idempotency_key)?;
-        let selection = convert::selection(item.selection.map(convert::batch_selection))?;
-        let hold = HoldRequest {
-            event_id: event_id.clone(),
-            user_id: UserId(item.user_id),
-            idempotency_key: item.idempotency_key,
-            selection,
-        };
-        self.admitted(hold, &item.admission_token, event).await
-    }
+/// A hold request past its admission check: to place, or answered by its key's first answer.
+enum Admitted {
+    Hold(CheckedHold),
+    Replayed(HoldView),
+}
+
+/// One item of a `HoldBatch`, checked as a `Hold` of the batch's event is, up to its admission
+/// token: the hold and its token.
+pub(crate) fn batch_item(
+    event_id: &EventId,
+    item: pb::HoldBatchItem,
+) -> Result<(CheckedHold, String), ApiError> {
+    let caller = Caller::check(UserId(item.user_id), item.idempotency_key)?;
+    let selection = convert::selection(item.selection.map(convert::batch_selection))?;
+    Ok((
+        caller.hold(event_id.clone(), selection),
+        item.admission_token,
+    ))
 }
 
 fn join_number(q: &Claims) -> Result<u32, ApiError> {

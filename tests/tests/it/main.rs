@@ -15,6 +15,7 @@ mod crash_cycles;
 mod create_event;
 mod damage;
 mod edges;
+mod faces;
 mod grpc;
 mod harness;
 mod http;

@@ -545,17 +545,21 @@ pub async fn admit(c: &mut Clients, fans: usize) -> Vec<String> {
 pub async fn admit_to(c: &mut Clients, event: &str, fans: usize) -> Vec<String> {
     let mut tokens = Vec::new();
     for w in 0..fans {
-        let q = join(c, event, &format!("fan-{w}")).await;
-        loop {
-            let s = status(c, &q).await;
-            if s.state == pb::QueueState::Admitted as i32 {
-                tokens.push(s.admission_token);
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        tokens.push(admitted(c, event, &format!("fan-{w}")).await);
     }
     tokens
+}
+
+/// `user`'s admission token to `event` (join, then poll until admitted).
+pub async fn admitted(c: &mut Clients, event: &str, user: &str) -> String {
+    let q = join(c, event, user).await;
+    loop {
+        let s = status(c, &q).await;
+        if s.state == pb::QueueState::Admitted as i32 {
+            return s.admission_token;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Waits until `count` has grown by `by` (60 s at most).

@@ -1,0 +1,252 @@
+//! The in-process face of the services: what the HTTP API calls. A call here takes the steps a
+//! gRPC call takes, through the same code, without a second gRPC call:
+//! 1. the gate ([`Gate::admit`]): the API key, the drain, the bound on calls in flight;
+//! 2. the caller's deadline (the HTTP API's is [`CALL_TIMEOUT`]): `DEADLINE_EXCEEDED` when it
+//!    passes first, while the call runs to its end on a task of its own, still counted in flight;
+//! 3. the cluster's routing ([`Forwarder::place`], by the request's [`Routed`] event): served
+//!    here by the services' own handlers (the typed request, as tonic would have decoded it),
+//!    or forwarded to the group's leader (the one hop a cluster needs);
+//! 4. the gate's metrics, by method, code and reason ([`crate::gate::observe`]).
+//!
+//! Each request type of the contract names its RPC and its handler once ([`Unary`]).
+//! `ListEvents` asks every group at once ([`Local::list_events`]), as the gRPC face does.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use boxoffice_proto::v1 as pb;
+use pb::booking_service_server::BookingService;
+use pb::event_service_server::EventService;
+use pb::waiting_room_service_server::WaitingRoomService;
+use pb::waitlist_service_server::WaitlistService;
+use tonic::Status;
+
+use crate::gate::Gate;
+use crate::node::forward::{Forwarder, Place, Route, Routed, group_of_event};
+use crate::services::grpc::{BookingSvc, EventSvc, WaitingRoomSvc, WaitlistSvc};
+use crate::services::{GroupOf, Groups};
+
+/// How long a call of the in-process face may take (a caller that leaves sooner does not stop
+/// it: it runs to its end).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// A unary request of the contract, with its RPC's path and the handler that serves it.
+pub trait Unary: Routed + prost::Message + Default + Send + 'static {
+    /// The answer.
+    type Answer: prost::Message + Default + Send + 'static;
+    /// The RPC's gRPC path.
+    const PATH: &'static str;
+    /// Serves the request here, with the services' own handler.
+    fn serve(
+        groups: Groups,
+        req: tonic::Request<Self>,
+    ) -> BoxFuture<Result<tonic::Response<Self::Answer>, Status>>;
+}
+
+macro_rules! unary {
+    ($req:ty => $answer:ty, $path:literal, $svc:ident . $method:ident) => {
+        impl Unary for $req {
+            type Answer = $answer;
+            const PATH: &'static str = $path;
+            fn serve(
+                groups: Groups,
+                req: tonic::Request<Self>,
+            ) -> BoxFuture<Result<tonic::Response<Self::Answer>, Status>> {
+                Box::pin(async move { $svc(groups).$method(req).await })
+            }
+        }
+    };
+}
+
+unary!(pb::CreateEventRequest => pb::Event, "/boxoffice.v1.EventService/CreateEvent", EventSvc.create_event);
+unary!(pb::GetEventRequest => pb::Event, "/boxoffice.v1.EventService/GetEvent", EventSvc.get_event);
+unary!(pb::GetSeatMapRequest => pb::SeatMap, "/boxoffice.v1.EventService/GetSeatMap", EventSvc.get_seat_map);
+unary!(pb::JoinRequest => pb::QueueTicket, "/boxoffice.v1.WaitingRoomService/Join", WaitingRoomSvc.join);
+unary!(pb::GetJoinChallengeRequest => pb::JoinChallenge, "/boxoffice.v1.WaitingRoomService/GetJoinChallenge", WaitingRoomSvc.get_join_challenge);
+unary!(pb::GetStatusRequest => pb::QueueStatus, "/boxoffice.v1.WaitingRoomService/GetStatus", WaitingRoomSvc.get_status);
+unary!(pb::HoldRequest => pb::Hold, "/boxoffice.v1.BookingService/Hold", BookingSvc.hold);
+unary!(pb::HoldBatchRequest => pb::HoldBatchResponse, "/boxoffice.v1.BookingService/HoldBatch", BookingSvc.hold_batch);
+unary!(pb::ConfirmRequest => pb::Order, "/boxoffice.v1.BookingService/Confirm", BookingSvc.confirm);
+unary!(pb::ReleaseRequest => pb::ReleaseResponse, "/boxoffice.v1.BookingService/Release", BookingSvc.release);
+unary!(pb::GetHoldRequest => pb::Hold, "/boxoffice.v1.BookingService/GetHold", BookingSvc.get_hold);
+unary!(pb::GetOrderRequest => pb::Order, "/boxoffice.v1.BookingService/GetOrder", BookingSvc.get_order);
+unary!(pb::JoinWaitlistRequest => pb::WaitlistEntry, "/boxoffice.v1.WaitlistService/JoinWaitlist", WaitlistSvc.join_waitlist);
+unary!(pb::GetWaitlistEntryRequest => pb::WaitlistEntry, "/boxoffice.v1.WaitlistService/GetWaitlistEntry", WaitlistSvc.get_waitlist_entry);
+
+/// The path of `ListEvents`.
+const LIST_EVENTS: &str = "/boxoffice.v1.EventService/ListEvents";
+
+/// The in-process face: the gate, the cluster's routing and the services of one server.
+pub struct Local {
+    gate: Arc<Gate>,
+    forwarder: Option<Arc<Forwarder>>,
+    groups: Groups,
+}
+
+impl Local {
+    /// The face of a server with this gate, these groups and (a cluster node) this forwarder.
+    pub fn new(gate: Arc<Gate>, groups: Groups, forwarder: Option<Arc<Forwarder>>) -> Local {
+        Local {
+            gate,
+            forwarder,
+            groups,
+        }
+    }
+
+    /// Calls `req`'s RPC as the caller of `authorization` (an `Authorization` header's value).
+    pub async fn call<R: Unary>(
+        &self,
+        authorization: Option<&str>,
+        req: R,
+    ) -> Result<R::Answer, Status> {
+        let (forwarder, groups) = (self.forwarder.clone(), self.groups.clone());
+        let key = authorization.map(str::to_owned);
+        self.run(R::PATH, authorization, move || {
+            Box::pin(async move { serve(forwarder, groups, key, req).await })
+        })
+        .await
+    }
+
+    /// `ListEvents`: with several groups, each group's page (here, or at its leader) merged in
+    /// event id order, as the gRPC face answers it.
+    pub async fn list_events(
+        &self,
+        authorization: Option<&str>,
+        req: pb::ListEventsRequest,
+    ) -> Result<pb::ListEventsResponse, Status> {
+        let (forwarder, groups) = (self.forwarder.clone(), self.groups.clone());
+        let key = authorization.map(str::to_owned);
+        self.run(LIST_EVENTS, authorization, move || {
+            Box::pin(async move {
+                let f = match forwarder {
+                    Some(f) if f.group_count() > 1 => f,
+                    // One group: its page, here or at its leader.
+                    one => return list_in(one, groups, key, 0, req).await,
+                };
+                let mut asking = tokio::task::JoinSet::new();
+                for g in 0..f.group_count() {
+                    let sub = crate::node::forward::page_of_group(&req);
+                    let (f, groups, key) = (f.clone(), groups.clone(), key.clone());
+                    asking.spawn(async move { list_in(Some(f), groups, key, g, sub).await });
+                }
+                let mut pages = Vec::new();
+                while let Some(page) = asking.join_next().await {
+                    pages.push(
+                        page.map_err(|e| Status::internal(format!("listing a group: {e}")))??,
+                    );
+                }
+                Ok(crate::node::forward::merge_pages(&req, pages))
+            })
+        })
+        .await
+    }
+
+    /// The gate, the deadline and the metrics around `work`.
+    async fn run<T: Send + 'static>(
+        &self,
+        path: &'static str,
+        authorization: Option<&str>,
+        work: impl FnOnce() -> BoxFuture<Result<T, Status>>,
+    ) -> Result<T, Status> {
+        let method = crate::gate::method_label(path);
+        let started = Instant::now();
+        let answer = match self.gate.admit(path, authorization) {
+            Err(e) => Err(Status::from(e)),
+            Ok(in_flight) => {
+                let work = work();
+                let mut call = tokio::spawn(async move {
+                    let answer = work.await;
+                    drop(in_flight);
+                    answer
+                });
+                match tokio::time::timeout(crate::gate::short_of(CALL_TIMEOUT), &mut call).await {
+                    Ok(Ok(answer)) => answer,
+                    Ok(Err(e)) => Err(Status::internal(format!("the call failed: {e}"))),
+                    Err(_) => Err(crate::gate::deadline_exceeded()),
+                }
+            }
+        };
+        let (code, reason) = match &answer {
+            Ok(_) => ("OK", "none"),
+            Err(status) => crate::gate::labels_of(status),
+        };
+        crate::gate::observe(method, code, reason, started);
+        answer
+    }
+}
+
+/// Serves `req` where its group is served: here, or at the group's leader.
+async fn serve<R: Unary>(
+    forwarder: Option<Arc<Forwarder>>,
+    groups: Groups,
+    key: Option<String>,
+    mut req: R,
+) -> Result<R::Answer, Status> {
+    let Some(f) = forwarder else {
+        return here(groups, 0, req).await;
+    };
+    let g = if f.group_count() <= 1 {
+        0
+    } else {
+        req.name_event();
+        match req.route() {
+            Route::Event(event) => group_of_event(&event, f.group_count()),
+            Route::All | Route::Unknown => 0,
+        }
+    };
+    match f.place(g) {
+        Place::Here => here(groups, g, req).await,
+        Place::Leader(leader, channel) => {
+            f.ask_leader(
+                (g, leader, channel),
+                R::PATH,
+                key.as_deref(),
+                CALL_TIMEOUT,
+                &req,
+            )
+            .await
+        }
+    }
+}
+
+/// Serves `req` here, as group `g`'s.
+async fn here<R: Unary>(groups: Groups, g: u32, req: R) -> Result<R::Answer, Status> {
+    let mut req = tonic::Request::new(req);
+    req.extensions_mut().insert(GroupOf(g as usize));
+    R::serve(groups, req).await.map(tonic::Response::into_inner)
+}
+
+/// Group `g`'s page of `ListEvents`: here, or at its leader.
+async fn list_in(
+    forwarder: Option<Arc<Forwarder>>,
+    groups: Groups,
+    key: Option<String>,
+    g: u32,
+    req: pb::ListEventsRequest,
+) -> Result<pb::ListEventsResponse, Status> {
+    let place = forwarder.as_ref().map_or(Place::Here, |f| f.place(g));
+    match (place, forwarder) {
+        (Place::Leader(leader, channel), Some(f)) => {
+            f.ask_leader(
+                (g, leader, channel),
+                LIST_EVENTS,
+                key.as_deref(),
+                CALL_TIMEOUT,
+                &req,
+            )
+            .await
+        }
+        _ => {
+            let mut req = tonic::Request::new(req);
+            req.extensions_mut().insert(GroupOf(g as usize));
+            EventSvc(groups)
+                .list_events(req)
+                .await
+                .map(tonic::Response::into_inner)
+        }
+    }
+}
