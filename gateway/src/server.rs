@@ -95,10 +95,7 @@ fn grpc_router(
     >,
     ready: &Groups,
     config: &ServerConfig,
-    cluster: Option<(
-        crate::node::peers::PeerService,
-        Arc<crate::node::forward::Forwarder>,
-    )>,
+    cluster: Option<ClusterParts>,
 ) -> anyhow::Result<GrpcRouter> {
     let (raft_service, forwarder) = cluster.unzip();
     let reflection = tonic_reflection::server::Builder::configure()
@@ -224,19 +221,10 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
     let n_groups = config.cluster.as_ref().map_or(1, |c| c.groups.max(1));
     let readies: Vec<Ready> = (0..n_groups).map(|_| Ready::default()).collect();
     let groups = Groups::new(readies.clone());
-    let (opened, cluster) = match &config.cluster {
-        Some(_) => {
-            let (opened, service, forwarder) = Opened::open(&config, &groups).await?;
-            (Some(opened), Some((service, forwarder)))
-        }
-        None => (None, None),
-    };
+    let (opened, cluster) = open_cluster(&config, &groups).await?;
     // The HTTP API calls the same gate, routing and services in process.
-    let local = Arc::new(Local::new(
-        gate.clone(),
-        groups.clone(),
-        cluster.as_ref().map(|(_, forwarder)| forwarder.clone()),
-    ));
+    let forwarder = cluster.as_ref().map(|(_, forwarder)| forwarder.clone());
+    let local = Arc::new(Local::new(gate.clone(), groups.clone(), forwarder));
     let router = grpc_router(&gate, health_service, &groups, &config, cluster)?;
     let (stop_grpc, grpc_task) = serve_grpc(listener, router);
     let mut background = Vec::new();
@@ -286,6 +274,24 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
         node,
     })
 }
+
+/// A cluster node's groups opened, with its Raft service and forwarder; `None` on a single node.
+async fn open_cluster(
+    config: &ServerConfig,
+    groups: &Groups,
+) -> anyhow::Result<(Option<Opened>, Option<ClusterParts>)> {
+    if config.cluster.is_none() {
+        return Ok((None, None));
+    }
+    let (opened, service, forwarder) = Opened::open(config, groups).await?;
+    Ok((Some(opened), Some((service, forwarder))))
+}
+
+/// A cluster node's Raft service and forwarder.
+type ClusterParts = (
+    crate::node::peers::PeerService,
+    Arc<crate::node::forward::Forwarder>,
+);
 
 /// Serves `router` on `listener` until the returned signal: the signal and the task.
 fn serve_grpc(
