@@ -7,12 +7,12 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::catalog::EventEntry;
-use crate::catalog::EventTerms;
 use crate::codec;
 use crate::core::{IdemTag, Pick, PlaceHold};
 use crate::engine::Engine;
 use crate::error::{EngineError, Rejection, only};
+use crate::events::EventEntry;
+use crate::events::EventTerms;
 use crate::ledger::{Answer, Begin, BeginArgs, Rpc};
 use crate::limits::PLACES_PER_HOLD_MAX;
 use crate::section::SectionMsg;
@@ -46,7 +46,7 @@ impl Engine {
                 quantity: entry.quantity,
             },
         };
-        let mark = crate::waitlist_calls::offer_mark(&entry.entry_id);
+        let mark = offer_mark(&entry.entry_id);
         let item = Item::of(req).map(|item| Item {
             mark: Some(mark),
             ..item
@@ -207,6 +207,7 @@ impl Engine {
             async move { (k, self.place_anywhere(plan).await) }
         });
         let sections = futures_util::future::join_all(sections).await;
+        // "Any section" items are placed after the others (docs/api.md, HoldBatch).
         let singles = futures_util::future::join_all(singles).await;
         for (ks, answers) in sections {
             match answers {
@@ -492,6 +493,18 @@ pub(crate) fn idem_tag<T: Serialize>(key: &str, request: &T) -> Option<IdemTag> 
     })
 }
 
+/// The mark the hold of an offer to waitlist entry `entry_id` carries in its record, where a
+/// fan's hold carries its idempotency key: one per entry (an entry is offered once). Its
+/// fingerprint is the entry's, not any request's: a fan's hold sent with the same key is never
+/// answered with the offer (it is refused as a reused key once the ledger knows the mark).
+pub(crate) fn offer_mark(entry_id: &str) -> IdemTag {
+    let key = format!("waitlist-offer:{entry_id}");
+    idem_tag(&key, &(Rpc::Hold, entry_id)).unwrap_or(IdemTag {
+        key,
+        fingerprint: 0,
+    })
+}
+
 /// `found` if `user` owns it, else `not_found` (the answer for an unknown id).
 pub(crate) fn owned_by<T>(
     found: T,
@@ -633,6 +646,9 @@ fn hold_plan(
 /// The round of each item: a user's first request is in round 0, their second in round 1
 /// (an item that failed its checks takes no round of its user's).
 fn rounds_of(items: &[Result<Item, EngineError>]) -> Vec<usize> {
+    if items.len() == 1 {
+        return vec![0];
+    }
     let mut seen: HashMap<&str, usize> =
         HashMap::with_capacity_and_hasher(items.len(), Default::default());
     items

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::booking::{fingerprint, idem_tag, not_found_as, replayed_order};
-use crate::catalog::EventEntry;
 use crate::core::{ConfirmHold, IdemTag};
 use crate::engine::Engine;
 use crate::error::{EngineError, Rejection, only};
+use crate::events::EventEntry;
 use crate::ledger::{Answer, Begin, BeginArgs, Rpc};
 use crate::limits::PAYMENT_TOKEN_LEN_MAX;
 use crate::payment::{Charge, PaymentError, PaymentProvider};

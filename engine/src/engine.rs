@@ -6,25 +6,31 @@
 //! [`supervisor`](crate::supervisor) (restarting actors that panic).
 
 use crate::hash::{DashMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorRef};
 use tokio::sync::{Mutex, watch};
 
-use crate::catalog::EventEntry;
 use crate::config::EngineConfig;
 use crate::core::SectionCore;
 use crate::error::{EngineError, Rejection, StorageError};
+use crate::events::EventEntry;
 use crate::ledger::Ledger;
 use crate::payment::{PaymentProvider, SimulatedProvider};
 use crate::recovery::{CatalogEntry, RecoverWith, Recovered, RecoveryReport, recover};
+use crate::recovery::{restart_section, restart_waitlist};
 use crate::router::Router;
+use crate::router::SectionHandle;
 use crate::section::{Listener, Notices, SectionMsg};
+use crate::section::{SectionActor, SectionArgs};
 use crate::store::{LogSink, SledSink, Store, StreamWriter, names};
-use crate::supervisor::{Roles, Supervisor, SupervisorArgs, spawn_ledger, spawn_waitlist};
-use crate::types::{EventId, SectionId};
+use crate::supervisor::{
+    Restart, Role, Roles, Supervisor, SupervisorArgs, replay_off_runtime, spawn_ledger,
+    spawn_waitlist,
+};
+use crate::types::{EventId, SectionId, SectionSnapshot};
 use crate::waitlist::WaitlistMsg;
 
 /// Everything an engine handle shares.
@@ -45,8 +51,8 @@ pub(crate) struct Inner {
     /// Actors restarted after a panic.
     pub restarts: AtomicU64,
     /// Captured charges without a sale, and the checkouts running (see [`crate::refunds`]).
-    pub orphans: crate::refunds::Orphans,
-    /// The waiting rooms' streams (see [`crate::rooms`]).
+    pub orphans: crate::orphans::Orphans,
+    /// The waiting rooms' records (see [`crate::rooms`]).
     pub rooms: crate::rooms::Rooms,
 }
 
@@ -206,22 +212,6 @@ fn keep_evidence(
     }
 }
 
-/// The waiting rooms' streams, each opened after its last recovered record.
-fn open_rooms(
-    sink: &dyn LogSink,
-    recovered: HashMap<EventId, (crate::rooms::RoomLine, u64)>,
-) -> Result<crate::rooms::Rooms, EngineError> {
-    let rooms = crate::rooms::Rooms::default();
-    for (event_id, (line, last)) in recovered {
-        let stream = StreamWriter::open(sink, &names::room(&event_id), last)?;
-        rooms.insert(
-            event_id,
-            Arc::new(Mutex::new(crate::rooms::RoomWriter { stream, line })),
-        );
-    }
-    Ok(rooms)
-}
-
 impl Engine {
     /// Opens (or creates) the log, replays it and starts the actors. Returns once the engine is
     /// ready to serve.
@@ -287,7 +277,11 @@ impl Engine {
             spawn_waitlist(list, list_last, &store, &config, &supervisor, &roles).await?;
         let catalog = StreamWriter::open(sink.as_ref(), names::CATALOG, recovered.catalog_last)?;
         let inner = Arc::new(Inner {
-            rooms: open_rooms(sink.as_ref(), recovered.rooms)?,
+            rooms: crate::rooms::Rooms::open(
+                store.clone(),
+                config.checkpoint_every_records,
+                recovered.rooms,
+            )?,
             payments: open_payments(&config, sink.as_ref())?,
             config,
             store,
@@ -304,7 +298,8 @@ impl Engine {
             restarts: AtomicU64::new(0),
             orphans: Default::default(),
         });
-        let _ = engine_slot.set(Arc::downgrade(&inner));
+        let restart: Arc<dyn Restart> = inner.clone();
+        let _ = engine_slot.set(Arc::downgrade(&restart));
         let engine = Engine { inner };
         // Nobody supervises the supervisor: its children die with it.
         engine.stop_when_ended("the engine's supervisor", supervisor_done);
@@ -396,11 +391,11 @@ impl Engine {
 
     /// What the engine remembers now: holds (live, and ended within the window) and
     /// idempotency keys. Asks every section and ledger shard (for soaks and tests).
-    pub async fn remembered(&self) -> Result<crate::Remembered, EngineError> {
+    pub async fn remembered(&self) -> Result<crate::retention::Remembered, EngineError> {
         self.check_ready()?;
-        let mut r = crate::Remembered {
+        let mut r = crate::retention::Remembered {
             idempotency_keys: self.inner.ledger.keys_remembered().await?,
-            ..crate::Remembered::default()
+            ..crate::retention::Remembered::default()
         };
         for e in self.event_entries() {
             for slot in &e.sections {
@@ -468,6 +463,28 @@ impl Engine {
         }
     }
 
+    /// The line of `event_id`'s waiting room as its records leave it (empty if it has none).
+    pub async fn room_line(
+        &self,
+        event_id: &EventId,
+    ) -> Result<crate::rooms::RoomLine, EngineError> {
+        self.check_ready()?;
+        Ok(self.inner.rooms.line(event_id).await)
+    }
+
+    /// Records `records` of `event_id`'s waiting room (an event that exists); returns once they
+    /// are durable (on a cluster: committed by a majority). A record that does not fit the line
+    /// is refused (nothing is written).
+    pub async fn record_room(
+        &self,
+        event_id: &EventId,
+        records: Vec<crate::rooms::RoomRecord>,
+    ) -> Result<crate::rooms::RoomLine, EngineError> {
+        self.check_ready()?;
+        self.entry(event_id)?;
+        self.inner.rooms.record(event_id, records).await
+    }
+
     /// Orderly stop: refuse new work, stop the actors, flush the log and close it.
     pub async fn shutdown(&self) {
         self.inner.ready.store(false, Ordering::SeqCst);
@@ -493,3 +510,180 @@ impl Engine {
         }
     }
 }
+
+/// Restarting actors and stopping visibly: what the supervisor and the servers beside the
+/// engine ask of it.
+impl Engine {
+    /// Spawns a section's actor (supervised) from its core and its stream's last sequence
+    /// number, publishing on `publisher`, and routes the section to it.
+    pub(crate) async fn spawn_section(
+        &self,
+        core: SectionCore,
+        last_seq: u64,
+        publisher: Arc<watch::Sender<Arc<SectionSnapshot>>>,
+    ) -> Result<(), EngineError> {
+        let inner = &self.inner;
+        let event_id = core.event_id().clone();
+        let section_id = core.spec().section_id.clone();
+        let stream = StreamWriter::open(
+            inner.store.sink.as_ref(),
+            &names::section(&event_id, &section_id),
+            last_seq,
+        )?;
+        let depth = Arc::new(AtomicUsize::new(0));
+        let durable = Arc::new(std::sync::atomic::AtomicU64::new(last_seq));
+        let sold_out = metrics::counter!(
+            "boxoffice_section_rejections_total",
+            "event" => event_id.as_str().to_owned(),
+            "section" => section_id.as_str().to_owned(),
+            "reason" => Rejection::SoldOut.reason()
+        );
+        let args = SectionArgs {
+            core,
+            stream,
+            store: inner.store.clone(),
+            clock: inner.config.clock.clone(),
+            ledger: inner.ledger.clone(),
+            snapshot: publisher,
+            depth: depth.clone(),
+            durable: durable.clone(),
+            checkpoint_every: inner.config.checkpoint_every_records,
+            notices: inner.notices.clone(),
+        };
+        let (actor, _) = Actor::spawn_linked(None, SectionActor, args, inner.supervisor.get_cell())
+            .await
+            .map_err(|e| StorageError::Io(format!("cannot start a section actor: {e}")))?;
+        inner.roles.insert(
+            actor.get_id(),
+            Role::Section(event_id.clone(), section_id.clone()),
+        );
+        inner.router.insert(
+            event_id,
+            section_id,
+            SectionHandle {
+                actor,
+                depth,
+                durable,
+                sold_out,
+            },
+        );
+        Ok(())
+    }
+
+    /// Stops the engine visibly: every change is refused from now on, and why is told to whoever
+    /// watches ([`Engine::stopped`], health, logs, the `boxoffice_store_halted` gauge). For
+    /// the engine's own actors and for what serves beside it (a sweeper that died, say).
+    pub fn stop_visibly(&self, reason: impl Into<String>) {
+        self.inner.store.halt_now(&reason.into());
+    }
+
+    /// Watches a task that must run as long as the engine serves (`what` names it): if it ends
+    /// while the engine serves, the engine stops visibly. Returns the watch; abort it before
+    /// stopping the task on purpose. Holds no strong reference to the engine.
+    pub fn stop_when_ended(
+        &self,
+        what: &'static str,
+        done: tokio::task::JoinHandle<()>,
+    ) -> tokio::task::JoinHandle<()> {
+        let engine = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            let how = match done.await {
+                Ok(()) => "ended".to_owned(),
+                Err(e) => format!("failed: {e}"),
+            };
+            if let Some(inner) = engine.upgrade()
+                && inner.ready.load(Ordering::SeqCst)
+            {
+                Engine { inner }.stop_visibly(format!("{what} {how}"));
+            }
+        })
+    }
+
+    /// Rebuilds a section from its log and starts a new actor for it.
+    async fn restart_section(
+        &self,
+        event_id: &EventId,
+        section_id: &SectionId,
+    ) -> Result<(), EngineError> {
+        // Every record the dead actor handed to the flusher is written before we read.
+        self.inner.store.barrier().await?;
+        let entry = self.entry(event_id)?;
+        let spec = entry
+            .spec
+            .sections
+            .iter()
+            .find(|s| &s.section_id == section_id)
+            .ok_or(crate::error::Rejection::SectionNotFound)?;
+        let slot = entry
+            .sections
+            .iter()
+            .find(|s| &s.section_id == section_id)
+            .ok_or(crate::error::Rejection::SectionNotFound)?;
+        let (sink, event, spec, window_ms) = (
+            self.inner.store.sink.clone(),
+            event_id.clone(),
+            spec.clone(),
+            self.window_ms(),
+        );
+        let marks = self.inner.store.durable_marks();
+        let rebuilt = replay_off_runtime("the section's", move || {
+            restart_section(sink.as_ref(), &event, &spec, window_ms, marks)
+        })
+        .await?;
+        let (core, last_seq) = rebuilt;
+        self.spawn_section(core, last_seq, slot.publisher.clone())
+            .await
+    }
+
+    /// Rebuilds the waitlist from its log and starts a new actor for it.
+    async fn restart_waitlist(&self) -> Result<(), EngineError> {
+        self.inner.store.barrier().await?;
+        let sink = self.inner.store.sink.clone();
+        let marks = self.inner.store.durable_marks();
+        let (core, last_seq) = replay_off_runtime("the waitlist's", move || {
+            restart_waitlist(sink.as_ref(), marks)
+        })
+        .await?;
+        let inner = &self.inner;
+        let actor = spawn_waitlist(
+            core,
+            last_seq,
+            &inner.store,
+            &inner.config,
+            &inner.supervisor,
+            &inner.roles,
+        )
+        .await?;
+        *inner.waitlist.write().unwrap_or_else(|p| p.into_inner()) = actor;
+        Ok(())
+    }
+}
+
+impl Restart for Inner {
+    fn serving(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
+    }
+
+    fn restart(self: Arc<Self>, role: Role) -> BoxFuture<'static, Result<(), EngineError>> {
+        let engine = Engine { inner: self };
+        Box::pin(async move {
+            match role {
+                Role::Section(e, s) => engine.restart_section(&e, &s).await,
+                Role::Waitlist => engine.restart_waitlist().await,
+                Role::Ledger(i) => {
+                    Err(StorageError::Io(format!("ledger shard {i} cannot be restarted")).into())
+                }
+            }
+        })
+    }
+
+    fn stop_visibly(&self, reason: String) {
+        self.store.halt_now(&reason);
+    }
+
+    fn restarted(&self) {
+        self.restarts.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;

@@ -1,10 +1,10 @@
 //! Expiry: ending holds whose deadline passed (the sweeper drives it), and handing the freed
 //! places to waiting fans in the same step of the section's actor.
 
-use crate::catalog::EventEntry;
 use crate::core::{Pick, PlaceHold};
 use crate::engine::Engine;
 use crate::error::{EngineError, Rejection};
+use crate::events::EventEntry;
 use crate::ledger::{Begin, BeginArgs, Rpc};
 use crate::limits::{EXPIRE_PER_SECTION_MAX, PLACES_PER_HOLD_MAX};
 use crate::section::SectionMsg;
@@ -200,7 +200,7 @@ impl Offering<'_> {
                         user_id: user.clone(),
                         pick: Pick::Best(quantity),
                         ttl_ms: self.event.spec.hold_ttl_ms,
-                        idem: entry.as_deref().map(crate::waitlist_calls::offer_mark),
+                        idem: entry.as_deref().map(crate::booking::offer_mark),
                     });
                     self.reserved.push((k, user.clone(), quantity));
                 }

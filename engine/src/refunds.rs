@@ -17,64 +17,10 @@
 
 use crate::engine::Engine;
 use crate::error::EngineError;
-use crate::hash::{DashMap, HashSet};
+use crate::hash::HashSet;
 use crate::payment::{Charge, ChargeStatus};
 use crate::reconcile::{self, Finding};
 use crate::types::{HoldId, HoldStatus};
-
-/// What the refunder remembers between passes (in memory: after a restart a charge waits for
-/// its grace again, which only delays its refund).
-pub(crate) struct Orphans {
-    /// Orphaned charges not refunded yet: payment id -> when a pass first found it, ms.
-    first_seen: DashMap<String, u64>,
-    /// Checkouts running, by hold: their charge may become an order any moment.
-    checkouts: DashMap<HoldId, u32>,
-    /// This engine's part of `boxoffice_refunds_pending`.
-    pub(crate) pending: crate::share::Share,
-    /// This engine's part of `boxoffice_reconcile_last_findings`.
-    pub(crate) last_findings: crate::share::Share,
-}
-
-impl Default for Orphans {
-    fn default() -> Orphans {
-        Orphans {
-            first_seen: DashMap::default(),
-            checkouts: DashMap::default(),
-            pending: crate::share::Share::new("boxoffice_refunds_pending"),
-            last_findings: crate::share::Share::new("boxoffice_reconcile_last_findings"),
-        }
-    }
-}
-
-/// Marks a checkout of a hold as running until dropped.
-pub(crate) struct CheckoutRunning<'a> {
-    orphans: &'a Orphans,
-    hold: HoldId,
-}
-
-impl Orphans {
-    /// A checkout of `hold` starts; its charge is not an orphan until the guard is dropped.
-    pub(crate) fn checkout(&self, hold: &HoldId) -> CheckoutRunning<'_> {
-        *self.checkouts.entry(hold.clone()).or_insert(0) += 1;
-        CheckoutRunning {
-            orphans: self,
-            hold: hold.clone(),
-        }
-    }
-
-    fn checkout_running(&self, hold: &HoldId) -> bool {
-        self.checkouts.contains_key(hold)
-    }
-}
-
-impl Drop for CheckoutRunning<'_> {
-    fn drop(&mut self) {
-        self.orphans.checkouts.remove_if_mut(&self.hold, |_, n| {
-            *n -= 1;
-            *n == 0
-        });
-    }
-}
 
 /// What one settlement pass did, besides the findings it returns.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -123,26 +69,19 @@ impl Engine {
                 Orphan::Unknown => left.push(finding),
                 Orphan::Yes(hold) => {
                     orphaned_now.insert(payment_id.clone());
-                    let first = *self
-                        .inner
-                        .orphans
-                        .first_seen
-                        .entry(payment_id.clone())
-                        .or_insert(now);
+                    let first = self.inner.orphans.first_seen(payment_id, now);
                     if now.saturating_sub(first) < grace_ms {
                         settlement.pending.push(payment_id.clone());
                         continue;
                     }
                     match self.refund_orphan(charge, &hold).await {
                         Ok(true) => {
-                            self.inner.orphans.first_seen.remove(payment_id);
+                            self.inner.orphans.forget(payment_id);
                             settlement
                                 .refunded
                                 .push((payment_id.clone(), charge.amount_cents));
                         }
-                        Ok(false) => {
-                            self.inner.orphans.first_seen.remove(payment_id);
-                        }
+                        Ok(false) => self.inner.orphans.forget(payment_id),
                         Err(e) => {
                             tracing::error!(error = %e, payment = %payment_id,
                                 "refund of a charge without a sale failed; retried next pass");
@@ -153,10 +92,7 @@ impl Engine {
             }
         }
         // Forget charges no longer orphaned (an order took them, or a person refunded them).
-        self.inner
-            .orphans
-            .first_seen
-            .retain(|id, _| orphaned_now.contains(id));
+        self.inner.orphans.keep_only(&orphaned_now);
         self.inner
             .orphans
             .pending

@@ -18,11 +18,12 @@
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+use tokio::sync::Mutex;
 
-use crate::engine::Engine;
 use crate::error::{EngineError, StorageError};
+use crate::hash::{DashMap, HashMap};
 use crate::ids::EventId;
-use crate::store::{StreamWriter, names};
+use crate::store::{Store, StreamWriter, names};
 
 /// One change of a waiting room's line (see the module docs).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -93,51 +94,58 @@ impl RoomLine {
 }
 
 /// One event's room stream: its writer and the line so far (the checkpoint's state).
-pub(crate) struct RoomWriter {
-    pub stream: StreamWriter,
-    pub line: RoomLine,
+struct RoomWriter {
+    stream: StreamWriter,
+    line: RoomLine,
 }
 
-/// A room stream's writer, shared by the calls that record.
-pub(crate) type Rooms = crate::hash::DashMap<EventId, Arc<tokio::sync::Mutex<RoomWriter>>>;
+/// The waiting rooms' records: one stream per event, each with its line. This component owns
+/// them; the engine reaches them through [`Rooms::line`] and [`Rooms::record`] only (its
+/// `room_line` and `record_room`, after its own readiness and event checks).
+pub(crate) struct Rooms {
+    store: Arc<Store>,
+    checkpoint_every: u64,
+    writers: DashMap<EventId, Arc<Mutex<RoomWriter>>>,
+}
 
-impl Engine {
-    /// The line of `event_id`'s waiting room as its records leave it (empty if it has none).
-    pub async fn room_line(&self, event_id: &EventId) -> Result<RoomLine, EngineError> {
-        self.check_ready()?;
-        let Some(w) = self.inner.rooms.get(event_id).map(|w| w.clone()) else {
-            return Ok(RoomLine::default());
-        };
-        Ok(w.lock().await.line.clone())
+impl Rooms {
+    /// The rooms recovered from the log (each line with its stream's last record number), each
+    /// stream opened after its last record; new ones are written through `store`, with a
+    /// checkpoint every `checkpoint_every` records.
+    pub fn open(
+        store: Arc<Store>,
+        checkpoint_every: u64,
+        recovered: HashMap<EventId, (RoomLine, u64)>,
+    ) -> Result<Rooms, EngineError> {
+        let writers = DashMap::default();
+        for (event_id, (line, last)) in recovered {
+            let stream = StreamWriter::open(store.sink.as_ref(), &names::room(&event_id), last)?;
+            writers.insert(event_id, Arc::new(Mutex::new(RoomWriter { stream, line })));
+        }
+        Ok(Rooms {
+            store,
+            checkpoint_every,
+            writers,
+        })
     }
 
-    /// Records `records` of `event_id`'s waiting room; returns once they are durable (on a
-    /// cluster: committed by a majority). A record that does not fit the line is refused
-    /// (nothing is written).
-    pub async fn record_room(
+    /// The line of `event_id`'s room as its records leave it (empty if it has none).
+    pub async fn line(&self, event_id: &EventId) -> RoomLine {
+        let Some(w) = self.writers.get(event_id).map(|w| w.clone()) else {
+            return RoomLine::default();
+        };
+        w.lock().await.line.clone()
+    }
+
+    /// Records `records` of `event_id`'s room; returns once they are durable (on a cluster:
+    /// committed by a majority). A record that does not fit the line is refused (nothing is
+    /// written).
+    pub async fn record(
         &self,
         event_id: &EventId,
         records: Vec<RoomRecord>,
     ) -> Result<RoomLine, EngineError> {
-        self.check_ready()?;
-        self.entry(event_id)?;
-        let writer = match self.inner.rooms.get(event_id).map(|w| w.clone()) {
-            Some(w) => w,
-            None => {
-                let stream =
-                    StreamWriter::open(self.inner.store.sink.as_ref(), &names::room(event_id), 0)?;
-                self.inner
-                    .rooms
-                    .entry(event_id.clone())
-                    .or_insert_with(|| {
-                        Arc::new(tokio::sync::Mutex::new(RoomWriter {
-                            stream,
-                            line: RoomLine::default(),
-                        }))
-                    })
-                    .clone()
-            }
-        };
+        let writer = self.writer(event_id)?;
         let (tx, rx) = tokio::sync::oneshot::channel();
         {
             let mut w = writer.lock().await;
@@ -155,14 +163,30 @@ impl Engine {
                     let _ = tx.send(r);
                 }),
             );
-            let every = self.inner.config.checkpoint_every_records;
-            self.inner
-                .store
-                .submit_with_checkpoint(job, stream, every, || &*line);
+            self.store
+                .submit_with_checkpoint(job, stream, self.checkpoint_every, || &*line);
         }
         rx.await
             .map_err(|_| StorageError::Halted("the log is closed".into()))??;
         Ok(writer.lock().await.line.clone())
+    }
+
+    /// `event_id`'s writer, its stream opened on its first record.
+    fn writer(&self, event_id: &EventId) -> Result<Arc<Mutex<RoomWriter>>, EngineError> {
+        if let Some(w) = self.writers.get(event_id) {
+            return Ok(w.clone());
+        }
+        let stream = StreamWriter::open(self.store.sink.as_ref(), &names::room(event_id), 0)?;
+        Ok(self
+            .writers
+            .entry(event_id.clone())
+            .or_insert_with(|| {
+                Arc::new(Mutex::new(RoomWriter {
+                    stream,
+                    line: RoomLine::default(),
+                }))
+            })
+            .clone())
     }
 }
 

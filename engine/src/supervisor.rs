@@ -16,24 +16,17 @@
 //! replayed, also stops the engine. Never a silent, permanent `NOT_READY`.
 
 use crate::hash::{DashMap, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
-use tokio::sync::watch;
 
 use crate::config::EngineConfig;
-use crate::core::SectionCore;
-use crate::engine::{Engine, Inner};
-use crate::error::{EngineError, Rejection, StorageError};
+use crate::error::{EngineError, StorageError};
 use crate::ledger::{Ledger, LedgerMsg, LedgerShard, ShardArgs, ShardState};
 use crate::limits::ACTOR_RESTARTS_MAX;
-use crate::recovery::{restart_section, restart_waitlist};
-use crate::router::SectionHandle;
-use crate::section::{SectionActor, SectionArgs};
 use crate::store::Store;
 use crate::store::{StreamWriter, names};
-use crate::types::{EventId, SectionId, SectionSnapshot};
+use crate::types::{EventId, SectionId};
 use crate::waitlist::{WaitlistActor, WaitlistArgs, WaitlistCore, WaitlistMsg};
 
 /// What a supervised actor is.
@@ -65,7 +58,7 @@ pub(crate) struct Supervisor;
 
 pub(crate) struct SupervisorArgs {
     /// The engine, once it is built (the supervisor starts first).
-    pub engine: Arc<OnceLock<Weak<Inner>>>,
+    pub engine: Arc<OnceLock<Weak<dyn Restart>>>,
     pub roles: Roles,
 }
 
@@ -101,13 +94,12 @@ impl Actor for Supervisor {
                 let Some((_, role)) = st.args.roles.remove(&cell.get_id()) else {
                     return Ok(());
                 };
-                let Some(inner) = st.args.engine.get().and_then(Weak::upgrade) else {
+                let Some(engine) = st.args.engine.get().and_then(Weak::upgrade) else {
                     return Ok(());
                 };
-                let engine = Engine { inner };
                 let count = st.restarts.entry(role.clone()).or_default();
                 *count += 1;
-                engine.on_actor_failed(role, *count, err.to_string()).await;
+                on_actor_failed(engine, role, *count, err.to_string()).await;
             }
             SupervisionEvent::ActorTerminated(cell, ..) => {
                 st.args.roles.remove(&cell.get_id());
@@ -167,191 +159,55 @@ pub(crate) async fn spawn_waitlist(
     Ok(actor)
 }
 
-impl Engine {
-    /// Spawns a section's actor (supervised) from its core and its stream's last sequence
-    /// number, publishing on `publisher`, and routes the section to it.
-    pub(crate) async fn spawn_section(
-        &self,
-        core: SectionCore,
-        last_seq: u64,
-        publisher: Arc<watch::Sender<Arc<SectionSnapshot>>>,
-    ) -> Result<(), EngineError> {
-        let inner = &self.inner;
-        let event_id = core.event_id().clone();
-        let section_id = core.spec().section_id.clone();
-        let stream = StreamWriter::open(
-            inner.store.sink.as_ref(),
-            &names::section(&event_id, &section_id),
-            last_seq,
-        )?;
-        let depth = Arc::new(AtomicUsize::new(0));
-        let durable = Arc::new(std::sync::atomic::AtomicU64::new(last_seq));
-        let sold_out = metrics::counter!(
-            "boxoffice_section_rejections_total",
-            "event" => event_id.as_str().to_owned(),
-            "section" => section_id.as_str().to_owned(),
-            "reason" => Rejection::SoldOut.reason()
-        );
-        let args = SectionArgs {
-            core,
-            stream,
-            store: inner.store.clone(),
-            clock: inner.config.clock.clone(),
-            ledger: inner.ledger.clone(),
-            snapshot: publisher,
-            depth: depth.clone(),
-            durable: durable.clone(),
-            checkpoint_every: inner.config.checkpoint_every_records,
-            notices: inner.notices.clone(),
-        };
-        let (actor, _) = Actor::spawn_linked(None, SectionActor, args, inner.supervisor.get_cell())
-            .await
-            .map_err(|e| StorageError::Io(format!("cannot start a section actor: {e}")))?;
-        inner.roles.insert(
-            actor.get_id(),
-            Role::Section(event_id.clone(), section_id.clone()),
-        );
-        inner.router.insert(
-            event_id,
-            section_id,
-            SectionHandle {
-                actor,
-                depth,
-                durable,
-                sold_out,
-            },
-        );
-        Ok(())
-    }
+/// What the supervisor needs of the engine when an actor panics: the narrow interface it
+/// restarts actors through (the engine implements it; the supervisor never sees the rest).
+pub(crate) trait Restart: Send + Sync {
+    /// Whether the engine serves (a panic while it shuts down is left alone).
+    fn serving(&self) -> bool;
+    /// Rebuilds the actor of `role` (a section, or the waitlist) from its log and starts it.
+    fn restart(self: Arc<Self>, role: Role) -> BoxFuture<'static, Result<(), EngineError>>;
+    /// Stops the engine visibly, saying why.
+    fn stop_visibly(&self, reason: String);
+    /// Counts an actor restarted.
+    fn restarted(&self);
+}
 
-    /// A supervised actor panicked (`count` times so far): restart it from its log, or stop.
-    async fn on_actor_failed(&self, role: Role, count: u32, reason: String) {
-        if !self.inner.ready.load(Ordering::SeqCst) {
-            return; // shutting down
+type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+/// A supervised actor panicked (`count` times so far): restart it from its log, or stop.
+async fn on_actor_failed(engine: Arc<dyn Restart>, role: Role, count: u32, reason: String) {
+    if !engine.serving() {
+        return; // shutting down
+    }
+    metrics::counter!("boxoffice_engine_actor_panics_total", "actor" => role.kind()).increment(1);
+    tracing::error!(?role, count, %reason, "an engine actor panicked");
+    if count > ACTOR_RESTARTS_MAX {
+        engine.stop_visibly(format!(
+            "{role:?} panicked {count} times (more than {ACTOR_RESTARTS_MAX}): {reason}"
+        ));
+        return;
+    }
+    if let Role::Ledger(i) = role {
+        engine.stop_visibly(format!(
+            "ledger shard {i} panicked ({reason}); its quotas cannot be rebuilt while sections \
+             hold places"
+        ));
+        return;
+    }
+    match engine.clone().restart(role.clone()).await {
+        Ok(()) => {
+            engine.restarted();
+            metrics::counter!("boxoffice_engine_actor_restarts_total", "actor" => role.kind())
+                .increment(1);
+            tracing::warn!(?role, "engine actor restarted from its log");
         }
-        metrics::counter!("boxoffice_engine_actor_panics_total", "actor" => role.kind())
-            .increment(1);
-        tracing::error!(?role, count, %reason, "an engine actor panicked");
-        if count > ACTOR_RESTARTS_MAX {
-            self.stop_visibly(format!(
-                "{role:?} panicked {count} times (more than {ACTOR_RESTARTS_MAX}): {reason}"
-            ));
-            return;
-        }
-        let restarted = match &role {
-            Role::Section(e, s) => self.restart_section(e, s).await,
-            Role::Waitlist => self.restart_waitlist().await,
-            Role::Ledger(i) => {
-                self.stop_visibly(format!(
-                    "ledger shard {i} panicked ({reason}); its quotas cannot be rebuilt while \
-                     sections hold places"
-                ));
-                return;
-            }
-        };
-        match restarted {
-            Ok(()) => {
-                self.inner.restarts.fetch_add(1, Ordering::SeqCst);
-                metrics::counter!("boxoffice_engine_actor_restarts_total", "actor" => role.kind())
-                    .increment(1);
-                tracing::warn!(?role, "engine actor restarted from its log");
-            }
-            Err(e) => self.stop_visibly(format!("{role:?} could not be restarted: {e}")),
-        }
-    }
-
-    /// Stops the engine visibly: every change is refused from now on, and why is told to whoever
-    /// watches ([`Engine::stopped`], health, logs, the `boxoffice_store_halted` gauge). For
-    /// the engine's own actors and for what serves beside it (a sweeper that died, say).
-    pub fn stop_visibly(&self, reason: impl Into<String>) {
-        self.inner.store.halt_now(&reason.into());
-    }
-
-    /// Watches a task that must run as long as the engine serves (`what` names it): if it ends
-    /// while the engine serves, the engine stops visibly. Returns the watch; abort it before
-    /// stopping the task on purpose. Holds no strong reference to the engine.
-    pub fn stop_when_ended(
-        &self,
-        what: &'static str,
-        done: tokio::task::JoinHandle<()>,
-    ) -> tokio::task::JoinHandle<()> {
-        let engine = Arc::downgrade(&self.inner);
-        tokio::spawn(async move {
-            let how = match done.await {
-                Ok(()) => "ended".to_owned(),
-                Err(e) => format!("failed: {e}"),
-            };
-            if let Some(inner) = engine.upgrade()
-                && inner.ready.load(Ordering::SeqCst)
-            {
-                Engine { inner }.stop_visibly(format!("{what} {how}"));
-            }
-        })
-    }
-
-    /// Rebuilds a section from its log and starts a new actor for it.
-    async fn restart_section(
-        &self,
-        event_id: &EventId,
-        section_id: &SectionId,
-    ) -> Result<(), EngineError> {
-        // Every record the dead actor handed to the flusher is written before we read.
-        self.inner.store.barrier().await?;
-        let entry = self.entry(event_id)?;
-        let spec = entry
-            .spec
-            .sections
-            .iter()
-            .find(|s| &s.section_id == section_id)
-            .ok_or(crate::error::Rejection::SectionNotFound)?;
-        let slot = entry
-            .sections
-            .iter()
-            .find(|s| &s.section_id == section_id)
-            .ok_or(crate::error::Rejection::SectionNotFound)?;
-        let (sink, event, spec, window_ms) = (
-            self.inner.store.sink.clone(),
-            event_id.clone(),
-            spec.clone(),
-            self.window_ms(),
-        );
-        let marks = self.inner.store.durable_marks();
-        let rebuilt = replay_off_runtime("the section's", move || {
-            restart_section(sink.as_ref(), &event, &spec, window_ms, marks)
-        })
-        .await?;
-        let (core, last_seq) = rebuilt;
-        self.spawn_section(core, last_seq, slot.publisher.clone())
-            .await
-    }
-
-    /// Rebuilds the waitlist from its log and starts a new actor for it.
-    async fn restart_waitlist(&self) -> Result<(), EngineError> {
-        self.inner.store.barrier().await?;
-        let sink = self.inner.store.sink.clone();
-        let marks = self.inner.store.durable_marks();
-        let (core, last_seq) = replay_off_runtime("the waitlist's", move || {
-            restart_waitlist(sink.as_ref(), marks)
-        })
-        .await?;
-        let inner = &self.inner;
-        let actor = spawn_waitlist(
-            core,
-            last_seq,
-            &inner.store,
-            &inner.config,
-            &inner.supervisor,
-            &inner.roles,
-        )
-        .await?;
-        *inner.waitlist.write().unwrap_or_else(|p| p.into_inner()) = actor;
-        Ok(())
+        Err(e) => engine.stop_visibly(format!("{role:?} could not be restarted: {e}")),
     }
 }
 
 /// Replays a stream on a blocking thread (a long log must not hold a runtime worker); a panic
 /// while replaying is an error like a corrupt record.
-async fn replay_off_runtime<T: Send + 'static>(
+pub(crate) async fn replay_off_runtime<T: Send + 'static>(
     what: &str,
     replay: impl FnOnce() -> Result<T, StorageError> + Send + 'static,
 ) -> Result<T, EngineError> {

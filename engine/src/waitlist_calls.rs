@@ -1,11 +1,10 @@
 //! The engine's waitlist calls: join, read, and the sweeper's offer bookkeeping, over the waitlist
 //! actor ([`crate::waitlist`]).
 
-use crate::booking::idem_tag;
-use crate::catalog::EventEntry;
-use crate::core::IdemTag;
+use crate::booking::offer_mark;
 use crate::engine::Engine;
 use crate::error::{EngineError, Rejection};
+use crate::events::EventEntry;
 use crate::ledger::{Answer, Rpc};
 use crate::section::{Notice, SectionMsg};
 use crate::types::{EventId, HoldId, HoldView, SectionId, UserId, check_user_id};
@@ -236,16 +235,4 @@ impl Engine {
         let e = event_id.clone();
         self.ask_waitlist(|reply| WaitlistMsg::Len(e, reply)).await
     }
-}
-
-/// The mark the hold of an offer to waitlist entry `entry_id` carries in its record, where a
-/// fan's hold carries its idempotency key: one per entry (an entry is offered once). Its
-/// fingerprint is the entry's, not any request's: a fan's hold sent with the same key is never
-/// answered with the offer (it is refused as a reused key once the ledger knows the mark).
-pub(crate) fn offer_mark(entry_id: &str) -> IdemTag {
-    let key = format!("waitlist-offer:{entry_id}");
-    idem_tag(&key, &(Rpc::Hold, entry_id)).unwrap_or(IdemTag {
-        key,
-        fingerprint: 0,
-    })
 }

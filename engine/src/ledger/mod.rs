@@ -116,6 +116,9 @@ impl Ledger {
         &self,
         many: Vec<(BeginArgs, Result<Answer, EngineError>)>,
     ) -> Result<(), EngineError> {
+        if many.is_empty() {
+            return Ok(());
+        }
         let calls = self
             .by_shard(many, |m| &m.0.user_id)
             .into_iter()
@@ -138,6 +141,9 @@ impl Ledger {
     /// Records successes as their keys' first answers (one message per shard), without
     /// waiting (see `LedgerMsg::Settled`).
     pub fn settled(&self, many: Vec<(BeginArgs, Answer)>) {
+        if many.is_empty() {
+            return;
+        }
         for (shard, items) in self.by_shard(many, |m| &m.0.user_id) {
             let items = items.into_iter().map(|(_, m)| m).collect();
             let _ = shard.cast(LedgerMsg::Settled(items));
@@ -147,6 +153,9 @@ impl Ledger {
     /// Gives back quota: (event, user, places), one message per shard. Fire and forget:
     /// callable from any thread.
     pub fn refund(&self, many: Vec<(EventId, UserId, u32)>) {
+        if many.is_empty() {
+            return;
+        }
         for (shard, items) in self.by_shard(many, |m| &m.1) {
             let items = items.into_iter().map(|(_, m)| m).collect();
             let _ = shard.cast(LedgerMsg::Refund(items));
@@ -154,17 +163,20 @@ impl Ledger {
     }
 
     /// Items grouped by their user's shard (shards with none left out), each with its position
-    /// in `many`, in the order given.
+    /// in `many`, in the order given. A call of one item (a unary call) makes one group.
     fn by_shard<T>(&self, many: Vec<T>, user: impl Fn(&T) -> &UserId) -> Vec<ShardItems<T>> {
-        let mut shards: Vec<Vec<(usize, T)>> = (0..self.shards.len()).map(|_| Vec::new()).collect();
+        let mut groups: Vec<(usize, Vec<(usize, T)>)> = Vec::new();
         for (i, item) in many.into_iter().enumerate() {
-            shards[shard_of(user(&item), self.shards.len())].push((i, item));
+            let shard = shard_of(user(&item), self.shards.len());
+            match groups.iter_mut().find(|(s, _)| *s == shard) {
+                Some((_, items)) => items.push((i, item)),
+                None => groups.push((shard, vec![(i, item)])),
+            }
         }
-        shards
+        groups.sort_by_key(|(shard, _)| *shard);
+        groups
             .into_iter()
-            .enumerate()
-            .filter(|(_, items)| !items.is_empty())
-            .map(|(i, items)| (self.shards[i].clone(), items))
+            .map(|(shard, items)| (self.shards[shard].clone(), items))
             .collect()
     }
 
