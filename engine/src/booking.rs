@@ -206,9 +206,9 @@ impl Engine {
             let plan = &go[k].1;
             async move { (k, self.place_anywhere(plan).await) }
         });
-        let sections = futures_util::future::join_all(sections).await;
+        let sections = crate::rt::join_all(sections).await;
         // "Any section" items are placed after the others (docs/api.md, HoldBatch).
-        let singles = futures_util::future::join_all(singles).await;
+        let singles = crate::rt::join_all(singles).await;
         for (ks, answers) in sections {
             match answers {
                 Ok(answers) => {

@@ -109,6 +109,23 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "a panic".into())
 }
 
+/// Awaits every future of `futures`, concurrently; their outputs in the order given. One
+/// future (a unary call through a batch path) is awaited as it is, without `join_all`'s
+/// bookkeeping.
+pub async fn join_all<F: std::future::Future>(
+    futures: impl IntoIterator<Item = F>,
+) -> Vec<F::Output> {
+    let mut futures: Vec<F> = futures.into_iter().collect();
+    match futures.len() {
+        0 => Vec::new(),
+        1 => match futures.pop() {
+            Some(f) => vec![f.await],
+            None => Vec::new(),
+        },
+        _ => futures_util::future::join_all(futures).await,
+    }
+}
+
 /// A worker started by [`spawn_worker`]: [`Worker::join`] waits for it to end.
 pub struct Worker {
     done: tokio::sync::oneshot::Receiver<()>,

@@ -92,7 +92,7 @@ impl Ledger {
             });
         let mut out: Vec<Result<Begin, EngineError>> =
             (0..n).map(|_| Err(EngineError::NotReady)).collect();
-        for (at, answers) in futures_util::future::join_all(calls).await {
+        for (at, answers) in crate::rt::join_all(calls).await {
             match answers {
                 Ok(answers) => {
                     for (i, a) in at.into_iter().zip(answers) {
@@ -132,10 +132,7 @@ impl Ledger {
                         .success_or(EngineError::NotReady)?
                 }
             });
-        futures_util::future::join_all(calls)
-            .await
-            .into_iter()
-            .collect()
+        crate::rt::join_all(calls).await.into_iter().collect()
     }
 
     /// Records successes as their keys' first answers (one message per shard), without
