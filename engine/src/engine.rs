@@ -696,7 +696,6 @@ mod tests {
     use super::*;
     use crate::rooms::RoomRecord;
     use crate::store::MemorySink;
-    use crate::types::{EventSpec, Layout, SectionSpec};
 
     /// Every component that writes borrows the store from the engine: once the engine has
     /// stopped, nothing else holds it (else `stop_actors` waits its whole 5 s for them, on every
@@ -707,22 +706,7 @@ mod tests {
             .await
             .unwrap();
         let event = engine
-            .create_event(EventSpec {
-                event_id: Some(EventId::from("e")),
-                name: "e".into(),
-                sections: vec![SectionSpec {
-                    section_id: SectionId::from("ga"),
-                    name: "GA".into(),
-                    price_cents: 1,
-                    layout: Layout::GeneralAdmission { capacity: 2 },
-                }],
-                hold_ttl_ms: 0,
-                per_user_limit: 0,
-                admit_rate_per_second: 0,
-                admission_window_ms: 0,
-                sale_opens_at_ms: 0,
-                join_pow_difficulty_bits: 0,
-            })
+            .create_event(crate::types::ga_event_spec("e", "e", 2, 1))
             .await
             .unwrap();
         let line = engine

@@ -607,6 +607,28 @@ impl CatalogRecord {
     }
 }
 
+/// Tests: event `id` with one general-admission section `ga` of `capacity` places at
+/// `price_cents`, the defaults elsewhere (hold TTL, per-user limit, admission, opening now).
+#[cfg(test)]
+pub(crate) fn ga_event_spec(id: &str, name: &str, capacity: u32, price_cents: u64) -> EventSpec {
+    EventSpec {
+        event_id: Some(EventId::from(id)),
+        name: name.into(),
+        sections: vec![SectionSpec {
+            section_id: SectionId::from("ga"),
+            name: "GA".into(),
+            price_cents,
+            layout: Layout::GeneralAdmission { capacity },
+        }],
+        hold_ttl_ms: 0,
+        per_user_limit: 0,
+        admit_rate_per_second: 0,
+        admission_window_ms: 0,
+        sale_opens_at_ms: 0,
+        join_pow_difficulty_bits: 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -318,25 +318,10 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
-    use crate::types::{EventSpec, Layout, SectionSpec};
+    use crate::types::EventSpec;
 
     fn spec() -> EventSpec {
-        EventSpec {
-            event_id: Some(EventId::from("e")),
-            name: "show".into(),
-            sections: vec![SectionSpec {
-                section_id: SectionId::from("ga"),
-                name: "GA".into(),
-                price_cents: 100,
-                layout: Layout::GeneralAdmission { capacity: 10 },
-            }],
-            hold_ttl_ms: 0,
-            per_user_limit: 0,
-            admit_rate_per_second: 0,
-            admission_window_ms: 0,
-            sale_opens_at_ms: 0,
-            join_pow_difficulty_bits: 0,
-        }
+        crate::types::ga_event_spec("e", "show", 10, 100)
     }
 
     fn hold(n: u32) -> Vec<u8> {
