@@ -36,7 +36,10 @@ impl Engine {
         section_id: &SectionId,
     ) -> Result<SectionCore, EngineError> {
         let e = self.entry(event_id)?;
-        Ok(*self.ask(&e, section_id, SectionMsg::Inspect).await?)
+        Ok(*self
+            .kernel()
+            .ask(&e, section_id, SectionMsg::Inspect)
+            .await?)
     }
 
     /// Every section's core, named `event/section`.
@@ -58,7 +61,7 @@ impl Engine {
     pub async fn reconcile(&self) -> Result<Vec<Finding>, EngineError> {
         let books = self.books().await?;
         let findings = reconcile::check(&books.borrowed());
-        reconcile::report(&findings, &self.inner.orphans.last_findings);
+        reconcile::report(&findings, &self.orphans().last_findings);
         Ok(findings)
     }
 
@@ -67,13 +70,12 @@ impl Engine {
     /// them, so that a sale in flight is neither a claim without a sale nor a sale without a
     /// claim.
     pub(crate) async fn books(&self) -> Result<OwnedBooks, EngineError> {
-        let claims_before = self.inner.store.sink.claims()?;
+        let claims_before = self.kernel().store().sink.claims()?;
         let sections = self.section_cores().await?;
-        self.inner.store.barrier().await?;
-        let claims = self.inner.store.sink.claims()?;
+        self.kernel().store().barrier().await?;
+        let claims = self.kernel().store().sink.claims()?;
         let charges =
-            self.inner
-                .payments
+            self.payments()
                 .charges()
                 .await
                 .map_err(|e| EngineError::PaymentUnavailable {

@@ -163,8 +163,8 @@ impl Engine {
     ) -> Vec<(usize, HoldPlan)> {
         let now = self.now_ms();
         let begun = self
-            .inner
-            .ledger
+            .kernel()
+            .ledger()
             .begin(plans.iter().map(|(_, p)| p.begin_args(now)).collect())
             .await;
         let mut go = Vec::with_capacity(plans.len());
@@ -188,16 +188,17 @@ impl Engine {
     ) -> Vec<Option<Result<HoldView, EngineError>>> {
         let mut placed: Vec<Option<Result<HoldView, EngineError>>> =
             (0..go.len()).map(|_| None).collect();
-        let (by_section, anywhere) = by_section(go);
-        let sections = self.skip_sold_out(go, by_section, &mut placed);
+        let (mut sections, anywhere) = by_section(go);
+        self.skip_sold_out(go, &mut sections, &mut placed);
         let sections = sections.into_iter().map(|(event, section, ks)| {
             let cmds = ks
                 .iter()
-                .map(|&k| go[k].1.command(&section))
+                .map(|&k| go[k].1.command(section))
                 .collect::<Vec<_>>();
             async move {
                 let answers = self
-                    .ask(&event, &section, |reply| SectionMsg::Hold(cmds, reply))
+                    .kernel()
+                    .ask(event, section, |reply| SectionMsg::Hold(cmds, reply))
                     .await;
                 (ks, answers)
             }
@@ -230,32 +231,28 @@ impl Engine {
     }
 
     /// Answers `SOLD_OUT` in `placed` for the items of each section that a snapshot of durable
-    /// state says are sold out (see `sold_out_durably`): the sections to ask about the others.
+    /// state says are sold out (see `sold_out_durably`), and leaves in `sections` the items to
+    /// ask about (and the sections with any).
     fn skip_sold_out(
         &self,
         go: &[(usize, HoldPlan)],
-        by_section: Vec<SectionItems>,
+        sections: &mut Vec<SectionItems<'_>>,
         placed: &mut [Option<Result<HoldView, EngineError>>],
-    ) -> Vec<SectionItems> {
-        let mut sections = Vec::with_capacity(by_section.len());
-        for (event, section, ks) in by_section {
-            let ks = match self.durably_free(&event, &section) {
-                Some((free, sold_out)) => {
-                    let (out, ask): (Vec<usize>, Vec<usize>) =
-                        ks.into_iter().partition(|&k| go[k].1.sold_out_at(free));
-                    sold_out.increment(out.len() as u64);
-                    for k in out {
+    ) {
+        sections.retain_mut(|(event, section, ks)| {
+            if let Some((free, sold_out)) = self.durably_free(event, section) {
+                let asked = ks.len();
+                ks.retain(|&k| {
+                    let out = go[k].1.sold_out_at(free);
+                    if out {
                         placed[k] = Some(Err(Rejection::SoldOut.into()));
                     }
-                    ask
-                }
-                None => ks,
-            };
-            if !ks.is_empty() {
-                sections.push((event, section, ks));
+                    !out
+                });
+                sold_out.increment((asked - ks.len()) as u64);
             }
-        }
-        sections
+            !ks.is_empty()
+        });
     }
 
     /// Step 4, settle: successes with a key are recorded without waiting, failures give their quota
@@ -286,9 +283,9 @@ impl Engine {
             }
             out[i] = answer;
         }
-        self.inner.ledger.settled(settled);
-        self.inner.ledger.refund(refunds);
-        if let Err(e) = self.inner.ledger.finish(failed).await {
+        self.kernel().ledger().settled(settled);
+        self.kernel().ledger().refund(refunds);
+        if let Err(e) = self.kernel().ledger().finish(failed).await {
             // A refusal could not be recorded as its key's first answer: its caller hears
             // why instead (as a single hold's would).
             for i in failed_at {
@@ -309,7 +306,7 @@ impl Engine {
             let snap = slot.snapshot.borrow();
             (snap.available, snap.version)
         };
-        match self.inner.router.durable_of(&event.event_id, section) {
+        match self.kernel().router().durable_of(&event.event_id, section) {
             Some((durable, sold_out)) if durable >= version => Some((available, sold_out)),
             _ => None,
         }
@@ -355,6 +352,7 @@ impl Engine {
             }
             let cmds = vec![plan.command(section)];
             let answer = self
+                .kernel()
                 .ask(&plan.event, section, |reply| SectionMsg::Hold(cmds, reply))
                 .await
                 .and_then(|mut answers| {
@@ -387,8 +385,8 @@ impl Engine {
             return Ok(None);
         };
         let found = self
-            .inner
-            .ledger
+            .kernel()
+            .ledger()
             .lookup(req.user_id.clone(), Rpc::Hold, tag, self.now_ms())
             .await?;
         Ok(found.map(replayed_hold))
@@ -416,11 +414,12 @@ impl Engine {
         let (event_id, section_id) = hold_id.route().ok_or(Rejection::HoldNotFound)?;
         let event = self.entry(&event_id).map_err(|_| Rejection::HoldNotFound)?;
         let (h, u) = (hold_id.clone(), user_id.clone());
-        self.ask(&event, &section_id, |reply| {
-            SectionMsg::Release(h, u, reply)
-        })
-        .await
-        .map_err(not_found_as(Rejection::HoldNotFound))
+        self.kernel()
+            .ask(&event, &section_id, |reply| {
+                SectionMsg::Release(h, u, reply)
+            })
+            .await
+            .map_err(not_found_as(Rejection::HoldNotFound))
     }
 
     /// A hold as it is now.
@@ -429,7 +428,8 @@ impl Engine {
         let (event_id, section_id) = hold_id.route().ok_or(Rejection::HoldNotFound)?;
         let event = self.entry(&event_id).map_err(|_| Rejection::HoldNotFound)?;
         let h = hold_id.clone();
-        self.ask(&event, &section_id, |reply| SectionMsg::GetHold(h, reply))
+        self.kernel()
+            .ask(&event, &section_id, |reply| SectionMsg::GetHold(h, reply))
             .await
             .map_err(not_found_as(Rejection::HoldNotFound))
     }
@@ -466,7 +466,8 @@ impl Engine {
             .entry(&event_id)
             .map_err(|_| Rejection::OrderNotFound)?;
         let o = order_id.clone();
-        self.ask(&event, &section_id, |reply| SectionMsg::GetOrder(o, reply))
+        self.kernel()
+            .ask(&event, &section_id, |reply| SectionMsg::GetOrder(o, reply))
             .await
             .map_err(not_found_as(Rejection::OrderNotFound))
     }
@@ -477,8 +478,8 @@ impl Engine {
         event_id: &EventId,
         user_id: &UserId,
     ) -> Result<u32, EngineError> {
-        self.inner
-            .ledger
+        self.kernel()
+            .ledger()
             .usage(event_id.clone(), user_id.clone())
             .await
     }
@@ -685,21 +686,21 @@ impl Item {
 }
 
 /// The items of a round for one section: the event, the section, their places in the round.
-type SectionItems = (Arc<EventEntry>, SectionId, Vec<usize>);
+type SectionItems<'a> = (&'a EventEntry, &'a SectionId, Vec<usize>);
 
 /// The plans of a round for exactly one section, grouped by section (in the order first
 /// named), and the places of those for any section.
-fn by_section(go: &[(usize, HoldPlan)]) -> (Vec<SectionItems>, Vec<usize>) {
-    let mut by_section: Vec<SectionItems> = Vec::new();
+fn by_section(go: &[(usize, HoldPlan)]) -> (Vec<SectionItems<'_>>, Vec<usize>) {
+    let mut by_section: Vec<SectionItems<'_>> = Vec::new();
     let mut anywhere = Vec::new();
     for (k, (_, plan)) in go.iter().enumerate() {
         if let [section] = plan.candidates.as_slice() {
             match by_section
                 .iter_mut()
-                .find(|(e, s, _)| e.event_id == plan.event.event_id && s == section)
+                .find(|(e, s, _)| e.event_id == plan.event.event_id && *s == section)
             {
                 Some((_, _, ks)) => ks.push(k),
-                None => by_section.push((plan.event.clone(), section.clone(), vec![k])),
+                None => by_section.push((&plan.event, section, vec![k])),
             }
         } else {
             anywhere.push(k);

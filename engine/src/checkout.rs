@@ -3,7 +3,6 @@
 //! backstop claims, durable); a refusal after a charge refunds it, and a charge that lands after
 //! the hold expired takes the same places again if they are free (else refunds).
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use crate::booking::{fingerprint, idem_tag, not_found_as, replayed_order};
@@ -13,7 +12,7 @@ use crate::error::{EngineError, Rejection, only};
 use crate::events::EventEntry;
 use crate::ledger::{Answer, Begin, BeginArgs, Rpc};
 use crate::limits::PAYMENT_TOKEN_LEN_MAX;
-use crate::payment::{Charge, PaymentError, PaymentProvider};
+use crate::payment::{Charge, PaymentError};
 use crate::section::SectionMsg;
 use crate::types::{
     ConfirmRequest, HoldId, HoldRequest, HoldStatus, HoldView, OrderId, OrderView, SectionId,
@@ -75,13 +74,13 @@ impl Engine {
             now_ms: self.now_ms(),
         };
         if tag.is_some() {
-            match only(self.inner.ledger.begin(vec![args()]).await)? {
+            match only(self.kernel().ledger().begin(vec![args()]).await)? {
                 Begin::Replay(answer) => return replayed_order(answer),
                 Begin::Proceed => {}
             }
         }
         let outcome = {
-            let _running = self.inner.orphans.checkout(&req.hold_id);
+            let _running = self.orphans().checkout(&req.hold_id);
             self.checkout(&event, &section_id, &req, tag.clone()).await
         };
         let label = match &outcome {
@@ -95,12 +94,12 @@ impl Engine {
         if tag.is_some() {
             match &outcome {
                 Ok(order) => self
-                    .inner
-                    .ledger
+                    .kernel()
+                    .ledger()
                     .settled(vec![(args(), Answer::Order(order.clone()))]),
                 Err(e) => {
-                    self.inner
-                        .ledger
+                    self.kernel()
+                        .ledger()
                         .finish(vec![(args(), Err(e.clone()))])
                         .await?
                 }
@@ -169,10 +168,11 @@ impl Engine {
         }
         if self.now_ms() >= hold.expires_at_ms {
             let h = req.hold_id.clone();
-            self.ask(event, section_id, |reply| {
-                SectionMsg::ExpireHoldIfDue(h, reply)
-            })
-            .await?;
+            self.kernel()
+                .ask(event, section_id, |reply| {
+                    SectionMsg::ExpireHoldIfDue(h, reply)
+                })
+                .await?;
             return Err(Rejection::HoldExpired.into());
         }
         Ok(hold)
@@ -196,11 +196,7 @@ impl Engine {
         let amount = price * u64::from(hold.quantity);
         let key = format!("{}:{:016x}", req.hold_id, fingerprint(&req.payment_ref));
         let started = Instant::now();
-        let charged = self
-            .inner
-            .payments
-            .charge(&key, amount, &req.payment_ref)
-            .await;
+        let charged = self.payments().charge(&key, amount, &req.payment_ref).await;
         metrics::histogram!("boxoffice_payment_charge_seconds")
             .record(started.elapsed().as_secs_f64());
         match charged {
@@ -240,7 +236,8 @@ impl Engine {
             payment_ref: charge.payment_id.clone(),
             idem: tag,
         };
-        self.ask(event, section_id, |reply| SectionMsg::Confirm(cmd, reply))
+        self.kernel()
+            .ask(event, section_id, |reply| SectionMsg::Confirm(cmd, reply))
             .await
             .map_err(not_found_as(Rejection::HoldNotFound))
     }
@@ -298,15 +295,10 @@ impl Engine {
     }
 
     async fn refund(&self, charge: &Charge) {
-        match self.inner.payments.refund(&charge.payment_id).await {
+        match self.payments().refund(&charge.payment_id).await {
             Ok(_) => metrics::counter!("boxoffice_checkout_refunds_total").increment(1),
             // Left for the reconciliation to report: a captured payment without an order.
             Err(e) => tracing::error!(error = %e, payment = %charge.payment_id, "refund failed"),
         }
-    }
-
-    /// The payment provider.
-    pub fn payments(&self) -> Arc<dyn PaymentProvider> {
-        self.inner.payments.clone()
     }
 }

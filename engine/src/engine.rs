@@ -1,59 +1,55 @@
 //! The [`Engine`] handle: what the gateway and the sweeper call. Opening it recovers the log and
-//! starts the actors; the rest of its calls live with their concern:
-//! [`catalog`](crate::catalog) (events, availability), [`booking`](crate::booking) (holds),
+//! starts the actors. It composes components over a shared [`kernel`](crate::kernel): the
+//! [`catalog`](crate::catalog) component (events, availability) is reached only through the calls
+//! here; the others still live as calls with their concern: [`booking`](crate::booking) (holds),
 //! [`checkout`](crate::checkout) (confirm and payment), [`expiry`](crate::expiry) (deadlines and
 //! waitlist hand-off), [`waitlist`](crate::waitlist), [`audit`](crate::audit) (reconciliation),
 //! [`supervisor`](crate::supervisor) (restarting actors that panic).
 
 use crate::hash::{DashMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorRef};
-use tokio::sync::{Mutex, watch};
+use tokio::sync::watch;
 
+use crate::catalog::Catalog;
 use crate::config::EngineConfig;
 use crate::core::SectionCore;
 use crate::error::{EngineError, Rejection, StorageError};
-use crate::events::EventEntry;
-use crate::ledger::Ledger;
+use crate::events::{EventEntry, EventTerms, SectionFeed, SectionSlot};
+use crate::kernel::Kernel;
 use crate::payment::{PaymentProvider, SimulatedProvider};
 use crate::recovery::{CatalogEntry, RecoverWith, Recovered, RecoveryReport, recover};
 use crate::recovery::{restart_section, restart_waitlist};
-use crate::router::Router;
 use crate::router::SectionHandle;
-use crate::section::{Listener, Notices, SectionMsg};
+use crate::section::{Listener, SectionMsg};
 use crate::section::{SectionActor, SectionArgs};
 use crate::store::{LogSink, SledSink, Store, StreamWriter, names};
 use crate::supervisor::{
     Restart, Role, Roles, Supervisor, SupervisorArgs, replay_off_runtime, spawn_ledger,
     spawn_waitlist,
 };
-use crate::types::{EventId, SectionId, SectionSnapshot};
+use crate::types::{EventId, EventSpec, EventView, SeatMap, SectionId, SectionSnapshot};
 use crate::waitlist::WaitlistMsg;
 
-/// Everything an engine handle shares.
+/// The engine's components and what they share (the [`Kernel`]). Private: each component is
+/// reached through the engine's methods, or through the narrow accessors below.
 pub(crate) struct Inner {
-    pub config: EngineConfig,
-    pub store: Arc<Store>,
-    pub ledger: Ledger,
-    pub router: Router,
-    pub events: DashMap<EventId, Arc<EventEntry>>,
-    pub catalog: Mutex<StreamWriter>,
-    pub ready: AtomicBool,
-    pub recovery: OnceLock<RecoveryReport>,
-    pub notices: Notices,
-    pub waitlist: RwLock<ActorRef<WaitlistMsg>>,
-    pub payments: Arc<dyn PaymentProvider>,
-    pub supervisor: ActorRef<()>,
-    pub roles: Roles,
+    kernel: Arc<Kernel>,
+    catalog: Catalog,
+    recovery: OnceLock<RecoveryReport>,
+    waitlist: RwLock<ActorRef<WaitlistMsg>>,
+    payments: Arc<dyn PaymentProvider>,
+    supervisor: ActorRef<()>,
+    roles: Roles,
     /// Actors restarted after a panic.
-    pub restarts: AtomicU64,
+    restarts: AtomicU64,
     /// Captured charges without a sale, and the checkouts running (see [`crate::refunds`]).
-    pub orphans: crate::orphans::Orphans,
+    orphans: crate::orphans::Orphans,
     /// The waiting rooms' records (see [`crate::rooms`]).
-    pub rooms: crate::rooms::Rooms,
+    rooms: crate::rooms::Rooms,
 }
 
 impl Inner {
@@ -233,7 +229,7 @@ impl Engine {
         metrics::gauge!("boxoffice_engine_recovery_seconds").set(started.elapsed().as_secs_f64());
         tracing::info!(?report, "engine recovered");
         let _ = engine.inner.recovery.set(report);
-        engine.inner.ready.store(true, Ordering::SeqCst);
+        engine.kernel().set_serving(true);
         Ok(engine)
     }
 
@@ -276,22 +272,19 @@ impl Engine {
         let waitlist =
             spawn_waitlist(list, list_last, &store, &config, &supervisor, &roles).await?;
         let catalog = StreamWriter::open(sink.as_ref(), names::CATALOG, recovered.catalog_last)?;
+        let rooms = crate::rooms::Rooms::open(
+            sink.as_ref(),
+            config.checkpoint_every_records,
+            recovered.rooms,
+        )?;
+        let payments = open_payments(&config, sink.as_ref())?;
+        let kernel = Arc::new(Kernel::new(config, store, ledger));
         let inner = Arc::new(Inner {
-            rooms: crate::rooms::Rooms::open(
-                sink.as_ref(),
-                config.checkpoint_every_records,
-                recovered.rooms,
-            )?,
-            payments: open_payments(&config, sink.as_ref())?,
-            config,
-            store,
-            ledger,
-            router: Router::default(),
-            events: DashMap::default(),
-            catalog: Mutex::new(catalog),
-            ready: AtomicBool::new(false),
+            rooms,
+            payments,
+            catalog: Catalog::new(kernel.clone(), catalog),
+            kernel,
             recovery: OnceLock::new(),
-            notices: Arc::new(OnceLock::new()),
             waitlist: RwLock::new(waitlist),
             supervisor,
             roles,
@@ -335,25 +328,25 @@ impl Engine {
     /// Whether the engine serves (false before recovery finished, once shutdown began, and once
     /// it stopped: see [`Engine::stopped`]).
     pub fn is_ready(&self) -> bool {
-        self.inner.ready.load(Ordering::SeqCst) && self.inner.store.halt.check().is_ok()
+        self.kernel().serving() && self.kernel().store().halt.check().is_ok()
     }
 
     /// Why the engine stopped serving for good (a storage failure, an actor that could not be
     /// restarted), if it did; it then answers every change with an error until restarted.
     pub fn stopped(&self) -> Option<String> {
-        self.inner.store.halt.reason()
+        self.kernel().store().halt.reason()
     }
 
     /// Stops the engine as a crash of its log would: calls answer `NOT_READY` from now on,
     /// nothing more is written. A cluster leader's watchdog uses it when its group stops
     /// confirming its leadership.
     pub fn halt(&self, reason: &str) {
-        self.inner.store.halt_now(reason);
+        self.kernel().store().halt_now(reason);
     }
 
     /// A channel that changes once the engine stops (see [`Engine::stopped`]), for health.
     pub fn watch_stopped(&self) -> watch::Receiver<Option<String>> {
-        self.inner.store.halt.subscribe()
+        self.kernel().store().halt.subscribe()
     }
 
     /// How many actors were restarted after a panic.
@@ -361,32 +354,39 @@ impl Engine {
         self.inner.restarts.load(Ordering::SeqCst)
     }
 
-    /// Refuses once the engine stopped: published snapshots may show changes that were never
-    /// acknowledged (a batch whose sync failed), so reads stop too.
-    pub(crate) fn check_not_stopped(&self) -> Result<(), EngineError> {
-        self.inner.store.halt.check()?;
-        Ok(())
+    /// What every component shares (see [`crate::kernel`]).
+    pub(crate) fn kernel(&self) -> &Kernel {
+        &self.inner.kernel
     }
 
+    /// The captured charges without a sale, and the checkouts running (see [`crate::refunds`]).
+    pub(crate) fn orphans(&self) -> &crate::orphans::Orphans {
+        &self.inner.orphans
+    }
+
+    /// The payment provider that charges and refunds.
+    pub fn payments(&self) -> Arc<dyn PaymentProvider> {
+        self.inner.payments.clone()
+    }
+
+    /// See [`Kernel::check_not_stopped`].
+    pub(crate) fn check_not_stopped(&self) -> Result<(), EngineError> {
+        self.kernel().check_not_stopped()
+    }
+
+    /// See [`Kernel::check_ready`].
     pub(crate) fn check_ready(&self) -> Result<(), EngineError> {
-        if !self.inner.ready.load(Ordering::SeqCst) {
-            return Err(EngineError::NotReady);
-        }
-        self.inner.store.halt.check()?;
-        Ok(())
+        self.kernel().check_ready()
     }
 
     /// Now, by the engine's clock (ms since the Unix epoch).
     pub fn now_ms(&self) -> u64 {
-        self.inner.config.clock.now_ms()
+        self.kernel().now_ms()
     }
 
-    /// The idempotency window, ms (checked when the engine opened).
+    /// See [`Kernel::window_ms`].
     pub(crate) fn window_ms(&self) -> u64 {
-        self.inner
-            .config
-            .idempotency_window_ms()
-            .unwrap_or(crate::limits::IDEMPOTENCY_WINDOW_MS_DEFAULT)
+        self.kernel().window_ms()
     }
 
     /// What the engine remembers now: holds (live, and ended within the window) and
@@ -394,12 +394,13 @@ impl Engine {
     pub async fn remembered(&self) -> Result<crate::retention::Remembered, EngineError> {
         self.check_ready()?;
         let mut r = crate::retention::Remembered {
-            idempotency_keys: self.inner.ledger.keys_remembered().await?,
+            idempotency_keys: self.kernel().ledger().keys_remembered().await?,
             ..crate::retention::Remembered::default()
         };
         for e in self.event_entries() {
             for slot in &e.sections {
                 let (holds, ended) = self
+                    .kernel()
                     .ask(&e, &slot.section_id, SectionMsg::Remembered)
                     .await?;
                 r.holds += holds;
@@ -412,55 +413,15 @@ impl Engine {
     /// Sets the one listener of engine notices (deadline changes, ended holds, waitlist joins).
     /// Returns false if one was set already.
     pub fn set_listener(&self, listener: Listener) -> bool {
-        self.inner.notices.set(listener).is_ok()
+        self.kernel().notices().set(listener).is_ok()
     }
 
-    /// Runs an engine call on a task of its own and waits for it. A caller that stops waiting
-    /// (a gRPC deadline, a dropped future) drops only its wait: the call still runs to its end,
-    /// so a ledger reservation is always settled, an idempotency key never stays in flight, and a
-    /// charge always ends in an order or a refund. (Dropping the call itself between its awaits
-    /// would leave those half done.)
+    /// See [`crate::kernel::detached`].
     pub(crate) async fn detached<T: Send + 'static>(
         &self,
         work: impl std::future::Future<Output = Result<T, EngineError>> + Send + 'static,
     ) -> Result<T, EngineError> {
-        match tokio::spawn(work).await {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::error!(error = %e, "an engine call panicked");
-                Err(StorageError::Io(format!("an engine call failed: {e}")).into())
-            }
-        }
-    }
-
-    /// Sends a message to a section actor, refusing if its queue is at the bound.
-    pub(crate) async fn ask<T: Send + 'static>(
-        &self,
-        event: &EventEntry,
-        section: &SectionId,
-        build: impl FnOnce(ractor::RpcReplyPort<Result<T, EngineError>>) -> SectionMsg,
-    ) -> Result<T, EngineError> {
-        if !event.sections.iter().any(|s| &s.section_id == section) {
-            return Err(Rejection::SectionNotFound.into());
-        }
-        let handle = self
-            .inner
-            .router
-            .get(&event.event_id, section)
-            .ok_or(Rejection::SectionNotFound)?;
-        let depth = handle.depth.fetch_add(1, Ordering::AcqRel);
-        if depth >= self.inner.config.section_inflight_max {
-            handle.depth.fetch_sub(1, Ordering::AcqRel);
-            metrics::counter!("boxoffice_engine_shed_total", "scope" => "section").increment(1);
-            return Err(EngineError::Overloaded("section queue full"));
-        }
-        match handle.actor.call(build, None).await {
-            Ok(r) => r.success_or(EngineError::NotReady)?,
-            Err(_) => {
-                handle.depth.fetch_sub(1, Ordering::AcqRel);
-                Err(EngineError::NotReady)
-            }
-        }
+        crate::kernel::detached(work).await
     }
 
     /// The line of `event_id`'s waiting room as its records leave it (empty if it has none).
@@ -484,22 +445,22 @@ impl Engine {
         self.entry(event_id)?;
         self.inner
             .rooms
-            .record(&self.inner.store, event_id, records)
+            .record(self.kernel().store(), event_id, records)
             .await
     }
 
     /// Orderly stop: refuse new work, stop the actors, flush the log and close it.
     pub async fn shutdown(&self) {
-        self.inner.ready.store(false, Ordering::SeqCst);
+        self.kernel().set_serving(false);
         self.stop_actors().await;
-        self.inner.store.close().await;
+        self.kernel().store().close().await;
     }
 
     pub(crate) async fn stop_actors(&self) {
-        for actor in self.inner.router.actors() {
+        for actor in self.kernel().router().actors() {
             let _ = actor.stop_and_wait(None, None).await;
         }
-        for shard in self.inner.ledger.actors() {
+        for shard in self.kernel().ledger().actors() {
             let _ = shard.stop_and_wait(None, None).await;
         }
         let _ = self.inner.waitlist().stop_and_wait(None, None).await;
@@ -508,9 +469,145 @@ impl Engine {
         // stopped; wait for that, so the data dir is free once the last `Engine` goes.
         // tokio's clock: a simulation's virtual one.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        while Arc::strong_count(&self.inner.store) > 1 && tokio::time::Instant::now() < deadline {
+        while Arc::strong_count(self.kernel().store()) > 1 && tokio::time::Instant::now() < deadline
+        {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
+    }
+}
+
+/// The catalog's calls (see [`Catalog`]) and the composition it needs: an event's section
+/// actors are started here, under the supervisor, before the catalog lists it.
+impl Engine {
+    /// Starts one actor per section of an event (each with its recovered core and the last
+    /// sequence number of its stream) and lists the event.
+    pub(crate) async fn start_event(
+        &self,
+        event_id: EventId,
+        spec: EventSpec,
+        created_at_ms: u64,
+        sections: Vec<(SectionCore, u64)>,
+    ) -> Result<(), EngineError> {
+        let sections = self.start_sections(sections).await?;
+        self.inner.catalog.list(EventEntry {
+            spec,
+            event_id,
+            created_at_ms,
+            sections,
+        });
+        Ok(())
+    }
+
+    /// Starts one actor per section from its core and its stream's last sequence number: the
+    /// slots the catalog lists them by.
+    async fn start_sections(
+        &self,
+        sections: Vec<(SectionCore, u64)>,
+    ) -> Result<Vec<SectionSlot>, EngineError> {
+        let mut slots = Vec::with_capacity(sections.len());
+        for (core, last_seq) in sections {
+            let section_id = core.spec().section_id.clone();
+            let (tx, rx) = watch::channel(Arc::new(core.snapshot(last_seq)));
+            let publisher = Arc::new(tx);
+            self.spawn_section(core, last_seq, publisher.clone())
+                .await?;
+            slots.push(SectionSlot {
+                section_id,
+                snapshot: rx,
+                publisher,
+            });
+        }
+        Ok(slots)
+    }
+
+    /// Creates an event: validates the spec (zero values take the defaults), logs it durably and
+    /// starts one actor per section. Idempotent by event id: the same spec again returns the
+    /// event as it is now; another spec under an existing id is `EventExists`. Runs to the end
+    /// even if the caller stops waiting.
+    pub async fn create_event(&self, spec: EventSpec) -> Result<EventView, EngineError> {
+        self.create_event_keyed(spec, "").await
+    }
+
+    /// [`Engine::create_event`] with an idempotency key for a spec without an event id: the
+    /// event's id is derived from the key ([`crate::event_id_of_key`]), so a retry with the key
+    /// and the same spec answers the event the first call made (whether or not its answer
+    /// arrived), and the key with another spec is `IdempotencyKeyReused`. The key lasts as long
+    /// as the event. With an event id, or an empty key, the key plays no part.
+    pub async fn create_event_keyed(
+        &self,
+        spec: EventSpec,
+        idempotency_key: &str,
+    ) -> Result<EventView, EngineError> {
+        let engine = self.clone();
+        let key = idempotency_key.to_owned();
+        self.detached(async move {
+            let starter = engine.clone();
+            engine
+                .inner
+                .catalog
+                .create(spec, &key, |cores| async move {
+                    starter.start_sections(cores).await
+                })
+                .await
+        })
+        .await
+    }
+
+    pub(crate) fn entry(&self, event_id: &EventId) -> Result<Arc<EventEntry>, Rejection> {
+        self.inner.catalog.entry(event_id)
+    }
+
+    pub(crate) fn event_entries(&self) -> Vec<Arc<EventEntry>> {
+        self.inner.catalog.entries()
+    }
+
+    /// An event with its sections' latest counts.
+    pub fn event(&self, event_id: &EventId) -> Result<EventView, EngineError> {
+        self.inner.catalog.event(event_id)
+    }
+
+    /// An event's settings without its sections (cheap: for the per-request paths).
+    pub fn event_terms(&self, event_id: &EventId) -> Result<EventTerms, EngineError> {
+        self.inner.catalog.terms(event_id)
+    }
+
+    /// Free places per section of an event, from the published snapshots (cheap: no spec).
+    pub fn available_places(
+        &self,
+        event_id: &EventId,
+    ) -> Result<Vec<(SectionId, u32)>, EngineError> {
+        self.inner.catalog.available(event_id)
+    }
+
+    /// Every event, ordered by id.
+    pub fn events(&self) -> Result<Vec<EventView>, EngineError> {
+        self.inner.catalog.views()
+    }
+
+    /// The latest published snapshots of an event (or of one section), built per call (the
+    /// gateway's shared maps are `gateway::seat_maps`). Never enters a mailbox. The latest
+    /// snapshot of a section shows every change made so far, so the map is true now: `as_of_ms`
+    /// is now (not the time a snapshot was published, which is old for an idle section).
+    pub fn seat_map(
+        &self,
+        event_id: &EventId,
+        section: Option<&SectionId>,
+    ) -> Result<SeatMap, EngineError> {
+        self.inner.catalog.seat_map(event_id, section)
+    }
+
+    /// Where a reader that builds its own view of an event's sections (the gateway's seat maps)
+    /// gets them: per section in event order, its spec and its published snapshots (a `watch`
+    /// receiver: `borrow()` is the latest, never entering a mailbox). An event's sections never
+    /// change, so a reader may keep these for the life of the engine.
+    pub fn section_feeds(&self, event_id: &EventId) -> Result<Vec<SectionFeed>, EngineError> {
+        self.inner.catalog.feeds(event_id)
+    }
+
+    /// Whether the engine still serves reads: `Storage` once it stopped (its published counts
+    /// could include a change that was never acknowledged).
+    pub fn check_reads(&self) -> Result<(), EngineError> {
+        self.check_not_stopped()
     }
 }
 
@@ -525,11 +622,11 @@ impl Engine {
         last_seq: u64,
         publisher: Arc<watch::Sender<Arc<SectionSnapshot>>>,
     ) -> Result<(), EngineError> {
-        let inner = &self.inner;
+        let (inner, kernel) = (&self.inner, self.kernel());
         let event_id = core.event_id().clone();
         let section_id = core.spec().section_id.clone();
         let stream = StreamWriter::open(
-            inner.store.sink.as_ref(),
+            kernel.store().sink.as_ref(),
             &names::section(&event_id, &section_id),
             last_seq,
         )?;
@@ -544,14 +641,14 @@ impl Engine {
         let args = SectionArgs {
             core,
             stream,
-            store: inner.store.clone(),
-            clock: inner.config.clock.clone(),
-            ledger: inner.ledger.clone(),
+            store: kernel.store().clone(),
+            clock: kernel.config().clock.clone(),
+            ledger: kernel.ledger().clone(),
             snapshot: publisher,
             depth: depth.clone(),
             durable: durable.clone(),
-            checkpoint_every: inner.config.checkpoint_every_records,
-            notices: inner.notices.clone(),
+            checkpoint_every: kernel.config().checkpoint_every_records,
+            notices: kernel.notices().clone(),
         };
         let (actor, _) = Actor::spawn_linked(None, SectionActor, args, inner.supervisor.get_cell())
             .await
@@ -560,7 +657,7 @@ impl Engine {
             actor.get_id(),
             Role::Section(event_id.clone(), section_id.clone()),
         );
-        inner.router.insert(
+        kernel.router().insert(
             event_id,
             section_id,
             SectionHandle {
@@ -577,7 +674,7 @@ impl Engine {
     /// watches ([`Engine::stopped`], health, logs, the `boxoffice_store_halted` gauge). For
     /// the engine's own actors and for what serves beside it (a sweeper that died, say).
     pub fn stop_visibly(&self, reason: impl Into<String>) {
-        self.inner.store.halt_now(&reason.into());
+        self.kernel().store().halt_now(&reason.into());
     }
 
     /// Watches a task that must run as long as the engine serves (`what` names it): if it ends
@@ -595,7 +692,7 @@ impl Engine {
                 Err(e) => format!("failed: {e}"),
             };
             if let Some(inner) = engine.upgrade()
-                && inner.ready.load(Ordering::SeqCst)
+                && inner.kernel.serving()
             {
                 Engine { inner }.stop_visibly(format!("{what} {how}"));
             }
@@ -609,7 +706,7 @@ impl Engine {
         section_id: &SectionId,
     ) -> Result<(), EngineError> {
         // Every record the dead actor handed to the flusher is written before we read.
-        self.inner.store.barrier().await?;
+        self.kernel().store().barrier().await?;
         let entry = self.entry(event_id)?;
         let spec = entry
             .spec
@@ -623,12 +720,12 @@ impl Engine {
             .find(|s| &s.section_id == section_id)
             .ok_or(crate::error::Rejection::SectionNotFound)?;
         let (sink, event, spec, window_ms) = (
-            self.inner.store.sink.clone(),
+            self.kernel().store().sink.clone(),
             event_id.clone(),
             spec.clone(),
             self.window_ms(),
         );
-        let marks = self.inner.store.durable_marks();
+        let marks = self.kernel().store().durable_marks();
         let rebuilt = replay_off_runtime("the section's", move || {
             restart_section(sink.as_ref(), &event, &spec, window_ms, marks)
         })
@@ -640,9 +737,9 @@ impl Engine {
 
     /// Rebuilds the waitlist from its log and starts a new actor for it.
     async fn restart_waitlist(&self) -> Result<(), EngineError> {
-        self.inner.store.barrier().await?;
-        let sink = self.inner.store.sink.clone();
-        let marks = self.inner.store.durable_marks();
+        self.kernel().store().barrier().await?;
+        let sink = self.kernel().store().sink.clone();
+        let marks = self.kernel().store().durable_marks();
         let (core, last_seq) = replay_off_runtime("the waitlist's", move || {
             restart_waitlist(sink.as_ref(), marks)
         })
@@ -651,8 +748,8 @@ impl Engine {
         let actor = spawn_waitlist(
             core,
             last_seq,
-            &inner.store,
-            &inner.config,
+            self.kernel().store(),
+            self.kernel().config(),
             &inner.supervisor,
             &inner.roles,
         )
@@ -664,7 +761,7 @@ impl Engine {
 
 impl Restart for Inner {
     fn serving(&self) -> bool {
-        self.ready.load(Ordering::SeqCst)
+        self.kernel.serving()
     }
 
     fn restart(self: Arc<Self>, role: Role) -> BoxFuture<'static, Result<(), EngineError>> {
@@ -681,7 +778,7 @@ impl Restart for Inner {
     }
 
     fn stop_visibly(&self, reason: String) {
-        self.store.halt_now(&reason);
+        self.kernel.store().halt_now(&reason);
     }
 
     fn restarted(&self) {
@@ -717,7 +814,7 @@ mod tests {
         assert_eq!(engine.room_line(&event.event_id).await.unwrap(), line);
         engine.shutdown().await;
         assert_eq!(
-            Arc::strong_count(&engine.inner.store),
+            Arc::strong_count(engine.kernel().store()),
             1,
             "another holder of the store"
         );

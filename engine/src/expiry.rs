@@ -80,6 +80,7 @@ impl Engine {
         };
         let plans = offering.reserve(offers).await;
         let done = self
+            .kernel()
             .ask(&e, section_id, |reply| {
                 SectionMsg::ExpireDue(max, plans, reply)
             })
@@ -104,6 +105,7 @@ impl Engine {
         for e in self.event_entries() {
             for slot in &e.sections {
                 let d = self
+                    .kernel()
                     .ask(&e, &slot.section_id, SectionMsg::NextDeadline)
                     .await?;
                 out.push((e.event_id.clone(), slot.section_id.clone(), d));
@@ -120,9 +122,10 @@ impl Engine {
         self.check_ready()?;
         let entries = self.event_entries();
         let asks = entries.iter().flat_map(|e| {
-            e.sections
-                .iter()
-                .map(move |slot| self.ask(e, &slot.section_id, SectionMsg::PastDeadline))
+            e.sections.iter().map(move |slot| {
+                self.kernel()
+                    .ask(e, &slot.section_id, SectionMsg::PastDeadline)
+            })
         });
         let mut due = 0u64;
         for n in futures_util::future::join_all(asks).await {
@@ -138,6 +141,7 @@ impl Engine {
         for e in self.event_entries() {
             for slot in &e.sections {
                 let d = self
+                    .kernel()
                     .ask(&e, &slot.section_id, SectionMsg::NextDeadline)
                     .await?;
                 next = match (next, d) {
@@ -190,7 +194,7 @@ impl Offering<'_> {
             asks.push((k, user, *quantity, entry));
         }
         let args = asks.iter().map(|(_, u, q, _)| self.args(u, *q)).collect();
-        let begun = self.engine.inner.ledger.begin(args).await;
+        let begun = self.engine.kernel().ledger().begin(args).await;
         let mut plans = Vec::new();
         for ((k, user, quantity, entry), begun) in asks.into_iter().zip(begun) {
             match begun {
@@ -222,7 +226,7 @@ impl Offering<'_> {
             .into_iter()
             .map(|(user, quantity, err)| (self.args(user, quantity), Err(err)))
             .collect();
-        if let Err(e) = self.engine.inner.ledger.finish(many).await {
+        if let Err(e) = self.engine.kernel().ledger().finish(many).await {
             tracing::error!(error = %e, "cannot give back an offer's quota");
         }
     }

@@ -98,6 +98,7 @@ mod expiry;
 pub mod hash;
 pub mod ids;
 pub mod integrity;
+mod kernel;
 mod ledger;
 pub mod limits;
 mod orphans;

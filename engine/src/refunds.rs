@@ -69,19 +69,19 @@ impl Engine {
                 Orphan::Unknown => left.push(finding),
                 Orphan::Yes(hold) => {
                     orphaned_now.insert(payment_id.clone());
-                    let first = self.inner.orphans.first_seen(payment_id, now);
+                    let first = self.orphans().first_seen(payment_id, now);
                     if now.saturating_sub(first) < grace_ms {
                         settlement.pending.push(payment_id.clone());
                         continue;
                     }
                     match self.refund_orphan(charge, &hold).await {
                         Ok(true) => {
-                            self.inner.orphans.forget(payment_id);
+                            self.orphans().forget(payment_id);
                             settlement
                                 .refunded
                                 .push((payment_id.clone(), charge.amount_cents));
                         }
-                        Ok(false) => self.inner.orphans.forget(payment_id),
+                        Ok(false) => self.orphans().forget(payment_id),
                         Err(e) => {
                             tracing::error!(error = %e, payment = %payment_id,
                                 "refund of a charge without a sale failed; retried next pass");
@@ -92,15 +92,14 @@ impl Engine {
             }
         }
         // Forget charges no longer orphaned (an order took them, or a person refunded them).
-        self.inner.orphans.keep_only(&orphaned_now);
-        self.inner
-            .orphans
+        self.orphans().keep_only(&orphaned_now);
+        self.orphans()
             .pending
             .set(i64::try_from(settlement.pending.len()).unwrap_or(i64::MAX));
         for id in &settlement.pending {
             tracing::warn!(payment = %id, grace_ms, "captured charge without a sale: refund pending");
         }
-        reconcile::report(&left, &self.inner.orphans.last_findings);
+        reconcile::report(&left, &self.orphans().last_findings);
         Ok((left, settlement))
     }
 
@@ -112,7 +111,7 @@ impl Engine {
         let Some((event_id, _)) = hold_id.route() else {
             return Orphan::Unknown;
         };
-        if self.inner.orphans.checkout_running(&hold_id) {
+        if self.orphans().checkout_running(&hold_id) {
             return Orphan::No;
         }
         match self.get_hold(&hold_id).await {
@@ -135,7 +134,7 @@ impl Engine {
     /// checkout of its hold started. `Ok(false)`: not refunded, it has a sale after all.
     async fn refund_orphan(&self, charge: &Charge, hold: &HoldId) -> Result<bool, EngineError> {
         let (event_id, section_id) = hold.route().ok_or(crate::error::Rejection::HoldNotFound)?;
-        if self.inner.orphans.checkout_running(hold) {
+        if self.orphans().checkout_running(hold) {
             return Ok(false);
         }
         let paid = self
@@ -148,8 +147,7 @@ impl Engine {
             return Ok(false);
         }
         let refunded = self
-            .inner
-            .payments
+            .payments()
             .refund(&charge.payment_id)
             .await
             .map_err(|e| EngineError::PaymentUnavailable {

@@ -25,8 +25,8 @@ impl Engine {
     /// # Panics
     /// If the engine's log is not in sled (a [`MemorySink`](crate::MemorySink)).
     pub fn raw_db(&self) -> sled::Db {
-        self.inner
-            .store
+        self.kernel()
+            .store()
             .sink
             .kv()
             .and_then(|kv| kv.as_sled())
@@ -36,10 +36,10 @@ impl Engine {
     /// Stops as a crash would (for recovery tests): the log takes nothing more, queued writes
     /// are lost, nothing is flushed. Acknowledged work (with `Durability::Sync`) is durable.
     pub async fn crash(&self) {
-        self.inner.ready.store(false, Ordering::SeqCst);
-        self.inner.store.halt_now("simulated crash");
+        self.kernel().set_serving(false);
+        self.kernel().store().halt_now("simulated crash");
         self.stop_actors().await;
-        self.inner.store.close().await;
+        self.kernel().store().close().await;
     }
 
     /// Makes a section's actor panic in its handler (as a failed invariant check would); the
@@ -51,8 +51,8 @@ impl Engine {
     ) -> Result<(), EngineError> {
         let e = self.entry(event_id)?;
         let handle = self
-            .inner
-            .router
+            .kernel()
+            .router()
             .get(&e.event_id, section_id)
             .ok_or(Rejection::SectionNotFound)?;
         // Counted as queued, as `ask` does: the actor counts every message it takes.
@@ -74,6 +74,6 @@ impl Engine {
     /// Makes the ledger shard of `user` panic in its handler (the engine then stops: a ledger's
     /// quotas cannot be rebuilt while sections hold places).
     pub fn panic_ledger(&self, user: &crate::types::UserId) -> Result<(), EngineError> {
-        self.inner.ledger.panic_shard_of(user)
+        self.kernel().ledger().panic_shard_of(user)
     }
 }

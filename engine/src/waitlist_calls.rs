@@ -81,12 +81,12 @@ impl Engine {
             quantity,
             at_ms: self.now_ms(),
         };
-        let max = self.inner.config.waitlist_max;
+        let max = self.kernel().config().waitlist_max;
         let view = self
             .ask_waitlist(|reply| WaitlistMsg::Join(join, max, reply))
             .await?;
         crate::section::notify(
-            &self.inner.notices,
+            self.kernel().notices(),
             Notice::WaitlistJoined {
                 event_id: event_id.clone(),
             },
@@ -117,7 +117,7 @@ impl Engine {
                 .collect(),
         };
         for s in &sections {
-            let free = self.ask(event, s, SectionMsg::Available).await?;
+            let free = self.kernel().ask(event, s, SectionMsg::Available).await?;
             if free >= quantity {
                 return Err(Rejection::PlacesAvailable.into());
             }
@@ -183,8 +183,8 @@ impl Engine {
     ) -> Result<Option<HoldView>, EngineError> {
         self.check_ready()?;
         let found = self
-            .inner
-            .ledger
+            .kernel()
+            .ledger()
             .lookup(
                 entry.user_id.clone(),
                 Rpc::Hold,

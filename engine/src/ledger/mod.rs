@@ -58,6 +58,18 @@ fn gone<T>(_: T) -> EngineError {
     EngineError::NotReady
 }
 
+/// One shard's answers to `args`, in their order.
+async fn begin_at(
+    shard: &ActorRef<LedgerMsg>,
+    args: Vec<BeginArgs>,
+) -> Result<Vec<Result<Begin, EngineError>>, EngineError> {
+    shard
+        .call(|reply| LedgerMsg::Begin(args, reply), None)
+        .await
+        .map_err(gone)?
+        .success_or(EngineError::NotReady)?
+}
+
 impl Ledger {
     pub fn new(shards: Vec<ActorRef<LedgerMsg>>) -> Ledger {
         Ledger {
@@ -75,20 +87,19 @@ impl Ledger {
     /// Answers in the order given.
     pub async fn begin(&self, many: Vec<BeginArgs>) -> Vec<Result<Begin, EngineError>> {
         let n = many.len();
+        // All of one shard (a unary call always is): one message, its answers as they come.
+        if let Some(shard) = self.one_shard(&many, |a| &a.user_id) {
+            return match begin_at(shard, many).await {
+                Ok(answers) => answers,
+                Err(e) => (0..n).map(|_| Err(e.clone())).collect(),
+            };
+        }
         let calls = self
             .by_shard(many, |a| &a.user_id)
             .into_iter()
             .map(|(shard, items)| {
                 let (at, args): (Vec<usize>, Vec<BeginArgs>) = items.into_iter().unzip();
-                async move {
-                    let answers = shard
-                        .call(|reply| LedgerMsg::Begin(args, reply), None)
-                        .await
-                        .map_err(gone)
-                        .and_then(|r| r.success_or(EngineError::NotReady))
-                        .and_then(|r| r);
-                    (at, answers)
-                }
+                async move { (at, begin_at(&shard, args).await) }
             });
         let mut out: Vec<Result<Begin, EngineError>> =
             (0..n).map(|_| Err(EngineError::NotReady)).collect();
@@ -119,19 +130,16 @@ impl Ledger {
         if many.is_empty() {
             return Ok(());
         }
-        let calls = self
-            .by_shard(many, |m| &m.0.user_id)
-            .into_iter()
-            .map(|(shard, items)| {
-                let items = items.into_iter().map(|(_, m)| m).collect();
-                async move {
+        let calls =
+            self.groups(many, |m| &m.0.user_id)
+                .into_iter()
+                .map(|(shard, items)| async move {
                     shard
                         .call(|reply| LedgerMsg::Finish(items, reply), None)
                         .await
                         .map_err(gone)?
                         .success_or(EngineError::NotReady)?
-                }
-            });
+                });
         crate::rt::join_all(calls).await.into_iter().collect()
     }
 
@@ -141,8 +149,7 @@ impl Ledger {
         if many.is_empty() {
             return;
         }
-        for (shard, items) in self.by_shard(many, |m| &m.0.user_id) {
-            let items = items.into_iter().map(|(_, m)| m).collect();
+        for (shard, items) in self.groups(many, |m| &m.0.user_id) {
             let _ = shard.cast(LedgerMsg::Settled(items));
         }
     }
@@ -153,10 +160,40 @@ impl Ledger {
         if many.is_empty() {
             return;
         }
-        for (shard, items) in self.by_shard(many, |m| &m.1) {
-            let items = items.into_iter().map(|(_, m)| m).collect();
+        for (shard, items) in self.groups(many, |m| &m.1) {
             let _ = shard.cast(LedgerMsg::Refund(items));
         }
+    }
+
+    /// The shard every item of `many` belongs to, if they share one (a unary call's one item
+    /// always does).
+    fn one_shard<T>(
+        &self,
+        many: &[T],
+        user: impl Fn(&T) -> &UserId,
+    ) -> Option<&ActorRef<LedgerMsg>> {
+        let n = self.shards.len();
+        let first = shard_of(user(many.first()?), n);
+        many[1..]
+            .iter()
+            .all(|m| shard_of(user(m), n) == first)
+            .then(|| &self.shards[first])
+    }
+
+    /// Items grouped by their user's shard, as [`Ledger::by_shard`] groups them, without their
+    /// positions; items of one shard stay in the vector they came in.
+    fn groups<T>(
+        &self,
+        many: Vec<T>,
+        user: impl Fn(&T) -> &UserId,
+    ) -> Vec<(ActorRef<LedgerMsg>, Vec<T>)> {
+        if let Some(shard) = self.one_shard(&many, &user) {
+            return vec![(shard.clone(), many)];
+        }
+        self.by_shard(many, user)
+            .into_iter()
+            .map(|(shard, items)| (shard, items.into_iter().map(|(_, m)| m).collect()))
+            .collect()
     }
 
     /// Items grouped by their user's shard (shards with none left out), each with its position
