@@ -29,8 +29,9 @@ pub fn event_id_of_key(key: &str) -> EventId {
 }
 
 /// The catalog component: the events the engine lists and the `catalog` stream that records
-/// them. It owns both; its callers read events through it and only the engine's composition
-/// lists a new one (once its section actors run).
+/// them. It owns both; its callers read events through it, and an event is listed only once
+/// its section actors run (by `create`, after the engine's closure started them, or by
+/// `Engine::start_event` in recovery).
 pub(crate) struct Catalog {
     kernel: Arc<Kernel>,
     events: DashMap<EventId, Arc<EventEntry>>,
@@ -55,7 +56,7 @@ impl Catalog {
 
     /// Creates an event (see `Engine::create_event_keyed`): checks the spec and the id, logs the
     /// event durably, has `start` start its sections' actors from new cores, and lists it. The
-    /// catalog's lock is held throughout.
+    /// catalog's lock is held from the id's check until the event is listed.
     pub(crate) async fn create<F, Fut>(
         &self,
         spec: EventSpec,
