@@ -68,15 +68,7 @@ impl Catalog {
         Fut: std::future::Future<Output = Result<Vec<SectionSlot>, EngineError>>,
     {
         self.kernel.check_ready()?;
-        check_idempotency_key(key)?;
-        let spec = spec.with_defaults();
-        spec.validate()?;
-        let keyed = spec.event_id.is_none() && !key.is_empty();
-        let event_id = match &spec.event_id {
-            Some(id) => id.clone(),
-            None if keyed => event_id_of_key(key),
-            None => EventId(format!("ev-{}", crate::rt::ulid()).to_lowercase()),
-        };
+        let (spec, event_id, keyed) = spec_and_id(spec, key)?;
         let window_ms = self.kernel.window_ms();
         let mut writer = self.writer.lock().await;
         if let Some(existing) = self.events.get(&event_id).map(|e| e.spec.clone()) {
@@ -245,6 +237,21 @@ impl Catalog {
             })
             .collect())
     }
+}
+
+/// A create's spec with its defaults, checked; the id it makes (its own, the key's by
+/// [`event_id_of_key`], or a new one); and whether the key names it.
+fn spec_and_id(spec: EventSpec, key: &str) -> Result<(EventSpec, EventId, bool), EngineError> {
+    check_idempotency_key(key)?;
+    let spec = spec.with_defaults();
+    spec.validate()?;
+    let keyed = spec.event_id.is_none() && !key.is_empty();
+    let event_id = match &spec.event_id {
+        Some(id) => id.clone(),
+        None if keyed => event_id_of_key(key),
+        None => EventId(format!("ev-{}", crate::rt::ulid()).to_lowercase()),
+    };
+    Ok((spec, event_id, keyed))
 }
 
 fn view_of(e: &EventEntry) -> EventView {
