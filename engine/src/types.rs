@@ -636,15 +636,8 @@ mod tests {
     #[test]
     fn event_spec_validation_names_the_field() {
         let spec = EventSpec {
-            event_id: Some(EventId::from("bad id")),
-            name: "x".into(),
             sections: vec![],
-            hold_ttl_ms: 0,
-            per_user_limit: 0,
-            admit_rate_per_second: 0,
-            admission_window_ms: 0,
-            sale_opens_at_ms: 0,
-            join_pow_difficulty_bits: 0,
+            ..ga_event_spec("bad id", "x", 1, 0)
         }
         .with_defaults();
         assert_eq!(spec.validate().unwrap_err().field(), Some("event_id"));

@@ -174,32 +174,14 @@ async fn a_leader_cut_off_from_the_majority_acknowledges_nothing() {
 /// next leader's engine recovers every hold and order from its own copy of the log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_next_leaders_engine_has_every_hold_and_order_the_last_one_acknowledged() {
-    use crate::{
-        ConfirmRequest, EventId, EventSpec, HoldRequest, HoldStatus, Layout, SectionId,
-        SectionSpec, Selection, UserId,
-    };
+    use crate::{ConfirmRequest, HoldRequest, HoldStatus, Selection, UserId};
     let router = Router::default();
     // Snapshots often, so the sale's log is purged and a snapshot carries it.
     let (_dirs, mut nodes) = three_nodes(&router, 10).await;
     let first = leader(&nodes).await;
     let engine = super::harness::open_engine(&nodes[&first]).await.unwrap();
     let event = engine
-        .create_event(EventSpec {
-            event_id: Some(EventId::from("e")),
-            name: "show".into(),
-            sections: vec![SectionSpec {
-                section_id: SectionId::from("ga"),
-                name: "GA".into(),
-                price_cents: 1_000,
-                layout: Layout::GeneralAdmission { capacity: 30 },
-            }],
-            hold_ttl_ms: 0,
-            per_user_limit: 0,
-            admit_rate_per_second: 0,
-            admission_window_ms: 0,
-            sale_opens_at_ms: 0,
-            join_pow_difficulty_bits: 0,
-        })
+        .create_event(crate::types::ga_event_spec("e", "show", 30, 1_000))
         .await
         .unwrap();
     let hold = |engine: crate::Engine, fan: u32| {
