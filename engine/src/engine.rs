@@ -272,15 +272,10 @@ impl Engine {
         let waitlist =
             spawn_waitlist(list, list_last, &store, &config, &supervisor, &roles).await?;
         let catalog = StreamWriter::open(sink.as_ref(), names::CATALOG, recovered.catalog_last)?;
-        let rooms = crate::rooms::Rooms::open(
-            sink.as_ref(),
-            config.checkpoint_every_records,
-            recovered.rooms,
-        )?;
         let payments = open_payments(&config, sink.as_ref())?;
         let kernel = Arc::new(Kernel::new(config, store, ledger));
         let inner = Arc::new(Inner {
-            rooms,
+            rooms: crate::rooms::Rooms::open(kernel.clone(), recovered.rooms)?,
             payments,
             catalog: Catalog::new(kernel.clone(), catalog),
             kernel,
@@ -443,10 +438,7 @@ impl Engine {
     ) -> Result<crate::rooms::RoomLine, EngineError> {
         self.check_ready()?;
         self.entry(event_id)?;
-        self.inner
-            .rooms
-            .record(self.kernel().store(), event_id, records)
-            .await
+        self.inner.rooms.record(event_id, records).await
     }
 
     /// Orderly stop: refuse new work, stop the actors, flush the log and close it.

@@ -23,7 +23,8 @@ use tokio::sync::Mutex;
 use crate::error::{EngineError, StorageError};
 use crate::hash::{DashMap, HashMap};
 use crate::ids::EventId;
-use crate::store::{LogSink, Store, StreamWriter, names};
+use crate::kernel::Kernel;
+use crate::store::{StreamWriter, names};
 
 /// One change of a waiting room's line (see the module docs).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -101,32 +102,29 @@ struct RoomWriter {
 
 /// The waiting rooms' records: one stream per event, each with its line. This component owns
 /// them; the engine reaches them through [`Rooms::line`] and [`Rooms::record`] only (its
-/// `room_line` and `record_room`, after its own readiness and event checks), lending it the
-/// store to write through (the engine's shutdown waits for every other holder of the store to
-/// let go of it, so a component keeps none).
+/// `room_line` and `record_room`, after its own readiness and event checks). It writes through
+/// the kernel's store (and keeps no handle on the store of its own: the engine's shutdown waits
+/// for every other holder of the store to let go of it).
 pub(crate) struct Rooms {
-    checkpoint_every: u64,
+    kernel: Arc<Kernel>,
     writers: DashMap<EventId, Arc<Mutex<RoomWriter>>>,
 }
 
 impl Rooms {
-    /// The rooms recovered from the log of `sink` (each line with its stream's last record
-    /// number), each stream opened after its last record; written with a checkpoint every
-    /// `checkpoint_every` records.
+    /// The rooms recovered from the log (each line with its stream's last record number), each
+    /// stream opened after its last record; written through the kernel's store, with its
+    /// configured checkpoint interval.
     pub fn open(
-        sink: &dyn LogSink,
-        checkpoint_every: u64,
+        kernel: Arc<Kernel>,
         recovered: HashMap<EventId, (RoomLine, u64)>,
     ) -> Result<Rooms, EngineError> {
         let writers = DashMap::default();
         for (event_id, (line, last)) in recovered {
-            let stream = StreamWriter::open(sink, &names::room(&event_id), last)?;
+            let stream =
+                StreamWriter::open(kernel.store().sink.as_ref(), &names::room(&event_id), last)?;
             writers.insert(event_id, Arc::new(Mutex::new(RoomWriter { stream, line })));
         }
-        Ok(Rooms {
-            checkpoint_every,
-            writers,
-        })
+        Ok(Rooms { kernel, writers })
     }
 
     /// The line of `event_id`'s room as its records leave it (empty if it has none).
@@ -142,11 +140,10 @@ impl Rooms {
     /// written).
     pub async fn record(
         &self,
-        store: &Store,
         event_id: &EventId,
         records: Vec<RoomRecord>,
     ) -> Result<RoomLine, EngineError> {
-        let writer = self.writer(store, event_id)?;
+        let writer = self.writer(event_id)?;
         let (tx, rx) = tokio::sync::oneshot::channel();
         {
             let mut w = writer.lock().await;
@@ -164,7 +161,10 @@ impl Rooms {
                     let _ = tx.send(r);
                 }),
             );
-            store.submit_with_checkpoint(job, stream, self.checkpoint_every, || &*line);
+            let every = self.kernel.config().checkpoint_every_records;
+            self.kernel
+                .store()
+                .submit_with_checkpoint(job, stream, every, || &*line);
         }
         rx.await
             .map_err(|_| StorageError::Halted("the log is closed".into()))??;
@@ -172,15 +172,12 @@ impl Rooms {
     }
 
     /// `event_id`'s writer, its stream opened on its first record.
-    fn writer(
-        &self,
-        store: &Store,
-        event_id: &EventId,
-    ) -> Result<Arc<Mutex<RoomWriter>>, EngineError> {
+    fn writer(&self, event_id: &EventId) -> Result<Arc<Mutex<RoomWriter>>, EngineError> {
         if let Some(w) = self.writers.get(event_id) {
             return Ok(w.clone());
         }
-        let stream = StreamWriter::open(store.sink.as_ref(), &names::room(event_id), 0)?;
+        let sink = self.kernel.store().sink.as_ref();
+        let stream = StreamWriter::open(sink, &names::room(event_id), 0)?;
         Ok(self
             .writers
             .entry(event_id.clone())
