@@ -2,9 +2,14 @@
 //! gather the books (section cores, backstop claims, charges) and hand them to the pure checks of
 //! [`reconcile`](crate::reconcile).
 
+use std::sync::Arc;
+
+use crate::catalog::Catalog;
 use crate::core::SectionCore;
-use crate::engine::Engine;
 use crate::error::EngineError;
+use crate::kernel::Kernel;
+use crate::orphans::Orphans;
+use crate::payment::PaymentProvider;
 use crate::reconcile::{self, Books, Finding};
 use crate::section::SectionMsg;
 use crate::types::{EventId, OrderView, SectionId};
@@ -28,24 +33,46 @@ impl OwnedBooks {
     }
 }
 
-impl Engine {
+/// Audits of the running engine (see the module's doc): cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Audit {
+    kernel: Arc<Kernel>,
+    catalog: Arc<Catalog>,
+    payments: Arc<dyn PaymentProvider>,
+    orphans: Arc<Orphans>,
+}
+
+impl Audit {
+    pub(crate) fn new(
+        kernel: Arc<Kernel>,
+        catalog: Arc<Catalog>,
+        payments: Arc<dyn PaymentProvider>,
+        orphans: Arc<Orphans>,
+    ) -> Audit {
+        Audit {
+            kernel,
+            catalog,
+            payments,
+            orphans,
+        }
+    }
+}
+
+impl Audit {
     /// A copy of a section's core, from its actor (queued behind everything sent before).
     pub(crate) async fn section_core(
         &self,
         event_id: &EventId,
         section_id: &SectionId,
     ) -> Result<SectionCore, EngineError> {
-        let e = self.entry(event_id)?;
-        Ok(*self
-            .kernel()
-            .ask(&e, section_id, SectionMsg::Inspect)
-            .await?)
+        let e = self.catalog.entry(event_id)?;
+        Ok(*self.kernel.ask(&e, section_id, SectionMsg::Inspect).await?)
     }
 
     /// Every section's core, named `event/section`.
     async fn section_cores(&self) -> Result<Vec<(String, SectionCore)>, EngineError> {
         let mut out = Vec::new();
-        for e in self.event_entries() {
+        for e in self.catalog.entries() {
             for slot in &e.sections {
                 let core = self.section_core(&e.event_id, &slot.section_id).await?;
                 out.push((format!("{}/{}", e.event_id, slot.section_id), core));
@@ -57,11 +84,11 @@ impl Engine {
     /// Checks sold seats against orders, payments and the sold-seat backstop, and every
     /// section's counters; returns what does not add up.
     /// Every finding is counted in `boxoffice_reconcile_findings_total` and logged. Changes
-    /// nothing (the server's periodic pass, [`Engine::settle_and_reconcile`], also refunds).
+    /// nothing (the server's periodic pass, [`Refunds::settle_and_reconcile`](crate::refunds::Refunds::settle_and_reconcile), also refunds).
     pub async fn reconcile(&self) -> Result<Vec<Finding>, EngineError> {
         let books = self.books().await?;
         let findings = reconcile::check(&books.borrowed());
-        reconcile::report(&findings, &self.orphans().last_findings);
+        reconcile::report(&findings, &self.orphans.last_findings);
         Ok(findings)
     }
 
@@ -70,12 +97,12 @@ impl Engine {
     /// them, so that a sale in flight is neither a claim without a sale nor a sale without a
     /// claim.
     pub(crate) async fn books(&self) -> Result<OwnedBooks, EngineError> {
-        let claims_before = self.kernel().store().sink.claims()?;
+        let claims_before = self.kernel.store().sink.claims()?;
         let sections = self.section_cores().await?;
-        self.kernel().store().barrier().await?;
-        let claims = self.kernel().store().sink.claims()?;
+        self.kernel.store().barrier().await?;
+        let claims = self.kernel.store().sink.claims()?;
         let charges =
-            self.payments()
+            self.payments
                 .charges()
                 .await
                 .map_err(|e| EngineError::PaymentUnavailable {

@@ -7,12 +7,13 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+use crate::catalog::Catalog;
 use crate::codec;
 use crate::core::{IdemTag, Pick, PlaceHold};
-use crate::engine::Engine;
 use crate::error::{EngineError, Rejection, only};
 use crate::events::EventEntry;
 use crate::events::EventTerms;
+use crate::kernel::Kernel;
 use crate::ledger::{Answer, Begin, BeginArgs, Rpc};
 use crate::limits::PLACES_PER_HOLD_MAX;
 use crate::section::SectionMsg;
@@ -22,11 +23,25 @@ use crate::types::{
 };
 use crate::waitlist::WaitlistView;
 
-impl Engine {
+/// Holds and their reads (see the module's doc): cheap to clone (a hold's work is detached
+/// with a clone of it).
+#[derive(Clone)]
+pub(crate) struct Booking {
+    kernel: Arc<Kernel>,
+    catalog: Arc<Catalog>,
+}
+
+impl Booking {
+    pub(crate) fn new(kernel: Arc<Kernel>, catalog: Arc<Catalog>) -> Booking {
+        Booking { kernel, catalog }
+    }
+}
+
+impl Booking {
     /// Holds places: exact seats, or best available in a section or anywhere in the event.
     /// Reserves the user's quota first and gives it back if the hold fails. A batch of one:
-    /// see [`Engine::hold_batch`]. Runs to the end even if the caller stops waiting (see
-    /// [`Engine::detached`]).
+    /// see [`Booking::hold_batch`]. Runs to the end even if the caller stops waiting (see
+    /// [`crate::kernel::detached`]).
     pub async fn hold(&self, req: HoldRequest) -> Result<HoldView, EngineError> {
         only(self.hold_items(vec![Item::of(req)]).await)
     }
@@ -35,7 +50,7 @@ impl Engine {
     /// section (any, for none), all or nothing, with no idempotency key of the fan's (a refusal
     /// is not remembered: the entry is tried again when places free up). The hold carries the
     /// entry's mark, so after a crash between this hold and the offer's record the hold is
-    /// found again ([`Engine::waitlist_offer_made`]) instead of a second one being placed.
+    /// found again ([`Waitlist::waitlist_offer_made`](crate::waitlist_calls::Waitlist::waitlist_offer_made)) instead of a second one being placed.
     pub async fn hold_offer(&self, entry: &WaitlistView) -> Result<HoldView, EngineError> {
         let req = HoldRequest {
             event_id: entry.event_id.clone(),
@@ -65,7 +80,7 @@ impl Engine {
             .await
     }
 
-    /// [`Engine::hold_batch`] of requests whose caller fields are checked already, all for the
+    /// [`Booking::hold_batch`] of requests whose caller fields are checked already, all for the
     /// event of `terms` (read from the catalog once, for all of them): what a front that checked
     /// them in the contract's order calls. A request for another event is `EVENT_NOT_FOUND`.
     pub async fn hold_checked(
@@ -96,11 +111,8 @@ impl Engine {
         items: Vec<Result<Item, EngineError>>,
     ) -> Vec<Result<HoldView, EngineError>> {
         let n = items.len();
-        let engine = self.clone();
-        match self
-            .detached(async move { Ok(engine.hold_now(items).await) })
-            .await
-        {
+        let booking = self.clone();
+        match crate::kernel::detached(async move { Ok(booking.hold_now(items).await) }).await {
             Ok(answers) => answers,
             Err(e) => (0..n).map(|_| Err(e.clone())).collect(),
         }
@@ -113,7 +125,7 @@ impl Engine {
         let n = items.len();
         let mut out: Vec<Result<HoldView, EngineError>> =
             (0..n).map(|_| Err(EngineError::NotReady)).collect();
-        if let Err(e) = self.check_ready() {
+        if let Err(e) = self.kernel.check_ready() {
             return out.into_iter().map(|_| Err(e.clone())).collect();
         }
         // 1. Each request's own checks. Then rounds: a user's first request goes in round 0,
@@ -161,9 +173,9 @@ impl Engine {
         plans: Vec<(usize, HoldPlan)>,
         out: &mut [Result<HoldView, EngineError>],
     ) -> Vec<(usize, HoldPlan)> {
-        let now = self.now_ms();
+        let now = self.kernel.now_ms();
         let begun = self
-            .kernel()
+            .kernel
             .ledger()
             .begin(plans.iter().map(|(_, p)| p.begin_args(now)).collect())
             .await;
@@ -197,7 +209,7 @@ impl Engine {
                 .collect::<Vec<_>>();
             async move {
                 let answers = self
-                    .kernel()
+                    .kernel
                     .ask(event, section, |reply| SectionMsg::Hold(cmds, reply))
                     .await;
                 (ks, answers)
@@ -263,7 +275,7 @@ impl Engine {
         placed: Vec<Option<Result<HoldView, EngineError>>>,
         out: &mut [Result<HoldView, EngineError>],
     ) {
-        let now = self.now_ms();
+        let now = self.kernel.now_ms();
         let mut settled = Vec::new();
         let (mut failed, mut failed_at, mut refunds) = (Vec::new(), Vec::new(), Vec::new());
         for ((i, plan), answer) in go.into_iter().zip(placed) {
@@ -283,9 +295,9 @@ impl Engine {
             }
             out[i] = answer;
         }
-        self.kernel().ledger().settled(settled);
-        self.kernel().ledger().refund(refunds);
-        if let Err(e) = self.kernel().ledger().finish(failed).await {
+        self.kernel.ledger().settled(settled);
+        self.kernel.ledger().refund(refunds);
+        if let Err(e) = self.kernel.ledger().finish(failed).await {
             // A refusal could not be recorded as its key's first answer: its caller hears
             // why instead (as a single hold's would).
             for i in failed_at {
@@ -306,7 +318,7 @@ impl Engine {
             let snap = slot.snapshot.borrow();
             (snap.available, snap.version)
         };
-        match self.kernel().router().durable_of(&event.event_id, section) {
+        match self.kernel.router().durable_of(&event.event_id, section) {
             Some((durable, sold_out)) if durable >= version => Some((available, sold_out)),
             _ => None,
         }
@@ -318,10 +330,10 @@ impl Engine {
         let Item { req, event, mark } = item;
         let event = match event {
             Some(event) => event,
-            None => self.entry(&req.event_id)?,
+            None => self.catalog.entry(&req.event_id)?,
         };
         let (candidates, quantity, pick) = hold_plan(&event, &req.selection)?;
-        if self.now_ms() < event.spec.sale_opens_at_ms {
+        if self.kernel.now_ms() < event.spec.sale_opens_at_ms {
             return Err(Rejection::SaleNotOpen.into());
         }
         let tag = idem_tag(
@@ -352,7 +364,7 @@ impl Engine {
             }
             let cmds = vec![plan.command(section)];
             let answer = self
-                .kernel()
+                .kernel
                 .ask(&plan.event, section, |reply| SectionMsg::Hold(cmds, reply))
                 .await
                 .and_then(|mut answers| {
@@ -377,7 +389,7 @@ impl Engine {
         &self,
         req: &HoldRequest,
     ) -> Result<Option<Result<HoldView, EngineError>>, EngineError> {
-        self.check_ready()?;
+        self.kernel.check_ready()?;
         let Some(tag) = idem_tag(
             &req.idempotency_key,
             &(Rpc::Hold, &req.event_id, &req.selection),
@@ -385,9 +397,9 @@ impl Engine {
             return Ok(None);
         };
         let found = self
-            .kernel()
+            .kernel
             .ledger()
-            .lookup(req.user_id.clone(), Rpc::Hold, tag, self.now_ms())
+            .lookup(req.user_id.clone(), Rpc::Hold, tag, self.kernel.now_ms())
             .await?;
         Ok(found.map(replayed_hold))
     }
@@ -399,9 +411,8 @@ impl Engine {
         hold_id: &HoldId,
         user_id: &UserId,
     ) -> Result<HoldView, EngineError> {
-        let (engine, h, u) = (self.clone(), hold_id.clone(), user_id.clone());
-        self.detached(async move { engine.release_now(&h, &u).await })
-            .await
+        let (booking, h, u) = (self.clone(), hold_id.clone(), user_id.clone());
+        crate::kernel::detached(async move { booking.release_now(&h, &u).await }).await
     }
 
     async fn release_now(
@@ -409,12 +420,15 @@ impl Engine {
         hold_id: &HoldId,
         user_id: &UserId,
     ) -> Result<HoldView, EngineError> {
-        self.check_ready()?;
+        self.kernel.check_ready()?;
         check_user_id(user_id)?;
         let (event_id, section_id) = hold_id.route().ok_or(Rejection::HoldNotFound)?;
-        let event = self.entry(&event_id).map_err(|_| Rejection::HoldNotFound)?;
+        let event = self
+            .catalog
+            .entry(&event_id)
+            .map_err(|_| Rejection::HoldNotFound)?;
         let (h, u) = (hold_id.clone(), user_id.clone());
-        self.kernel()
+        self.kernel
             .ask(&event, &section_id, |reply| {
                 SectionMsg::Release(h, u, reply)
             })
@@ -424,11 +438,14 @@ impl Engine {
 
     /// A hold as it is now.
     pub async fn get_hold(&self, hold_id: &HoldId) -> Result<HoldView, EngineError> {
-        self.check_ready()?;
+        self.kernel.check_ready()?;
         let (event_id, section_id) = hold_id.route().ok_or(Rejection::HoldNotFound)?;
-        let event = self.entry(&event_id).map_err(|_| Rejection::HoldNotFound)?;
+        let event = self
+            .catalog
+            .entry(&event_id)
+            .map_err(|_| Rejection::HoldNotFound)?;
         let h = hold_id.clone();
-        self.kernel()
+        self.kernel
             .ask(&event, &section_id, |reply| SectionMsg::GetHold(h, reply))
             .await
             .map_err(not_found_as(Rejection::HoldNotFound))
@@ -460,13 +477,14 @@ impl Engine {
 
     /// An order.
     pub async fn get_order(&self, order_id: &OrderId) -> Result<OrderView, EngineError> {
-        self.check_ready()?;
+        self.kernel.check_ready()?;
         let (event_id, section_id) = order_id.route().ok_or(Rejection::OrderNotFound)?;
         let event = self
+            .catalog
             .entry(&event_id)
             .map_err(|_| Rejection::OrderNotFound)?;
         let o = order_id.clone();
-        self.kernel()
+        self.kernel
             .ask(&event, &section_id, |reply| SectionMsg::GetOrder(o, reply))
             .await
             .map_err(not_found_as(Rejection::OrderNotFound))
@@ -478,7 +496,7 @@ impl Engine {
         event_id: &EventId,
         user_id: &UserId,
     ) -> Result<u32, EngineError> {
-        self.kernel()
+        self.kernel
             .ledger()
             .usage(event_id.clone(), user_id.clone())
             .await

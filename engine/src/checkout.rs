@@ -3,16 +3,19 @@
 //! backstop claims, durable); a refusal after a charge refunds it, and a charge that lands after
 //! the hold expired takes the same places again if they are free (else refunds).
 
+use std::sync::Arc;
 use std::time::Instant;
 
-use crate::booking::{fingerprint, idem_tag, not_found_as, replayed_order};
+use crate::booking::{Booking, fingerprint, idem_tag, not_found_as, replayed_order};
+use crate::catalog::Catalog;
 use crate::core::{ConfirmHold, IdemTag};
-use crate::engine::Engine;
 use crate::error::{EngineError, Rejection, only};
 use crate::events::EventEntry;
+use crate::kernel::Kernel;
 use crate::ledger::{Answer, Begin, BeginArgs, Rpc};
 use crate::limits::PAYMENT_TOKEN_LEN_MAX;
-use crate::payment::{Charge, PaymentError};
+use crate::orphans::Orphans;
+use crate::payment::{Charge, PaymentError, PaymentProvider};
 use crate::section::SectionMsg;
 use crate::types::{
     ConfirmRequest, HoldId, HoldRequest, HoldStatus, HoldView, OrderId, OrderView, SectionId,
@@ -29,7 +32,36 @@ fn failpoint(name: &str) -> bool {
         == Some(name)
 }
 
-impl Engine {
+/// Confirm's payment saga (see the module's doc): cheap to clone (a confirm's work is
+/// detached with a clone of it).
+#[derive(Clone)]
+pub(crate) struct Checkout {
+    kernel: Arc<Kernel>,
+    catalog: Arc<Catalog>,
+    booking: Booking,
+    payments: Arc<dyn PaymentProvider>,
+    orphans: Arc<Orphans>,
+}
+
+impl Checkout {
+    pub(crate) fn new(
+        kernel: Arc<Kernel>,
+        catalog: Arc<Catalog>,
+        booking: Booking,
+        payments: Arc<dyn PaymentProvider>,
+        orphans: Arc<Orphans>,
+    ) -> Checkout {
+        Checkout {
+            kernel,
+            catalog,
+            booking,
+            payments,
+            orphans,
+        }
+    }
+}
+
+impl Checkout {
     /// Confirms a hold: charges the payment token through the payment provider (idempotency key
     /// derived from the hold and the token, so retries never charge twice), then the places
     /// become sold and an order with one ticket per place is made, durable before the answer.
@@ -40,15 +72,14 @@ impl Engine {
     /// (short of a crash between the charge and the order, which a retry or the reconciliation
     /// settles).
     ///
-    /// Runs to the end even if the caller stops waiting (see [`Engine::detached`]).
+    /// Runs to the end even if the caller stops waiting (see [`crate::kernel::detached`]).
     pub async fn confirm(&self, req: ConfirmRequest) -> Result<OrderView, EngineError> {
-        let engine = self.clone();
-        self.detached(async move { engine.confirm_now(req).await })
-            .await
+        let checkout = self.clone();
+        crate::kernel::detached(async move { checkout.confirm_now(req).await }).await
     }
 
     async fn confirm_now(&self, req: ConfirmRequest) -> Result<OrderView, EngineError> {
-        self.check_ready()?;
+        self.kernel.check_ready()?;
         check_user_id(&req.user_id)?;
         check_idempotency_key(&req.idempotency_key)?;
         if req.payment_ref.is_empty() || req.payment_ref.len() > PAYMENT_TOKEN_LEN_MAX {
@@ -59,7 +90,10 @@ impl Engine {
             .into());
         }
         let (event_id, section_id) = req.hold_id.route().ok_or(Rejection::HoldNotFound)?;
-        let event = self.entry(&event_id).map_err(|_| Rejection::HoldNotFound)?;
+        let event = self
+            .catalog
+            .entry(&event_id)
+            .map_err(|_| Rejection::HoldNotFound)?;
         let tag = idem_tag(
             &req.idempotency_key,
             &(Rpc::Confirm, &req.hold_id, &req.payment_ref),
@@ -71,16 +105,16 @@ impl Engine {
             rpc: Rpc::Confirm,
             tag: tag.clone(),
             quantity: 0,
-            now_ms: self.now_ms(),
+            now_ms: self.kernel.now_ms(),
         };
         if tag.is_some() {
-            match only(self.kernel().ledger().begin(vec![args()]).await)? {
+            match only(self.kernel.ledger().begin(vec![args()]).await)? {
                 Begin::Replay(answer) => return replayed_order(answer),
                 Begin::Proceed => {}
             }
         }
         let outcome = {
-            let _running = self.orphans().checkout(&req.hold_id);
+            let _running = self.orphans.checkout(&req.hold_id);
             self.checkout(&event, &section_id, &req, tag.clone()).await
         };
         let label = match &outcome {
@@ -94,11 +128,11 @@ impl Engine {
         if tag.is_some() {
             match &outcome {
                 Ok(order) => self
-                    .kernel()
+                    .kernel
                     .ledger()
                     .settled(vec![(args(), Answer::Order(order.clone()))]),
                 Err(e) => {
-                    self.kernel()
+                    self.kernel
                         .ledger()
                         .finish(vec![(args(), Err(e.clone()))])
                         .await?
@@ -153,6 +187,7 @@ impl Engine {
         req: &ConfirmRequest,
     ) -> Result<HoldView, EngineError> {
         let hold = self
+            .booking
             .get_hold(&req.hold_id)
             .await
             .map_err(not_found_as(Rejection::HoldNotFound))?;
@@ -166,9 +201,9 @@ impl Engine {
                 return Err(Rejection::HoldNotActive.into());
             }
         }
-        if self.now_ms() >= hold.expires_at_ms {
+        if self.kernel.now_ms() >= hold.expires_at_ms {
             let h = req.hold_id.clone();
-            self.kernel()
+            self.kernel
                 .ask(event, section_id, |reply| {
                     SectionMsg::ExpireHoldIfDue(h, reply)
                 })
@@ -196,7 +231,7 @@ impl Engine {
         let amount = price * u64::from(hold.quantity);
         let key = format!("{}:{:016x}", req.hold_id, fingerprint(&req.payment_ref));
         let started = Instant::now();
-        let charged = self.payments().charge(&key, amount, &req.payment_ref).await;
+        let charged = self.payments.charge(&key, amount, &req.payment_ref).await;
         metrics::histogram!("boxoffice_payment_charge_seconds")
             .record(started.elapsed().as_secs_f64());
         match charged {
@@ -236,7 +271,7 @@ impl Engine {
             payment_ref: charge.payment_id.clone(),
             idem: tag,
         };
-        self.kernel()
+        self.kernel
             .ask(event, section_id, |reply| SectionMsg::Confirm(cmd, reply))
             .await
             .map_err(not_found_as(Rejection::HoldNotFound))
@@ -261,6 +296,7 @@ impl Engine {
             Selection::Seats(hold.seat_ids.clone())
         };
         let again = self
+            .booking
             .hold(HoldRequest {
                 event_id: event.event_id.clone(),
                 user_id: hold.user_id.clone(),
@@ -286,7 +322,7 @@ impl Engine {
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, hold = %new_hold.hold_id, "rescue confirm failed");
-                    let _ = self.release(&new_hold.hold_id, &hold.user_id).await;
+                    let _ = self.booking.release(&new_hold.hold_id, &hold.user_id).await;
                 }
             }
         }
@@ -295,7 +331,7 @@ impl Engine {
     }
 
     async fn refund(&self, charge: &Charge) {
-        match self.payments().refund(&charge.payment_id).await {
+        match self.payments.refund(&charge.payment_id).await {
             Ok(_) => metrics::counter!("boxoffice_checkout_refunds_total").increment(1),
             // Left for the reconciliation to report: a captured payment without an order.
             Err(e) => tracing::error!(error = %e, payment = %charge.payment_id, "refund failed"),

@@ -1,64 +1,113 @@
 //! The [`Engine`] handle: what the gateway and the sweeper call. Opening it recovers the log and
-//! starts the actors. It composes components over a shared [`kernel`](crate::kernel): the
-//! [`catalog`](crate::catalog) component (events, availability) is reached only through the calls
-//! here; the others still live as calls with their concern: [`booking`](crate::booking) (holds),
+//! starts the actors. It only composes components over a shared [`kernel`](crate::kernel), each
+//! owning its state and reached through the calls here: [`catalog`](crate::catalog) (events,
+//! availability), [`booking`](crate::booking) (holds and their reads),
 //! [`checkout`](crate::checkout) (confirm and payment), [`expiry`](crate::expiry) (deadlines and
-//! waitlist hand-off), [`waitlist`](crate::waitlist), [`audit`](crate::audit) (reconciliation),
-//! [`supervisor`](crate::supervisor) (restarting actors that panic).
+//! the waitlist hand-off), [`waitlist_calls`](crate::waitlist_calls) (the waitlist),
+//! [`audit`](crate::audit) (reconciliation), [`refunds`](crate::refunds) (orphaned charges),
+//! [`rooms`](crate::rooms) (waiting rooms' records) and [`supervisor`](crate::supervisor)
+//! (section actors, restarting those that panic).
 
 use crate::hash::{DashMap, HashMap};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorRef};
 use tokio::sync::watch;
 
+use crate::audit::Audit;
+use crate::booking::Booking;
 use crate::catalog::Catalog;
+use crate::checkout::Checkout;
 use crate::config::EngineConfig;
 use crate::core::SectionCore;
-use crate::error::{EngineError, Rejection, StorageError};
+use crate::error::{EngineError, StorageError};
 use crate::events::{EventEntry, EventTerms, SectionFeed, SectionSlot};
+use crate::expiry::{ExpiredAndOffered, Expiry};
 use crate::kernel::Kernel;
-use crate::payment::{PaymentProvider, SimulatedProvider};
-use crate::recovery::{CatalogEntry, RecoverWith, Recovered, RecoveryReport, recover};
-use crate::recovery::{restart_section, restart_waitlist};
-use crate::router::SectionHandle;
+use crate::opening::{open_payments, open_sink, recover_log};
+use crate::orphans::Orphans;
+use crate::payment::PaymentProvider;
+use crate::reconcile::Finding;
+use crate::recovery::{CatalogEntry, Recovered, RecoveryReport};
+use crate::refunds::{Refunds, Settlement};
+use crate::rooms::{RoomLine, Rooms};
 use crate::section::{Listener, SectionMsg};
-use crate::section::{SectionActor, SectionArgs};
-use crate::store::{LogSink, SledSink, Store, StreamWriter, names};
-use crate::supervisor::{
-    Restart, Role, Roles, Supervisor, SupervisorArgs, replay_off_runtime, spawn_ledger,
-    spawn_waitlist,
+use crate::store::{LogSink, Store, StreamWriter, names};
+use crate::supervisor::{Restart, RestartSlot, Roles, Supervision, Supervisor, SupervisorArgs};
+use crate::supervisor::{spawn_ledger, spawn_waitlist};
+use crate::types::{
+    CheckedHold, ConfirmRequest, EventId, EventSpec, EventView, HoldId, HoldRequest, HoldView,
+    OrderId, OrderView, SeatMap, SectionId, UserId,
 };
-use crate::types::{EventId, EventSpec, EventView, SeatMap, SectionId, SectionSnapshot};
-use crate::waitlist::WaitlistMsg;
+use crate::waitlist::{WaitlistMsg, WaitlistState, WaitlistView};
+use crate::waitlist_calls::Waitlist;
 
 /// The engine's components and what they share (the [`Kernel`]). Private: each component is
-/// reached through the engine's methods, or through the narrow accessors below.
+/// reached through the engine's methods.
 pub(crate) struct Inner {
     kernel: Arc<Kernel>,
-    catalog: Catalog,
-    recovery: OnceLock<RecoveryReport>,
-    waitlist: RwLock<ActorRef<WaitlistMsg>>,
+    catalog: Arc<Catalog>,
+    booking: Booking,
+    checkout: Checkout,
+    expiry: Expiry,
+    waitlist: Waitlist,
+    audit: Audit,
+    refunds: Refunds,
+    rooms: Rooms,
+    supervision: Arc<Supervision>,
     payments: Arc<dyn PaymentProvider>,
-    supervisor: ActorRef<()>,
-    roles: Roles,
-    /// Actors restarted after a panic.
-    restarts: AtomicU64,
-    /// Captured charges without a sale, and the checkouts running (see [`crate::refunds`]).
-    orphans: crate::orphans::Orphans,
-    /// The waiting rooms' records (see [`crate::rooms`]).
-    rooms: crate::rooms::Rooms,
+    recovery: OnceLock<RecoveryReport>,
 }
 
 impl Inner {
-    /// The waitlist actor (replaced when it is restarted).
-    pub fn waitlist(&self) -> ActorRef<WaitlistMsg> {
-        self.waitlist
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+    /// The components over `kernel`, each given the others it calls: the catalog (with its
+    /// stream's writer), the waitlist (over its actor), the supervision (which the supervisor,
+    /// through `slot`, asks to restart actors), and those that serve calls.
+    fn compose(
+        kernel: Arc<Kernel>,
+        catalog: StreamWriter,
+        waitlist: ActorRef<WaitlistMsg>,
+        (supervisor, roles, slot): (ActorRef<()>, Roles, RestartSlot),
+        payments: Arc<dyn PaymentProvider>,
+        rooms: HashMap<EventId, (RoomLine, u64)>,
+    ) -> Result<Arc<Inner>, EngineError> {
+        let catalog = Arc::new(Catalog::new(kernel.clone(), catalog));
+        let waitlist = Waitlist::new(kernel.clone(), catalog.clone(), waitlist);
+        let supervision = Arc::new(Supervision::new(
+            kernel.clone(),
+            catalog.clone(),
+            waitlist.clone(),
+            supervisor,
+            roles,
+        ));
+        let restart: Arc<dyn Restart> = supervision.clone();
+        let _ = slot.set(Arc::downgrade(&restart));
+        let orphans = Arc::new(Orphans::default());
+        let booking = Booking::new(kernel.clone(), catalog.clone());
+        let (k, c, p, o) = (&kernel, &catalog, &payments, &orphans);
+        let audit = Audit::new(k.clone(), c.clone(), p.clone(), o.clone());
+        Ok(Arc::new(Inner {
+            rooms: Rooms::open(kernel.clone(), rooms)?,
+            checkout: Checkout::new(k.clone(), c.clone(), booking.clone(), p.clone(), o.clone()),
+            refunds: Refunds::new(
+                k.clone(),
+                c.clone(),
+                audit.clone(),
+                booking.clone(),
+                p.clone(),
+                o.clone(),
+            ),
+            expiry: Expiry::new(k.clone(), c.clone()),
+            booking,
+            audit,
+            waitlist,
+            supervision,
+            payments,
+            catalog,
+            kernel,
+            recovery: OnceLock::new(),
+        }))
     }
 }
 
@@ -66,146 +115,6 @@ impl Inner {
 #[derive(Clone)]
 pub struct Engine {
     pub(crate) inner: Arc<Inner>,
-}
-
-/// How long opening waits for a sled lock a previous instance still holds.
-const SLED_LOCK_WAIT: Duration = Duration::from_secs(10);
-
-/// The sink `config` asks for: its own, or sled in the data dir (opened off the runtime).
-async fn open_sink(config: &EngineConfig) -> Result<Arc<dyn LogSink>, EngineError> {
-    if let Some(sink) = &config.sink {
-        return Ok(sink.clone());
-    }
-    let dir = config.data_dir.clone();
-    let sink = crate::rt::blocking(move || SledSink::open(&dir, SLED_LOCK_WAIT))
-        .await
-        .map_err(|e| StorageError::Io(format!("opening the log: {e}")))??;
-    Ok(Arc::new(sink))
-}
-
-/// The payment provider: the configured one, or the simulated one recording beside the log in
-/// its store. A log outside a [`Kv`](crate::store::Kv) store has no durable place for the
-/// simulated provider's record, so it needs a provider configured (charges must outlive a
-/// restart).
-fn open_payments(
-    config: &EngineConfig,
-    sink: &dyn LogSink,
-) -> Result<Arc<dyn PaymentProvider>, EngineError> {
-    if let Some(p) = &config.payments {
-        return Ok(p.clone());
-    }
-    let kv = sink.kv().ok_or_else(|| StorageError::Open {
-        path: String::new(),
-        reason: "a log outside a key-value store needs EngineConfig::payments \
-                 (EngineConfig::with_sink sets the simulated provider)"
-            .into(),
-    })?;
-    let provider = SimulatedProvider::open_replicated(
-        kv,
-        config.simulated_payments.clone(),
-        config.replicate.clone(),
-    )
-    .map_err(|e| StorageError::Io(format!("payments: {e}")))?;
-    // Its record is part of the data dir: a charge that does not decode is damage, named now
-    // rather than when reconciliation first reads it.
-    if let Err(damage) = provider.check_record() {
-        if config.recovery_mode == crate::integrity::RecoveryMode::AcceptDamage {
-            tracing::error!(%damage, "the payment record is damaged; accepted");
-        } else {
-            return Err(StorageError::Damaged {
-                count: 1,
-                summary: damage,
-                evidence: sink.keep_evidence(),
-            }
-            .into());
-        }
-    }
-    Ok(provider)
-}
-
-/// Replays the log off the runtime: from a cluster node's warm state if it kept one with this
-/// `window_ms` (the log read in full if that fails), else the whole log. The log's files as
-/// they were before this start are kept as evidence when damage was found or recovery failed,
-/// and dropped otherwise.
-async fn recover_log(
-    config: &EngineConfig,
-    sink: &Arc<dyn LogSink>,
-    window_ms: u64,
-) -> Result<(Recovered, RecoveryReport), EngineError> {
-    let with = RecoverWith {
-        ledger_shards: config.ledger_shards,
-        window_ms,
-        now_ms: config.clock.now_ms(),
-        mode: config.recovery_mode,
-        replicated: config.replicate.is_some(),
-    };
-    let warm = config
-        .warm
-        .as_ref()
-        .and_then(|w| w.take())
-        .filter(|(_, kept_ms)| *kept_ms == window_ms)
-        .map(|(replayed, _)| replayed);
-    let sink_ref = sink.clone();
-    let (recovered, mut report) = crate::rt::blocking(move || {
-        let mut report = RecoveryReport::default();
-        let r = match warm {
-            Some(replayed) => {
-                match crate::recovery::recover_warm(sink_ref.as_ref(), replayed, &with, &mut report)
-                {
-                    Ok(r) => Ok(r),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "a warm start failed: reading the log");
-                        report = RecoveryReport::default();
-                        recover(sink_ref.as_ref(), &with, &mut report)
-                    }
-                }
-            }
-            None => recover(sink_ref.as_ref(), &with, &mut report),
-        };
-        (r, report)
-    })
-    .await
-    .map_err(|e| StorageError::Io(format!("recovery failed: {e}")))?;
-    let recovered = keep_evidence(sink.as_ref(), recovered, &mut report)?;
-    Ok((recovered, report))
-}
-
-/// What recovery gave, with the log's files as they were kept as evidence when it found damage
-/// (accepted, or refusing the start) or failed, and dropped when all was well.
-fn keep_evidence(
-    sink: &dyn LogSink,
-    recovered: Result<Recovered, StorageError>,
-    report: &mut RecoveryReport,
-) -> Result<Recovered, EngineError> {
-    match recovered {
-        Ok(r) if report.integrity.damage.is_empty() => {
-            sink.drop_evidence();
-            Ok(r)
-        }
-        Ok(r) => {
-            if let Some(kept) = sink.keep_evidence() {
-                report.integrity.actions.push(format!(
-                    "kept the log's files as they were before this start in {kept}"
-                ));
-            }
-            Ok(r)
-        }
-        Err(StorageError::Damaged { count, summary, .. }) => {
-            let evidence = sink.keep_evidence();
-            Err(StorageError::Damaged {
-                count,
-                summary,
-                evidence,
-            }
-            .into())
-        }
-        Err(e) => {
-            if let Some(kept) = sink.keep_evidence() {
-                tracing::error!(error = %e, kept, "recovery failed; the log's files as they were are kept");
-            }
-            Err(e.into())
-        }
-    }
 }
 
 impl Engine {
@@ -274,20 +183,9 @@ impl Engine {
         let catalog = StreamWriter::open(sink.as_ref(), names::CATALOG, recovered.catalog_last)?;
         let payments = open_payments(&config, sink.as_ref())?;
         let kernel = Arc::new(Kernel::new(config, store, ledger));
-        let inner = Arc::new(Inner {
-            rooms: crate::rooms::Rooms::open(kernel.clone(), recovered.rooms)?,
-            payments,
-            catalog: Catalog::new(kernel.clone(), catalog),
-            kernel,
-            recovery: OnceLock::new(),
-            waitlist: RwLock::new(waitlist),
-            supervisor,
-            roles,
-            restarts: AtomicU64::new(0),
-            orphans: Default::default(),
-        });
-        let restart: Arc<dyn Restart> = inner.clone();
-        let _ = engine_slot.set(Arc::downgrade(&restart));
+        let supervision = (supervisor, roles, engine_slot);
+        let rooms = recovered.rooms;
+        let inner = Inner::compose(kernel, catalog, waitlist, supervision, payments, rooms)?;
         let engine = Engine { inner };
         // Nobody supervises the supervisor: its children die with it.
         engine.stop_when_ended("the engine's supervisor", supervisor_done);
@@ -346,7 +244,7 @@ impl Engine {
 
     /// How many actors were restarted after a panic.
     pub fn actor_restarts(&self) -> u64 {
-        self.inner.restarts.load(Ordering::SeqCst)
+        self.inner.supervision.restarts()
     }
 
     /// What every component shares (see [`crate::kernel`]).
@@ -354,24 +252,9 @@ impl Engine {
         &self.inner.kernel
     }
 
-    /// The captured charges without a sale, and the checkouts running (see [`crate::refunds`]).
-    pub(crate) fn orphans(&self) -> &crate::orphans::Orphans {
-        &self.inner.orphans
-    }
-
     /// The payment provider that charges and refunds.
     pub fn payments(&self) -> Arc<dyn PaymentProvider> {
         self.inner.payments.clone()
-    }
-
-    /// See [`Kernel::check_not_stopped`].
-    pub(crate) fn check_not_stopped(&self) -> Result<(), EngineError> {
-        self.kernel().check_not_stopped()
-    }
-
-    /// See [`Kernel::check_ready`].
-    pub(crate) fn check_ready(&self) -> Result<(), EngineError> {
-        self.kernel().check_ready()
     }
 
     /// Now, by the engine's clock (ms since the Unix epoch).
@@ -379,20 +262,15 @@ impl Engine {
         self.kernel().now_ms()
     }
 
-    /// See [`Kernel::window_ms`].
-    pub(crate) fn window_ms(&self) -> u64 {
-        self.kernel().window_ms()
-    }
-
     /// What the engine remembers now: holds (live, and ended within the window) and
     /// idempotency keys. Asks every section and ledger shard (for soaks and tests).
     pub async fn remembered(&self) -> Result<crate::retention::Remembered, EngineError> {
-        self.check_ready()?;
+        self.kernel().check_ready()?;
         let mut r = crate::retention::Remembered {
             idempotency_keys: self.kernel().ledger().keys_remembered().await?,
             ..crate::retention::Remembered::default()
         };
-        for e in self.event_entries() {
+        for e in self.inner.catalog.entries() {
             for slot in &e.sections {
                 let (holds, ended) = self
                     .kernel()
@@ -411,20 +289,12 @@ impl Engine {
         self.kernel().notices().set(listener).is_ok()
     }
 
-    /// See [`crate::kernel::detached`].
-    pub(crate) async fn detached<T: Send + 'static>(
-        &self,
-        work: impl std::future::Future<Output = Result<T, EngineError>> + Send + 'static,
-    ) -> Result<T, EngineError> {
-        crate::kernel::detached(work).await
-    }
-
     /// The line of `event_id`'s waiting room as its records leave it (empty if it has none).
     pub async fn room_line(
         &self,
         event_id: &EventId,
     ) -> Result<crate::rooms::RoomLine, EngineError> {
-        self.check_ready()?;
+        self.kernel().check_ready()?;
         Ok(self.inner.rooms.line(event_id).await)
     }
 
@@ -436,8 +306,8 @@ impl Engine {
         event_id: &EventId,
         records: Vec<crate::rooms::RoomRecord>,
     ) -> Result<crate::rooms::RoomLine, EngineError> {
-        self.check_ready()?;
-        self.entry(event_id)?;
+        self.kernel().check_ready()?;
+        self.inner.catalog.entry(event_id)?;
         self.inner.rooms.record(event_id, records).await
     }
 
@@ -455,8 +325,8 @@ impl Engine {
         for shard in self.kernel().ledger().actors() {
             let _ = shard.stop_and_wait(None, None).await;
         }
-        let _ = self.inner.waitlist().stop_and_wait(None, None).await;
-        let _ = self.inner.supervisor.stop_and_wait(None, None).await;
+        let _ = self.inner.waitlist.actor().stop_and_wait(None, None).await;
+        self.inner.supervision.stop().await;
         // An actor's state (with its handles on the store) may be dropped just after it reports
         // stopped; wait for that, so the data dir is free once the last `Engine` goes.
         // tokio's clock: a simulation's virtual one.
@@ -473,7 +343,7 @@ impl Engine {
 impl Engine {
     /// Starts one actor per section of an event (each with its recovered core and the last
     /// sequence number of its stream) and lists the event.
-    pub(crate) async fn start_event(
+    async fn start_event(
         &self,
         event_id: EventId,
         spec: EventSpec,
@@ -501,7 +371,9 @@ impl Engine {
             let section_id = core.spec().section_id.clone();
             let (tx, rx) = watch::channel(Arc::new(core.snapshot(last_seq)));
             let publisher = Arc::new(tx);
-            self.spawn_section(core, last_seq, publisher.clone())
+            self.inner
+                .supervision
+                .spawn_section(core, last_seq, publisher.clone())
                 .await?;
             slots.push(SectionSlot {
                 section_id,
@@ -532,7 +404,7 @@ impl Engine {
     ) -> Result<EventView, EngineError> {
         let engine = self.clone();
         let key = idempotency_key.to_owned();
-        self.detached(async move {
+        crate::kernel::detached(async move {
             let starter = engine.clone();
             engine
                 .inner
@@ -543,14 +415,6 @@ impl Engine {
                 .await
         })
         .await
-    }
-
-    pub(crate) fn entry(&self, event_id: &EventId) -> Result<Arc<EventEntry>, Rejection> {
-        self.inner.catalog.entry(event_id)
-    }
-
-    pub(crate) fn event_entries(&self) -> Vec<Arc<EventEntry>> {
-        self.inner.catalog.entries()
     }
 
     /// An event with its sections' latest counts.
@@ -599,69 +463,338 @@ impl Engine {
     /// Whether the engine still serves reads: `Storage` once it stopped (its published counts
     /// could include a change that was never acknowledged).
     pub fn check_reads(&self) -> Result<(), EngineError> {
-        self.check_not_stopped()
+        self.kernel().check_not_stopped()
     }
 }
 
-/// Restarting actors and stopping visibly: what the supervisor and the servers beside the
-/// engine ask of it.
+/// Holds, confirms and their reads: the [`Booking`] and [`Checkout`] components' calls.
 impl Engine {
-    /// Spawns a section's actor (supervised) from its core and its stream's last sequence
-    /// number, publishing on `publisher`, and routes the section to it.
-    pub(crate) async fn spawn_section(
-        &self,
-        core: SectionCore,
-        last_seq: u64,
-        publisher: Arc<watch::Sender<Arc<SectionSnapshot>>>,
-    ) -> Result<(), EngineError> {
-        let (inner, kernel) = (&self.inner, self.kernel());
-        let event_id = core.event_id().clone();
-        let section_id = core.spec().section_id.clone();
-        let stream = StreamWriter::open(
-            kernel.store().sink.as_ref(),
-            &names::section(&event_id, &section_id),
-            last_seq,
-        )?;
-        let depth = Arc::new(AtomicUsize::new(0));
-        let durable = Arc::new(std::sync::atomic::AtomicU64::new(last_seq));
-        let sold_out = metrics::counter!(
-            "boxoffice_section_rejections_total",
-            "event" => event_id.as_str().to_owned(),
-            "section" => section_id.as_str().to_owned(),
-            "reason" => Rejection::SoldOut.reason()
-        );
-        let args = SectionArgs {
-            core,
-            stream,
-            store: kernel.store().clone(),
-            clock: kernel.config().clock.clone(),
-            ledger: kernel.ledger().clone(),
-            snapshot: publisher,
-            depth: depth.clone(),
-            durable: durable.clone(),
-            checkpoint_every: kernel.config().checkpoint_every_records,
-            notices: kernel.notices().clone(),
-        };
-        let (actor, _) = Actor::spawn_linked(None, SectionActor, args, inner.supervisor.get_cell())
-            .await
-            .map_err(|e| StorageError::Io(format!("cannot start a section actor: {e}")))?;
-        inner.roles.insert(
-            actor.get_id(),
-            Role::Section(event_id.clone(), section_id.clone()),
-        );
-        kernel.router().insert(
-            event_id,
-            section_id,
-            SectionHandle {
-                actor,
-                depth,
-                durable,
-                sold_out,
-            },
-        );
-        Ok(())
+    /// Holds places: exact seats, or best available in a section or anywhere in the event. A
+    /// batch of one ([`Engine::hold_batch`]). Runs to the end even if the caller stops waiting.
+    pub async fn hold(&self, req: HoldRequest) -> Result<HoldView, EngineError> {
+        self.inner.booking.hold(req).await
     }
 
+    /// Holds many places at once, each request as a hold of its own would be (its own checks,
+    /// idempotency key, quota and answer, in the order given), sharing the round trips. An
+    /// error of the whole call (not ready) is every request's answer.
+    pub async fn hold_batch(&self, reqs: Vec<HoldRequest>) -> Vec<Result<HoldView, EngineError>> {
+        self.inner.booking.hold_batch(reqs).await
+    }
+
+    /// [`Engine::hold_batch`] of requests whose caller fields are checked already, all for the
+    /// event of `terms`. A request for another event is `EVENT_NOT_FOUND`.
+    pub async fn hold_checked(
+        &self,
+        terms: &EventTerms,
+        holds: Vec<CheckedHold>,
+    ) -> Vec<Result<HoldView, EngineError>> {
+        self.inner.booking.hold_checked(terms, holds).await
+    }
+
+    /// Places the hold a waitlist offer makes for `entry`'s fan (best available places of its
+    /// section, all or nothing, carrying the entry's mark).
+    pub async fn hold_offer(&self, entry: &WaitlistView) -> Result<HoldView, EngineError> {
+        self.inner.booking.hold_offer(entry).await
+    }
+
+    /// The first answer already given to this request's idempotency key, if it was settled with
+    /// this same request; `None` otherwise. Changes nothing.
+    pub async fn replayed_hold(
+        &self,
+        req: &HoldRequest,
+    ) -> Result<Option<Result<HoldView, EngineError>>, EngineError> {
+        self.inner.booking.replayed_hold(req).await
+    }
+
+    /// Releases a hold (by its holder). Runs to the end even if the caller stops waiting.
+    pub async fn release(
+        &self,
+        hold_id: &HoldId,
+        user_id: &UserId,
+    ) -> Result<HoldView, EngineError> {
+        self.inner.booking.release(hold_id, user_id).await
+    }
+
+    /// A hold as it is now.
+    pub async fn get_hold(&self, hold_id: &HoldId) -> Result<HoldView, EngineError> {
+        self.inner.booking.get_hold(hold_id).await
+    }
+
+    /// A hold as it is now, to its holder only: another user's hold is `HOLD_NOT_FOUND`.
+    pub async fn get_hold_of(
+        &self,
+        hold_id: &HoldId,
+        user_id: &UserId,
+    ) -> Result<HoldView, EngineError> {
+        self.inner.booking.get_hold_of(hold_id, user_id).await
+    }
+
+    /// An order.
+    pub async fn get_order(&self, order_id: &OrderId) -> Result<OrderView, EngineError> {
+        self.inner.booking.get_order(order_id).await
+    }
+
+    /// An order, to its buyer only: another user's order is `ORDER_NOT_FOUND`.
+    pub async fn get_order_of(
+        &self,
+        order_id: &OrderId,
+        user_id: &UserId,
+    ) -> Result<OrderView, EngineError> {
+        self.inner.booking.get_order_of(order_id, user_id).await
+    }
+
+    /// Places the user holds or owns for the event, as the ledger counts them.
+    pub async fn user_usage(
+        &self,
+        event_id: &EventId,
+        user_id: &UserId,
+    ) -> Result<u32, EngineError> {
+        self.inner.booking.user_usage(event_id, user_id).await
+    }
+
+    /// Confirms a hold: charges its price, then the places are sold and an order is made,
+    /// durable before the answer (the saga: [`crate::checkout`]). Runs to the end even if the
+    /// caller stops waiting.
+    pub async fn confirm(&self, req: ConfirmRequest) -> Result<OrderView, EngineError> {
+        self.inner.checkout.confirm(req).await
+    }
+}
+
+/// Deadlines, the waitlist, audits and refunds: the [`Expiry`], [`Waitlist`], [`Audit`] and
+/// [`Refunds`] components' calls.
+impl Engine {
+    /// Expires every hold whose deadline has passed, at most `max_per_section` per section per
+    /// call; returns the holds it expired.
+    pub async fn expire_due(&self, max_per_section: usize) -> Result<Vec<HoldView>, EngineError> {
+        self.inner.expiry.expire_due(max_per_section).await
+    }
+
+    /// Expires what is due in a section (at most `max` holds) and then, in the same step of its
+    /// actor, places a hold for each of `offers` (user, quantity, waitlist entry), in order.
+    /// Returns the ended holds, the section's next deadline and one outcome per offer.
+    pub async fn expire_section_offering(
+        &self,
+        event_id: &EventId,
+        section_id: &SectionId,
+        max: usize,
+        offers: &[(UserId, u32, Option<String>)],
+    ) -> Result<ExpiredAndOffered, EngineError> {
+        let expiry = &self.inner.expiry;
+        expiry
+            .expire_section_offering(event_id, section_id, max, offers)
+            .await
+    }
+
+    /// Every section's earliest active-hold deadline.
+    pub async fn next_deadlines(
+        &self,
+    ) -> Result<Vec<(EventId, SectionId, Option<u64>)>, EngineError> {
+        self.inner.expiry.next_deadlines().await
+    }
+
+    /// Active holds past their deadline in every section: what the sweeper has yet to expire.
+    pub async fn holds_past_deadline(&self) -> Result<u64, EngineError> {
+        self.inner.expiry.holds_past_deadline().await
+    }
+
+    /// The earliest deadline of any active hold, if any (for the sweeper's sleep).
+    pub async fn next_deadline_ms(&self) -> Result<Option<u64>, EngineError> {
+        self.inner.expiry.next_deadline_ms().await
+    }
+
+    /// Joins an event's waitlist for `quantity` places in `section` (`None`: any); joining
+    /// again returns the fan's active entry. Runs to the end even if the caller stops waiting.
+    pub async fn join_waitlist(
+        &self,
+        event_id: &EventId,
+        user_id: &UserId,
+        section: Option<SectionId>,
+        quantity: u32,
+    ) -> Result<WaitlistView, EngineError> {
+        let waitlist = &self.inner.waitlist;
+        waitlist
+            .join_waitlist(event_id, user_id, section, quantity)
+            .await
+    }
+
+    /// A waitlist entry.
+    pub async fn waitlist_entry(&self, entry_id: &str) -> Result<WaitlistView, EngineError> {
+        self.inner.waitlist.waitlist_entry(entry_id).await
+    }
+
+    /// The fan's active (waiting or offered) entry for the event, if any. Changes nothing.
+    pub async fn active_waitlist_entry(
+        &self,
+        event_id: &EventId,
+        user_id: &UserId,
+    ) -> Result<Option<WaitlistView>, EngineError> {
+        let waitlist = &self.inner.waitlist;
+        waitlist.active_waitlist_entry(event_id, user_id).await
+    }
+
+    /// A waitlist entry, to its fan only: another user's entry is `ENTRY_NOT_FOUND`.
+    pub async fn waitlist_entry_of(
+        &self,
+        entry_id: &str,
+        user_id: &UserId,
+    ) -> Result<WaitlistView, EngineError> {
+        self.inner
+            .waitlist
+            .waitlist_entry_of(entry_id, user_id)
+            .await
+    }
+
+    /// The first `n` waiting entries of an event that would take places of `section`.
+    pub async fn waitlist_candidates(
+        &self,
+        event_id: &EventId,
+        section: Option<&SectionId>,
+        n: usize,
+    ) -> Result<Vec<WaitlistView>, EngineError> {
+        let waitlist = &self.inner.waitlist;
+        waitlist.waitlist_candidates(event_id, section, n).await
+    }
+
+    /// The hold an offer to `entry` placed before, if the offer itself was never recorded.
+    pub async fn waitlist_offer_made(
+        &self,
+        entry: &WaitlistView,
+    ) -> Result<Option<HoldView>, EngineError> {
+        self.inner.waitlist.waitlist_offer_made(entry).await
+    }
+
+    /// Records that `hold_id` was offered to a waiting entry (idempotent for the same hold).
+    pub async fn waitlist_offer(
+        &self,
+        entry_id: &str,
+        hold_id: &HoldId,
+    ) -> Result<WaitlistView, EngineError> {
+        self.inner.waitlist.waitlist_offer(entry_id, hold_id).await
+    }
+
+    /// Ends an entry (`Expired` or `Fulfilled`); an entry that ended already stays as it is.
+    pub async fn waitlist_end(
+        &self,
+        entry_id: &str,
+        state: WaitlistState,
+    ) -> Result<WaitlistView, EngineError> {
+        self.inner.waitlist.waitlist_end(entry_id, state).await
+    }
+
+    /// Every entry with an outstanding offer.
+    pub async fn waitlist_offered(&self) -> Result<Vec<WaitlistView>, EngineError> {
+        self.inner.waitlist.waitlist_offered().await
+    }
+
+    /// Events with fans waiting.
+    pub async fn waitlist_events(&self) -> Result<Vec<EventId>, EngineError> {
+        self.inner.waitlist.waitlist_events().await
+    }
+
+    /// Fans waiting on an event's waitlist.
+    pub async fn waitlist_len(&self, event_id: &EventId) -> Result<usize, EngineError> {
+        self.inner.waitlist.waitlist_len(event_id).await
+    }
+
+    /// Checks sold seats against orders, payments and the sold-seat backstop, and every
+    /// section's counters; returns what does not add up. Changes nothing.
+    pub async fn reconcile(&self) -> Result<Vec<Finding>, EngineError> {
+        self.inner.audit.reconcile().await
+    }
+
+    /// Every section whose state breaks an invariant, one line each. Empty when all is well.
+    pub async fn invariant_violations(&self) -> Result<Vec<String>, EngineError> {
+        self.inner.audit.invariant_violations().await
+    }
+
+    /// Every order of every section (for reconciliation and tools).
+    pub async fn orders(&self) -> Result<Vec<OrderView>, EngineError> {
+        self.inner.audit.orders().await
+    }
+
+    /// The server's periodic pass: reconciles, refunds the orphaned charges whose grace has
+    /// passed ([`crate::refunds`]), and returns the findings left, with what was refunded.
+    pub async fn settle_and_reconcile(
+        &self,
+        grace: Duration,
+    ) -> Result<(Vec<Finding>, Settlement), EngineError> {
+        self.inner.refunds.settle_and_reconcile(grace).await
+    }
+}
+
+/// Hooks for tests and benches that reach inside the engine (not part of the contract): a
+/// section's core, the raw store, a simulated crash, injected panics (feature `test-support`).
+#[cfg(feature = "test-support")]
+impl Engine {
+    /// A copy of a section's core (for invariant checks in tests).
+    pub async fn inspect_section(
+        &self,
+        event_id: &EventId,
+        section_id: &SectionId,
+    ) -> Result<SectionCore, EngineError> {
+        self.inner.audit.section_core(event_id, section_id).await
+    }
+
+    /// The live sled database, for tests that inspect or damage the store on purpose.
+    ///
+    /// # Panics
+    /// If the engine's log is not in sled (a [`MemorySink`](crate::MemorySink)).
+    pub fn raw_db(&self) -> sled::Db {
+        let kv = self.kernel().store().sink.kv();
+        kv.and_then(|kv| kv.as_sled())
+            .expect("the engine's log is in sled")
+    }
+
+    /// Stops as a crash would (for recovery tests): the log takes nothing more, queued writes
+    /// are lost, nothing is flushed. Acknowledged work (with `Durability::Sync`) is durable.
+    pub async fn crash(&self) {
+        self.kernel().set_serving(false);
+        self.kernel().store().halt_now("simulated crash");
+        self.stop_actors().await;
+        self.kernel().store().close().await;
+    }
+
+    /// Makes a section's actor panic in its handler (as a failed invariant check would); the
+    /// supervisor restarts it from its log.
+    pub async fn panic_section(
+        &self,
+        event_id: &EventId,
+        section_id: &SectionId,
+    ) -> Result<(), EngineError> {
+        let e = self.inner.catalog.entry(event_id)?;
+        let handle = self
+            .kernel()
+            .router()
+            .get(&e.event_id, section_id)
+            .ok_or(crate::error::Rejection::SectionNotFound)?;
+        // Counted as queued, as `ask` does: the actor counts every message it takes.
+        handle
+            .depth
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        handle
+            .actor
+            .cast(SectionMsg::Panic)
+            .map_err(|_| EngineError::NotReady)
+    }
+
+    /// Makes the waitlist actor panic in its handler.
+    pub fn panic_waitlist(&self) -> Result<(), EngineError> {
+        let actor = self.inner.waitlist.actor();
+        actor
+            .cast(crate::waitlist::WaitlistMsg::Panic)
+            .map_err(|_| EngineError::NotReady)
+    }
+
+    /// Makes the ledger shard of `user` panic in its handler (the engine then stops: a ledger's
+    /// quotas cannot be rebuilt while sections hold places).
+    pub fn panic_ledger(&self, user: &UserId) -> Result<(), EngineError> {
+        self.kernel().ledger().panic_shard_of(user)
+    }
+}
+
+/// Stopping visibly: what the servers beside the engine ask of it.
+impl Engine {
     /// Stops the engine visibly: every change is refused from now on, and why is told to whoever
     /// watches ([`Engine::stopped`], health, logs, the `boxoffice_store_halted` gauge). For
     /// the engine's own actors and for what serves beside it (a sweeper that died, say).
@@ -690,95 +823,7 @@ impl Engine {
             }
         })
     }
-
-    /// Rebuilds a section from its log and starts a new actor for it.
-    async fn restart_section(
-        &self,
-        event_id: &EventId,
-        section_id: &SectionId,
-    ) -> Result<(), EngineError> {
-        // Every record the dead actor handed to the flusher is written before we read.
-        self.kernel().store().barrier().await?;
-        let entry = self.entry(event_id)?;
-        let spec = entry
-            .spec
-            .sections
-            .iter()
-            .find(|s| &s.section_id == section_id)
-            .ok_or(crate::error::Rejection::SectionNotFound)?;
-        let slot = entry
-            .sections
-            .iter()
-            .find(|s| &s.section_id == section_id)
-            .ok_or(crate::error::Rejection::SectionNotFound)?;
-        let (sink, event, spec, window_ms) = (
-            self.kernel().store().sink.clone(),
-            event_id.clone(),
-            spec.clone(),
-            self.window_ms(),
-        );
-        let marks = self.kernel().store().durable_marks();
-        let rebuilt = replay_off_runtime("the section's", move || {
-            restart_section(sink.as_ref(), &event, &spec, window_ms, marks)
-        })
-        .await?;
-        let (core, last_seq) = rebuilt;
-        self.spawn_section(core, last_seq, slot.publisher.clone())
-            .await
-    }
-
-    /// Rebuilds the waitlist from its log and starts a new actor for it.
-    async fn restart_waitlist(&self) -> Result<(), EngineError> {
-        self.kernel().store().barrier().await?;
-        let sink = self.kernel().store().sink.clone();
-        let marks = self.kernel().store().durable_marks();
-        let (core, last_seq) = replay_off_runtime("the waitlist's", move || {
-            restart_waitlist(sink.as_ref(), marks)
-        })
-        .await?;
-        let inner = &self.inner;
-        let actor = spawn_waitlist(
-            core,
-            last_seq,
-            self.kernel().store(),
-            self.kernel().config(),
-            &inner.supervisor,
-            &inner.roles,
-        )
-        .await?;
-        *inner.waitlist.write().unwrap_or_else(|p| p.into_inner()) = actor;
-        Ok(())
-    }
 }
-
-impl Restart for Inner {
-    fn serving(&self) -> bool {
-        self.kernel.serving()
-    }
-
-    fn restart(self: Arc<Self>, role: Role) -> BoxFuture<'static, Result<(), EngineError>> {
-        let engine = Engine { inner: self };
-        Box::pin(async move {
-            match role {
-                Role::Section(e, s) => engine.restart_section(&e, &s).await,
-                Role::Waitlist => engine.restart_waitlist().await,
-                Role::Ledger(i) => {
-                    Err(StorageError::Io(format!("ledger shard {i} cannot be restarted")).into())
-                }
-            }
-        })
-    }
-
-    fn stop_visibly(&self, reason: String) {
-        self.kernel.store().halt_now(&reason);
-    }
-
-    fn restarted(&self) {
-        self.restarts.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
 
 #[cfg(test)]
 mod tests {

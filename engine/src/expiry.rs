@@ -1,16 +1,19 @@
 //! Expiry: ending holds whose deadline passed (the sweeper drives it), and handing the freed
 //! places to waiting fans in the same step of the section's actor.
 
+use std::sync::Arc;
+
+use crate::catalog::Catalog;
 use crate::core::{Pick, PlaceHold};
-use crate::engine::Engine;
 use crate::error::{EngineError, Rejection};
 use crate::events::EventEntry;
+use crate::kernel::Kernel;
 use crate::ledger::{Begin, BeginArgs, Rpc};
 use crate::limits::{EXPIRE_PER_SECTION_MAX, PLACES_PER_HOLD_MAX};
 use crate::section::SectionMsg;
 use crate::types::{EventId, HoldId, HoldView, SectionId, UserId};
 
-/// What [`Engine::expire_section_offering`] did: the holds that ended, the section's next
+/// What [`Expiry::expire_section_offering`] did: the holds that ended, the section's next
 /// deadline, one outcome per offer.
 pub type ExpiredAndOffered = (
     Vec<HoldView>,
@@ -18,13 +21,25 @@ pub type ExpiredAndOffered = (
     Vec<Result<HoldView, EngineError>>,
 );
 
-impl Engine {
+/// Ending holds past their deadline, and offering what they free (see the module's doc).
+pub(crate) struct Expiry {
+    kernel: Arc<Kernel>,
+    catalog: Arc<Catalog>,
+}
+
+impl Expiry {
+    pub(crate) fn new(kernel: Arc<Kernel>, catalog: Arc<Catalog>) -> Expiry {
+        Expiry { kernel, catalog }
+    }
+}
+
+impl Expiry {
     /// Expires every hold whose deadline has passed (by the engine's clock), at most
     /// `max_per_section` per section per call; returns the holds it expired.
     pub async fn expire_due(&self, max_per_section: usize) -> Result<Vec<HoldView>, EngineError> {
-        self.check_ready()?;
+        self.kernel.check_ready()?;
         let mut out = Vec::new();
-        for e in self.event_entries() {
+        for e in self.catalog.entries() {
             for slot in &e.sections {
                 let (expired, _) = self
                     .expire_section(&e.event_id, &slot.section_id, max_per_section)
@@ -51,7 +66,7 @@ impl Engine {
 
     /// Expires what is due in a section (at most `max` holds) and then, in the same step of the
     /// section's actor, places a hold for each of `offers` (user, quantity, the waitlist entry
-    /// it is for: its hold carries the entry's mark, see [`Engine::waitlist_offer_made`]), in
+    /// it is for: its hold carries the entry's mark, see [`Waitlist::waitlist_offer_made`](crate::waitlist_calls::Waitlist::waitlist_offer_made)), in
     /// order, each all or
     /// nothing at the best available places of this section, with the event's TTL. No request
     /// queued behind can take the freed places first: waiting fans are served before new ones.
@@ -65,14 +80,14 @@ impl Engine {
         max: usize,
         offers: &[(UserId, u32, Option<String>)],
     ) -> Result<ExpiredAndOffered, EngineError> {
-        self.check_ready()?;
+        self.kernel.check_ready()?;
         let max = max.clamp(1, EXPIRE_PER_SECTION_MAX);
-        let e = self.entry(event_id)?;
+        let e = self.catalog.entry(event_id)?;
         if !e.sections.iter().any(|slot| &slot.section_id == section_id) {
             return Err(Rejection::SectionNotFound.into());
         }
         let mut offering = Offering {
-            engine: self,
+            kernel: &self.kernel,
             event: &e,
             section_id,
             outcomes: offers.iter().map(|_| None).collect(),
@@ -80,7 +95,7 @@ impl Engine {
         };
         let plans = offering.reserve(offers).await;
         let done = self
-            .kernel()
+            .kernel
             .ask(&e, section_id, |reply| {
                 SectionMsg::ExpireDue(max, plans, reply)
             })
@@ -100,12 +115,12 @@ impl Engine {
     pub async fn next_deadlines(
         &self,
     ) -> Result<Vec<(EventId, SectionId, Option<u64>)>, EngineError> {
-        self.check_ready()?;
+        self.kernel.check_ready()?;
         let mut out = Vec::new();
-        for e in self.event_entries() {
+        for e in self.catalog.entries() {
             for slot in &e.sections {
                 let d = self
-                    .kernel()
+                    .kernel
                     .ask(&e, &slot.section_id, SectionMsg::NextDeadline)
                     .await?;
                 out.push((e.event_id.clone(), slot.section_id.clone(), d));
@@ -119,11 +134,11 @@ impl Engine {
     /// deadline). Asks every section at once; a section that cannot answer (its queue full,
     /// restarting) fails the whole count.
     pub async fn holds_past_deadline(&self) -> Result<u64, EngineError> {
-        self.check_ready()?;
-        let entries = self.event_entries();
+        self.kernel.check_ready()?;
+        let entries = self.catalog.entries();
         let asks = entries.iter().flat_map(|e| {
             e.sections.iter().map(move |slot| {
-                self.kernel()
+                self.kernel
                     .ask(e, &slot.section_id, SectionMsg::PastDeadline)
             })
         });
@@ -136,12 +151,12 @@ impl Engine {
 
     /// The earliest deadline of any active hold, if any (for the sweeper's sleep).
     pub async fn next_deadline_ms(&self) -> Result<Option<u64>, EngineError> {
-        self.check_ready()?;
+        self.kernel.check_ready()?;
         let mut next: Option<u64> = None;
-        for e in self.event_entries() {
+        for e in self.catalog.entries() {
             for slot in &e.sections {
                 let d = self
-                    .kernel()
+                    .kernel
                     .ask(&e, &slot.section_id, SectionMsg::NextDeadline)
                     .await?;
                 next = match (next, d) {
@@ -157,7 +172,7 @@ impl Engine {
 /// The waiting fans' offers of one `expire_section_offering`: their quota reservations and
 /// outcomes.
 struct Offering<'a> {
-    engine: &'a Engine,
+    kernel: &'a Kernel,
     event: &'a EventEntry,
     section_id: &'a SectionId,
     outcomes: Vec<Option<Result<HoldView, EngineError>>>,
@@ -174,7 +189,7 @@ impl Offering<'_> {
             rpc: Rpc::Hold,
             tag: None,
             quantity,
-            now_ms: self.engine.now_ms(),
+            now_ms: self.kernel.now_ms(),
         }
     }
 
@@ -194,7 +209,7 @@ impl Offering<'_> {
             asks.push((k, user, *quantity, entry));
         }
         let args = asks.iter().map(|(_, u, q, _)| self.args(u, *q)).collect();
-        let begun = self.engine.kernel().ledger().begin(args).await;
+        let begun = self.kernel.ledger().begin(args).await;
         let mut plans = Vec::new();
         for ((k, user, quantity, entry), begun) in asks.into_iter().zip(begun) {
             match begun {
@@ -226,7 +241,7 @@ impl Offering<'_> {
             .into_iter()
             .map(|(user, quantity, err)| (self.args(user, quantity), Err(err)))
             .collect();
-        if let Err(e) = self.engine.kernel().ledger().finish(many).await {
+        if let Err(e) = self.kernel.ledger().finish(many).await {
             tracing::error!(error = %e, "cannot give back an offer's quota");
         }
     }

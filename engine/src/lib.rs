@@ -101,6 +101,7 @@ pub mod integrity;
 mod kernel;
 mod ledger;
 pub mod limits;
+mod opening;
 mod orphans;
 pub mod payment;
 pub mod raft;
@@ -115,8 +116,6 @@ mod section;
 mod share;
 pub mod store;
 mod supervisor;
-#[cfg(feature = "test-support")]
-mod test_support;
 pub mod tiers;
 pub mod types;
 pub mod waitlist;

@@ -4,7 +4,7 @@
 //! its answer was lost (`tok_timeout`), and the fan then released the hold or let it expire; or
 //! the process died between the charge and the order; or the fan paid again with another token
 //! after a lost answer. Checkout refunds what it knows to be orphaned at once; these are the
-//! charges it cannot know about, and [`Engine::settle_and_reconcile`] refunds them.
+//! charges it cannot know about, and [`Refunds::settle_and_reconcile`] refunds them.
 //!
 //! A captured charge is **orphaned** when no order is paid by it, its hold (named by the
 //! charge's key, `{hold_id}:{token fingerprint}`) has ended (released, expired, or confirmed by
@@ -15,10 +15,16 @@
 //! into an order, and once the hold expires they become orphans. Whatever can't be tied to a
 //! hold of this engine stays a reconciliation finding for a person to look at.
 
-use crate::engine::Engine;
+use std::sync::Arc;
+
+use crate::audit::Audit;
+use crate::booking::Booking;
+use crate::catalog::Catalog;
 use crate::error::EngineError;
 use crate::hash::HashSet;
-use crate::payment::{Charge, ChargeStatus};
+use crate::kernel::Kernel;
+use crate::orphans::Orphans;
+use crate::payment::{Charge, ChargeStatus, PaymentProvider};
 use crate::reconcile::{self, Finding};
 use crate::types::{HoldId, HoldStatus};
 
@@ -38,19 +44,49 @@ fn hold_of(charge: &Charge) -> Option<HoldId> {
     hold.route().map(|_| hold)
 }
 
-impl Engine {
+/// Refunds of orphaned charges (see the module's doc).
+pub(crate) struct Refunds {
+    kernel: Arc<Kernel>,
+    catalog: Arc<Catalog>,
+    audit: Audit,
+    booking: Booking,
+    payments: Arc<dyn PaymentProvider>,
+    orphans: Arc<Orphans>,
+}
+
+impl Refunds {
+    pub(crate) fn new(
+        kernel: Arc<Kernel>,
+        catalog: Arc<Catalog>,
+        audit: Audit,
+        booking: Booking,
+        payments: Arc<dyn PaymentProvider>,
+        orphans: Arc<Orphans>,
+    ) -> Refunds {
+        Refunds {
+            kernel,
+            catalog,
+            audit,
+            booking,
+            payments,
+            orphans,
+        }
+    }
+}
+
+impl Refunds {
     /// The server's periodic pass: reconciles, refunds the orphaned charges whose grace has
     /// passed (see the module docs), and returns the findings left, with what was refunded.
     /// Orphans waiting for their grace are not findings: they are counted in
     /// `boxoffice_refunds_pending` and logged. Every finding is counted and logged, as
-    /// [`Engine::reconcile`] does.
+    /// [`Audit::reconcile`] does.
     pub async fn settle_and_reconcile(
         &self,
         grace: std::time::Duration,
     ) -> Result<(Vec<Finding>, Settlement), EngineError> {
-        let books = self.books().await?;
+        let books = self.audit.books().await?;
         let findings = reconcile::check(&books.borrowed());
-        let now = self.now_ms();
+        let now = self.kernel.now_ms();
         let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
         let mut settlement = Settlement::default();
         let mut left = Vec::new();
@@ -69,19 +105,19 @@ impl Engine {
                 Orphan::Unknown => left.push(finding),
                 Orphan::Yes(hold) => {
                     orphaned_now.insert(payment_id.clone());
-                    let first = self.orphans().first_seen(payment_id, now);
+                    let first = self.orphans.first_seen(payment_id, now);
                     if now.saturating_sub(first) < grace_ms {
                         settlement.pending.push(payment_id.clone());
                         continue;
                     }
                     match self.refund_orphan(charge, &hold).await {
                         Ok(true) => {
-                            self.orphans().forget(payment_id);
+                            self.orphans.forget(payment_id);
                             settlement
                                 .refunded
                                 .push((payment_id.clone(), charge.amount_cents));
                         }
-                        Ok(false) => self.orphans().forget(payment_id),
+                        Ok(false) => self.orphans.forget(payment_id),
                         Err(e) => {
                             tracing::error!(error = %e, payment = %payment_id,
                                 "refund of a charge without a sale failed; retried next pass");
@@ -92,14 +128,14 @@ impl Engine {
             }
         }
         // Forget charges no longer orphaned (an order took them, or a person refunded them).
-        self.orphans().keep_only(&orphaned_now);
-        self.orphans()
+        self.orphans.keep_only(&orphaned_now);
+        self.orphans
             .pending
             .set(i64::try_from(settlement.pending.len()).unwrap_or(i64::MAX));
         for id in &settlement.pending {
             tracing::warn!(payment = %id, grace_ms, "captured charge without a sale: refund pending");
         }
-        reconcile::report(&left, &self.orphans().last_findings);
+        reconcile::report(&left, &self.orphans.last_findings);
         Ok((left, settlement))
     }
 
@@ -111,15 +147,15 @@ impl Engine {
         let Some((event_id, _)) = hold_id.route() else {
             return Orphan::Unknown;
         };
-        if self.orphans().checkout_running(&hold_id) {
+        if self.orphans.checkout_running(&hold_id) {
             return Orphan::No;
         }
-        match self.get_hold(&hold_id).await {
+        match self.booking.get_hold(&hold_id).await {
             Ok(h) if h.status == HoldStatus::Held => Orphan::No,
             Ok(_) => Orphan::Yes(hold_id),
             // The hold was forgotten (past the retention window): it ended long ago.
             Err(EngineError::Rejected(crate::error::Rejection::HoldNotFound))
-                if self.entry(&event_id).is_ok() =>
+                if self.catalog.entry(&event_id).is_ok() =>
             {
                 Orphan::Yes(hold_id)
             }
@@ -134,10 +170,11 @@ impl Engine {
     /// checkout of its hold started. `Ok(false)`: not refunded, it has a sale after all.
     async fn refund_orphan(&self, charge: &Charge, hold: &HoldId) -> Result<bool, EngineError> {
         let (event_id, section_id) = hold.route().ok_or(crate::error::Rejection::HoldNotFound)?;
-        if self.orphans().checkout_running(hold) {
+        if self.orphans.checkout_running(hold) {
             return Ok(false);
         }
         let paid = self
+            .audit
             .section_core(&event_id, &section_id)
             .await?
             .orders()
@@ -147,7 +184,7 @@ impl Engine {
             return Ok(false);
         }
         let refunded = self
-            .payments()
+            .payments
             .refund(&charge.payment_id)
             .await
             .map_err(|e| EngineError::PaymentUnavailable {

@@ -16,9 +16,21 @@
 //! replayed, also stops the engine. Never a silent, permanent `NOT_READY`.
 
 use crate::hash::{DashMap, HashMap};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
+use tokio::sync::watch;
+
+use crate::catalog::Catalog;
+use crate::core::SectionCore;
+use crate::error::Rejection;
+use crate::kernel::Kernel;
+use crate::recovery::{restart_section, restart_waitlist};
+use crate::router::SectionHandle;
+use crate::section::{SectionActor, SectionArgs};
+use crate::types::SectionSnapshot;
+use crate::waitlist_calls::Waitlist;
 
 use crate::config::EngineConfig;
 use crate::error::{EngineError, StorageError};
@@ -51,6 +63,9 @@ impl Role {
 /// The kinds of supervised actors, as the `actor` label of the panic and restart counters.
 pub const ACTOR_KINDS: [&str; 3] = ["section", "waitlist", "ledger"];
 
+/// Where the supervisor finds what restarts actors, once the engine is built (it starts first).
+pub(crate) type RestartSlot = Arc<OnceLock<Weak<dyn Restart>>>;
+
 /// Supervised actors by id.
 pub(crate) type Roles = Arc<DashMap<ActorId, Role>>;
 
@@ -58,7 +73,7 @@ pub(crate) struct Supervisor;
 
 pub(crate) struct SupervisorArgs {
     /// The engine, once it is built (the supervisor starts first).
-    pub engine: Arc<OnceLock<Weak<dyn Restart>>>,
+    pub engine: RestartSlot,
     pub roles: Roles,
 }
 
@@ -160,7 +175,7 @@ pub(crate) async fn spawn_waitlist(
 }
 
 /// What the supervisor needs of the engine when an actor panics: the narrow interface it
-/// restarts actors through (the engine implements it; the supervisor never sees the rest).
+/// restarts actors through ([`Supervision`] implements it; the supervisor sees nothing else).
 pub(crate) trait Restart: Send + Sync {
     /// Whether the engine serves (a panic while it shuts down is left alone).
     fn serving(&self) -> bool;
@@ -214,5 +229,187 @@ pub(crate) async fn replay_off_runtime<T: Send + 'static>(
     match crate::rt::blocking(replay).await {
         Ok(r) => Ok(r?),
         Err(e) => Err(StorageError::Io(format!("replaying {what} log failed: {e}")).into()),
+    }
+}
+
+/// The supervised actors' side of the engine: it spawns section actors under the supervisor,
+/// rebuilds a section or the waitlist from its log when the supervisor asks (the [`Restart`]
+/// interface, all the supervisor sees), and counts the restarts.
+pub(crate) struct Supervision {
+    kernel: Arc<Kernel>,
+    catalog: Arc<Catalog>,
+    waitlist: Waitlist,
+    supervisor: ActorRef<()>,
+    roles: Roles,
+    /// Actors restarted after a panic.
+    restarts: AtomicU64,
+}
+
+impl Supervision {
+    pub(crate) fn new(
+        kernel: Arc<Kernel>,
+        catalog: Arc<Catalog>,
+        waitlist: Waitlist,
+        supervisor: ActorRef<()>,
+        roles: Roles,
+    ) -> Supervision {
+        Supervision {
+            kernel,
+            catalog,
+            waitlist,
+            supervisor,
+            roles,
+            restarts: AtomicU64::new(0),
+        }
+    }
+
+    /// How many actors were restarted after a panic.
+    pub(crate) fn restarts(&self) -> u64 {
+        self.restarts.load(Ordering::SeqCst)
+    }
+
+    /// Stops the supervisor (once its children are stopped: they die with it).
+    pub(crate) async fn stop(&self) {
+        let _ = self.supervisor.stop_and_wait(None, None).await;
+    }
+
+    /// Spawns a section's actor (supervised) from its core and its stream's last sequence
+    /// number, publishing on `publisher`, and routes the section to it.
+    pub(crate) async fn spawn_section(
+        &self,
+        core: SectionCore,
+        last_seq: u64,
+        publisher: Arc<watch::Sender<Arc<SectionSnapshot>>>,
+    ) -> Result<(), EngineError> {
+        let kernel = &self.kernel;
+        let event_id = core.event_id().clone();
+        let section_id = core.spec().section_id.clone();
+        let stream = StreamWriter::open(
+            kernel.store().sink.as_ref(),
+            &names::section(&event_id, &section_id),
+            last_seq,
+        )?;
+        let depth = Arc::new(AtomicUsize::new(0));
+        let durable = Arc::new(std::sync::atomic::AtomicU64::new(last_seq));
+        let sold_out = metrics::counter!(
+            "boxoffice_section_rejections_total",
+            "event" => event_id.as_str().to_owned(),
+            "section" => section_id.as_str().to_owned(),
+            "reason" => Rejection::SoldOut.reason()
+        );
+        let args = SectionArgs {
+            core,
+            stream,
+            store: kernel.store().clone(),
+            clock: kernel.config().clock.clone(),
+            ledger: kernel.ledger().clone(),
+            snapshot: publisher,
+            depth: depth.clone(),
+            durable: durable.clone(),
+            checkpoint_every: kernel.config().checkpoint_every_records,
+            notices: kernel.notices().clone(),
+        };
+        let (actor, _) = Actor::spawn_linked(None, SectionActor, args, self.supervisor.get_cell())
+            .await
+            .map_err(|e| StorageError::Io(format!("cannot start a section actor: {e}")))?;
+        self.roles.insert(
+            actor.get_id(),
+            Role::Section(event_id.clone(), section_id.clone()),
+        );
+        kernel.router().insert(
+            event_id,
+            section_id,
+            SectionHandle {
+                actor,
+                depth,
+                durable,
+                sold_out,
+            },
+        );
+        Ok(())
+    }
+
+    /// Rebuilds a section from its log and starts a new actor for it.
+    pub(crate) async fn restart_section(
+        &self,
+        event_id: &EventId,
+        section_id: &SectionId,
+    ) -> Result<(), EngineError> {
+        // Every record the dead actor handed to the flusher is written before we read.
+        self.kernel.store().barrier().await?;
+        let entry = self.catalog.entry(event_id)?;
+        let spec = entry
+            .spec
+            .sections
+            .iter()
+            .find(|s| &s.section_id == section_id)
+            .ok_or(crate::error::Rejection::SectionNotFound)?;
+        let slot = entry
+            .sections
+            .iter()
+            .find(|s| &s.section_id == section_id)
+            .ok_or(crate::error::Rejection::SectionNotFound)?;
+        let (sink, event, spec, window_ms) = (
+            self.kernel.store().sink.clone(),
+            event_id.clone(),
+            spec.clone(),
+            self.kernel.window_ms(),
+        );
+        let marks = self.kernel.store().durable_marks();
+        let rebuilt = replay_off_runtime("the section's", move || {
+            restart_section(sink.as_ref(), &event, &spec, window_ms, marks)
+        })
+        .await?;
+        let (core, last_seq) = rebuilt;
+        self.spawn_section(core, last_seq, slot.publisher.clone())
+            .await
+    }
+
+    /// Rebuilds the waitlist from its log and starts a new actor for it.
+    pub(crate) async fn restart_waitlist(&self) -> Result<(), EngineError> {
+        self.kernel.store().barrier().await?;
+        let sink = self.kernel.store().sink.clone();
+        let marks = self.kernel.store().durable_marks();
+        let (core, last_seq) = replay_off_runtime("the waitlist's", move || {
+            restart_waitlist(sink.as_ref(), marks)
+        })
+        .await?;
+        let actor = spawn_waitlist(
+            core,
+            last_seq,
+            self.kernel.store(),
+            self.kernel.config(),
+            &self.supervisor,
+            &self.roles,
+        )
+        .await?;
+        self.waitlist.replace(actor);
+        Ok(())
+    }
+}
+
+impl Restart for Supervision {
+    fn serving(&self) -> bool {
+        self.kernel.serving()
+    }
+
+    fn restart(self: Arc<Self>, role: Role) -> BoxFuture<'static, Result<(), EngineError>> {
+        Box::pin(async move {
+            match role {
+                Role::Section(e, s) => self.restart_section(&e, &s).await,
+                Role::Waitlist => self.restart_waitlist().await,
+                Role::Ledger(i) => {
+                    Err(StorageError::Io(format!("ledger shard {i} cannot be restarted")).into())
+                }
+            }
+        })
+    }
+
+    fn stop_visibly(&self, reason: String) {
+        self.kernel.store().halt_now(&reason);
+    }
+
+    fn restarted(&self) {
+        self.restarts.fetch_add(1, Ordering::SeqCst);
     }
 }

@@ -1,22 +1,59 @@
 //! The engine's waitlist calls: join, read, and the sweeper's offer bookkeeping, over the waitlist
 //! actor ([`crate::waitlist`]).
 
+use std::sync::{Arc, RwLock};
+
+use ractor::ActorRef;
+
 use crate::booking::offer_mark;
-use crate::engine::Engine;
+use crate::catalog::Catalog;
 use crate::error::{EngineError, Rejection};
 use crate::events::EventEntry;
+use crate::kernel::Kernel;
 use crate::ledger::{Answer, Rpc};
 use crate::section::{Notice, SectionMsg};
 use crate::types::{EventId, HoldId, HoldView, SectionId, UserId, check_user_id};
 use crate::waitlist::{JoinRequest, WaitlistMsg, WaitlistState, WaitlistView};
 
-impl Engine {
+/// The waitlist's calls over its actor (see the module's doc): cheap to clone (a join's work
+/// is detached with a clone of it). The actor is replaced when the supervisor restarts it.
+#[derive(Clone)]
+pub(crate) struct Waitlist {
+    kernel: Arc<Kernel>,
+    catalog: Arc<Catalog>,
+    actor: Arc<RwLock<ActorRef<WaitlistMsg>>>,
+}
+
+impl Waitlist {
+    pub(crate) fn new(
+        kernel: Arc<Kernel>,
+        catalog: Arc<Catalog>,
+        actor: ActorRef<WaitlistMsg>,
+    ) -> Waitlist {
+        Waitlist {
+            kernel,
+            catalog,
+            actor: Arc::new(RwLock::new(actor)),
+        }
+    }
+
+    /// The waitlist actor now.
+    pub(crate) fn actor(&self) -> ActorRef<WaitlistMsg> {
+        self.actor.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The waitlist's new actor, once the supervisor restarted it.
+    pub(crate) fn replace(&self, actor: ActorRef<WaitlistMsg>) {
+        *self.actor.write().unwrap_or_else(|p| p.into_inner()) = actor;
+    }
+}
+
+impl Waitlist {
     pub(crate) async fn ask_waitlist<T: Send + 'static>(
         &self,
         build: impl FnOnce(ractor::RpcReplyPort<Result<T, EngineError>>) -> WaitlistMsg,
     ) -> Result<T, EngineError> {
-        self.inner
-            .waitlist()
+        self.actor()
             .call(build, None)
             .await
             .map_err(|_| EngineError::NotReady)?
@@ -37,9 +74,11 @@ impl Engine {
         section: Option<SectionId>,
         quantity: u32,
     ) -> Result<WaitlistView, EngineError> {
-        let (engine, e, u) = (self.clone(), event_id.clone(), user_id.clone());
-        self.detached(async move { engine.join_waitlist_now(&e, &u, section, quantity).await })
-            .await
+        let (waitlist, e, u) = (self.clone(), event_id.clone(), user_id.clone());
+        crate::kernel::detached(async move {
+            waitlist.join_waitlist_now(&e, &u, section, quantity).await
+        })
+        .await
     }
 
     async fn join_waitlist_now(
@@ -49,9 +88,9 @@ impl Engine {
         section: Option<SectionId>,
         quantity: u32,
     ) -> Result<WaitlistView, EngineError> {
-        self.check_ready()?;
+        self.kernel.check_ready()?;
         check_user_id(user_id)?;
-        let e = self.entry(event_id)?;
+        let e = self.catalog.entry(event_id)?;
         if let Some(s) = &section
             && !e.sections.iter().any(|slot| &slot.section_id == s)
         {
@@ -79,14 +118,14 @@ impl Engine {
             user_id: user_id.clone(),
             section_id: section,
             quantity,
-            at_ms: self.now_ms(),
+            at_ms: self.kernel.now_ms(),
         };
-        let max = self.kernel().config().waitlist_max;
+        let max = self.kernel.config().waitlist_max;
         let view = self
             .ask_waitlist(|reply| WaitlistMsg::Join(join, max, reply))
             .await?;
         crate::section::notify(
-            self.kernel().notices(),
+            self.kernel.notices(),
             Notice::WaitlistJoined {
                 event_id: event_id.clone(),
             },
@@ -117,7 +156,7 @@ impl Engine {
                 .collect(),
         };
         for s in &sections {
-            let free = self.kernel().ask(event, s, SectionMsg::Available).await?;
+            let free = self.kernel.ask(event, s, SectionMsg::Available).await?;
             if free >= quantity {
                 return Err(Rejection::PlacesAvailable.into());
             }
@@ -127,7 +166,7 @@ impl Engine {
 
     /// A waitlist entry.
     pub async fn waitlist_entry(&self, entry_id: &str) -> Result<WaitlistView, EngineError> {
-        self.check_ready()?;
+        self.kernel.check_ready()?;
         let id = entry_id.to_owned();
         self.ask_waitlist(|reply| WaitlistMsg::Get(id, reply)).await
     }
@@ -140,7 +179,7 @@ impl Engine {
         event_id: &EventId,
         user_id: &UserId,
     ) -> Result<Option<WaitlistView>, EngineError> {
-        self.check_ready()?;
+        self.kernel.check_ready()?;
         let (e, u) = (event_id.clone(), user_id.clone());
         self.ask_waitlist(|reply| WaitlistMsg::Active(e, u, reply))
             .await
@@ -181,15 +220,15 @@ impl Engine {
         &self,
         entry: &WaitlistView,
     ) -> Result<Option<HoldView>, EngineError> {
-        self.check_ready()?;
+        self.kernel.check_ready()?;
         let found = self
-            .kernel()
+            .kernel
             .ledger()
             .lookup(
                 entry.user_id.clone(),
                 Rpc::Hold,
                 offer_mark(&entry.entry_id),
-                self.now_ms(),
+                self.kernel.now_ms(),
             )
             .await?;
         Ok(match found {

@@ -25,7 +25,7 @@ use crate::codec;
 use crate::core::{SectionCore, SectionRecord};
 use crate::ledger::{LedgerRecord, ShardState};
 use crate::recovery::Replayed;
-use crate::rooms::{RoomLine, RoomRecord};
+use crate::rooms::line::{RoomLine, RoomRecord};
 use crate::store::names;
 use crate::types::{CatalogRecord, EventId, SectionId};
 use crate::waitlist::WaitlistRecord;

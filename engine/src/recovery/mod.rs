@@ -43,7 +43,7 @@ pub(crate) struct Recovered {
     pub ledger_states: Vec<ShardState>,
     pub ledger_last: Vec<u64>,
     /// Each event's waiting-room line, with its stream's last sequence number.
-    pub rooms: HashMap<EventId, (crate::rooms::RoomLine, u64)>,
+    pub rooms: HashMap<EventId, (crate::rooms::line::RoomLine, u64)>,
     /// What the log holds now: the flusher starts from these marks.
     pub marks: Marks,
 }
@@ -61,7 +61,7 @@ pub(crate) struct Replayed {
     pub ledgers: BTreeMap<String, (ShardState, u64)>,
     pub waitlist: WaitlistCore,
     pub waitlist_last: u64,
-    pub rooms: HashMap<EventId, (crate::rooms::RoomLine, u64)>,
+    pub rooms: HashMap<EventId, (crate::rooms::line::RoomLine, u64)>,
 }
 
 /// Reads every stream of the log into its pure core, checking each as it is read, then the
@@ -495,23 +495,23 @@ fn recover_room(
     event_id: &EventId,
     check: &mut Check,
     report: &mut RecoveryReport,
-) -> Result<Option<(crate::rooms::RoomLine, u64)>, StorageError> {
+) -> Result<Option<(crate::rooms::line::RoomLine, u64)>, StorageError> {
     let name = names::room(event_id);
     if !sink.stream_names()?.contains(&name) {
         return Ok(None);
     }
-    let replay = check.read::<crate::rooms::RoomRecord>(sink, &name, report)?;
+    let replay = check.read::<crate::rooms::line::RoomRecord>(sink, &name, report)?;
     let mut line = match &replay.checkpoint {
         Some((_, blob)) => {
             report.checkpoints_loaded += 1;
-            codec::decode::<crate::rooms::RoomLine>(blob).unwrap_or_else(|e| {
+            codec::decode::<crate::rooms::line::RoomLine>(blob).unwrap_or_else(|e| {
                 check
                     .found
                     .checkpoint_damage(&check.marks, &name, blob, e.to_string());
-                crate::rooms::RoomLine::default()
+                crate::rooms::line::RoomLine::default()
             })
         }
-        None => crate::rooms::RoomLine::default(),
+        None => crate::rooms::line::RoomLine::default(),
     };
     for (seq, record) in &replay.records {
         match line.apply(record) {
