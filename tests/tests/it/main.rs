@@ -20,6 +20,7 @@ mod grpc;
 mod harness;
 mod http;
 mod kill9;
+mod layout;
 mod metrics;
 mod model;
 mod monitoring;
