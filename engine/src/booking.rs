@@ -135,148 +135,151 @@ impl Booking {
         //    quota back before the next is checked, and a key given twice gets what a retry
         //    would. Most batches carry one request per user: one round.
         let round_of = rounds_of(&items);
-        let mut pending = Vec::with_capacity(n);
-        for (at, item) in items.into_iter().enumerate() {
+        let mut rounds: Vec<Vec<(usize, HoldPlan)>> = Vec::new();
+        for ((i, item), round) in items.into_iter().enumerate().zip(round_of) {
             match item.and_then(|item| self.plan_hold(item)) {
-                Ok(plan) => pending.push(Pending::new(at, plan)),
-                Err(e) => out[at] = Err(e),
+                Ok(plan) => {
+                    if rounds.len() <= round {
+                        rounds.resize_with(round + 1, Vec::new);
+                    }
+                    rounds[round].push((i, plan));
+                }
+                Err(e) => out[i] = Err(e),
             }
         }
-        let Some(round_of) = round_of else {
-            self.hold_round(pending, &mut out).await;
-            return out;
-        };
         // A user whose earlier requests failed their own checks may leave a round empty.
-        let rounds = round_of.iter().max().map_or(0, |r| r + 1);
-        for round in 0..rounds {
-            let (this, rest) = pending.into_iter().partition(|p| round_of[p.at] == round);
-            pending = rest;
-            self.hold_round(this, &mut out).await;
+        rounds.retain(|r| !r.is_empty());
+        for plans in rounds {
+            self.hold_round(plans, &mut out).await;
         }
         out
     }
 
-    /// One round of a batch (at most one request per user): begun, placed and settled, each
-    /// item carrying its own state through the steps.
-    async fn hold_round(&self, mut round: Vec<Pending>, out: &mut [Result<HoldView, EngineError>]) {
-        if round.is_empty() {
-            return;
-        }
-        self.begin_round(&mut round, out).await;
-        self.place_round(&mut round).await;
-        self.settle_round(round, out).await;
-    }
-
-    /// Step 2, quota and keys, all shards at once: keeps in `round` the items that go on (a
-    /// replayed or refused one is answered in `out`).
-    async fn begin_round(
+    /// One round of a batch (at most one request per user): begun, placed and settled.
+    async fn hold_round(
         &self,
-        round: &mut Vec<Pending>,
+        plans: Vec<(usize, HoldPlan)>,
         out: &mut [Result<HoldView, EngineError>],
     ) {
+        let go = self.begin_round(plans, out).await;
+        let placed = self.place_round(&go).await;
+        self.settle_round(go, placed, out).await;
+    }
+
+    /// Step 2, quota and keys, all shards at once: the plans that go on (a replayed or refused one
+    /// is answered in `out`).
+    async fn begin_round(
+        &self,
+        plans: Vec<(usize, HoldPlan)>,
+        out: &mut [Result<HoldView, EngineError>],
+    ) -> Vec<(usize, HoldPlan)> {
         let now = self.kernel.now_ms();
-        let args = round.iter().map(|p| p.plan.begin_args(now)).collect();
-        let mut begun = self.kernel.ledger().begin(args).await.into_iter();
-        round.retain(|p| match begun.next() {
-            Some(Ok(Begin::Proceed)) => true,
-            Some(Ok(Begin::Replay(answer))) => {
-                out[p.at] = replayed_hold(answer);
-                false
+        let begun = self
+            .kernel
+            .ledger()
+            .begin(plans.iter().map(|(_, p)| p.begin_args(now)).collect())
+            .await;
+        let mut go = Vec::with_capacity(plans.len());
+        for ((i, plan), begin) in plans.into_iter().zip(begun) {
+            match begin {
+                Ok(Begin::Proceed) => go.push((i, plan)),
+                Ok(Begin::Replay(answer)) => out[i] = replayed_hold(answer),
+                Err(e) => out[i] = Err(e),
             }
-            Some(Err(e)) => {
-                out[p.at] = Err(e);
-                false
-            }
-            None => false,
-        });
+        }
+        go
     }
 
-    /// Step 3, the places: one message per section for the items of one section (placed in the
-    /// order given; those a durable snapshot says are sold out answered without asking); then
-    /// each item for "any section", trying them one by one as a single hold does (these
-    /// concurrently with each other). Each item's answer into its `placed`.
-    async fn place_round(&self, round: &mut [Pending]) {
-        let groups = self.by_section(round);
-        let sections = groups.into_iter().map(|(event, section, cmds)| async move {
-            let answers = self
-                .kernel
-                .ask(event, section, |reply| SectionMsg::Hold(cmds, reply))
-                .await;
-            answers.map(Vec::into_iter)
-        });
-        let mut answers = crate::rt::join_all(sections).await;
-        // "Any section" items are placed after the others (docs/api.md, HoldBatch).
-        let anywhere = round.iter().enumerate().filter(|(_, p)| p.anywhere());
-        let singles = anywhere.map(|(k, p)| async move { (k, self.place_anywhere(&p.plan).await) });
-        let singles = crate::rt::join_all(singles).await;
-        for p in round.iter_mut() {
-            let Some(g) = p.group else { continue };
-            p.placed = Some(match &mut answers[g] {
-                Ok(each) => each
-                    .next()
-                    .map_or(Err(EngineError::NotReady), |a| a.map_err(EngineError::from)),
-                Err(e) => Err(e.clone()),
-            });
-        }
-        for (k, answer) in singles {
-            round[k].placed = Some(answer);
-        }
-    }
-
-    /// The items of a round for exactly one section, grouped by section in the order first
-    /// named: each group's event, section and commands (each item told its group). An item
-    /// that a snapshot of durable state says is sold out (see `durably_free`) is answered
-    /// `SOLD_OUT` here and joins no group.
-    fn by_section<'a>(&self, round: &'a mut [Pending]) -> Vec<SectionGroup<'a>> {
-        let mut groups: Vec<SectionGroup<'a>> = Vec::new();
-        let mut frees: Vec<Option<(u32, metrics::Counter)>> = Vec::new();
-        for Pending {
-            plan,
-            group,
-            placed,
-            ..
-        } in round.iter_mut()
-        {
-            let plan: &'a HoldPlan = plan;
-            let [section] = plan.candidates.as_slice() else {
-                continue;
-            };
-            let event = &*plan.event;
-            let g = match groups
+    /// Step 3, the places: one message per section for holds of one section (placed in the order
+    /// given; those a durable snapshot says are sold out answered without asking); then each
+    /// hold in "any section", trying them one by one as a single hold does (these concurrently
+    /// with each other). Each plan's answer, by its place in `go`.
+    async fn place_round(
+        &self,
+        go: &[(usize, HoldPlan)],
+    ) -> Vec<Option<Result<HoldView, EngineError>>> {
+        let mut placed: Vec<Option<Result<HoldView, EngineError>>> =
+            (0..go.len()).map(|_| None).collect();
+        let (mut sections, anywhere) = by_section(go);
+        self.skip_sold_out(go, &mut sections, &mut placed);
+        let sections = sections.into_iter().map(|(event, section, ks)| {
+            let cmds = ks
                 .iter()
-                .position(|(e, s, _)| e.event_id == event.event_id && *s == section)
-            {
-                Some(g) => g,
-                None => {
-                    groups.push((event, section, Vec::new()));
-                    frees.push(self.durably_free(event, section));
-                    groups.len() - 1
-                }
-            };
-            if let Some((free, sold_out)) = &frees[g]
-                && plan.sold_out_at(*free)
-            {
-                sold_out.increment(1);
-                *placed = Some(Err(Rejection::SoldOut.into()));
-                continue;
+                .map(|&k| go[k].1.command(section))
+                .collect::<Vec<_>>();
+            async move {
+                let answers = self
+                    .kernel
+                    .ask(event, section, |reply| SectionMsg::Hold(cmds, reply))
+                    .await;
+                (ks, answers)
             }
-            groups[g].2.push(plan.command(section));
-            *group = Some(g);
+        });
+        let singles = anywhere.iter().map(|&k| {
+            let plan = &go[k].1;
+            async move { (k, self.place_anywhere(plan).await) }
+        });
+        let sections = crate::rt::join_all(sections).await;
+        // "Any section" items are placed after the others (docs/api.md, HoldBatch).
+        let singles = crate::rt::join_all(singles).await;
+        for (ks, answers) in sections {
+            match answers {
+                Ok(answers) => {
+                    for (k, a) in ks.into_iter().zip(answers) {
+                        placed[k] = Some(a.map_err(EngineError::from));
+                    }
+                }
+                Err(e) => {
+                    for k in ks {
+                        placed[k] = Some(Err(e.clone()));
+                    }
+                }
+            }
         }
-        groups
+        for (k, a) in singles {
+            placed[k] = Some(a);
+        }
+        placed
+    }
+
+    /// Answers `SOLD_OUT` in `placed` for the items of each section that a snapshot of durable
+    /// state says are sold out (see `sold_out_durably`), and leaves in `sections` the items to
+    /// ask about (and the sections with any).
+    fn skip_sold_out(
+        &self,
+        go: &[(usize, HoldPlan)],
+        sections: &mut Vec<SectionItems<'_>>,
+        placed: &mut [Option<Result<HoldView, EngineError>>],
+    ) {
+        sections.retain_mut(|(event, section, ks)| {
+            if let Some((free, sold_out)) = self.durably_free(event, section) {
+                let asked = ks.len();
+                ks.retain(|&k| {
+                    let out = go[k].1.sold_out_at(free);
+                    if out {
+                        placed[k] = Some(Err(Rejection::SoldOut.into()));
+                    }
+                    !out
+                });
+                sold_out.increment((asked - ks.len()) as u64);
+            }
+            !ks.is_empty()
+        });
     }
 
     /// Step 4, settle: successes with a key are recorded without waiting, failures give their quota
     /// back (and record a keyed refusal) before anyone hears of them; every answer into `out`.
-    async fn settle_round(&self, round: Vec<Pending>, out: &mut [Result<HoldView, EngineError>]) {
+    async fn settle_round(
+        &self,
+        go: Vec<(usize, HoldPlan)>,
+        placed: Vec<Option<Result<HoldView, EngineError>>>,
+        out: &mut [Result<HoldView, EngineError>],
+    ) {
         let now = self.kernel.now_ms();
         let mut settled = Vec::new();
         let (mut failed, mut failed_at, mut refunds) = (Vec::new(), Vec::new(), Vec::new());
-        for Pending {
-            at, plan, placed, ..
-        } in round
-        {
-            let answer = placed.unwrap_or(Err(EngineError::NotReady));
+        for ((i, plan), answer) in go.into_iter().zip(placed) {
+            let answer = answer.unwrap_or(Err(EngineError::NotReady));
             match &answer {
                 Ok(_) if plan.tag.is_none() => {}
                 Ok(view) => settled.push((plan.begin_args(now), Answer::Hold(view.clone()))),
@@ -287,19 +290,18 @@ impl Booking {
                 )),
                 Err(e) => {
                     failed.push((plan.begin_args(now), Err(e.clone())));
-                    failed_at.push(at);
+                    failed_at.push(i);
                 }
             }
-            out[at] = answer;
+            out[i] = answer;
         }
-        let ledger = self.kernel.ledger();
-        ledger.settled(settled);
-        ledger.refund(refunds);
-        if let Err(e) = ledger.finish(failed).await {
+        self.kernel.ledger().settled(settled);
+        self.kernel.ledger().refund(refunds);
+        if let Err(e) = self.kernel.ledger().finish(failed).await {
             // A refusal could not be recorded as its key's first answer: its caller hears
             // why instead (as a single hold's would).
-            for at in failed_at {
-                out[at] = Err(e.clone());
+            for i in failed_at {
+                out[i] = Err(e.clone());
             }
         }
     }
@@ -660,16 +662,15 @@ fn hold_plan(
     }
 }
 
-/// The round of each item, by its place: a user's first request is in round 0, their second in
-/// round 1 (an item that failed its checks takes no round of its user's). `None` when every
-/// item is in round 0 (always, for one item): the batch is one round.
-fn rounds_of(items: &[Result<Item, EngineError>]) -> Option<Vec<usize>> {
-    if items.len() < 2 {
-        return None;
+/// The round of each item: a user's first request is in round 0, their second in round 1
+/// (an item that failed its checks takes no round of its user's).
+fn rounds_of(items: &[Result<Item, EngineError>]) -> Vec<usize> {
+    if items.len() == 1 {
+        return vec![0];
     }
     let mut seen: HashMap<&str, usize> =
         HashMap::with_capacity_and_hasher(items.len(), Default::default());
-    let round_of: Vec<usize> = items
+    items
         .iter()
         .map(|item| match item {
             Ok(item) => {
@@ -679,8 +680,7 @@ fn rounds_of(items: &[Result<Item, EngineError>]) -> Option<Vec<usize>> {
             }
             Err(_) => 0,
         })
-        .collect();
-    round_of.iter().any(|&r| r > 0).then_some(round_of)
+        .collect()
 }
 
 /// A hold request whose caller fields are checked, with its event if the caller read it
@@ -703,31 +703,26 @@ impl Item {
     }
 }
 
-/// One section's items of a round: its event, the section, and the commands to place.
-type SectionGroup<'a> = (&'a EventEntry, &'a SectionId, Vec<PlaceHold>);
+/// The items of a round for one section: the event, the section, their places in the round.
+type SectionItems<'a> = (&'a EventEntry, &'a SectionId, Vec<usize>);
 
-/// One item of a round, carried through its steps: its place among the batch's answers, its
-/// plan, the section group it is placed with (none for "any section", or sold out already) and
-/// its answer once placed.
-struct Pending {
-    at: usize,
-    plan: HoldPlan,
-    group: Option<usize>,
-    placed: Option<Result<HoldView, EngineError>>,
-}
-
-impl Pending {
-    fn new(at: usize, plan: HoldPlan) -> Pending {
-        Pending {
-            at,
-            plan,
-            group: None,
-            placed: None,
+/// The plans of a round for exactly one section, grouped by section (in the order first
+/// named), and the places of those for any section.
+fn by_section(go: &[(usize, HoldPlan)]) -> (Vec<SectionItems<'_>>, Vec<usize>) {
+    let mut by_section: Vec<SectionItems<'_>> = Vec::new();
+    let mut anywhere = Vec::new();
+    for (k, (_, plan)) in go.iter().enumerate() {
+        if let [section] = plan.candidates.as_slice() {
+            match by_section
+                .iter_mut()
+                .find(|(e, s, _)| e.event_id == plan.event.event_id && *s == section)
+            {
+                Some((_, _, ks)) => ks.push(k),
+                None => by_section.push((&plan.event, section, vec![k])),
+            }
+        } else {
+            anywhere.push(k);
         }
     }
-
-    /// Whether the item is for "any section" (tried section by section).
-    fn anywhere(&self) -> bool {
-        self.plan.candidates.len() != 1
-    }
+    (by_section, anywhere)
 }
