@@ -43,6 +43,16 @@ pub(crate) struct Audit {
 }
 
 impl Audit {
+    /// The payment provider whose charges the books hold.
+    pub(crate) fn payments(&self) -> &Arc<dyn PaymentProvider> {
+        &self.payments
+    }
+
+    /// The orphaned charges and running checkouts.
+    pub(crate) fn orphans(&self) -> &Orphans {
+        &self.orphans
+    }
+
     pub(crate) fn new(
         kernel: Arc<Kernel>,
         catalog: Arc<Catalog>,

@@ -90,14 +90,7 @@ impl Inner {
         Ok(Arc::new(Inner {
             rooms: Rooms::open(kernel.clone(), rooms)?,
             checkout: Checkout::new(k.clone(), c.clone(), booking.clone(), p.clone(), o.clone()),
-            refunds: Refunds::new(
-                k.clone(),
-                c.clone(),
-                audit.clone(),
-                booking.clone(),
-                p.clone(),
-                o.clone(),
-            ),
+            refunds: Refunds::new(k.clone(), c.clone(), audit.clone(), booking.clone()),
             expiry: Expiry::new(k.clone(), c.clone()),
             booking,
             audit,

@@ -23,8 +23,7 @@ use crate::catalog::Catalog;
 use crate::error::EngineError;
 use crate::hash::HashSet;
 use crate::kernel::Kernel;
-use crate::orphans::Orphans;
-use crate::payment::{Charge, ChargeStatus, PaymentProvider};
+use crate::payment::{Charge, ChargeStatus};
 use crate::reconcile::{self, Finding};
 use crate::types::{HoldId, HoldStatus};
 
@@ -44,14 +43,13 @@ fn hold_of(charge: &Charge) -> Option<HoldId> {
     hold.route().map(|_| hold)
 }
 
-/// Refunds of orphaned charges (see the module's doc).
+/// Refunds of orphaned charges (see the module's doc): the payments and the orphans are the
+/// audit's, which gathers the books it settles.
 pub(crate) struct Refunds {
     kernel: Arc<Kernel>,
     catalog: Arc<Catalog>,
     audit: Audit,
     booking: Booking,
-    payments: Arc<dyn PaymentProvider>,
-    orphans: Arc<Orphans>,
 }
 
 impl Refunds {
@@ -60,16 +58,12 @@ impl Refunds {
         catalog: Arc<Catalog>,
         audit: Audit,
         booking: Booking,
-        payments: Arc<dyn PaymentProvider>,
-        orphans: Arc<Orphans>,
     ) -> Refunds {
         Refunds {
             kernel,
             catalog,
             audit,
             booking,
-            payments,
-            orphans,
         }
     }
 }
@@ -105,19 +99,19 @@ impl Refunds {
                 Orphan::Unknown => left.push(finding),
                 Orphan::Yes(hold) => {
                     orphaned_now.insert(payment_id.clone());
-                    let first = self.orphans.first_seen(payment_id, now);
+                    let first = self.audit.orphans().first_seen(payment_id, now);
                     if now.saturating_sub(first) < grace_ms {
                         settlement.pending.push(payment_id.clone());
                         continue;
                     }
                     match self.refund_orphan(charge, &hold).await {
                         Ok(true) => {
-                            self.orphans.forget(payment_id);
+                            self.audit.orphans().forget(payment_id);
                             settlement
                                 .refunded
                                 .push((payment_id.clone(), charge.amount_cents));
                         }
-                        Ok(false) => self.orphans.forget(payment_id),
+                        Ok(false) => self.audit.orphans().forget(payment_id),
                         Err(e) => {
                             tracing::error!(error = %e, payment = %payment_id,
                                 "refund of a charge without a sale failed; retried next pass");
@@ -128,14 +122,15 @@ impl Refunds {
             }
         }
         // Forget charges no longer orphaned (an order took them, or a person refunded them).
-        self.orphans.keep_only(&orphaned_now);
-        self.orphans
+        self.audit.orphans().keep_only(&orphaned_now);
+        self.audit
+            .orphans()
             .pending
             .set(i64::try_from(settlement.pending.len()).unwrap_or(i64::MAX));
         for id in &settlement.pending {
             tracing::warn!(payment = %id, grace_ms, "captured charge without a sale: refund pending");
         }
-        reconcile::report(&left, &self.orphans.last_findings);
+        reconcile::report(&left, &self.audit.orphans().last_findings);
         Ok((left, settlement))
     }
 
@@ -147,7 +142,7 @@ impl Refunds {
         let Some((event_id, _)) = hold_id.route() else {
             return Orphan::Unknown;
         };
-        if self.orphans.checkout_running(&hold_id) {
+        if self.audit.orphans().checkout_running(&hold_id) {
             return Orphan::No;
         }
         match self.booking.get_hold(&hold_id).await {
@@ -170,7 +165,7 @@ impl Refunds {
     /// checkout of its hold started. `Ok(false)`: not refunded, it has a sale after all.
     async fn refund_orphan(&self, charge: &Charge, hold: &HoldId) -> Result<bool, EngineError> {
         let (event_id, section_id) = hold.route().ok_or(crate::error::Rejection::HoldNotFound)?;
-        if self.orphans.checkout_running(hold) {
+        if self.audit.orphans().checkout_running(hold) {
             return Ok(false);
         }
         let paid = self
@@ -184,7 +179,8 @@ impl Refunds {
             return Ok(false);
         }
         let refunded = self
-            .payments
+            .audit
+            .payments()
             .refund(&charge.payment_id)
             .await
             .map_err(|e| EngineError::PaymentUnavailable {
