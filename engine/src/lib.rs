@@ -77,8 +77,8 @@
 //! # }
 //! ```
 
-/// The README's Rust example, compiled and run as a doctest so it stays true.
-#[doc = include_str!("../../README.md")]
+/// docs/library.md's Rust example, compiled and run as a doctest so it stays true.
+#[doc = include_str!("../../docs/library.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
 

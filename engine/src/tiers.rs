@@ -1,7 +1,7 @@
 //! The test tiers' switches, read in one place by every test of the workspace.
 //!
 //! - `BOXOFFICE_SLOW=1` runs the slow tier: the same tests with more seeds, cases, cycles and
-//!   kills (README, "Tests"). Unset, empty or `0`: the fast tier.
+//!   kills (TESTING.md). Unset, empty or `0`: the fast tier.
 //! - `BOXOFFICE_REQUIRE_<TOOL>=1` (`PROMTOOL`, `BROWSER`, `REDIS`, `FUSE`, `NETNS`): a test that
 //!   needs that system tool fails where it is missing instead of skipping (`.ci/run` sets every
 //!   one of them, unconditionally).

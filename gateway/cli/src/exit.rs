@@ -36,7 +36,7 @@ pub fn verdict(
 }
 
 /// The exit codes of every subcommand (the table [`EXIT_CODES`] is in every `--help` and in
-/// README.md).
+/// docs/cli.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Exit {
     /// 0: done, nothing found.

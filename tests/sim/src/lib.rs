@@ -226,8 +226,8 @@ impl Driver {
 
     /// Whether a wiped node may still be catching up (10 s from its wipe). A wiped node lost
     /// its acknowledgements and its vote, so until it has caught up it counts as a failed
-    /// node: the promise holds while no other node fails meanwhile (README, "What happens
-    /// when things fail"), so no fault is injected in that time.
+    /// node: the promise holds while no other node fails meanwhile (docs/cluster/README.md,
+    /// "What happens when things fail"), so no fault is injected in that time.
     fn catching_up(&self, now: u64) -> bool {
         self.wiped_at.is_some_and(|at| now < at + 10_000)
     }
