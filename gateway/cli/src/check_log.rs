@@ -76,7 +76,8 @@ fn check(data_dir: &Path) -> anyhow::Result<Findings> {
         return Err(UsageError::new("no boxoffice log in it (no `db` file)").into());
     }
     // sled holds an exclusive flock on `db` while a server runs: refuse rather than copy a log
-    // that is being written.
+    // that is being written (naming the holder, where the system says).
+    boxoffice_drill::held::refuse_if_held(data_dir)?;
     // The lock is held until the copy is made: a server starting meanwhile waits for it.
     let file = std::fs::File::open(&db).with_context(|| format!("opening {}", db.display()))?;
     match file.try_lock() {

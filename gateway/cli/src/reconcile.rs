@@ -29,6 +29,7 @@ pub async fn run(args: ReconcileArgs) -> anyhow::Result<Exit> {
         ))
         .into());
     }
+    boxoffice_drill::held::refuse_if_held(&data_dir)?;
     let engine = Engine::open(EngineConfig::new(&data_dir))
         .await
         .with_context(|| format!("opening {}", data_dir.display()))?;

@@ -310,6 +310,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<Exit> {
     // Keys and flags first: a usage error opens nothing.
     let accept_damage = args.accept_damage.clone();
     let config = config(args)?;
+    // A data dir another process holds: said at once, naming it (not after the log's wait).
+    boxoffice_drill::held::refuse_if_held(&config.data_dir)?;
     if let Some(path) = &accept_damage {
         // Fail before touching the log if the report cannot be written.
         std::fs::write(path, b"").map_err(|e| {

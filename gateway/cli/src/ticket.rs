@@ -54,6 +54,7 @@ pub async fn run(command: TicketCommand) -> anyhow::Result<Exit> {
             data_dir,
         } => verify(&code, &public_key, &data_dir),
         TicketCommand::RotateKey { data_dir } => {
+            boxoffice_drill::held::refuse_if_held(&data_dir)?;
             let r = boxoffice_gateway::server::rotate_ticket_key(&data_dir).await?;
             match r.retired {
                 Some(old) => eprintln!("key {old} retired: its tickets keep verifying"),

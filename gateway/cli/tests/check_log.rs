@@ -204,10 +204,26 @@ async fn check_log_whole_then_damaged_then_accepted() {
             .any(|l| l.contains("accept-damage: started with")),
         "{seen:#?}"
     );
-    // While it runs, check-log cannot (the server holds the log).
-    let out = boxoffice(&["check-log", "--data-dir", d]);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    assert!(text(&out).contains("running server"), "{}", text(&out));
+    // While it runs, every subcommand that works on its data dir refuses at once with exit
+    // code 2, naming the server's process (not after waiting for the log's lock).
+    let holder = format!("is held by process {} (", child.id());
+    for args in [
+        vec!["check-log", "--data-dir", d],
+        vec!["reconcile", "--data-dir", d],
+        vec!["ticket", "rotate-key", "--data-dir", d],
+        serve.to_vec(),
+        vec!["soak", "--data-dir", d, "--cycles", "10"],
+        vec!["sessions", "--data-dir", d, "--sessions", "4"],
+    ] {
+        let out = boxoffice(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
+        assert!(text(&out).contains(&holder), "{args:?}: {}", text(&out));
+        assert!(
+            text(&out).contains("boxoffice serve"),
+            "{args:?}: {}",
+            text(&out)
+        );
+    }
     Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()

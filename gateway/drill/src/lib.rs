@@ -23,6 +23,7 @@ pub mod cluster;
 pub mod demo;
 pub mod event;
 pub mod flash_sale;
+pub mod held;
 mod json;
 pub mod loadgen;
 pub mod measure;

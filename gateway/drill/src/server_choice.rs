@@ -86,7 +86,10 @@ impl ServerChoice {
             });
         }
         let (temp, dir) = match &self.data_dir {
-            Some(d) => (None, d.clone()),
+            Some(d) => {
+                crate::held::refuse_if_held(d)?;
+                (None, d.clone())
+            }
             None => {
                 let t = tempfile::tempdir().context("creating a temporary data dir")?;
                 let dir = t.path().to_path_buf();

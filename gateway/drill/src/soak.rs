@@ -542,7 +542,10 @@ async fn reopen_in_child(
 pub async fn run(args: SoakArgs, command: &[OsString]) -> anyhow::Result<SoakReport> {
     let temp;
     let dir = match &args.data_dir {
-        Some(d) => d.clone(),
+        Some(d) => {
+            crate::held::refuse_if_held(d)?;
+            d.clone()
+        }
         None => {
             temp = tempfile::tempdir().context("creating a temporary data dir")?;
             temp.path().to_path_buf()
