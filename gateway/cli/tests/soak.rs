@@ -12,7 +12,13 @@ fn a_short_soak_with_its_restart_adds_up() {
     let json = dir.path().join("soak.json");
     let out = Command::new(env!("CARGO_BIN_EXE_boxoffice"))
         .args(["soak", "--cycles", "2000", "--concurrency", "8"])
-        .args(["--sample-every", "1000", "--data-dir"])
+        .args([
+            "--sample-every",
+            "1000",
+            "--rss-ratio-max",
+            "1000",
+            "--data-dir",
+        ])
         .arg(&data_dir)
         .arg("--json")
         .arg(&json)
@@ -41,4 +47,35 @@ fn a_short_soak_with_its_restart_adds_up() {
         assert!(report.contains(want), "{want} in {report}");
     }
     assert!(report.contains("\"reopened\":{"), "{report}");
+}
+
+/// A soak that misses its memory target fails with exit code 1 and says by how much; one that
+/// could not measure memory fails too. Nothing leaked, so never exit code 3.
+#[test]
+fn a_soak_that_misses_its_memory_target_exits_1() {
+    for (extra, want) in [
+        (
+            ["--rss-ratio-max", "0.01", "--sample-every", "100"],
+            "result: FAILED: memory grew past its target (ratio ",
+        ),
+        (
+            ["--rss-ratio-max", "1000", "--sample-every", "1000"],
+            "result: FAILED: memory was not measured (fewer cycles than --sample-every)",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_boxoffice"))
+            .args(["soak", "--cycles", "200", "--concurrency", "4"])
+            .args(extra)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.contains(want), "{want:?} in {stdout}");
+        assert!(stdout.contains("nothing leaked"), "{stdout}");
+    }
 }

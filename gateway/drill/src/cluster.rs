@@ -265,12 +265,13 @@ impl LocalCluster {
         None
     }
 
-    /// The highest Raft term a live node reports (`boxoffice_raft_term`, sampled by the nodes
-    /// every 500 ms): each election that was held raised it by one.
+    /// The Raft terms of every group summed, as the live node that has seen the most reports
+    /// them (`boxoffice_raft_term{group="G"}`, sampled by the nodes every 500 ms): each election
+    /// held in any group raised it by one.
     pub async fn term(&self) -> Option<u64> {
         let mut term = None;
         for n in self.nodes.iter().filter(|n| n.live()) {
-            if let Some(t) = n.metric("boxoffice_raft_term").await {
+            if let Some(t) = n.metric_sum("boxoffice_raft_term").await {
                 term = term.max(Some(t as u64));
             }
         }

@@ -16,8 +16,8 @@
 //!    its resident memory and what it remembers.
 //!
 //! The figure the run is for: resident memory after the run against after the first sample
-//! (target: within 20%). Exit code 2 if the counts do not add up; memory is reported, never
-//! judged by the exit code.
+//! (target: within 20%, `--rss-ratio-max 1.20`). Exit code 3 if the counts do not add up (a
+//! leak of places), 1 if only cycles failed or memory missed its target.
 
 use std::ffi::OsString;
 use std::fmt;
@@ -71,6 +71,11 @@ pub struct SoakArgs {
         value_parser = durability_parser()
     )]
     pub durability: Durability,
+    /// The target: resident memory after the run over after the first sample at most this
+    /// (1.20: within 20%). A run that misses it, or could not measure it (fewer cycles than
+    /// --sample-every), fails (exit code 1).
+    #[arg(long, default_value_t = 1.20, value_parser = ratio_parser)]
+    pub rss_ratio_max: f64,
     /// Data dir of the engine's log (created if missing; reused as it is). None: a temporary one.
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
@@ -81,6 +86,14 @@ pub struct SoakArgs {
     /// of a soak, run by the soak in a fresh process.
     #[arg(long, hide = true)]
     pub reopen_only: bool,
+}
+
+/// `--rss-ratio-max`: a finite ratio above 0.
+fn ratio_parser(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
+        _ => Err(format!("{s:?} is not a ratio above 0 (e.g. 1.20)")),
+    }
 }
 
 /// One sample of the run.
@@ -144,6 +157,9 @@ pub struct SoakReport {
     pub first_error: Option<String>,
     /// Resident memory before the engine opened, bytes.
     pub rss_start_bytes: Option<u64>,
+    /// The memory target: [`SoakReport::rss_ratio`] at most this.
+    #[serde(default)]
+    pub rss_ratio_max: f64,
     /// Every `--sample-every` cycles.
     pub samples: Vec<Sample>,
     /// Resident memory after the last cycle, bytes.
@@ -171,13 +187,38 @@ impl SoakReport {
         (first > 0).then(|| end as f64 / first as f64)
     }
 
-    /// Whether the counts add up: every cycle acknowledged, nothing held, nothing owed, and the
-    /// reopened engine agrees.
+    /// Whether memory met its target: measured, and the ratio at most `rss_ratio_max`.
+    pub fn memory_within_target(&self) -> bool {
+        self.rss_ratio().is_some_and(|r| r <= self.rss_ratio_max)
+    }
+
+    /// Whether every cycle was acknowledged.
+    pub fn cycles_done(&self) -> bool {
+        self.errors == 0 && self.holds == self.cycles && self.releases == self.cycles
+    }
+
+    /// Whether the run passed: every cycle acknowledged, memory within its target, and the
+    /// counts add up ([`SoakReport::promises_kept`]).
     pub fn clean(&self) -> bool {
-        self.errors == 0
-            && self.holds == self.cycles
-            && self.releases == self.cycles
-            && self.promises_kept()
+        self.cycles_done() && self.memory_within_target() && self.promises_kept()
+    }
+
+    /// What failed, for the verdict when the counts add up but the run is not clean: failed
+    /// cycles, memory past its target, or memory not measured.
+    pub fn failures(&self) -> String {
+        let mut what = Vec::new();
+        if !self.cycles_done() {
+            what.push("cycles failed (see above)".to_owned());
+        }
+        match self.rss_ratio() {
+            Some(r) if r > self.rss_ratio_max => what.push(format!(
+                "memory grew past its target (ratio {r:.3} > {:.2})",
+                self.rss_ratio_max
+            )),
+            Some(_) => {}
+            None => what.push("memory was not measured (fewer cycles than --sample-every)".into()),
+        }
+        what.join("; ")
     }
 
     /// Whether nothing leaked: nothing held or sold at the end, every place available again, no
@@ -199,11 +240,13 @@ impl SoakReport {
             #[serde(flatten)]
             report: &'a SoakReport,
             rss_ratio: Option<f64>,
+            memory_within_target: bool,
             clean: bool,
         }
         json::line(&Line {
             report: self,
             rss_ratio: self.rss_ratio().map(|r| (r * 1e4).round() / 1e4),
+            memory_within_target: self.memory_within_target(),
             clean: self.clean(),
         })
     }
@@ -266,8 +309,18 @@ impl fmt::Display for SoakReport {
             first.map_or(0, |s| s.cycles),
             mib(self.rss_end_bytes),
             self.cycles,
-            self.rss_ratio()
-                .map_or_else(|| "n/a".to_owned(), |r| format!("{r:.3} (target <= 1.20)")),
+            match self.rss_ratio() {
+                Some(r) => format!(
+                    "{r:.3} (target <= {:.2}: {})",
+                    self.rss_ratio_max,
+                    if self.memory_within_target() {
+                        "met"
+                    } else {
+                        "MISSED"
+                    }
+                ),
+                None => "not measured (fewer cycles than --sample-every)".to_owned(),
+            },
         )?;
         writeln!(
             f,
@@ -460,6 +513,7 @@ async fn cycles(dir: &Path, args: &SoakArgs) -> anyhow::Result<SoakReport> {
         errors: tally.errors.load(Ordering::Relaxed),
         first_error,
         rss_start_bytes,
+        rss_ratio_max: args.rss_ratio_max,
         samples,
         rss_end_bytes,
         remembered_end,
@@ -587,6 +641,9 @@ mod tests {
             "1000",
             "--idempotency-window-seconds",
             "1",
+            // Other tests share this process's memory: the target is the binary's to test.
+            "--rss-ratio-max",
+            "1000",
         ]);
         let report = run(a, &[]).await.expect("the soak runs");
         assert!(report.clean(), "{report}");
@@ -607,9 +664,74 @@ mod tests {
         assert!(report.json().contains("\"clean\":true"));
     }
 
+    /// A report of `cycles` cycles whose memory went from 100 MiB at the first sample to `end`.
+    fn finished(end_mib: u64, samples: bool) -> SoakReport {
+        let mib = 1_048_576;
+        SoakReport {
+            cycles: 2,
+            concurrency: 1,
+            idempotency_window_seconds: 1,
+            durability: "sync".into(),
+            holds: 2,
+            releases: 2,
+            errors: 0,
+            first_error: None,
+            rss_start_bytes: Some(90 * mib),
+            rss_ratio_max: 1.20,
+            samples: if samples {
+                vec![Sample {
+                    cycles: 1,
+                    seconds: 0.1,
+                    rss_bytes: Some(100 * mib),
+                    remembered: Remembered::default(),
+                    data_dir_bytes: 0,
+                }]
+            } else {
+                Vec::new()
+            },
+            rss_end_bytes: Some(end_mib * mib),
+            remembered_end: Remembered::default(),
+            counts_end: (1, 1, 0, 0),
+            quota_end: 0,
+            seconds: 0.2,
+            data_dir_bytes: 1,
+            reopened: None,
+        }
+    }
+
+    #[test]
+    fn a_soak_that_misses_its_memory_target_fails_and_says_so() {
+        let met = finished(120, true);
+        assert!(met.clean(), "1.200 is within 1.20");
+        assert!(
+            met.to_string()
+                .contains("ratio 1.200 (target <= 1.20: met)")
+        );
+        let missed = finished(126, true);
+        assert!(!missed.clean(), "{missed}");
+        assert!(missed.promises_kept(), "nothing leaked: exit 1, not 3");
+        assert!(
+            missed
+                .to_string()
+                .contains("ratio 1.260 (target <= 1.20: MISSED)"),
+            "{missed}"
+        );
+        assert_eq!(
+            missed.failures(),
+            "memory grew past its target (ratio 1.260 > 1.20)"
+        );
+        assert!(missed.json().contains("\"memory_within_target\":false"));
+        let unmeasured = finished(100, false);
+        assert!(!unmeasured.clean());
+        assert!(unmeasured.failures().starts_with("memory was not measured"));
+    }
+
     #[test]
     fn bad_flags_are_refused() {
         for bad in [
+            ["--rss-ratio-max", "0"],
+            ["--rss-ratio-max", "-1"],
+            ["--rss-ratio-max", "NaN"],
             ["--idempotency-window-seconds", "0"],
             ["--concurrency", "0"],
             ["--sample-every", "0"],

@@ -292,7 +292,7 @@ async fn check_cluster(
         new_leader: kill.and_then(|k| k.new_leader),
         elections: last_term
             .zip(first_term)
-            .map_or(0, |(last, first)| last.saturating_sub(first)),
+            .map(|(last, first)| last.saturating_sub(first)),
         calls_failed_in_failover: n(&tally.failover_calls),
         failed_attempts: n(&tally.failover_attempts),
         fans_sent_back_to_line: n(&tally.sent_back_to_line),

@@ -1,4 +1,4 @@
-//! The seeds' uncoordinated baseline (`--naive`), in-process: read a seat map, then book what
+//! The original design's uncoordinated baseline (`--naive`), in-process: read a seat map, then book what
 //! looked free. Nothing stops two fans from booking one seat, so it oversells; that is the
 //! contrast the real sale is measured against.
 
@@ -12,7 +12,7 @@ use rand::{Rng, SeedableRng};
 use super::args::FlashSaleArgs;
 use super::report::Report;
 
-/// The seeds' uncoordinated baseline: every fan reads a seat map that is up to 100 ms old, then
+/// The original design's uncoordinated baseline: every fan reads a seat map that is up to 100 ms old, then
 /// books what looked free with no atomic check (`if seat.free { seat.book() }` against a stale
 /// read). Nothing stops two fans from booking one seat.
 pub(crate) async fn run(args: &FlashSaleArgs) -> Report {
@@ -147,6 +147,7 @@ impl Venue {
     /// the bookings past one per seat (oversold).
     fn report(&self, args: &FlashSaleArgs, started: Instant) -> Report {
         let mut report = Report {
+            naive: true,
             fans: args.fans,
             seats: args.seats,
             sale_seconds: started.elapsed().as_secs_f64(),

@@ -6,7 +6,7 @@ use plotters::coord::Shift;
 use plotters::coord::ranged1d::SegmentValue;
 use plotters::prelude::*;
 
-use super::progress::Sample;
+use super::progress::{Sample, per_second};
 use super::report::Percentiles;
 use super::report::Report;
 
@@ -22,9 +22,9 @@ const FONT: &str = "sans-serif";
 
 type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
 
-/// A named line of (seconds, value) points with its colour.
+/// A line of (seconds, value) points with its caption (its figures from the report) and colour.
 struct Series {
-    name: &'static str,
+    caption: String,
     points: Vec<(f64, f64)>,
     color: RGBColor,
 }
@@ -48,7 +48,11 @@ fn draw(root: Area<'_>, samples: &[Sample], r: &Report) -> anyhow::Result<()> {
     let (over_time, rest) = root.split_vertically(3 * PANEL);
     let (latency, footer) = rest.split_vertically(LATENCY_PANEL);
     let t_max = samples.last().map_or(1.0, |s| s.t).max(1.0);
-    for (area, series) in over_time.split_evenly((3, 1)).iter().zip(series(samples)) {
+    for (area, series) in over_time
+        .split_evenly((3, 1))
+        .iter()
+        .zip(series(samples, r))
+    {
         time_panel(area, &series, t_max)?;
     }
     latency_panel(&latency, r.hold_us, r.confirm_us)?;
@@ -64,21 +68,14 @@ fn draw(root: Area<'_>, samples: &[Sample], r: &Report) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The three lines over time: seats left, and the admissions and holds per second between
-/// consecutive samples.
-fn series(samples: &[Sample]) -> [Series; 3] {
-    let rates = |f: fn(&Sample) -> u64| -> Vec<(f64, f64)> {
-        samples
-            .windows(2)
-            .map(|w| {
-                let dt = (w[1].t - w[0].t).max(1e-3);
-                (w[1].t, f(&w[1]).saturating_sub(f(&w[0])) as f64 / dt)
-            })
-            .collect()
-    };
+/// The three lines over time: seats left, and the admissions and holds per second over the
+/// last second ([`per_second`]: their maxima are the report's busiest seconds, which the
+/// captions print with the report's totals).
+fn series(samples: &[Sample], r: &Report) -> [Series; 3] {
+    let rates = |f: fn(&Sample) -> u64| per_second(samples, f);
     [
         Series {
-            name: "seats left",
+            caption: format!("seats left (of {}; {} sold)", r.seats, r.sold),
             points: samples
                 .iter()
                 .map(|s| (s.t, f64::from(s.available)))
@@ -86,23 +83,29 @@ fn series(samples: &[Sample]) -> [Series; 3] {
             color: RGBColor(0x1f, 0x77, 0xb4),
         },
         Series {
-            name: "admissions per second",
+            caption: format!(
+                "admissions per second (busiest second {}; {} admitted in all)",
+                r.peak_admissions_per_second, r.admitted
+            ),
             points: rates(|s| s.admitted),
             color: RGBColor(0x2c, 0xa0, 0x2c),
         },
         Series {
-            name: "holds per second",
+            caption: format!(
+                "holds per second (busiest second {}; {} holds in all)",
+                r.peak_holds_per_second, r.holds
+            ),
             points: rates(|s| s.holds),
             color: RGBColor(0xd6, 0x27, 0x28),
         },
     ]
 }
 
-/// One line over the sale's seconds, its maximum in the caption.
+/// One line over the sale's seconds, under its caption.
 fn time_panel(area: &Area<'_>, s: &Series, t_max: f64) -> anyhow::Result<()> {
     let y_max = s.points.iter().map(|p| p.1).fold(1.0, f64::max);
     let mut chart = ChartBuilder::on(area)
-        .caption(format!("{} (max {y_max:.0})", s.name), (FONT, 14))
+        .caption(&s.caption, (FONT, 14))
         .margin(6)
         .x_label_area_size(22)
         .y_label_area_size(60)
@@ -183,4 +186,64 @@ fn latency_panel(area: &Area<'_>, hold: Percentiles, confirm: Percentiles) -> an
         .label_font((FONT, 12))
         .draw()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::flash_sale::progress::peak_rate;
+
+    #[test]
+    fn the_plot_prints_the_reports_figures_and_its_lines_peak_at_them() {
+        // Holds: 84 in the busiest 250 ms (336/s over 250 ms), 102 in all.
+        let at = |t: f64, holds: u64, admitted: u64| Sample {
+            t,
+            calls: holds * 2,
+            waitlist_checks: 0,
+            arrived: admitted,
+            admitted,
+            holds,
+            available: 102u32.saturating_sub(holds as u32),
+            held: 0,
+            sold: holds as u32,
+        };
+        let samples = [
+            at(0.0, 0, 0),
+            at(0.25, 2, 10),
+            at(0.5, 4, 20),
+            at(0.75, 88, 120),
+            at(1.0, 90, 130),
+            at(1.25, 96, 140),
+            at(1.5, 100, 150),
+            at(1.75, 102, 150),
+            at(2.0, 102, 150),
+        ];
+        let mut r = Report {
+            fans: 150,
+            seats: 102,
+            sold: 102,
+            holds: 102,
+            admitted: 150,
+            peak_holds_per_second: peak_rate(&samples, |s| s.holds),
+            peak_admissions_per_second: peak_rate(&samples, |s| s.admitted),
+            ..Report::default()
+        };
+        assert!(
+            r.peak_holds_per_second <= r.holds,
+            "a second holds no more than all"
+        );
+        let [_, admissions, holds] = series(&samples, &r);
+        let top = |s: &Series| s.points.iter().map(|p| p.1).fold(0.0, f64::max).round() as u64;
+        assert_eq!(top(&holds), r.peak_holds_per_second);
+        assert_eq!(top(&admissions), r.peak_admissions_per_second);
+        let svg = plot_svg(&samples, &r).unwrap();
+        let want = format!(
+            "holds per second (busiest second {}; 102 holds in all)",
+            r.peak_holds_per_second
+        );
+        assert!(svg.contains(&want), "{want:?} in the SVG");
+        assert!(svg.contains("seats left (of 102; 102 sold)"));
+        r.peak_holds_per_second += 1;
+        assert!(!plot_svg(&samples, &r).unwrap().contains(&want));
+    }
 }

@@ -190,21 +190,33 @@ impl Bars {
     }
 }
 
-/// The most calls made in any window of at least one second between two samples, per second.
-pub(crate) fn peak_rate(samples: &[Sample], count: impl Fn(&Sample) -> u64) -> u64 {
-    let mut best = 0.0f64;
-    let mut j = 0;
-    for (i, a) in samples.iter().enumerate() {
-        j = j.max(i);
-        while j < samples.len() && samples[j].t - a.t < 1.0 {
-            j += 1;
+/// The rate of `count` over the last second at each sample: from the latest earlier sample at
+/// least one second before it, per second (none for the samples of the first second). The
+/// plot draws these; [`peak_rate`] is their maximum, so that the two agree.
+pub(crate) fn per_second(samples: &[Sample], count: impl Fn(&Sample) -> u64) -> Vec<(f64, f64)> {
+    let mut rates = Vec::new();
+    let mut i = 0;
+    for b in samples {
+        // The latest sample at least a second before `b`.
+        while samples.get(i + 1).is_some_and(|next| b.t - next.t >= 1.0) {
+            i += 1;
         }
-        let Some(b) = samples.get(j) else {
-            break;
-        };
-        best = best.max(count(b).saturating_sub(count(a)) as f64 / (b.t - a.t));
+        let a = &samples[i];
+        if b.t - a.t >= 1.0 {
+            rates.push((b.t, count(b).saturating_sub(count(a)) as f64 / (b.t - a.t)));
+        }
     }
-    best.round() as u64
+    rates
+}
+
+/// The busiest second: the most of `count` in a window of at least one second between two
+/// samples, per second (the maximum of [`per_second`]), rounded.
+pub(crate) fn peak_rate(samples: &[Sample], count: impl Fn(&Sample) -> u64) -> u64 {
+    per_second(samples, count)
+        .into_iter()
+        .map(|(_, r)| r)
+        .fold(0.0, f64::max)
+        .round() as u64
 }
 
 #[cfg(test)]

@@ -23,6 +23,9 @@ const FCFS_STRIDE: usize = 1_000;
 /// only, as fields of the object itself.
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct Report {
+    /// The uncoordinated baseline (`--naive`) was played, in-process, instead of the sale: only
+    /// the seat counts and the wall time apply (the table shows only those).
+    pub naive: bool,
     /// Fans who tried.
     pub fans: usize,
     /// Seats on sale.
@@ -68,6 +71,12 @@ pub struct Report {
     pub paid_too_late: u64,
     /// The busiest second without the waitlist checks.
     pub peak_calls_per_second_without_waitlist: u64,
+    /// The most holds made in any one-second window of the progress samples: the maximum of the
+    /// plot's "holds per second" line.
+    pub peak_holds_per_second: u64,
+    /// The most fans admitted in any one-second window: the maximum of the plot's "admissions
+    /// per second" line.
+    pub peak_admissions_per_second: u64,
     /// Fans admitted by the waiting room.
     pub admitted: u64,
     /// Share of post-opening fans 1,000 arrivals apart who stand in line in arrival order (1.0:
@@ -148,9 +157,10 @@ pub struct ClusterFigures {
     pub failover_ms: Option<u64>,
     /// The node that led after the failover (as its `/metrics` said).
     pub new_leader: Option<u64>,
-    /// Elections held while the sale ran (the rise of the group's Raft term): the kill's, and
-    /// any a node held when it heard from no leader in time (a loaded machine).
-    pub elections: u64,
+    /// Elections held while the sale ran (the rise of the Raft terms, summed over the groups):
+    /// those after the kill, and any a node held when it heard from no leader in time (a loaded
+    /// machine). `None`: no live node reported its terms.
+    pub elections: Option<u64>,
     /// The fans' calls that failed on a node (it was down, had no serving leader, or the
     /// connection broke) and were sent again, the same request, to another node.
     pub calls_failed_in_failover: u64,
@@ -176,6 +186,26 @@ pub struct ClusterFigures {
     /// Such charges not refunded yet when the run ended (in the nodes' copies): a leader
     /// refunds them after its grace. Not findings, as for the server's own reconciliation.
     pub refunds_pending: u64,
+}
+
+impl ClusterFigures {
+    /// The elections, told so that the count and its explanation agree: a kill forces at
+    /// least one; others come from a node that heard from no leader in time.
+    fn elections_row(&self) -> String {
+        match (self.elections, self.killed_node) {
+            (None, _) => "unknown (no live node reported its Raft terms)".into(),
+            (Some(0), None) => "0".into(),
+            (Some(n), None) => format!("{n} (no kill: a node heard from no leader in time)"),
+            (Some(0), Some(_)) => {
+                "0 seen (the terms had not risen when the nodes were last asked)".into()
+            }
+            (Some(1), Some(_)) => "1 (the one after the kill)".into(),
+            (Some(n), Some(_)) => format!(
+                "{n} (one after the kill, {} more: a node heard from no leader in time)",
+                n - 1
+            ),
+        }
+    }
 }
 
 /// Latency percentiles of one kind of call, µs.
@@ -223,15 +253,6 @@ struct ReportJson<'a> {
 }
 
 impl Report {
-    /// A count the embedded server checked, or "n/a" when it was not checked.
-    fn checked(&self, n: u64) -> String {
-        if self.engine_checked {
-            n.to_string()
-        } else {
-            "n/a (checked only with the embedded server)".into()
-        }
-    }
-
     /// Whether the run kept every promise and no call failed unexpectedly.
     pub fn clean(&self) -> bool {
         self.errors == 0 && self.promises_kept()
@@ -255,6 +276,9 @@ impl Report {
     }
 
     fn rows(&self) -> Vec<(&'static str, String)> {
+        if self.naive {
+            return self.naive_rows();
+        }
         [
             self.outcome_rows(),
             self.cluster_rows(),
@@ -265,9 +289,57 @@ impl Report {
         .concat()
     }
 
+    /// The naive baseline's figures: what it booked, and how often past one booking a seat.
+    fn naive_rows(&self) -> Vec<(&'static str, String)> {
+        vec![
+            (
+                "mode",
+                "naive baseline (in-process): every fan read a seat map up to 100 ms old and \
+                 booked what looked free, with no atomic hold"
+                    .into(),
+            ),
+            ("fans", self.fans.to_string()),
+            ("seats", self.seats.to_string()),
+            ("seats booked at least once", self.sold.to_string()),
+            ("seats never booked", self.available.to_string()),
+            ("bookings (tickets handed out)", self.tickets.to_string()),
+            (
+                "oversold: bookings past one a seat",
+                self.oversold.to_string(),
+            ),
+            ("seats booked twice or more", self.double_booked.to_string()),
+            ("wall time", format!("{:.2} s", self.sale_seconds)),
+        ]
+    }
+
+    /// The line that ends the table: the verdict for each of [`Report::clean`], calls failed
+    /// with every promise kept, and a broken promise ([`Report::promises_kept`] false), in that
+    /// order. The naive baseline's says that it oversold as meant, and why that exits 3.
+    pub fn result_lines(&self) -> [String; 3] {
+        if self.naive {
+            return [
+                "result: the naive baseline sold no seat twice this time (with few fans at \
+                 once it may not; with many it does)"
+                    .into(),
+                "result: the naive baseline made no calls that could fail".into(),
+                format!(
+                    "result: the naive baseline oversold, as it is meant to: {} bookings past \
+                     one a seat, {} seats booked twice or more. Exit code 3 marks that broken \
+                     promise; the real sale (without --naive) keeps it",
+                    self.oversold, self.double_booked
+                ),
+            ];
+        }
+        [
+            "result: every seat sold at most once; counters add up".into(),
+            "result: FAILED: calls failed (see above); every seat sold at most once".into(),
+            "result: FAILED: the sale broke a promise (see above)".into(),
+        ]
+    }
+
     /// What was sold, and the checks.
     fn outcome_rows(&self) -> Vec<(&'static str, String)> {
-        vec![
+        let mut rows = vec![
             ("fans", self.fans.to_string()),
             ("seats", self.seats.to_string()),
             ("sold", self.sold.to_string()),
@@ -276,15 +348,20 @@ impl Report {
             ("tickets issued", self.tickets.to_string()),
             ("oversold (must be 0)", self.oversold.to_string()),
             ("double-booked (must be 0)", self.double_booked.to_string()),
-            (
+        ];
+        // Only a server the run opened itself (embedded, or the cluster's copies) is checked
+        // from inside; a --target run sees the server from outside.
+        if self.engine_checked {
+            rows.push((
                 "invariant violations (must be 0)",
-                self.checked(self.invariant_violations),
-            ),
-            (
+                self.invariant_violations.to_string(),
+            ));
+            rows.push((
                 "reconciliation findings (must be 0)",
-                self.checked(self.reconciliation_findings),
-            ),
-        ]
+                self.reconciliation_findings.to_string(),
+            ));
+        }
+        rows
     }
 
     /// The cluster's figures (none for one server).
@@ -309,23 +386,12 @@ impl Report {
             (
                 "failover (until a leader serves again)",
                 match (c.killed_node, c.failover_ms) {
-                    (None, _) => "n/a".into(),
+                    (None, _) => String::new(),
                     (Some(_), Some(ms)) => format!("{ms} ms ({} leads)", node(c.new_leader)),
                     (Some(_), None) => "no leader within 30 s".into(),
                 },
             ),
-            (
-                "elections while the sale ran",
-                format!(
-                    "{} ({} the kill's)",
-                    c.elections,
-                    if c.killed_node.is_some() {
-                        "one of them"
-                    } else {
-                        "none of them"
-                    }
-                ),
-            ),
+            ("elections while the sale ran", c.elections_row()),
             (
                 "calls failed during the failover (retried)",
                 format!(
@@ -357,6 +423,10 @@ impl Report {
                 ),
             ),
         ]
+        .into_iter()
+        // Without a kill there is no failover to time.
+        .filter(|(_, v)| !v.is_empty())
+        .collect()
     }
 
     /// How long, how many calls, how fast.
@@ -366,8 +436,13 @@ impl Report {
             ("sale wall time", format!("{:.2} s", self.sale_seconds)),
             (
                 "last place sold after",
-                self.sold_out_after_seconds
-                    .map_or("not sold out".into(), |s| format!("{s:.2} s")),
+                match self.sold_out_after_seconds {
+                    Some(s) => format!("{s:.2} s"),
+                    None => format!(
+                        "not sold out ({} free, {} held at the end)",
+                        self.available, self.held
+                    ),
+                },
             ),
             (
                 "gRPC calls by the fans",
@@ -384,7 +459,15 @@ impl Report {
                     self.peak_calls_per_second, self.peak_calls_per_second_without_waitlist
                 ),
             ),
-            ("holds", format!("{} ({})", self.holds, rate(self.holds))),
+            (
+                "holds",
+                format!(
+                    "{} ({}; {}/s in the busiest second)",
+                    self.holds,
+                    rate(self.holds),
+                    self.peak_holds_per_second
+                ),
+            ),
             (
                 "confirms",
                 format!("{} ({})", self.confirms, rate(self.confirms)),
@@ -392,22 +475,25 @@ impl Report {
         ]
     }
 
-    /// The fans' ways through the sale.
+    /// The fans' ways through the sale (rows that cannot apply to the run left out).
     fn path_rows(&self) -> Vec<(&'static str, String)> {
-        vec![
-            (
-                "fans admitted by the waiting room",
-                self.admitted.to_string(),
+        let mut rows = vec![(
+            "fans admitted by the waiting room",
+            format!(
+                "{} ({}/s in the busiest second)",
+                self.admitted, self.peak_admissions_per_second
             ),
-            (
+        )];
+        if let Some(f) = self.fcfs_after_opening {
+            rows.push((
                 "admission order after opening",
-                self.fcfs_after_opening.map_or("n/a".into(), |f| {
-                    format!(
-                        "{:.1}% of fans {FCFS_STRIDE} arrivals apart in line order",
-                        f * 100.0
-                    )
-                }),
-            ),
+                format!(
+                    "{:.1}% of fans {FCFS_STRIDE} arrivals apart in line order",
+                    f * 100.0
+                ),
+            ));
+        }
+        rows.extend([
             ("SOLD_OUT answers", self.sold_out_answers.to_string()),
             (
                 "waitlist: joined / bought / PLACES_AVAILABLE (held instead)",
@@ -430,27 +516,29 @@ impl Report {
                 "tried to pay after the hold expired",
                 self.paid_too_late.to_string(),
             ),
-            (
+        ]);
+        // The sweeper's figures are known to the embedded server only.
+        if let Some(lag) = self.expiry_lag_max_ms {
+            rows.push((
                 "holds expired / max expiry lag",
-                match self.expiry_lag_max_ms {
-                    Some(l) => format!("{} / {l} ms", self.expired),
-                    None => "n/a (known to the embedded server only)".into(),
-                },
-            ),
-            (
-                "join proof of work",
-                if self.join_pow_bits == 0 {
-                    "off".into()
-                } else {
-                    format!(
-                        "{} bits: {} challenges solved, {:.2} s of a core ({:.2} ms a fan)",
-                        self.join_pow_bits,
-                        self.pow_solved,
-                        self.pow_solve_seconds,
-                        self.pow_solve_seconds * 1000.0 / self.pow_solved.max(1) as f64
-                    )
-                },
-            ),
+                format!("{} / {lag} ms", self.expired),
+            ));
+        }
+        rows.push((
+            "join proof of work",
+            if self.join_pow_bits == 0 {
+                "off".into()
+            } else {
+                format!(
+                    "{} bits: {} challenges solved, {:.2} s of a core ({:.2} ms a fan)",
+                    self.join_pow_bits,
+                    self.pow_solved,
+                    self.pow_solve_seconds,
+                    self.pow_solve_seconds * 1000.0 / self.pow_solved.max(1) as f64
+                )
+            },
+        ));
+        rows.extend([
             ("shed (OVERLOADED)", self.shed.to_string()),
             (
                 "unexpected errors",
@@ -459,18 +547,22 @@ impl Report {
                     None => self.errors.to_string(),
                 },
             ),
-        ]
+        ]);
+        rows
     }
 
-    /// The latency percentiles.
+    /// The latency percentiles (the proof of work's only when the event asked for one).
     fn latency_rows(&self) -> Vec<(&'static str, String)> {
-        vec![
+        let mut rows = vec![
             ("hold ms p50/p95/p99/max", self.hold_us.ms()),
             ("confirm ms p50/p95/p99/max", self.confirm_us.ms()),
             ("join ms p50/p95/p99/max", self.join_us.ms()),
             ("status poll ms p50/p95/p99/max", self.status_us.ms()),
-            ("pow solve ms p50/p95/p99/max", self.pow_solve_us.ms()),
-        ]
+        ];
+        if self.join_pow_bits > 0 {
+            rows.push(("pow solve ms p50/p95/p99/max", self.pow_solve_us.ms()));
+        }
+        rows
     }
 
     /// The report as a table.
@@ -536,6 +628,8 @@ impl Report {
         self.peak_calls_per_second_without_waitlist =
             peak_rate(samples, |s| s.calls.saturating_sub(s.waitlist_checks));
         self.holds = n(&tally.holds_ok);
+        self.peak_holds_per_second = peak_rate(samples, |s| s.holds);
+        self.peak_admissions_per_second = peak_rate(samples, |s| s.admitted);
         self.confirms = n(&tally.confirms_ok);
         self.sold_out_answers = n(&tally.sold_out);
         self.stale_seat_map = n(&tally.stale_seat_map);
@@ -579,4 +673,153 @@ fn fcfs(positions: &mut [(usize, u64)]) -> Option<f64> {
         .collect();
     let ordered = pairs.iter().filter(|(a, b)| a.1 < b.1).count();
     (!pairs.is_empty()).then(|| ordered as f64 / pairs.len() as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The rows' names of a table.
+    fn names(r: &Report) -> Vec<&'static str> {
+        r.rows().into_iter().map(|(k, _)| k).collect()
+    }
+
+    #[test]
+    fn the_naive_baseline_says_it_oversold_as_meant_and_why_it_exits_3() {
+        let r = Report {
+            naive: true,
+            fans: 1_000,
+            seats: 200,
+            sold: 200,
+            tickets: 312,
+            oversold: 112,
+            double_booked: 55,
+            sale_seconds: 9.99,
+            nodes: 1,
+            ..Report::default()
+        };
+        assert!(!r.promises_kept(), "overselling is a broken promise");
+        let table = r.table();
+        for want in [
+            "naive baseline (in-process)",
+            "seats booked at least once          200",
+            "seats never booked                  0",
+            "bookings (tickets handed out)       312",
+            "oversold: bookings past one a seat  112",
+            "seats booked twice or more          55",
+        ] {
+            assert!(table.contains(want), "{want:?} in\n{table}");
+        }
+        // Nothing of the real sale: no calls, latencies, waiting room, "sold out".
+        for absent in [
+            "FAILED",
+            "sold out",
+            "gRPC calls",
+            "hold ms",
+            "waiting room",
+            "must be 0",
+        ] {
+            assert!(!table.contains(absent), "{absent:?} in\n{table}");
+        }
+        let [_, _, broken] = r.result_lines();
+        assert!(
+            broken.starts_with("result: the naive baseline oversold, as it is meant to: 112 ")
+                && broken.contains("55 seats booked twice or more")
+                && broken.contains("Exit code 3")
+                && !broken.contains("FAILED"),
+            "{broken}"
+        );
+    }
+
+    #[test]
+    fn rows_that_cannot_apply_to_a_run_are_left_out() {
+        // A --target run: the server is seen from outside, no proof of work, no sweeper figures.
+        let target = Report {
+            seats: 10,
+            sold: 10,
+            tickets: 10,
+            sale_seconds: 2.0,
+            sold_out_after_seconds: Some(1.5),
+            nodes: 1,
+            ..Report::default()
+        };
+        let n = names(&target);
+        for absent in [
+            "invariant violations (must be 0)",
+            "reconciliation findings (must be 0)",
+            "holds expired / max expiry lag",
+            "pow solve ms p50/p95/p99/max",
+            "admission order after opening",
+            "nodes",
+        ] {
+            assert!(!n.contains(&absent), "{absent:?} in {n:?}");
+        }
+        assert!(!target.table().contains("n/a"), "{}", target.table());
+        // The embedded server: checked from inside, with the sweeper's figures.
+        let embedded = Report {
+            engine_checked: true,
+            expiry_lag_max_ms: Some(40),
+            join_pow_bits: 8,
+            fcfs_after_opening: Some(0.98),
+            ..target.clone()
+        };
+        let n = names(&embedded);
+        for present in [
+            "invariant violations (must be 0)",
+            "reconciliation findings (must be 0)",
+            "holds expired / max expiry lag",
+            "pow solve ms p50/p95/p99/max",
+            "admission order after opening",
+        ] {
+            assert!(n.contains(&present), "{present:?} in {n:?}");
+        }
+        let [clean, failed, broken] = embedded.result_lines();
+        assert_eq!(
+            clean,
+            "result: every seat sold at most once; counters add up"
+        );
+        assert!(failed.contains("calls failed") && broken.contains("broke a promise"));
+    }
+
+    #[test]
+    fn the_election_count_and_its_explanation_agree() {
+        let row = |elections, killed_node| {
+            let r = Report {
+                nodes: 3,
+                cluster: Some(ClusterFigures {
+                    elections,
+                    killed_node,
+                    failover_ms: killed_node.map(|_| 900),
+                    new_leader: killed_node.map(|n| n % 3 + 1),
+                    ..ClusterFigures::default()
+                }),
+                ..Report::default()
+            };
+            let rows = r.rows();
+            let (_, v) = rows
+                .iter()
+                .find(|(k, _)| *k == "elections while the sale ran")
+                .cloned()
+                .expect("an elections row");
+            (v, rows.iter().any(|(k, _)| k.starts_with("failover")))
+        };
+        assert_eq!(row(Some(1), Some(2)).0, "1 (the one after the kill)");
+        assert_eq!(
+            row(Some(3), Some(2)).0,
+            "3 (one after the kill, 2 more: a node heard from no leader in time)"
+        );
+        assert!(
+            row(Some(0), Some(2))
+                .0
+                .starts_with("0 seen (the terms had not risen")
+        );
+        assert_eq!(
+            row(Some(0), None),
+            ("0".to_owned(), false),
+            "no kill, no failover row"
+        );
+        assert!(row(Some(2), None).0.starts_with("2 (no kill:"));
+        assert!(row(None, Some(1)).0.starts_with("unknown"));
+        assert!(row(Some(1), Some(1)).1, "a kill has a failover row");
+    }
 }
