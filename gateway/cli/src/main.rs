@@ -114,21 +114,45 @@ fn command() -> clap::Command {
     with_exit_codes(Cli::command())
 }
 
-/// Log lines on stderr: `RUST_LOG` levels (default warn), text or JSON; colour only when stderr
-/// is a terminal and `NO_COLOR` is unset or empty.
+/// The log levels when `RUST_LOG` is not set: warnings and errors, but openraft's routine
+/// messages are left to `RUST_LOG=openraft=debug`: its warnings (a vote that changed under a
+/// message, the back-off from a peer), its replication's errors, and its errors about one peer
+/// (events with a `target` field: a failed heartbeat, append or vote request to a peer that is
+/// down; see [`about_one_peer`]). A node tells its peers' links itself, once per change
+/// (`boxoffice_gateway::node::links`). openraft's other errors (storage, a fatal stop) show.
+const DEFAULT_LOG_FILTER: &str = "warn,openraft=error,openraft::replication=off,\
+                                  openraft::engine::handler::replication_handler=off";
+
+/// Whether an event is openraft's about one peer (it names the peer in a `target` field).
+fn about_one_peer(meta: &tracing::Metadata<'_>) -> bool {
+    meta.target().starts_with("openraft") && meta.fields().field("target").is_some()
+}
+
+/// Log lines on stderr: `RUST_LOG` levels (default [`DEFAULT_LOG_FILTER`] without openraft's
+/// events about one peer), text or JSON; colour only when stderr is a terminal and `NO_COLOR` is
+/// unset or empty.
 fn init_logging(format: LogFormat) {
+    use tracing_subscriber::filter::{FilterExt, filter_fn};
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{EnvFilter, Layer};
     exit::log_as_json(format == LogFormat::Json);
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder
+    let filter = match EnvFilter::try_from_default_env() {
+        Ok(asked) => FilterExt::boxed(asked),
+        Err(_) => EnvFilter::new(DEFAULT_LOG_FILTER)
+            .and(filter_fn(|meta| !about_one_peer(meta)))
+            .boxed(),
+    };
+    let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let layer = match format {
+        LogFormat::Text => layer
             .with_ansi(colour(std::io::stderr().is_terminal()))
-            .init(),
-        LogFormat::Json => builder.json().with_ansi(false).init(),
-    }
+            .boxed(),
+        LogFormat::Json => layer.json().with_ansi(false).boxed(),
+    };
+    tracing_subscriber::registry()
+        .with(layer.with_filter(filter))
+        .init();
 }
 
 /// Whether to colour: on a terminal, unless `NO_COLOR` is set to anything but empty.

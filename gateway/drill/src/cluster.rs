@@ -312,6 +312,26 @@ impl LocalCluster {
         Ok(())
     }
 
+    /// Starts node `id` again (after [`LocalCluster::kill`]) on its data dir, its ports and
+    /// its log file (appended to), with `options`; does not wait for it.
+    pub fn restart(&self, exe: &Path, id: u64, options: &NodeOptions) -> anyhow::Result<()> {
+        let node = self.node(id)?;
+        let root = node
+            .dir
+            .parent()
+            .context("a node's data dir is in the cluster's root")?;
+        let peers = self
+            .nodes
+            .iter()
+            .map(|n| format!("{}={}", n.id, n.addr))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut child = lock(&node.child);
+        anyhow::ensure!(child.is_none(), "node {id} is running");
+        *child = Some(spawn(exe, node, &peers, root, options)?);
+        Ok(())
+    }
+
     /// Waits up to `timeout` until a live node leads its group with its engine serving: a
     /// `ListEvents` sent to each live node in turn (every 20 ms) is answered. A node that does
     /// not lead forwards it to the leader it knows, and a leader whose engine is still
@@ -518,8 +538,12 @@ fn spawn(
     root: &Path,
     options: &NodeOptions,
 ) -> anyhow::Result<Child> {
-    let log = File::create(&node.log)
-        .with_context(|| format!("creating the log file {}", node.log.display()))?;
+    // Appended to: a node started again (`LocalCluster::restart`) goes on in the same file.
+    let log = File::options()
+        .create(true)
+        .append(true)
+        .open(&node.log)
+        .with_context(|| format!("opening the log file {}", node.log.display()))?;
     let mut cmd = Command::new(exe);
     cmd.arg("serve")
         .args(["--node-id", &node.id.to_string(), "--peers", peers])

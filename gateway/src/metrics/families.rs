@@ -399,6 +399,20 @@ pub const FAMILIES: &[Family] = &[
         "Calls this node forwarded to the leader of their group, by method.",
         Series::Cluster,
     ),
+    family(
+        "boxoffice_cluster_forward_failures_total",
+        Counter,
+        COUNT,
+        "Forwarded calls the leader did not answer (the caller got NOT_READY), by reason: unreachable or timeout.",
+        Series::Cluster,
+    ),
+    family(
+        "boxoffice_cluster_peer_up",
+        Gauge,
+        None,
+        "By peer: 1 while this node's calls to it are answered, 0 once they failed for 2 s with no answer (the log says so once, then a summary a minute).",
+        Series::Cluster,
+    ),
     // engine: the log
     family(
         "boxoffice_store_halted",

@@ -34,6 +34,7 @@ use http_body_util::{BodyExt, Full};
 use prost::Message;
 
 use crate::limits::MESSAGE_BYTES_MAX;
+use crate::node::links::PeerWatch;
 use crate::node::peers::ClusterSecret;
 use crate::services::{GroupOf, Groups};
 use crate::status::ApiError;
@@ -61,6 +62,8 @@ pub struct Forwarder {
     groups: Groups,
     channels: Mutex<BTreeMap<u64, Channel>>,
     net: crate::net::Net,
+    /// What the log says of the leaders' links (the node's groups share it).
+    watch: Arc<PeerWatch>,
 }
 
 impl Forwarder {
@@ -78,12 +81,19 @@ impl Forwarder {
         Forwarder {
             id,
             rafts,
+            watch: Arc::new(PeerWatch::new(peers.clone())),
             peers,
             secret,
             groups,
             channels: Mutex::new(BTreeMap::new()),
             net,
         }
+    }
+
+    /// The same forwarder, the leaders' links told by `watch` (the node's groups' own).
+    pub fn watched_by(mut self, watch: Arc<PeerWatch>) -> Forwarder {
+        self.watch = watch;
+        self
     }
 
     /// How many groups.
@@ -140,20 +150,28 @@ impl Forwarder {
         metrics::counter!("boxoffice_cluster_forwarded_total", "method" => method).increment(1);
         // A channel is a buffer: ready first, then called; never longer than FORWARD_TIMEOUT
         // (the caller's own deadline is the gate's).
+        // A failure is the caller's NOT_READY and a count; the log tells the leader's link
+        // once per change (see `links`), not once per call.
+        let failed = |why: &dyn std::fmt::Display, reason: &'static str| {
+            metrics::counter!("boxoffice_cluster_forward_failures_total", "reason" => reason)
+                .increment(1);
+            tracing::debug!(leader, group = g, error = %why, "forwarding to the leader failed");
+            self.watch.failed(leader, why);
+            Err(tonic::Status::from(ApiError::NotReady))
+        };
         match tokio::time::timeout(FORWARD_TIMEOUT, send(&mut channel, req)).await {
-            Ok(Ok(res)) => Ok(res),
-            Ok(Err(e)) => {
-                tracing::warn!(leader, group = g, error = %e, "forwarding to the leader failed");
-                Err(tonic::Status::from(ApiError::NotReady))
+            Ok(Ok(res)) => {
+                self.watch.answered(leader);
+                Ok(res)
             }
-            Err(_) => {
-                tracing::warn!(
-                    leader,
-                    group = g,
-                    "the leader did not answer a forwarded call in time"
-                );
-                Err(tonic::Status::from(ApiError::NotReady))
-            }
+            Ok(Err(e)) => failed(&e, "unreachable"),
+            Err(_) => failed(
+                &format_args!(
+                    "the leader did not answer a forwarded call within {} ms",
+                    FORWARD_TIMEOUT.as_millis()
+                ),
+                "timeout",
+            ),
         }
     }
 

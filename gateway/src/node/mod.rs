@@ -11,6 +11,7 @@
 pub mod forward;
 mod lead;
 mod lease;
+pub mod links;
 mod open;
 pub mod peers;
 
@@ -64,8 +65,11 @@ impl Opened {
         let n_groups = c.groups.max(1);
         open::check_groups(&config.data_dir, n_groups)?;
         let mut opened = Vec::new();
+        // One watch over the peers' links for every group and the forwarder: a peer down is
+        // one warning, not one a group and a call.
+        let watch = Arc::new(links::PeerWatch::new(c.peers.clone()));
         for g in 0..n_groups {
-            opened.push(open::open_raft(c, &config.data_dir, g, &config.network).await?);
+            opened.push(open::open_raft(c, &config.data_dir, g, &config.network, &watch).await?);
         }
         let service = peers::raft_service(
             opened
@@ -74,14 +78,17 @@ impl Opened {
                 .collect(),
             c.secret.clone(),
         );
-        let forwarder = Arc::new(forward::Forwarder::new(
-            c.node_id,
-            opened.iter().map(|(raft, _, _)| raft.clone()).collect(),
-            c.peers.clone(),
-            c.secret.clone(),
-            groups.clone(),
-            config.network.clone(),
-        ));
+        let forwarder = Arc::new(
+            forward::Forwarder::new(
+                c.node_id,
+                opened.iter().map(|(raft, _, _)| raft.clone()).collect(),
+                c.peers.clone(),
+                c.secret.clone(),
+                groups.clone(),
+                config.network.clone(),
+            )
+            .watched_by(watch),
+        );
         Ok((Opened { groups: opened }, service, forwarder))
     }
 

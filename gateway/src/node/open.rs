@@ -67,6 +67,7 @@ pub(crate) async fn open_raft(
     data_dir: &std::path::Path,
     group: u32,
     net: &crate::net::Net,
+    watch: &std::sync::Arc<crate::node::links::PeerWatch>,
 ) -> anyhow::Result<(
     boxoffice_engine::raft::Raft,
     boxoffice_engine::raft::StateMachine,
@@ -102,7 +103,8 @@ pub(crate) async fn open_raft(
         .with_context(|| format!("opening the Raft storage in {}", shown.display()))?;
     let peers = crate::node::peers::Peers::new(cluster.peers.clone(), cluster.secret.clone())
         .in_group(group, cluster.groups.max(1))
-        .over(net.clone());
+        .over(net.clone())
+        .watched_by(watch.clone());
     let raft = raft::Raft::new(
         cluster.node_id,
         raft::config_keeping(cluster.snapshot_every, cluster.snapshot_keep)?,
@@ -120,7 +122,8 @@ pub(crate) async fn open_raft(
             guard.clone(),
             crate::node::peers::Peers::new(cluster.peers.clone(), cluster.secret.clone())
                 .in_group(group, cluster.groups.max(1))
-                .over(net.clone()),
+                .over(net.clone())
+                .watched_by(watch.clone()),
         ));
     }
     Ok((raft, sm, guard))

@@ -27,6 +27,8 @@ use subtle::ConstantTimeEq;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 
+use super::links::PeerWatch;
+
 type NodeId = u64;
 
 /// The shared secret of a cluster's nodes.
@@ -249,6 +251,8 @@ pub const MESSAGE_BYTES_MAX: usize = 256 << 20;
 pub struct Peers {
     addrs: Arc<BTreeMap<NodeId, String>>,
     secret: ClusterSecret,
+    /// What the log says of the peers' links (shared by the node's groups).
+    watch: Arc<PeerWatch>,
     group: u32,
     groups: u32,
     net: crate::net::Net,
@@ -259,6 +263,7 @@ impl Peers {
     /// `secret`, in group 0.
     pub fn new(addrs: BTreeMap<NodeId, String>, secret: ClusterSecret) -> Peers {
         Peers {
+            watch: Arc::new(PeerWatch::new(addrs.clone())),
             addrs: Arc::new(addrs),
             secret,
             group: 0,
@@ -280,6 +285,12 @@ impl Peers {
     /// The same peers, reached over `net` (a simulation's network; `None`: the OS's).
     pub fn over(mut self, net: crate::net::Net) -> Peers {
         self.net = net;
+        self
+    }
+
+    /// The same peers, their links told by `watch` (one for all of a node's groups).
+    pub fn watched_by(mut self, watch: Arc<PeerWatch>) -> Peers {
+        self.watch = watch;
         self
     }
 
@@ -314,6 +325,7 @@ impl RaftNetworkFactory<TypeConfig> for Peers {
         PeerClient {
             target,
             channel,
+            watch: self.watch.clone(),
             secret: self.secret.clone(),
             group: self.group,
             groups: self.groups,
@@ -322,10 +334,33 @@ impl RaftNetworkFactory<TypeConfig> for Peers {
     }
 }
 
+/// A failed call's status, told in a line: its code and message, and for a refused secret
+/// what that means.
+pub(crate) struct Failure<'a>(pub(crate) &'a Status);
+
+impl std::fmt::Display for Failure<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.0;
+        if s.code() == tonic::Code::Unauthenticated {
+            return write!(
+                f,
+                "the peer refuses this node's cluster secret (UNAUTHENTICATED: {})",
+                s.message()
+            );
+        }
+        write!(f, "{:?}: {}", s.code(), s.message())?;
+        if let Some(source) = std::error::Error::source(s) {
+            write!(f, " ({source})")?;
+        }
+        Ok(())
+    }
+}
+
 /// A connection to one peer.
 pub struct PeerClient {
     target: NodeId,
     channel: Option<Channel>,
+    watch: Arc<PeerWatch>,
     secret: ClusterSecret,
     group: u32,
     groups: u32,
@@ -383,15 +418,23 @@ impl PeerClient {
             // The peer gets the message twice; only the second answer is read.
             let _ = call(client.clone(), request()).await;
         }
-        let answer = call(client, request()).await.map_err(|s| match s.code() {
-            // The peer is down or cannot be reached: openraft backs off from it.
-            tonic::Code::Unavailable => {
-                RPCError::Unreachable(openraft::error::Unreachable::new(&s))
+        let answer = call(client, request()).await.map_err(|s| {
+            self.watch.failed(self.target, &Failure(&s));
+            match s.code() {
+                // The peer is down or cannot be reached: openraft backs off from it.
+                tonic::Code::Unavailable => {
+                    RPCError::Unreachable(openraft::error::Unreachable::new(&s))
+                }
+                _ => RPCError::Network(NetworkError::new(&s)),
             }
-            _ => RPCError::Network(NetworkError::new(&s)),
         })?;
         let result: Result<A, RaftError<NodeId, E>> = codec::decode(&answer.get_ref().payload)
-            .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+            .map_err(|e| {
+                self.watch.failed(self.target, &e);
+                RPCError::Network(NetworkError::new(&e))
+            })?;
+        // An answer, even an error of the peer's Raft: the link works.
+        self.watch.answered(self.target);
         result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }
 }

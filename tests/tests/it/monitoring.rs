@@ -46,6 +46,8 @@ fn cluster_labels(name: &str) -> &'static [&'static str] {
     match name {
         "boxoffice_raft_commit_lag_entries" => &["group", "peer"],
         "boxoffice_cluster_forwarded_total" => &["method"],
+        "boxoffice_cluster_forward_failures_total" => &["reason"],
+        "boxoffice_cluster_peer_up" => &["peer"],
         _ => &["group"],
     }
 }
