@@ -67,7 +67,7 @@ Exit codes:
   1  findings or failed checks (reconcile findings, check-log damage, a ticket not genuine,
      loadgen calls that failed), or an error while running
   2  usage: a bad flag or value, an unreadable or empty key file, a value and its file both
-     given, nothing to work on (no log in the data dir, a server holds it)
+     given, nothing to work on (no log or ticket keys in the data dir, a server holds it)
   3  a broken promise: a seat oversold or sold twice, an acknowledged sale lost, places that
      do not add up (flash-sale, sessions, soak)";
 

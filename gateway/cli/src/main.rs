@@ -60,7 +60,7 @@ enum LogFormat {
 )]
 struct Cli {
     /// Log lines on stderr as text or as JSON (one object per line). Levels: RUST_LOG
-    /// (default warn).
+    /// (default warn, without openraft's routine messages).
     #[arg(
         long,
         global = true,
@@ -98,7 +98,7 @@ enum Command {
     CheckLog(check_log::CheckLogArgs),
     /// Hold and release places again and again (1,000,000 cycles by default) against an
     /// in-process engine; report resident memory along the way and after a restart, and the
-    /// data dir's size. Exits 3 if places leaked.
+    /// data dir's size. Exits 3 if places leaked, 1 if memory missed its target.
     Soak(boxoffice_drill::soak::SoakArgs),
     /// The race of the dots in a browser: an embedded server whose page races fans for seats in
     /// chaos (the naive baseline) and clean (the real engine), with the operations page (/ops)

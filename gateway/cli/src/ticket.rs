@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use boxoffice_drill::secret::UsageError;
 use boxoffice_gateway::tickets::{self, KeyRing, PublicKey};
 use clap::Subcommand;
 
@@ -55,6 +56,8 @@ pub async fn run(command: TicketCommand) -> anyhow::Result<Exit> {
         } => verify(&code, &public_key, &data_dir),
         TicketCommand::RotateKey { data_dir } => {
             boxoffice_drill::held::refuse_if_held(&data_dir)?;
+            // A dir without keys is nothing to work on (exit 2), as for every reader of it.
+            load(&data_dir)?;
             let r = boxoffice_gateway::server::rotate_ticket_key(&data_dir).await?;
             match r.retired {
                 Some(old) => eprintln!("key {old} retired: its tickets keep verifying"),
@@ -70,16 +73,19 @@ pub async fn run(command: TicketCommand) -> anyhow::Result<Exit> {
     }
 }
 
-/// The ring of `data_dir`, refused when it holds no key at all (most likely the wrong dir).
+/// The ring of `data_dir`, refused when it holds no key at all (most likely the wrong dir): a
+/// usage error (exit code 2), nothing to work on.
 fn load(data_dir: &Path) -> anyhow::Result<KeyRing> {
     let ring = KeyRing::load(data_dir)?;
-    anyhow::ensure!(
-        !ring.keys().is_empty(),
-        "no ticket keys in {} (neither {} nor {}/): is it the server's data dir?",
-        data_dir.display(),
-        tickets::KEY_FILE,
-        tickets::PUBLIC_KEYS_DIR
-    );
+    if ring.keys().is_empty() {
+        return Err(UsageError::new(format!(
+            "no ticket keys in {} (neither {} nor {}/): is it the server's data dir?",
+            data_dir.display(),
+            tickets::KEY_FILE,
+            tickets::PUBLIC_KEYS_DIR
+        ))
+        .into());
+    }
     Ok(ring)
 }
 
@@ -107,7 +113,10 @@ fn verify(code: &str, hex_keys: &[String], data_dir: &Path) -> anyhow::Result<Ex
     } else {
         hex_keys
             .iter()
-            .map(|k| PublicKey::from_hex(k).map_err(|e| anyhow::anyhow!("--public-key {k:?}: {e}")))
+            .map(|k| {
+                PublicKey::from_hex(k)
+                    .map_err(|e| UsageError::new(format!("--public-key {k:?}: {e}")).into())
+            })
             .collect::<anyhow::Result<Vec<_>>>()?
     };
     match tickets::verify(code, &keys) {

@@ -6,14 +6,12 @@
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use boxoffice_engine::{
-    ConfirmRequest, Engine, EngineConfig, EventId, EventSpec, HoldRequest, Layout, SectionId,
-    SectionSpec, Selection, UserId,
-};
+mod shared;
+
+use shared::text;
 
 fn boxoffice(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_boxoffice"))
@@ -21,64 +19,6 @@ fn boxoffice(args: &[&str]) -> Output {
         .env_remove("BOXOFFICE_DATA_DIR")
         .output()
         .unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-/// A data dir with 60 holds, every third confirmed, in a GA section.
-async fn build(dir: &Path) {
-    let engine = Engine::open(EngineConfig::new(dir)).await.unwrap();
-    engine
-        .create_event(EventSpec {
-            event_id: Some(EventId::from("show")),
-            name: "Show".into(),
-            sections: vec![SectionSpec {
-                section_id: SectionId::from("floor"),
-                name: "Floor".into(),
-                price_cents: 5_000,
-                layout: Layout::GeneralAdmission { capacity: 500 },
-            }],
-            hold_ttl_ms: 600_000,
-            per_user_limit: 4,
-            admit_rate_per_second: 0,
-            admission_window_ms: 0,
-            sale_opens_at_ms: 0,
-            join_pow_difficulty_bits: 0,
-        })
-        .await
-        .unwrap();
-    for i in 0..60 {
-        let h = engine
-            .hold(HoldRequest {
-                event_id: EventId::from("show"),
-                user_id: UserId::from(format!("fan{i}").as_str()),
-                idempotency_key: String::new(),
-                selection: Selection::BestAvailable {
-                    section: Some(SectionId::from("floor")),
-                    quantity: 2,
-                },
-            })
-            .await
-            .unwrap();
-        if i % 3 == 0 {
-            engine
-                .confirm(ConfirmRequest {
-                    hold_id: h.hold_id.clone(),
-                    user_id: h.user_id.clone(),
-                    payment_ref: "tok_visa".into(),
-                    idempotency_key: String::new(),
-                })
-                .await
-                .unwrap();
-        }
-    }
-    engine.shutdown().await;
 }
 
 #[test]
@@ -99,7 +39,7 @@ fn check_log_cannot_run_without_a_log() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_log_whole_then_damaged_then_accepted() {
     let dir = tempfile::tempdir().unwrap();
-    build(dir.path()).await;
+    shared::build(dir.path(), 60, 500).await;
     let d = dir.path().to_str().unwrap();
 
     let out = boxoffice(&["check-log", "--data-dir", d]);
@@ -107,15 +47,8 @@ async fn check_log_whole_then_damaged_then_accepted() {
     assert!(text(&out).contains("the log is whole"), "{}", text(&out));
     assert!(text(&out).contains("section/show/floor"), "{}", text(&out));
 
-    // Cut half of sled's file off: acknowledged records are gone.
+    shared::cut_in_half(dir.path());
     let db = dir.path().join("db");
-    let len = std::fs::metadata(&db).unwrap().len();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&db)
-        .unwrap()
-        .set_len(len / 2)
-        .unwrap();
     let before = std::fs::read(&db).unwrap();
     let out = boxoffice(&["check-log", "--data-dir", d]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));

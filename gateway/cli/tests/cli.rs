@@ -6,6 +6,9 @@
 
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
+mod shared;
+
+use shared::text;
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
@@ -44,15 +47,6 @@ fn boxoffice(args: &[&str]) -> Command {
         cmd.env_remove(v);
     }
     cmd
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// A running `boxoffice serve` on loopback: its address, its stdout lines so far, and its
@@ -644,36 +638,6 @@ async fn loadgen_exits_1_when_calls_fail() {
         "{}",
         text(&out)
     );
-}
-
-/// A drill that catches a broken promise exits 3: the naive baseline (`--naive`) oversells by
-/// construction, and the sale says so.
-#[test]
-fn a_broken_promise_exits_3() {
-    let out = boxoffice(&[
-        "flash-sale",
-        "--naive",
-        "--fans",
-        "2000",
-        "--seats",
-        "200",
-        "--arrival-seconds",
-        "0.5",
-    ])
-    .output()
-    .unwrap();
-    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        stdout.contains("result: the naive baseline oversold, as it is meant to: ")
-            && stdout.contains("Exit code 3 marks that broken promise"),
-        "{}",
-        text(&out)
-    );
-    // It reports what it did, not what it never tried.
-    for absent in ["FAILED", "not sold out", "n/a", "gRPC calls"] {
-        assert!(!stdout.contains(absent), "{absent:?}: {}", text(&out));
-    }
 }
 
 /// The processes whose command line mentions `needle` (Linux: `/proc/*/cmdline`), this test's

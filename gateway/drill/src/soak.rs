@@ -46,7 +46,7 @@ const SECTION: &str = "floor";
 #[derive(clap::Args, Debug, Clone)]
 pub struct SoakArgs {
     /// Hold + release cycles in all.
-    #[arg(long, default_value_t = 1_000_000)]
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub cycles: u64,
     /// Fans cycling at once (one place each; the section has this many places).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=100_000))]
@@ -729,6 +729,7 @@ mod tests {
     #[test]
     fn bad_flags_are_refused() {
         for bad in [
+            ["--cycles", "0"],
             ["--rss-ratio-max", "0"],
             ["--rss-ratio-max", "-1"],
             ["--rss-ratio-max", "NaN"],
