@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# boxoffice against the seeds' design (a booking front on Redis + Lua): the same flash sale
+# boxoffice against the original design (a booking front on Redis + Lua): the same flash sale
 # (100,000 contenders, 10,000 seats, 128 holds in flight over 16 connections by default) played
 # against each, one row after the other; see benches/src/compare/mod.rs.
 #

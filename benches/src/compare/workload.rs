@@ -128,8 +128,8 @@ impl Row {
     pub fn name(self) -> &'static str {
         match self {
             Row::A => "(a) boxoffice Hold (unary, durable)",
-            Row::B => "(b) seeds' design: gRPC front + Redis Lua",
-            Row::C => "(c) seeds' design at its best: raw Redis + Lua, pipelined",
+            Row::B => "(b) original design: gRPC front + Redis Lua",
+            Row::C => "(c) original design at its best: raw Redis + Lua, pipelined",
             Row::D => "(d) boxoffice HoldBatch (durable)",
         }
     }
