@@ -137,82 +137,65 @@ impl PeerWatch {
     fn step(&self, peer: u64, failed_at: Option<Instant>) -> Option<Change> {
         let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
         let link = links.entry(peer).or_insert(Link::Up);
-        let (next, change) = match (link.clone(), failed_at) {
-            (
-                Link::Down {
-                    since, failures, ..
-                },
-                None,
-            ) => (
-                Link::Up,
-                Some(Change::Back {
-                    for_secs: since.elapsed().as_secs(),
-                    failures,
-                }),
-            ),
-            (_, None) => (Link::Up, None),
-            (Link::Up, Some(now)) => (
-                Link::Failing {
-                    since: now,
-                    failures: 1,
-                },
-                None,
-            ),
-            (Link::Failing { since, failures }, Some(now)) => {
-                if now.duration_since(since) >= DOWN_AFTER {
-                    (
-                        Link::Down {
-                            since,
-                            failures: failures + 1,
-                            summary_at: now,
-                        },
-                        Some(Change::Down),
-                    )
-                } else {
-                    (
-                        Link::Failing {
-                            since,
-                            failures: failures + 1,
-                        },
-                        None,
-                    )
-                }
+        match failed_at {
+            None => answer(link),
+            Some(now) => failure(link, now),
+        }
+    }
+}
+
+/// An answer: the link is up (and that is told if it was reported down).
+fn answer(link: &mut Link) -> Option<Change> {
+    match std::mem::replace(link, Link::Up) {
+        Link::Down {
+            since, failures, ..
+        } => Some(Change::Back {
+            for_secs: since.elapsed().as_secs(),
+            failures,
+        }),
+        Link::Up | Link::Failing { .. } => None,
+    }
+}
+
+/// A failure at `now`: the link is failing, down once that lasted [`DOWN_AFTER`], and summed up
+/// every [`SUMMARY_EVERY`] while down.
+fn failure(link: &mut Link, now: Instant) -> Option<Change> {
+    match link {
+        Link::Up => {
+            *link = Link::Failing {
+                since: now,
+                failures: 1,
+            };
+            None
+        }
+        Link::Failing { since, failures } => {
+            *failures += 1;
+            let (since, failures) = (*since, *failures);
+            if now.duration_since(since) < DOWN_AFTER {
+                return None;
             }
-            (
-                Link::Down {
-                    since,
-                    failures,
-                    summary_at,
-                },
-                Some(now),
-            ) => {
-                let failures = failures + 1;
-                if now.duration_since(summary_at) >= SUMMARY_EVERY {
-                    (
-                        Link::Down {
-                            since,
-                            failures,
-                            summary_at: now,
-                        },
-                        Some(Change::StillDown {
-                            for_secs: now.duration_since(since).as_secs(),
-                            failures,
-                        }),
-                    )
-                } else {
-                    (
-                        Link::Down {
-                            since,
-                            failures,
-                            summary_at,
-                        },
-                        None,
-                    )
-                }
+            *link = Link::Down {
+                since,
+                failures,
+                summary_at: now,
+            };
+            Some(Change::Down)
+        }
+        Link::Down {
+            since,
+            failures,
+            summary_at,
+        } => {
+            *failures += 1;
+            if now.duration_since(*summary_at) < SUMMARY_EVERY {
+                return None;
             }
-        };
-        *link = next;
-        change
+            *summary_at = now;
+            Some(Change::StillDown {
+                for_secs: now.duration_since(*since).as_secs(),
+                failures: *failures,
+            })
+        }
     }
 }
 
