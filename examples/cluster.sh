@@ -13,8 +13,11 @@ bin=$(realpath "${BOXOFFICE_BIN:-target/release/boxoffice}")
 work=$(mktemp -d)
 pids=()
 cleanup() {
-    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
+    # In braces with stderr closed: bash's own "Killed" notices of the nodes go too.
+    {
+        for p in "${pids[@]}"; do kill -9 "$p" || true; done
+        wait || true
+    } 2>/dev/null
     rm -rf "$work"
 }
 trap cleanup EXIT
