@@ -221,6 +221,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
     let n_groups = config.cluster.as_ref().map_or(1, |c| c.groups.max(1));
     let readies: Vec<Ready> = (0..n_groups).map(|_| Ready::default()).collect();
     let groups = Groups::new(readies.clone());
+    install_metrics(&config);
     let (opened, cluster) = open_cluster(&config, &groups).await?;
     // The HTTP API calls the same gate, routing and services in process.
     let forwarder = cluster.as_ref().map(|(_, forwarder)| forwarder.clone());
@@ -273,6 +274,18 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
         tasks,
         node,
     })
+}
+
+/// The recorder, first, when this process's metrics are shown (`/metrics`, `/ops`): so that
+/// what the node records while it opens is kept, and a cluster node's own series are there from
+/// its start.
+fn install_metrics(config: &ServerConfig) {
+    if config.metrics_listen.is_some() || config.http_listen.is_some() {
+        crate::metrics::install();
+        if let Some(c) = &config.cluster {
+            crate::metrics::register_cluster(c.node_id, c.peers.keys().copied());
+        }
+    }
 }
 
 /// A cluster node's groups opened, with its Raft service and forwarder; `None` on a single node.

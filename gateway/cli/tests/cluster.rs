@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use boxoffice_client::{Bearer, Clients};
+use boxoffice_gateway::metrics::{FAMILIES, Series};
 use boxoffice_proto::v1 as pb;
 use common::{
     ADMIN, Acked, CLIENT, Fan, Layout, Node, Patience, admit, admit_to, channel, check_copy,
@@ -398,6 +399,32 @@ async fn two_groups_spread_their_leaders_and_each_survives_its_leaders_death() {
     let l0 = leader_of(&nodes, 0).await;
     let l1 = leader_of(&nodes, 1).await;
     assert_ne!(l0, l1, "each group has its own leader");
+    // Before any call: every cluster family is exported by every node, each peer's link up.
+    for (i, n) in nodes.iter().enumerate() {
+        let text = n.scrape().await.expect("the node's /metrics");
+        for f in FAMILIES
+            .iter()
+            .filter(|f| matches!(f.series, Series::Cluster))
+        {
+            assert!(
+                text.lines().any(|l| l
+                    .strip_prefix(f.name)
+                    .is_some_and(|r| r.starts_with('{') || r.starts_with(' '))),
+                "node {i} does not export {} from its start",
+                f.name
+            );
+        }
+        assert!(
+            text.contains("boxoffice_cluster_forwarded_total{method=\"Hold\"} 0"),
+            "node {i}: forwarded calls at 0 before any"
+        );
+        for peer in (1..=3).filter(|p| *p != i + 1) {
+            assert!(
+                text.contains(&format!("boxoffice_cluster_peer_up{{peer=\"{peer}\"}} 1")),
+                "node {i}: peer {peer} up"
+            );
+        }
+    }
     assert!(
         dirs[0].join("group-1").is_dir(),
         "group 1 keeps its own log"

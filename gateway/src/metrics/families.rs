@@ -410,7 +410,7 @@ pub const FAMILIES: &[Family] = &[
         "boxoffice_cluster_peer_up",
         Gauge,
         None,
-        "By peer: 1 while this node's calls to it are answered, 0 once they failed for 2 s with no answer (the log says so once, then a summary a minute).",
+        "By peer: 1 from the start and while this node's calls to it are answered, 0 once they failed for 2 s with no answer (the log says so once, then a summary a minute). A node that does not call a peer (a follower, for another follower) keeps 1.",
         Series::Cluster,
     ),
     // engine: the log

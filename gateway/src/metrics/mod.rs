@@ -92,6 +92,26 @@ fn describe_and_register() {
     process().describe();
 }
 
+/// The reasons of `boxoffice_cluster_forward_failures_total`: the leader could not be reached,
+/// or did not answer a forwarded call in time.
+pub const FORWARD_FAILURES: [&str; 2] = ["unreachable", "timeout"];
+
+/// Registers a cluster node's own series ([`Series::Cluster`] families that are not by group,
+/// which the Raft sampler sets): the forwarded calls by method and their failures by reason at
+/// 0, and each peer's link up (1: as the node's watch starts, see `node::links`), so that they
+/// are exported from the node's start.
+pub fn register_cluster(node_id: u64, peers: impl Iterator<Item = u64>) {
+    for method in crate::gate::METHODS {
+        drop(metrics::counter!("boxoffice_cluster_forwarded_total", "method" => *method));
+    }
+    for reason in FORWARD_FAILURES {
+        drop(metrics::counter!("boxoffice_cluster_forward_failures_total", "reason" => reason));
+    }
+    for peer in peers.filter(|p| *p != node_id) {
+        metrics::gauge!("boxoffice_cluster_peer_up", "peer" => peer.to_string()).set(1.0);
+    }
+}
+
 /// Registers at 0 the series of an event's own families ([`Series::PerEvent`]); its sections'
 /// series are registered by the engine when they start.
 pub fn register_event(event_id: &str) {

@@ -164,13 +164,13 @@ impl Forwarder {
                 self.watch.answered(leader);
                 Ok(res)
             }
-            Ok(Err(e)) => failed(&e, "unreachable"),
+            Ok(Err(e)) => failed(&e, crate::metrics::FORWARD_FAILURES[0]),
             Err(_) => failed(
                 &format_args!(
                     "the leader did not answer a forwarded call within {} ms",
                     FORWARD_TIMEOUT.as_millis()
                 ),
-                "timeout",
+                crate::metrics::FORWARD_FAILURES[1],
             ),
         }
     }

@@ -3,7 +3,7 @@
 //! forwarded calls fail with it, but the log gets one warning when the peer goes down (after it
 //! failed for [`DOWN_AFTER`] without an answer in between), one when it answers again, and a
 //! summary every [`SUMMARY_EVERY`] while it stays down. Each failure is logged at debug. The
-//! gauge `boxoffice_cluster_peer_up{peer}` says the same (1 up, from its first answer; 0 down).
+//! gauge `boxoffice_cluster_peer_up{peer}` says the same (1 up, from the node's start; 0 down).
 //!
 //! One [`PeerWatch`] serves every group of a node, so a peer down in eight groups is still one
 //! warning.
@@ -75,15 +75,7 @@ impl PeerWatch {
 
     /// A call to `peer` was answered (an error of the peer's own is an answer too).
     pub fn answered(&self, peer: u64) -> Option<Change> {
-        let first = !self
-            .links
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains_key(&peer);
         let change = self.step(peer, None);
-        if first {
-            metrics::gauge!("boxoffice_cluster_peer_up", "peer" => peer.to_string()).set(1.0);
-        }
         if let Some(Change::Back { for_secs, failures }) = &change {
             metrics::gauge!("boxoffice_cluster_peer_up", "peer" => peer.to_string()).set(1.0);
             tracing::warn!(

@@ -104,9 +104,8 @@ impl Node {
         panic!("node {} did not warm up within 20 s", self.id);
     }
 
-    /// The node's series `name` (with its labels, if any, as exported), if it answers (within
-    /// 2 s).
-    pub async fn metric(&self, name: &str) -> Option<f64> {
+    /// The node's `/metrics` answer, if it answers (within 2 s).
+    pub async fn scrape(&self) -> Option<String> {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let scrape = async {
             let mut s = tokio::net::TcpStream::connect(&self.metrics).await.ok()?;
@@ -117,10 +116,17 @@ impl Node {
             s.read_to_string(&mut out).await.ok()?;
             Some(out)
         };
-        let out = tokio::time::timeout(Duration::from_secs(2), scrape)
+        tokio::time::timeout(Duration::from_secs(2), scrape)
             .await
-            .ok()??;
-        out.lines()
+            .ok()?
+    }
+
+    /// The node's series `name` (with its labels, if any, as exported), if it answers (within
+    /// 2 s).
+    pub async fn metric(&self, name: &str) -> Option<f64> {
+        self.scrape()
+            .await?
+            .lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
     }
 }
