@@ -69,7 +69,8 @@ pub struct Forwarder {
 impl Forwarder {
     /// Node `id` of the groups `rafts` (index: the group), with every node's address in
     /// `peers`; `groups` is each group's state here (set while this node serves it); calls go
-    /// over `net` (`None`: the OS's network).
+    /// over `net` (`None`: the OS's network); the leaders' links are told by `watch` (the one
+    /// the node's groups share).
     pub fn new(
         id: u64,
         rafts: Vec<Raft>,
@@ -77,23 +78,18 @@ impl Forwarder {
         secret: ClusterSecret,
         groups: Groups,
         net: crate::net::Net,
+        watch: Arc<PeerWatch>,
     ) -> Forwarder {
         Forwarder {
             id,
             rafts,
-            watch: Arc::new(PeerWatch::new(peers.clone())),
+            watch,
             peers,
             secret,
             groups,
             channels: Mutex::new(BTreeMap::new()),
             net,
         }
-    }
-
-    /// The same forwarder, the leaders' links told by `watch` (the node's groups' own).
-    pub fn watched_by(mut self, watch: Arc<PeerWatch>) -> Forwarder {
-        self.watch = watch;
-        self
     }
 
     /// How many groups.

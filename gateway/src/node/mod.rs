@@ -78,17 +78,15 @@ impl Opened {
                 .collect(),
             c.secret.clone(),
         );
-        let forwarder = Arc::new(
-            forward::Forwarder::new(
-                c.node_id,
-                opened.iter().map(|(raft, _, _)| raft.clone()).collect(),
-                c.peers.clone(),
-                c.secret.clone(),
-                groups.clone(),
-                config.network.clone(),
-            )
-            .watched_by(watch),
-        );
+        let forwarder = Arc::new(forward::Forwarder::new(
+            c.node_id,
+            opened.iter().map(|(raft, _, _)| raft.clone()).collect(),
+            c.peers.clone(),
+            c.secret.clone(),
+            groups.clone(),
+            config.network.clone(),
+            watch,
+        ));
         Ok((Opened { groups: opened }, service, forwarder))
     }
 
