@@ -26,16 +26,26 @@ pub enum Bug {
     /// vote is committed and its own as leader), and its engine opens before the node has
     /// applied every entry in its log: the coordinated power cut's loss (issue 24).
     LeaderResumesTerm,
+    /// A leader answers reads and refusals from its state without confirming that it still
+    /// leads (no read fence): a deposed leader answers from a state a newer leader has moved on
+    /// from (issue 27).
+    StaleLeaderReads,
+    /// Each cluster node signs tickets with a key of its own (made on its first lead) instead
+    /// of the cluster's key ring: an order read through another leader shows other codes than
+    /// its fan received (issue 27).
+    NodeTicketKeys,
 }
 
 impl Bug {
     /// Every bug.
-    pub const ALL: [Bug; 5] = [
+    pub const ALL: [Bug; 7] = [
         Bug::ReplyBeforeSync,
         Bug::RefusalBeforeDurable,
         Bug::VoteBeforeDurable,
         Bug::SnapshotNonAtomic,
         Bug::LeaderResumesTerm,
+        Bug::StaleLeaderReads,
+        Bug::NodeTicketKeys,
     ];
 
     fn bit(self) -> u32 {

@@ -166,6 +166,7 @@ pub(crate) async fn spawn_waitlist(
         stream: StreamWriter::open(store.sink.as_ref(), names::WAITLIST, last_seq)?,
         store: store.clone(),
         checkpoint_every: config.checkpoint_every_records,
+        written: Default::default(),
     };
     let (actor, _) = Actor::spawn_linked(None, WaitlistActor, args, supervisor.get_cell())
         .await

@@ -217,7 +217,11 @@ async fn serve<R: Unary>(
 async fn here<R: Unary>(groups: Groups, g: u32, req: R) -> Result<R::Answer, Status> {
     let mut req = tonic::Request::new(req);
     req.extensions_mut().insert(GroupOf(g as usize));
-    R::serve(groups, req).await.map(tonic::Response::into_inner)
+    let answer = R::serve(groups.clone(), req).await;
+    // As the gRPC face's `ReadsLayer`: a leader's read or refusal waits for its fence.
+    let answered = tokio::time::Instant::now();
+    crate::node::reads::settle(&groups, g as usize, R::PATH, answer.is_err(), answered).await?;
+    answer.map(tonic::Response::into_inner)
 }
 
 /// Group `g`'s page of `ListEvents`: here, or at its leader.

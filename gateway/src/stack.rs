@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use boxoffice_engine::raft::ReadFence;
 use boxoffice_engine::{Engine, EngineConfig};
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
@@ -65,25 +66,37 @@ impl Stack {
     }
 }
 
-/// Opens the engine of `ec` (replaying its log) and starts what serves it.
-pub(crate) async fn open_stack(config: &ServerConfig, ec: EngineConfig) -> anyhow::Result<Stack> {
+/// Opens the engine of `ec` (replaying its log) and starts what serves it; a cluster leader's
+/// answers wait at `fence` (see [`boxoffice_engine::raft::ReadFence`]), and it signs tickets
+/// with `tickets` (its cluster's ring). Without them, the data dir's key signs
+/// ([`crate::ticket_keys::signer`]).
+pub(crate) async fn open_stack(
+    config: &ServerConfig,
+    ec: EngineConfig,
+    fence: Option<Arc<ReadFence>>,
+    tickets: Option<crate::tickets::TicketSigner>,
+) -> anyhow::Result<Stack> {
     let engine = Engine::open(ec)
         .await
         .with_context(|| format!("recovering from {}", config.data_dir.display()))?;
-    let tickets =
-        match crate::ticket_keys::signer(&config.data_dir, config.new_ticket_key, &engine).await {
+    let tickets = match tickets {
+        Some(t) => t,
+        None => match crate::ticket_keys::signer(&config.data_dir, config.new_ticket_key, &engine)
+            .await
+        {
             Ok(t) => t,
             Err(e) => {
                 // Refused to start: stop the engine, so the data dir is free for the next try.
                 engine.shutdown().await;
                 return Err(e);
             }
-        };
+        },
+    };
     // The series of every recovered event, at 0 before its first call.
     for e in engine.events().unwrap_or_default() {
         crate::metrics::register_event(e.event_id.as_str());
     }
-    let api = Arc::new(Api::new(
+    let mut api = Api::new(
         engine.clone(),
         TokenSigner::new(&config.token_secret),
         tickets,
@@ -94,7 +107,9 @@ pub(crate) async fn open_stack(config: &ServerConfig, ec: EngineConfig) -> anyho
             u64::try_from(config.seat_map_staleness.as_millis()).unwrap_or(u64::MAX),
         ),
         u64::try_from(config.join_challenge_ttl.as_millis()).unwrap_or(u64::MAX),
-    ));
+    );
+    api.fence = fence;
+    let api = Arc::new(api);
     let mut tasks = Vec::new();
     if let Some(every) = config.reconcile_every {
         tasks.push(reconcile_every(engine.clone(), every, config.refund_grace));
@@ -134,7 +149,7 @@ pub(crate) async fn recover(
     if let Some(gate) = &config.recovery_gate {
         gate.notified().await;
     }
-    let stack = open_stack(&config, engine_config(&config)).await?;
+    let stack = open_stack(&config, engine_config(&config), None, None).await?;
     let engine = stack.api.engine.clone();
     if let Ok(mut s) = sweeper.lock() {
         *s = Some(stack.sweeper);

@@ -96,14 +96,24 @@ impl PublicKey {
             .map_err(|_| TicketError::BadKey)?
             .try_into()
             .map_err(|_| TicketError::BadKey)?;
-        VerifyingKey::from_bytes(&bytes)
-            .map(PublicKey::new)
-            .map_err(|_| TicketError::BadKey)
+        PublicKey::from_bytes(&bytes)
     }
 
     /// The key's id.
     pub fn kid(&self) -> KeyId {
         self.kid
+    }
+
+    /// The key's 32 bytes.
+    pub fn to_bytes(&self) -> [u8; 32] {
+        self.key.to_bytes()
+    }
+
+    /// A key from its 32 bytes.
+    pub fn from_bytes(bytes: &[u8; 32]) -> Result<PublicKey, TicketError> {
+        VerifyingKey::from_bytes(bytes)
+            .map(PublicKey::new)
+            .map_err(|_| TicketError::BadKey)
     }
 
     /// The key, hex: what door scanners need.
@@ -158,6 +168,11 @@ impl TicketSigner {
     /// The public half, with its id.
     pub fn public_key(&self) -> &PublicKey {
         &self.public
+    }
+
+    /// The 32-byte seed the key is made from (its secret).
+    pub(crate) fn seed(&self) -> [u8; 32] {
+        self.key.to_bytes()
     }
 
     /// The id of the key, carried by every code it signs.
@@ -380,7 +395,7 @@ fn new_signing_key(dir: &Path, kept: usize) -> anyhow::Result<TicketSigner> {
 }
 
 /// Writes `key` to the ring unless it is there already.
-fn keep_public_key(dir: &Path, key: &PublicKey) -> anyhow::Result<()> {
+pub(crate) fn keep_public_key(dir: &Path, key: &PublicKey) -> anyhow::Result<()> {
     let path = public_key_path(dir, key.kid);
     if path.exists() {
         return Ok(());

@@ -2,14 +2,16 @@
 //! manual clock, small event layouts, and the rooms the tests share: a real gRPC server that
 //! stops on drop ([`server`]), polling with a bound instead of sleeping ([`wait`]), tables of
 //! calls that must be refused ([`cases`]), crash children ([`child`]), and a real server in a
-//! child process, to kill with SIGKILL ([`server_process`]), and a payment provider that holds
-//! charges until the test lets them through ([`payments`]).
+//! child process, to kill with SIGKILL ([`server_process`]), a payment provider that holds
+//! charges until the test lets them through ([`payments`]), and a group's majority that holds
+//! group commits back likewise ([`majority`]).
 
 pub mod cases;
 pub mod child;
 pub mod children;
 pub mod faces;
 pub mod http;
+pub mod majority;
 pub mod payments;
 pub mod promtool;
 pub mod server;

@@ -4,12 +4,30 @@
 /// Entries kept in the log behind a snapshot (a follower a little behind catches up from them).
 pub const SNAPSHOT_KEEP_DEFAULT: u64 = 1_000;
 
-/// The Raft timing of a group: heartbeats every 50 ms, an election after 200 to 400 ms without
-/// one (so a leader's death is noticed in well under a second), and a snapshot every
-/// `snapshot_every` entries (the log before it is then purged, but for the last 1,000).
+/// The Raft timing of a group ([`HEARTBEAT_MS`], [`ELECTION_MIN_MS`], [`ELECTION_MAX_MS`]), and
+/// a snapshot every `snapshot_every` entries (the log before it is then purged, but for the last
+/// 1,000).
 pub fn config(snapshot_every: u64) -> Result<std::sync::Arc<openraft::Config>, ConfigError> {
     config_keeping(snapshot_every, SNAPSHOT_KEEP_DEFAULT)
 }
+
+/// The leader's heartbeat interval. openraft 0.9 ticks every 1.5 heartbeat intervals (60 ms)
+/// and sends a heartbeat at a tick, so followers hear from an idle leader every 60 ms.
+pub const HEARTBEAT_MS: u64 = 40;
+
+/// The shortest election timeout. openraft 0.9 draws each node's timeout once, at its start,
+/// from `[ELECTION_MIN_MS, ELECTION_MAX_MS)`, and a follower that followed a leader also waits
+/// out that leader's lease (`ELECTION_MAX_MS`) first: after a leader dies, a follower stands
+/// after 450 to 600 ms without a word from it (and the next tick, up to 60 ms more). If the
+/// first to stand has the shorter log, the other refuses it, and stands itself once its own
+/// timeout has passed twice (the first candidate took their term): 600 to 900 ms.
+pub const ELECTION_MIN_MS: u64 = 150;
+
+/// The longest election timeout, and the lease during which a follower that heard from its
+/// leader refuses other candidates (openraft 0.9 has no pre-vote: this lease is what keeps a
+/// node that was cut off and comes back from deposing a working leader). 7.5 heartbeats: a
+/// leader whose heartbeats are late by 5 in a row (a busy machine) is not deposed yet.
+pub const ELECTION_MAX_MS: u64 = 300;
 
 /// A Raft config that cannot run: the setting it names and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -35,9 +53,9 @@ pub fn config_keeping(
         });
     }
     let config = openraft::Config {
-        heartbeat_interval: 50,
-        election_timeout_min: 200,
-        election_timeout_max: 400,
+        heartbeat_interval: HEARTBEAT_MS,
+        election_timeout_min: ELECTION_MIN_MS,
+        election_timeout_max: ELECTION_MAX_MS,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(snapshot_every),
         // A follower a little behind catches up from the log, not from a whole snapshot.
         max_in_snapshot_log_to_keep: keep,
@@ -79,6 +97,6 @@ mod tests {
             openraft::SnapshotPolicy::LogsSinceLast(7)
         );
         assert_eq!(ok.max_in_snapshot_log_to_keep, 3);
-        assert_eq!(ok.heartbeat_interval, 50);
+        assert_eq!(ok.heartbeat_interval, HEARTBEAT_MS);
     }
 }

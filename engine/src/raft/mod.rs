@@ -22,6 +22,7 @@
 #![allow(clippy::result_large_err)]
 
 mod config;
+mod fence;
 mod guard;
 #[cfg(any(test, feature = "test-support"))]
 pub mod harness;
@@ -36,6 +37,7 @@ mod types;
 
 pub use crate::store::{Batch, Op};
 pub use config::{ConfigError, SNAPSHOT_KEEP_DEFAULT, config, config_keeping};
+pub use fence::{FenceError, ROUND_TIMEOUT, ReadFence};
 pub use guard::VoteGuard;
 pub use node_db::{NodeDb, open_node_db, open_node_db_cached};
 pub use replicator::{COMMIT_TIMEOUT, RaftReplicator};

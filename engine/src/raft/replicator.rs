@@ -1,6 +1,9 @@
 //! The flusher's way into a group: each group commit of a leader's engine becomes one Raft
 //! entry.
 
+use std::sync::Arc;
+
+use super::fence::ReadFence;
 use super::types::Raft;
 use crate::store::Batch;
 
@@ -13,13 +16,27 @@ pub const COMMIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5
 pub struct RaftReplicator {
     raft: Raft,
     term: u64,
+    fence: Option<Arc<ReadFence>>,
 }
 
 impl RaftReplicator {
     /// Replicates through `raft`, for an engine opened while this node leads in `term` (its
     /// batches are stamped with it).
     pub fn new(raft: Raft, term: u64) -> RaftReplicator {
-        RaftReplicator { raft, term }
+        RaftReplicator {
+            raft,
+            term,
+            fence: None,
+        }
+    }
+
+    /// Tells `fence` of each batch committed in this engine's term (a moment this node led:
+    /// reads waiting for one need no round of heartbeats while writes flow).
+    pub fn fenced(self, fence: Arc<ReadFence>) -> RaftReplicator {
+        RaftReplicator {
+            fence: Some(fence),
+            ..self
+        }
     }
 }
 
@@ -31,6 +48,8 @@ impl crate::store::Replicate for RaftReplicator {
     {
         Box::pin(async move {
             batch.term = self.term;
+            let submitted = tokio::time::Instant::now();
+            let fence = self.fence.clone();
             let rx = self
                 .raft
                 .client_write_ff(batch)
@@ -46,7 +65,13 @@ impl crate::store::Replicate for RaftReplicator {
                     Ok(Ok(Ok(r))) if r.data.stale => Err(crate::error::StorageError::Halted(
                         "this engine's leadership ended (the group moved to a later term)".into(),
                     )),
-                    Ok(Ok(Ok(r))) => Ok(r.data.refused),
+                    Ok(Ok(Ok(r))) => {
+                        // Committed in this engine's term: this node led when it was submitted.
+                        if let Some(fence) = &fence {
+                            fence.led_at(submitted);
+                        }
+                        Ok(r.data.refused)
+                    }
                     Ok(Ok(Err(openraft::error::ClientWriteError::ForwardToLeader(_)))) => {
                         Err(crate::error::StorageError::Halted(
                             "this node no longer leads its group".into(),

@@ -481,6 +481,12 @@ impl StateMachine {
         self.sink.clone()
     }
 
+    /// The store the batches are applied to: a table outside the streams ([`Op::Put`]'s, such
+    /// as [`names::TICKET_RING`]) is read here.
+    pub fn store(&self) -> Arc<dyn Kv> {
+        self.node.kv.clone()
+    }
+
     fn get<T: for<'de> Deserialize<'de>>(&self, key: &[u8]) -> Result<Option<T>> {
         get_in(self.meta.as_ref(), key, StorageIOError::read_state_machine)
     }

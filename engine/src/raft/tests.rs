@@ -170,6 +170,54 @@ async fn a_leader_cut_off_from_the_majority_acknowledges_nothing() {
     }
 }
 
+/// The read fence (`fence.rs`): a leader confirms an answer made before a round of heartbeats;
+/// cut off from both followers it confirms nothing made after the cut (while the others elect
+/// a leader that commits); a fence of another term confirms nothing; a commit of its term
+/// covers answers made before it without a round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_confirms_answers_only_while_a_majority_follows_it() {
+    use super::fence::{FenceError, ReadFence};
+    use tokio::time::Instant;
+    let router = Router::default();
+    let (_dirs, nodes) = three_nodes(&router, 20).await;
+    write(&nodes, 0..3).await;
+    let l = leader(&nodes).await;
+    let term = nodes[&l].raft.metrics().borrow().current_term;
+    let fence = ReadFence::new(nodes[&l].raft.clone(), term);
+    fence.confirm(Instant::now()).await.unwrap();
+    // Another term's fence (an engine opened in an earlier leadership) confirms nothing.
+    let old = ReadFence::new(nodes[&l].raft.clone(), term - 1);
+    assert_eq!(
+        old.confirm(Instant::now()).await,
+        Err(FenceError::NotLeader(term - 1))
+    );
+    // A commit of its term, submitted after the answer, covers it without a round.
+    let answered = Instant::now();
+    let submitted = Instant::now();
+    fence.led_at(submitted);
+    fence.confirm(answered).await.unwrap();
+
+    for other in nodes.keys().filter(|id| **id != l) {
+        router.cut(l, *other, true);
+    }
+    let cut = Instant::now();
+    let refused = fence.confirm(cut).await;
+    assert!(
+        refused.is_err(),
+        "a leader cut off from its majority confirmed an answer made after the cut"
+    );
+    // Answers made before a failed round are refused without another round, and an answer
+    // the last commit covers is still confirmed (it was true when it was made).
+    assert_eq!(fence.confirm(cut).await, Err(FenceError::NoMajority));
+    fence.confirm(answered).await.unwrap();
+    for other in nodes.keys().filter(|id| **id != l) {
+        router.cut(l, *other, false);
+    }
+    for n in nodes.values() {
+        n.raft.shutdown().await.unwrap();
+    }
+}
+
 /// The engine itself on a group: the leader's engine replicates every group commit, and the
 /// next leader's engine recovers every hold and order from its own copy of the log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -110,6 +110,7 @@ impl LogSink for KvSink {
             names::CLAIMS_SET_ASIDE,
             names::PAYMENTS,
             names::PAYMENTS_BY_ID,
+            names::TICKET_RING,
         ];
         Ok(self
             .kv

@@ -37,6 +37,8 @@ pub const CLAIMS_SET_ASIDE: &str = "sold_set_aside";
 pub const PAYMENTS: &str = "payments";
 /// See [`PAYMENTS`].
 pub const PAYMENTS_BY_ID: &str = "payments_by_id";
+/// A cluster's ticket key ring (group 0's, sealed: the gateway's `node::ring`), one value.
+pub const TICKET_RING: &str = "ticket_ring";
 
 /// Prefix of a cluster node's Raft trees (`raft_log`, `raft_meta`, `raft_sm`: see
 /// [`crate::raft`]), which share the node's sled database with the log and are not streams.

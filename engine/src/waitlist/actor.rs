@@ -2,6 +2,7 @@
 //! replies once durable.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
@@ -9,7 +10,7 @@ use super::core::WaitlistCore;
 use super::core::{Decision, JoinRequest};
 use super::records::{WaitlistRecord, WaitlistState, WaitlistView};
 use crate::error::{EngineError, Rejection, StorageError};
-use crate::store::{Store, StreamWriter};
+use crate::store::{Job, Store, StreamWriter};
 use crate::types::{EventId, HoldId, SectionId, UserId};
 
 type Reply<T> = RpcReplyPort<Result<T, EngineError>>;
@@ -38,15 +39,25 @@ pub(crate) struct WaitlistArgs {
     pub stream: StreamWriter,
     pub store: Arc<Store>,
     pub checkpoint_every: u64,
+    /// How far this actor's records are durable.
+    pub written: Written,
+}
+
+/// How far the records this actor logged are durable: counted as they are submitted, and as
+/// their commits complete (in order). An answer from memory waits until what it may have read
+/// is durable (on a cluster leader: committed by a majority), so a retried join or a read is
+/// never told of an entry that a crash, or a lost majority, could still take away.
+#[derive(Default)]
+pub(crate) struct Written {
+    submitted: u64,
+    durable: Arc<AtomicU64>,
 }
 
 impl WaitlistArgs {
     /// Answers a decision outright, or logs its record (refused once the store halted).
     fn carry_out(&mut self, decision: Decision, reply: Reply<WaitlistView>, entry_id: &str) {
         match decision {
-            Decision::Answer(answer) => {
-                let _ = reply.send(answer.map_err(EngineError::from));
-            }
+            Decision::Answer(answer) => self.answer(answer.map_err(EngineError::from), reply),
             Decision::Record(record) => match self.store.halt.check() {
                 Err(e) => {
                     let _ = reply.send(Err(e.into()));
@@ -63,10 +74,15 @@ impl WaitlistArgs {
             return;
         }
         let answer = self.core.view(entry_id);
+        self.written.submitted += 1;
+        let (n, durable) = (self.written.submitted, self.written.durable.clone());
         let job = self.stream.append(
             std::slice::from_ref(&record),
             Vec::new(),
             Box::new(move |r| {
+                if r.is_ok() {
+                    durable.fetch_max(n, Ordering::AcqRel);
+                }
                 let _ = reply.send(
                     r.map_err(EngineError::from)
                         .and_then(|()| answer.ok_or(Rejection::EntryNotFound.into())),
@@ -76,6 +92,19 @@ impl WaitlistArgs {
         let core = &self.core;
         self.store
             .submit_with_checkpoint(job, &mut self.stream, self.checkpoint_every, || core);
+    }
+
+    /// Replies `answer`, made from memory, once every record logged before it is durable: at
+    /// once if they are, else behind a barrier of the log (which fails if the log does).
+    fn answer<T: Send + 'static>(&self, answer: Result<T, EngineError>, reply: Reply<T>) {
+        let durable = self.written.durable.load(Ordering::Acquire);
+        if durable >= self.written.submitted {
+            let _ = reply.send(answer);
+            return;
+        }
+        self.store.submit(Job::Barrier(Box::new(move |r| {
+            let _ = reply.send(r.map_err(EngineError::from).and(answer));
+        })));
     }
 }
 
@@ -113,10 +142,13 @@ impl Actor for WaitlistActor {
                 st.carry_out(decision, reply, &id);
             }
             WaitlistMsg::Get(id, reply) => {
-                let _ = reply.send(st.core.view(&id).ok_or(Rejection::EntryNotFound.into()));
+                st.answer(
+                    st.core.view(&id).ok_or(Rejection::EntryNotFound.into()),
+                    reply,
+                );
             }
             WaitlistMsg::Active(event, user, reply) => {
-                let _ = reply.send(Ok(st.core.active_of(&event, &user)));
+                st.answer(Ok(st.core.active_of(&event, &user)), reply);
             }
             WaitlistMsg::Candidates(event, section, n, reply) => {
                 let _ = reply.send(Ok(st.core.candidates(&event, section.as_ref(), n)));

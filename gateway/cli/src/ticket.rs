@@ -58,6 +58,16 @@ pub async fn run(command: TicketCommand) -> anyhow::Result<Exit> {
             boxoffice_drill::held::refuse_if_held(&data_dir)?;
             // A dir without keys is nothing to work on (exit 2), as for every reader of it.
             load(&data_dir)?;
+            if data_dir.join(boxoffice_gateway::node::GROUPS_FILE).exists() {
+                // Not this command's to do (exit 2): the node's files are not the ring.
+                return Err(boxoffice_drill::secret::UsageError::new(format!(
+                    "{} is a cluster node's data dir: its tickets are signed with the cluster's \
+                     key ring (replicated by group 0), which a node's files do not change; a \
+                     cluster's ring cannot be rotated yet",
+                    data_dir.display()
+                ))
+                .into());
+            }
             let r = boxoffice_gateway::server::rotate_ticket_key(&data_dir).await?;
             match r.retired {
                 Some(old) => eprintln!("key {old} retired: its tickets keep verifying"),

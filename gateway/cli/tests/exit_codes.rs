@@ -313,8 +313,19 @@ async fn every_subcommand_exits_as_the_table_says() {
         );
     }
 
-    // The offline commands on a data dir: 0 whole, 1 findings or damage, 2 nothing there.
-    let offline: [(&[&str], &str, i32, &str); 13] = [
+    // A cluster node's data dir: its keys are the cluster's ring, not rotated by its files.
+    let cluster = at("cluster");
+    std::fs::create_dir_all(&cluster).unwrap();
+    std::fs::write(Path::new(&cluster).join("cluster-groups"), "1\n").unwrap();
+    std::fs::copy(
+        Path::new(&served).join("ticket-signing.key"),
+        Path::new(&cluster).join("ticket-signing.key"),
+    )
+    .unwrap();
+
+    // The offline commands on a data dir: 0 whole, 1 findings or damage, 2 nothing there (or
+    // not this command's to change).
+    let offline: [(&[&str], &str, i32, &str); 14] = [
         (&["check-log"], &whole, 0, "the log is whole"),
         (&["check-log"], &damaged, 1, "DAMAGE"),
         (&["check-log"], &empty, 2, "no boxoffice log"),
@@ -330,6 +341,12 @@ async fn every_subcommand_exits_as_the_table_says() {
             "signs from the next start",
         ),
         (&["ticket", "rotate-key"], &empty, 2, "no ticket keys"),
+        (
+            &["ticket", "rotate-key"],
+            &cluster,
+            2,
+            "a cluster node's data dir",
+        ),
         (&["ticket", "verify", "garbage"], &served, 1, "NOT VALID"),
         (
             &["ticket", "verify", "garbage"],

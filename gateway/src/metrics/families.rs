@@ -407,6 +407,13 @@ pub const FAMILIES: &[Family] = &[
         Series::Cluster,
     ),
     family(
+        "boxoffice_cluster_fenced_answers_total",
+        Counter,
+        COUNT,
+        "On a group's leader: reads and refusals held until the node was known to have led after they were made, by outcome: confirmed (answered) or refused (NOT_READY: its leadership could not be confirmed).",
+        Series::Cluster,
+    ),
+    family(
         "boxoffice_cluster_peer_up",
         Gauge,
         None,

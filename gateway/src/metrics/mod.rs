@@ -107,6 +107,9 @@ pub fn register_cluster(node_id: u64, peers: impl Iterator<Item = u64>) {
     for reason in FORWARD_FAILURES {
         drop(metrics::counter!("boxoffice_cluster_forward_failures_total", "reason" => reason));
     }
+    for outcome in crate::node::reads::OUTCOMES {
+        drop(metrics::counter!("boxoffice_cluster_fenced_answers_total", "outcome" => outcome));
+    }
     for peer in peers.filter(|p| *p != node_id) {
         metrics::gauge!("boxoffice_cluster_peer_up", "peer" => peer.to_string()).set(1.0);
     }

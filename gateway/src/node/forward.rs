@@ -118,6 +118,17 @@ impl Forwarder {
         self.channel(leader).map(|c| (leader, c))
     }
 
+    /// Serves `call`, a call of group `g` to `path` that this node serves, with its answer held
+    /// at the group's read fence ([`crate::node::reads`]).
+    pub(crate) async fn here<E>(
+        &self,
+        g: usize,
+        path: &str,
+        call: impl Future<Output = Result<http::Response<Body>, E>>,
+    ) -> Result<http::Response<Body>, E> {
+        crate::node::reads::held(&self.groups, g, path, call).await
+    }
+
     /// Where group `g`'s calls are served now: here if this node serves the group (or nobody
     /// is known to: the services answer `NOT_READY`), else at the group's leader.
     pub(crate) fn place(&self, g: u32) -> Place {
@@ -336,7 +347,9 @@ where
             if let Some(g) = group {
                 req.extensions_mut().insert(GroupOf(g));
             }
-            return Box::pin(inner.call(req));
+            let path = req.uri().path().to_owned();
+            let call = inner.call(req);
+            return Box::pin(async move { f.here(group.unwrap_or(0), &path, call).await });
         }
         if f.group_count() <= 1 {
             // One group: every call is its; the body is not read.
@@ -407,7 +420,10 @@ where
 {
     req.extensions_mut().insert(GroupOf(g as usize));
     match f.place(g) {
-        Place::Here => inner.call(req).await,
+        Place::Here => {
+            let path = req.uri().path().to_owned();
+            f.here(g as usize, &path, inner.call(req)).await
+        }
         Place::Leader(leader, channel) => Ok(match f.forward(g, leader, channel, req).await {
             Ok(res) => res,
             Err(status) => answer(status),
@@ -803,10 +819,11 @@ async fn one_group<S>(
 where
     S: Service<http::Request<Body>, Response = http::Response<Body>>,
 {
-    let req = unary_request("/boxoffice.v1.EventService/ListEvents", caller, g, sub)?;
+    const PATH: &str = "/boxoffice.v1.EventService/ListEvents";
+    let req = unary_request(PATH, caller, g, sub)?;
     let res = match f.place(g) {
-        Place::Here => inner
-            .call(req)
+        Place::Here => f
+            .here(g as usize, PATH, inner.call(req))
             .await
             .map_err(|_| tonic::Status::from(ApiError::NotReady))?,
         Place::Leader(leader, channel) => f.forward(g, leader, channel, req).await?,

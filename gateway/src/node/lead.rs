@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use boxoffice_engine::raft::ReadFence;
 use tokio::sync::{oneshot, watch};
 
 use super::lease::lease_watchdog;
@@ -24,6 +25,8 @@ pub(crate) struct Leading {
     pub(crate) ready: Ready,
     pub(crate) health: Arc<GroupHealth>,
     pub(crate) sweeper: SweeperSlot,
+    /// The cluster's ticket key ring (this node's copy of group 0's).
+    pub(crate) ring: Arc<super::ring::ClusterRing>,
 }
 
 /// How long a new leader waits to have applied everything its group committed before it
@@ -35,6 +38,52 @@ impl Leading {
     /// goes through Raft. Opened once the node has applied everything its group committed.
     pub(crate) async fn open(&self) -> anyhow::Result<Stack> {
         let term = self.raft.metrics().borrow().current_term;
+        self.catch_up(term).await?;
+        let mut ec = engine_config(&self.config);
+        ec.sink = Some(self.sm.sink());
+        // The state this node kept while it followed, if it did: no replay of its copy.
+        ec.warm = Some(self.sm.warm());
+        // Its batches carry this term: should the node lose the leadership and win it again
+        // while this engine runs, they are skipped, and the engine stops (see `lead`).
+        // Its reads and refusals are answered once this node is known to have led in `term`
+        // after they were made; its commits say so while writes flow.
+        let fence = ReadFence::new(self.raft.clone(), term);
+        let replicate = Arc::new(
+            boxoffice_engine::raft::RaftReplicator::new(self.raft.clone(), term)
+                .fenced(fence.clone()),
+        );
+        // Tickets are signed with the cluster's key ring (group 0's leader makes it if its group
+        // has none), never a key of this node's own.
+        let tickets = if boxoffice_engine::bugs::on(boxoffice_engine::bugs::Bug::NodeTicketKeys) {
+            None
+        } else {
+            Some(self.ring.signer(self.group, replicate.as_ref()).await?)
+        };
+        ec.replicate = Some(replicate);
+        let config = ServerConfig {
+            // Only with the bug above: each node's own key, made on its first lead.
+            new_ticket_key: true,
+            ..self.config.clone()
+        };
+        let mut stack = open_stack(&config, ec, Some(fence), tickets).await?;
+        stack.term = term;
+        stack
+            .tasks
+            .push(lease_watchdog(self.raft.clone(), stack.api.engine.clone()));
+        let (id, now) = {
+            let m = self.raft.metrics().borrow().clone();
+            (m.id, (m.current_leader, m.current_term))
+        };
+        if now != (Some(id), term) {
+            stack.stop().await;
+            anyhow::bail!("the leadership changed while the engine opened");
+        }
+        Ok(stack)
+    }
+
+    /// Waits until this node, leading in `term`, has caught up: a quorum confirmed it leads,
+    /// and everything in its log is applied.
+    async fn catch_up(&self, term: u64) -> anyhow::Result<()> {
         tokio::time::timeout(CATCH_UP_TIMEOUT, async {
             // A quorum must answer within one heartbeat interval: on a busy machine that can
             // take a few tries; losing the leadership ends them.
@@ -66,35 +115,7 @@ impl Leading {
             .context("applying this node's log took too long")?
             .context("this node's Raft stopped")?;
         }
-        let mut ec = engine_config(&self.config);
-        ec.sink = Some(self.sm.sink());
-        // The state this node kept while it followed, if it did: no replay of its copy.
-        ec.warm = Some(self.sm.warm());
-        // Its batches carry this term: should the node lose the leadership and win it again
-        // while this engine runs, they are skipped, and the engine stops (see `lead`).
-        ec.replicate = Some(Arc::new(boxoffice_engine::raft::RaftReplicator::new(
-            self.raft.clone(),
-            term,
-        )));
-        // Each node signs tickets with its own key (made on its first lead).
-        let config = ServerConfig {
-            new_ticket_key: true,
-            ..self.config.clone()
-        };
-        let mut stack = open_stack(&config, ec).await?;
-        stack.term = term;
-        stack
-            .tasks
-            .push(lease_watchdog(self.raft.clone(), stack.api.engine.clone()));
-        let (id, now) = {
-            let m = self.raft.metrics().borrow().clone();
-            (m.id, (m.current_leader, m.current_term))
-        };
-        if now != (Some(id), term) {
-            stack.stop().await;
-            anyhow::bail!("the leadership changed while the engine opened");
-        }
-        Ok(stack)
+        Ok(())
     }
 }
 
@@ -253,6 +274,11 @@ impl LeadLoop {
                 self.node.ready.set(s.api.clone());
                 self.stack = Some(s);
                 Ok(false)
+            }
+            Err(e) if e.downcast_ref::<super::ring::NotYet>().is_some() => {
+                // Not this node's failure: group 0 has no leader that made the ring yet.
+                tracing::warn!(group, error = %e, "waiting for the ticket key ring");
+                Ok(true)
             }
             Err(e) => {
                 self.failures += 1;

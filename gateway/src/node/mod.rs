@@ -7,6 +7,7 @@
 //! - [`lease`](self::lease): a leader cut off from its majority stops its engine.
 //! - [`peers`]: the Raft network between nodes (internal gRPC behind the cluster secret).
 //! - [`forward`]: a node that does not lead forwards public calls to the one that does.
+//! - [`reads`]: a leader's reads and refusals wait until it is known to have led after them.
 
 pub mod forward;
 mod lead;
@@ -14,8 +15,11 @@ mod lease;
 pub mod links;
 mod open;
 pub mod peers;
+pub mod reads;
+pub mod ring;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use boxoffice_engine::raft::{Raft, StateMachine, VoteGuard};
 use tokio::sync::{oneshot, watch};
@@ -34,6 +38,8 @@ use crate::stack::SweeperSlot;
 pub(crate) struct Opened {
     /// Each group's Raft, state machine and vote guard (index: the group).
     groups: Vec<(Raft, StateMachine, VoteGuard)>,
+    /// The cluster secret (the ticket key ring is sealed under it).
+    secret: peers::ClusterSecret,
 }
 
 /// What the server gives a node's leadership loops.
@@ -87,7 +93,14 @@ impl Opened {
             config.network.clone(),
             watch,
         ));
-        Ok((Opened { groups: opened }, service, forwarder))
+        Ok((
+            Opened {
+                groups: opened,
+                secret: c.secret.clone(),
+            },
+            service,
+            forwarder,
+        ))
     }
 
     /// Starts each group's leadership loop (and its Raft figures' sampler).
@@ -96,6 +109,13 @@ impl Opened {
         let (failed_tx, failed) = watch::channel(None);
         let failed_tx = Arc::new(failed_tx);
         let group_health = Arc::new(GroupHealth::new(s.health.clone(), self.groups.len()));
+        let ring = Arc::new(ring::ClusterRing::new(
+            self.groups[0].1.store(),
+            &self.secret,
+            s.config.data_dir.clone(),
+        ));
+        s.background
+            .push(ring.clone().keep_mirrored(Duration::from_secs(1)));
         let mut leads = Vec::new();
         let mut serving = Vec::new();
         for (g, (raft, sm, _)) in self.groups.iter().enumerate() {
@@ -118,6 +138,7 @@ impl Opened {
                 } else {
                     SweeperSlot::default()
                 },
+                ring: ring.clone(),
             };
             let (ready_tx, ready_rx) = oneshot::channel();
             serving.push(ready_rx);

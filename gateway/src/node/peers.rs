@@ -69,6 +69,12 @@ impl ClusterSecret {
         bool::from(digest.ct_eq(&self.digest))
     }
 
+    /// Key material derived from the secret (its SHA-256), for keys of the cluster's own
+    /// (the ticket key ring's sealing key, see `node::ring`).
+    pub(crate) fn material(&self) -> &[u8; 32] {
+        &self.digest
+    }
+
     /// The header value that presents this secret.
     pub(crate) fn bearer(&self) -> &str {
         &self.bearer

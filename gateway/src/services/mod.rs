@@ -5,6 +5,7 @@
 pub mod grpc;
 
 use boxoffice_engine::hash::DashMap;
+use boxoffice_engine::raft::ReadFence;
 use std::sync::Arc;
 
 use boxoffice_engine::{
@@ -110,6 +111,10 @@ pub struct Api {
     pub seat_maps: SeatMaps,
     /// Join challenges (the proof of work before `Join`) and the set of used ones.
     pub challenges: Arc<JoinChallenges>,
+    /// A cluster leader's: where its reads and refusals wait until this node is known to have
+    /// led after they were made ([`crate::node::reads`]). None on a single node (set by the
+    /// node's leadership loop before the state is shared).
+    pub fence: Option<Arc<ReadFence>>,
     rooms: DashMap<EventId, Arc<WaitingRoom>>,
     admitters: DashMap<EventId, tokio::task::JoinHandle<()>>,
     pruner: tokio::task::JoinHandle<()>,
@@ -137,6 +142,7 @@ impl Api {
             queue_max,
             seat_maps,
             challenges,
+            fence: None,
             rooms: DashMap::default(),
             admitters: DashMap::default(),
             pruner,

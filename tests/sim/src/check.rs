@@ -31,98 +31,13 @@ use crate::node::RaftSeen;
 pub struct Violation {
     /// What was broken.
     pub text: String,
-    /// If a read showed an older state than one already acknowledged: the node that answered
-    /// and when the read was made (virtual ms).
-    pub read: Option<(u64, u64)>,
-    /// A known bug this is (the issue that fixes it names it), if it is one.
-    pub known: Option<&'static str>,
 }
-
-/// The known bug of a waitlist entry lost after a retried `JoinWaitlist` answered it.
-pub const KNOWN_WAITLIST: &str =
-    "a retried JoinWaitlist answered from memory before the entry was durable (issue 27)";
-
-/// The known bug of a read answered while a deposed leader still led.
-pub const KNOWN_STALE_READ: &str =
-    "a read answered by a deposed leader within its lease (issue 27)";
 
 impl Violation {
-    /// A broken promise that is not about one read.
+    /// A broken promise, named.
     pub fn new(text: String) -> Violation {
-        Violation {
-            text,
-            read: None,
-            known: None,
-        }
+        Violation { text }
     }
-
-    /// Read `c` answered from an older state than one already acknowledged.
-    fn stale(c: &Call, text: String) -> Violation {
-        Violation {
-            text,
-            read: Some((c.node, c.invoked_ms)),
-            known: None,
-        }
-    }
-}
-
-/// The waitlist entries acknowledged by a retried `JoinWaitlist` and answered from an entry
-/// an earlier attempt of the same fan made but never had a definite answer for: the node that
-/// took that attempt may answer a later one from the entry it holds in memory, its record not
-/// durable. The known bug. Not only the attempt just before (seeds 9618, 9802: a deposed
-/// leader, paused or cut off, answered a third attempt so after a second one had an entry from
-/// the new leader), and any section: a fan has one active entry for the event, and a join for
-/// another section returns it unchanged (docs/api.md; seeds 6714, 7774, 9786 at 2614c48: a
-/// join for `ga` timed out on a cut-off leader, whose entry then answered a join for `floor`).
-/// The entry must have been made while such an attempt's request could still be acted on (its
-/// id is a ULID of the simulation's clock): from when it began to [`LOST_REQUEST_MS`] later. A
-/// lost attempt's request can be acted on after the fan gave up, even during the call that is
-/// answered from it (seed 637: a paused leader made the entry of a join that had timed out as
-/// it resumed, and answered the retry with it); an entry made later is no lost attempt's, and
-/// its loss is not the known bug.
-pub fn retried_entries(h: &History) -> BTreeSet<String> {
-    let mut indefinite: BTreeMap<Fan, Vec<u64>> = BTreeMap::new();
-    for c in &h.calls {
-        if matches!(c.op, Op::JoinWaitlist { .. }) && !c.answer.definite() {
-            indefinite.entry(c.fan).or_default().push(c.invoked_ms);
-        }
-    }
-    let mut retried = BTreeSet::new();
-    for c in &h.calls {
-        let (Op::JoinWaitlist { .. }, Answer::Entry(id, ..)) = (&c.op, &c.answer) else {
-            continue;
-        };
-        let Some(made) = entry_made_ms(id) else {
-            continue;
-        };
-        let by_a_lost_attempt = indefinite.get(&c.fan).is_some_and(|tries| {
-            tries
-                .iter()
-                .any(|t| *t <= made && made <= t + LOST_REQUEST_MS)
-        });
-        if by_a_lost_attempt {
-            retried.insert(id.clone());
-        }
-    }
-    retried
-}
-
-/// How long after it began a request that got no definite answer may still be acted on: the
-/// fans' timeout (1.5 s), the longest a fault holds a node or a link (3 s), and a margin.
-const LOST_REQUEST_MS: u64 = 6_000;
-
-/// When waitlist entry `id` (`{event}.w{ULID}`) was made, virtual ms: its ULID's time, which
-/// the simulation's clock sets (`EPOCH_MS` + virtual time, the same on every node).
-fn entry_made_ms(id: &str) -> Option<u64> {
-    let (_, ulid) = id.rsplit_once(".w")?;
-    const CROCKFORD: &[u8] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
-    let ms = ulid.get(..10)?.bytes().try_fold(0u64, |acc, b| {
-        let digit = CROCKFORD
-            .iter()
-            .position(|c| *c == b.to_ascii_uppercase())?;
-        Some(acc * 32 + digit as u64)
-    })?;
-    ms.checked_sub(crate::clock::EPOCH_MS)
 }
 
 /// The key of a call that carries one (holds, confirms), with the fan.
@@ -179,7 +94,6 @@ pub fn history(
 ) -> Vec<Violation> {
     let mut v = Vec::new();
     let calls = &h.calls;
-    let retried = retried_entries(h);
 
     // Acknowledgements and their times.
     let mut hold_acked: BTreeMap<String, u64> = BTreeMap::new();
@@ -221,7 +135,7 @@ pub fn history(
                 if a.reason() == "HOLD_NOT_FOUND" =>
             {
                 if let Some(at) = hold_acked.get(hold).filter(|at| **at < c.invoked_ms) {
-                    v.push(Violation::stale(c, format!(
+                    v.push(Violation::new(format!(
                         "hold {hold}, acknowledged at {at} ms, was not found by {:?} through node {} at {} ms",
                         c.op, c.node, c.invoked_ms
                     )));
@@ -231,7 +145,7 @@ pub fn history(
                 if let Some((at, _)) = confirmed.get(hold).filter(|(at, _)| *at < c.invoked_ms)
                     && seen.status != pb::HoldStatus::Confirmed as i32
                 {
-                    v.push(Violation::stale(c, format!(
+                    v.push(Violation::new(format!(
                         "hold {hold}, confirmed at {at} ms, read as status {} through node {} at {} ms",
                         seen.status, c.node, c.invoked_ms
                     )));
@@ -239,7 +153,7 @@ pub fn history(
                 if let Some(at) = released.get(hold).filter(|at| **at < c.invoked_ms)
                     && seen.status != pb::HoldStatus::Released as i32
                 {
-                    v.push(Violation::stale(c, format!(
+                    v.push(Violation::new(format!(
                         "hold {hold}, released at {at} ms, read as status {} through node {} at {} ms",
                         seen.status, c.node, c.invoked_ms
                     )));
@@ -249,9 +163,11 @@ pub fn history(
                 if let Some((at, o)) = orders.get(order).filter(|(at, _)| *at < c.invoked_ms) {
                     match a {
                         Answer::Order(seen)
-                            if seen.tickets == o.tickets && seen.amount_cents == o.amount_cents => {}
+                            if seen.tickets == o.tickets
+                                && seen.amount_cents == o.amount_cents
+                                && seen.codes == o.codes => {}
                         Answer::Failed(..) => {}
-                        other => v.push(Violation::stale(c, format!(
+                        other => v.push(Violation::new(format!(
                             "order {order}, acknowledged at {at} ms as {o:?}, read as {other:?} through node {} at {} ms",
                             c.node, c.invoked_ms
                         ))),
@@ -262,17 +178,10 @@ pub fn history(
                 if a.reason() == "NOT_FOUND" || a.reason() == "ENTRY_NOT_FOUND" =>
             {
                 if let Some(at) = entries.get(entry).filter(|at| **at < c.invoked_ms) {
-                    let mut found = Violation::stale(
-                        c,
-                        format!(
-                            "waitlist entry {entry}, acknowledged at {at} ms, was not found through node {} at {} ms",
-                            c.node, c.invoked_ms
-                        ),
-                    );
-                    if retried.contains(entry) {
-                        found.known = Some(KNOWN_WAITLIST);
-                    }
-                    v.push(found);
+                    v.push(Violation::new(format!(
+                        "waitlist entry {entry}, acknowledged at {at} ms, was not found through node {} at {} ms",
+                        c.node, c.invoked_ms
+                    )));
                 }
             }
             _ => {}
@@ -301,7 +210,7 @@ pub fn history(
                 .map(|(_, o)| o.places_in(section))
                 .sum();
             if (*sold as usize) < acked {
-                v.push(Violation::stale(r, format!(
+                v.push(Violation::new(format!(
                     "section {section} read through node {} at {} ms shows {sold} sold, but {acked} places were sold in orders acknowledged before (a stale read)",
                     r.node, r.invoked_ms
                 )));
@@ -320,7 +229,7 @@ pub fn history(
                 if let Some((_, _, _, _, sold_b)) = sb.iter().find(|s| &s.0 == section)
                     && sold_b < sold_a
                 {
-                    v.push(Violation::stale(b, format!(
+                    v.push(Violation::new(format!(
                         "section {section}: {sold_a} sold read through node {} by {} ms, then {sold_b} through node {} at {} ms (sold went back)",
                         a.node, a.completed_ms, b.node, b.invoked_ms
                     )));
@@ -334,7 +243,14 @@ pub fn history(
     let mut all_orders: BTreeMap<String, OrderSeen> = BTreeMap::new();
     for c in calls {
         if let Answer::Order(o) = &c.answer {
-            all_orders.entry(o.id.clone()).or_insert_with(|| o.clone());
+            // A ticket's code never changes, whichever node answers (the cluster's key ring).
+            let first = all_orders.entry(o.id.clone()).or_insert_with(|| o.clone());
+            if first.codes != o.codes {
+                v.push(Violation::new(format!(
+                    "order {}'s tickets showed the codes {:?}, then {:?} through node {} at {} ms",
+                    o.id, first.codes, o.codes, c.node, c.invoked_ms
+                )));
+            }
             for (_, section, seat) in &o.tickets {
                 if !seat.is_empty() {
                     seat_orders
@@ -389,9 +305,7 @@ pub fn history(
             let unplaced = *position == 0 && *state == pb::QueueState::Waiting as i32;
             if let Some((p, s)) = standing.get(&c.fan) {
                 if unplaced {
-                    v.push(Violation::stale(
-                        c,
-                        format!(
+                    v.push(Violation::new(format!(
                             "fan {} had place {p} in the line, then was told the line has not                              opened (node {}, {} ms)",
                             c.fan, c.node, c.invoked_ms
                         ),
@@ -399,9 +313,7 @@ pub fn history(
                     continue;
                 }
                 if position > p {
-                    v.push(Violation::stale(
-                        c,
-                        format!(
+                    v.push(Violation::new(format!(
                             "fan {}'s place in the line moved back from {p} to {position} (node {}, {} ms)",
                             c.fan, c.node, c.invoked_ms
                         ),
@@ -410,13 +322,10 @@ pub fn history(
                 if *s == pb::QueueState::Admitted as i32
                     && *state != pb::QueueState::Admitted as i32
                 {
-                    v.push(Violation::stale(
-                        c,
-                        format!(
-                            "fan {}'s admission was taken back (state {state}, node {}, {} ms)",
-                            c.fan, c.node, c.invoked_ms
-                        ),
-                    ));
+                    v.push(Violation::new(format!(
+                        "fan {}'s admission was taken back (state {state}, node {}, {} ms)",
+                        c.fan, c.node, c.invoked_ms
+                    )));
                 }
             }
             if !unplaced {
@@ -493,81 +402,4 @@ pub fn served_after_healing(h: &History, healed_at_ms: u64) -> Vec<Violation> {
             ))
         })
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{entry_made_ms, retried_entries};
-    use crate::history::{Answer, Call, History, Op};
-
-    /// A waitlist entry id made at virtual `ms`.
-    fn entry(ms: u64) -> String {
-        const CROCKFORD: &[u8] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
-        let mut t = crate::clock::EPOCH_MS + ms;
-        let mut time = [b'0'; 10];
-        for c in time.iter_mut().rev() {
-            *c = CROCKFORD[(t % 32) as usize];
-            t /= 32;
-        }
-        format!("show.w{}0000000000000000", String::from_utf8_lossy(&time))
-    }
-
-    fn join(section: &str, invoked_ms: u64, answer: Answer) -> Call {
-        Call {
-            fan: 7,
-            op: Op::JoinWaitlist {
-                section: section.into(),
-                quantity: 1,
-            },
-            node: 1,
-            invoked_ms,
-            completed_ms: invoked_ms + 20,
-            answer,
-        }
-    }
-
-    #[test]
-    fn only_an_entry_a_lost_attempt_made_is_the_known_bug() {
-        let timed_out = Answer::Failed(4, "timeout".into());
-        let mut h = History::default();
-        h.calls = vec![
-            // A join that timed out; its entry (made at 1,010) answers a later join for
-            // the other section, from memory: the known bug.
-            join("ga", 1_000, timed_out.clone()),
-            join(
-                "floor",
-                3_000,
-                Answer::Entry(entry(1_010), 1, String::new()),
-            ),
-            // Much later the same fan gets a fresh entry, made by the call itself: its
-            // loss would be no retry's.
-            join(
-                "floor",
-                60_000,
-                Answer::Entry(entry(60_005), 1, String::new()),
-            ),
-        ];
-        let retried = retried_entries(&h);
-        assert!(retried.contains(&entry(1_010)), "{retried:?}");
-        assert!(!retried.contains(&entry(60_005)), "{retried:?}");
-        // Without the lost attempt nothing is excused.
-        h.calls.remove(0);
-        assert!(retried_entries(&h).is_empty());
-    }
-
-    #[test]
-    fn an_entry_id_says_when_it_was_made() {
-        // Seed 6714 at 2614c48: the entry a cut-off leader made during a join that timed out
-        // (4,833..6,333 ms), and one a new leader made during a join at 6,433..6,460 ms.
-        assert_eq!(
-            entry_made_ms("show.w01MCC5RRQ3VSAP3DXVN4NPWSJW"),
-            Some(4_835)
-        );
-        assert_eq!(
-            entry_made_ms("show.w01MCC5RT988XC2REQYPSWKK7N9"),
-            Some(6_440)
-        );
-        assert_eq!(entry_made_ms("show.h01MCC5RRQ3VSAP3DXVN4NPWSJW"), None);
-        assert_eq!(entry_made_ms("show.w01MCC"), None);
-    }
 }

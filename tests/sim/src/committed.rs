@@ -11,9 +11,9 @@
 //! - it holds no record of a call first sent after the refusal was answered (decided later).
 //!
 //! A refusal no such state gives was decided on a state the log never had: places taken by a
-//! change that was never committed. (A deposed leader that still thinks it leads answers from
-//! a state the new leader has moved past: those refusals are the known stale read of the
-//! cluster issue, labelled so.)
+//! change that was never committed, or on a state a newer leader had moved past (a deposed
+//! leader's: since issue 27 a leader answers a refusal only once it is known to have led after
+//! making it).
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
@@ -24,11 +24,9 @@ use boxoffice_engine::raft::observe::{self, Observing};
 use boxoffice_engine::store::names;
 use boxoffice_engine::{EventId, Layout, RowSpec, SeatStatus, SectionCore, SectionId, SectionSpec};
 
-use crate::check::{KNOWN_STALE_READ, Violation};
+use crate::check::Violation;
 use crate::fans::{EVENT, FLOOR, FLOOR_ROWS, GA, GA_CAPACITY, floor_seats};
 use crate::history::{Answer, Fan, History, Op};
-use crate::node::REPORT_SLACK_MS;
-use crate::node::RaftSeen;
 
 /// The ops of section records applied, by `(log index, op in the entry)`: `(stream, records)`.
 type Ops = BTreeMap<(u64, usize), (String, Vec<(u64, Vec<u8>)>)>;
@@ -282,7 +280,7 @@ fn wrong_refusal(
 
 /// Every refusal of `h` that no state of the committed log within its time gives, and what
 /// is wrong with the log itself (see the module docs).
-pub fn check(h: &History, c: &Committed, seen: &RaftSeen) -> Vec<Violation> {
+pub fn check(h: &History, c: &Committed) -> Vec<Violation> {
     let mut v: Vec<Violation> = c.differ.iter().cloned().map(Violation::new).collect();
     let (states, at) = replay(c, &mut v);
     // Each call's record's place in the log, with when it was first sent and acknowledged.
@@ -320,7 +318,7 @@ pub fn check(h: &History, c: &Committed, seen: &RaftSeen) -> Vec<Violation> {
         let Some(why) = wrong(lo(from)) else {
             continue;
         };
-        let mut found = Violation::new(format!(
+        v.push(Violation::new(format!(
             "fan {}'s hold {key} was refused {reason} at {to} ms (asked at {from} ms), but {why} of the committed log while it ran (its records {}..={})",
             r.fan,
             lo(from),
@@ -329,18 +327,7 @@ pub fn check(h: &History, c: &Committed, seen: &RaftSeen) -> Vec<Violation> {
             } else {
                 hi.to_string()
             }
-        ));
-        // A deposed leader that still thinks it leads answers from the state it last knew,
-        // which has every record acknowledged before another node began to lead (it was
-        // committed by it or a leader before it): the known stale read, if some state from
-        // then on gives the refusal. One that no such state gives was decided on a change that
-        // never committed.
-        if let Some(since) = seen.deposed_since(from, to)
-            && wrong(lo(since.saturating_sub(REPORT_SLACK_MS))).is_none()
-        {
-            found.known = Some(KNOWN_STALE_READ);
-        }
-        v.push(found);
+        )));
     }
     v
 }

@@ -131,7 +131,7 @@ pub struct OrderSeen {
     pub hold: String,
     /// `(ticket id, section, seat)` of each ticket.
     pub tickets: Vec<(String, String, String)>,
-    /// Each ticket's code (signed by the node's key).
+    /// Each ticket's code (signed with the cluster's key ring).
     pub codes: Vec<String>,
     /// What was charged.
     pub amount_cents: u64,

@@ -90,9 +90,6 @@ pub struct Report {
     pub trace_hash: String,
     /// Every broken promise (the first ones found while the run went, when it stopped early).
     pub violations: Vec<String>,
-    /// Stale reads made while a deposed leader still led (before its lease ran out): a known
-    /// bug (the cluster issue, 27, makes reads linearizable); counted apart, not hidden.
-    pub known: Vec<String>,
     /// Calls made.
     pub calls: usize,
     /// Calls answered definitely.
@@ -834,17 +831,13 @@ pub fn run(seed: u64, options: &Options) -> Report {
         violations.extend(check::served_after_healing(&h, at));
     }
     let acked = acknowledged(&h);
-    let retried = check::retried_entries(&h);
     let calls = h.calls.len();
     let answered = h.calls.iter().filter(|c| c.answer.definite()).count();
     let faults = h.faults.len();
     drop(h);
     // (The offline checks open engines of their own: nothing more is the run's to observe.)
     drop(observing);
-    // (Known bugs found so far do not stop the run: its history is whole.)
-    let checked_before = classify(violations.clone(), &history_seen(&seen))
-        .1
-        .is_empty();
+    let checked_before = violations.is_empty();
     let mut never_made = BTreeSet::new();
     if healed_at.is_some() {
         // (A run stopped early, with its violations, never healed: its nodes' disks are not
@@ -856,32 +849,17 @@ pub fn run(seed: u64, options: &Options) -> Report {
             &driver.flipped,
         );
         never_made = never;
-        violations.extend(found.into_iter().map(|text| {
-            let mut v = check::Violation::new(text);
-            // An entry of the known waitlist bug, missing from a node's copy too.
-            if retried.iter().any(|e| v.text.contains(e.as_str())) {
-                v.known = Some(check::KNOWN_WAITLIST);
-            }
-            v
-        }));
+        violations.extend(found.into_iter().map(check::Violation::new));
     }
     if checked_before {
         // The refusals, once the disks said which holds the fans gave up on were never made,
         // and against the states of the committed log.
         let h = history::lock(&history);
-        violations.extend(refusals::check(&h, &never_made, &history_seen(&seen)));
-        violations.extend(committed::check(&h, &log.borrow(), &history_seen(&seen)));
+        violations.extend(refusals::check(&h, &never_made));
+        violations.extend(committed::check(&h, &log.borrow()));
     }
-    let (known, violations) = classify(violations, &history_seen(&seen));
-    let known: Vec<String> = known
-        .into_iter()
-        .map(|v| format!("{} [{}]", v.text, v.known.unwrap_or_default()))
-        .collect();
     let violations: Vec<String> = violations.into_iter().map(|v| v.text).collect();
     let mut h = history::lock(&history);
-    for v in &known {
-        h.note(&format!("known: {v}"));
-    }
     for v in &violations {
         h.note(&format!("violation: {v}"));
     }
@@ -891,7 +869,6 @@ pub fn run(seed: u64, options: &Options) -> Report {
         seed,
         trace_hash,
         violations,
-        known,
         calls,
         answered,
         faults,
@@ -903,7 +880,7 @@ pub fn run(seed: u64, options: &Options) -> Report {
 /// How often the cheap checks run while a run goes (virtual ms).
 const CHECK_EVERY_MS: u64 = 1_000;
 
-/// The checks over the history so far that found something not known. The refusals wait for
+/// The checks over the history so far, and what they found. The refusals wait for
 /// the end: a call still running is in no history yet, and it may hold the places a refusal
 /// says were taken.
 fn step_checks(
@@ -913,26 +890,7 @@ fn step_checks(
 ) -> Vec<check::Violation> {
     let h = history::lock(history);
     let seen = history_seen(seen);
-    let found = check::history(&h, &seen, fans::PER_USER_LIMIT, healed_at);
-    classify(found, &seen).1
-}
-
-/// Splits violations into the known bugs (each labelled with it) and the rest. A read made
-/// while a deposed leader still led (it had not heard of the new leader, and answers until its
-/// lease runs out: 3 s, checked every 0.5 s) is the known stale read the cluster issue fixes.
-fn classify(
-    found: Vec<check::Violation>,
-    seen: &RaftSeen,
-) -> (Vec<check::Violation>, Vec<check::Violation>) {
-    found
-        .into_iter()
-        .map(|mut v| {
-            if v.known.is_none() && v.read.is_some_and(|(_, at)| seen.deposed_leader_at(at)) {
-                v.known = Some(check::KNOWN_STALE_READ);
-            }
-            v
-        })
-        .partition(|v| v.known.is_some())
+    check::history(&h, &seen, fans::PER_USER_LIMIT, healed_at)
 }
 
 /// What the fans were told, for the offline checks.

@@ -56,18 +56,6 @@ pub fn host(id: u64) -> String {
 /// committed with one entry only, which is what the checkers hold it to.
 pub type LeaderId = (u64, u64);
 
-/// How late a node may report that it leads (its Raft metrics reach the driver between
-/// steps), ms.
-pub(crate) const REPORT_SLACK_MS: u64 = 100;
-
-/// How long after another node began to lead a deposed leader may still answer from its
-/// engine: its lease (no majority's acknowledgement for that long stops the engine; the last
-/// one came before the other node's election), checked every half second, and the slack of
-/// the reports.
-pub(crate) const STALE_FOR_MS: u64 = boxoffice_gateway::node::LEASE_LOST_AFTER.as_millis() as u64
-    + boxoffice_gateway::node::LEASE_CHECK_EVERY.as_millis() as u64
-    + REPORT_SLACK_MS;
-
 /// What the harness sees of every node's Raft, gathered from each node's metrics as they
 /// change: the evidence for the Raft checkers.
 #[derive(Default)]
@@ -123,42 +111,6 @@ impl RaftSeen {
             (None, Some(id)) => self.leads.push((node, id, now_ms, None)),
             (None, None) => {}
         }
-    }
-
-    /// Whether, at `at_ms`, some node still led while another had already led with a greater
-    /// leader id: a deposed leader that has not heard of it yet.
-    pub fn deposed_leader_at(&self, at_ms: u64) -> bool {
-        self.deposed_leader_during(at_ms, at_ms)
-    }
-
-    /// Whether, at some moment from `from_ms` to `to_ms`, a node still led in a term after
-    /// which another node had begun to lead (see [`RaftSeen::deposed_leader_at`]).
-    pub fn deposed_leader_during(&self, from_ms: u64, to_ms: u64) -> bool {
-        self.deposed_since(from_ms, to_ms).is_some()
-    }
-
-    /// The earliest moment at which a node that still led at some moment from `from_ms` to
-    /// `to_ms` had been superseded (another node had begun to lead in a later term while it
-    /// still led) and could still answer from its engine: no later than [`STALE_FOR_MS`] after
-    /// that moment, when its lease has run out (its Raft may report that it leads for longer,
-    /// but its engine is stopped). `None` if no deposed leader could answer then.
-    pub fn deposed_since(&self, from_ms: u64, to_ms: u64) -> Option<u64> {
-        self.leads
-            .iter()
-            .filter(|(_, _, from, until)| *from <= to_ms && until.is_none_or(|u| u >= from_ms))
-            .flat_map(|(n, id, _, until)| {
-                self.leads
-                    .iter()
-                    .filter(move |(m, later, start, _)| {
-                        m != n
-                            && later > id
-                            && *start <= to_ms
-                            && start + STALE_FOR_MS >= from_ms
-                            && until.is_none_or(|u| u >= *start)
-                    })
-                    .map(|(_, _, start, _)| *start)
-            })
-            .min()
     }
 }
 

@@ -14,10 +14,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use boxoffice_proto::v1 as pb;
 
-use crate::check::{KNOWN_STALE_READ, Violation};
+use crate::check::Violation;
 use crate::fans::{FLOOR, GA, GA_CAPACITY, floor_seats};
 use crate::history::{Answer, Fan, History, HoldSeen, Op};
-use crate::node::{REPORT_SLACK_MS, RaftSeen};
 
 /// One logical hold: every attempt of one idempotency key (a call or a batch item).
 pub(crate) struct Logical {
@@ -133,7 +132,7 @@ pub(crate) fn logical(h: &History) -> Vec<Logical> {
 
 /// Every refusal of a history that no possible state could have given. `never_made`: keys of
 /// holds the fans gave up on that no node's disk remembers after the run (they took no places).
-pub fn check(h: &History, never_made: &BTreeSet<String>, seen: &RaftSeen) -> Vec<Violation> {
+pub fn check(h: &History, never_made: &BTreeSet<String>) -> Vec<Violation> {
     let holds = logical(h);
     // When a hold was known to have ended (released, or read released or expired), unless a
     // confirm of it may have run (it may live on as a new hold of the same places).
@@ -189,20 +188,7 @@ pub fn check(h: &History, never_made: &BTreeSet<String>, seen: &RaftSeen) -> Vec
         if found.is_empty() {
             continue;
         }
-        // A deposed leader that still thinks it leads answers from the state it last knew: the
-        // known stale read of issue 27 (seed 5759 at 2614c48: a leader cut off while floor was
-        // full refused a hold after the new leader had released a place), if the places were
-        // taken at some moment from when another node began to lead.
-        let known = seen
-            .deposed_since(r.invoked_ms, *answered_ms)
-            .is_some_and(|since| why(since.saturating_sub(REPORT_SLACK_MS)).is_empty());
-        v.extend(found.into_iter().map(|text| {
-            let mut found = Violation::new(text);
-            if known {
-                found.known = Some(KNOWN_STALE_READ);
-            }
-            found
-        }));
+        v.extend(found.into_iter().map(Violation::new));
     }
     v
 }

@@ -20,6 +20,13 @@ fn named(name: &str) -> Bug {
         .unwrap_or_else(|| panic!("no bug named {name}: {:?}", Bug::ALL))
 }
 
+/// Bugs another safeguard now hides from the simulation, each proven by a deterministic test
+/// instead (and still huntable by name, `BOXOFFICE_SIM_BUG`): `RefusalBeforeDurable` since a
+/// cluster leader's refusals wait at its read fence (issue 27), whose confirmation, while holds
+/// flow, is a later commit that carries the hold the refusal depends on (not caught in 1,000
+/// seeds since; `it/sweeper.rs` `a_refusal_waits_for_the_change_it_depends_on_to_commit`).
+const HIDDEN: [Bug; 1] = [Bug::RefusalBeforeDurable];
+
 /// This test's name: its workers run it again, with their seeds.
 const TEST: &str = "each_bug_put_back_is_caught_within_100_seeds";
 
@@ -75,7 +82,10 @@ fn each_bug_put_back_is_caught_within_100_seeds() {
     let budget = boxoffice_engine::tiers::count("BOXOFFICE_SIM_BUG_SEEDS", 100, 100) as u64;
     let which: Vec<Bug> = match std::env::var("BOXOFFICE_SIM_BUG") {
         Ok(name) => vec![named(&name)],
-        Err(_) => Bug::ALL.to_vec(),
+        Err(_) => Bug::ALL
+            .into_iter()
+            .filter(|b| !HIDDEN.contains(b))
+            .collect(),
     };
     let seeds: Vec<u64> = (1..=budget).collect();
     let mut missed = Vec::new();

@@ -490,6 +490,42 @@ pub struct ConfirmAnswer {
     pub request: pb::ConfirmRequest,
     pub node: usize,
     pub order_id: String,
+    /// The codes of its tickets, as the fan received them.
+    pub codes: Vec<String>,
+}
+
+/// The codes of an order's tickets.
+pub fn codes(o: &pb::Order) -> Vec<String> {
+    o.tickets.iter().map(|t| t.code.clone()).collect()
+}
+
+/// Every node of `live` shows a sample of the acknowledged orders (about `max`) with the codes
+/// their fans received: whichever node signs now, after failovers and a wiped node's lead,
+/// the codes are the cluster key ring's and never change.
+pub async fn codes_as_received(clients: &[Clients], live: &[usize], acked: &Acked, max: usize) {
+    assert!(!acked.confirm_answers.is_empty(), "no order to read back");
+    let tally = AtomicU64::new(0);
+    let step = (acked.confirm_answers.len() / max.max(1)).max(1);
+    for a in acked.confirm_answers.iter().step_by(step) {
+        for &n in live {
+            let o = retrying(std::slice::from_ref(&clients[n]), 0, &tally, |mut c| {
+                let req = pb::GetOrderRequest {
+                    order_id: a.order_id.clone(),
+                    user_id: a.request.user_id.clone(),
+                };
+                async move { c.booking.get_order(req).await }
+            })
+            .await
+            .unwrap_or_else(|s| panic!("order {} read through node {}: {s:?}", a.order_id, n + 1));
+            assert_eq!(
+                codes(&o),
+                a.codes,
+                "order {} read through node {} shows other codes than its fan received",
+                a.order_id,
+                n + 1
+            );
+        }
+    }
 }
 
 /// What the clients saw.
@@ -736,6 +772,7 @@ impl<T: Tally + 'static> Fan<T> {
                 acked.confirm_answers.push(ConfirmAnswer {
                     request: req,
                     node,
+                    codes: codes(&order),
                     order_id: order.order_id,
                 });
                 drop(acked);
