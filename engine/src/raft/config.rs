@@ -11,22 +11,24 @@ pub fn config(snapshot_every: u64) -> Result<std::sync::Arc<openraft::Config>, C
     config_keeping(snapshot_every, SNAPSHOT_KEEP_DEFAULT)
 }
 
-/// The leader's heartbeat interval. openraft 0.9 ticks every 1.5 heartbeat intervals (60 ms)
-/// and sends a heartbeat at a tick, so followers hear from an idle leader every 60 ms.
-pub const HEARTBEAT_MS: u64 = 40;
+/// The leader's heartbeat interval. openraft 0.9 ticks every 1.5 heartbeat intervals (75 ms)
+/// and sends a heartbeat at a tick, so followers hear from an idle leader every 75 ms. It is
+/// also openraft's timeout of every AppendEntries, which a follower answers once the entries
+/// (and its marks) are synced: shorter, a busy disk would fail appends.
+pub const HEARTBEAT_MS: u64 = 50;
 
 /// The shortest election timeout. openraft 0.9 draws each node's timeout once, at its start,
 /// from `[ELECTION_MIN_MS, ELECTION_MAX_MS)`, and a follower that followed a leader also waits
 /// out that leader's lease (`ELECTION_MAX_MS`) first: after a leader dies, a follower stands
-/// after 450 to 600 ms without a word from it (and the next tick, up to 60 ms more). If the
+/// after 450 to 600 ms without a word from it (and the next tick, up to 75 ms more). If the
 /// first to stand has the shorter log, the other refuses it, and stands itself once its own
 /// timeout has passed twice (the first candidate took their term): 600 to 900 ms.
 pub const ELECTION_MIN_MS: u64 = 150;
 
 /// The longest election timeout, and the lease during which a follower that heard from its
 /// leader refuses other candidates (openraft 0.9 has no pre-vote: this lease is what keeps a
-/// node that was cut off and comes back from deposing a working leader). 7.5 heartbeats: a
-/// leader whose heartbeats are late by 5 in a row (a busy machine) is not deposed yet.
+/// node that was cut off and comes back from deposing a working leader). Four ticks: a leader
+/// whose heartbeats are late by three in a row (a busy machine) is not deposed yet.
 pub const ELECTION_MAX_MS: u64 = 300;
 
 /// A Raft config that cannot run: the setting it names and why.

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::marks::RaftMarks;
 use crate::store::{FailStopKv, Kv, KvSink, KvTree, SledKv};
 
 /// A node's store ([`Kv`]), shared by its log store, state machine and vote guard: one sync
@@ -12,6 +13,8 @@ use crate::store::{FailStopKv, Kv, KvSink, KvTree, SledKv};
 pub struct NodeDb {
     pub(super) kv: Arc<dyn Kv>,
     pub(super) dir: Option<PathBuf>,
+    /// What the store must hold, kept beside it (none for a store in memory).
+    pub(super) marks: RaftMarks,
 }
 
 impl NodeDb {
@@ -21,6 +24,7 @@ impl NodeDb {
         NodeDb {
             kv: Arc::new(FailStopKv::new(kv)),
             dir: None,
+            marks: RaftMarks::default(),
         }
     }
 
@@ -68,6 +72,27 @@ impl NodeDb {
             .map_err(std::io::Error::other)?
             .map_err(std::io::Error::other)
     }
+
+    /// [`NodeDb::sync`], then [`NodeDb::mark`].
+    pub(super) async fn sync_marked(
+        &self,
+        change: impl FnOnce(&mut super::marks::Held) + Send + 'static,
+    ) -> std::io::Result<()> {
+        self.sync().await?;
+        self.mark(change).await
+    }
+
+    /// Records `change` in the marks ([`super::marks`]): what the store must hold from now on,
+    /// durable when this returns. Off the async workers, as [`NodeDb::sync`].
+    pub(super) async fn mark(
+        &self,
+        change: impl FnOnce(&mut super::marks::Held) + Send + 'static,
+    ) -> std::io::Result<()> {
+        let marks = self.marks.clone();
+        crate::rt::blocking(move || marks.write(change))
+            .await
+            .map_err(std::io::Error::other)?
+    }
 }
 
 /// How long opening a node's sled database waits for the lock of a previous instance (in this
@@ -88,5 +113,6 @@ pub fn open_node_db_cached(dir: &Path, cache_bytes: u64) -> std::io::Result<Node
     Ok(NodeDb {
         kv: Arc::new(FailStopKv::new(Arc::new(kv))),
         dir: Some(dir.to_owned()),
+        marks: RaftMarks::open(dir)?,
     })
 }

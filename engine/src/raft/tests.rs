@@ -713,3 +713,23 @@ async fn the_next_leader_starts_warm_and_a_state_that_does_not_fit_is_dropped() 
         n.raft.shutdown().await.unwrap();
     }
 }
+
+/// A copy with damage (a charge of the payment record that no longer decodes) builds no
+/// snapshot: it is never handed on.
+#[tokio::test]
+async fn a_damaged_copy_builds_no_snapshot() {
+    use openraft::storage::RaftSnapshotBuilder;
+    let disk = crate::store::SimKv::new();
+    let node = super::NodeDb::new(std::sync::Arc::new(disk.clone()));
+    let mut sm = super::StateMachine::open(&node).unwrap();
+    // A healthy copy builds one.
+    sm.build_snapshot().await.unwrap();
+    // A charge of the payment record that no longer decodes (a bit flipped at rest).
+    crate::store::Kv::tree(&disk, crate::store::names::PAYMENTS)
+        .unwrap()
+        .insert(b"show.ga.h1:k", b"not a charge")
+        .unwrap();
+    let e = sm.build_snapshot().await.err().unwrap().to_string();
+    assert!(e.contains("damaged"), "{e}");
+    assert!(e.contains("payments"), "{e}");
+}

@@ -93,6 +93,9 @@ const FORMAT: u32 = 1;
 const MAGIC: &[u8; 8] = b"BXOSUPR\x01";
 /// The two copies' file names.
 pub const FILES: [&str; 2] = ["superblock.0", "superblock.1"];
+/// The two copies' file names of a cluster node's Raft marks (`crate::raft`'s `marks`): the
+/// same format under other names, so that no single-node tool reads them as a log's marks.
+pub const RAFT_FILES: [&str; 2] = ["raft-marks.0", "raft-marks.1"];
 
 #[derive(Serialize, Deserialize)]
 struct Body {
@@ -125,6 +128,8 @@ fn decode(bytes: &[u8]) -> Result<(u64, Marks), String> {
 /// The two superblock copies in a directory.
 pub struct SuperblockFiles {
     dir: PathBuf,
+    /// The copies' names ([`FILES`], or [`RAFT_FILES`]).
+    names: [&'static str; 2],
     state: Mutex<Copies>,
 }
 
@@ -143,9 +148,17 @@ fn open_error(path: &Path, e: impl std::fmt::Display) -> StorageError {
 impl SuperblockFiles {
     /// Reads both copies in `dir` (nothing is written until [`SuperblockFiles::write`]).
     pub fn open(dir: &Path) -> Result<(SuperblockFiles, SuperblockRead), StorageError> {
+        SuperblockFiles::open_named(dir, FILES)
+    }
+
+    /// [`SuperblockFiles::open`], the copies named `names`.
+    pub fn open_named(
+        dir: &Path,
+        names: [&'static str; 2],
+    ) -> Result<(SuperblockFiles, SuperblockRead), StorageError> {
         let mut read = SuperblockRead::default();
         let mut newest: Option<(u64, Marks)> = None;
-        for name in FILES {
+        for name in names {
             let path = dir.join(name);
             let mut bytes = Vec::new();
             match File::open(&path) {
@@ -168,6 +181,7 @@ impl SuperblockFiles {
         read.marks = newest.map(|(_, m)| m);
         let files = SuperblockFiles {
             dir: dir.to_owned(),
+            names,
             state: Mutex::new(Copies {
                 files: [None, None],
                 sequence,
@@ -183,7 +197,7 @@ impl SuperblockFiles {
         let slot = (sequence % 2) as usize;
         let bytes = encode(sequence, marks);
         if st.files[slot].is_none() {
-            let path = self.dir.join(FILES[slot]);
+            let path = self.dir.join(self.names[slot]);
             let file = OpenOptions::new()
                 .read(true)
                 .write(true)
@@ -200,7 +214,8 @@ impl SuperblockFiles {
         let Some(file) = st.files[slot].as_ref() else {
             unreachable!("opened above")
         };
-        let io = |e: std::io::Error| StorageError::Io(format!("superblock {}: {e}", FILES[slot]));
+        let name = self.names[slot];
+        let io = |e: std::io::Error| StorageError::Io(format!("superblock {name}: {e}"));
         file.write_all_at(&bytes, 0).map_err(io)?;
         file.set_len(bytes.len() as u64).map_err(io)?;
         file.sync_data().map_err(io)?;

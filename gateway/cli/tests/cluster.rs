@@ -839,3 +839,150 @@ async fn follower_table(groups: u32) {
         n.terminate();
     }
 }
+
+/// A way to damage the store in a data dir.
+type Damage = fn(&std::path::Path);
+
+/// Cuts the second half of sled's file in `dir` off (a file cut short).
+fn cut_in_half(dir: &std::path::Path) {
+    let db = dir.join("db");
+    let len = std::fs::metadata(&db).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&db)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+}
+
+/// Flips every byte of 64 KiB in the middle of sled's file in `dir` (damage at rest: sled reads
+/// up to the first message that fails its checksum, and drops the rest as a torn tail).
+fn flip_the_middle(dir: &std::path::Path) {
+    use std::os::unix::fs::FileExt;
+    let db = dir.join("db");
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&db)
+        .unwrap();
+    let len = f.metadata().unwrap().len();
+    let at = len / 2;
+    let mut bytes = vec![0u8; usize::try_from((len - at).min(64 << 10)).unwrap()];
+    f.read_exact_at(&mut bytes, at).unwrap();
+    for b in &mut bytes {
+        *b ^= 0xff;
+    }
+    f.write_all_at(&bytes, at).unwrap();
+}
+
+/// A node whose store lost part of its log (sled's file cut short, or bytes flipped in it)
+/// does not start on it: it names the damage and exits 1, so it never votes or leads with a
+/// log or vote that went back (issue 27). Moved aside, its data dir is replaced by an empty one:
+/// the node catches up from its group, and every copy holds everything acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_store_lost_its_tail_refuses_to_start_on_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut lay = layout(tmp.path());
+    lay.logs = Some(tmp.path().to_owned());
+    let mut nodes: Vec<Node> = (0..3).map(|i| lay.start(i)).collect();
+    for n in &nodes {
+        n.wait_ready();
+    }
+    let admin = Bearer::new(ADMIN).unwrap();
+    let client = Bearer::new(CLIENT).unwrap();
+    let clients: Arc<Vec<Clients>> = Arc::new(
+        lay.addrs
+            .iter()
+            .map(|a| Clients::new(&channel(a), &client))
+            .collect(),
+    );
+    let l = leader(&nodes).await;
+    Clients::new(&channel(&lay.addrs[l]), &admin)
+        .events
+        .create_event(ga_event("d", SEATS))
+        .await
+        .unwrap();
+    let tokens = admit_to(&mut clients[l].clone(), "d", 16).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(Mutex::new(Acked::default()));
+    let count = Arc::new(AtomicU64::new(0));
+    let retried = Arc::new(AtomicU64::new(0));
+    let load: Vec<_> = tokens
+        .into_iter()
+        .enumerate()
+        .map(|(w, token)| {
+            tokio::spawn(
+                Fan {
+                    w,
+                    event: "d".into(),
+                    clients: clients.clone(),
+                    token,
+                    sections: vec![String::new()],
+                    // At the event's per-user limit a fan lets its oldest hold go and goes on:
+                    // the load lasts as long as the test.
+                    limit: Some(100),
+                    spare_users: 0,
+                    patience: Patience::CLUSTER,
+                    stop: stop.clone(),
+                    acked: acked.clone(),
+                    count: count.clone(),
+                    tally: retried.clone(),
+                }
+                .run(),
+            )
+        })
+        .collect();
+    let damages: [(&str, Damage); 2] = [("cut short", cut_in_half), ("flipped", flip_the_middle)];
+    for (round, (what, damage)) in damages.into_iter().enumerate() {
+        // Enough entries that the damage lands in the log (its file several segments long).
+        until_grown(&count, 500).await;
+        let f = (leader(&nodes).await + 1) % 3;
+        let id = nodes[f].id;
+        nodes[f].kill9();
+        damage(&lay.dirs[f]);
+        let log_path = tmp.path().join(format!("node{id}.log"));
+        let before = std::fs::metadata(&log_path).map_or(0, |m| m.len());
+        nodes[f] = lay.start(f);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(s) = nodes[f].exited() {
+                break s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {id}, its file {what}, still runs after 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let log = std::fs::read(&log_path).unwrap();
+        let said = String::from_utf8_lossy(&log[usize::try_from(before).unwrap()..]);
+        assert_eq!(status.code(), Some(1), "node {id}, its file {what}: {said}");
+        assert!(
+            said.contains("this node's store is damaged"),
+            "node {id}, its file {what}, did not name the damage: {said}"
+        );
+        println!(
+            "node {id}, its file {what}: {}",
+            said.lines()
+                .find(|l| l.contains("store is damaged"))
+                .unwrap_or_default()
+        );
+        // The operator's repair: the damaged dir kept aside, the node started empty.
+        std::fs::rename(&lay.dirs[f], tmp.path().join(format!("damaged-{round}"))).unwrap();
+        nodes[f] = lay.start(f);
+        nodes[f].wait_ready();
+    }
+    until_grown(&count, 300).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in load {
+        t.await.unwrap();
+    }
+    let acked = std::mem::take(&mut *acked.lock().unwrap());
+    until_applied(&nodes, &[0, 1, 2]).await;
+    for n in &mut nodes {
+        n.terminate();
+    }
+    for d in &lay.dirs {
+        check_copy(d, "d", &acked).await;
+    }
+}

@@ -80,22 +80,8 @@ pub(crate) async fn open_raft(
         cluster.node_id,
         cluster.peers.keys().collect::<Vec<_>>()
     );
-    let dir = group_dir(data_dir, group);
-    let shown = dir.clone();
-    // The node's groups share one page cache budget (sled's 1 GiB), at least 64 MiB each.
-    let cache = (boxoffice_engine::store::SLED_CACHE_BYTES / u64::from(cluster.groups.max(1)))
-        .max(64 << 20);
-    let store = cluster
-        .stores
-        .as_ref()
-        .and_then(|s| s.get(group as usize).cloned());
-    let db = match store {
-        Some(store) => raft::NodeDb::new(store),
-        None => boxoffice_engine::rt::blocking(move || raft::open_node_db_cached(&dir, cache))
-            .await
-            .map_err(anyhow::Error::msg)?
-            .with_context(|| format!("opening {}", shown.display()))?,
-    };
+    let db = open_db(cluster, data_dir, group).await?;
+    let shown = group_dir(data_dir, group);
     // What the last run wrote but never synced is made durable before anything is read, so
     // this start never acts on a vote or entries that a power cut could take back.
     let (sm, log, guard) = raft::open_for_start(&db)
@@ -127,6 +113,38 @@ pub(crate) async fn open_raft(
         ));
     }
     Ok((raft, sm, guard))
+}
+
+/// Opens group `group`'s store in `data_dir` ([`group_dir`]; the test's store if it gave one).
+async fn open_db(
+    cluster: &ClusterConfig,
+    data_dir: &std::path::Path,
+    group: u32,
+) -> anyhow::Result<boxoffice_engine::raft::NodeDb> {
+    use boxoffice_engine::raft;
+    let dir = group_dir(data_dir, group);
+    let shown = dir.clone();
+    // The node's groups share one page cache budget (sled's 1 GiB), at least 64 MiB each.
+    let cache = (boxoffice_engine::store::SLED_CACHE_BYTES / u64::from(cluster.groups.max(1)))
+        .max(64 << 20);
+    let store = cluster
+        .stores
+        .as_ref()
+        .and_then(|s| s.get(group as usize).cloned());
+    Ok(match store {
+        Some(store) => raft::NodeDb::new(store),
+        // sled panics on some damage in its file (a message that passes its checksum but
+        // does not parse): that is damage too, said as such.
+        None => boxoffice_engine::rt::blocking(move || raft::open_node_db_cached(&dir, cache))
+            .await
+            .map_err(|panicked| {
+                anyhow::anyhow!(raft::damaged_store(&format!(
+                    "sled could not read {} ({panicked})",
+                    shown.display()
+                )))
+            })?
+            .with_context(|| format!("opening {}", shown.display()))?,
+    })
 }
 
 /// Forms the group on the first start of the node with the lowest id, once every node of the
