@@ -10,20 +10,21 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a failed unwrap is a failed test
 
 mod common;
+mod shared;
 
 use std::collections::BTreeSet;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use boxoffice_client::{Bearer, Clients};
 use boxoffice_gateway::metrics::{FAMILIES, Series};
 use boxoffice_proto::v1 as pb;
 use common::{
-    ADMIN, Acked, CLIENT, Fan, Layout, Node, Patience, admit, admit_to, channel, check_copy,
-    codes_as_received, ga_event, join, layout, leader, leader_of, retrying, sole_leader, status,
-    until_applied, until_grown,
+    ADMIN, CLIENT, Layout, Load, Node, admit, admit_to, channel, check_copy, codes_as_received,
+    ga_event, join, layout, leader, leader_of, retrying, sole_leader, status, until_applied,
+    until_grown,
 };
 use tonic::Code;
 
@@ -134,30 +135,8 @@ async fn three_serve_processes_lose_nothing_acknowledged_when_the_leader_is_kill
     // A second line, slow to move: its fans' places must survive the failovers.
     let line = line_before(&clients, &admin, &addrs[follower]).await;
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let acked = Arc::new(Mutex::new(Acked::default()));
-    let count = Arc::new(AtomicU64::new(0));
-    let retried = Arc::new(AtomicU64::new(0));
-    let mut load = Vec::new();
-    for (w, token) in tokens.into_iter().enumerate() {
-        load.push(tokio::spawn(
-            Fan {
-                w,
-                event: "c".into(),
-                clients: clients.clone(),
-                token,
-                sections: vec![String::new()],
-                limit: None,
-                spare_users: 0,
-                patience: Patience::CLUSTER,
-                stop: stop.clone(),
-                acked: acked.clone(),
-                count: count.clone(),
-                tally: retried.clone(),
-            }
-            .run(),
-        ));
-    }
+    let load = Load::start("c", &clients, tokens, None);
+    let count = load.count.clone();
     until_grown(&count, per_phase).await;
     let mut killed = BTreeSet::new();
     let mut failovers = Vec::new();
@@ -249,12 +228,9 @@ async fn three_serve_processes_lose_nothing_acknowledged_when_the_leader_is_kill
         println!("node {} leads after its disk was wiped", nodes[w].id);
         until_grown(&count, per_phase / 4).await;
     }
-    stop.store(true, Ordering::Relaxed);
-    for t in load {
-        t.await.unwrap();
-    }
+    let retried = load.retried.clone();
+    let acked = load.finish().await;
     line_after(&clients, &line).await;
-    let acked = std::mem::take(&mut *acked.lock().unwrap());
     // Every order read through any node, with the wiped node leading, shows the codes its fan
     // received (before and after every failover).
     codes_as_received(&clients, &[0, 1, 2], &acked, 40).await;
@@ -843,18 +819,6 @@ async fn follower_table(groups: u32) {
 /// A way to damage the store in a data dir.
 type Damage = fn(&std::path::Path);
 
-/// Cuts the second half of sled's file in `dir` off (a file cut short).
-fn cut_in_half(dir: &std::path::Path) {
-    let db = dir.join("db");
-    let len = std::fs::metadata(&db).unwrap().len();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&db)
-        .unwrap()
-        .set_len(len / 2)
-        .unwrap();
-}
-
 /// Flips every byte of 64 KiB in the middle of sled's file in `dir` (damage at rest: sled reads
 /// up to the first message that fails its checksum, and drops the rest as a torn tail).
 fn flip_the_middle(dir: &std::path::Path) {
@@ -903,36 +867,14 @@ async fn a_node_whose_store_lost_its_tail_refuses_to_start_on_it() {
         .await
         .unwrap();
     let tokens = admit_to(&mut clients[l].clone(), "d", 16).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let acked = Arc::new(Mutex::new(Acked::default()));
-    let count = Arc::new(AtomicU64::new(0));
-    let retried = Arc::new(AtomicU64::new(0));
-    let load: Vec<_> = tokens
-        .into_iter()
-        .enumerate()
-        .map(|(w, token)| {
-            tokio::spawn(
-                Fan {
-                    w,
-                    event: "d".into(),
-                    clients: clients.clone(),
-                    token,
-                    sections: vec![String::new()],
-                    // At the event's per-user limit a fan lets its oldest hold go and goes on:
-                    // the load lasts as long as the test.
-                    limit: Some(100),
-                    spare_users: 0,
-                    patience: Patience::CLUSTER,
-                    stop: stop.clone(),
-                    acked: acked.clone(),
-                    count: count.clone(),
-                    tally: retried.clone(),
-                }
-                .run(),
-            )
-        })
-        .collect();
-    let damages: [(&str, Damage); 2] = [("cut short", cut_in_half), ("flipped", flip_the_middle)];
+    // At the event's per-user limit a fan lets its oldest hold go and goes on: the load lasts
+    // as long as the test.
+    let load = Load::start("d", &clients, tokens, Some(100));
+    let count = load.count.clone();
+    let damages: [(&str, Damage); 2] = [
+        ("cut short", shared::cut_in_half),
+        ("flipped", flip_the_middle),
+    ];
     for (round, (what, damage)) in damages.into_iter().enumerate() {
         // Enough entries that the damage lands in the log (its file several segments long).
         until_grown(&count, 500).await;
@@ -973,11 +915,7 @@ async fn a_node_whose_store_lost_its_tail_refuses_to_start_on_it() {
         nodes[f].wait_ready();
     }
     until_grown(&count, 300).await;
-    stop.store(true, Ordering::Relaxed);
-    for t in load {
-        t.await.unwrap();
-    }
-    let acked = std::mem::take(&mut *acked.lock().unwrap());
+    let acked = load.finish().await;
     until_applied(&nodes, &[0, 1, 2]).await;
     for n in &mut nodes {
         n.terminate();

@@ -618,6 +618,70 @@ pub async fn until_grown(count: &AtomicU64, by: u64) {
     }
 }
 
+/// A load on a cluster: one [`Fan`] per admission token, holding any place of `event` (at most
+/// `limit` each, see [`Fan`]) until [`Load::finish`].
+pub struct Load {
+    pub stop: Arc<AtomicBool>,
+    pub acked: Arc<Mutex<Acked>>,
+    /// Acknowledged holds and confirms.
+    pub count: Arc<AtomicU64>,
+    /// Calls retried on another node.
+    pub retried: Arc<AtomicU64>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    /// Starts the fans.
+    pub fn start(
+        event: &str,
+        clients: &Arc<Vec<Clients>>,
+        tokens: Vec<String>,
+        limit: Option<u32>,
+    ) -> Load {
+        let (stop, acked) = (Arc::new(AtomicBool::new(false)), Arc::default());
+        let (count, retried) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let tasks = tokens
+            .into_iter()
+            .enumerate()
+            .map(|(w, token)| {
+                tokio::spawn(
+                    Fan {
+                        w,
+                        event: event.into(),
+                        clients: clients.clone(),
+                        token,
+                        sections: vec![String::new()],
+                        limit,
+                        spare_users: 0,
+                        patience: Patience::CLUSTER,
+                        stop: Arc::clone(&stop),
+                        acked: Arc::clone(&acked),
+                        count: count.clone(),
+                        tally: retried.clone(),
+                    }
+                    .run(),
+                )
+            })
+            .collect();
+        Load {
+            stop,
+            acked,
+            count,
+            retried,
+            tasks,
+        }
+    }
+
+    /// Stops the fans; what they saw acknowledged.
+    pub async fn finish(self) -> Acked {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.tasks {
+            t.await.unwrap();
+        }
+        std::mem::take(&mut *self.acked.lock().unwrap())
+    }
+}
+
 /// One fan: user `fan-{w}` (admitted with `token`) holding one place at a time in `event`
 /// with idempotency keys, every second hold confirmed, each failed call retried on the next
 /// node with the same key, until `stop`.
