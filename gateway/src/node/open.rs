@@ -100,6 +100,7 @@ pub(crate) async fn open_raft(
     )
     .await
     .context("starting Raft")?;
+    quiet_start(&raft);
     // Group g is formed by the g-th node (by id, round robin): its first leader.
     let ids: Vec<u64> = cluster.peers.keys().copied().collect();
     if ids.get(group as usize % ids.len().max(1)) == Some(&cluster.node_id) {
@@ -113,6 +114,26 @@ pub(crate) async fn open_raft(
         ));
     }
     Ok((raft, sm, guard))
+}
+
+/// How long a node that starts stays out of elections, unless a leader reaches it first:
+/// longer than a leader waits before it calls a peer that was down again (openraft 0.9 backs
+/// off for 500 ms). openraft 0.9 has no pre-vote, and a restarted node reads its vote back
+/// uncommitted (so it does not resume a leadership it may have lost entries of), so without
+/// this it would stand after one election timeout (150 to 300 ms), before its leader's next
+/// try reaches it, and depose a working leader: an election for nothing at every restart.
+const QUIET_START: Duration = Duration::from_millis(1_000);
+
+/// Keeps `raft` out of elections for [`QUIET_START`], or until it knows a leader.
+fn quiet_start(raft: &boxoffice_engine::raft::Raft) {
+    raft.runtime_config().elect(false);
+    let raft = raft.clone();
+    tokio::spawn(async move {
+        let mut metrics = raft.metrics();
+        let known = metrics.wait_for(|m| m.current_leader.is_some());
+        let _ = tokio::time::timeout(QUIET_START, known).await;
+        raft.runtime_config().elect(true);
+    });
 }
 
 /// Opens group `group`'s store in `data_dir` ([`group_dir`]; the test's store if it gave one).
