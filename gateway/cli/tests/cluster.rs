@@ -125,7 +125,7 @@ async fn three_serve_processes_lose_nothing_acknowledged_when_the_leader_is_kill
         .create_event(ga_event("c", SEATS))
         .await
         .unwrap();
-    // A fan holds at most 100 places (the largest per-user limit), so enough fans for the run.
+    // A fan goes up to 100 places (the event's per-user limit), then lets its oldest hold go.
     let fans = if slow || kills > 1 {
         16 * (kills + 2)
     } else {
@@ -135,7 +135,9 @@ async fn three_serve_processes_lose_nothing_acknowledged_when_the_leader_is_kill
     // A second line, slow to move: its fans' places must survive the failovers.
     let line = line_before(&clients, &admin, &addrs[follower]).await;
 
-    let load = Load::start("c", &clients, tokens, None);
+    // At the event's per-user limit a fan lets its oldest hold go and goes on: the load lasts
+    // however many elections the wiped node needs to win one.
+    let load = Load::start("c", &clients, tokens, Some(100));
     let count = load.count.clone();
     until_grown(&count, per_phase).await;
     let mut killed = BTreeSet::new();
