@@ -59,6 +59,22 @@ pub struct SealedRing {
     pub keys: Vec<SealedKey>,
 }
 
+impl SealedRing {
+    /// Every key's public half, parsed.
+    fn public_keys(&self) -> anyhow::Result<Vec<PublicKey>> {
+        self.keys
+            .iter()
+            .map(|k| PublicKey::from_bytes(&k.public))
+            .collect::<Result<Vec<_>, _>>()
+            .context("the cluster's ticket key ring holds a public key that does not parse")
+    }
+}
+
+/// The id of the key whose public half is `public`, as text (`?` if it does not parse).
+fn kid_of(public: &[u8; 32]) -> String {
+    PublicKey::from_bytes(public).map_or_else(|_| "?".into(), |k| k.kid().to_string())
+}
+
 /// One key of the ring.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SealedKey {
@@ -116,9 +132,7 @@ impl Sealer {
     /// The signer of a sealed key: `Err` if it cannot be unsealed (another cluster's secret,
     /// or bytes changed), or unseals to another key than its public half says.
     pub fn unseal(&self, key: &SealedKey) -> anyhow::Result<TicketSigner> {
-        let kid = PublicKey::from_bytes(&key.public)
-            .map(|k| k.kid().to_string())
-            .unwrap_or_else(|_| "?".into());
+        let kid = kid_of(&key.public);
         anyhow::ensure!(
             key.sealed.len() > NONCE_BYTES,
             "the ring's key {kid} has no private half (it only verifies)"
@@ -202,13 +216,7 @@ impl ClusterRing {
         let signer = self.sealer.unseal(signing).context(
             "the cluster's ticket key ring is lost to this node: it refuses to sign tickets",
         )?;
-        let keys = ring
-            .keys
-            .iter()
-            .map(|k| PublicKey::from_bytes(&k.public))
-            .collect::<Result<Vec<_>, _>>()
-            .context("the cluster's ticket key ring holds a public key that does not parse")?;
-        Ok((signer, keys))
+        Ok((signer, ring.public_keys()?))
     }
 
     /// A new ring for a group that has none: the node's own key files if it has them (the
@@ -261,9 +269,7 @@ impl ClusterRing {
                 // Every committed entry of group 0 is applied here (the leader waited for it),
                 // so no ring was ever made: this leader makes it.
                 let ring = self.make()?;
-                let kid = PublicKey::from_bytes(&ring.signing)
-                    .map(|k| k.kid().to_string())
-                    .unwrap_or_default();
+                let kid = kid_of(&ring.signing);
                 let batch = Batch {
                     term: 0, // the replicator stamps it
                     ops: vec![Op::Put {
@@ -303,15 +309,7 @@ impl ClusterRing {
             loop {
                 match self.read() {
                     Ok(Some(ring)) if seen.as_ref() != Some(&ring) => {
-                        let keys: Result<Vec<_>, _> = ring
-                            .keys
-                            .iter()
-                            .map(|k| PublicKey::from_bytes(&k.public))
-                            .collect();
-                        match keys
-                            .map_err(anyhow::Error::from)
-                            .and_then(|k| self.mirror(&k))
-                        {
+                        match ring.public_keys().and_then(|k| self.mirror(&k)) {
                             Ok(()) => seen = Some(ring),
                             Err(e) => {
                                 tracing::warn!(error = %format!("{e:#}"), "mirroring the ticket key ring")
