@@ -46,5 +46,6 @@ pub mod stack;
 pub mod status;
 pub mod ticket_keys;
 pub mod tickets;
+pub mod tls;
 pub mod tokens;
 pub mod waiting_room;
