@@ -66,6 +66,9 @@ pub struct ServerConfig {
     pub seat_map_max_bytes: usize,
     /// How long a section's seat map is still answered after it was last known true.
     pub seat_map_staleness: Duration,
+    /// TLS on the public ports, gRPC and HTTP (`--tls-cert`, `--tls-key`, `--tls-client-ca`;
+    /// `None`, the default: plaintext).
+    pub tls: Option<Arc<crate::tls::PublicTls>>,
     /// A cluster node's part (`None`: a single node, the default).
     pub cluster: Option<ClusterConfig>,
     /// The network the server listens on and reaches its peers over: the OS's (`None`, the
@@ -74,14 +77,21 @@ pub struct ServerConfig {
 }
 
 /// A cluster node's part of [`ServerConfig`] (issue 13): the node serves the Raft service
-/// between nodes on its gRPC address, runs the engine while it leads its group, and forwards
-/// public calls to the leader otherwise.
+/// between nodes on its peer port (or, without one, on its gRPC address), runs the engine while
+/// it leads its group, and forwards public calls to the leader otherwise.
 #[derive(Clone)]
 pub struct ClusterConfig {
     /// This node's id (a key of `peers`).
     pub node_id: u64,
-    /// Every node's gRPC address (`host:port`), this one's among them.
+    /// Every node's address as its peers reach it (`host:port`), this one's among them: its
+    /// peer port ([`ClusterConfig::peer_listen`]) if it has one, its gRPC address otherwise.
     pub peers: std::collections::BTreeMap<u64, String>,
+    /// The peer port (`--peer-listen`): Raft and forwarded calls are served there, and only
+    /// there; the public gRPC port then refuses them. `None`: both on the gRPC address, in the
+    /// clear unless it has TLS (the cluster secret crosses the public port: a start warns).
+    pub peer_listen: Option<SocketAddr>,
+    /// Mutual TLS on the peer port, under the cluster's CA (`None`: plaintext).
+    pub peer_tls: Option<Arc<crate::tls::PeerTls>>,
     /// The secret every node of the cluster shares.
     pub secret: crate::node::peers::ClusterSecret,
     /// Raft entries between snapshots (the log before a snapshot is purged).
@@ -128,6 +138,7 @@ impl ServerConfig {
             recovery_mode: RecoveryMode::Strict,
             seat_map_max_bytes: crate::limits::SEAT_MAP_BYTES_DEFAULT,
             seat_map_staleness: Duration::from_millis(crate::limits::SEAT_MAP_STALENESS_MS_DEFAULT),
+            tls: None,
             cluster: None,
             network: None,
         }

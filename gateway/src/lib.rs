@@ -28,6 +28,7 @@
 //! - [`http`]: the HTTP/JSON API (the seeds' REST paths over the same services), its OpenAPI
 //!   document.
 
+pub mod certs;
 pub mod config;
 pub mod convert;
 pub mod gate;

@@ -40,6 +40,13 @@ impl Conn {
     }
 }
 
+impl Conn {
+    /// The two ends' addresses: local, remote.
+    pub fn addrs(&self) -> (Option<SocketAddr>, Option<SocketAddr>) {
+        (self.local, self.remote)
+    }
+}
+
 impl AsyncRead for Conn {
     fn poll_read(
         mut self: Pin<&mut Self>,
@@ -170,6 +177,21 @@ impl Listener {
                 let (addr, incoming) = n.bind(addr).await?;
                 Ok(Listener::Other(addr, incoming))
             }
+        }
+    }
+
+    /// The connections accepted, as a stream (TCP's with `TCP_NODELAY`).
+    pub fn incoming(self) -> Incoming {
+        match self {
+            Listener::Tcp(l) => Box::pin(futures_util::stream::unfold(l, |l| async move {
+                let accepted = l.accept().await.map(|(stream, remote)| {
+                    let _ = stream.set_nodelay(true);
+                    let local = stream.local_addr().ok();
+                    Conn::new(stream, local, Some(remote))
+                });
+                Some((accepted, l))
+            })),
+            Listener::Other(_, incoming) => incoming,
         }
     }
 

@@ -27,6 +27,7 @@ use crate::health::set_health;
 pub use crate::limits::MESSAGE_BYTES_MAX;
 use crate::local::Local;
 use crate::net::Listener;
+use crate::node::forward::Port;
 pub use crate::node::{GROUPS_FILE, group_dir};
 use crate::node::{Node, Opened, Serving};
 use crate::services::grpc::{BookingSvc, EventRoutes, WaitingRoomSvc, WaitlistSvc};
@@ -42,12 +43,15 @@ pub struct Running {
     pub metrics_addr: Option<SocketAddr>,
     /// The HTTP API's address, if any.
     pub http_addr: Option<SocketAddr>,
+    /// A cluster node's peer port, if it has one.
+    pub peer_addr: Option<SocketAddr>,
     ready: Ready,
     recovered: Option<oneshot::Receiver<anyhow::Result<()>>>,
     gate: Arc<Gate>,
     health: HealthReporter,
     grace: Duration,
     stop_grpc: Option<oneshot::Sender<()>>,
+    stop_peer: Option<oneshot::Sender<()>>,
     stop_metrics: Option<oneshot::Sender<()>>,
     stop_http: Option<oneshot::Sender<()>>,
     grpc_task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
@@ -95,9 +99,14 @@ fn grpc_router(
     >,
     ready: &Groups,
     config: &ServerConfig,
-    cluster: Option<ClusterParts>,
+    port: PortParts,
 ) -> anyhow::Result<GrpcRouter> {
-    let (raft_service, forwarder) = cluster.unzip();
+    let PortParts {
+        raft: raft_service,
+        forwarder,
+        port,
+        ..
+    } = port;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(boxoffice_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -118,7 +127,7 @@ fn grpc_router(
         .http2_max_pending_accept_reset_streams(Some(64))
         .max_concurrent_streams(Some(crate::limits::STREAMS_PER_CONNECTION_MAX))
         .layer(GateLayer::new(gate.clone()))
-        .layer(crate::node::forward::ForwardLayer::new(forwarder))
+        .layer(crate::node::forward::ForwardLayer::new(forwarder, port))
         .add_service(health_service)
         .add_optional_service(raft_service)
         .add_service(reflection)
@@ -160,6 +169,7 @@ async fn serve_http(
     addr: SocketAddr,
     local: Arc<Local>,
     extra: Option<axum::Router>,
+    tls: Option<Arc<crate::tls::PublicTls>>,
 ) -> anyhow::Result<MetricsServing> {
     let l = tokio::net::TcpListener::bind(addr)
         .await
@@ -174,7 +184,17 @@ async fn serve_http(
         let shutdown = async move {
             let _ = rx.await;
         };
-        if let Err(e) = crate::http::serve(l, app, shutdown).await {
+        let served = match tls {
+            None => crate::http::serve(l, app, shutdown).await,
+            Some(tls) => match tls.http().accepting(Listener::Tcp(l)) {
+                Ok(l) => match crate::tls::AxumListener::new(l) {
+                    Ok(l) => crate::http::serve(l, app, shutdown).await,
+                    Err(e) => Err(e),
+                },
+                Err(e) => Err(e),
+            },
+        };
+        if let Err(e) = served {
             tracing::error!(error = %e, "HTTP API failed");
         }
     });
@@ -210,13 +230,11 @@ async fn serve_metrics(
 /// [`Running::wait_ready`] to wait for recovery. A cluster node ([`ServerConfig::cluster`])
 /// starts its Raft instead, and runs the engine while it leads (see [`crate::node`]).
 pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
-    let listener = Listener::bind(&config.network, config.listen)
-        .await
-        .with_context(|| format!("binding the gRPC address {}", config.listen))?;
+    let listener = bind_grpc_port(&config).await?;
     let addr = listener.local_addr()?;
+    let peer_listener = bind_peer_port(&config).await?;
     let gate = Arc::new(Gate::new(keys_of(&config)?, config.in_flight_max));
     let (health, _) = tonic_health::server::health_reporter();
-    let health_service = crate::health::service(&health, gate.draining_signal());
     set_health(&health, ServingStatus::NotServing).await;
     let n_groups = config.cluster.as_ref().map_or(1, |c| c.groups.max(1));
     let readies: Vec<Ready> = (0..n_groups).map(|_| Ready::default()).collect();
@@ -226,9 +244,12 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
     // The HTTP API calls the same gate, routing and services in process.
     let forwarder = cluster.as_ref().map(|(_, forwarder)| forwarder.clone());
     let local = Arc::new(Local::new(gate.clone(), groups.clone(), forwarder));
-    let router = grpc_router(&gate, health_service, &groups, &config, cluster)?;
-    let (stop_grpc, grpc_task) = serve_grpc(listener, router);
+    let (public, peer) = port_parts(&config, cluster);
+    let (stop_grpc, grpc_task) = serve_port(listener, public, (&gate, &health), &groups, &config)?;
     let mut background = Vec::new();
+    let peer = peer.zip(peer_listener);
+    let (peer_addr, stop_peer) =
+        serve_peer_port(peer, &gate, &health, &groups, &config, &mut background)?.unzip();
     let (http_addr, stop_http) = serve_http_of(&config, local, &mut background).await?;
     let (metrics_addr, stop_metrics) =
         serve_metrics_of(&config, &gate, &readies[0], &mut background).await?;
@@ -260,12 +281,14 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
         addr,
         metrics_addr,
         http_addr,
+        peer_addr,
         ready: readies[0].clone(),
         recovered: Some(recovered_rx),
         gate,
         health,
         grace: config.grace,
         stop_grpc: Some(stop_grpc),
+        stop_peer,
         stop_metrics,
         stop_http,
         grpc_task,
@@ -274,6 +297,83 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
         tasks,
         node,
     })
+}
+
+/// Serves a cluster node's peer port, if it has one (its parts and listener), behind `gate`,
+/// with the health of `health`: its address and stop signal.
+fn serve_peer_port(
+    peer: Option<(PortParts, Listener)>,
+    gate: &Arc<Gate>,
+    health: &HealthReporter,
+    groups: &Groups,
+    config: &ServerConfig,
+    background: &mut Vec<tokio::task::JoinHandle<()>>,
+) -> anyhow::Result<Option<(SocketAddr, oneshot::Sender<()>)>> {
+    let Some((parts, listener)) = peer else {
+        return Ok(None);
+    };
+    let addr = listener.local_addr()?;
+    let (stop, task) = serve_port(listener, parts, (gate, health), groups, config)?;
+    background.push(tokio::spawn(async move {
+        if let Ok(Err(e)) = task.await {
+            tracing::error!(error = %e, "the peer port failed");
+        }
+    }));
+    Ok(Some((addr, stop)))
+}
+
+/// Serves the gRPC services and what `parts` adds on `listener` (over TLS if `parts` says),
+/// behind the gate, with the health of the reporter: the stop signal and the task.
+fn serve_port(
+    listener: Listener,
+    parts: PortParts,
+    (gate, health): (&Arc<Gate>, &HealthReporter),
+    groups: &Groups,
+    config: &ServerConfig,
+) -> anyhow::Result<GrpcServing> {
+    let listener = with_tls(listener, parts.tls.clone())?;
+    let health_service = crate::health::service(health, gate.draining_signal());
+    let router = grpc_router(gate, health_service, groups, config, parts)?;
+    Ok(serve_grpc(listener, router))
+}
+
+/// `listener`'s connections, over TLS if `tls`.
+fn with_tls(listener: Listener, tls: Option<crate::tls::Handshakes>) -> anyhow::Result<Listener> {
+    match tls {
+        None => Ok(listener),
+        Some(t) => t.accepting(listener).context("TLS on a port"),
+    }
+}
+
+/// Binds the gRPC port.
+async fn bind_grpc_port(config: &ServerConfig) -> anyhow::Result<Listener> {
+    Listener::bind(&config.network, config.listen)
+        .await
+        .with_context(|| format!("binding the gRPC address {}", config.listen))
+}
+
+/// Binds a cluster node's peer port, if it has one (`--peer-listen`); warns when a cluster node
+/// has none (its Raft and forwarded calls, the cluster secret with them, cross the public port).
+async fn bind_peer_port(config: &ServerConfig) -> anyhow::Result<Option<Listener>> {
+    let Some(c) = &config.cluster else {
+        return Ok(None);
+    };
+    let Some(addr) = c.peer_listen else {
+        tracing::warn!(
+            "no peer port (--peer-listen): Raft and forwarded calls, and the cluster secret \
+             they carry, cross the public gRPC port{}",
+            if config.tls.is_some() {
+                ""
+            } else {
+                " in plaintext"
+            }
+        );
+        return Ok(None);
+    };
+    let l = Listener::bind(&config.network, addr)
+        .await
+        .with_context(|| format!("binding the peer address {addr} (--peer-listen)"))?;
+    Ok(Some(l))
 }
 
 /// The recorder, first, when this process's metrics are shown (`/metrics`, `/ops`): so that
@@ -306,14 +406,67 @@ type ClusterParts = (
     Arc<crate::node::forward::Forwarder>,
 );
 
-/// Serves `router` on `listener` until the returned signal: the signal and the task.
-fn serve_grpc(
-    listener: Listener,
-    router: GrpcRouter,
-) -> (
+/// What one gRPC port serves beside the public services: the Raft service (if Raft is taken
+/// there), the forwarder (a cluster node), which calls the port takes, and its TLS.
+#[derive(Default)]
+struct PortParts {
+    raft: Option<crate::node::peers::PeerService>,
+    forwarder: Option<Arc<crate::node::forward::Forwarder>>,
+    port: Port,
+    tls: Option<crate::tls::Handshakes>,
+}
+
+/// The parts of the public gRPC port and, if the node has one, of its peer port.
+fn port_parts(
+    config: &ServerConfig,
+    cluster: Option<ClusterParts>,
+) -> (PortParts, Option<PortParts>) {
+    let tls = config.tls.as_ref().map(|t| t.grpc());
+    let Some((raft, forwarder)) = cluster else {
+        return (
+            PortParts {
+                tls,
+                ..PortParts::default()
+            },
+            None,
+        );
+    };
+    let peer = config.cluster.as_ref().filter(|c| c.peer_listen.is_some());
+    match peer {
+        None => (
+            PortParts {
+                raft: Some(raft),
+                forwarder: Some(forwarder),
+                port: Port::Shared,
+                tls,
+            },
+            None,
+        ),
+        Some(c) => (
+            PortParts {
+                raft: None,
+                forwarder: Some(forwarder.clone()),
+                port: Port::Public,
+                tls,
+            },
+            Some(PortParts {
+                raft: Some(raft),
+                forwarder: Some(forwarder),
+                port: Port::Peer,
+                tls: c.peer_tls.as_ref().map(|t| t.server()),
+            }),
+        ),
+    }
+}
+
+/// A gRPC port served: its stop signal and its task.
+type GrpcServing = (
     oneshot::Sender<()>,
     tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
-) {
+);
+
+/// Serves `router` on `listener` until the returned signal: the signal and the task.
+fn serve_grpc(listener: Listener, router: GrpcRouter) -> GrpcServing {
     let (stop, stop_rx) = oneshot::channel::<()>();
     let stopped = async move {
         let _ = stop_rx.await;
@@ -361,7 +514,8 @@ async fn serve_http_of(
     let Some(h) = config.http_listen else {
         return Ok((None, None));
     };
-    let (addr, stop, task) = serve_http(h, local, config.http_routes.clone()).await?;
+    let (addr, stop, task) =
+        serve_http(h, local, config.http_routes.clone(), config.tls.clone()).await?;
     background.push(task);
     Ok((Some(addr), Some(stop)))
 }
@@ -453,6 +607,9 @@ impl Running {
             let _ = tx.send(());
         }
         if let Some(tx) = self.stop_http.take() {
+            let _ = tx.send(());
+        }
+        if let Some(tx) = self.stop_peer.take() {
             let _ = tx.send(());
         }
         let served = tokio::time::timeout(self.grace, &mut self.grpc_task).await;

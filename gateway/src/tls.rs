@@ -18,11 +18,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, anyhow, ensure};
+use futures_util::StreamExt;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
-use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
-use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+
+use crate::net::{Conn, Listener};
 
 /// How long a TLS handshake may take before the connection is dropped.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -103,16 +105,21 @@ fn check_pair(
 ) -> anyhow::Result<()> {
     rustls::sign::CertifiedKey::from_der(certs.ders.clone(), key.clone_key(), &provider())
         .map(|_| ())
-        .map_err(|e| anyhow!("{key_flag} is not the private key of {cert_flag}'s certificate ({e})"))
+        .map_err(|e| {
+            anyhow!("{key_flag} is not the private key of {cert_flag}'s certificate ({e})")
+        })
 }
 
 /// The CA certificates of `certs` as a root store.
 fn roots(flag: &str, path: &Path, certs: &Certs) -> anyhow::Result<Arc<rustls::RootCertStore>> {
     let mut roots = rustls::RootCertStore::empty();
     for der in &certs.ders {
-        roots
-            .add(der.clone())
-            .map_err(|e| anyhow!("{flag} {}: not a usable CA certificate ({e})", path.display()))?;
+        roots.add(der.clone()).map_err(|e| {
+            anyhow!(
+                "{flag} {}: not a usable CA certificate ({e})",
+                path.display()
+            )
+        })?;
     }
     Ok(Arc::new(roots))
 }
@@ -143,9 +150,31 @@ fn told(e: &rustls::Error) -> String {
     }
 }
 
-/// TLS on the public ports: gRPC's config, and the HTTP API's acceptor.
+/// A rustls server config for `certs` and `key`, requiring client certificates `clients`
+/// verifies (if any), speaking `alpn`.
+fn server_config(
+    certs: &Certs,
+    key: &PrivateKeyDer<'static>,
+    clients: Option<Arc<rustls::RootCertStore>>,
+    alpn: &[u8],
+) -> anyhow::Result<tokio_rustls::TlsAcceptor> {
+    let builder = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .context("TLS protocol versions")?;
+    let builder = match clients {
+        Some(roots) => builder.with_client_cert_verifier(client_verifier(roots)?),
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder
+        .with_single_cert(certs.ders.clone(), key.clone_key())
+        .context("the certificate and its key")?;
+    config.alpn_protocols = vec![alpn.to_vec()];
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+/// TLS on the public ports: the gRPC port's and the HTTP API's.
 pub struct PublicTls {
-    grpc: ServerTlsConfig,
+    grpc: tokio_rustls::TlsAcceptor,
     http: tokio_rustls::TlsAcceptor,
     /// Whether clients must present a certificate (`--tls-client-ca`).
     pub client_certs: bool,
@@ -156,44 +185,38 @@ impl PublicTls {
     /// if given, `client_ca` (`--tls-client-ca`: clients must present a certificate it signed).
     pub fn load(cert: &Path, key: &Path, client_ca: Option<&Path>) -> anyhow::Result<PublicTls> {
         let certs = read_certs("--tls-cert", cert)?;
-        let (key_pem, key_der) = read_key("--tls-key", key)?;
+        let (_, key_der) = read_key("--tls-key", key)?;
         check_pair("--tls-cert", &certs, "--tls-key", &key_der)?;
-        let mut grpc = ServerTlsConfig::new()
-            .identity(Identity::from_pem(&certs.pem, &key_pem))
-            .timeout(HANDSHAKE_TIMEOUT);
-        let builder = rustls::ServerConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .context("TLS protocol versions")?;
-        let builder = match client_ca {
-            Some(ca) => {
-                let ca_certs = read_certs("--tls-client-ca", ca)?;
-                let roots = roots("--tls-client-ca", ca, &ca_certs)?;
-                grpc = grpc.client_ca_root(Certificate::from_pem(&ca_certs.pem));
-                builder.with_client_cert_verifier(client_verifier(roots)?)
-            }
-            None => builder.with_no_client_auth(),
+        let clients = match client_ca {
+            Some(ca) => Some(roots(
+                "--tls-client-ca",
+                ca,
+                &read_certs("--tls-client-ca", ca)?,
+            )?),
+            None => None,
         };
-        let mut http = builder
-            .with_single_cert(certs.ders, key_der)
-            .context("--tls-cert / --tls-key")?;
-        http.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(PublicTls {
-            grpc,
-            http: tokio_rustls::TlsAcceptor::from(Arc::new(http)),
+            grpc: server_config(&certs, &key_der, clients.clone(), b"h2")?,
+            http: server_config(&certs, &key_der, clients, b"http/1.1")?,
             client_certs: client_ca.is_some(),
         })
     }
 
-    /// The gRPC server's TLS config.
-    pub fn grpc(&self) -> ServerTlsConfig {
-        self.grpc.clone()
+    /// The gRPC port's handshakes.
+    pub(crate) fn grpc(&self) -> Handshakes {
+        Handshakes::new("gRPC", self.grpc.clone(), false)
+    }
+
+    /// The HTTP API's handshakes.
+    pub(crate) fn http(&self) -> Handshakes {
+        Handshakes::new("HTTP", self.http.clone(), false)
     }
 }
 
 /// Mutual TLS on the peer port, under the cluster's CA: the config a node serves its peers
 /// with, and the one it reaches them with.
 pub struct PeerTls {
-    server: ServerTlsConfig,
+    server: tokio_rustls::TlsAcceptor,
     client: ClientTlsConfig,
 }
 
@@ -211,7 +234,7 @@ impl PeerTls {
             .ders
             .split_first()
             .ok_or_else(|| anyhow!("--peer-cert {}: no certificate", cert.display()))?;
-        client_verifier(roots)?
+        client_verifier(roots.clone())?
             .verify_client_cert(leaf, chain, UnixTime::now())
             .map_err(|e| {
                 anyhow!(
@@ -221,23 +244,18 @@ impl PeerTls {
                     told(&e)
                 )
             })?;
-        let identity = Identity::from_pem(&certs.pem, &key_pem);
-        let ca_root = Certificate::from_pem(&ca_certs.pem);
         Ok(PeerTls {
-            server: ServerTlsConfig::new()
-                .identity(identity.clone())
-                .client_ca_root(ca_root.clone())
-                .timeout(HANDSHAKE_TIMEOUT),
+            server: server_config(&certs, &key_der, Some(roots), b"h2")?,
             client: ClientTlsConfig::new()
-                .ca_certificate(ca_root)
-                .identity(identity)
+                .ca_certificate(Certificate::from_pem(&ca_certs.pem))
+                .identity(Identity::from_pem(&certs.pem, &key_pem))
                 .timeout(HANDSHAKE_TIMEOUT),
         })
     }
 
-    /// The peer port's server config (client certificates required).
-    pub fn server(&self) -> ServerTlsConfig {
-        self.server.clone()
+    /// The peer port's handshakes (client certificates required).
+    pub(crate) fn server(&self) -> Handshakes {
+        Handshakes::new("peer", self.server.clone(), true)
     }
 
     /// The config a node reaches its peers with.
@@ -258,74 +276,160 @@ pub fn peer_endpoint(
     }
 }
 
-/// A listener whose connections are TLS sessions, for the HTTP API (axum's [`Listener`]):
-/// handshakes run beside the accept loop, so a slow client holds up no one else.
-///
-/// [`Listener`]: axum::serve::Listener
-pub struct TlsListener {
-    addr: SocketAddr,
-    sessions: mpsc::Receiver<(tokio_rustls::server::TlsStream<TcpStream>, SocketAddr)>,
-    task: tokio::task::JoinHandle<()>,
+/// The TLS handshakes of one port: run beside its accept loop, so a slow client holds up no
+/// one else; a refused one is logged (with the caller's address and why; the same reason at
+/// most every [`REFUSALS_TOLD_EVERY`]) and counted in `boxoffice_tls_handshakes_refused_total`.
+#[derive(Clone)]
+pub(crate) struct Handshakes {
+    port: &'static str,
+    acceptor: tokio_rustls::TlsAcceptor,
+    /// Whether a refusal is a warning (the peer port: a node of the cluster, or someone who
+    /// should not be there) or routine (the public ports: scanners, clients that give up).
+    warn: bool,
+    /// When each reason was last told.
+    told: Arc<std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>>,
 }
 
-impl TlsListener {
-    /// Sessions of `tls` over the connections of `listener`.
-    pub fn new(listener: TcpListener, tls: &PublicTls) -> std::io::Result<TlsListener> {
+/// The ports served over TLS, as `boxoffice_tls_handshakes_refused_total` names them.
+pub const PORTS: [&str; 3] = ["gRPC", "HTTP", "peer"];
+
+/// How often a port's refused handshakes of one reason are logged at most (each is counted).
+pub const REFUSALS_TOLD_EVERY: Duration = Duration::from_secs(10);
+
+impl Handshakes {
+    fn new(port: &'static str, acceptor: tokio_rustls::TlsAcceptor, warn: bool) -> Handshakes {
+        Handshakes {
+            port,
+            acceptor,
+            warn,
+            told: Arc::default(),
+        }
+    }
+
+    /// The connections of `listener` whose handshakes succeeded, as a listener of its own.
+    pub(crate) fn accepting(self, listener: Listener) -> std::io::Result<Listener> {
         let addr = listener.local_addr()?;
-        let acceptor = tls.http.clone();
-        let (tx, sessions) = mpsc::channel(64);
+        let (tx, rx) = mpsc::channel::<Conn>(64);
+        let mut incoming = listener.incoming();
         let task = tokio::spawn(async move {
-            loop {
-                let (tcp, peer) = match listener.accept().await {
+            while let Some(conn) = incoming.next().await {
+                let conn = match conn {
                     Ok(c) => c,
                     Err(e) => {
-                        tracing::warn!(error = %e, "HTTP API: accept failed");
+                        tracing::warn!(port = self.port, error = %e, "accept failed");
                         tokio::time::sleep(Duration::from_millis(50)).await;
                         continue;
                     }
                 };
-                let (acceptor, tx) = (acceptor.clone(), tx.clone());
+                let (me, tx) = (self.clone(), tx.clone());
                 tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                        Ok(Ok(session)) => {
-                            let _ = tx.send((session, peer)).await;
-                        }
-                        Ok(Err(e)) => {
-                            tracing::debug!(%peer, error = %e, "HTTP API: TLS handshake failed")
-                        }
-                        Err(_) => tracing::debug!(%peer, "HTTP API: TLS handshake timed out"),
+                    if let Some(session) = me.shake(conn).await {
+                        let _ = tx.send(session).await;
                     }
                 });
             }
         });
-        Ok(TlsListener {
-            addr,
-            sessions,
-            task,
+        let sessions = futures_util::stream::unfold((rx, AbortOnDrop(task)), |(mut rx, t)| async {
+            let conn = rx.recv().await?;
+            Some((Ok(conn), (rx, t)))
+        });
+        Ok(Listener::Other(addr, Box::pin(sessions)))
+    }
+
+    /// The TLS session over `conn`, or `None` (refused, told).
+    async fn shake(&self, conn: Conn) -> Option<Conn> {
+        let (local, remote) = conn.addrs();
+        let why = match tokio::time::timeout(HANDSHAKE_TIMEOUT, self.acceptor.accept(conn)).await {
+            Ok(Ok(session)) => return Some(Conn::new(session, local, remote)),
+            Ok(Err(e)) => refusal(&e),
+            Err(_) => format!("no handshake within {HANDSHAKE_TIMEOUT:?}"),
+        };
+        metrics::counter!("boxoffice_tls_handshakes_refused_total", "port" => self.port)
+            .increment(1);
+        let now = std::time::Instant::now();
+        let mut told = self.told.lock().unwrap_or_else(|p| p.into_inner());
+        if told.len() > 64 {
+            told.retain(|_, t| now.duration_since(*t) < REFUSALS_TOLD_EVERY);
+        }
+        let last = told.get(&why).copied();
+        if last.is_none_or(|t| now.duration_since(t) >= REFUSALS_TOLD_EVERY) {
+            told.insert(why.clone(), now);
+            let from = remote.map_or_else(|| "?".to_owned(), |r| r.to_string());
+            if self.warn {
+                tracing::warn!(port = self.port, %from, "refused a TLS handshake: {why}");
+            } else {
+                tracing::info!(port = self.port, %from, "refused a TLS handshake: {why}");
+            }
+        }
+        None
+    }
+}
+
+/// Why a handshake failed, told for an operator.
+fn refusal(e: &std::io::Error) -> String {
+    let rustls = e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>());
+    match rustls {
+        Some(rustls::Error::NoCertificatesPresented) => {
+            "the caller presented no certificate".to_owned()
+        }
+        Some(e @ rustls::Error::InvalidCertificate(_)) => {
+            format!("the caller's certificate is refused: {}", told(e))
+        }
+        Some(e) => e.to_string(),
+        None => e.to_string(),
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A listener for axum of the connections of a [`Listener`] (the HTTP API's, over TLS).
+pub(crate) struct AxumListener {
+    addr: SocketAddr,
+    incoming: crate::net::Incoming,
+}
+
+impl AxumListener {
+    /// The connections of `listener`.
+    pub(crate) fn new(listener: Listener) -> std::io::Result<AxumListener> {
+        Ok(AxumListener {
+            addr: listener.local_addr()?,
+            incoming: listener.incoming(),
         })
     }
 }
 
-impl Drop for TlsListener {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
+impl axum::serve::Listener for AxumListener {
+    type Io = Conn;
+    type Addr = Option<SocketAddr>;
 
-impl axum::serve::Listener for TlsListener {
-    type Io = tokio_rustls::server::TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.sessions.recv().await {
-            Some(s) => s,
-            // The accept loop is gone only when the listener is dropped.
-            None => std::future::pending().await,
+    async fn accept(&mut self) -> (Conn, Option<SocketAddr>) {
+        loop {
+            match self.incoming.next().await {
+                Some(Ok(conn)) => {
+                    let remote = conn.addrs().1;
+                    return (conn, remote);
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "HTTP API: accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                // The accept loop is gone only when the listener is dropped.
+                None => std::future::pending::<()>().await,
+            }
         }
     }
 
-    fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        Ok(self.addr)
+    fn local_addr(&self) -> std::io::Result<Option<SocketAddr>> {
+        Ok(Some(self.addr))
     }
 }
 
@@ -356,7 +460,11 @@ mod tests {
             rcgen::ExtendedKeyUsagePurpose::ClientAuth,
         ];
         let cert = leaf.signed_by(&key, &issuer).unwrap();
-        let paths = (dir.join("ca.pem"), dir.join("cert.pem"), dir.join("key.pem"));
+        let paths = (
+            dir.join("ca.pem"),
+            dir.join("cert.pem"),
+            dir.join("key.pem"),
+        );
         std::fs::write(&paths.0, ca_cert.pem()).unwrap();
         std::fs::write(&paths.1, cert.pem()).unwrap();
         std::fs::write(&paths.2, key.serialize_pem()).unwrap();
@@ -372,7 +480,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (ca, cert, key) = ca_and_leaf(dir.path(), &["127.0.0.1"], now(), 30);
         PublicTls::load(&cert, &key, None).unwrap();
-        assert!(PublicTls::load(&cert, &key, Some(&ca)).unwrap().client_certs);
+        assert!(
+            PublicTls::load(&cert, &key, Some(&ca))
+                .unwrap()
+                .client_certs
+        );
         PeerTls::load(&ca, &cert, &key).unwrap();
     }
 
@@ -382,10 +494,22 @@ mod tests {
         let (ca, cert, key) = ca_and_leaf(dir.path(), &["127.0.0.1"], now(), 30);
         let junk = dir.path().join("junk.pem");
         std::fs::write(&junk, "not a certificate\n").unwrap();
-        let e = PublicTls::load(&junk, &key, None).err().unwrap().to_string();
-        assert!(e.contains("--tls-cert") && e.contains("no certificate"), "{e}");
-        let e = PublicTls::load(&cert, &junk, None).err().unwrap().to_string();
-        assert!(e.contains("--tls-key") && e.contains("no PEM private key"), "{e}");
+        let e = PublicTls::load(&junk, &key, None)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("--tls-cert") && e.contains("no certificate"),
+            "{e}"
+        );
+        let e = PublicTls::load(&cert, &junk, None)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("--tls-key") && e.contains("no PEM private key"),
+            "{e}"
+        );
         let e = PeerTls::load(&junk, &cert, &key).err().unwrap().to_string();
         assert!(e.contains("--peer-ca"), "{e}");
         // Another pair's key.
@@ -393,7 +517,10 @@ mod tests {
         let (_, _, other_key) = ca_and_leaf(other.path(), &["127.0.0.1"], now(), 30);
         let e = format!("{:#}", PeerTls::load(&ca, &cert, &other_key).err().unwrap());
         assert!(e.contains("is not the private key"), "{e}");
-        let e = format!("{:#}", PublicTls::load(&cert, &key, Some(&junk)).err().unwrap());
+        let e = format!(
+            "{:#}",
+            PublicTls::load(&cert, &key, Some(&junk)).err().unwrap()
+        );
         assert!(e.contains("--tls-client-ca"), "{e}");
     }
 
@@ -414,7 +541,10 @@ mod tests {
         let (ca, cert, key) = ca_and_leaf(dir.path(), &["127.0.0.1"], long_ago, 30);
         let e = PeerTls::load(&ca, &cert, &key).err().unwrap().to_string();
         assert!(e.contains("--peer-cert") && e.contains("expired"), "{e}");
-        let e = PublicTls::load(&cert, &key, None).err().unwrap().to_string();
+        let e = PublicTls::load(&cert, &key, None)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("--tls-cert") && e.contains("expired"), "{e}");
         let later = time::OffsetDateTime::now_utc() + time::Duration::days(2);
         let (ca, cert, key) = ca_and_leaf(dir.path(), &["127.0.0.1"], later, 30);

@@ -29,8 +29,10 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use exit::{EXIT_CODES, Exit, error, error_exit};
 
 mod check_log;
+mod cluster;
 mod exit;
 mod flash_sale;
+mod links;
 mod loadgen;
 mod reconcile;
 mod serve;
@@ -76,7 +78,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the gRPC server (health and reflection on the same port, metrics on their own).
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Run a flash sale end to end against an embedded engine and check every seat. Exits 3 if
     /// the sale broke a promise.
     FlashSale(boxoffice_drill::flash_sale::FlashSaleArgs),
@@ -89,6 +91,10 @@ enum Command {
     /// E-tickets: list the public keys, verify a ticket code offline, or rotate the signing key.
     #[command(subcommand)]
     Ticket(ticket::TicketCommand),
+    /// A cluster's tools: `certs` makes the cluster's CA and its nodes' certificates for the
+    /// peer port's mutual TLS.
+    #[command(subcommand)]
+    Cluster(cluster::ClusterCommand),
     /// Check sold seats against orders, payments and the backstop (offline: the server must be
     /// stopped). Exits 1 if anything does not add up, 2 if there is no log.
     Reconcile(reconcile::ReconcileArgs),
@@ -177,11 +183,12 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Serve(args) => runtime.block_on(serve::run(args)),
+        Command::Serve(args) => runtime.block_on(serve::run(*args)),
         Command::FlashSale(args) => runtime.block_on(flash_sale::run(args)),
         Command::Loadgen(args) => runtime.block_on(loadgen::run(args)),
         Command::Sessions(args) => runtime.block_on(sessions::run(args)),
         Command::Ticket(command) => runtime.block_on(ticket::run(command)),
+        Command::Cluster(command) => cluster::run(command),
         Command::Reconcile(args) => runtime.block_on(reconcile::run(args)),
         Command::CheckLog(args) => Ok(check_log::run(args)),
         Command::Soak(args) => runtime.block_on(soak::run(args)),

@@ -161,148 +161,12 @@ pub struct ServeArgs {
     /// report it again.
     #[arg(long, env = "BOXOFFICE_ACCEPT_DAMAGE", value_name = "REPORT_FILE")]
     accept_damage: Option<PathBuf>,
-    /// Run as node N of a cluster (with --peers and a cluster secret): the node replicates its
-    /// log with Raft, serves the engine while it leads and forwards calls to the leader
-    /// otherwise. Every node needs the same keys and token secret. Without it: one node.
-    #[arg(
-        long,
-        env = "BOXOFFICE_NODE_ID",
-        value_name = "N",
-        requires = "peers",
-        value_parser = clap::value_parser!(u64).range(1..)
-    )]
-    node_id: Option<u64>,
-    /// Every node of the cluster as ID=HOST:PORT, comma-separated, this node's among them (its
-    /// --listen address as the others reach it), e.g. 1=10.0.0.1:50051,2=10.0.0.2:50051,3=...
-    #[arg(
-        long,
-        env = "BOXOFFICE_PEERS",
-        value_delimiter = ',',
-        value_name = "ID=HOST:PORT",
-        requires = "node_id"
-    )]
-    peers: Vec<String>,
-    /// The secret a cluster's nodes share (their Raft messages and forwarded calls carry it).
-    #[arg(
-        long,
-        env = "BOXOFFICE_CLUSTER_SECRET",
-        hide_env_values = true,
-        conflicts_with = "cluster_secret_file"
-    )]
-    cluster_secret: Option<String>,
-    /// A file holding the cluster secret (trailing newline trimmed).
-    #[arg(long, env = "BOXOFFICE_CLUSTER_SECRET_FILE", hide_env_values = true)]
-    cluster_secret_file: Option<PathBuf>,
-    /// Raft entries (group commits) between snapshots of a node's log; the Raft log before a
-    /// snapshot is purged, and a node that lost its data catches up from one.
-    #[arg(
-        long,
-        env = "BOXOFFICE_SNAPSHOT_EVERY",
-        default_value_t = 10_000,
-        value_parser = clap::value_parser!(u64).range(1..)
-    )]
-    snapshot_every: u64,
-    /// Raft groups of a cluster (1 to 64): each event belongs to one (by a hash of its id), each
-    /// group has its own log and leader, and the groups' first leaders are spread over the
-    /// nodes, so events scale out across machines. The same on every node.
-    #[arg(
-        long,
-        env = "BOXOFFICE_GROUPS",
-        default_value_t = 1,
-        value_parser = clap::value_parser!(u32).range(1..=64)
-    )]
-    groups: u32,
-}
-
-/// `--peers ID=HOST:PORT,...`: each node's address, by id (each id once).
-fn parse_peers(peers: &[String]) -> Result<std::collections::BTreeMap<u64, String>, UsageError> {
-    let mut map = std::collections::BTreeMap::new();
-    for p in peers {
-        let (id, addr) = p
-            .split_once('=')
-            .ok_or_else(|| UsageError::new(format!("--peers: {p:?} is not ID=HOST:PORT")))?;
-        let id: u64 = id
-            .trim()
-            .parse()
-            .map_err(|_| UsageError::new(format!("--peers: {id:?} in {p:?} is not a node id")))?;
-        let addr = addr.trim();
-        let port_ok = addr
-            .rsplit_once(':')
-            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
-        if !port_ok {
-            return Err(UsageError::new(format!(
-                "--peers: {addr:?} in {p:?} is not HOST:PORT"
-            )));
-        }
-        if map.insert(id, addr.to_owned()).is_some() {
-            return Err(UsageError::new(format!(
-                "--peers: node {id} is named twice"
-            )));
-        }
-    }
-    Ok(map)
-}
-
-/// The cluster part of the flags, if `--node-id` was given. A cluster's nodes must share
-/// their keys and token secret: generated ones are refused.
-fn cluster_config(
-    node_id: Option<u64>,
-    peers: &[String],
-    secret: Option<String>,
-    secret_file: Option<&Path>,
-    snapshot_every: u64,
-    groups: u32,
-    keys_given: bool,
-) -> Result<Option<server::ClusterConfig>, UsageError> {
-    let Some(node_id) = node_id else {
-        if secret.is_some() || secret_file.is_some() {
-            return Err(UsageError::new(
-                "--cluster-secret needs --node-id and --peers".to_owned(),
-            ));
-        }
-        if groups != 1 {
-            return Err(UsageError::new(
-                "--groups needs --node-id and --peers (a single node has one log)".to_owned(),
-            ));
-        }
-        return Ok(None);
-    };
-    let map = parse_peers(peers)?;
-    if !map.contains_key(&node_id) {
-        return Err(UsageError::new(format!(
-            "--node-id {node_id} is not one of --peers ({})",
-            map.keys()
-                .map(u64::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        )));
-    }
-    let secret = secret::one("--cluster-secret-file", secret, secret_file)?
-        .filter(|s| !s.trim().is_empty())
-        .ok_or_else(|| {
-            UsageError::new(
-                "--node-id needs the cluster's secret: --cluster-secret-file F (or \
-                 --cluster-secret)"
-                    .to_owned(),
-            )
-        })?;
-    if !keys_given {
-        return Err(UsageError::new(
-            "a cluster's nodes share their API keys and token secret: give --admin-key, \
-             --client-key and --token-secret (or their files) to every node"
-                .to_owned(),
-        ));
-    }
-    Ok(Some(server::ClusterConfig {
-        node_id,
-        peers: map,
-        secret: boxoffice_gateway::node::peers::ClusterSecret::new(&secret)
-            .map_err(|e| UsageError::new(format!("--cluster-secret-file: {e}")))?,
-        snapshot_every,
-        groups,
-        stores: None,
-        snapshot_keep: boxoffice_engine::raft::SNAPSHOT_KEEP_DEFAULT,
-    }))
+    /// TLS on the public ports.
+    #[command(flatten)]
+    tls: crate::links::TlsArgs,
+    /// A cluster node's flags.
+    #[command(flatten)]
+    cluster: crate::links::ClusterArgs,
 }
 
 /// Serves until SIGTERM or Ctrl-C, then drains.
@@ -464,17 +328,13 @@ fn config(args: ServeArgs) -> Result<ServerConfig, UsageError> {
         args.token_secret_file.as_deref(),
     )?;
     let section_in_flight_max = section_in_flight_max(args.section_in_flight_max)?;
-    let cluster = cluster_config(
-        args.node_id,
-        &args.peers,
-        args.cluster_secret,
-        args.cluster_secret_file.as_deref(),
-        args.snapshot_every,
-        args.groups,
+    let cluster = crate::links::cluster_config(
+        args.cluster,
         !admin_keys.is_empty()
             && !client_keys.is_empty()
             && token_secret.as_ref().is_some_and(|s| !s.is_empty()),
     )?;
+    let tls = crate::links::public_tls(args.tls)?;
     let secret = generate_missing(&mut admin_keys, &mut client_keys, token_secret);
     let mut config = ServerConfig::new("", "", &secret);
     config.listen = args.listen;
@@ -496,6 +356,7 @@ fn config(args: ServeArgs) -> Result<ServerConfig, UsageError> {
         (args.reconcile_seconds > 0).then(|| Duration::from_secs(args.reconcile_seconds));
     config.new_ticket_key = args.new_ticket_key;
     config.cluster = cluster;
+    config.tls = tls;
     if args.accept_damage.is_some() {
         config.recovery_mode = RecoveryMode::AcceptDamage;
     }

@@ -128,11 +128,15 @@ pub fn router(backend: Backend, extra: Option<Router>) -> Router {
 }
 
 /// Serves `app` on `listener` until `shutdown` resolves (then finishes the requests in flight).
-pub async fn serve(
-    listener: tokio::net::TcpListener,
+pub async fn serve<L>(
+    listener: L,
     app: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
+) -> std::io::Result<()>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await

@@ -393,6 +393,14 @@ pub const FAMILIES: &[Family] = &[
         Series::Cluster,
     ),
     family(
+        "boxoffice_tls_handshakes_refused_total",
+        Counter,
+        COUNT,
+        "TLS handshakes refused, by port (gRPC, HTTP, peer): no client certificate, one its CA \
+         did not sign or that has expired, a handshake that did not finish in time, or no TLS.",
+        Series::Sets(tls_ports),
+    ),
+    family(
         "boxoffice_cluster_forwarded_total",
         Counter,
         COUNT,
@@ -542,6 +550,10 @@ pub const FAMILIES: &[Family] = &[
         Series::PerEvent,
     ),
 ];
+
+fn tls_ports() -> Vec<Labels> {
+    one("port", &crate::tls::PORTS)
+}
 
 fn one(label: &'static str, values: &[&str]) -> Vec<Labels> {
     values

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use boxoffice_engine::raft::Raft;
 use tonic::body::Body;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tower::{Layer, Service};
 
 use boxoffice_engine::types::{HoldId, OrderId};
@@ -34,8 +34,7 @@ use http_body_util::{BodyExt, Full};
 use prost::Message;
 
 use crate::limits::MESSAGE_BYTES_MAX;
-use crate::node::links::PeerWatch;
-use crate::node::peers::ClusterSecret;
+use crate::node::peers::Peers;
 use crate::services::{GroupOf, Groups};
 use crate::status::ApiError;
 
@@ -57,38 +56,23 @@ pub struct Forwarder {
     id: u64,
     /// Each group's Raft (index: the group).
     rafts: Vec<Raft>,
-    peers: BTreeMap<u64, String>,
-    secret: ClusterSecret,
+    /// How the node reaches its peers (their addresses, TLS, the secret, the links' watch).
+    peers: Peers,
     groups: Groups,
     channels: Mutex<BTreeMap<u64, Channel>>,
-    net: crate::net::Net,
-    /// What the log says of the leaders' links (the node's groups share it).
-    watch: Arc<PeerWatch>,
 }
 
 impl Forwarder {
-    /// Node `id` of the groups `rafts` (index: the group), with every node's address in
-    /// `peers`; `groups` is each group's state here (set while this node serves it); calls go
-    /// over `net` (`None`: the OS's network); the leaders' links are told by `watch` (the one
-    /// the node's groups share).
-    pub fn new(
-        id: u64,
-        rafts: Vec<Raft>,
-        peers: BTreeMap<u64, String>,
-        secret: ClusterSecret,
-        groups: Groups,
-        net: crate::net::Net,
-        watch: Arc<PeerWatch>,
-    ) -> Forwarder {
+    /// Node `id` of the groups `rafts` (index: the group), reaching the leaders through
+    /// `peers` (the links' watch of which the node's groups share); `groups` is each group's
+    /// state here (set while this node serves it).
+    pub fn new(id: u64, rafts: Vec<Raft>, peers: Peers, groups: Groups) -> Forwarder {
         Forwarder {
             id,
             rafts,
-            watch,
             peers,
-            secret,
             groups,
             channels: Mutex::new(BTreeMap::new()),
-            net,
         }
     }
 
@@ -163,12 +147,12 @@ impl Forwarder {
             metrics::counter!("boxoffice_cluster_forward_failures_total", "reason" => reason)
                 .increment(1);
             tracing::debug!(leader, group = g, error = %why, "forwarding to the leader failed");
-            self.watch.failed(leader, why);
+            self.peers.watch().failed(leader, why);
             Err(tonic::Status::from(ApiError::NotReady))
         };
         match tokio::time::timeout(FORWARD_TIMEOUT, send(&mut channel, req)).await {
             Ok(Ok(res)) => {
-                self.watch.answered(leader);
+                self.peers.watch().answered(leader);
                 Ok(res)
             }
             Ok(Err(e)) => failed(&e, crate::metrics::FORWARD_FAILURES[0]),
@@ -211,17 +195,7 @@ impl Forwarder {
         if let Some(c) = channels.get(&node) {
             return Some(c.clone());
         }
-        let addr = self.peers.get(&node)?;
-        // Keepalive pings: a leader that vanishes without closing its connections (power,
-        // network) is noticed in seconds, not when TCP gives up.
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-            .ok()?
-            .connect_timeout(Duration::from_millis(500))
-            .http2_keep_alive_interval(Duration::from_secs(1))
-            .keep_alive_timeout(Duration::from_secs(2))
-            .keep_alive_while_idle(true)
-            .tcp_nodelay(true);
-        let channel = crate::net::channel_lazy(&self.net, endpoint);
+        let channel = crate::net::channel_lazy(self.peers.net(), self.peers.endpoint(node)?);
         channels.insert(node, channel.clone());
         Some(channel)
     }
@@ -230,7 +204,7 @@ impl Forwarder {
     fn mark(&self, headers: &mut http::HeaderMap, g: u32) {
         if let (Ok(id), Ok(secret)) = (
             http::HeaderValue::from_str(&self.id.to_string()),
-            http::HeaderValue::from_str(self.secret.bearer()),
+            http::HeaderValue::from_str(self.peers.secret.bearer()),
         ) {
             headers.insert(FORWARDED_FROM, id);
             headers.insert(CLUSTER_SECRET, secret);
@@ -260,16 +234,49 @@ fn local_only(path: &str) -> bool {
         || path.starts_with("/boxoffice.cluster.")
 }
 
+/// Which port a cluster node's router serves, as the forwarding layer takes calls there.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Port {
+    /// The gRPC port of a node without a peer port: public calls, Raft and forwarded calls.
+    #[default]
+    Shared,
+    /// The public gRPC port of a node with a peer port (`--peer-listen`): public calls only.
+    Public,
+    /// The peer port: Raft and calls forwarded by the cluster's nodes only.
+    Peer,
+}
+
+impl Port {
+    /// Why a call to `path` (forwarded if `forwarded`) is not taken on this port, if it is not.
+    fn refuses(self, path: &str, forwarded: bool) -> Option<tonic::Status> {
+        let raft = path.starts_with("/boxoffice.cluster.");
+        match self {
+            Port::Shared => None,
+            Port::Public if raft || forwarded => Some(tonic::Status::permission_denied(
+                "this node takes Raft and forwarded calls on its peer port (--peer-listen) only",
+            )),
+            Port::Peer if !raft && !forwarded && !local_only(path) => {
+                Some(tonic::Status::permission_denied(
+                    "the peer port takes only Raft and calls forwarded by this cluster's nodes: \
+                     call the node's public gRPC port",
+                ))
+            }
+            _ => None,
+        }
+    }
+}
+
 /// The layer that forwards (a single node has none: every call passes).
 #[derive(Clone, Default)]
 pub struct ForwardLayer {
     forwarder: Option<Arc<Forwarder>>,
+    port: Port,
 }
 
 impl ForwardLayer {
-    /// Forwarding through `forwarder`, or none.
-    pub fn new(forwarder: Option<Arc<Forwarder>>) -> ForwardLayer {
-        ForwardLayer { forwarder }
+    /// Forwarding through `forwarder`, or none, of the calls `port` takes.
+    pub fn new(forwarder: Option<Arc<Forwarder>>, port: Port) -> ForwardLayer {
+        ForwardLayer { forwarder, port }
     }
 }
 
@@ -280,6 +287,7 @@ impl<S> Layer<S> for ForwardLayer {
         ForwardService {
             inner,
             forwarder: self.forwarder.clone(),
+            port: self.port,
         }
     }
 }
@@ -289,6 +297,7 @@ impl<S> Layer<S> for ForwardLayer {
 pub struct ForwardService<S> {
     inner: S,
     forwarder: Option<Arc<Forwarder>>,
+    port: Port,
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -317,12 +326,16 @@ where
         let Some(f) = self.forwarder.clone() else {
             return Box::pin(inner.call(req));
         };
+        let forwarded = req.headers().contains_key(FORWARDED_FROM);
+        if let Some(refused) = self.port.refuses(req.uri().path(), forwarded) {
+            return Box::pin(async move { Ok(answer(refused)) });
+        }
         if local_only(req.uri().path()) {
             return Box::pin(inner.call(req));
         }
-        if req.headers().contains_key(FORWARDED_FROM) {
+        if forwarded {
             // Forwarded here: from a node of this cluster, or refused; never forwarded again.
-            if !f.secret.presented_in(req.headers(), CLUSTER_SECRET) {
+            if !f.peers.secret.presented_in(req.headers(), CLUSTER_SECRET) {
                 let refused = tonic::Status::unauthenticated(
                     "a forwarded call without this cluster's secret",
                 );
@@ -1099,7 +1112,7 @@ mod tests {
                 }
             }
         });
-        Endpoint::from_shared(format!("http://{addr}"))
+        tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
             .unwrap()
             .connect_lazy()
     }

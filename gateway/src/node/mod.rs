@@ -74,8 +74,12 @@ impl Opened {
         // One watch over the peers' links for every group and the forwarder: a peer down is
         // one warning, not one a group and a call.
         let watch = Arc::new(links::PeerWatch::new(c.peers.clone()));
+        let links = peers::Peers::new(c.peers.clone(), c.secret.clone())
+            .over(config.network.clone())
+            .with_tls(c.peer_tls.clone())
+            .watched_by(watch);
         for g in 0..n_groups {
-            opened.push(open::open_raft(c, &config.data_dir, g, &config.network, &watch).await?);
+            opened.push(open::open_raft(c, &config.data_dir, g, &links).await?);
         }
         let service = peers::raft_service(
             opened
@@ -87,11 +91,8 @@ impl Opened {
         let forwarder = Arc::new(forward::Forwarder::new(
             c.node_id,
             opened.iter().map(|(raft, _, _)| raft.clone()).collect(),
-            c.peers.clone(),
-            c.secret.clone(),
+            links,
             groups.clone(),
-            config.network.clone(),
-            watch,
         ));
         Ok((
             Opened {

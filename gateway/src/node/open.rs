@@ -66,8 +66,7 @@ pub(crate) async fn open_raft(
     cluster: &ClusterConfig,
     data_dir: &std::path::Path,
     group: u32,
-    net: &crate::net::Net,
-    watch: &std::sync::Arc<crate::node::links::PeerWatch>,
+    links: &crate::node::peers::Peers,
 ) -> anyhow::Result<(
     boxoffice_engine::raft::Raft,
     boxoffice_engine::raft::StateMachine,
@@ -87,14 +86,11 @@ pub(crate) async fn open_raft(
     let (sm, log, guard) = raft::open_for_start(&db)
         .await
         .with_context(|| format!("opening the Raft storage in {}", shown.display()))?;
-    let peers = crate::node::peers::Peers::new(cluster.peers.clone(), cluster.secret.clone())
-        .in_group(group, cluster.groups.max(1))
-        .over(net.clone())
-        .watched_by(watch.clone());
+    let peers = links.clone().in_group(group, cluster.groups.max(1));
     let raft = raft::Raft::new(
         cluster.node_id,
         raft::config_keeping(cluster.snapshot_every, cluster.snapshot_keep)?,
-        peers,
+        peers.clone(),
         log,
         sm.clone(),
     )
@@ -104,14 +100,7 @@ pub(crate) async fn open_raft(
     // Group g is formed by the g-th node (by id, round robin): its first leader.
     let ids: Vec<u64> = cluster.peers.keys().copied().collect();
     if ids.get(group as usize % ids.len().max(1)) == Some(&cluster.node_id) {
-        tokio::spawn(form_group(
-            raft.clone(),
-            guard.clone(),
-            crate::node::peers::Peers::new(cluster.peers.clone(), cluster.secret.clone())
-                .in_group(group, cluster.groups.max(1))
-                .over(net.clone())
-                .watched_by(watch.clone()),
-        ));
+        tokio::spawn(form_group(raft.clone(), guard.clone(), peers.clone()));
     }
     Ok((raft, sm, guard))
 }

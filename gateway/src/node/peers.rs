@@ -175,14 +175,11 @@ impl Peers {
     /// `Some(true)` all are, `Some(false)` one is not (the group exists), `None` one cannot be
     /// reached.
     pub async fn all_pristine(&self, me: NodeId) -> Option<bool> {
-        for (id, addr) in self.addrs.iter() {
+        for id in self.addrs.keys() {
             if *id == me {
                 continue;
             }
-            let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-                .ok()?
-                .connect_timeout(Duration::from_millis(500))
-                .timeout(Duration::from_secs(2));
+            let endpoint = self.endpoint(*id)?.timeout(Duration::from_secs(2));
             let channel = crate::net::channel_now(&self.net, endpoint).await.ok()?;
             let mut req = Request::new(RaftMessage {
                 payload: vec![],
@@ -252,11 +249,14 @@ pub async fn serve(
 /// the cluster secret get this far (it is checked before the body is read).
 pub const MESSAGE_BYTES_MAX: usize = 256 << 20;
 
-/// How a node reaches its peers in one group: their cluster addresses, the secret, the group.
+/// How a node reaches its peers in one group: their cluster addresses, the secret, the TLS of
+/// the peer port, the group.
 #[derive(Clone)]
 pub struct Peers {
     addrs: Arc<BTreeMap<NodeId, String>>,
-    secret: ClusterSecret,
+    pub(crate) secret: ClusterSecret,
+    /// Mutual TLS under the cluster's CA (`None`: plaintext).
+    tls: Option<Arc<crate::tls::PeerTls>>,
     /// What the log says of the peers' links (shared by the node's groups).
     watch: Arc<PeerWatch>,
     group: u32,
@@ -272,6 +272,7 @@ impl Peers {
             watch: Arc::new(PeerWatch::new(addrs.clone())),
             addrs: Arc::new(addrs),
             secret,
+            tls: None,
             group: 0,
             groups: 1,
             net: None,
@@ -294,6 +295,41 @@ impl Peers {
         self
     }
 
+    /// The same peers, reached over mutual TLS with `tls` (`None`: plaintext).
+    pub fn with_tls(mut self, tls: Option<Arc<crate::tls::PeerTls>>) -> Peers {
+        self.tls = tls;
+        self
+    }
+
+    /// What the log says of the peers' links.
+    pub(crate) fn watch(&self) -> &Arc<PeerWatch> {
+        &self.watch
+    }
+
+    /// The network the peers are reached over.
+    pub(crate) fn net(&self) -> &crate::net::Net {
+        &self.net
+    }
+
+    /// The endpoint of node `node`, if it has an address: over the peer port's TLS if there is
+    /// one, with keepalive pings, so that a connection a partition or a peer's power cut left
+    /// dead (nothing comes back, no reset) is noticed in seconds and opened again, instead of
+    /// failing every call until TCP gives up.
+    pub(crate) fn endpoint(&self, node: NodeId) -> Option<Endpoint> {
+        let addr = self.addrs.get(&node)?;
+        let endpoint = crate::tls::peer_endpoint(addr, self.tls.as_deref())
+            .map_err(|e| tracing::warn!(node, %addr, error = %e, "no endpoint for a peer"))
+            .ok()?;
+        Some(
+            endpoint
+                .connect_timeout(Duration::from_millis(500))
+                .http2_keep_alive_interval(Duration::from_secs(1))
+                .keep_alive_timeout(Duration::from_secs(2))
+                .keep_alive_while_idle(true)
+                .tcp_nodelay(true),
+        )
+    }
+
     /// The same peers, their links told by `watch` (one for all of a node's groups).
     pub fn watched_by(mut self, watch: Arc<PeerWatch>) -> Peers {
         self.watch = watch;
@@ -312,22 +348,9 @@ impl RaftNetworkFactory<TypeConfig> for Peers {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, _node: &BasicNode) -> PeerClient {
-        let channel = self.addrs.get(&target).and_then(|addr| {
-            Endpoint::from_shared(format!("http://{addr}"))
-                .ok()
-                .map(|e| {
-                    // Keepalive pings: a connection that a partition or a peer's power cut left
-                    // dead (nothing comes back, no reset) is noticed in seconds and opened
-                    // again, instead of failing every heartbeat until TCP gives up.
-                    let e = e
-                        .connect_timeout(Duration::from_millis(500))
-                        .http2_keep_alive_interval(Duration::from_secs(1))
-                        .keep_alive_timeout(Duration::from_secs(2))
-                        .keep_alive_while_idle(true)
-                        .tcp_nodelay(true);
-                    crate::net::channel_lazy(&self.net, e)
-                })
-        });
+        let channel = self
+            .endpoint(target)
+            .map(|e| crate::net::channel_lazy(&self.net, e));
         PeerClient {
             target,
             channel,

@@ -18,6 +18,8 @@ pub const SYNC_LATENCY: Duration = Duration::from_millis(1);
 
 /// The port every node serves gRPC (and Raft) on.
 pub const GRPC_PORT: u16 = 50051;
+/// Each node's peer port (Raft and forwarded calls; the public port refuses them).
+pub const PEER_PORT: u16 = 50061;
 /// The admin key of every node.
 pub const ADMIN_KEY: &str = "sim-admin-key";
 /// The client key of every node.
@@ -169,7 +171,7 @@ impl Node {
         config.cluster = Some(ClusterConfig {
             node_id: self.id,
             peers: (1..=setup.nodes)
-                .map(|i| (i, format!("{}:{GRPC_PORT}", host(i))))
+                .map(|i| (i, format!("{}:{PEER_PORT}", host(i))))
                 .collect(),
             secret: boxoffice_gateway::node::peers::ClusterSecret::new(CLUSTER_SECRET)
                 .unwrap_or_else(|e| panic!("the cluster secret: {e}")),
@@ -177,6 +179,10 @@ impl Node {
             groups: 1,
             stores: Some(vec![Arc::new(self.disk.clone())]),
             snapshot_keep: setup.snapshot_keep,
+            // A peer port of its own, in the clear: the simulated network carries no TLS
+            // (its handshakes would draw on the OS's randomness, not the seed's).
+            peer_listen: Some(std::net::SocketAddr::from(([0, 0, 0, 0], PEER_PORT))),
+            peer_tls: None,
         });
         config
     }
