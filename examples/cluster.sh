@@ -4,8 +4,10 @@
 # curl and jq. Exits 0 only if the hold survives as it was acknowledged.
 #   cargo build --release && examples/cluster.sh          # target/release/boxoffice
 #   BOXOFFICE_BIN=path/to/boxoffice examples/cluster.sh
-# Ports 50061-50063 (gRPC), 9461-9463 (metrics) and 8081-8083 (HTTP) on 127.0.0.1, as in the
-# README; BOXOFFICE_PORT_BASE=N moves them to N+1..N+3, N+101..N+103 and N+201..N+203.
+# Ports 50061-50063 (gRPC), 50071-50073 (the peer ports: Raft and forwarded calls, mutual TLS
+# under the cluster's CA made by `boxoffice cluster certs`), 9461-9463 (metrics) and 8081-8083
+# (HTTP) on 127.0.0.1, as in the README; BOXOFFICE_PORT_BASE=N moves them to N+1..N+3,
+# N+301..N+303, N+101..N+103 and N+201..N+203.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=$(realpath "${BOXOFFICE_BIN:-target/release/boxoffice}")
@@ -31,13 +33,17 @@ base=${BOXOFFICE_PORT_BASE:-}
 grpc() { if [ -n "$base" ]; then echo $((base + $1)); else echo "5006$1"; fi; }
 metrics() { if [ -n "$base" ]; then echo $((base + 100 + $1)); else echo "946$1"; fi; }
 http() { if [ -n "$base" ]; then echo $((base + 200 + $1)); else echo "808$1"; fi; }
-peers="1=127.0.0.1:$(grpc 1),2=127.0.0.1:$(grpc 2),3=127.0.0.1:$(grpc 3)"
+peer() { if [ -n "$base" ]; then echo $((base + 300 + $1)); else echo "5007$1"; fi; }
+peers="1=127.0.0.1:$(peer 1),2=127.0.0.1:$(peer 2),3=127.0.0.1:$(peer 3)"
 echo "a-long-random-cluster-secret" >"$work/cluster-secret"
+"$bin" cluster certs --out "$work/certs" --node 1=127.0.0.1 --node 2=127.0.0.1 --node 3=127.0.0.1 >/dev/null
 declare -A pid_of
 for n in 1 2 3; do
     "$bin" serve --node-id "$n" --peers "$peers" \
         --listen "127.0.0.1:$(grpc "$n")" --metrics-listen "127.0.0.1:$(metrics "$n")" \
         --http-listen "127.0.0.1:$(http "$n")" --data-dir "$work/node$n" \
+        --peer-listen "127.0.0.1:$(peer "$n")" --peer-ca "$work/certs/ca.pem" \
+        --peer-cert "$work/certs/node-$n.pem" --peer-key "$work/certs/node-$n.key" \
         --cluster-secret-file "$work/cluster-secret" \
         --admin-key adm --client-key cli --token-secret tok >"$work/node$n.log" 2>&1 &
     pids+=($!)
