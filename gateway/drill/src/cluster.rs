@@ -58,6 +58,8 @@ pub struct NodeOptions {
 struct Node {
     id: u64,
     addr: SocketAddr,
+    /// Its peer port (Raft and forwarded calls, mutual TLS under the run's cluster CA).
+    peer: SocketAddr,
     metrics: SocketAddr,
     dir: PathBuf,
     log: PathBuf,
@@ -167,9 +169,24 @@ impl LocalCluster {
         for (name, value) in &secrets {
             write_secret(&root.join(name), value)?;
         }
-        let ports = free_ports(2 * NODES as usize)?;
-        let (addrs, metrics) = ports.split_at(NODES as usize);
-        let peers = addrs
+        // The peer ports' certificates, as an operator makes them (`boxoffice cluster certs`).
+        // Those of an earlier run in the same dir are used again.
+        let certs = root.join("certs");
+        if !boxoffice_gateway::certs::node_file(&certs, NODES, "pem").exists() {
+            let hosts = (1..=NODES).map(|id| boxoffice_gateway::certs::NodeHosts {
+                id,
+                hosts: vec!["127.0.0.1".to_owned()],
+            });
+            boxoffice_gateway::certs::make(
+                &certs,
+                &hosts.collect::<Vec<_>>(),
+                boxoffice_gateway::certs::Validity::days(30),
+            )?;
+        }
+        let ports = free_ports(3 * NODES as usize)?;
+        let (addrs, rest) = ports.split_at(NODES as usize);
+        let (peer_addrs, metrics) = rest.split_at(NODES as usize);
+        let peers = peer_addrs
             .iter()
             .enumerate()
             .map(|(i, a)| format!("{}={a}", i + 1))
@@ -185,6 +202,7 @@ impl LocalCluster {
             let node = Node {
                 id,
                 addr: addrs[i],
+                peer: peer_addrs[i],
                 metrics: metrics[i],
                 dir: root.join(format!("node{id}")),
                 log: root.join(format!("node{id}.log")),
@@ -323,7 +341,7 @@ impl LocalCluster {
         let peers = self
             .nodes
             .iter()
-            .map(|n| format!("{}={}", n.id, n.addr))
+            .map(|n| format!("{}={}", n.id, n.peer))
             .collect::<Vec<_>>()
             .join(",");
         let mut child = lock(&node.child);
@@ -548,6 +566,13 @@ fn spawn(
     cmd.arg("serve")
         .args(["--node-id", &node.id.to_string(), "--peers", peers])
         .args(["--listen", &node.addr.to_string()])
+        .args(["--peer-listen", &node.peer.to_string()])
+        .arg("--peer-ca")
+        .arg(root.join("certs").join("ca.pem"))
+        .arg("--peer-cert")
+        .arg(boxoffice_gateway::certs::node_file(&root.join("certs"), node.id, "pem"))
+        .arg("--peer-key")
+        .arg(boxoffice_gateway::certs::node_file(&root.join("certs"), node.id, "key"))
         .args(["--metrics-listen", &node.metrics.to_string()])
         .arg("--data-dir")
         .arg(&node.dir)
