@@ -570,9 +570,17 @@ fn spawn(
         .arg("--peer-ca")
         .arg(root.join("certs").join("ca.pem"))
         .arg("--peer-cert")
-        .arg(boxoffice_gateway::certs::node_file(&root.join("certs"), node.id, "pem"))
+        .arg(boxoffice_gateway::certs::node_file(
+            &root.join("certs"),
+            node.id,
+            "pem",
+        ))
         .arg("--peer-key")
-        .arg(boxoffice_gateway::certs::node_file(&root.join("certs"), node.id, "key"))
+        .arg(boxoffice_gateway::certs::node_file(
+            &root.join("certs"),
+            node.id,
+            "key",
+        ))
         .args(["--metrics-listen", &node.metrics.to_string()])
         .arg("--data-dir")
         .arg(&node.dir)
