@@ -383,7 +383,7 @@ fn install_metrics(config: &ServerConfig) {
     if config.metrics_listen.is_some() || config.http_listen.is_some() {
         crate::metrics::install();
         if let Some(c) = &config.cluster {
-            crate::metrics::register_cluster(c.node_id, c.peers.keys().copied());
+            crate::metrics::register_cluster(c.node_id, c.peers.keys().copied(), c.groups);
         }
     }
 }

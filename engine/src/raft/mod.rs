@@ -42,7 +42,7 @@ pub use fence::{FenceError, ROUND_TIMEOUT, ReadFence};
 pub use guard::VoteGuard;
 pub use node_db::{NodeDb, open_node_db, open_node_db_cached};
 pub use replicator::{COMMIT_TIMEOUT, RaftReplicator};
-pub use start::{damaged_store, open_for_start};
+pub use start::{DamagedStore, damaged_store, is_damaged_store, open_for_start};
 pub use store::{LogStore, StateMachine};
 pub use types::{Applied, Raft, Runtime, TypeConfig};
 

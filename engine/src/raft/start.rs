@@ -19,11 +19,41 @@ pub async fn open_for_start(node: &NodeDb) -> std::io::Result<(StateMachine, Log
     Ok((StateMachine::open(node)?, log, VoteGuard::open(node)?))
 }
 
-/// What a node says of a damaged store (`damage`: what was found), and what to do.
-pub fn damaged_store(damage: &str) -> String {
-    format!(
-        "this node's store is damaged: {damage}. It does not start on it (it must not vote or \
-         lead with it): move its data dir aside (keep it to inspect) and start the node with an \
-         empty one; it catches up from its group and votes again once it has"
-    )
+/// A node's store found damaged at its start: what was found. The node must not vote or lead
+/// with it; a cluster node moves it aside and rejoins its group empty
+/// (`boxoffice_gateway::node`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DamagedStore(pub String);
+
+impl std::fmt::Display for DamagedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "this node's store is damaged: {}. It never votes or leads with it",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for DamagedStore {}
+
+/// What a node says of a damaged store (`damage`: what was found).
+pub fn damaged_store(damage: &str) -> DamagedStore {
+    DamagedStore(damage.to_owned())
+}
+
+/// Whether `e`, or an error under it (an I/O error's too), is a [`DamagedStore`].
+pub fn is_damaged_store(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut at = Some(e);
+    while let Some(e) = at {
+        if e.downcast_ref::<DamagedStore>().is_some()
+            || e.downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .is_some_and(|inner| inner.downcast_ref::<DamagedStore>().is_some())
+        {
+            return true;
+        }
+        at = e.source();
+    }
+    false
 }

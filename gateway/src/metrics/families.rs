@@ -401,6 +401,14 @@ pub const FAMILIES: &[Family] = &[
         Series::Sets(tls_ports),
     ),
     family(
+        "boxoffice_raft_repairs_total",
+        Counter,
+        COUNT,
+        "Times this node found its store of a group damaged at its start, moved it aside and \
+         rejoined the group empty (by group).",
+        Series::Cluster,
+    ),
+    family(
         "boxoffice_cluster_forwarded_total",
         Counter,
         COUNT,

@@ -96,11 +96,14 @@ fn describe_and_register() {
 /// or did not answer a forwarded call in time.
 pub const FORWARD_FAILURES: [&str; 2] = ["unreachable", "timeout"];
 
-/// Registers a cluster node's own series ([`Series::Cluster`] families that are not by group,
-/// which the Raft sampler sets): the forwarded calls by method and their failures by reason at
-/// 0, and each peer's link up (1: as the node's watch starts, see `node::links`), so that they
+/// Registers a cluster node's own series ([`Series::Cluster`] families that the Raft sampler
+/// does not set): each of its `groups`' repairs, the forwarded calls by method and their
+/// failures by reason at 0, and each peer's link up (1: as the node's watch starts, see `node::links`), so that they
 /// are exported from the node's start.
-pub fn register_cluster(node_id: u64, peers: impl Iterator<Item = u64>) {
+pub fn register_cluster(node_id: u64, peers: impl Iterator<Item = u64>, groups: u32) {
+    for g in 0..groups.max(1) {
+        drop(metrics::counter!("boxoffice_raft_repairs_total", "group" => g.to_string()));
+    }
     for method in crate::gate::METHODS {
         drop(metrics::counter!("boxoffice_cluster_forwarded_total", "method" => *method));
     }

@@ -16,6 +16,7 @@ pub mod links;
 mod open;
 pub mod peers;
 pub mod reads;
+mod repair;
 pub mod ring;
 
 use std::sync::Arc;

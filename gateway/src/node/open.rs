@@ -79,14 +79,25 @@ pub(crate) async fn open_raft(
         cluster.node_id,
         cluster.peers.keys().collect::<Vec<_>>()
     );
-    let db = open_db(cluster, data_dir, group).await?;
-    let shown = group_dir(data_dir, group);
-    // What the last run wrote but never synced is made durable before anything is read, so
-    // this start never acts on a vote or entries that a power cut could take back.
-    let (sm, log, guard) = raft::open_for_start(&db)
-        .await
-        .with_context(|| format!("opening the Raft storage in {}", shown.display()))?;
     let peers = links.clone().in_group(group, cluster.groups.max(1));
+    let (sm, log, guard) = match open_store(cluster, data_dir, group).await {
+        Ok(opened) => opened,
+        // A damaged store is never voted or led with: a node on sled's files sets it aside
+        // and rejoins its group empty (a simulation's disks are not repaired here).
+        Err(damage) if raft::is_damaged_store(damage.as_ref()) && cluster.stores.is_none() => {
+            let store = crate::node::repair::Damaged {
+                group,
+                dir: group_dir(data_dir, group),
+                data_dir,
+                damage,
+            };
+            crate::node::repair::set_aside(cluster.node_id, &peers, store).await?;
+            open_store(cluster, data_dir, group)
+                .await
+                .context("opening the empty store that replaces the damaged one")?
+        }
+        Err(e) => return Err(e),
+    };
     let raft = raft::Raft::new(
         cluster.node_id,
         raft::config_keeping(cluster.snapshot_every, cluster.snapshot_keep)?,
@@ -125,6 +136,29 @@ fn quiet_start(raft: &boxoffice_engine::raft::Raft) {
     });
 }
 
+/// Opens group `group`'s store and what a start reads of it: the state machine, the log, the
+/// vote guard. What the last run wrote but never synced is made durable before anything is
+/// read, so this start never acts on a vote or entries that a power cut could take back.
+async fn open_store(
+    cluster: &ClusterConfig,
+    data_dir: &std::path::Path,
+    group: u32,
+) -> anyhow::Result<(
+    boxoffice_engine::raft::StateMachine,
+    boxoffice_engine::raft::LogStore,
+    boxoffice_engine::raft::VoteGuard,
+)> {
+    let db = open_db(cluster, data_dir, group).await?;
+    boxoffice_engine::raft::open_for_start(&db)
+        .await
+        .with_context(|| {
+            format!(
+                "opening the Raft storage in {}",
+                group_dir(data_dir, group).display()
+            )
+        })
+}
+
 /// Opens group `group`'s store in `data_dir` ([`group_dir`]; the test's store if it gave one).
 async fn open_db(
     cluster: &ClusterConfig,
@@ -148,7 +182,7 @@ async fn open_db(
         None => boxoffice_engine::rt::blocking(move || raft::open_node_db_cached(&dir, cache))
             .await
             .map_err(|panicked| {
-                anyhow::anyhow!(raft::damaged_store(&format!(
+                anyhow::Error::new(raft::damaged_store(&format!(
                     "sled could not read {} ({panicked})",
                     shown.display()
                 )))
