@@ -36,7 +36,12 @@ pub enum Scope {
 }
 
 /// RPCs that need an admin key.
-pub const ADMIN_RPCS: &[&str] = &["/boxoffice.v1.EventService/CreateEvent"];
+pub const ADMIN_RPCS: &[&str] = &[
+    "/boxoffice.v1.EventService/CreateEvent",
+    "/boxoffice.v1.ClusterService/GetClusterStatus",
+    "/boxoffice.v1.ClusterService/AddNode",
+    "/boxoffice.v1.ClusterService/RemoveNode",
+];
 
 /// An API key was empty (or only white space).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

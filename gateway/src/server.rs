@@ -30,7 +30,7 @@ use crate::net::Listener;
 use crate::node::forward::Port;
 pub use crate::node::{GROUPS_FILE, group_dir};
 use crate::node::{Node, Opened, Serving};
-use crate::services::grpc::{BookingSvc, EventRoutes, WaitingRoomSvc, WaitlistSvc};
+use crate::services::grpc::{BookingSvc, ClusterSvc, EventRoutes, WaitingRoomSvc, WaitlistSvc};
 use crate::services::{Groups, Ready};
 use crate::stack::SweeperSlot;
 pub use crate::ticket_keys::rotate_ticket_key;
@@ -121,6 +121,7 @@ fn grpc_router(
         .context("building the v1alpha reflection service")?;
     let gzip = tonic::codec::CompressionEncoding::Gzip;
     let max = MESSAGE_BYTES_MAX;
+    let members = ClusterSvc(forwarder.as_ref().map(|f| Arc::new(f.members())));
     Ok(tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
@@ -155,6 +156,9 @@ fn grpc_router(
                 .accept_compressed(gzip)
                 .send_compressed(gzip),
         )
+        .add_service(pb::cluster_service_server::ClusterServiceServer::new(
+            members,
+        ))
         .add_service(
             pb::waitlist_service_server::WaitlistServiceServer::new(WaitlistSvc(ready.clone()))
                 .max_decoding_message_size(max)

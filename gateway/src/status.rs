@@ -34,6 +34,8 @@ pub enum ApiError {
     Unauthenticated,
     /// A client key on an admin RPC.
     PermissionDenied,
+    /// A change of a cluster's members refused, or a single node asked about its cluster.
+    Cluster(ClusterRefusal),
     /// A whole-event seat map larger than one response may be.
     SeatMapTooLarge {
         /// The event.
@@ -43,6 +45,19 @@ pub enum ApiError {
         /// The largest response, bytes.
         limit: usize,
     },
+}
+
+/// Why `ClusterService` refused a call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClusterRefusal {
+    /// The server is a single node.
+    NotACluster,
+    /// No group counts this node.
+    NodeNotFound(u64),
+    /// The node is the last voter of a group.
+    LastVoter(u64),
+    /// A group's leader could not make the change (why, and which group).
+    ChangeFailed(String),
 }
 
 impl From<EngineError> for ApiError {
@@ -342,6 +357,7 @@ impl ApiError {
             ApiError::PermissionDenied => {
                 ErrorParts::bare(Code::PermissionDenied, "this RPC needs an admin key")
             }
+            ApiError::Cluster(r) => cluster_parts(r),
             ApiError::SeatMapTooLarge {
                 event_id,
                 size,
@@ -360,6 +376,37 @@ impl ApiError {
                 ]),
             ),
         }
+    }
+}
+
+/// What a [`ClusterRefusal`]'s answer carries.
+fn cluster_parts(r: ClusterRefusal) -> ErrorParts {
+    let node = |id: u64| HashMap::from([("node_id".to_owned(), id.to_string())]);
+    match r {
+        ClusterRefusal::NotACluster => parts(
+            Code::FailedPrecondition,
+            "NOT_A_CLUSTER",
+            "this server is a single node: it has no cluster to show or change".into(),
+            HashMap::new(),
+        ),
+        ClusterRefusal::NodeNotFound(id) => parts(
+            Code::NotFound,
+            "NODE_NOT_FOUND",
+            format!("no group of this cluster counts node {id}"),
+            node(id),
+        ),
+        ClusterRefusal::LastVoter(id) => parts(
+            Code::FailedPrecondition,
+            "LAST_VOTER",
+            format!("node {id} is the last voter of a group: add another node first"),
+            node(id),
+        ),
+        ClusterRefusal::ChangeFailed(why) => parts(
+            Code::Unavailable,
+            "MEMBERSHIP_CHANGE_FAILED",
+            format!("the change was not made everywhere: {why}; retry the same call"),
+            HashMap::new(),
+        ),
     }
 }
 
@@ -402,6 +449,10 @@ fn every_error() -> Vec<ApiError> {
         ApiError::Pow(crate::pow::PowError::Invalid),
         ApiError::Pow(crate::pow::PowError::Expired),
         ApiError::Pow(crate::pow::PowError::Reused),
+        ApiError::Cluster(ClusterRefusal::NotACluster),
+        ApiError::Cluster(ClusterRefusal::NodeNotFound(0)),
+        ApiError::Cluster(ClusterRefusal::LastVoter(0)),
+        ApiError::Cluster(ClusterRefusal::ChangeFailed(String::new())),
     ]);
     all
 }
@@ -548,6 +599,10 @@ mod tests {
             ApiError::PermissionDenied => 13,
             ApiError::SeatMapTooLarge { .. } => 14,
             ApiError::Pow(_) => 15,
+            ApiError::Cluster(ClusterRefusal::NotACluster) => 16,
+            ApiError::Cluster(ClusterRefusal::NodeNotFound(_)) => 17,
+            ApiError::Cluster(ClusterRefusal::LastVoter(_)) => 18,
+            ApiError::Cluster(ClusterRefusal::ChangeFailed(_)) => 19,
         }
     }
 
@@ -556,7 +611,7 @@ mod tests {
         let mut seen: Vec<usize> = every_error().iter().map(kind).collect();
         seen.sort_unstable();
         seen.dedup();
-        assert_eq!(seen, (0..16).collect::<Vec<_>>());
+        assert_eq!(seen, (0..20).collect::<Vec<_>>());
     }
 
     /// The reasons table of docs/api.md (section 7.2) is the list the server answers: the same

@@ -1,17 +1,86 @@
 //! `boxoffice cluster`: tools for a cluster's operator. `certs` makes the cluster's CA and its
-//! nodes' certificates for the peer port's mutual TLS.
+//! nodes' certificates for the peer port's mutual TLS; `status`, `add-node` and `remove-node`
+//! call a running node's `ClusterService`.
 
 use std::path::PathBuf;
 
 use boxoffice_drill::secret::UsageError;
 use boxoffice_gateway::certs::{self, NodeHosts, Validity};
+use boxoffice_proto::v1 as pb;
 use clap::Subcommand;
 
 use crate::exit::Exit;
 
+/// Where a running node is, and the admin key to call it with.
+#[derive(clap::Args, Debug)]
+pub struct Target {
+    /// Any node of the cluster (its public gRPC address; `https://` if it serves TLS).
+    #[arg(
+        long,
+        env = "BOXOFFICE_TARGET",
+        default_value = "http://127.0.0.1:50051"
+    )]
+    target: String,
+    /// An admin key of the cluster.
+    #[arg(long, env = "BOXOFFICE_ADMIN_KEY", hide_env_values = true)]
+    admin_key: String,
+    /// The CA certificate (PEM) to trust for an `https://` target.
+    #[arg(long, env = "BOXOFFICE_CA_CERT")]
+    ca_cert: Option<PathBuf>,
+}
+
+impl Target {
+    /// The cluster service at the target, with the admin key.
+    async fn client(
+        &self,
+    ) -> anyhow::Result<pb::cluster_service_client::ClusterServiceClient<boxoffice_client::Authed>>
+    {
+        let channel = match &self.ca_cert {
+            Some(ca) => {
+                let pem = std::fs::read(ca)
+                    .map_err(|e| UsageError::new(format!("--ca-cert {}: {e}", ca.display())))?;
+                boxoffice_client::connect_tls(&self.target, &pem).await?
+            }
+            None => boxoffice_client::connect(&self.target).await?,
+        };
+        Ok(
+            pb::cluster_service_client::ClusterServiceClient::with_interceptor(
+                channel,
+                boxoffice_client::Bearer::new(&self.admin_key)?,
+            ),
+        )
+    }
+}
+
 /// The subcommands of `boxoffice cluster`.
 #[derive(Subcommand, Debug)]
 pub enum ClusterCommand {
+    /// The cluster as a node sees it: each node (address, voter or learner, the groups it
+    /// leads) and each group (leader, term, voters, learners, last log index).
+    Status {
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Add a node to every group, live: a learner that catches up, then a voter. Start the
+    /// node first (`serve --node-id N`, its `--peers` listing every node, itself included).
+    AddNode {
+        #[command(flatten)]
+        target: Target,
+        /// The new node's id.
+        #[arg(long)]
+        node_id: u64,
+        /// Where its peers reach it (HOST:PORT: its peer port if the nodes have one).
+        #[arg(long)]
+        address: String,
+    },
+    /// Remove a node from every group, live (stop its process afterwards).
+    RemoveNode {
+        #[command(flatten)]
+        target: Target,
+        /// The node to remove.
+        #[arg(long)]
+        node_id: u64,
+    },
     /// Make the cluster's CA (`ca.pem`, `ca.key`) and each node's certificate and key
     /// (`node-N.pem`, `node-N.key`) for the peer port (`serve --peer-listen` with `--peer-ca`,
     /// `--peer-cert`, `--peer-key`). A CA already in the folder is used, so a node added later
@@ -46,9 +115,60 @@ fn parse_node(text: &str) -> Result<NodeHosts, UsageError> {
     Ok(NodeHosts { id, hosts })
 }
 
+/// Prints `status`, a line a node then a line a group.
+fn print_status(status: &pb::ClusterStatus) {
+    println!("answered by node {}", status.answered_by);
+    for n in &status.nodes {
+        let role = if n.voter { "voter" } else { "learner" };
+        println!(
+            "node {}  {}  {role}  leads {:?}",
+            n.node_id, n.address, n.leads
+        );
+    }
+    for g in &status.groups {
+        println!(
+            "group {}: leader {}, term {}, voters {:?}, learners {:?}, last log index {}",
+            g.group, g.leader_id, g.term, g.voters, g.learners, g.last_log_index
+        );
+    }
+}
+
+/// A call's answer printed, or its error said (exit 1).
+fn answered(
+    result: Result<tonic::Response<pb::ClusterStatus>, tonic::Status>,
+) -> anyhow::Result<Exit> {
+    match result {
+        Ok(r) => {
+            print_status(r.get_ref());
+            Ok(Exit::Ok)
+        }
+        Err(s) => {
+            let reason = boxoffice_client::reason(&s).unwrap_or_default();
+            crate::exit::error(format_args!("{:?} {reason}: {}", s.code(), s.message()));
+            Ok(Exit::Failed)
+        }
+    }
+}
+
 /// Runs the subcommand; its exit code.
-pub fn run(command: ClusterCommand) -> anyhow::Result<Exit> {
+pub async fn run(command: ClusterCommand) -> anyhow::Result<Exit> {
     match command {
+        ClusterCommand::Status { target } => {
+            let mut c = target.client().await?;
+            answered(c.get_cluster_status(pb::GetClusterStatusRequest {}).await)
+        }
+        ClusterCommand::AddNode {
+            target,
+            node_id,
+            address,
+        } => {
+            let mut c = target.client().await?;
+            answered(c.add_node(pb::AddNodeRequest { node_id, address }).await)
+        }
+        ClusterCommand::RemoveNode { target, node_id } => {
+            let mut c = target.client().await?;
+            answered(c.remove_node(pb::RemoveNodeRequest { node_id }).await)
+        }
         ClusterCommand::Certs { out, nodes, days } => {
             let nodes = nodes
                 .iter()

@@ -92,7 +92,8 @@ enum Command {
     #[command(subcommand)]
     Ticket(ticket::TicketCommand),
     /// A cluster's tools: `certs` makes the cluster's CA and its nodes' certificates for the
-    /// peer port's mutual TLS.
+    /// peer port's mutual TLS; `status`, `add-node` and `remove-node` show and change a
+    /// running cluster's members.
     #[command(subcommand)]
     Cluster(cluster::ClusterCommand),
     /// Check sold seats against orders, payments and the backstop (offline: the server must be
@@ -188,7 +189,7 @@ fn main() -> ExitCode {
         Command::Loadgen(args) => runtime.block_on(loadgen::run(args)),
         Command::Sessions(args) => runtime.block_on(sessions::run(args)),
         Command::Ticket(command) => runtime.block_on(ticket::run(command)),
-        Command::Cluster(command) => cluster::run(command),
+        Command::Cluster(command) => runtime.block_on(cluster::run(command)),
         Command::Reconcile(args) => runtime.block_on(reconcile::run(args)),
         Command::CheckLog(args) => Ok(check_log::run(args)),
         Command::Soak(args) => runtime.block_on(soak::run(args)),

@@ -119,6 +119,21 @@ impl Clients {
     }
 }
 
+/// Connects to `target` (`https://HOST:PORT`), trusting the CA certificates of `ca_pem` (PEM):
+/// a server started with `--tls-cert`.
+pub async fn connect_tls(target: &str, ca_pem: &[u8]) -> anyhow::Result<Channel> {
+    let tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(ca_pem));
+    Endpoint::from_shared(target.to_owned())
+        .context("bad --target")?
+        .tls_config(tls)
+        .context("the TLS config")?
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .with_context(|| format!("connecting to {target}"))
+}
+
 /// Connects to `target` (e.g. `http://127.0.0.1:50051`).
 pub async fn connect(target: &str) -> anyhow::Result<Channel> {
     Endpoint::from_shared(target.to_owned())

@@ -76,6 +76,12 @@ impl Forwarder {
         }
     }
 
+    /// The members of this node's groups (for `ClusterService`), reached as this forwarder
+    /// reaches them.
+    pub(crate) fn members(&self) -> crate::node::members::Members {
+        crate::node::members::Members::new(self.id, self.rafts.clone(), self.peers.clone())
+    }
+
     /// How many groups.
     pub(crate) fn group_count(&self) -> u32 {
         u32::try_from(self.rafts.len()).unwrap_or(u32::MAX)
@@ -90,14 +96,19 @@ impl Forwarder {
 
     /// The node that leads group `g`, if known and not this one, with a connection to it.
     fn leader(&self, g: u32) -> Option<(u64, Channel)> {
-        let leader = self
-            .rafts
-            .get(g as usize)?
-            .metrics()
-            .borrow()
-            .current_leader?;
+        let watch = self.rafts.get(g as usize)?.metrics();
+        let (leader, addr) = {
+            let m = watch.borrow();
+            let leader = m.current_leader?;
+            let membership = m.membership_config.membership();
+            (leader, membership.get_node(&leader).map(|n| n.addr.clone()))
+        };
         if leader == self.id {
             return None;
+        }
+        // A leader added live is where the membership says (not in `--peers`).
+        if let Some(addr) = addr {
+            self.peers.learn(leader, &addr);
         }
         self.channel(leader).map(|c| (leader, c))
     }
@@ -227,11 +238,13 @@ pub fn group_of_event(event_id: &str, groups: u32) -> u32 {
     u32::try_from(u64::from_be_bytes(first) % u64::from(groups)).unwrap_or(0)
 }
 
-/// Whether `path` is never forwarded: health, reflection, the Raft service between nodes.
+/// Whether `path` is never forwarded: health, reflection, the Raft service between nodes, the
+/// cluster's members (any node asks each group's leader itself).
 fn local_only(path: &str) -> bool {
     path.starts_with("/grpc.health.v1.Health/")
         || path.starts_with("/grpc.reflection.")
         || path.starts_with("/boxoffice.cluster.")
+        || path.starts_with("/boxoffice.v1.ClusterService/")
 }
 
 /// Which port a cluster node's router serves, as the forwarding layer takes calls there.

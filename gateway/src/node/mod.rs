@@ -13,6 +13,7 @@ pub mod forward;
 mod lead;
 mod lease;
 pub mod links;
+pub mod members;
 mod open;
 pub mod peers;
 pub mod reads;

@@ -220,8 +220,8 @@ async fn form_group(
     }
     let members: std::collections::BTreeMap<u64, openraft::BasicNode> = network
         .addrs()
-        .iter()
-        .map(|(id, a)| (*id, openraft::BasicNode::new(a.clone())))
+        .into_iter()
+        .map(|(id, a)| (id, openraft::BasicNode::new(a)))
         .collect();
     match raft.initialize(members).await {
         Ok(()) => {

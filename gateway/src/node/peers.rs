@@ -195,6 +195,24 @@ impl RaftService for RaftEndpoint {
         Ok(encode(&raft.install_snapshot(rpc).await))
     }
 
+    async fn change_members(
+        &self,
+        req: Request<RaftMessage>,
+    ) -> Result<Response<RaftMessage>, Status> {
+        let (raft, _) = self.group(req.get_ref())?;
+        let change: crate::node::members::MemberChange = decode(req.get_ref())?;
+        let metrics = raft.metrics().borrow().clone();
+        if metrics.current_leader != Some(metrics.id) {
+            return Err(Status::failed_precondition(format!(
+                "node {} does not lead group {} (its leader: {:?})",
+                metrics.id,
+                req.get_ref().group,
+                metrics.current_leader
+            )));
+        }
+        Ok(encode(&crate::node::members::apply(raft, &change).await))
+    }
+
     async fn probe(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         let (raft, guard) = self.group(req.get_ref())?;
         let initialized = raft
@@ -210,8 +228,8 @@ impl Peers {
     /// `Some(true)` all are, `Some(false)` one is not (the group exists), `None` one cannot be
     /// reached.
     pub async fn all_pristine(&self, me: NodeId) -> Option<bool> {
-        for id in self.addrs.keys().filter(|id| **id != me) {
-            if !self.pristine(*id).await? {
+        for id in self.addrs().into_keys().filter(|id| *id != me) {
+            if !self.pristine(id).await? {
                 return Some(false);
             }
         }
@@ -220,12 +238,49 @@ impl Peers {
 
     /// Whether some other peer answers that it holds this group (it has Raft state).
     pub async fn any_formed(&self, me: NodeId) -> bool {
-        for id in self.addrs.keys().filter(|id| **id != me) {
-            if self.pristine(*id).await == Some(false) {
+        for id in self.addrs().into_keys().filter(|id| *id != me) {
+            if self.pristine(id).await == Some(false) {
                 return true;
             }
         }
         false
+    }
+
+    /// Asks node `leader` to make `change` in this group (it must lead it).
+    pub(crate) async fn change_members(
+        &self,
+        leader: NodeId,
+        change: &crate::node::members::MemberChange,
+    ) -> Result<(), crate::node::members::Retry> {
+        use crate::node::members::Retry;
+        let endpoint = self
+            .endpoint(leader)
+            .ok_or_else(|| Retry::Yes(format!("no address for node {leader}")))?
+            .timeout(crate::node::members::CATCH_UP_WAIT + Duration::from_secs(30));
+        let channel = crate::net::channel_now(&self.net, endpoint)
+            .await
+            .map_err(|e| Retry::Yes(format!("node {leader}: {e}")))?;
+        let mut req = Request::new(RaftMessage {
+            payload: codec::encode(change),
+            group: self.group,
+            groups: self.groups,
+        });
+        if let Ok(v) = self.secret.bearer.parse() {
+            req.metadata_mut().insert("authorization", v);
+        }
+        let answer = RaftClient::new(channel)
+            .change_members(req)
+            .await
+            .map_err(|s| match s.code() {
+                // Not (or no longer) the leader, or gone: the next leader is asked.
+                tonic::Code::FailedPrecondition | tonic::Code::Unavailable => {
+                    Retry::Yes(Failure(&s).to_string())
+                }
+                _ => Retry::No(Failure(&s).to_string()),
+            })?;
+        let result: Result<(), String> = codec::decode(&answer.get_ref().payload)
+            .map_err(|e| Retry::No(format!("an undecodable answer: {e}")))?;
+        result.map_err(Retry::from_leader)
     }
 
     /// Whether peer `id` answers that it is pristine in this group (`None`: no answer).
@@ -299,7 +354,9 @@ pub const MESSAGE_BYTES_MAX: usize = 256 << 20;
 /// the peer port, the group.
 #[derive(Clone)]
 pub struct Peers {
-    addrs: Arc<BTreeMap<NodeId, String>>,
+    /// Each node's address: `--peers`, then what the groups' membership says (a node added
+    /// live, or moved), as openraft hands it when it connects (shared by every clone).
+    addrs: Arc<std::sync::RwLock<BTreeMap<NodeId, String>>>,
     pub(crate) secret: ClusterSecret,
     /// Mutual TLS under the cluster's CA (`None`: plaintext).
     tls: Option<Arc<crate::tls::PeerTls>>,
@@ -316,7 +373,7 @@ impl Peers {
     pub fn new(addrs: BTreeMap<NodeId, String>, secret: ClusterSecret) -> Peers {
         Peers {
             watch: Arc::new(PeerWatch::new(addrs.clone())),
-            addrs: Arc::new(addrs),
+            addrs: Arc::new(std::sync::RwLock::new(addrs)),
             secret,
             tls: None,
             group: 0,
@@ -331,8 +388,19 @@ impl Peers {
     }
 
     /// Every node's address.
-    pub fn addrs(&self) -> &BTreeMap<NodeId, String> {
-        &self.addrs
+    pub fn addrs(&self) -> BTreeMap<NodeId, String> {
+        self.addrs.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Notes that node `id` is at `addr` (the membership's word, newer than `--peers`).
+    pub(crate) fn learn(&self, id: NodeId, addr: &str) {
+        if addr.is_empty() {
+            return;
+        }
+        let mut addrs = self.addrs.write().unwrap_or_else(|p| p.into_inner());
+        if addrs.get(&id).is_none_or(|a| a != addr) {
+            addrs.insert(id, addr.to_owned());
+        }
     }
 
     /// The same peers, reached over `net` (a simulation's network; `None`: the OS's).
@@ -362,8 +430,13 @@ impl Peers {
     /// dead (nothing comes back, no reset) is noticed in seconds and opened again, instead of
     /// failing every call until TCP gives up.
     pub(crate) fn endpoint(&self, node: NodeId) -> Option<Endpoint> {
-        let addr = self.addrs.get(&node)?;
-        let endpoint = crate::tls::peer_endpoint(addr, self.tls.as_deref())
+        let addr = self
+            .addrs
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&node)?
+            .clone();
+        let endpoint = crate::tls::peer_endpoint(&addr, self.tls.as_deref())
             .map_err(|e| tracing::warn!(node, %addr, error = %e, "no endpoint for a peer"))
             .ok()?;
         Some(
@@ -393,7 +466,8 @@ impl Peers {
 impl RaftNetworkFactory<TypeConfig> for Peers {
     type Network = PeerClient;
 
-    async fn new_client(&mut self, target: NodeId, _node: &BasicNode) -> PeerClient {
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
+        self.learn(target, &node.addr);
         let channel = self
             .endpoint(target)
             .map(|e| crate::net::channel_lazy(&self.net, e));

@@ -635,3 +635,45 @@ fn status_of(api: &Api, standing: Standing, q: Claims) -> pb::QueueStatus {
         },
     }
 }
+
+/// `ClusterService` (admin scope): a cluster node's members (`None`: a single node, which
+/// answers `NOT_A_CLUSTER`).
+#[derive(Clone, Default)]
+pub struct ClusterSvc(pub Option<Arc<crate::node::members::Members>>);
+
+impl ClusterSvc {
+    fn members(&self) -> Result<&crate::node::members::Members, Status> {
+        self.0.as_deref().ok_or_else(|| {
+            Status::from(ApiError::Cluster(
+                crate::status::ClusterRefusal::NotACluster,
+            ))
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl pb::cluster_service_server::ClusterService for ClusterSvc {
+    async fn get_cluster_status(
+        &self,
+        _req: Request<pb::GetClusterStatusRequest>,
+    ) -> Result<Response<pb::ClusterStatus>, Status> {
+        Ok(Response::new(self.members()?.status()))
+    }
+
+    async fn add_node(
+        &self,
+        req: Request<pb::AddNodeRequest>,
+    ) -> Result<Response<pb::ClusterStatus>, Status> {
+        let r = req.into_inner();
+        let status = self.members()?.add(r.node_id, r.address.trim()).await?;
+        Ok(Response::new(status))
+    }
+
+    async fn remove_node(
+        &self,
+        req: Request<pb::RemoveNodeRequest>,
+    ) -> Result<Response<pb::ClusterStatus>, Status> {
+        let status = self.members()?.remove(req.into_inner().node_id).await?;
+        Ok(Response::new(status))
+    }
+}

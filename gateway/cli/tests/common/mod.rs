@@ -205,16 +205,21 @@ pub struct Layout {
 
 /// Three local nodes on free loopback ports, under `root`.
 pub fn layout(root: &Path) -> Layout {
-    let addrs: Vec<String> = (0..3)
+    layout_of(root, 3)
+}
+
+/// `n` local nodes on free loopback ports, under `root`.
+pub fn layout_of(root: &Path, n: usize) -> Layout {
+    let addrs: Vec<String> = (0..n)
         .map(|_| format!("127.0.0.1:{}", free_port()))
         .collect();
-    let metrics = (0..3)
+    let metrics = (0..n)
         .map(|_| format!("127.0.0.1:{}", free_port()))
         .collect();
     layout_at(root, addrs, metrics)
 }
 
-/// Three nodes at the given gRPC and metrics addresses, under `root`.
+/// Nodes at the given gRPC and metrics addresses (one each), under `root`.
 pub fn layout_at(root: &Path, addrs: Vec<String>, metrics: Vec<String>) -> Layout {
     let secret = root.join("cluster-secret");
     std::fs::write(&secret, "cluster-test-secret\n").unwrap();
@@ -224,14 +229,17 @@ pub fn layout_at(root: &Path, addrs: Vec<String>, metrics: Vec<String>) -> Layou
         .map(|(i, a)| format!("{}={a}", i + 1))
         .collect::<Vec<_>>()
         .join(",");
-    let dirs = (1..=3).map(|i| root.join(format!("node{i}"))).collect();
+    let dirs = (1..=addrs.len())
+        .map(|i| root.join(format!("node{i}")))
+        .collect();
+    let netns = vec![None; addrs.len()];
     Layout {
         secret,
         addrs,
         metrics,
         peers,
         dirs,
-        netns: vec![None; 3],
+        netns,
         logs: None,
     }
 }

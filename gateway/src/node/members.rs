@@ -1,0 +1,265 @@
+//! A cluster's members, changed live (issue 27, point 7): `ClusterService` (`GetClusterStatus`,
+//! `AddNode`, `RemoveNode`) on any node, and each change made by each group's leader with
+//! openraft's joint consensus.
+//!
+//! - **Adding** a node: each group's leader adds it as a learner and waits (up to
+//!   [`CATCH_UP_WAIT`]) until it has caught up, then makes it a voter. The node was started
+//!   first (`serve --node-id N`), pristine: it waits to be reached, and its vote guard keeps it
+//!   from voting until it holds what was committed.
+//! - **Removing** a node: each group's leader removes it from the voters and the nodes (a
+//!   leader that removes itself steps down once the change commits).
+//!
+//! The node that is called sends each group's change to that group's leader over the peer
+//! links (`boxoffice.cluster.v1.Raft/ChangeMembers`), retrying while a group has no leader or
+//! its leader changes, up to [`CHANGE_WAIT`]. Each change is idempotent: a node that already
+//! votes is not added again, one that is gone is not removed again, so a caller retries a
+//! failed call as it is. Addresses travel in the membership (each node's `BasicNode`): a node
+//! added live is reached there by every node, whatever `--peers` said at their start.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use boxoffice_engine::raft::Raft;
+use boxoffice_proto::v1 as pb;
+use openraft::{BasicNode, ChangeMembers};
+use serde::{Deserialize, Serialize};
+
+use crate::node::peers::Peers;
+use crate::status::{ApiError, ClusterRefusal};
+
+/// How long a group's leader waits for a node it adds to catch up before making it a voter.
+pub const CATCH_UP_WAIT: Duration = Duration::from_secs(60);
+/// How long a change is retried while a group has no leader, or its leader changes.
+pub const CHANGE_WAIT: Duration = Duration::from_secs(30);
+
+/// One change of a group's members, as its leader is asked to make it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub enum MemberChange {
+    /// Add node `id`, reached at `addr`, as a voter (a learner first, until it caught up).
+    AddVoter {
+        /// The node.
+        id: u64,
+        /// Where its peers reach it.
+        addr: String,
+    },
+    /// Remove node `id` (a voter or a learner).
+    Remove {
+        /// The node.
+        id: u64,
+    },
+}
+
+/// Makes `change` in the group `raft` leads here; `Err` says why not.
+pub(crate) async fn apply(raft: &Raft, change: &MemberChange) -> Result<(), String> {
+    let membership = raft.metrics().borrow().membership_config.clone();
+    let m = membership.membership();
+    match change {
+        MemberChange::AddVoter { id, addr } => {
+            if m.voter_ids().any(|v| v == *id) {
+                return Ok(());
+            }
+            if m.get_node(id).is_none() {
+                let added = tokio::time::timeout(
+                    CATCH_UP_WAIT,
+                    raft.add_learner(*id, BasicNode::new(addr.clone()), true),
+                )
+                .await
+                .map_err(|_| {
+                    format!(
+                        "node {id} did not catch up within {CATCH_UP_WAIT:?} (is it running, \
+                         and reachable at {addr}?); it stays a learner until it has"
+                    )
+                })?;
+                added.map_err(|e| format!("adding node {id} as a learner: {e}"))?;
+            }
+            raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([*id])), false)
+                .await
+                .map_err(|e| format!("making node {id} a voter: {e}"))?;
+        }
+        MemberChange::Remove { id } => {
+            if m.get_node(id).is_none() {
+                return Ok(());
+            }
+            let change = if m.voter_ids().any(|v| v == *id) {
+                ChangeMembers::RemoveVoters(BTreeSet::from([*id]))
+            } else {
+                ChangeMembers::RemoveNodes(BTreeSet::from([*id]))
+            };
+            raft.change_membership(change, false)
+                .await
+                .map_err(|e| format!("removing node {id}: {e}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// The members of this node's groups, for `ClusterService`.
+pub struct Members {
+    me: u64,
+    /// Each group's Raft (index: the group).
+    rafts: Vec<Raft>,
+    /// How the node reaches its peers (each group's leader).
+    peers: Peers,
+}
+
+impl Members {
+    /// Node `me`'s groups `rafts`, reaching its peers through `peers`.
+    pub fn new(me: u64, rafts: Vec<Raft>, peers: Peers) -> Members {
+        Members { me, rafts, peers }
+    }
+
+    /// The cluster as this node sees it.
+    pub fn status(&self) -> pb::ClusterStatus {
+        let mut nodes: std::collections::BTreeMap<u64, pb::ClusterNode> = Default::default();
+        let mut groups = Vec::new();
+        for (g, raft) in self.rafts.iter().enumerate() {
+            let metrics = raft.metrics().borrow().clone();
+            let m = metrics.membership_config.membership();
+            let voters: Vec<u64> = m.voter_ids().collect();
+            let learners: Vec<u64> = m.learner_ids().collect();
+            for (id, node) in m.nodes() {
+                let entry = nodes.entry(*id).or_insert_with(|| pb::ClusterNode {
+                    node_id: *id,
+                    address: node.addr.clone(),
+                    voter: true,
+                    leads: Vec::new(),
+                });
+                entry.voter &= voters.contains(id);
+                if metrics.current_leader == Some(*id) {
+                    entry.leads.push(u32::try_from(g).unwrap_or(u32::MAX));
+                }
+            }
+            groups.push(pb::ClusterGroup {
+                group: u32::try_from(g).unwrap_or(u32::MAX),
+                leader_id: metrics.current_leader.unwrap_or(0),
+                term: metrics.current_term,
+                voters,
+                learners,
+                last_log_index: metrics.last_log_index.unwrap_or(0),
+            });
+        }
+        pb::ClusterStatus {
+            answered_by: self.me,
+            nodes: nodes.into_values().collect(),
+            groups,
+        }
+    }
+
+    /// Adds node `id` at `addr` to every group, as a voter.
+    pub async fn add(&self, id: u64, addr: &str) -> Result<pb::ClusterStatus, ApiError> {
+        check_address(addr)?;
+        if id == 0 {
+            return Err(invalid("node_id", "must be at least 1"));
+        }
+        let change = MemberChange::AddVoter {
+            id,
+            addr: addr.to_owned(),
+        };
+        self.everywhere(&change).await?;
+        Ok(self.status())
+    }
+
+    /// Removes node `id` from every group.
+    pub async fn remove(&self, id: u64) -> Result<pb::ClusterStatus, ApiError> {
+        let known = self.rafts.iter().any(|r| {
+            let metrics = r.metrics().borrow().membership_config.clone();
+            metrics.membership().get_node(&id).is_some()
+        });
+        if !known {
+            return Err(ApiError::Cluster(ClusterRefusal::NodeNotFound(id)));
+        }
+        let last = self.rafts.iter().any(|r| {
+            let metrics = r.metrics().borrow().membership_config.clone();
+            let voters: Vec<u64> = metrics.membership().voter_ids().collect();
+            voters == [id]
+        });
+        if last {
+            return Err(ApiError::Cluster(ClusterRefusal::LastVoter(id)));
+        }
+        self.everywhere(&MemberChange::Remove { id }).await?;
+        Ok(self.status())
+    }
+
+    /// Makes `change` in every group, through each one's leader.
+    async fn everywhere(&self, change: &MemberChange) -> Result<(), ApiError> {
+        for (g, raft) in self.rafts.iter().enumerate() {
+            let group = u32::try_from(g).unwrap_or(u32::MAX);
+            self.in_group(group, raft, change).await?;
+        }
+        Ok(())
+    }
+
+    /// Makes `change` in group `group` through its leader, retrying while it has none or its
+    /// leader changes.
+    async fn in_group(
+        &self,
+        group: u32,
+        raft: &Raft,
+        change: &MemberChange,
+    ) -> Result<(), ApiError> {
+        let deadline = tokio::time::Instant::now() + CHANGE_WAIT;
+        let groups = u32::try_from(self.rafts.len()).unwrap_or(u32::MAX);
+        let peers = self.peers.clone().in_group(group, groups);
+        loop {
+            let leader = raft.metrics().borrow().current_leader;
+            let outcome = match leader {
+                None => Err(Retry::Yes("no leader".to_owned())),
+                Some(l) if l == self.me => apply(raft, change).await.map_err(Retry::from_leader),
+                Some(l) => peers.change_members(l, change).await,
+            };
+            match outcome {
+                Ok(()) => return Ok(()),
+                Err(Retry::No(why)) => {
+                    return Err(ApiError::Cluster(ClusterRefusal::ChangeFailed(format!(
+                        "group {group}: {why}"
+                    ))));
+                }
+                Err(Retry::Yes(why)) if tokio::time::Instant::now() >= deadline => {
+                    return Err(ApiError::Cluster(ClusterRefusal::ChangeFailed(format!(
+                        "group {group}: {why} (for {CHANGE_WAIT:?}); retry"
+                    ))));
+                }
+                Err(Retry::Yes(_)) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    }
+}
+
+/// A failed change: worth trying again at the group's (new) leader, or not.
+#[derive(Debug)]
+pub(crate) enum Retry {
+    /// The leader changed or could not be reached: try again.
+    Yes(String),
+    /// The leader refused the change: say why.
+    No(String),
+}
+
+impl Retry {
+    /// A leader's refusal: a change that lost its leadership on the way is tried again.
+    pub(crate) fn from_leader(why: String) -> Retry {
+        if why.contains("ForwardToLeader") || why.contains("has to forward request") {
+            Retry::Yes(why)
+        } else {
+            Retry::No(why)
+        }
+    }
+}
+
+fn invalid(field: &str, why: &str) -> ApiError {
+    ApiError::from(boxoffice_engine::Rejection::InvalidRequest {
+        field: field.to_owned(),
+        reason: why.to_owned(),
+    })
+}
+
+/// `HOST:PORT`.
+fn check_address(addr: &str) -> Result<(), ApiError> {
+    let ok = addr
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0));
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid("address", "must be HOST:PORT"))
+    }
+}
