@@ -125,32 +125,6 @@ fn encode<T: Serialize>(value: &T) -> Response<RaftMessage> {
     })
 }
 
-/// Whether `answer` refused `req` because this node's log is ahead of the candidate's (and not
-/// for a leader it still follows, or a vote it gave in that term): the candidate cannot win
-/// this node's vote, and this node could win the candidate's.
-fn refused_by_log(req: &VoteRequest<NodeId>, answer: &VoteResponse<NodeId>) -> bool {
-    !answer.vote_granted
-        && answer.last_log_id > req.last_log_id
-        && answer.vote.leader_id().term < req.vote.leader_id().term
-}
-
-/// Stands for election at once, in a term above the refused candidate's: without this, a
-/// group that lost its leader waits for this node's next election timeout (another 150 to
-/// 300 ms, often twice, as the refused candidate stands again) whenever the first node to stand
-/// is the one that missed the last entry. Raft stays safe whoever stands and when; this only
-/// saves the wait. openraft 0.9 refuses a vote by log without taking the candidate's term, so
-/// the first election is in the candidate's term (which the candidate, having voted for itself,
-/// refuses) and the next one above it: `elections` of them (each one term up; at most 4).
-fn stand_after_refusing(raft: Raft, elections: u64) {
-    tokio::spawn(async move {
-        for _ in 0..elections.min(4) {
-            if raft.trigger().elect().await.is_err() {
-                return;
-            }
-        }
-    });
-}
-
 #[tonic::async_trait]
 impl RaftService for RaftEndpoint {
     async fn append_entries(
@@ -174,16 +148,7 @@ impl RaftService for RaftEndpoint {
                 "this node started without its data and votes once it has caught up",
             ));
         }
-        let answer = raft.vote(rpc.clone()).await;
-        if let Ok(a) = &answer
-            && refused_by_log(&rpc, a)
-            && !guard.catching_up()
-            && raft.metrics().borrow().current_leader.is_none()
-        {
-            let behind = a.vote.leader_id().term.abs_diff(rpc.vote.leader_id().term);
-            stand_after_refusing(raft.clone(), behind + 1);
-        }
-        Ok(encode(&answer))
+        Ok(encode(&raft.vote(rpc).await))
     }
 
     async fn install_snapshot(
