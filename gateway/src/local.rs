@@ -32,7 +32,7 @@ use crate::services::{GroupOf, Groups};
 /// it: it runs to its end).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// A unary request of the contract, with its RPC's path and the handler that serves it.
 pub trait Unary: Routed + prost::Message + Default + Send + 'static {
@@ -143,6 +143,20 @@ impl Local {
             })
         })
         .await
+    }
+
+    /// A `ClusterService` call (`path`, admin scope) made with `call` on this node's members
+    /// (never forwarded: the node asks each group's leader itself).
+    pub async fn cluster<T: Send + 'static>(
+        &self,
+        authorization: Option<&str>,
+        path: &'static str,
+        call: impl FnOnce(crate::services::grpc::ClusterSvc) -> BoxFuture<Result<T, Status>>,
+    ) -> Result<T, Status> {
+        let svc = crate::services::grpc::ClusterSvc(
+            self.forwarder.as_ref().map(|f| Arc::new(f.members())),
+        );
+        self.run(path, authorization, move || call(svc)).await
     }
 
     /// The gate, the deadline and the metrics around `work`.

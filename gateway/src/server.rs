@@ -107,18 +107,7 @@ fn grpc_router(
         port,
         ..
     } = port;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(boxoffice_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .context("building the reflection service")?;
-    // The same descriptors over the older v1alpha protocol (grpcurl and most reflection
-    // clients ask for v1 first and fall back; some, like Python's, speak only v1alpha).
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(boxoffice_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()
-        .context("building the v1alpha reflection service")?;
+    let (reflection, reflection_v1alpha) = reflection()?;
     let gzip = tonic::codec::CompressionEncoding::Gzip;
     let max = MESSAGE_BYTES_MAX;
     let members = ClusterSvc(forwarder.as_ref().map(|f| Arc::new(f.members())));
@@ -165,6 +154,30 @@ fn grpc_router(
                 .accept_compressed(gzip)
                 .send_compressed(gzip),
         ))
+}
+
+/// Server reflection over v1, and over the older v1alpha protocol (grpcurl and most
+/// reflection clients ask for v1 first and fall back; some, like Python's, speak only
+/// v1alpha), both describing the public services and health.
+fn reflection() -> anyhow::Result<(
+    tonic_reflection::server::v1::ServerReflectionServer<
+        impl tonic_reflection::server::v1::ServerReflection,
+    >,
+    tonic_reflection::server::v1alpha::ServerReflectionServer<
+        impl tonic_reflection::server::v1alpha::ServerReflection,
+    >,
+)> {
+    let v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(boxoffice_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .context("building the reflection service")?;
+    let v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(boxoffice_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .context("building the v1alpha reflection service")?;
+    Ok((v1, v1alpha))
 }
 
 /// Binds and serves the HTTP API on `addr`, calling the services through `local`; returns the

@@ -67,7 +67,14 @@ async fn three_nodes_grow_to_five_and_lose_their_leader_live_under_load() {
     let all_peers = lay.peers.clone();
     // The first three know only each other: they form the group.
     lay.peers = all_peers.split(',').take(3).collect::<Vec<_>>().join(",");
-    let mut nodes: Vec<Node> = (0..3).map(|i| lay.start(i)).collect();
+    // Node 1 serves the HTTP API too.
+    let http = format!("127.0.0.1:{}", common::free_port());
+    let mut nodes: Vec<Node> = (0..3)
+        .map(|i| match i {
+            0 => lay.start_with(0, &["--http-listen", &http]),
+            _ => lay.start(i),
+        })
+        .collect();
     for n in &nodes {
         n.wait_ready();
     }
@@ -137,21 +144,36 @@ async fn three_nodes_grow_to_five_and_lose_their_leader_live_under_load() {
     assert_eq!(e.code(), Code::PermissionDenied);
     assert_eq!(voters(&lay.addrs[0]).await, before);
 
-    // Nodes 4 and 5 start knowing everyone, and are added through node 2 (any node will do).
+    // Over HTTP too: a client key is refused, an unknown node is NODE_NOT_FOUND.
+    let (status, _) = http_call("GET", &http, "/v1/cluster", CLIENT, None).await;
+    assert_eq!(status, 403);
+    let (status, body) = http_call("DELETE", &http, "/v1/cluster/nodes/9", ADMIN, None).await;
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("NODE_NOT_FOUND"), "{body}");
+    assert_eq!(voters(&lay.addrs[0]).await, before);
+
+    // Nodes 4 and 5 start knowing everyone; 4 is added through node 2 with the CLI (any node
+    // will do), 5 through node 1's HTTP API.
     lay.peers = all_peers;
     nodes.push(lay.start(3));
     nodes.push(lay.start(4));
-    for (i, id) in [(3, "4"), (4, "5")] {
-        let said = cluster_cli(
-            &lay.addrs[1],
-            &["add-node", "--node-id", id, "--address", &lay.addrs[i]],
-        );
-        assert!(
-            said.contains(&format!("node {id}  {}  voter", lay.addrs[i])),
-            "{said}"
-        );
-        common::until_grown(&count, 100).await;
-    }
+    let said = cluster_cli(
+        &lay.addrs[1],
+        &["add-node", "--node-id", "4", "--address", &lay.addrs[3]],
+    );
+    assert!(
+        said.contains(&format!("node 4  {}  voter", lay.addrs[3])),
+        "{said}"
+    );
+    common::until_grown(&count, 100).await;
+    let add = format!("{{\"nodeId\":5,\"address\":\"{}\"}}", lay.addrs[4]);
+    let (status, body) = http_call("POST", &http, "/v1/cluster/nodes", ADMIN, Some(&add)).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"nodeId\":5"), "{body}");
+    common::until_grown(&count, 100).await;
+    let (status, body) = http_call("GET", &http, "/v1/cluster", ADMIN, None).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"voters\":[1,2,3,4,5]"), "{body}");
     assert_eq!(voters(&lay.addrs[0]).await, vec![1, 2, 3, 4, 5]);
     let said = cluster_cli(&lay.addrs[4], &["status"]);
     assert!(said.contains("group 0: leader"), "{said}");
@@ -185,4 +207,35 @@ async fn three_nodes_grow_to_five_and_lose_their_leader_live_under_load() {
     for &i in &live {
         check_copy(&lay.dirs[i], "m", &acked).await;
     }
+}
+
+/// `METHOD path` on the HTTP API at `addr` with `key` (and a JSON `body`): status and body.
+async fn http_call(
+    method: &str,
+    addr: &str,
+    path: &str,
+    key: &str,
+    body: Option<&str>,
+) -> (u16, String) {
+    use http_body_util::BodyExt;
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", addr)
+        .header("authorization", format!("Bearer {key}"))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            body.unwrap_or("").to_owned(),
+        )))
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&bytes).into_owned())
 }

@@ -51,6 +51,105 @@ impl Backend {
     }
 }
 
+impl Backend {
+    /// A `ClusterService` call (`path`), with the caller's API key.
+    pub async fn cluster<T: Send + 'static>(
+        &self,
+        headers: &HeaderMap,
+        path: &'static str,
+        call: impl FnOnce(
+            crate::services::grpc::ClusterSvc,
+        ) -> crate::local::BoxFuture<Result<T, Status>>,
+    ) -> Result<T, Status> {
+        self.local.cluster(authorization(headers), path, call).await
+    }
+}
+
+/// The cluster's members as this node sees them (`GetClusterStatus`, admin key).
+#[utoipa::path(get, path = "/v1/cluster", tag = "cluster",
+    responses(
+        (status = 200, description = "The cluster", body = ClusterStatus),
+        (status = "default", description = "A problem (RFC 9457)", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+pub async fn cluster_status(
+    State(b): State<Backend>,
+    headers: HeaderMap,
+) -> Result<Response, Refusal> {
+    use pb::cluster_service_server::ClusterService;
+    let s = b
+        .cluster(
+            &headers,
+            "/boxoffice.v1.ClusterService/GetClusterStatus",
+            |svc| {
+                Box::pin(async move {
+                    svc.get_cluster_status(tonic::Request::new(pb::GetClusterStatusRequest {}))
+                        .await
+                        .map(tonic::Response::into_inner)
+                })
+            },
+        )
+        .await?;
+    Ok(json(StatusCode::OK, &ClusterStatus::from(s)))
+}
+
+/// Adds a node to every group, live (`AddNode`, admin key).
+#[utoipa::path(post, path = "/v1/cluster/nodes", tag = "cluster",
+    request_body = AddNodeBody,
+    responses(
+        (status = 200, description = "The cluster, the node a voter of every group", body = ClusterStatus),
+        (status = "default", description = "A problem (RFC 9457)", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+pub async fn add_node(
+    State(b): State<Backend>,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, Refusal> {
+    use pb::cluster_service_server::ClusterService;
+    let r: AddNodeBody = body(raw)?;
+    let req = pb::AddNodeRequest {
+        node_id: r.node_id,
+        address: r.address,
+    };
+    let s = b
+        .cluster(&headers, "/boxoffice.v1.ClusterService/AddNode", |svc| {
+            Box::pin(async move {
+                svc.add_node(tonic::Request::new(req))
+                    .await
+                    .map(tonic::Response::into_inner)
+            })
+        })
+        .await?;
+    Ok(json(StatusCode::OK, &ClusterStatus::from(s)))
+}
+
+/// Removes a node from every group, live (`RemoveNode`, admin key).
+#[utoipa::path(delete, path = "/v1/cluster/nodes/{nodeId}", tag = "cluster",
+    params(("nodeId" = u64, Path, description = "The node")),
+    responses(
+        (status = 200, description = "The cluster without the node", body = ClusterStatus),
+        (status = "default", description = "A problem (RFC 9457)", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+pub async fn remove_node(
+    State(b): State<Backend>,
+    Path(node_id): Path<u64>,
+    headers: HeaderMap,
+) -> Result<Response, Refusal> {
+    use pb::cluster_service_server::ClusterService;
+    let s = b
+        .cluster(&headers, "/boxoffice.v1.ClusterService/RemoveNode", |svc| {
+            Box::pin(async move {
+                svc.remove_node(tonic::Request::new(pb::RemoveNodeRequest { node_id }))
+                    .await
+                    .map(tonic::Response::into_inner)
+            })
+        })
+        .await?;
+    Ok(json(StatusCode::OK, &ClusterStatus::from(s)))
+}
+
 /// The caller's `Authorization` header, if it is text.
 fn authorization(headers: &HeaderMap) -> Option<&str> {
     headers

@@ -14,6 +14,7 @@
 //! | `POST /v1/holds/{holdId}/release` | `Release` (204) |
 //! | `GET /v1/holds/{holdId}`, `GET /v1/orders/{orderId}` | `GetHold`, `GetOrder` |
 //! | `POST /v1/events`, `GET /v1/events`, `GET /v1/events/{id}` | `CreateEvent`, `ListEvents`, `GetEvent` |
+//! | `GET /v1/cluster`, `POST /v1/cluster/nodes`, `DELETE /v1/cluster/nodes/{nodeId}` | `GetClusterStatus`, `AddNode`, `RemoveNode` (admin) |
 //!
 //! Beside them, on the same port: the live operations page `/ops` ([`ops`]), and whatever
 //! routes the embedding program adds ([`crate::server::ServerConfig::http_routes`]: the demo's
@@ -40,13 +41,15 @@ pub use api::Backend;
         api::queue_token, api::join_challenge, api::queue_status, api::seats, api::book,
         api::create_hold, api::confirm_hold, api::create_order, api::release_hold,
         api::get_hold, api::get_order, api::create_event, api::get_event, api::list_events,
+        api::cluster_status, api::add_node, api::remove_node,
     ),
     components(schemas(
         problem::Problem, types::QueueToken, types::JoinChallenge, types::QueueStatus,
         types::BookRequest, types::HoldBody, types::Hold, types::ConfirmBody, types::OrderBody,
         types::ReleaseBody, types::Ticket, types::Order, types::RowSpec, types::SectionSpec,
         types::CreateEventBody, types::SectionSummary, types::Event, types::EventPage,
-        types::Seat, types::SectionSeats, types::SeatMap,
+        types::Seat, types::SectionSeats, types::SeatMap, types::AddNodeBody,
+        types::ClusterNode, types::ClusterGroup, types::ClusterStatus,
     )),
     modifiers(&BearerAuth),
 )]
@@ -63,7 +66,7 @@ impl utoipa::Modify for BearerAuth {
                 HttpBuilder::new()
                     .scheme(HttpAuthScheme::Bearer)
                     .description(Some(
-                        "An API key of the server (client scope; admin for POST /v1/events)",
+                        "An API key of the server (client scope; admin for POST /v1/events and /v1/cluster)",
                     ))
                     .build(),
             ),
@@ -95,6 +98,12 @@ pub fn router(backend: Backend, extra: Option<Router>) -> Router {
         .route("/v1/holds/{hold_id}/release", post(api::release_hold))
         .route("/v1/orders", post(api::create_order))
         .route("/v1/orders/{order_id}", get(api::get_order))
+        .route("/v1/cluster", get(api::cluster_status))
+        .route("/v1/cluster/nodes", post(api::add_node))
+        .route(
+            "/v1/cluster/nodes/{node_id}",
+            axum::routing::delete(api::remove_node),
+        )
         .route(
             "/v1/openapi.json",
             get(move || {

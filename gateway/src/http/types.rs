@@ -679,3 +679,91 @@ impl From<pb::SeatMap> for SeatMap {
         }
     }
 }
+
+// ---- Cluster -------------------------------------------------------------------------------------
+
+/// `POST /v1/cluster/nodes`: the node to add.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AddNodeBody {
+    /// Its id (`serve --node-id`), at least 1.
+    #[serde(default)]
+    pub node_id: u64,
+    /// Where its peers reach it (`HOST:PORT`: its peer port if the nodes have one).
+    #[serde(default)]
+    pub address: String,
+}
+
+/// A node of the cluster.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterNode {
+    /// Its id.
+    pub node_id: u64,
+    /// The address its peers reach it on.
+    pub address: String,
+    /// Whether it votes in every group (false: a learner in some).
+    pub voter: bool,
+    /// The groups it leads.
+    pub leads: Vec<u32>,
+}
+
+/// A Raft group of the cluster.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterGroup {
+    /// Its number.
+    pub group: u32,
+    /// Its leader (0: none known to the answering node).
+    pub leader_id: u64,
+    /// Its current term.
+    pub term: u64,
+    /// The nodes that vote in it.
+    pub voters: Vec<u64>,
+    /// The nodes that only receive its log.
+    pub learners: Vec<u64>,
+    /// The answering node's last log index in it.
+    pub last_log_index: u64,
+}
+
+/// The cluster as the answering node sees it (`ClusterStatus`).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterStatus {
+    /// The node that answered.
+    pub answered_by: u64,
+    /// Every node a group counts.
+    pub nodes: Vec<ClusterNode>,
+    /// Each Raft group.
+    pub groups: Vec<ClusterGroup>,
+}
+
+impl From<pb::ClusterStatus> for ClusterStatus {
+    fn from(s: pb::ClusterStatus) -> Self {
+        ClusterStatus {
+            answered_by: s.answered_by,
+            nodes: s
+                .nodes
+                .into_iter()
+                .map(|n| ClusterNode {
+                    node_id: n.node_id,
+                    address: n.address,
+                    voter: n.voter,
+                    leads: n.leads,
+                })
+                .collect(),
+            groups: s
+                .groups
+                .into_iter()
+                .map(|g| ClusterGroup {
+                    group: g.group,
+                    leader_id: g.leader_id,
+                    term: g.term,
+                    voters: g.voters,
+                    learners: g.learners,
+                    last_log_index: g.last_log_index,
+                })
+                .collect(),
+        }
+    }
+}

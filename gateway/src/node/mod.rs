@@ -14,6 +14,7 @@ mod lead;
 mod lease;
 pub mod links;
 pub mod members;
+mod membership;
 mod open;
 pub mod peers;
 pub mod reads;

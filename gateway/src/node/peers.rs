@@ -165,7 +165,7 @@ impl RaftService for RaftEndpoint {
         req: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
         let (raft, _) = self.group(req.get_ref())?;
-        let change: crate::node::members::MemberChange = decode(req.get_ref())?;
+        let change: crate::node::membership::MemberChange = decode(req.get_ref())?;
         let metrics = raft.metrics().borrow().clone();
         if metrics.current_leader != Some(metrics.id) {
             return Err(Status::failed_precondition(format!(
@@ -175,7 +175,7 @@ impl RaftService for RaftEndpoint {
                 metrics.current_leader
             )));
         }
-        Ok(encode(&crate::node::members::apply(raft, &change).await))
+        Ok(encode(&crate::node::membership::apply(raft, &change).await))
     }
 
     async fn probe(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
@@ -215,13 +215,13 @@ impl Peers {
     pub(crate) async fn change_members(
         &self,
         leader: NodeId,
-        change: &crate::node::members::MemberChange,
-    ) -> Result<(), crate::node::members::Retry> {
-        use crate::node::members::Retry;
+        change: &crate::node::membership::MemberChange,
+    ) -> Result<(), crate::node::membership::Retry> {
+        use crate::node::membership::Retry;
         let endpoint = self
             .endpoint(leader)
             .ok_or_else(|| Retry::Yes(format!("no address for node {leader}")))?
-            .timeout(crate::node::members::CATCH_UP_WAIT + Duration::from_secs(30));
+            .timeout(crate::node::membership::CATCH_UP_WAIT + Duration::from_secs(30));
         let channel = crate::net::channel_now(&self.net, endpoint)
             .await
             .map_err(|e| Retry::Yes(format!("node {leader}: {e}")))?;
