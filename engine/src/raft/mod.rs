@@ -37,7 +37,7 @@ mod store;
 mod types;
 
 pub use crate::store::{Batch, Op};
-pub use config::{ConfigError, SNAPSHOT_KEEP_DEFAULT, config, config_keeping};
+pub use config::{ConfigError, ELECTION_MAX_MS, SNAPSHOT_KEEP_DEFAULT, config, config_keeping};
 pub use fence::{FenceError, ROUND_TIMEOUT, ReadFence};
 pub use guard::VoteGuard;
 pub use node_db::{NodeDb, open_node_db, open_node_db_cached};
