@@ -41,6 +41,7 @@ pub const ADMIN_RPCS: &[&str] = &[
     "/boxoffice.v1.ClusterService/GetClusterStatus",
     "/boxoffice.v1.ClusterService/AddNode",
     "/boxoffice.v1.ClusterService/RemoveNode",
+    "/boxoffice.v1.ClusterService/ReplaceNode",
 ];
 
 /// An API key was empty (or only white space).

@@ -1,6 +1,6 @@
 //! `boxoffice cluster`: tools for a cluster's operator. `certs` makes the cluster's CA and its
-//! nodes' certificates for the peer port's mutual TLS; `status`, `add-node` and `remove-node`
-//! call a running node's `ClusterService`.
+//! nodes' certificates for the peer port's mutual TLS; `status`, `add-node`, `remove-node`
+//! and `replace-node` call a running node's `ClusterService`.
 
 use std::path::PathBuf;
 
@@ -80,6 +80,22 @@ pub enum ClusterCommand {
         /// The node to remove.
         #[arg(long)]
         node_id: u64,
+    },
+    /// Replace a node by another, live: the new one added to every group (start it first),
+    /// then the old one removed (stop its process afterwards). Also how a node moves to a new
+    /// address: start it there under a new id, and replace the old id by it.
+    ReplaceNode {
+        #[command(flatten)]
+        target: Target,
+        /// The node to replace.
+        #[arg(long)]
+        old_node_id: u64,
+        /// The node that takes its place.
+        #[arg(long)]
+        new_node_id: u64,
+        /// Where the new node's peers reach it (HOST:PORT).
+        #[arg(long)]
+        address: String,
     },
     /// Make the cluster's CA (`ca.pem`, `ca.key`) and each node's certificate and key
     /// (`node-N.pem`, `node-N.key`) for the peer port (`serve --peer-listen` with `--peer-ca`,
@@ -168,6 +184,20 @@ pub async fn run(command: ClusterCommand) -> anyhow::Result<Exit> {
         ClusterCommand::RemoveNode { target, node_id } => {
             let mut c = target.client().await?;
             answered(c.remove_node(pb::RemoveNodeRequest { node_id }).await)
+        }
+        ClusterCommand::ReplaceNode {
+            target,
+            old_node_id,
+            new_node_id,
+            address,
+        } => {
+            let mut c = target.client().await?;
+            let req = pb::ReplaceNodeRequest {
+                old_node_id,
+                new_node_id,
+                address,
+            };
+            answered(c.replace_node(req).await)
         }
         ClusterCommand::Certs { out, nodes, days } => {
             let nodes = nodes

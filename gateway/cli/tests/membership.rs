@@ -62,7 +62,7 @@ async fn voters(addr: &str) -> Vec<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_grow_to_five_and_lose_their_leader_live_under_load() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut lay = common::layout_of(tmp.path(), 5);
+    let mut lay = common::layout_of(tmp.path(), 6);
     lay.logs = Some(tmp.path().to_owned());
     let all_peers = lay.peers.clone();
     // The first three know only each other: they form the group.
@@ -182,6 +182,7 @@ async fn three_nodes_grow_to_five_and_lose_their_leader_live_under_load() {
     let l = leader(&nodes).await;
     let gone = nodes[l].id;
     let via = (l + 1) % 5;
+    let moved = (l + 2) % 5;
     let said = cluster_cli(
         &lay.addrs[via],
         &["remove-node", "--node-id", &gone.to_string()],
@@ -198,6 +199,48 @@ async fn three_nodes_grow_to_five_and_lose_their_leader_live_under_load() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    common::until_grown(&count, 200).await;
+
+    // A node moves: node 6 starts at a new address and replaces it.
+    nodes.push(lay.start(5));
+    let old_id = nodes[moved].id;
+    let said = cluster_cli(
+        &lay.addrs[via],
+        &[
+            "replace-node",
+            "--old-node-id",
+            &old_id.to_string(),
+            "--new-node-id",
+            "6",
+            "--address",
+            &lay.addrs[5],
+        ],
+    );
+    assert!(said.contains(&format!("node 6  {}  voter", lay.addrs[5])), "{said}");
+    nodes[moved].terminate();
+    let live: Vec<usize> = (0..6).filter(|i| *i != l && *i != moved).collect();
+    let expected: Vec<u64> = live.iter().map(|i| *i as u64 + 1).collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while voters(&lay.addrs[5]).await != expected {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "node {old_id} was not replaced by node 6"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The same call again: the old node is gone.
+    let e = members(&lay.addrs[5])
+        .replace_node(pb::ReplaceNodeRequest {
+            old_node_id: old_id,
+            new_node_id: 6,
+            address: lay.addrs[5].clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        boxoffice_client::reason(&e).as_deref(),
+        Some("NODE_NOT_FOUND")
+    );
     common::until_grown(&count, 200).await;
     let acked = load.finish().await;
     common::until_applied(&nodes, &live).await;
@@ -239,3 +282,4 @@ async fn http_call(
     let bytes = resp.into_body().collect().await.unwrap().to_bytes();
     (status, String::from_utf8_lossy(&bytes).into_owned())
 }
+

@@ -150,6 +150,40 @@ pub async fn remove_node(
     Ok(json(StatusCode::OK, &ClusterStatus::from(s)))
 }
 
+/// Replaces a node by another, live (`ReplaceNode`, admin key).
+#[utoipa::path(post, path = "/v1/cluster/nodes/{nodeId}/replace", tag = "cluster",
+    params(("nodeId" = u64, Path, description = "The node to replace")),
+    request_body = AddNodeBody,
+    responses(
+        (status = 200, description = "The cluster, the new node a voter and the old one gone", body = ClusterStatus),
+        (status = "default", description = "A problem (RFC 9457)", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+pub async fn replace_node(
+    State(b): State<Backend>,
+    Path(old_node_id): Path<u64>,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, Refusal> {
+    use pb::cluster_service_server::ClusterService;
+    let r: AddNodeBody = body(raw)?;
+    let req = pb::ReplaceNodeRequest {
+        old_node_id,
+        new_node_id: r.node_id,
+        address: r.address,
+    };
+    let s = b
+        .cluster(&headers, "/boxoffice.v1.ClusterService/ReplaceNode", |svc| {
+            Box::pin(async move {
+                svc.replace_node(tonic::Request::new(req))
+                    .await
+                    .map(tonic::Response::into_inner)
+            })
+        })
+        .await?;
+    Ok(json(StatusCode::OK, &ClusterStatus::from(s)))
+}
+
 /// The caller's `Authorization` header, if it is text.
 fn authorization(headers: &HeaderMap) -> Option<&str> {
     headers

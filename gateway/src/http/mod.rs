@@ -14,7 +14,7 @@
 //! | `POST /v1/holds/{holdId}/release` | `Release` (204) |
 //! | `GET /v1/holds/{holdId}`, `GET /v1/orders/{orderId}` | `GetHold`, `GetOrder` |
 //! | `POST /v1/events`, `GET /v1/events`, `GET /v1/events/{id}` | `CreateEvent`, `ListEvents`, `GetEvent` |
-//! | `GET /v1/cluster`, `POST /v1/cluster/nodes`, `DELETE /v1/cluster/nodes/{nodeId}` | `GetClusterStatus`, `AddNode`, `RemoveNode` (admin) |
+//! | `GET /v1/cluster`, `POST /v1/cluster/nodes`, `DELETE /v1/cluster/nodes/{nodeId}`, `POST /v1/cluster/nodes/{nodeId}/replace` | `GetClusterStatus`, `AddNode`, `RemoveNode`, `ReplaceNode` (admin) |
 //!
 //! Beside them, on the same port: the live operations page `/ops` ([`ops`]), and whatever
 //! routes the embedding program adds ([`crate::server::ServerConfig::http_routes`]: the demo's
@@ -41,7 +41,7 @@ pub use api::Backend;
         api::queue_token, api::join_challenge, api::queue_status, api::seats, api::book,
         api::create_hold, api::confirm_hold, api::create_order, api::release_hold,
         api::get_hold, api::get_order, api::create_event, api::get_event, api::list_events,
-        api::cluster_status, api::add_node, api::remove_node,
+        api::cluster_status, api::add_node, api::remove_node, api::replace_node,
     ),
     components(schemas(
         problem::Problem, types::QueueToken, types::JoinChallenge, types::QueueStatus,

@@ -113,6 +113,40 @@ impl Members {
         Ok(self.status())
     }
 
+    /// Replaces node `old` by node `new` at `addr` in every group: `new` added as a voter
+    /// first, then `old` removed.
+    pub async fn replace(
+        &self,
+        old: u64,
+        new: u64,
+        addr: &str,
+    ) -> Result<pb::ClusterStatus, ApiError> {
+        check_address(addr)?;
+        if new == 0 {
+            return Err(invalid("new_node_id", "must be at least 1"));
+        }
+        if new == old {
+            return Err(invalid(
+                "new_node_id",
+                "must differ from old_node_id (to move a node, start it under a new id)",
+            ));
+        }
+        let known = self.rafts.iter().any(|r| {
+            let metrics = r.metrics().borrow().membership_config.clone();
+            metrics.membership().get_node(&old).is_some()
+        });
+        if !known {
+            return Err(ApiError::Cluster(ClusterRefusal::NodeNotFound(old)));
+        }
+        let add = MemberChange::AddVoter {
+            id: new,
+            addr: addr.to_owned(),
+        };
+        self.everywhere(&add).await?;
+        self.everywhere(&MemberChange::Remove { id: old }).await?;
+        Ok(self.status())
+    }
+
     /// Makes `change` in every group, through each one's leader.
     async fn everywhere(&self, change: &MemberChange) -> Result<(), ApiError> {
         for (g, raft) in self.rafts.iter().enumerate() {

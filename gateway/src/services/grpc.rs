@@ -676,4 +676,16 @@ impl pb::cluster_service_server::ClusterService for ClusterSvc {
         let status = self.members()?.remove(req.into_inner().node_id).await?;
         Ok(Response::new(status))
     }
+
+    async fn replace_node(
+        &self,
+        req: Request<pb::ReplaceNodeRequest>,
+    ) -> Result<Response<pb::ClusterStatus>, Status> {
+        let r = req.into_inner();
+        let status = self
+            .members()?
+            .replace(r.old_node_id, r.new_node_id, r.address.trim())
+            .await?;
+        Ok(Response::new(status))
+    }
 }
