@@ -216,7 +216,10 @@ async fn three_nodes_grow_to_five_and_lose_their_leader_live_under_load() {
             &lay.addrs[5],
         ],
     );
-    assert!(said.contains(&format!("node 6  {}  voter", lay.addrs[5])), "{said}");
+    assert!(
+        said.contains(&format!("node 6  {}  voter", lay.addrs[5])),
+        "{said}"
+    );
     nodes[moved].terminate();
     let live: Vec<usize> = (0..6).filter(|i| *i != l && *i != moved).collect();
     let expected: Vec<u64> = live.iter().map(|i| *i as u64 + 1).collect();
@@ -282,4 +285,3 @@ async fn http_call(
     let bytes = resp.into_body().collect().await.unwrap().to_bytes();
     (status, String::from_utf8_lossy(&bytes).into_owned())
 }
-

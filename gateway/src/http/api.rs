@@ -173,13 +173,17 @@ pub async fn replace_node(
         address: r.address,
     };
     let s = b
-        .cluster(&headers, "/boxoffice.v1.ClusterService/ReplaceNode", |svc| {
-            Box::pin(async move {
-                svc.replace_node(tonic::Request::new(req))
-                    .await
-                    .map(tonic::Response::into_inner)
-            })
-        })
+        .cluster(
+            &headers,
+            "/boxoffice.v1.ClusterService/ReplaceNode",
+            |svc| {
+                Box::pin(async move {
+                    svc.replace_node(tonic::Request::new(req))
+                        .await
+                        .map(tonic::Response::into_inner)
+                })
+            },
+        )
         .await?;
     Ok(json(StatusCode::OK, &ClusterStatus::from(s)))
 }
