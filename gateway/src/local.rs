@@ -32,6 +32,10 @@ use crate::services::{GroupOf, Groups};
 /// it: it runs to its end).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The longest a `ClusterService` call over HTTP may take: a change waits for each group's new
+/// node to catch up (up to a minute), and for each group's leader (up to 30 s), group by group.
+pub const CLUSTER_CALL_TIMEOUT: Duration = Duration::from_secs(300);
+
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// A unary request of the contract, with its RPC's path and the handler that serves it.
@@ -156,14 +160,26 @@ impl Local {
         let svc = crate::services::grpc::ClusterSvc(
             self.forwarder.as_ref().map(|f| Arc::new(f.members())),
         );
-        self.run(path, authorization, move || call(svc)).await
+        self.run_for(path, authorization, CLUSTER_CALL_TIMEOUT, move || call(svc))
+            .await
     }
 
-    /// The gate, the deadline and the metrics around `work`.
+    /// The gate, the deadline ([`CALL_TIMEOUT`]) and the metrics around `work`.
     async fn run<T: Send + 'static>(
         &self,
         path: &'static str,
         authorization: Option<&str>,
+        work: impl FnOnce() -> BoxFuture<Result<T, Status>>,
+    ) -> Result<T, Status> {
+        self.run_for(path, authorization, CALL_TIMEOUT, work).await
+    }
+
+    /// The gate, the deadline `timeout` and the metrics around `work`.
+    async fn run_for<T: Send + 'static>(
+        &self,
+        path: &'static str,
+        authorization: Option<&str>,
+        timeout: Duration,
         work: impl FnOnce() -> BoxFuture<Result<T, Status>>,
     ) -> Result<T, Status> {
         let method = crate::gate::method_label(path);
@@ -177,7 +193,7 @@ impl Local {
                     drop(in_flight);
                     answer
                 });
-                match tokio::time::timeout(crate::gate::short_of(CALL_TIMEOUT), &mut call).await {
+                match tokio::time::timeout(crate::gate::short_of(timeout), &mut call).await {
                     Ok(Ok(answer)) => answer,
                     Ok(Err(e)) => Err(Status::internal(format!("the call failed: {e}"))),
                     Err(_) => Err(crate::gate::deadline_exceeded()),

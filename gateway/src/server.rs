@@ -376,14 +376,14 @@ async fn bind_peer_port(config: &ServerConfig) -> anyhow::Result<Option<Listener
         return Ok(None);
     };
     let Some(addr) = c.peer_listen else {
+        // Its peers would dial its public port in the clear, where it speaks only TLS.
+        anyhow::ensure!(
+            config.tls.is_none(),
+            "a cluster node with TLS on its public port needs a peer port (--peer-listen)"
+        );
         tracing::warn!(
             "no peer port (--peer-listen): Raft and forwarded calls, and the cluster secret \
-             they carry, cross the public gRPC port{}",
-            if config.tls.is_some() {
-                ""
-            } else {
-                " in plaintext"
-            }
+             they carry, cross the public gRPC port in plaintext"
         );
         return Ok(None);
     };

@@ -153,7 +153,15 @@ fn parse_peers(peers: &[String]) -> Result<std::collections::BTreeMap<u64, Strin
 pub fn cluster_config(
     args: ClusterArgs,
     keys_given: bool,
+    public_tls: bool,
 ) -> Result<Option<server::ClusterConfig>, UsageError> {
+    if args.node_id.is_some() && public_tls && args.peer_listen.is_none() {
+        return Err(UsageError::new(
+            "a cluster node with --tls-cert needs --peer-listen (and --peer-ca, --peer-cert, \
+             --peer-key): its peers reach it on its peer port, never on the public TLS port"
+                .to_owned(),
+        ));
+    }
     let (secret, secret_file, groups) = (
         args.cluster_secret.clone(),
         args.cluster_secret_file.as_deref(),

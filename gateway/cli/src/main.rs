@@ -92,8 +92,8 @@ enum Command {
     #[command(subcommand)]
     Ticket(ticket::TicketCommand),
     /// A cluster's tools: `certs` makes the cluster's CA and its nodes' certificates for the
-    /// peer port's mutual TLS; `status`, `add-node` and `remove-node` show and change a
-    /// running cluster's members.
+    /// peer port's mutual TLS; `status`, `add-node`, `remove-node` and `replace-node` show and
+    /// change a running cluster's members.
     #[command(subcommand)]
     Cluster(cluster::ClusterCommand),
     /// Check sold seats against orders, payments and the backstop (offline: the server must be

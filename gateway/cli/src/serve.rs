@@ -328,13 +328,14 @@ fn config(args: ServeArgs) -> Result<ServerConfig, UsageError> {
         args.token_secret_file.as_deref(),
     )?;
     let section_in_flight_max = section_in_flight_max(args.section_in_flight_max)?;
+    let tls = crate::links::public_tls(args.tls)?;
     let cluster = crate::links::cluster_config(
         args.cluster,
         !admin_keys.is_empty()
             && !client_keys.is_empty()
             && token_secret.as_ref().is_some_and(|s| !s.is_empty()),
+        tls.is_some(),
     )?;
-    let tls = crate::links::public_tls(args.tls)?;
     let secret = generate_missing(&mut admin_keys, &mut client_keys, token_secret);
     let mut config = ServerConfig::new("", "", &secret);
     config.listen = args.listen;

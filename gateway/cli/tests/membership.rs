@@ -150,6 +150,16 @@ async fn three_nodes_grow_to_five_and_lose_their_leader_live_under_load() {
     let (status, body) = http_call("DELETE", &http, "/v1/cluster/nodes/9", ADMIN, None).await;
     assert_eq!(status, 404, "{body}");
     assert!(body.contains("NODE_NOT_FOUND"), "{body}");
+    let (status, body) = http_call(
+        "POST",
+        &http,
+        "/v1/cluster/nodes/9/replace",
+        ADMIN,
+        Some("{\"nodeId\":8,\"address\":\"127.0.0.1:1\"}"),
+    )
+    .await;
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("NODE_NOT_FOUND"), "{body}");
     assert_eq!(voters(&lay.addrs[0]).await, before);
 
     // Nodes 4 and 5 start knowing everyone; 4 is added through node 2 with the CLI (any node

@@ -105,6 +105,10 @@ pub fn router(backend: Backend, extra: Option<Router>) -> Router {
             axum::routing::delete(api::remove_node),
         )
         .route(
+            "/v1/cluster/nodes/{node_id}/replace",
+            post(api::replace_node),
+        )
+        .route(
             "/v1/openapi.json",
             get(move || {
                 let body = openapi.clone();

@@ -39,20 +39,20 @@ pub(crate) async fn apply(raft: &Raft, change: &MemberChange) -> Result<(), Stri
             if m.voter_ids().any(|v| v == *id) {
                 return Ok(());
             }
-            if m.get_node(id).is_none() {
-                let added = tokio::time::timeout(
-                    CATCH_UP_WAIT,
-                    raft.add_learner(*id, BasicNode::new(addr.clone()), true),
+            // A learner already (an earlier try that timed out) is added again: openraft then
+            // waits again for it to catch up, so it never votes before it has.
+            let added = tokio::time::timeout(
+                CATCH_UP_WAIT,
+                raft.add_learner(*id, BasicNode::new(addr.clone()), true),
+            )
+            .await
+            .map_err(|_| {
+                format!(
+                    "node {id} did not catch up within {CATCH_UP_WAIT:?} (is it running, and \
+                     reachable at {addr}?); it stays a learner until it has"
                 )
-                .await
-                .map_err(|_| {
-                    format!(
-                        "node {id} did not catch up within {CATCH_UP_WAIT:?} (is it running, \
-                         and reachable at {addr}?); it stays a learner until it has"
-                    )
-                })?;
-                added.map_err(|e| format!("adding node {id} as a learner: {e}"))?;
-            }
+            })?;
+            added.map_err(|e| format!("adding node {id} as a learner: {e}"))?;
             raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([*id])), false)
                 .await
                 .map_err(|e| format!("making node {id} a voter: {e}"))?;

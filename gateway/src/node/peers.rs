@@ -404,9 +404,12 @@ pub const MESSAGE_BYTES_MAX: usize = 256 << 20;
 /// the peer port, the group.
 #[derive(Clone)]
 pub struct Peers {
-    /// Each node's address: `--peers`, then what the groups' membership says (a node added
-    /// live, or moved), as openraft hands it when it connects (shared by every clone).
+    /// Each node's address: `--peers`, then what the groups' membership says of a node it does
+    /// not name (a node added live), as openraft hands it when it connects (shared by every
+    /// clone).
     addrs: Arc<std::sync::RwLock<BTreeMap<NodeId, String>>>,
+    /// The nodes `--peers` names (their addresses are never taken from the membership).
+    named: Arc<std::collections::BTreeSet<NodeId>>,
     pub(crate) secret: ClusterSecret,
     /// Mutual TLS under the cluster's CA (`None`: plaintext).
     tls: Option<Arc<crate::tls::PeerTls>>,
@@ -423,6 +426,7 @@ impl Peers {
     pub fn new(addrs: BTreeMap<NodeId, String>, secret: ClusterSecret) -> Peers {
         Peers {
             watch: Arc::new(PeerWatch::new(addrs.clone())),
+            named: Arc::new(addrs.keys().copied().collect()),
             addrs: Arc::new(std::sync::RwLock::new(addrs)),
             secret,
             tls: None,
@@ -442,15 +446,25 @@ impl Peers {
         self.addrs.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Notes that node `id` is at `addr` (the membership's word, newer than `--peers`).
+    /// Notes that node `id`, which `--peers` does not name, is at `addr` (the membership's
+    /// word: a node added live). `--peers` wins for the nodes it names: the membership keeps
+    /// the addresses a group was formed or joined with, and a node's address in `--peers` may
+    /// have changed since (a peer port turned on, a node moved).
     pub(crate) fn learn(&self, id: NodeId, addr: &str) {
-        if addr.is_empty() {
+        if addr.is_empty() || self.named.contains(&id) {
+            return;
+        }
+        if self
+            .addrs
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .is_some_and(|a| a == addr)
+        {
             return;
         }
         let mut addrs = self.addrs.write().unwrap_or_else(|p| p.into_inner());
-        if addrs.get(&id).is_none_or(|a| a != addr) {
-            addrs.insert(id, addr.to_owned());
-        }
+        addrs.insert(id, addr.to_owned());
     }
 
     /// The same peers, reached over `net` (a simulation's network; `None`: the OS's).

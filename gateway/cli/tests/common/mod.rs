@@ -557,12 +557,34 @@ pub struct Acked {
 
 /// Joins `user` to the line of `event`: the queue token.
 pub async fn join(c: &mut Clients, event: &str, user: &str) -> String {
-    c.room
-        .join(join_request(event, user))
-        .await
-        .unwrap()
-        .into_inner()
-        .queue_token
+    let room = c.room.clone();
+    patiently(|| {
+        let mut room = room.clone();
+        let req = join_request(event, user);
+        async move { room.join(req).await }
+    })
+    .await
+    .queue_token
+}
+
+/// `call`'s answer, the call made again while it fails transiently ([`transient`]: an
+/// election, a leader not yet confirmed, a node starting), for 30 s at most: what any client
+/// does with `NOT_READY` and `UNAVAILABLE`.
+pub async fn patiently<T, F, Fut>(mut call: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match call().await {
+            Ok(r) => return r.into_inner(),
+            Err(s) if transient(&s) && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(s) => panic!("{s:?}"),
+        }
+    }
 }
 
 fn join_request(event: &str, user: &str) -> pb::JoinRequest {
@@ -576,13 +598,15 @@ fn join_request(event: &str, user: &str) -> pb::JoinRequest {
 
 /// The standing of a queue token.
 pub async fn status(c: &mut Clients, token: &str) -> pb::QueueStatus {
-    c.room
-        .get_status(pb::GetStatusRequest {
+    let room = c.room.clone();
+    patiently(|| {
+        let mut room = room.clone();
+        let req = pb::GetStatusRequest {
             queue_token: token.to_owned(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
+        };
+        async move { room.get_status(req).await }
+    })
+    .await
 }
 
 /// An admission token for each of `fans` users (`fan-{w}`) to event `c` (join, then poll until
