@@ -8,6 +8,8 @@
 #   group commit, which in a cluster is one Raft entry) and Raft entries appended.
 #
 #   benches/cluster.sh [REQUESTS [CONCURRENCY]]     (defaults: 40000 64)
+#   BENCH_PEER_TLS=1 benches/cluster.sh ...         the nodes on peer ports over mutual TLS
+#                                                   (certificates from `boxoffice cluster certs`)
 #
 # Uses target/release/boxoffice (built first). Data in a temp dir, removed at the end; every
 # server binds 127.0.0.1 and is stopped on exit. Failover time over N kills comes from the
@@ -78,14 +80,30 @@ kill -TERM "${PIDS[0]}"; wait "${PIDS[0]}" || true; PIDS=()
 echo
 cluster() { # $1: groups
   local groups=$1 n
-  echo "== 3 nodes, --groups $groups (Raft, a majority fsynced before each reply)"
-  declare -A GP MP
+  echo "== 3 nodes, --groups $groups (Raft, a majority fsynced before each reply)$([ "${BENCH_PEER_TLS:-0}" = 1 ] && echo ", peer ports over mutual TLS")"
+  declare -A GP MP PP
   local PEERS=""
-  for n in 1 2 3; do GP[$n]=$(port); MP[$n]=$(port); PEERS+="${PEERS:+,}$n=127.0.0.1:${GP[$n]}"; done
+  for n in 1 2 3; do
+    GP[$n]=$(port); MP[$n]=$(port); PP[$n]=$(port)
+    if [ "${BENCH_PEER_TLS:-0}" = 1 ]; then
+      PEERS+="${PEERS:+,}$n=127.0.0.1:${PP[$n]}"
+    else
+      PEERS+="${PEERS:+,}$n=127.0.0.1:${GP[$n]}"
+    fi
+  done
+  if [ "${BENCH_PEER_TLS:-0}" = 1 ] && [ ! -f "$DIR/certs/ca.pem" ]; then
+    "$BIN" cluster certs --out "$DIR/certs" --node 1=127.0.0.1 --node 2=127.0.0.1 --node 3=127.0.0.1 > /dev/null
+  fi
   PIDS=()
   for n in 1 2 3; do
+    local PEER_FLAGS=()
+    if [ "${BENCH_PEER_TLS:-0}" = 1 ]; then
+      PEER_FLAGS=(--peer-listen "127.0.0.1:${PP[$n]}" --peer-ca "$DIR/certs/ca.pem"
+        --peer-cert "$DIR/certs/node-$n.pem" --peer-key "$DIR/certs/node-$n.key")
+    fi
     "$BIN" serve --node-id "$n" --peers "$PEERS" --listen "127.0.0.1:${GP[$n]}" \
       --metrics-listen "127.0.0.1:${MP[$n]}" --data-dir "$DIR/g$groups-node$n" --groups "$groups" \
+      "${PEER_FLAGS[@]}" \
       --cluster-secret-file "$DIR/secret" "${KEYS[@]}" > "$DIR/g$groups-node$n.log" 2>&1 &
     PIDS+=($!)
   done
