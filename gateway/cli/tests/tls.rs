@@ -419,23 +419,20 @@ fn bad_certificates_stop_a_start_with_their_flag_and_reason() {
         .map(str::to_owned)
         .to_vec()
     };
+    // The peer flags with node `id`'s certificate and key in `dir`.
+    let pair = |dir: &Path, id: u64| {
+        cluster(
+            p(certs::node_file(dir, id, "pem")),
+            p(certs::node_file(dir, id, "key")),
+        )
+    };
     let cases: Vec<(&str, Vec<String>, &str)> = vec![
         (
             "another cluster's certificate",
-            cluster(
-                p(certs::node_file(&other, 1, "pem")),
-                p(certs::node_file(&other, 1, "key")),
-            ),
+            pair(&other, 1),
             "not signed by this CA",
         ),
-        (
-            "an expired certificate",
-            cluster(
-                p(certs::node_file(&certs, 9, "pem")),
-                p(certs::node_file(&certs, 9, "key")),
-            ),
-            "expired",
-        ),
+        ("an expired certificate", pair(&certs, 9), "expired"),
         (
             "a key of another certificate",
             cluster(

@@ -94,11 +94,7 @@ impl Members {
 
     /// Removes node `id` from every group.
     pub async fn remove(&self, id: u64) -> Result<pb::ClusterStatus, ApiError> {
-        let known = self.rafts.iter().any(|r| {
-            let metrics = r.metrics().borrow().membership_config.clone();
-            metrics.membership().get_node(&id).is_some()
-        });
-        if !known {
+        if !self.counts(id) {
             return Err(ApiError::Cluster(ClusterRefusal::NodeNotFound(id)));
         }
         let last = self.rafts.iter().any(|r| {
@@ -131,11 +127,7 @@ impl Members {
                 "must differ from old_node_id (to move a node, start it under a new id)",
             ));
         }
-        let known = self.rafts.iter().any(|r| {
-            let metrics = r.metrics().borrow().membership_config.clone();
-            metrics.membership().get_node(&old).is_some()
-        });
-        if !known {
+        if !self.counts(old) {
             return Err(ApiError::Cluster(ClusterRefusal::NodeNotFound(old)));
         }
         let add = MemberChange::AddVoter {
@@ -147,11 +139,31 @@ impl Members {
         Ok(self.status())
     }
 
+    /// Whether some group counts node `id` (a voter or a learner).
+    fn counts(&self, id: u64) -> bool {
+        self.rafts.iter().any(|r| {
+            let metrics = r.metrics().borrow().membership_config.clone();
+            metrics.membership().get_node(&id).is_some()
+        })
+    }
+
     /// Makes `change` in every group, through each one's leader.
     async fn everywhere(&self, change: &MemberChange) -> Result<(), ApiError> {
         for (g, raft) in self.rafts.iter().enumerate() {
             let group = u32::try_from(g).unwrap_or(u32::MAX);
             self.in_group(group, raft, change).await?;
+            // The answer is this node's view: it waits until that view holds the change too
+            // (a node that does not lead learns the committed membership a heartbeat later;
+            // a node removing itself may never hear the last of it).
+            if *change == (MemberChange::Remove { id: self.me }) {
+                continue;
+            }
+            let mut seen = raft.metrics();
+            let _ = tokio::time::timeout(
+                CHANGE_WAIT,
+                seen.wait_for(|m| made(change, m.membership_config.membership())),
+            )
+            .await;
         }
         Ok(())
     }
@@ -208,5 +220,16 @@ fn check_address(addr: &str) -> Result<(), ApiError> {
         Ok(())
     } else {
         Err(invalid("address", "must be HOST:PORT"))
+    }
+}
+
+/// Whether `membership` shows `change` made.
+fn made(
+    change: &MemberChange,
+    membership: &openraft::Membership<u64, openraft::BasicNode>,
+) -> bool {
+    match change {
+        MemberChange::AddVoter { id, .. } => membership.voter_ids().any(|v| v == *id),
+        MemberChange::Remove { id } => membership.get_node(id).is_none(),
     }
 }

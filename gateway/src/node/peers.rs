@@ -75,6 +75,19 @@ impl ClusterSecret {
         &self.digest
     }
 
+    /// A Raft message to a peer, for group `group` of `groups`, presenting this secret.
+    fn request(&self, payload: Vec<u8>, group: u32, groups: u32) -> Request<RaftMessage> {
+        let mut req = Request::new(RaftMessage {
+            payload,
+            group,
+            groups,
+        });
+        if let Ok(v) = self.bearer.parse() {
+            req.metadata_mut().insert("authorization", v);
+        }
+        req
+    }
+
     /// The header value that presents this secret.
     pub(crate) fn bearer(&self) -> &str {
         &self.bearer
@@ -309,14 +322,9 @@ impl Peers {
         let channel = crate::net::channel_now(&self.net, endpoint)
             .await
             .map_err(|e| Retry::Yes(format!("node {leader}: {e}")))?;
-        let mut req = Request::new(RaftMessage {
-            payload: codec::encode(change),
-            group: self.group,
-            groups: self.groups,
-        });
-        if let Ok(v) = self.secret.bearer.parse() {
-            req.metadata_mut().insert("authorization", v);
-        }
+        let req = self
+            .secret
+            .request(codec::encode(change), self.group, self.groups);
         let answer = RaftClient::new(channel)
             .change_members(req)
             .await
@@ -336,14 +344,7 @@ impl Peers {
     async fn pristine(&self, id: NodeId) -> Option<bool> {
         let endpoint = self.endpoint(id)?.timeout(Duration::from_secs(2));
         let channel = crate::net::channel_now(&self.net, endpoint).await.ok()?;
-        let mut req = Request::new(RaftMessage {
-            payload: vec![],
-            group: self.group,
-            groups: self.groups,
-        });
-        if let Ok(v) = self.secret.bearer.parse() {
-            req.metadata_mut().insert("authorization", v);
-        }
+        let req = self.secret.request(vec![], self.group, self.groups);
         let answer = RaftClient::new(channel).probe(req).await.ok()?;
         codec::decode(&answer.get_ref().payload).ok()
     }
@@ -608,15 +609,10 @@ impl PeerClient {
             .max_encoding_message_size(MESSAGE_BYTES_MAX);
         let payload = codec::encode(rpc);
         let request = || {
-            let mut req = Request::new(RaftMessage {
-                payload: payload.clone(),
-                group: self.group,
-                groups: self.groups,
-            });
+            let mut req = self
+                .secret
+                .request(payload.clone(), self.group, self.groups);
             req.set_timeout(option.hard_ttl());
-            if let Ok(v) = self.secret.bearer.parse() {
-                req.metadata_mut().insert("authorization", v);
-            }
             req
         };
         let faults = self
