@@ -146,11 +146,16 @@ pub fn hold(h: HoldView) -> pb::Hold {
     }
 }
 
-/// An order as the API shows it, each ticket with its signed code.
-pub fn order(o: OrderView, tickets: &crate::tickets::TicketSigner) -> pb::Order {
+/// An order as the API shows it, each ticket with its signed code (signed with the key of the
+/// order's time; `Err` if this node's copy of its cluster's ring may be stale for it).
+pub fn order(
+    o: OrderView,
+    tickets: &crate::signing::Signing,
+) -> Result<pb::Order, crate::signing::RingStale> {
+    let key = tickets.key_for(o.created_at_ms)?;
     let event_id = o.event_id.0;
     let order_id = o.order_id.0;
-    pb::Order {
+    Ok(pb::Order {
         hold_id: o.hold_id.0,
         user_id: o.user_id.0,
         tickets: o
@@ -158,7 +163,7 @@ pub fn order(o: OrderView, tickets: &crate::tickets::TicketSigner) -> pb::Order 
             .into_iter()
             .map(|t| {
                 let seat_id = t.seat_id.map(|s| s.0).unwrap_or_default();
-                let code = tickets.sign(&crate::tickets::TicketClaims {
+                let code = key.sign(&crate::tickets::TicketClaims {
                     event_id: event_id.clone(),
                     section_id: t.section_id.0.clone(),
                     seat_id: seat_id.clone(),
@@ -179,7 +184,7 @@ pub fn order(o: OrderView, tickets: &crate::tickets::TicketSigner) -> pb::Order 
         payment_id: o.payment_ref,
         status: pb::OrderStatus::Confirmed as i32,
         created_at_unix_ms: ms(o.created_at_ms),
-    }
+    })
 }
 
 /// A seat status as the API shows it.

@@ -35,14 +35,16 @@ pub enum Scope {
     Client,
 }
 
-/// RPCs that need an admin key.
-pub const ADMIN_RPCS: &[&str] = &[
-    "/boxoffice.v1.EventService/CreateEvent",
-    "/boxoffice.v1.ClusterService/GetClusterStatus",
-    "/boxoffice.v1.ClusterService/AddNode",
-    "/boxoffice.v1.ClusterService/RemoveNode",
-    "/boxoffice.v1.ClusterService/ReplaceNode",
-];
+/// RPCs that need an admin key, besides every RPC of [`ADMIN_SERVICES`].
+pub const ADMIN_RPCS: &[&str] = &["/boxoffice.v1.EventService/CreateEvent"];
+
+/// Services whose every RPC needs an admin key (a new RPC there is an admin's from the start).
+pub const ADMIN_SERVICES: &[&str] = &["/boxoffice.v1.ClusterService/"];
+
+/// Whether the RPC at `path` needs an admin key.
+pub fn needs_admin(path: &str) -> bool {
+    ADMIN_RPCS.contains(&path) || ADMIN_SERVICES.iter().any(|s| path.starts_with(s))
+}
 
 /// An API key was empty (or only white space).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,7 +144,7 @@ impl Gate {
             .keys
             .scope_of(key.trim())
             .ok_or(ApiError::Unauthenticated)?;
-        if scope != Scope::Admin && ADMIN_RPCS.contains(&path) {
+        if scope != Scope::Admin && needs_admin(path) {
             return Err(ApiError::PermissionDenied);
         }
         Ok(())
@@ -490,6 +492,25 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_cluster_rpc_and_event_creation_needs_an_admin_key() {
+        for path in [
+            "/boxoffice.v1.EventService/CreateEvent",
+            "/boxoffice.v1.ClusterService/GetClusterStatus",
+            "/boxoffice.v1.ClusterService/RotateTicketKey",
+            "/boxoffice.v1.ClusterService/AnyLaterRpc",
+        ] {
+            assert!(needs_admin(path), "{path}");
+        }
+        for path in [
+            "/boxoffice.v1.EventService/GetEvent",
+            "/boxoffice.v1.BookingService/Hold",
+            "/boxoffice.v1.ClusterServiceX/GetClusterStatus",
+        ] {
+            assert!(!needs_admin(path), "{path}");
+        }
+    }
 
     #[test]
     fn client_deadlines_are_read_as_grpc_says() {

@@ -43,6 +43,7 @@ pub mod pow;
 pub mod seat_maps;
 pub mod server;
 pub mod services;
+pub mod signing;
 pub mod stack;
 pub mod status;
 pub mod ticket_keys;

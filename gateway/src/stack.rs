@@ -74,7 +74,7 @@ pub(crate) async fn open_stack(
     config: &ServerConfig,
     ec: EngineConfig,
     fence: Option<Arc<ReadFence>>,
-    tickets: Option<crate::tickets::TicketSigner>,
+    tickets: Option<Arc<crate::signing::Signing>>,
 ) -> anyhow::Result<Stack> {
     let engine = Engine::open(ec)
         .await
@@ -84,7 +84,7 @@ pub(crate) async fn open_stack(
         None => match crate::ticket_keys::signer(&config.data_dir, config.new_ticket_key, &engine)
             .await
         {
-            Ok(t) => t,
+            Ok(t) => Arc::new(crate::signing::Signing::fixed(t)),
             Err(e) => {
                 // Refused to start: stop the engine, so the data dir is free for the next try.
                 engine.shutdown().await;

@@ -30,6 +30,8 @@ pub enum ApiError {
     Overloaded(&'static str),
     /// Recovering or shutting down.
     NotReady,
+    /// This cluster node's copy of the ticket key ring may be stale for an order's codes.
+    RingStale(crate::signing::RingStale),
     /// No key, or an unknown key.
     Unauthenticated,
     /// A client key on an admin RPC.
@@ -58,11 +60,19 @@ pub enum ClusterRefusal {
     LastVoter(u64),
     /// A group's leader could not make the change (why, and which group).
     ChangeFailed(String),
+    /// The ticket key ring holds its most keys (this many): no rotation adds another.
+    RingFull(usize),
 }
 
 impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         ApiError::Engine(e)
+    }
+}
+
+impl From<crate::signing::RingStale> for ApiError {
+    fn from(e: crate::signing::RingStale) -> ApiError {
+        ApiError::RingStale(e)
     }
 }
 
@@ -276,6 +286,12 @@ impl ApiError {
                 "not ready: recovering or shutting down".into(),
                 none(),
             ),
+            ApiError::RingStale(stale) => parts(
+                Code::Unavailable,
+                "NOT_READY",
+                format!("not ready: {stale}"),
+                none(),
+            ),
             ApiError::Engine(EngineError::Storage(s)) => {
                 // A fixed text: the cause (an OS error, an actor's panic message naming other
                 // users) is for the server's log and health, never for callers.
@@ -407,6 +423,15 @@ fn cluster_parts(r: ClusterRefusal) -> ErrorParts {
             format!("the change was not made everywhere: {why}; retry the same call"),
             HashMap::new(),
         ),
+        ClusterRefusal::RingFull(keys) => parts(
+            Code::FailedPrecondition,
+            "TICKET_RING_FULL",
+            format!(
+                "the cluster's ticket key ring holds {keys} keys, its most: no rotation adds \
+                 another"
+            ),
+            HashMap::new(),
+        ),
     }
 }
 
@@ -438,6 +463,10 @@ fn every_error() -> Vec<ApiError> {
         ApiError::QueueFull,
         ApiError::Overloaded("gate"),
         ApiError::NotReady,
+        ApiError::RingStale(crate::signing::RingStale {
+            created_at_ms: 0,
+            fresh_until_ms: 0,
+        }),
         ApiError::Unauthenticated,
         ApiError::PermissionDenied,
         ApiError::SeatMapTooLarge {
@@ -453,6 +482,7 @@ fn every_error() -> Vec<ApiError> {
         ApiError::Cluster(ClusterRefusal::NodeNotFound(0)),
         ApiError::Cluster(ClusterRefusal::LastVoter(0)),
         ApiError::Cluster(ClusterRefusal::ChangeFailed(String::new())),
+        ApiError::Cluster(ClusterRefusal::RingFull(0)),
     ]);
     all
 }
@@ -603,6 +633,8 @@ mod tests {
             ApiError::Cluster(ClusterRefusal::NodeNotFound(_)) => 17,
             ApiError::Cluster(ClusterRefusal::LastVoter(_)) => 18,
             ApiError::Cluster(ClusterRefusal::ChangeFailed(_)) => 19,
+            ApiError::RingStale(_) => 20,
+            ApiError::Cluster(ClusterRefusal::RingFull(_)) => 21,
         }
     }
 
@@ -611,7 +643,7 @@ mod tests {
         let mut seen: Vec<usize> = every_error().iter().map(kind).collect();
         seen.sort_unstable();
         seen.dedup();
-        assert_eq!(seen, (0..20).collect::<Vec<_>>());
+        assert_eq!(seen, (0..22).collect::<Vec<_>>());
     }
 
     /// The reasons table of docs/api.md (section 7.2) is the list the server answers: the same

@@ -1,6 +1,6 @@
 //! `boxoffice cluster`: tools for a cluster's operator. `certs` makes the cluster's CA and its
-//! nodes' certificates for the peer port's mutual TLS; `status`, `add-node`, `remove-node`
-//! and `replace-node` call a running node's `ClusterService`.
+//! nodes' certificates for the peer port's mutual TLS; `status`, `add-node`, `remove-node`,
+//! `replace-node` and `rotate-ticket-key` call a running node's `ClusterService`.
 
 use std::path::PathBuf;
 
@@ -97,6 +97,14 @@ pub enum ClusterCommand {
         #[arg(long)]
         address: String,
     },
+    /// Rotate the cluster's ticket signing key, live: a new key (made by group 0's leader,
+    /// replicated sealed) signs the orders made from 30 s after the call on; every older key
+    /// keeps signing the orders of its time, so no ticket's code changes, and keeps verifying.
+    /// Prints the status with the ring.
+    RotateTicketKey {
+        #[command(flatten)]
+        target: Target,
+    },
     /// Make the cluster's CA (`ca.pem`, `ca.key`) and each node's certificate and key
     /// (`node-N.pem`, `node-N.key`) for the peer port (`serve --peer-listen` with `--peer-ca`,
     /// `--peer-cert`, `--peer-key`). A CA already in the folder is used, so a node added later
@@ -146,6 +154,14 @@ fn print_status(status: &pb::ClusterStatus) {
             "group {}: leader {}, term {}, voters {:?}, learners {:?}, last log index {}",
             g.group, g.leader_id, g.term, g.voters, g.learners, g.last_log_index
         );
+    }
+    for k in &status.ticket_keys {
+        let signs = if k.can_sign {
+            format!("signs orders from {} ms", k.signs_from_unix_ms)
+        } else {
+            "verifies only".to_owned()
+        };
+        println!("ticket key {}  {}  {signs}", k.key_id, k.public_key);
     }
 }
 
@@ -198,6 +214,10 @@ pub async fn run(command: ClusterCommand) -> anyhow::Result<Exit> {
                 address,
             };
             answered(c.replace_node(req).await)
+        }
+        ClusterCommand::RotateTicketKey { target } => {
+            let mut c = target.client().await?;
+            answered(c.rotate_ticket_key(pb::RotateTicketKeyRequest {}).await)
         }
         ClusterCommand::Certs { out, nodes, days } => {
             let nodes = nodes

@@ -62,8 +62,8 @@ pub async fn run(command: TicketCommand) -> anyhow::Result<Exit> {
                 // Not this command's to do (exit 2): the node's files are not the ring.
                 return Err(boxoffice_drill::secret::UsageError::new(format!(
                     "{} is a cluster node's data dir: its tickets are signed with the cluster's \
-                     key ring (replicated by group 0), which a node's files do not change; a \
-                     cluster's ring cannot be rotated yet",
+                     key ring (replicated by group 0), which a node's files do not change: \
+                     rotate it live with `boxoffice cluster rotate-ticket-key`",
                     data_dir.display()
                 ))
                 .into());

@@ -110,13 +110,7 @@ async fn three_serve_processes_lose_nothing_acknowledged_when_the_leader_is_kill
     }
 
     let admin = Bearer::new(ADMIN).unwrap();
-    let client = Bearer::new(CLIENT).unwrap();
-    let clients: Arc<Vec<Clients>> = Arc::new(
-        addrs
-            .iter()
-            .map(|a| Clients::new(&channel(a), &client))
-            .collect(),
-    );
+    let clients: Arc<Vec<Clients>> = Arc::new(common::clients_of(addrs));
     // The event is made through a follower: it is forwarded to the leader.
     let l = leader(&nodes).await;
     let follower = (l + 1) % 3;
@@ -457,11 +451,7 @@ async fn two_groups_spread_their_leaders_and_each_survives_its_leaders_death() {
     );
 
     let admin = Bearer::new(ADMIN).unwrap();
-    let client = Bearer::new(CLIENT).unwrap();
-    let clients: Vec<Clients> = addrs
-        .iter()
-        .map(|a| Clients::new(&channel(a), &client))
-        .collect();
+    let clients: Vec<Clients> = common::clients_of(addrs);
     // Events of both groups, made through the node that leads neither.
     let other = (0..3).find(|i| *i != l0 && *i != l1).unwrap();
     let mut admin_c = Clients::new(&channel(&addrs[other]), &admin);
@@ -749,10 +739,7 @@ async fn a_leader_cut_off_from_its_majority_stops_answering() {
         signal(&nodes[*f], "-CONT");
     }
     // The group serves again, through any node.
-    let clients: Vec<Clients> = addrs
-        .iter()
-        .map(|a| Clients::new(&channel(a), &client))
-        .collect();
+    let clients: Vec<Clients> = common::clients_of(addrs);
     let retried = AtomicU64::new(0);
     let e = retrying(&clients, l, &retried, |mut c| {
         let req = get.clone();
@@ -855,13 +842,7 @@ async fn a_node_whose_store_is_damaged_sets_it_aside_and_repairs_itself_from_its
         n.wait_ready();
     }
     let admin = Bearer::new(ADMIN).unwrap();
-    let client = Bearer::new(CLIENT).unwrap();
-    let clients: Arc<Vec<Clients>> = Arc::new(
-        lay.addrs
-            .iter()
-            .map(|a| Clients::new(&channel(a), &client))
-            .collect(),
-    );
+    let clients: Arc<Vec<Clients>> = Arc::new(common::clients_of(&lay.addrs));
     let l = leader(&nodes).await;
     Clients::new(&channel(&lay.addrs[l]), &admin)
         .events

@@ -49,6 +49,14 @@ fn members(
     )
 }
 
+/// Node `i` of `lay`; node 1 serves the HTTP API at `http` too.
+fn start(lay: &common::Layout, i: usize, http: &str) -> Node {
+    match i {
+        0 => lay.start_with(0, &["--http-listen", http]),
+        _ => lay.start(i),
+    }
+}
+
 /// Group 0's voters as node `addr` sees them.
 async fn voters(addr: &str) -> Vec<u64> {
     let status = members(addr)
@@ -69,22 +77,12 @@ async fn three_nodes_grow_to_five_and_lose_their_leader_live_under_load() {
     lay.peers = all_peers.split(',').take(3).collect::<Vec<_>>().join(",");
     // Node 1 serves the HTTP API too.
     let http = format!("127.0.0.1:{}", common::free_port());
-    let mut nodes: Vec<Node> = (0..3)
-        .map(|i| match i {
-            0 => lay.start_with(0, &["--http-listen", &http]),
-            _ => lay.start(i),
-        })
-        .collect();
+    let mut nodes: Vec<Node> = (0..3).map(|i| start(&lay, i, &http)).collect();
     for n in &nodes {
         n.wait_ready();
     }
     let client = Bearer::new(CLIENT).unwrap();
-    let clients: Arc<Vec<Clients>> = Arc::new(
-        lay.addrs[..3]
-            .iter()
-            .map(|a| Clients::new(&channel(a), &client))
-            .collect(),
-    );
+    let clients: Arc<Vec<Clients>> = Arc::new(common::clients_of(&lay.addrs[..3]));
     let l = leader(&nodes).await;
     Clients::new(&channel(&lay.addrs[l]), &Bearer::new(ADMIN).unwrap())
         .events
@@ -294,4 +292,177 @@ async fn http_call(
     let status = resp.status().as_u16();
     let bytes = resp.into_body().collect().await.unwrap().to_bytes();
     (status, String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// The key ids of the codes of `acked`'s orders, as the ring in `dir` verifies them (every code
+/// must verify there), by order id.
+fn kids_of(dir: &std::path::Path, acked: &common::Acked) -> Vec<(String, String)> {
+    let ring = boxoffice_gateway::tickets::KeyRing::load(dir).unwrap();
+    acked
+        .confirm_answers
+        .iter()
+        .flat_map(|a| {
+            a.codes.iter().map(|c| {
+                let v = ring
+                    .verify(c)
+                    .unwrap_or_else(|e| panic!("{c} does not verify in {}: {e}", dir.display()));
+                (a.order_id.clone(), v.kid.to_string())
+            })
+        })
+        .collect()
+}
+
+/// The ticket key is rotated live, under load, through a follower: the new key signs the orders
+/// made from its time on, every order made before keeps the codes its fan received (read back
+/// through every node, before and after the leader's death), every code verifies with the
+/// public keys any node mirrors, and the ring refuses a 17th key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ticket_key_rotates_live_and_no_code_changes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut lay = common::layout_of(tmp.path(), 3);
+    lay.logs = Some(tmp.path().to_owned());
+    let http = format!("127.0.0.1:{}", common::free_port());
+    let mut nodes: Vec<Node> = (0..3).map(|i| start(&lay, i, &http)).collect();
+    for n in &nodes {
+        n.wait_ready();
+    }
+    let clients: Arc<Vec<Clients>> = Arc::new(common::clients_of(&lay.addrs));
+    let l = leader(&nodes).await;
+    let admin = Clients::new(&channel(&lay.addrs[l]), &Bearer::new(ADMIN).unwrap());
+    admin
+        .events
+        .clone()
+        .create_event(ga_event("r", 100_000))
+        .await
+        .unwrap();
+    let tokens = admit_to(&mut clients[l].clone(), "r", 16).await;
+    let load = Load::start("r", &clients, tokens, Some(100));
+    let count = load.count.clone();
+    common::until_grown(&count, 100).await;
+    let first = members(&lay.addrs[0])
+        .get_cluster_status(pb::GetClusterStatusRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .ticket_keys;
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert_eq!(first[0].signs_from_unix_ms, 0);
+
+    // Rotated through a follower, with the CLI.
+    let follower = (l + 1) % 3;
+    let asked = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let said = cluster_cli(&lay.addrs[follower], &["rotate-ticket-key"]);
+    let ring = members(&lay.addrs[follower])
+        .get_cluster_status(pb::GetClusterStatusRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .ticket_keys;
+    assert_eq!(ring.len(), 2, "{said}");
+    let new = ring[1].clone();
+    assert!(new.can_sign && new.key_id != first[0].key_id, "{new:?}");
+    assert!(
+        said.contains(&format!("ticket key {}", new.key_id)),
+        "{said}"
+    );
+    let from = new.signs_from_unix_ms;
+    assert!(
+        (asked + 25_000..asked + 35_000).contains(&from),
+        "the new key signs 30 s after it was asked for: {from} (asked at {asked})"
+    );
+    // The first fans stop (each went up to the per-user limit, 100); others buy once the new
+    // key signs, and the leader dies.
+    let mut acked = load.finish().await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    tokio::time::sleep(Duration::from_millis((from + 1_000 - now).max(0) as u64)).await;
+    let l = leader(&nodes).await;
+    let tokens = common::admit_fans(&mut clients[l].clone(), "r", 16..32).await;
+    let load = Load::start_at("r", &clients, tokens, Some(100), 16);
+    let count = load.count.clone();
+    common::until_grown(&count, 100).await;
+    nodes[l].kill9();
+    leader(&nodes).await;
+    nodes[l] = start(&lay, l, &http);
+    nodes[l].wait_ready();
+    common::until_grown(&count, 100).await;
+    let second = load.finish().await;
+    acked.absorb(second);
+    common::codes_as_received(&clients, &[0, 1, 2], &acked, 80).await;
+
+    // Each order is signed with the key of its time: the old one before `from`, the new one
+    // after; every node's mirrored public keys verify every code.
+    common::until_applied(&nodes, &[0, 1, 2]).await;
+    let mut made_at = std::collections::HashMap::new();
+    for a in &acked.confirm_answers {
+        let o = common::patiently(|| {
+            let mut booking = clients[0].booking.clone();
+            let req = pb::GetOrderRequest {
+                order_id: a.order_id.clone(),
+                user_id: a.request.user_id.clone(),
+            };
+            async move { booking.get_order(req).await }
+        })
+        .await;
+        made_at.insert(a.order_id.clone(), o.created_at_unix_ms);
+    }
+    for dir in &lay.dirs {
+        let kids = kids_of(dir, &acked);
+        for (order, kid) in &kids {
+            let want = if made_at[order] < from {
+                &first[0].key_id
+            } else {
+                &new.key_id
+            };
+            assert_eq!(kid, want, "order {order} made at {}", made_at[order]);
+        }
+        for k in [&first[0].key_id, &new.key_id] {
+            assert!(kids.iter().any(|(_, kid)| kid == k), "no code of key {k}");
+        }
+    }
+
+    // Over HTTP too, with a client key refused; then the ring fills up and refuses a 17th key.
+    let (status, _) = http_call(
+        "POST",
+        &http,
+        "/v1/cluster/ticket-keys/rotate",
+        CLIENT,
+        None,
+    )
+    .await;
+    assert_eq!(status, 403);
+    let (status, body) =
+        http_call("POST", &http, "/v1/cluster/ticket-keys/rotate", ADMIN, None).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"ticketKeys\""), "{body}");
+    let mut keys = 3;
+    while keys < 16 {
+        keys = members(&lay.addrs[2])
+            .rotate_ticket_key(pb::RotateTicketKeyRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .ticket_keys
+            .len();
+    }
+    let e = members(&lay.addrs[1])
+        .rotate_ticket_key(pb::RotateTicketKeyRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert_eq!(
+        boxoffice_client::reason(&e).as_deref(),
+        Some("TICKET_RING_FULL")
+    );
+    for n in &mut nodes {
+        n.terminate();
+    }
+    for dir in &lay.dirs {
+        check_copy(dir, "r", &acked).await;
+    }
 }

@@ -50,8 +50,8 @@ use boxoffice_client::{Bearer, Clients};
 use boxoffice_engine::tiers;
 use boxoffice_proto::v1 as pb;
 use common::{
-    ADMIN, Acked, CLIENT, Fan, Node, Patience, Tally, admit_to, channel, check_copy,
-    claiming_leaders, codes, layout_at, retrying_on, sole_leader, until_applied,
+    ADMIN, Acked, Fan, Node, Patience, Tally, admit_to, channel, check_copy, claiming_leaders,
+    codes, layout_at, retrying_on, sole_leader, until_applied,
 };
 use net::{Net, Way, Weather};
 
@@ -477,13 +477,7 @@ async fn partitions_and_a_bad_network_lose_nothing_acknowledged() {
     println!("netns: {:.1?}: the nodes are ready", began.elapsed());
 
     let admin = Bearer::new(ADMIN).unwrap();
-    let client = Bearer::new(CLIENT).unwrap();
-    let clients: Arc<Vec<Clients>> = Arc::new(
-        addrs
-            .iter()
-            .map(|a| Clients::new(&channel(a), &client))
-            .collect(),
-    );
+    let clients: Arc<Vec<Clients>> = Arc::new(common::clients_of(&addrs));
     let l = sole_leader(&nodes, Duration::from_secs(60)).await;
     let follower = (l + 1) % 3;
     Clients::new(&channel(&addrs[follower]), &admin)

@@ -52,16 +52,26 @@ impl Backend {
 }
 
 impl Backend {
-    /// A `ClusterService` call (`path`), with the caller's API key.
-    pub async fn cluster<T: Send + 'static>(
+    /// A `ClusterService` call (`path`) made by `call`, with the caller's API key: the cluster's
+    /// status it answers, as JSON.
+    async fn cluster<F>(
         &self,
         headers: &HeaderMap,
         path: &'static str,
-        call: impl FnOnce(
-            crate::services::grpc::ClusterSvc,
-        ) -> crate::local::BoxFuture<Result<T, Status>>,
-    ) -> Result<T, Status> {
-        self.local.cluster(authorization(headers), path, call).await
+        call: impl FnOnce(crate::services::grpc::ClusterSvc) -> F + Send + 'static,
+    ) -> Result<Response, Refusal>
+    where
+        F: std::future::Future<Output = Result<tonic::Response<pb::ClusterStatus>, Status>>
+            + Send
+            + 'static,
+    {
+        let s = self
+            .local
+            .cluster(authorization(headers), path, move |svc| {
+                Box::pin(async move { call(svc).await.map(tonic::Response::into_inner) })
+            })
+            .await?;
+        Ok(json(StatusCode::OK, &ClusterStatus::from(s)))
     }
 }
 
@@ -77,20 +87,15 @@ pub async fn cluster_status(
     headers: HeaderMap,
 ) -> Result<Response, Refusal> {
     use pb::cluster_service_server::ClusterService;
-    let s = b
-        .cluster(
-            &headers,
-            "/boxoffice.v1.ClusterService/GetClusterStatus",
-            |svc| {
-                Box::pin(async move {
-                    svc.get_cluster_status(tonic::Request::new(pb::GetClusterStatusRequest {}))
-                        .await
-                        .map(tonic::Response::into_inner)
-                })
-            },
-        )
-        .await?;
-    Ok(json(StatusCode::OK, &ClusterStatus::from(s)))
+    b.cluster(
+        &headers,
+        "/boxoffice.v1.ClusterService/GetClusterStatus",
+        |svc| async move {
+            svc.get_cluster_status(tonic::Request::new(pb::GetClusterStatusRequest {}))
+                .await
+        },
+    )
+    .await
 }
 
 /// Adds a node to every group, live (`AddNode`, admin key).
@@ -112,16 +117,12 @@ pub async fn add_node(
         node_id: r.node_id,
         address: r.address,
     };
-    let s = b
-        .cluster(&headers, "/boxoffice.v1.ClusterService/AddNode", |svc| {
-            Box::pin(async move {
-                svc.add_node(tonic::Request::new(req))
-                    .await
-                    .map(tonic::Response::into_inner)
-            })
-        })
-        .await?;
-    Ok(json(StatusCode::OK, &ClusterStatus::from(s)))
+    b.cluster(
+        &headers,
+        "/boxoffice.v1.ClusterService/AddNode",
+        |svc| async move { svc.add_node(tonic::Request::new(req)).await },
+    )
+    .await
 }
 
 /// Removes a node from every group, live (`RemoveNode`, admin key).
@@ -138,16 +139,15 @@ pub async fn remove_node(
     headers: HeaderMap,
 ) -> Result<Response, Refusal> {
     use pb::cluster_service_server::ClusterService;
-    let s = b
-        .cluster(&headers, "/boxoffice.v1.ClusterService/RemoveNode", |svc| {
-            Box::pin(async move {
-                svc.remove_node(tonic::Request::new(pb::RemoveNodeRequest { node_id }))
-                    .await
-                    .map(tonic::Response::into_inner)
-            })
-        })
-        .await?;
-    Ok(json(StatusCode::OK, &ClusterStatus::from(s)))
+    b.cluster(
+        &headers,
+        "/boxoffice.v1.ClusterService/RemoveNode",
+        move |svc| async move {
+            svc.remove_node(tonic::Request::new(pb::RemoveNodeRequest { node_id }))
+                .await
+        },
+    )
+    .await
 }
 
 /// Replaces a node by another, live (`ReplaceNode`, admin key).
@@ -172,20 +172,35 @@ pub async fn replace_node(
         new_node_id: r.node_id,
         address: r.address,
     };
-    let s = b
-        .cluster(
-            &headers,
-            "/boxoffice.v1.ClusterService/ReplaceNode",
-            |svc| {
-                Box::pin(async move {
-                    svc.replace_node(tonic::Request::new(req))
-                        .await
-                        .map(tonic::Response::into_inner)
-                })
-            },
-        )
-        .await?;
-    Ok(json(StatusCode::OK, &ClusterStatus::from(s)))
+    b.cluster(
+        &headers,
+        "/boxoffice.v1.ClusterService/ReplaceNode",
+        |svc| async move { svc.replace_node(tonic::Request::new(req)).await },
+    )
+    .await
+}
+
+/// Rotates the cluster's ticket signing key, live (`RotateTicketKey`, admin key).
+#[utoipa::path(post, path = "/v1/cluster/ticket-keys/rotate", tag = "cluster",
+    responses(
+        (status = 200, description = "The cluster, its ring holding the new key", body = ClusterStatus),
+        (status = "default", description = "A problem (RFC 9457)", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+pub async fn rotate_ticket_key(
+    State(b): State<Backend>,
+    headers: HeaderMap,
+) -> Result<Response, Refusal> {
+    use pb::cluster_service_server::ClusterService;
+    b.cluster(
+        &headers,
+        "/boxoffice.v1.ClusterService/RotateTicketKey",
+        |svc| async move {
+            svc.rotate_ticket_key(tonic::Request::new(pb::RotateTicketKeyRequest {}))
+                .await
+        },
+    )
+    .await
 }
 
 /// The caller's `Authorization` header, if it is text.

@@ -14,7 +14,7 @@
 //! | `POST /v1/holds/{holdId}/release` | `Release` (204) |
 //! | `GET /v1/holds/{holdId}`, `GET /v1/orders/{orderId}` | `GetHold`, `GetOrder` |
 //! | `POST /v1/events`, `GET /v1/events`, `GET /v1/events/{id}` | `CreateEvent`, `ListEvents`, `GetEvent` |
-//! | `GET /v1/cluster`, `POST /v1/cluster/nodes`, `DELETE /v1/cluster/nodes/{nodeId}`, `POST /v1/cluster/nodes/{nodeId}/replace` | `GetClusterStatus`, `AddNode`, `RemoveNode`, `ReplaceNode` (admin) |
+//! | `GET /v1/cluster`, `POST /v1/cluster/nodes`, `DELETE /v1/cluster/nodes/{nodeId}`, `POST /v1/cluster/nodes/{nodeId}/replace`, `POST /v1/cluster/ticket-keys/rotate` | `GetClusterStatus`, `AddNode`, `RemoveNode`, `ReplaceNode`, `RotateTicketKey` (admin) |
 //!
 //! Beside them, on the same port: the live operations page `/ops` ([`ops`]), and whatever
 //! routes the embedding program adds ([`crate::server::ServerConfig::http_routes`]: the demo's
@@ -42,6 +42,7 @@ pub use api::Backend;
         api::create_hold, api::confirm_hold, api::create_order, api::release_hold,
         api::get_hold, api::get_order, api::create_event, api::get_event, api::list_events,
         api::cluster_status, api::add_node, api::remove_node, api::replace_node,
+        api::rotate_ticket_key,
     ),
     components(schemas(
         problem::Problem, types::QueueToken, types::JoinChallenge, types::QueueStatus,
@@ -49,7 +50,7 @@ pub use api::Backend;
         types::ReleaseBody, types::Ticket, types::Order, types::RowSpec, types::SectionSpec,
         types::CreateEventBody, types::SectionSummary, types::Event, types::EventPage,
         types::Seat, types::SectionSeats, types::SeatMap, types::AddNodeBody,
-        types::ClusterNode, types::ClusterGroup, types::ClusterStatus,
+        types::ClusterNode, types::ClusterGroup, types::ClusterStatus, types::TicketKey,
     )),
     modifiers(&BearerAuth),
 )]
@@ -107,6 +108,10 @@ pub fn router(backend: Backend, extra: Option<Router>) -> Router {
         .route(
             "/v1/cluster/nodes/{node_id}/replace",
             post(api::replace_node),
+        )
+        .route(
+            "/v1/cluster/ticket-keys/rotate",
+            post(api::rotate_ticket_key),
         )
         .route(
             "/v1/openapi.json",

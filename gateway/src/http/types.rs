@@ -736,6 +736,23 @@ pub struct ClusterStatus {
     pub nodes: Vec<ClusterNode>,
     /// Each Raft group.
     pub groups: Vec<ClusterGroup>,
+    /// The cluster's ticket key ring, oldest key first (empty while it is not made yet).
+    pub ticket_keys: Vec<TicketKey>,
+}
+
+/// One key of the cluster's ticket key ring (`TicketKey`): it signs the orders made from
+/// `signsFromUnixMs` until the next key's, and verifies codes always.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TicketKey {
+    /// The key id its codes carry (hex).
+    pub key_id: String,
+    /// The Ed25519 public key (hex).
+    pub public_key: String,
+    /// When it starts signing, ms since the Unix epoch (0: the ring's first key).
+    pub signs_from_unix_ms: i64,
+    /// Whether the ring holds its private half (`false`: it only verifies).
+    pub can_sign: bool,
 }
 
 impl From<pb::ClusterStatus> for ClusterStatus {
@@ -762,6 +779,16 @@ impl From<pb::ClusterStatus> for ClusterStatus {
                     voters: g.voters,
                     learners: g.learners,
                     last_log_index: g.last_log_index,
+                })
+                .collect(),
+            ticket_keys: s
+                .ticket_keys
+                .into_iter()
+                .map(|k| TicketKey {
+                    key_id: k.key_id,
+                    public_key: k.public_key,
+                    signs_from_unix_ms: k.signs_from_unix_ms,
+                    can_sign: k.can_sign,
                 })
                 .collect(),
         }

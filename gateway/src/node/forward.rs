@@ -60,26 +60,40 @@ pub struct Forwarder {
     peers: Peers,
     groups: Groups,
     channels: Mutex<BTreeMap<u64, Channel>>,
+    /// The cluster's ticket key ring, as this node holds it.
+    ring: Arc<crate::node::ring::ClusterRing>,
 }
 
 impl Forwarder {
     /// Node `id` of the groups `rafts` (index: the group), reaching the leaders through
     /// `peers` (the links' watch of which the node's groups share); `groups` is each group's
-    /// state here (set while this node serves it).
-    pub fn new(id: u64, rafts: Vec<Raft>, peers: Peers, groups: Groups) -> Forwarder {
+    /// state here (set while this node serves it); `ring` is the node's ticket key ring.
+    pub(crate) fn new(
+        id: u64,
+        rafts: Vec<Raft>,
+        peers: Peers,
+        groups: Groups,
+        ring: Arc<crate::node::ring::ClusterRing>,
+    ) -> Forwarder {
         Forwarder {
             id,
             rafts,
             peers,
             groups,
             channels: Mutex::new(BTreeMap::new()),
+            ring,
         }
     }
 
     /// The members of this node's groups (for `ClusterService`), reached as this forwarder
     /// reaches them.
     pub(crate) fn members(&self) -> crate::node::members::Members {
-        crate::node::members::Members::new(self.id, self.rafts.clone(), self.peers.clone())
+        crate::node::members::Members::new(
+            self.id,
+            self.rafts.clone(),
+            self.peers.clone(),
+            self.ring.clone(),
+        )
     }
 
     /// How many groups.

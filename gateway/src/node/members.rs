@@ -16,6 +16,7 @@
 //! failed call as it is. Addresses travel in the membership (each node's `BasicNode`): a node
 //! added live is reached there by every node, whatever `--peers` said at their start.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use boxoffice_engine::raft::Raft;
@@ -24,21 +25,55 @@ use boxoffice_proto::v1 as pb;
 pub use crate::node::membership::{CATCH_UP_WAIT, CHANGE_WAIT, MemberChange};
 use crate::node::membership::{Retry, apply};
 use crate::node::peers::Peers;
+use crate::node::ring::{ClusterRing, ROTATION_LEAD};
 use crate::status::{ApiError, ClusterRefusal};
 
-/// The members of this node's groups, for `ClusterService`.
+/// The members of this node's groups, and its cluster's ticket key ring, for `ClusterService`.
 pub struct Members {
     me: u64,
     /// Each group's Raft (index: the group).
     rafts: Vec<Raft>,
     /// How the node reaches its peers (each group's leader).
     peers: Peers,
+    /// The cluster's ticket key ring, as this node holds it.
+    ring: Arc<ClusterRing>,
 }
 
 impl Members {
-    /// Node `me`'s groups `rafts`, reaching its peers through `peers`.
-    pub fn new(me: u64, rafts: Vec<Raft>, peers: Peers) -> Members {
-        Members { me, rafts, peers }
+    /// Node `me`'s groups `rafts`, reaching its peers through `peers`, with its copy of the
+    /// ticket key ring.
+    pub(crate) fn new(me: u64, rafts: Vec<Raft>, peers: Peers, ring: Arc<ClusterRing>) -> Members {
+        Members {
+            me,
+            rafts,
+            peers,
+            ring,
+        }
+    }
+
+    /// Rotates the cluster's ticket signing key: a new key, made by group 0's leader, signs
+    /// from [`ROTATION_LEAD`] after now ([`crate::node::ring`]).
+    pub async fn rotate_ticket_key(&self) -> Result<pb::ClusterStatus, ApiError> {
+        let lead = u64::try_from(ROTATION_LEAD.as_millis()).unwrap_or(u64::MAX);
+        let signs_from_ms = self.ring.now_ms().saturating_add(lead);
+        let change = MemberChange::RotateTicketKey { signs_from_ms };
+        let Some(raft) = self.rafts.first() else {
+            return Err(ApiError::Cluster(ClusterRefusal::NotACluster));
+        };
+        self.in_group(0, raft, &change).await?;
+        // The answer is this node's view: it waits until its copy of group 0 holds the key.
+        let _ = tokio::time::timeout(CHANGE_WAIT, async {
+            while !self
+                .ring
+                .public()
+                .iter()
+                .any(|k| k.signs_from_ms == signs_from_ms)
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        Ok(self.status())
     }
 
     /// The cluster as this node sees it.
@@ -71,10 +106,22 @@ impl Members {
                 last_log_index: metrics.last_log_index.unwrap_or(0),
             });
         }
+        let ticket_keys = self
+            .ring
+            .public()
+            .into_iter()
+            .map(|k| pb::TicketKey {
+                key_id: k.kid,
+                public_key: k.public_hex,
+                signs_from_unix_ms: i64::try_from(k.signs_from_ms).unwrap_or(i64::MAX),
+                can_sign: k.can_sign,
+            })
+            .collect();
         pb::ClusterStatus {
             answered_by: self.me,
             nodes: nodes.into_values().collect(),
             groups,
+            ticket_keys,
         }
     }
 
@@ -183,11 +230,14 @@ impl Members {
             let leader = raft.metrics().borrow().current_leader;
             let outcome = match leader {
                 None => Err(Retry::Yes("no leader".to_owned())),
-                Some(l) if l == self.me => apply(raft, change).await.map_err(Retry::from_leader),
+                Some(l) if l == self.me => apply(raft, change, &self.ring).await,
                 Some(l) => peers.change_members(l, change).await,
             };
             match outcome {
                 Ok(()) => return Ok(()),
+                Err(Retry::RingFull(keys)) => {
+                    return Err(ApiError::Cluster(ClusterRefusal::RingFull(keys)));
+                }
                 Err(Retry::No(why)) => {
                     return Err(ApiError::Cluster(ClusterRefusal::ChangeFailed(format!(
                         "group {group}: {why}"
@@ -231,5 +281,6 @@ fn made(
     match change {
         MemberChange::AddVoter { id, .. } => membership.voter_ids().any(|v| v == *id),
         MemberChange::Remove { id } => membership.get_node(id).is_none(),
+        MemberChange::RotateTicketKey { .. } => true,
     }
 }

@@ -10,6 +10,7 @@
 //! - [`reads`]: a leader's reads and refusals wait until it is known to have led after them.
 
 pub mod forward;
+pub(crate) mod heard;
 mod lead;
 mod lease;
 pub mod links;
@@ -22,7 +23,6 @@ mod repair;
 pub mod ring;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use boxoffice_engine::raft::{Raft, StateMachine, VoteGuard};
 use tokio::sync::{oneshot, watch};
@@ -41,8 +41,8 @@ use crate::stack::SweeperSlot;
 pub(crate) struct Opened {
     /// Each group's Raft, state machine and vote guard (index: the group).
     groups: Vec<(Raft, StateMachine, VoteGuard)>,
-    /// The cluster secret (the ticket key ring is sealed under it).
-    secret: peers::ClusterSecret,
+    /// The cluster's ticket key ring, as this node holds it.
+    ring: Arc<ring::ClusterRing>,
 }
 
 /// What the server gives a node's leadership loops.
@@ -84,23 +84,37 @@ impl Opened {
         for g in 0..n_groups {
             opened.push(open::open_raft(c, &config.data_dir, g, &links).await?);
         }
+        let heard = heard::Heard::new(n_groups);
+        let ring = Arc::new(ring::ClusterRing::new(
+            opened[0].1.store(),
+            ring::Sealer::new(c.secret.material()),
+            config.data_dir.clone(),
+            Some(ring::Current {
+                raft: opened[0].0.clone(),
+                heard: heard.clone(),
+            }),
+            config.clock.clone(),
+        ));
         let service = peers::raft_service(
             opened
                 .iter()
                 .map(|(raft, _, guard)| (raft.clone(), guard.clone()))
                 .collect(),
             c.secret.clone(),
+            heard,
+            Some(ring.clone()),
         );
         let forwarder = Arc::new(forward::Forwarder::new(
             c.node_id,
             opened.iter().map(|(raft, _, _)| raft.clone()).collect(),
             links,
             groups.clone(),
+            ring.clone(),
         ));
         Ok((
             Opened {
                 groups: opened,
-                secret: c.secret.clone(),
+                ring,
             },
             service,
             forwarder,
@@ -113,13 +127,8 @@ impl Opened {
         let (failed_tx, failed) = watch::channel(None);
         let failed_tx = Arc::new(failed_tx);
         let group_health = Arc::new(GroupHealth::new(s.health.clone(), self.groups.len()));
-        let ring = Arc::new(ring::ClusterRing::new(
-            self.groups[0].1.store(),
-            &self.secret,
-            s.config.data_dir.clone(),
-        ));
-        s.background
-            .push(ring.clone().keep_mirrored(Duration::from_secs(1)));
+        let ring = self.ring.clone();
+        s.background.push(ring.clone().keep_current());
         let mut leads = Vec::new();
         let mut serving = Vec::new();
         for (g, (raft, sm, _)) in self.groups.iter().enumerate() {

@@ -27,6 +27,7 @@ use subtle::ConstantTimeEq;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 
+use super::heard::Heard;
 use super::links::PeerWatch;
 
 type NodeId = u64;
@@ -101,6 +102,12 @@ pub struct RaftEndpoint {
     /// When this node last stood after refusing a vote by log, and when an AppendEntries last
     /// reached it, in each group.
     stood: Arc<Vec<std::sync::Mutex<Stood>>>,
+    /// When a leader's AppendEntries last reached this node, in each group (shared with what
+    /// asks, such as the ticket key ring).
+    heard: Heard,
+    /// The node's ticket key ring (group 0's leader rotates it when asked; `None`: a bare Raft
+    /// group's, as tests serve one).
+    ring: Option<Arc<crate::node::ring::ClusterRing>>,
 }
 
 /// When a node last stood after refusing a vote by log, and last heard a leader, in a group.
@@ -162,6 +169,7 @@ impl RaftEndpoint {
         if let Some(stood) = self.stood.get(g as usize) {
             stood.lock().unwrap_or_else(|p| p.into_inner()).heard = Some(std::time::Instant::now());
         }
+        self.heard.note(g);
     }
 
     /// The Raft of the group `m` is for.
@@ -272,7 +280,14 @@ impl RaftService for RaftEndpoint {
                 metrics.current_leader
             )));
         }
-        Ok(encode(&crate::node::membership::apply(raft, &change).await))
+        let Some(ring) = &self.ring else {
+            return Err(Status::failed_precondition(
+                "this Raft group has no ticket key ring",
+            ));
+        };
+        Ok(encode(
+            &crate::node::membership::apply(raft, &change, ring).await,
+        ))
     }
 
     async fn probe(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
@@ -335,9 +350,9 @@ impl Peers {
                 }
                 _ => Retry::No(Failure(&s).to_string()),
             })?;
-        let result: Result<(), String> = codec::decode(&answer.get_ref().payload)
+        let result: Result<(), Retry> = codec::decode(&answer.get_ref().payload)
             .map_err(|e| Retry::No(format!("an undecodable answer: {e}")))?;
-        result.map_err(Retry::from_leader)
+        result
     }
 
     /// Whether peer `id` answers that it is pristine in this group (`None`: no answer).
@@ -367,11 +382,18 @@ pub type PeerService =
 /// The Raft service of this node's `groups` (each one's Raft, its votes behind its guard; the
 /// index is the group) for its peers, behind `secret` (checked from the headers, before a
 /// request's body is read).
-pub fn raft_service(groups: Vec<(Raft, VoteGuard)>, secret: ClusterSecret) -> PeerService {
+pub(crate) fn raft_service(
+    groups: Vec<(Raft, VoteGuard)>,
+    secret: ClusterSecret,
+    heard: Heard,
+    ring: Option<Arc<crate::node::ring::ClusterRing>>,
+) -> PeerService {
     tonic::service::interceptor::InterceptedService::new(
         RaftServer::new(RaftEndpoint {
             stood: Arc::new(groups.iter().map(|_| std::sync::Mutex::default()).collect()),
             groups: Arc::new(groups),
+            heard,
+            ring,
         })
         .max_decoding_message_size(MESSAGE_BYTES_MAX)
         .max_encoding_message_size(MESSAGE_BYTES_MAX),
@@ -390,7 +412,12 @@ pub async fn serve(
 ) -> Result<(), tonic::transport::Error> {
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     tonic::transport::Server::builder()
-        .add_service(raft_service(vec![(raft, guard)], secret))
+        .add_service(raft_service(
+            vec![(raft, guard)],
+            secret,
+            Heard::new(1),
+            None,
+        ))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
 }

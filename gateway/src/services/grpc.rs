@@ -430,7 +430,7 @@ impl pb::booking_service_server::BookingService for BookingSvc {
             })
             .await
             .map_err(ApiError::from)?;
-        ok(convert::order(o, &api.tickets))
+        ok(convert::order(o, &api.tickets).map_err(ApiError::from)?)
     }
 
     async fn release(&self, req: Request<pb::ReleaseRequest>) -> Rpc<pb::ReleaseResponse> {
@@ -468,7 +468,7 @@ impl pb::booking_service_server::BookingService for BookingSvc {
             .get_order_of(&OrderId(req.order_id), &UserId(req.user_id))
             .await
             .map_err(ApiError::from)?;
-        ok(convert::order(o, &api.tickets))
+        ok(convert::order(o, &api.tickets).map_err(ApiError::from)?)
     }
 }
 
@@ -687,5 +687,12 @@ impl pb::cluster_service_server::ClusterService for ClusterSvc {
             .replace(r.old_node_id, r.new_node_id, r.address.trim())
             .await?;
         Ok(Response::new(status))
+    }
+
+    async fn rotate_ticket_key(
+        &self,
+        _req: Request<pb::RotateTicketKeyRequest>,
+    ) -> Result<Response<pb::ClusterStatus>, Status> {
+        Ok(Response::new(self.members()?.rotate_ticket_key().await?))
     }
 }

@@ -105,8 +105,8 @@ pub struct Api {
     pub clock: Arc<dyn Clock>,
     /// Most fans per waiting room.
     pub queue_max: u32,
-    /// Signs e-ticket codes.
-    pub tickets: crate::tickets::TicketSigner,
+    /// Signs e-ticket codes (each order with the key of its time).
+    pub tickets: Arc<crate::signing::Signing>,
     /// Seat maps, built once per change and shared.
     pub seat_maps: SeatMaps,
     /// Join challenges (the proof of work before `Join`) and the set of used ones.
@@ -126,7 +126,7 @@ impl Api {
     pub fn new(
         engine: Engine,
         signer: TokenSigner,
-        tickets: crate::tickets::TicketSigner,
+        tickets: Arc<crate::signing::Signing>,
         clock: Arc<dyn Clock>,
         queue_max: u32,
         seat_maps: SeatMaps,

@@ -555,6 +555,27 @@ pub struct Acked {
     pub violations: Vec<String>,
 }
 
+impl Acked {
+    /// Adds what another load saw.
+    pub fn absorb(&mut self, other: Acked) {
+        self.holds.extend(other.holds);
+        self.orders.extend(other.orders);
+        self.released.extend(other.released);
+        self.hold_answers.extend(other.hold_answers);
+        self.confirm_answers.extend(other.confirm_answers);
+        self.violations.extend(other.violations);
+    }
+}
+
+/// A client of each node at `addrs`, with the client key.
+pub fn clients_of(addrs: &[String]) -> Vec<Clients> {
+    let client = boxoffice_client::Bearer::new(CLIENT).unwrap();
+    addrs
+        .iter()
+        .map(|a| Clients::new(&channel(a), &client))
+        .collect()
+}
+
 /// Joins `user` to the line of `event`: the queue token.
 pub async fn join(c: &mut Clients, event: &str, user: &str) -> String {
     let room = c.room.clone();
@@ -617,8 +638,13 @@ pub async fn admit(c: &mut Clients, fans: usize) -> Vec<String> {
 
 /// An admission token to `event` for each of `fans` users.
 pub async fn admit_to(c: &mut Clients, event: &str, fans: usize) -> Vec<String> {
+    admit_fans(c, event, 0..fans).await
+}
+
+/// The admission tokens of fans `fans` (users `fan-{w}`) to `event`, in order.
+pub async fn admit_fans(c: &mut Clients, event: &str, fans: std::ops::Range<usize>) -> Vec<String> {
     let mut tokens = Vec::new();
-    for w in 0..fans {
+    for w in fans {
         tokens.push(admitted(c, event, &format!("fan-{w}")).await);
     }
     tokens
@@ -670,6 +696,17 @@ impl Load {
         tokens: Vec<String>,
         limit: Option<u32>,
     ) -> Load {
+        Load::start_at(event, clients, tokens, limit, 0)
+    }
+
+    /// Starts the fans `first..` (users `fan-{w}`, admitted with `tokens` in order).
+    pub fn start_at(
+        event: &str,
+        clients: &Arc<Vec<Clients>>,
+        tokens: Vec<String>,
+        limit: Option<u32>,
+        first: usize,
+    ) -> Load {
         let (stop, acked) = (Arc::new(AtomicBool::new(false)), Arc::default());
         let (count, retried) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
         let tasks = tokens
@@ -678,7 +715,7 @@ impl Load {
             .map(|(w, token)| {
                 tokio::spawn(
                     Fan {
-                        w,
+                        w: first + w,
                         event: event.into(),
                         clients: clients.clone(),
                         token,
