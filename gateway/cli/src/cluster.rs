@@ -1,6 +1,6 @@
 //! `boxoffice cluster`: tools for a cluster's operator. `certs` makes the cluster's CA and its
 //! nodes' certificates for the peer port's mutual TLS; `status`, `add-node`, `remove-node`,
-//! `replace-node` and `rotate-ticket-key` call a running node's `ClusterService`.
+//! `replace-node`, `rotate-ticket-key` and `rebalance` call a running node's `ClusterService`.
 
 use std::path::PathBuf;
 
@@ -102,6 +102,13 @@ pub enum ClusterCommand {
     /// keeps signing the orders of its time, so no ticket's code changes, and keeps verifying.
     /// Prints the status with the ring.
     RotateTicketKey {
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Spread the groups' leaders over the nodes again (after failovers left one node leading
+    /// several groups): each move hands a group from the node that leads most to the one that
+    /// leads fewest; its calls answer NOT_READY for that moment. Prints where the leaders are.
+    Rebalance {
         #[command(flatten)]
         target: Target,
     },
@@ -218,6 +225,10 @@ pub async fn run(command: ClusterCommand) -> anyhow::Result<Exit> {
         ClusterCommand::RotateTicketKey { target } => {
             let mut c = target.client().await?;
             answered(c.rotate_ticket_key(pb::RotateTicketKeyRequest {}).await)
+        }
+        ClusterCommand::Rebalance { target } => {
+            let mut c = target.client().await?;
+            answered(c.rebalance(pb::RebalanceRequest {}).await)
         }
         ClusterCommand::Certs { out, nodes, days } => {
             let nodes = nodes

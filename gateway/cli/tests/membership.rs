@@ -466,3 +466,102 @@ async fn the_ticket_key_rotates_live_and_no_code_changes() {
         check_copy(dir, "r", &acked).await;
     }
 }
+
+/// How many groups each node leads, as node `addr` sees it (by node id).
+async fn leads(addr: &str) -> std::collections::BTreeMap<u64, usize> {
+    let status = members(addr)
+        .get_cluster_status(pb::GetClusterStatusRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    status
+        .nodes
+        .iter()
+        .map(|n| (n.node_id, n.leads.len()))
+        .collect()
+}
+
+/// Leaders are spread again after a failover left one node leading two groups and another
+/// none: `cluster rebalance` hands groups over, under load, losing no acknowledged answer; a
+/// balanced cluster is left as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rebalance_spreads_the_leaders_again_under_load() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut lay = common::layout_of(tmp.path(), 3);
+    lay.logs = Some(tmp.path().to_owned());
+    let start = |lay: &common::Layout, i: usize| lay.start_with(i, &["--groups", "3"]);
+    let mut nodes: Vec<Node> = (0..3).map(|i| start(&lay, i)).collect();
+    for n in &nodes {
+        n.wait_ready();
+    }
+    let clients: Arc<Vec<Clients>> = Arc::new(common::clients_of(&lay.addrs));
+    let admin = Clients::new(&channel(&lay.addrs[0]), &Bearer::new(ADMIN).unwrap());
+    admin
+        .events
+        .clone()
+        .create_event(ga_event("b", 100_000))
+        .await
+        .unwrap();
+    let tokens = admit_to(&mut clients[0].clone(), "b", 8).await;
+    let load = Load::start("b", &clients, tokens, Some(100));
+    let count = load.count.clone();
+    common::until_grown(&count, 50).await;
+
+    // Node 1 leads group 0 (each group is formed by its node); it dies and comes back: it
+    // leads nothing, and another node leads two groups.
+    let l0 = common::leader_of(&nodes, 0).await;
+    nodes[l0].kill9();
+    common::leader_of(&nodes, 0).await;
+    nodes[l0] = start(&lay, l0);
+    nodes[l0].wait_ready();
+    common::until_grown(&count, 50).await;
+    let before = leads(&lay.addrs[0]).await;
+    assert_eq!(
+        before.get(&(l0 as u64 + 1)),
+        Some(&0),
+        "the node that came back leads nothing: {before:?}"
+    );
+    assert!(before.values().any(|n| *n == 2), "{before:?}");
+
+    // Rebalanced through a node that leads two groups, with the CLI.
+    let busy = (0..3)
+        .find(|i| before.get(&(*i as u64 + 1)) == Some(&2))
+        .unwrap();
+    let said = cluster_cli(&lay.addrs[busy], &["rebalance"]);
+    let after = leads(&lay.addrs[busy]).await;
+    assert!(after.values().all(|n| *n == 1), "{after:?}\n{said}");
+    for g in 0..3 {
+        assert!(said.contains(&format!("group {g}: leader ")), "{said}");
+    }
+    common::until_grown(&count, 50).await;
+    // Balanced: nothing moves.
+    let terms: Vec<u64> = members(&lay.addrs[0])
+        .get_cluster_status(pb::GetClusterStatusRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .groups
+        .iter()
+        .map(|g| g.term)
+        .collect();
+    let again = members(&lay.addrs[1])
+        .rebalance(pb::RebalanceRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        again.groups.iter().map(|g| g.term).collect::<Vec<_>>(),
+        terms,
+        "a balanced cluster is left as it is"
+    );
+    common::until_grown(&count, 50).await;
+    let acked = load.finish().await;
+    common::until_applied(&nodes, &[0, 1, 2]).await;
+    for n in &mut nodes {
+        n.terminate();
+    }
+    let g = boxoffice_gateway::node::forward::group_of_event("b", 3);
+    for dir in &lay.dirs {
+        check_copy(&boxoffice_gateway::node::group_dir(dir, g), "b", &acked).await;
+    }
+}

@@ -203,6 +203,26 @@ pub async fn rotate_ticket_key(
     .await
 }
 
+/// Spreads the groups' leaders over the nodes again (`Rebalance`, admin key).
+#[utoipa::path(post, path = "/v1/cluster/rebalance", tag = "cluster",
+    responses(
+        (status = 200, description = "The cluster, its leaders spread", body = ClusterStatus),
+        (status = "default", description = "A problem (RFC 9457)", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+pub async fn rebalance(State(b): State<Backend>, headers: HeaderMap) -> Result<Response, Refusal> {
+    use pb::cluster_service_server::ClusterService;
+    b.cluster(
+        &headers,
+        "/boxoffice.v1.ClusterService/Rebalance",
+        |svc| async move {
+            svc.rebalance(tonic::Request::new(pb::RebalanceRequest {}))
+                .await
+        },
+    )
+    .await
+}
+
 /// The caller's `Authorization` header, if it is text.
 fn authorization(headers: &HeaderMap) -> Option<&str> {
     headers

@@ -14,7 +14,7 @@
 //! | `POST /v1/holds/{holdId}/release` | `Release` (204) |
 //! | `GET /v1/holds/{holdId}`, `GET /v1/orders/{orderId}` | `GetHold`, `GetOrder` |
 //! | `POST /v1/events`, `GET /v1/events`, `GET /v1/events/{id}` | `CreateEvent`, `ListEvents`, `GetEvent` |
-//! | `GET /v1/cluster`, `POST /v1/cluster/nodes`, `DELETE /v1/cluster/nodes/{nodeId}`, `POST /v1/cluster/nodes/{nodeId}/replace`, `POST /v1/cluster/ticket-keys/rotate` | `GetClusterStatus`, `AddNode`, `RemoveNode`, `ReplaceNode`, `RotateTicketKey` (admin) |
+//! | `GET /v1/cluster`, `POST /v1/cluster/nodes`, `DELETE /v1/cluster/nodes/{nodeId}`, `POST /v1/cluster/nodes/{nodeId}/replace`, `POST /v1/cluster/ticket-keys/rotate`, `POST /v1/cluster/rebalance` | `GetClusterStatus`, `AddNode`, `RemoveNode`, `ReplaceNode`, `RotateTicketKey`, `Rebalance` (admin) |
 //!
 //! Beside them, on the same port: the live operations page `/ops` ([`ops`]), and whatever
 //! routes the embedding program adds ([`crate::server::ServerConfig::http_routes`]: the demo's
@@ -42,7 +42,7 @@ pub use api::Backend;
         api::create_hold, api::confirm_hold, api::create_order, api::release_hold,
         api::get_hold, api::get_order, api::create_event, api::get_event, api::list_events,
         api::cluster_status, api::add_node, api::remove_node, api::replace_node,
-        api::rotate_ticket_key,
+        api::rotate_ticket_key, api::rebalance,
     ),
     components(schemas(
         problem::Problem, types::QueueToken, types::JoinChallenge, types::QueueStatus,
@@ -113,6 +113,7 @@ pub fn router(backend: Backend, extra: Option<Router>) -> Router {
             "/v1/cluster/ticket-keys/rotate",
             post(api::rotate_ticket_key),
         )
+        .route("/v1/cluster/rebalance", post(api::rebalance))
         .route(
             "/v1/openapi.json",
             get(move || {

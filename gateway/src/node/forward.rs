@@ -62,6 +62,8 @@ pub struct Forwarder {
     channels: Mutex<BTreeMap<u64, Channel>>,
     /// The cluster's ticket key ring, as this node holds it.
     ring: Arc<crate::node::ring::ClusterRing>,
+    /// Each group's handover on this node.
+    handovers: crate::node::handover::Handovers,
 }
 
 impl Forwarder {
@@ -74,6 +76,7 @@ impl Forwarder {
         peers: Peers,
         groups: Groups,
         ring: Arc<crate::node::ring::ClusterRing>,
+        handovers: crate::node::handover::Handovers,
     ) -> Forwarder {
         Forwarder {
             id,
@@ -82,6 +85,7 @@ impl Forwarder {
             groups,
             channels: Mutex::new(BTreeMap::new()),
             ring,
+            handovers,
         }
     }
 
@@ -93,6 +97,7 @@ impl Forwarder {
             self.rafts.clone(),
             self.peers.clone(),
             self.ring.clone(),
+            self.handovers.clone(),
         )
     }
 

@@ -27,6 +27,8 @@ pub(crate) struct Leading {
     pub(crate) sweeper: SweeperSlot,
     /// The cluster's ticket key ring (this node's copy of group 0's).
     pub(crate) ring: Arc<super::ring::ClusterRing>,
+    /// Whether this node hands the group over to another ([`super::handover`]).
+    pub(crate) handover: Arc<super::handover::Handover>,
 }
 
 /// How long a new leader waits to have applied everything its group committed before it
@@ -142,6 +144,7 @@ pub(crate) async fn lead(
     let mut l = LeadLoop {
         id: node.raft.metrics().borrow().id,
         metrics: node.raft.metrics(),
+        handover: node.handover.watch(),
         node,
         stack: None,
         serving: None,
@@ -157,6 +160,9 @@ pub(crate) async fn lead(
         }
         let now = l.now();
         l.stop_serving_if_over(&now).await;
+        if now.handing && l.stack.is_none() {
+            l.node.handover.now_quiet();
+        }
         if !now.leads && l.stack.is_none() {
             l.keep_warm();
         }
@@ -185,11 +191,15 @@ struct LeadLoop {
     ready_tx: Option<oneshot::Sender<anyhow::Result<()>>>,
     /// Opens that failed in a row while leading.
     failures: u32,
+    /// Told when a handover of the group begins.
+    handover: watch::Receiver<Option<(u64, tokio::time::Instant)>>,
 }
 
 /// What Raft says at one turn of the loop.
 struct Now {
     leads: bool,
+    /// This node leads but hands the group over: it serves no engine meanwhile.
+    handing: bool,
     /// A leader is known (this node or another).
     known: bool,
     term: u64,
@@ -200,6 +210,10 @@ impl LeadLoop {
         let m = self.metrics.borrow_and_update();
         Now {
             leads: m.current_leader == Some(self.id) && m.state == openraft::ServerState::Leader,
+            handing: {
+                self.handover.mark_unchanged();
+                self.node.handover.active()
+            },
             known: m.current_leader.is_some(),
             term: m.current_term,
         }
@@ -217,7 +231,7 @@ impl LeadLoop {
         };
         let stopped = s.api.engine.stopped();
         let moved = s.term != now.term;
-        if now.leads && stopped.is_none() && !moved {
+        if now.leads && stopped.is_none() && !moved && !now.handing {
             return;
         }
         self.node.ready.take();
@@ -226,7 +240,9 @@ impl LeadLoop {
         }
         if let Some(s) = self.stack.take() {
             let why = stopped.unwrap_or_else(|| {
-                if now.leads {
+                if now.handing {
+                    "it hands the group over to another node".into()
+                } else if now.leads {
                     "a new term began".into()
                 } else {
                     "another node leads".into()
@@ -254,6 +270,10 @@ impl LeadLoop {
     /// `Err(why)` once it failed [`OPEN_FAILURES_MAX`] times in a row (its Raft stopped, so
     /// that another node leads).
     async fn open_if_leading(&mut self, now: &Now) -> Result<bool, String> {
+        if now.handing {
+            // Tried again once the handover is over (the target won, or it ends by itself).
+            return Ok(true);
+        }
         if !now.leads || self.stack.is_some() {
             return Ok(false);
         }
@@ -331,6 +351,7 @@ impl LeadLoop {
             }
         };
         tokio::select! {
+            _ = self.handover.changed() => {}
             changed = self.metrics.changed() => if changed.is_err() {
                 return Some(match &self.node.raft.metrics().borrow().running_state {
                     Err(fatal) => format!("its Raft stopped: {fatal}"),

@@ -22,8 +22,9 @@ use std::time::Duration;
 use boxoffice_engine::raft::Raft;
 use boxoffice_proto::v1 as pb;
 
+use crate::node::handover::{HANDOVER_WAIT, Handovers};
 pub use crate::node::membership::{CATCH_UP_WAIT, CHANGE_WAIT, MemberChange};
-use crate::node::membership::{Retry, apply};
+use crate::node::membership::{Context, Retry, apply};
 use crate::node::peers::Peers;
 use crate::node::ring::{ClusterRing, ROTATION_LEAD};
 use crate::status::{ApiError, ClusterRefusal};
@@ -37,17 +38,111 @@ pub struct Members {
     peers: Peers,
     /// The cluster's ticket key ring, as this node holds it.
     ring: Arc<ClusterRing>,
+    /// Each group's handover on this node.
+    handovers: Handovers,
 }
 
 impl Members {
     /// Node `me`'s groups `rafts`, reaching its peers through `peers`, with its copy of the
-    /// ticket key ring.
-    pub(crate) fn new(me: u64, rafts: Vec<Raft>, peers: Peers, ring: Arc<ClusterRing>) -> Members {
+    /// ticket key ring and its groups' handovers.
+    pub(crate) fn new(
+        me: u64,
+        rafts: Vec<Raft>,
+        peers: Peers,
+        ring: Arc<ClusterRing>,
+        handovers: Handovers,
+    ) -> Members {
         Members {
             me,
             rafts,
             peers,
             ring,
+            handovers,
+        }
+    }
+
+    /// Spreads the groups' leaders over the voters again: while one voter leads two groups
+    /// more than another, one of its groups is handed over to the one that leads fewest
+    /// ([`crate::node::handover`]). Best effort: a move whose target did not win is tried again
+    /// (at most twice a group); the status says where the leaders are.
+    pub async fn rebalance(&self) -> Result<pb::ClusterStatus, ApiError> {
+        let groups = self.rafts.len();
+        for _ in 0..groups * 2 {
+            let Some((g, to)) = self.next_move() else {
+                break;
+            };
+            let raft = &self.rafts[g];
+            let group = u32::try_from(g).unwrap_or(u32::MAX);
+            self.in_group(group, raft, &MemberChange::HandOver { to })
+                .await?;
+            self.stand(group, raft, to).await?;
+            let mut seen = raft.metrics();
+            let _ = tokio::time::timeout(
+                HANDOVER_WAIT,
+                seen.wait_for(|m| m.current_leader == Some(to)),
+            )
+            .await;
+            // Every group has a leader again before the next move.
+            let _ =
+                tokio::time::timeout(CHANGE_WAIT, seen.wait_for(|m| m.current_leader.is_some()))
+                    .await;
+        }
+        Ok(self.status())
+    }
+
+    /// The next leadership to move, as this node sees the groups: a group of the voter that
+    /// leads most, and the voter that leads fewest, if they differ by two or more.
+    fn next_move(&self) -> Option<(usize, u64)> {
+        let voters: Vec<u64> = self
+            .rafts
+            .first()?
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .collect();
+        let leaders: Vec<Option<u64>> = self
+            .rafts
+            .iter()
+            .map(|r| r.metrics().borrow().current_leader)
+            .collect();
+        let leads = |v: u64| leaders.iter().filter(|l| **l == Some(v)).count();
+        let most = *voters
+            .iter()
+            .max_by_key(|v| (leads(**v), std::cmp::Reverse(**v)))?;
+        let fewest = *voters.iter().min_by_key(|v| (leads(**v), **v))?;
+        if leads(most) < leads(fewest) + 2 {
+            return None;
+        }
+        let g = leaders.iter().rposition(|l| *l == Some(most))?;
+        Some((g, fewest))
+    }
+
+    /// Asks node `to` to stand for election in group `group`.
+    async fn stand(&self, group: u32, raft: &Raft, to: u64) -> Result<(), ApiError> {
+        let groups = u32::try_from(self.rafts.len()).unwrap_or(u32::MAX);
+        let outcome = if to == self.me {
+            apply(raft, &MemberChange::Elect, &self.context(group)).await
+        } else {
+            self.peers
+                .clone()
+                .in_group(group, groups)
+                .change_members(to, &MemberChange::Elect)
+                .await
+        };
+        outcome.map_err(|e| {
+            ApiError::Cluster(ClusterRefusal::ChangeFailed(format!(
+                "group {group}: node {to} could not stand: {e:?}"
+            )))
+        })
+    }
+
+    /// What group `group`'s changes need on this node.
+    fn context(&self, group: u32) -> Context<'_> {
+        Context {
+            ring: &self.ring,
+            handover: &self.handovers[group as usize],
         }
     }
 
@@ -230,7 +325,7 @@ impl Members {
             let leader = raft.metrics().borrow().current_leader;
             let outcome = match leader {
                 None => Err(Retry::Yes("no leader".to_owned())),
-                Some(l) if l == self.me => apply(raft, change, &self.ring).await,
+                Some(l) if l == self.me => apply(raft, change, &self.context(group)).await,
                 Some(l) => peers.change_members(l, change).await,
             };
             match outcome {
@@ -281,6 +376,8 @@ fn made(
     match change {
         MemberChange::AddVoter { id, .. } => membership.voter_ids().any(|v| v == *id),
         MemberChange::Remove { id } => membership.get_node(id).is_none(),
-        MemberChange::RotateTicketKey { .. } => true,
+        MemberChange::RotateTicketKey { .. }
+        | MemberChange::HandOver { .. }
+        | MemberChange::Elect => true,
     }
 }

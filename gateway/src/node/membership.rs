@@ -9,6 +9,7 @@ use boxoffice_engine::raft::Raft;
 use openraft::{BasicNode, ChangeMembers};
 use serde::{Deserialize, Serialize};
 
+use crate::node::handover::{HANDOVER_WAIT, Handover};
 use crate::node::ring::{ClusterRing, Rotate};
 
 /// How long a group's leader waits for a node it adds to catch up before making it a voter.
@@ -37,26 +38,94 @@ pub enum MemberChange {
         /// When the new key starts signing, ms since the Unix epoch.
         signs_from_ms: u64,
     },
+    /// Hand the leadership over to node `to` (asked of the leader: it stops serving and waits
+    /// until `to` holds its whole log; see [`crate::node::handover`]).
+    HandOver {
+        /// The node that is to lead.
+        to: u64,
+    },
+    /// Stand for election now (asked of the node a leader hands over to).
+    Elect,
 }
 
-/// Makes `change` in the group `raft` leads here (`ring`: the node's ticket key ring); `Err`
-/// says why not.
+/// What a group's changes need beside its Raft.
+pub(crate) struct Context<'a> {
+    /// The node's ticket key ring (group 0's leader rotates it).
+    pub ring: &'a ClusterRing,
+    /// The group's handover on this node.
+    pub handover: &'a Handover,
+}
+
+/// Makes `change` in the group `raft` leads here (or, for [`MemberChange::Elect`], is a
+/// member of); `Err` says why not.
 pub(crate) async fn apply(
     raft: &Raft,
     change: &MemberChange,
-    ring: &ClusterRing,
+    ctx: &Context<'_>,
 ) -> Result<(), Retry> {
-    if let MemberChange::RotateTicketKey { signs_from_ms } = change {
-        return ring
+    match change {
+        MemberChange::RotateTicketKey { signs_from_ms } => ctx
+            .ring
             .rotate(raft, *signs_from_ms)
             .await
             .map_err(|e| match e {
                 Rotate::Again(why) => Retry::Yes(why),
                 Rotate::Refused(why) => Retry::No(why),
                 Rotate::Full(keys) => Retry::RingFull(keys),
-            });
+            }),
+        MemberChange::HandOver { to } => hand_over(raft, *to, ctx.handover).await,
+        MemberChange::Elect => {
+            let m = raft.metrics().borrow().clone();
+            if m.current_leader == Some(m.id) {
+                return Ok(());
+            }
+            raft.trigger()
+                .elect()
+                .await
+                .map_err(|e| Retry::No(format!("standing for election: {e}")))
+        }
+        _ => members(raft, change).await.map_err(Retry::from_leader),
     }
-    members(raft, change).await.map_err(Retry::from_leader)
+}
+
+/// Hands the group `raft` leads here over to node `to`: stops serving it, and waits until `to`
+/// holds the whole log.
+async fn hand_over(raft: &Raft, to: u64, handover: &Handover) -> Result<(), Retry> {
+    let m = raft.metrics().borrow().clone();
+    if m.current_leader == Some(to) {
+        return Ok(());
+    }
+    if !m
+        .membership_config
+        .membership()
+        .voter_ids()
+        .any(|v| v == to)
+    {
+        return Err(Retry::No(format!("node {to} is not a voter of the group")));
+    }
+    handover.begin(to);
+    if !handover.quiet(HANDOVER_WAIT).await {
+        return Err(Retry::Yes("the leader did not stop serving in time".into()));
+    }
+    let mut w = raft.metrics();
+    let held = tokio::time::timeout(
+        HANDOVER_WAIT,
+        w.wait_for(|m| {
+            let held = m
+                .replication
+                .as_ref()
+                .and_then(|r| r.get(&to))
+                .and_then(|l| l.map(|l| l.index));
+            held >= m.last_log_index
+        }),
+    )
+    .await;
+    match held {
+        Ok(Ok(_)) => Ok(()),
+        _ => Err(Retry::Yes(format!(
+            "node {to} did not catch up with the leader within {HANDOVER_WAIT:?}"
+        ))),
+    }
 }
 
 /// Makes the members' `change` in the group `raft` leads here.
@@ -99,8 +168,10 @@ async fn members(raft: &Raft, change: &MemberChange) -> Result<(), String> {
                 .await
                 .map_err(|e| format!("removing node {id}: {e}"))?;
         }
-        MemberChange::RotateTicketKey { .. } => {
-            return Err("a rotation is no change of members".to_owned());
+        MemberChange::RotateTicketKey { .. }
+        | MemberChange::HandOver { .. }
+        | MemberChange::Elect => {
+            return Err("not a change of members".to_owned());
         }
     }
     Ok(())

@@ -10,6 +10,7 @@
 //! - [`reads`]: a leader's reads and refusals wait until it is known to have led after them.
 
 pub mod forward;
+pub(crate) mod handover;
 pub(crate) mod heard;
 mod lead;
 mod lease;
@@ -43,6 +44,8 @@ pub(crate) struct Opened {
     groups: Vec<(Raft, StateMachine, VoteGuard)>,
     /// The cluster's ticket key ring, as this node holds it.
     ring: Arc<ring::ClusterRing>,
+    /// Each group's handover on this node.
+    handovers: handover::Handovers,
 }
 
 /// What the server gives a node's leadership loops.
@@ -85,6 +88,7 @@ impl Opened {
             opened.push(open::open_raft(c, &config.data_dir, g, &links).await?);
         }
         let heard = heard::Heard::new(n_groups);
+        let handovers = handover::handovers(n_groups);
         let ring = Arc::new(ring::ClusterRing::new(
             opened[0].1.store(),
             ring::Sealer::new(c.secret.material()),
@@ -103,6 +107,7 @@ impl Opened {
             c.secret.clone(),
             heard,
             Some(ring.clone()),
+            handovers.to_vec(),
         );
         let forwarder = Arc::new(forward::Forwarder::new(
             c.node_id,
@@ -110,11 +115,13 @@ impl Opened {
             links,
             groups.clone(),
             ring.clone(),
+            handovers.clone(),
         ));
         Ok((
             Opened {
                 groups: opened,
                 ring,
+                handovers,
             },
             service,
             forwarder,
@@ -152,6 +159,7 @@ impl Opened {
                     SweeperSlot::default()
                 },
                 ring: ring.clone(),
+                handover: self.handovers[g].clone(),
             };
             let (ready_tx, ready_rx) = oneshot::channel();
             serving.push(ready_rx);

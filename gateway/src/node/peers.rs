@@ -108,6 +108,8 @@ pub struct RaftEndpoint {
     /// The node's ticket key ring (group 0's leader rotates it when asked; `None`: a bare Raft
     /// group's, as tests serve one).
     ring: Option<Arc<crate::node::ring::ClusterRing>>,
+    /// Each group's handover on this node (empty for a bare Raft group).
+    handovers: Vec<Arc<crate::node::handover::Handover>>,
 }
 
 /// When a node last stood after refusing a vote by log, and last heard a leader, in a group.
@@ -272,7 +274,8 @@ impl RaftService for RaftEndpoint {
         let (raft, _) = self.group(req.get_ref())?;
         let change: crate::node::membership::MemberChange = decode(req.get_ref())?;
         let metrics = raft.metrics().borrow().clone();
-        if metrics.current_leader != Some(metrics.id) {
+        let elect = change == crate::node::membership::MemberChange::Elect;
+        if !elect && metrics.current_leader != Some(metrics.id) {
             return Err(Status::failed_precondition(format!(
                 "node {} does not lead group {} (its leader: {:?})",
                 metrics.id,
@@ -280,13 +283,16 @@ impl RaftService for RaftEndpoint {
                 metrics.current_leader
             )));
         }
-        let Some(ring) = &self.ring else {
+        let (Some(ring), Some(handover)) =
+            (&self.ring, self.handovers.get(req.get_ref().group as usize))
+        else {
             return Err(Status::failed_precondition(
-                "this Raft group has no ticket key ring",
+                "this Raft group takes no change from its peers",
             ));
         };
+        let ctx = crate::node::membership::Context { ring, handover };
         Ok(encode(
-            &crate::node::membership::apply(raft, &change, ring).await,
+            &crate::node::membership::apply(raft, &change, &ctx).await,
         ))
     }
 
@@ -387,6 +393,7 @@ pub(crate) fn raft_service(
     secret: ClusterSecret,
     heard: Heard,
     ring: Option<Arc<crate::node::ring::ClusterRing>>,
+    handovers: Vec<Arc<crate::node::handover::Handover>>,
 ) -> PeerService {
     tonic::service::interceptor::InterceptedService::new(
         RaftServer::new(RaftEndpoint {
@@ -394,6 +401,7 @@ pub(crate) fn raft_service(
             groups: Arc::new(groups),
             heard,
             ring,
+            handovers,
         })
         .max_decoding_message_size(MESSAGE_BYTES_MAX)
         .max_encoding_message_size(MESSAGE_BYTES_MAX),
@@ -417,6 +425,7 @@ pub async fn serve(
             secret,
             Heard::new(1),
             None,
+            Vec::new(),
         ))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await

@@ -695,4 +695,11 @@ impl pb::cluster_service_server::ClusterService for ClusterSvc {
     ) -> Result<Response<pb::ClusterStatus>, Status> {
         Ok(Response::new(self.members()?.rotate_ticket_key().await?))
     }
+
+    async fn rebalance(
+        &self,
+        _req: Request<pb::RebalanceRequest>,
+    ) -> Result<Response<pb::ClusterStatus>, Status> {
+        Ok(Response::new(self.members()?.rebalance().await?))
+    }
 }
