@@ -62,7 +62,7 @@ async fn a_cluster_with_a_dead_peer_logs_under_a_line_a_second() {
         in_flight_max: 1_024,
     };
     let exe = Path::new(env!("CARGO_BIN_EXE_boxoffice"));
-    let cluster = LocalCluster::start(exe, Some(&root), &options)
+    let cluster = LocalCluster::start(exe, Some(&root), &options, 3)
         .await
         .unwrap();
     let leader = cluster

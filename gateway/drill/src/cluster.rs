@@ -1,13 +1,16 @@
-//! A cluster of three `boxoffice serve` processes on loopback (issue 13), started for one run
-//! of a drill and stopped with it: what `flash-sale --nodes 3` plays against.
+//! A cluster of three or five `boxoffice serve` processes on loopback (issues 13 and 27),
+//! started for one run of a drill and stopped with it: what `flash-sale --nodes N` plays
+//! against.
 //!
 //! [`LocalCluster::start`] picks free loopback ports (bound on `127.0.0.1:0`, then released for
 //! the nodes), writes the secrets the nodes share (the cluster secret, an admin and a client key,
-//! the token secret) to files only this user can read, starts nodes 1 to 3 as children of this
+//! the token secret) to files only this user can read, starts nodes 1 to N as children of this
 //! executable (`serve --node-id N --peers 1=...,2=...,3=...`), each with its own data dir
 //! (`node1/` ...) and log file (`node1.log`, its stdout and stderr), and waits until each answers
-//! health `SERVING`. Dropping the cluster kills (SIGKILL) and reaps every node still running, so
-//! no node outlives its run, whichever way the run ends.
+//! health `SERVING`. One more node, N+1, is kept spare (its ports, its certificate):
+//! [`LocalCluster::replace`] starts it and replaces a node by it, live. Dropping the cluster
+//! kills (SIGKILL) and reaps every node still running, so no node outlives its run, whichever
+//! way the run ends.
 //!
 //! While the run goes on: [`LocalCluster::leader`] asks each live node's `/metrics` whether it
 //! leads (`boxoffice_raft_leader{group="0"} 1`), [`LocalCluster::kill`] kills a node with SIGKILL, and
@@ -30,8 +33,8 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::secret::UsageError;
 
-/// The nodes of a local cluster.
-pub const NODES: u64 = 3;
+/// The sizes a local cluster can have.
+pub const SIZES: [u64; 2] = [3, 5];
 
 /// How long each node may take to answer health `SERVING` after it was started.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -64,9 +67,17 @@ struct Node {
     dir: PathBuf,
     log: PathBuf,
     child: Mutex<Option<Child>>,
+    /// Whether the cluster's groups count it (the spare until it replaces a node; a node
+    /// replaced no more).
+    member: std::sync::atomic::AtomicBool,
 }
 
 impl Node {
+    /// Whether the cluster's groups count it.
+    fn member(&self) -> bool {
+        self.member.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Whether the node's process runs (it was neither killed nor stopped, and did not exit).
     fn live(&self) -> bool {
         let mut child = lock(&self.child);
@@ -121,24 +132,30 @@ impl Node {
 pub struct LocalCluster {
     nodes: Vec<Node>,
     admin_key: String,
+    /// The executable the nodes run, and their options (for the spare).
+    exe: PathBuf,
+    options: NodeOptions,
     /// The temporary root dir (none under `--data-dir`), removed once the nodes are gone.
     _temp: Option<tempfile::TempDir>,
 }
 
 impl LocalCluster {
-    /// Starts three nodes of `exe` (this executable, which has the `serve` subcommand) with
-    /// their data under `root` (`node1/` to `node3/`; a temporary dir if `None`), and waits
-    /// until each answers health `SERVING`. A `root` that already holds a node's data is a
-    /// [`UsageError`]: a cluster's nodes remember their peers' addresses, which are new ports
-    /// each run.
+    /// Starts `size` nodes of `exe` (this executable, which has the `serve` subcommand) with
+    /// their data under `root` (`node1/` to `nodeN/`, and the spare's; a temporary dir if
+    /// `None`), and waits until each answers health `SERVING`. A `root` that already holds a
+    /// node's data is a [`UsageError`]: a cluster's nodes remember their peers' addresses,
+    /// which are new ports each run.
     pub async fn start(
         exe: &Path,
         root: Option<&Path>,
         options: &NodeOptions,
+        size: u64,
     ) -> anyhow::Result<LocalCluster> {
+        // The nodes, and a spare.
+        let all = size + 1;
         let (temp, root) = match root {
             Some(r) => {
-                for i in 1..=NODES {
+                for i in 1..=all {
                     let dir = r.join(format!("node{i}"));
                     if std::fs::read_dir(&dir).is_ok_and(|mut d| d.next().is_some()) {
                         return Err(UsageError::new(format!(
@@ -172,8 +189,8 @@ impl LocalCluster {
         // The peer ports' certificates, as an operator makes them (`boxoffice cluster certs`).
         // Those of an earlier run in the same dir are used again.
         let certs = root.join("certs");
-        if !boxoffice_gateway::certs::node_file(&certs, NODES, "pem").exists() {
-            let hosts = (1..=NODES).map(|id| boxoffice_gateway::certs::NodeHosts {
+        if !boxoffice_gateway::certs::node_file(&certs, all, "pem").exists() {
+            let hosts = (1..=all).map(|id| boxoffice_gateway::certs::NodeHosts {
                 id,
                 hosts: vec!["127.0.0.1".to_owned()],
             });
@@ -183,10 +200,10 @@ impl LocalCluster {
                 boxoffice_gateway::certs::Validity::days(30),
             )?;
         }
-        let ports = free_ports(3 * NODES as usize)?;
-        let (addrs, rest) = ports.split_at(NODES as usize);
-        let (peer_addrs, metrics) = rest.split_at(NODES as usize);
-        let peers = peer_addrs
+        let ports = free_ports(3 * all as usize)?;
+        let (addrs, rest) = ports.split_at(all as usize);
+        let (peer_addrs, metrics) = rest.split_at(all as usize);
+        let peers = peer_addrs[..size as usize]
             .iter()
             .enumerate()
             .map(|(i, a)| format!("{}={a}", i + 1))
@@ -195,9 +212,11 @@ impl LocalCluster {
         let mut cluster = LocalCluster {
             nodes: Vec::new(),
             admin_key,
+            exe: exe.to_owned(),
+            options: options.clone(),
             _temp: temp,
         };
-        for i in 0..NODES as usize {
+        for i in 0..all as usize {
             let id = i as u64 + 1;
             let node = Node {
                 id,
@@ -207,9 +226,12 @@ impl LocalCluster {
                 dir: root.join(format!("node{id}")),
                 log: root.join(format!("node{id}.log")),
                 child: Mutex::new(None),
+                member: std::sync::atomic::AtomicBool::new(id <= size),
             };
-            let child = spawn(exe, &node, &peers, &root, options)?;
-            *lock(&node.child) = Some(child);
+            if id <= size {
+                let child = spawn(exe, &node, &peers, &root, options)?;
+                *lock(&node.child) = Some(child);
+            }
             cluster.nodes.push(node);
         }
         cluster.await_started().await?;
@@ -220,7 +242,7 @@ impl LocalCluster {
     /// the log of a node that exited or never did.
     async fn await_started(&self) -> anyhow::Result<()> {
         let deadline = Instant::now() + START_TIMEOUT;
-        for node in &self.nodes {
+        for node in self.nodes.iter().filter(|n| n.member()) {
             let channel = channel(node.addr);
             loop {
                 if !node.live() {
@@ -250,12 +272,23 @@ impl LocalCluster {
         Ok(())
     }
 
-    /// Every node's gRPC target, `http://127.0.0.1:PORT`, node 1 first.
+    /// How many nodes the cluster started with.
+    pub fn size(&self) -> usize {
+        self.nodes.len() - 1
+    }
+
+    /// Every member's gRPC target, `http://127.0.0.1:PORT`, node 1 first.
     pub fn targets(&self) -> Vec<String> {
         self.nodes
             .iter()
+            .filter(|n| n.member())
             .map(|n| format!("http://{}", n.addr))
             .collect()
+    }
+
+    /// Node `id`'s gRPC target.
+    pub fn target_of(&self, id: u64) -> anyhow::Result<String> {
+        Ok(format!("http://{}", self.node(id)?.addr))
     }
 
     /// The admin key every node accepts.
@@ -338,12 +371,7 @@ impl LocalCluster {
             .dir
             .parent()
             .context("a node's data dir is in the cluster's root")?;
-        let peers = self
-            .nodes
-            .iter()
-            .map(|n| format!("{}={}", n.id, n.peer))
-            .collect::<Vec<_>>()
-            .join(",");
+        let peers = self.peers(None);
         let mut child = lock(&node.child);
         anyhow::ensure!(child.is_none(), "node {id} is running");
         *child = Some(spawn(exe, node, &peers, root, options)?);
@@ -479,6 +507,79 @@ impl LocalCluster {
             }
         }
         Ok(stopped)
+    }
+
+    /// `--peers` for a node: every member, and `also`.
+    fn peers(&self, also: Option<u64>) -> String {
+        self.nodes
+            .iter()
+            .filter(|n| n.member() || Some(n.id) == also)
+            .map(|n| format!("{}={}", n.id, n.peer))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Replaces node `old` by the spare, live: starts the spare, asks a member other than
+    /// `old` to replace `old` by it (`ClusterService.ReplaceNode`: the spare added to every
+    /// group as a voter once it caught up, then `old` removed), then stops `old` (SIGTERM). The
+    /// spare's id.
+    pub async fn replace(&self, old: u64) -> anyhow::Result<u64> {
+        use boxoffice_proto::v1 as pb;
+        let spare = self
+            .nodes
+            .iter()
+            .find(|n| !n.member() && lock(&n.child).is_none() && n.id > self.size() as u64)
+            .context("no spare node left")?;
+        let root = spare
+            .dir
+            .parent()
+            .context("a node's data dir is in the cluster's root")?;
+        *lock(&spare.child) = Some(spawn(
+            &self.exe,
+            spare,
+            &self.peers(Some(spare.id)),
+            root,
+            &self.options,
+        )?);
+        let via = self
+            .nodes
+            .iter()
+            .find(|n| n.member() && n.id != old && n.live())
+            .context("no other member to ask")?;
+        let mut c = pb::cluster_service_client::ClusterServiceClient::with_interceptor(
+            channel(via.addr),
+            boxoffice_client::Bearer::new(&self.admin_key)?,
+        );
+        let req = pb::ReplaceNodeRequest {
+            old_node_id: old,
+            new_node_id: spare.id,
+            address: spare.peer.to_string(),
+        };
+        c.replace_node(req).await.with_context(|| {
+            format!(
+                "replacing node {old} by node {} (through node {}); the new node's log ({}) ends \
+                 with:\n{}",
+                spare.id,
+                via.id,
+                spare.log.display(),
+                spare.log_tail()
+            )
+        })?;
+        spare
+            .member
+            .store(true, std::sync::atomic::Ordering::Release);
+        let gone = self.node(old)?;
+        gone.member
+            .store(false, std::sync::atomic::Ordering::Release);
+        let child = lock(&gone.child).take();
+        if let Some(mut c) = child {
+            terminate(&c);
+            if wait_until(&mut c, Instant::now() + Duration::from_secs(30))?.is_none() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        Ok(spare.id)
     }
 
     fn node(&self, id: u64) -> anyhow::Result<&Node> {

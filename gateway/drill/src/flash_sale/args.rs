@@ -62,18 +62,24 @@ pub struct FlashSaleArgs {
     /// The server the run plays against: embedded, or `--target`.
     #[command(flatten)]
     pub server: ServerChoice,
-    /// Servers to play against: 1, the embedded server (or `--target`); 3, a cluster of three
-    /// `boxoffice serve` processes of this executable on loopback, replicating with Raft (their
-    /// data under `--data-dir` as node1/ to node3/, else in a temporary dir). The fans spread
-    /// their calls over the nodes and retry a call that failed on one (UNAVAILABLE, or the
-    /// connection) on the next, with the same idempotency key.
+    /// Servers to play against: 1, the embedded server (or `--target`); 3 or 5, a cluster of
+    /// that many `boxoffice serve` processes of this executable on loopback, replicating with
+    /// Raft over mutual TLS (their data under `--data-dir` as node1/ to nodeN/, else in a
+    /// temporary dir). The fans spread their calls over the nodes and retry a call that failed
+    /// on one (UNAVAILABLE, or the connection) on the next, with the same idempotency key.
     #[arg(long, default_value_t = 1)]
     pub nodes: u32,
-    /// With `--nodes 3`: this many seconds after the sale opens, kill (SIGKILL) the node that
-    /// leads the sale's group, and measure the failover (until a node leads again with its
+    /// With `--nodes 3` or `5`: this many seconds after the sale opens, kill (SIGKILL) the node
+    /// that leads the sale's group, and measure the failover (until a node leads again with its
     /// engine serving). The fans keep going.
     #[arg(long, value_name = "SECONDS")]
     pub kill_leader_after: Option<f64>,
+    /// With `--nodes 3` or `5`: this many seconds after the sale opens, replace a follower by a
+    /// new node, live (`boxoffice cluster replace-node`: the new node catches up and becomes a
+    /// voter, then the old one is removed and stopped), and measure how long it took. The fans
+    /// keep going.
+    #[arg(long, value_name = "SECONDS")]
+    pub replace_node_after: Option<f64>,
     /// Run the seeds' uncoordinated baseline in-process (read the map, book what looked free).
     #[arg(long)]
     pub naive: bool,
@@ -102,32 +108,45 @@ impl FlashSaleArgs {
                 boxoffice_engine::limits::JOIN_POW_DIFFICULTY_BITS_MAX
             )));
         }
-        if self.nodes != 1 && self.nodes != 3 {
+        let cluster = self.nodes > 1;
+        if cluster && !crate::cluster::SIZES.contains(&u64::from(self.nodes)) {
             return Err(UsageError::new(format!(
-                "--nodes {}: 1 (one server) or 3 (a local cluster of three nodes)",
+                "--nodes {}: 1 (one server), or 3 or 5 (a local cluster of that many nodes)",
                 self.nodes
             )));
         }
-        if self.nodes == 3 && self.server.target.is_some() {
+        if cluster && self.server.target.is_some() {
             return Err(UsageError::new(
-                "--nodes 3 starts its own cluster: it cannot be used with --target",
+                "--nodes 3 or 5 starts its own cluster: it cannot be used with --target",
             ));
         }
-        if self.nodes == 3 && self.naive {
+        if cluster && self.naive {
             return Err(UsageError::new(
-                "--nodes 3 plays the sale against a cluster: it cannot be used with --naive",
+                "--nodes 3 or 5 plays the sale against a cluster: it cannot be used with --naive",
             ));
         }
-        if let Some(after) = self.kill_leader_after {
-            if self.nodes != 3 {
-                return Err(UsageError::new(
-                    "--kill-leader-after needs --nodes 3 (a cluster has a leader to kill)",
-                ));
+        for (flag, after, what) in [
+            (
+                "--kill-leader-after",
+                self.kill_leader_after,
+                "a leader to kill",
+            ),
+            (
+                "--replace-node-after",
+                self.replace_node_after,
+                "nodes to replace",
+            ),
+        ] {
+            let Some(after) = after else { continue };
+            if !cluster {
+                return Err(UsageError::new(format!(
+                    "{flag} needs --nodes 3 or 5 (a cluster has {what})"
+                )));
             }
             if !(after.is_finite() && after >= 0.0) {
-                return Err(UsageError::new(
-                    "--kill-leader-after is a number of seconds, 0 or more",
-                ));
+                return Err(UsageError::new(format!(
+                    "{flag} is a number of seconds, 0 or more"
+                )));
             }
         }
         for (name, v) in [

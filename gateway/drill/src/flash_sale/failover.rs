@@ -265,6 +265,67 @@ impl Drop for Killer {
     }
 }
 
+/// A node replaced mid-sale (`--replace-node-after`): which by which, when, and how long the
+/// replacement took.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Replacement {
+    /// The node replaced (a follower).
+    pub old: u64,
+    /// The node that took its place.
+    pub new: u64,
+    /// Seconds after the sale opened.
+    pub after_opening_seconds: f64,
+    /// From the start of the new node until the old one was removed and stopped.
+    pub took: Duration,
+}
+
+/// The task that replaces a follower at its time; aborted if dropped before it is awaited.
+pub(crate) struct Replacer(tokio::task::JoinHandle<anyhow::Result<Replacement>>);
+
+impl Replacer {
+    /// Replaces a follower of `cluster` by its spare at `at` (the opening plus
+    /// `--replace-node-after`).
+    pub fn spawn(cluster: Arc<LocalCluster>, opened: Instant, at: Instant) -> Replacer {
+        Replacer(tokio::spawn(async move {
+            tokio::time::sleep_until(at.into()).await;
+            let leader = cluster.await_leader(Duration::from_secs(10)).await;
+            let old = cluster
+                .live()
+                .into_iter()
+                .rfind(|id| Some(*id) != leader)
+                .context("no follower to replace")?;
+            let began = Instant::now();
+            let after = began.saturating_duration_since(opened).as_secs_f64();
+            eprintln!(
+                "[replace] node {old}, a follower, is replaced {after:.2} s after the opening"
+            );
+            let new = cluster.replace(old).await?;
+            let took = began.elapsed();
+            eprintln!(
+                "[replace] node {new} votes in every group and node {old} is gone, {} ms later",
+                took.as_millis()
+            );
+            Ok(Replacement {
+                old,
+                new,
+                after_opening_seconds: after,
+                took,
+            })
+        }))
+    }
+
+    /// The replacement, once done (waiting for its time if the fans finished first).
+    pub async fn finish(mut self) -> anyhow::Result<Replacement> {
+        (&mut self.0).await.context("the replacing task failed")?
+    }
+}
+
+impl Drop for Replacer {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// What reading back the acknowledged holds and orders found.
 #[derive(Debug, Default)]
 pub(crate) struct ReadBack {

@@ -58,7 +58,7 @@ mod tally;
 pub use args::FlashSaleArgs;
 pub use report::{ClusterFigures, Report};
 
-use failover::{Kill, Killer};
+use failover::{Kill, Killer, Replacer};
 use fans::{Arrivals, Crowd, SaleEvent};
 use progress::Progress;
 use tally::Tally;
@@ -89,9 +89,10 @@ pub async fn run(args: FlashSaleArgs) -> anyhow::Result<Report> {
     };
     // The nodes go with the run: dropped (killed) when it ends, fails or is interrupted.
     let run = async {
-        let cluster = LocalCluster::start(&exe, args.server.data_dir.as_deref(), &options)
+        let size = u64::from(args.nodes);
+        let cluster = LocalCluster::start(&exe, args.server.data_dir.as_deref(), &options, size)
             .await
-            .context("starting the cluster's three nodes")?;
+            .with_context(|| format!("starting the cluster's {size} nodes"))?;
         sale(args, Servers::Cluster(Arc::new(cluster))).await
     };
     tokio::select! {
@@ -177,6 +178,19 @@ fn killer(servers: &Servers, args: &FlashSaleArgs, opening: Instant) -> Option<K
     }
 }
 
+/// The replacer of `--replace-node-after`, on a cluster: it replaces a follower that long after
+/// the `opening`.
+fn replacer(servers: &Servers, args: &FlashSaleArgs, opening: Instant) -> Option<Replacer> {
+    match (servers, args.replace_node_after) {
+        (Servers::Cluster(c), Some(after)) => Some(Replacer::spawn(
+            c.clone(),
+            opening,
+            opening + Duration::from_secs_f64(after),
+        )),
+        _ => None,
+    }
+}
+
 /// The sale itself, against `servers`.
 async fn sale(args: FlashSaleArgs, mut servers: Servers) -> anyhow::Result<Report> {
     let targets = servers.targets();
@@ -210,6 +224,7 @@ async fn sale(args: FlashSaleArgs, mut servers: Servers) -> anyhow::Result<Repor
         Servers::One(_) => None,
     };
     let killer = killer(&servers, &args, started + opens_in);
+    let replacer = replacer(&servers, &args, started + opens_in);
     let arrivals = Arrivals::new(&args, started, opens_in);
     let args = Arc::new(args);
     let crowd = Arc::new(Crowd::new(
@@ -224,6 +239,10 @@ async fn sale(args: FlashSaleArgs, mut servers: Servers) -> anyhow::Result<Repor
     // The kill (if the fans were done before its time, it comes now), then the final counts.
     let kill = match killer {
         Some(k) => Some(k.finish().await?),
+        None => None,
+    };
+    let replaced = match replacer {
+        Some(r) => Some(r.finish().await?),
         None => None,
     };
     let view = await_expiry(&admins, &event_id, args.hold_ttl_ms()).await?;
@@ -244,6 +263,12 @@ async fn sale(args: FlashSaleArgs, mut servers: Servers) -> anyhow::Result<Repor
     );
     report.count_tickets(&tickets, &view);
     check_servers(&mut servers, &crowd, kill, first_term, &bearer, &mut report).await?;
+    if let (Some(c), Some(r)) = (&mut report.cluster, replaced) {
+        c.replaced_node = Some(r.old);
+        c.replaced_by = Some(r.new);
+        c.replaced_after_opening_seconds = Some(r.after_opening_seconds);
+        c.replace_ms = Some(u64::try_from(r.took.as_millis()).unwrap_or(u64::MAX));
+    }
     count_and_plot(&mut report, &crowd, &samples, started)?;
     Ok(report)
 }
@@ -302,6 +327,7 @@ async fn check_cluster(
         first_lost: read.first_lost,
         charges_refunded: refunded,
         refunds_pending: 0,
+        ..ClusterFigures::default()
     });
     if kill.is_some_and(|k| k.failover.is_none()) {
         tally.error(
@@ -319,12 +345,11 @@ async fn read_back(
     bearer: &Bearer,
     tally: &Tally,
 ) -> anyhow::Result<failover::ReadBack> {
-    let targets = cluster.targets();
     let mut clients = Vec::new();
     for id in &cluster.live() {
-        let target = &targets[usize::try_from(*id)? - 1];
+        let target = cluster.target_of(*id)?;
         clients.push(Clients::new(
-            &boxoffice_client::connect(target).await?,
+            &boxoffice_client::connect(&target).await?,
             bearer,
         ));
     }
@@ -482,6 +507,7 @@ mod tests {
             },
             nodes: 1,
             kill_leader_after: None,
+            replace_node_after: None,
             naive: false,
             seed: 7,
             json: None,

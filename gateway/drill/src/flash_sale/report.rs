@@ -157,6 +157,16 @@ pub struct ClusterFigures {
     pub failover_ms: Option<u64>,
     /// The node that led after the failover (as its `/metrics` said).
     pub new_leader: Option<u64>,
+    /// The follower replaced live (`--replace-node-after`).
+    pub replaced_node: Option<u64>,
+    /// The node that took its place.
+    pub replaced_by: Option<u64>,
+    /// When the replacement began, seconds after the sale opened.
+    #[serde(serialize_with = "json::opt_millis")]
+    pub replaced_after_opening_seconds: Option<f64>,
+    /// From the new node's start until it voted in every group and the old one was removed
+    /// and stopped, ms.
+    pub replace_ms: Option<u64>,
     /// Elections held while the sale ran (the rise of the Raft terms, summed over the groups):
     /// those after the kill, and any a node held when it heard from no leader in time (a loaded
     /// machine). `None`: no live node reported its terms.
@@ -389,6 +399,17 @@ impl Report {
                     (None, _) => String::new(),
                     (Some(_), Some(ms)) => format!("{ms} ms ({} leads)", node(c.new_leader)),
                     (Some(_), None) => "no leader within 30 s".into(),
+                },
+            ),
+            (
+                "node replaced (live)",
+                match (c.replaced_node, c.replaced_by) {
+                    (Some(old), Some(new)) => format!(
+                        "node {old} by node {new}, {:.2} s after the opening, in {} ms",
+                        c.replaced_after_opening_seconds.unwrap_or_default(),
+                        c.replace_ms.unwrap_or_default()
+                    ),
+                    _ => String::new(),
                 },
             ),
             ("elections while the sale ran", c.elections_row()),
