@@ -29,7 +29,10 @@
 //! - `single_node_power_cut_keeps_every_acknowledged_sale`: one `serve` process.
 //!   `BOXOFFICE_POWERCUT_CYCLES` cycles (default 3; 20 with `BOXOFFICE_SLOW=1`).
 //! - `coordinated_power_cut_of_a_cluster_loses_nothing_acknowledged`: three `serve` nodes of a
-//!   Raft group, each on its own disk, all killed and all cut at once.
+//!   Raft group, each on its own disk, all killed and all cut at once. They replicate over their
+//!   peer ports' mutual TLS, and in about every other cycle (seeded) a node is removed from the
+//!   group halfway to the cut (`RemoveNode`, a joint-consensus change the cut may interrupt) and
+//!   added back after the restart (`AddNode`).
 //!   `BOXOFFICE_POWERCUT_CLUSTER_CUTS` cuts (default 3; 50 with `BOXOFFICE_SLOW=1`).
 //!
 //! `BOXOFFICE_POWERCUT_SEED=N` fixes the seed of the cuts, of when they come and of the disks'
@@ -107,6 +110,20 @@ fn cut_of(seed: u64, cycle: usize, node: usize) -> Cut {
 /// How long each write and fsync of the disks takes during `cycle`'s burst.
 fn disk_delay(seed: u64, cycle: usize) -> Duration {
     Duration::from_micros(mix(seed, 2_000_000 + cycle as u64) % 2_001)
+}
+
+/// The node (index) a cluster's `cycle` removes from its group mid-burst, if any (every other
+/// cycle on average), and how many acknowledged calls before the cut (0 to 8, or halfway to
+/// it): the cut comes during the joint-consensus change, or after it; after the restart the
+/// node is added back (`AddNode`).
+fn removed_in(seed: u64, cycle: usize) -> Option<(usize, u64)> {
+    let m = mix(seed, 3_000_000 + cycle as u64);
+    let early = match (m >> 16) % 10 {
+        9 => u64::MAX,
+        n => n,
+    };
+    m.is_multiple_of(2)
+        .then_some((((m >> 8) % 3) as usize, early))
 }
 
 /// Acknowledged calls between the start of a cycle's burst and its cut: 20 to 150.
@@ -338,6 +355,8 @@ impl Rig {
         } else {
             let mut lay = layout(root);
             lay.logs = Some(logs_dir.clone());
+            // The nodes replicate over their peer ports' mutual TLS.
+            lay.on_peer_tls(&root.join("certs"));
             let logs = (1..=3)
                 .map(|i| logs_dir.join(format!("node{i}.log")))
                 .collect();
@@ -575,12 +594,38 @@ impl Rig {
                 )
             })
             .collect();
-        if let Err(why) = Caught(Box::pin(until_grown(
-            &count,
-            calls_before_cut(self.seed, cycle),
-        )))
-        .await
-        {
+        let before_cut = calls_before_cut(self.seed, cycle);
+        let removed = match &self.kind {
+            Kind::Cluster(_) => removed_in(self.seed, cycle),
+            Kind::Single { .. } => None,
+        };
+        let burst = async {
+            let mut removal = None;
+            let mut first = before_cut;
+            if let Some((x, early)) = removed {
+                // Shortly before the cut (or halfway to it), node x is removed from the group,
+                // through another node.
+                first = before_cut.saturating_sub(early.min(before_cut / 2));
+                until_grown(&count, first).await;
+                let members = self.members((x + 1) % 3);
+                removal = Some(tokio::spawn(async move {
+                    let mut m = members;
+                    let _ = m
+                        .remove_node(pb::RemoveNodeRequest {
+                            node_id: x as u64 + 1,
+                        })
+                        .await;
+                }));
+            }
+            until_grown(&count, before_cut - first).await;
+            removal
+        };
+        let burst = Caught(Box::pin(burst)).await;
+        if let Ok(Some(removal)) = &burst {
+            // The power cut takes the call too, wherever it was.
+            removal.abort();
+        }
+        if let Err(why) = burst {
             let mut problems = vec![why];
             problems.append(&mut self.book.lock().unwrap().errors);
             problems.extend(self.all_well());
@@ -624,6 +669,17 @@ impl Rig {
             reports.iter().map(describe_cut).collect::<Vec<_>>()
         );
         self.nodes = (0..self.nodes.len()).map(|i| self.start(i)).collect();
+        if let Some((x, _)) = removed {
+            // The others serve; node x, if its removal committed, waits to be reached: it is
+            // added back (an AddNode of a node that still votes changes nothing).
+            let seen = self.add_back(x, &ctx).await;
+            println!(
+                "{}: cycle {cycle}: node {} was removed shortly before the cut; after it: \
+                 {seen}; added back",
+                self.name,
+                x + 1
+            );
+        }
         if let Err(e) = self.all_ready() {
             panic!("{ctx}: a node did not start again after the cut: {e}");
         }
@@ -650,6 +706,61 @@ impl Rig {
         problems.extend(self.all_well());
         fail_if_any(&ctx, &problems);
         (acked, reports)
+    }
+
+    /// The cluster service of node `i`, with the admin key.
+    fn members(
+        &self,
+        i: usize,
+    ) -> pb::cluster_service_client::ClusterServiceClient<boxoffice_client::Authed> {
+        let Kind::Cluster(lay) = &self.kind else {
+            panic!("a single node has no members");
+        };
+        pb::cluster_service_client::ClusterServiceClient::with_interceptor(
+            channel(&lay.addrs[i]),
+            Bearer::new(ADMIN).unwrap(),
+        )
+    }
+
+    /// Adds node `x` back to the group after a cut that may have taken its removal, through
+    /// another node, retrying while the group elects; panics (with `ctx`) if it cannot. What
+    /// the group's membership was after the restart, as that node saw it.
+    async fn add_back(&mut self, x: usize, ctx: &str) -> String {
+        let Kind::Cluster(lay) = &self.kind else {
+            return String::new();
+        };
+        let address = lay
+            .peers
+            .split(',')
+            .find_map(|p| p.strip_prefix(&format!("{}=", x + 1)))
+            .unwrap()
+            .to_owned();
+        let members = self.members((x + 1) % 3);
+        let seen = Caught(Box::pin(common::patiently(|| {
+            let mut m = members.clone();
+            async move { m.get_cluster_status(pb::GetClusterStatusRequest {}).await }
+        })))
+        .await
+        .map(|s| {
+            let g = &s.groups[0];
+            format!("voters {:?}, learners {:?}", g.voters, g.learners)
+        })
+        .unwrap_or_else(|e| format!("unknown ({e})"));
+        let added = Caught(Box::pin(common::patiently(|| {
+            let mut m = members.clone();
+            let req = pb::AddNodeRequest {
+                node_id: x as u64 + 1,
+                address: address.clone(),
+            };
+            async move { m.add_node(req).await }
+        })))
+        .await;
+        if let Err(why) = added {
+            let mut problems = vec![format!("adding node {} back: {why}", x + 1)];
+            problems.extend(self.all_well());
+            fail_if_any(ctx, &problems);
+        }
+        seen
     }
 
     /// Names a cycle in failures: the test, the cycle, each disk's cut, the seed.

@@ -125,27 +125,11 @@ fn cluster(root: &Path, certs: &Path, public: &Path) -> Cluster {
     let logs = root.join("logs");
     std::fs::create_dir_all(&logs).unwrap();
     layout.logs = Some(logs);
-    let peer_addrs: Vec<String> = (0..3)
-        .map(|_| format!("127.0.0.1:{}", common::free_port()))
-        .collect();
-    layout.peers = peer_addrs
-        .iter()
-        .enumerate()
-        .map(|(i, a)| format!("{}={a}", i + 1))
-        .collect::<Vec<_>>()
-        .join(",");
+    let peer_addrs = layout.on_peer_tls(certs);
     let path = |p: PathBuf| p.display().to_string();
-    let flags = (0..3u64)
-        .map(|i| {
+    let flags = (0..3)
+        .map(|_| {
             vec![
-                "--peer-listen".to_owned(),
-                peer_addrs[i as usize].clone(),
-                "--peer-ca".to_owned(),
-                path(certs.join("ca.pem")),
-                "--peer-cert".to_owned(),
-                path(certs::node_file(certs, i + 1, "pem")),
-                "--peer-key".to_owned(),
-                path(certs::node_file(certs, i + 1, "key")),
                 "--tls-cert".to_owned(),
                 path(certs::node_file(public, 1, "pem")),
                 "--tls-key".to_owned(),

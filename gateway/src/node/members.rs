@@ -374,7 +374,10 @@ fn made(
     membership: &openraft::Membership<u64, openraft::BasicNode>,
 ) -> bool {
     match change {
-        MemberChange::AddVoter { id, .. } => membership.voter_ids().any(|v| v == *id),
+        MemberChange::AddVoter { id, .. } => {
+            let joint = membership.get_joint_config();
+            joint.len() == 1 && joint[0].contains(id)
+        }
         MemberChange::Remove { id } => membership.get_node(id).is_none(),
         MemberChange::RotateTicketKey { .. }
         | MemberChange::HandOver { .. }

@@ -134,7 +134,11 @@ async fn members(raft: &Raft, change: &MemberChange) -> Result<(), String> {
     let m = membership.membership();
     match change {
         MemberChange::AddVoter { id, addr } => {
-            if m.voter_ids().any(|v| v == *id) {
+            // A voter of the config the group moves to; a joint config (a change a crash or a
+            // power cut interrupted) is finished by the change below, never taken as done.
+            let joint = m.get_joint_config();
+            let votes = joint.last().is_some_and(|c| c.contains(id));
+            if votes && joint.len() == 1 {
                 return Ok(());
             }
             // A learner already (an earlier try that timed out) is added again: openraft then

@@ -201,6 +201,8 @@ pub struct Layout {
     pub netns: Vec<Option<String>>,
     /// Where node `i`'s stderr goes (`node{i+1}.log`, appended); `None`: nowhere.
     pub logs: Option<PathBuf>,
+    /// Flags node `i` starts with besides its own (the peer port's, with [`Layout::on_peer_tls`]).
+    pub flags: Vec<Vec<String>>,
 }
 
 /// Three local nodes on free loopback ports, under `root`.
@@ -233,6 +235,7 @@ pub fn layout_at(root: &Path, addrs: Vec<String>, metrics: Vec<String>) -> Layou
         .map(|i| root.join(format!("node{i}")))
         .collect();
     let netns = vec![None; addrs.len()];
+    let flags = vec![Vec::new(); addrs.len()];
     Layout {
         secret,
         addrs,
@@ -241,10 +244,54 @@ pub fn layout_at(root: &Path, addrs: Vec<String>, metrics: Vec<String>) -> Layou
         dirs,
         netns,
         logs: None,
+        flags,
     }
 }
 
 impl Layout {
+    /// The nodes talk to each other on peer ports of their own over mutual TLS, under a cluster
+    /// CA made in `certs` (as `boxoffice cluster certs` makes it, unless the nodes' certificates
+    /// are there already): `--peers` names the peer
+    /// ports, and each node starts with `--peer-listen`, `--peer-ca`, `--peer-cert` and
+    /// `--peer-key`. The peer ports, node 1 first.
+    pub fn on_peer_tls(&mut self, certs: &Path) -> Vec<String> {
+        use boxoffice_gateway::certs::{self, NodeHosts, Validity};
+        let n = self.addrs.len();
+        let hosts: Vec<NodeHosts> = (1..=n as u64)
+            .map(|id| NodeHosts {
+                id,
+                hosts: vec!["127.0.0.1".into()],
+            })
+            .collect();
+        if !certs::node_file(certs, n as u64, "pem").exists() {
+            certs::make(certs, &hosts, Validity::days(30)).unwrap();
+        }
+        let peer_addrs: Vec<String> = (0..n)
+            .map(|_| format!("127.0.0.1:{}", free_port()))
+            .collect();
+        self.peers = peer_addrs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| format!("{}={a}", i + 1))
+            .collect::<Vec<_>>()
+            .join(",");
+        let path = |p: PathBuf| p.display().to_string();
+        for (i, flags) in self.flags.iter_mut().enumerate() {
+            let id = i as u64 + 1;
+            flags.extend([
+                "--peer-listen".to_owned(),
+                peer_addrs[i].clone(),
+                "--peer-ca".to_owned(),
+                path(certs.join("ca.pem")),
+                "--peer-cert".to_owned(),
+                path(certs::node_file(certs, id, "pem")),
+                "--peer-key".to_owned(),
+                path(certs::node_file(certs, id, "key")),
+            ]);
+        }
+        peer_addrs
+    }
+
     /// Starts node `i` (0-based; its id is `i + 1`).
     pub fn start(&self, i: usize) -> Node {
         self.start_with(i, &[])
@@ -294,6 +341,7 @@ impl Layout {
             .args(["--token-secret", "cluster-test-token-secret"])
             // Small, so the group's log is purged behind snapshots during the run.
             .args(["--snapshot-every", "200"])
+            .args(&self.flags[i])
             .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
