@@ -57,6 +57,18 @@ pub struct EventTerms {
     pub(crate) entry: EventRef,
 }
 
+impl EventTerms {
+    /// Whether every place of the event is taken (held or sold) now, as its sections' latest
+    /// published snapshots say (no mailbox, no allocation).
+    pub fn sold_out(&self) -> bool {
+        self.entry
+            .0
+            .sections
+            .iter()
+            .all(|s| s.snapshot.borrow().available == 0)
+    }
+}
+
 /// An event's catalog entry, as [`EventTerms`] carry it. Equal when it is the same entry.
 #[derive(Clone)]
 pub struct EventRef(pub(crate) Arc<EventEntry>);

@@ -53,11 +53,15 @@ pub struct QueueToken {
     pub position: u64,
     /// Estimated seconds until admission.
     pub eta_sec: u32,
+    /// `WAITING`, `ADMITTED` (a session already admitted) or `SOLD_OUT` (every place taken
+    /// now: join the waitlist with this token, or leave).
+    pub state: String,
 }
 
 impl From<pb::QueueTicket> for QueueToken {
     fn from(t: pb::QueueTicket) -> QueueToken {
         QueueToken {
+            state: short(t.state().as_str_name(), "QUEUE_STATE_"),
             token: t.queue_token,
             position: t.position,
             eta_sec: t.eta_seconds,
@@ -111,7 +115,7 @@ pub struct StatusQuery {
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct QueueStatus {
-    /// `WAITING`, `ADMITTED` or `EXPIRED`.
+    /// `WAITING`, `ADMITTED`, `EXPIRED` or `SOLD_OUT` (still in line, every place taken now).
     pub state: String,
     /// Position in line, from 1; 0 before the opening draw.
     pub position: u64,

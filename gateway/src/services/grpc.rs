@@ -294,10 +294,17 @@ impl pb::waiting_room_service_server::WaitingRoomService for WaitingRoomSvc {
             expires_at_ms: now + QUEUE_TOKEN_TTL_MS,
         });
         let (position, eta_seconds) = place_shown(&room, join, now);
+        let state = match room.standing(join, now) {
+            Standing::Admitted { .. } => pb::QueueState::Admitted,
+            Standing::Expired { .. } => pb::QueueState::Expired,
+            Standing::Waiting { .. } if event.sold_out() => pb::QueueState::SoldOut,
+            Standing::Waiting { .. } | Standing::BeforeOpening { .. } => pb::QueueState::Waiting,
+        };
         ok(pb::QueueTicket {
             queue_token: token,
             position,
             eta_seconds,
+            state: state as i32,
         })
     }
 
@@ -353,7 +360,15 @@ impl pb::waiting_room_service_server::WaitingRoomService for WaitingRoomSvc {
         // node after a failover): the token keeps its place.
         let room = api.room(&terms).await?;
         let standing = room.standing(join_number(&q)?, now);
-        ok(status_of(&api, standing, q))
+        let mut status = status_of(&api, standing, q);
+        // A fan still in line is told when every place is taken: waiting would not end in a
+        // hold (it waits again once a place comes back).
+        if status.state == pb::QueueState::Waiting as i32 && status.position > 0 && terms.sold_out()
+        {
+            status.state = pb::QueueState::SoldOut as i32;
+            status.eta_seconds = 0;
+        }
+        ok(status)
     }
 }
 
@@ -488,7 +503,7 @@ impl pb::waitlist_service_server::WaitlistService for WaitlistSvc {
         let user = UserId(req.user_id);
         // Behind the line, as `Hold` is: the same admission, checked the same way.
         if let Err(e) = api
-            .check_admission(&req.admission_token, &event, user.as_str())
+            .check_admission(&req.admission_token, &event, user.as_str(), true)
             .await
         {
             // A retry after the window closed still finds the entry the first call made (the

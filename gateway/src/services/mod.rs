@@ -254,11 +254,15 @@ impl Api {
     /// Checks the admission token of a hold or a waitlist join: bound to the event and user,
     /// admitted, in window.
     /// A queue token is accepted too once its position is admitted.
+    ///
+    /// For the waitlist (`waitlist`), a queue token still in line is accepted too while the
+    /// event is sold out: that fan is told `QUEUE_STATE_SOLD_OUT` and offered the waitlist.
     async fn check_admission(
         &self,
         token: &str,
         event: &EventTerms,
         user: &str,
+        waitlist: bool,
     ) -> Result<(), ApiError> {
         convert::required_token("admission_token", token)?;
         let now = self.clock.now_ms();
@@ -280,6 +284,7 @@ impl Api {
             Ok(q) => match self.room(event).await?.standing(join_number(&q)?, now) {
                 Standing::Admitted { .. } => Ok(()),
                 Standing::Expired { .. } => Err(ApiError::TokenExpired),
+                Standing::Waiting { .. } if waitlist && event.sold_out() => Ok(()),
                 Standing::BeforeOpening { .. } | Standing::Waiting { .. } => {
                     Err(ApiError::NotAdmitted)
                 }
@@ -340,7 +345,7 @@ impl Api {
         event: &EventTerms,
     ) -> Result<Admitted, ApiError> {
         match self
-            .check_admission(token, event, hold.request().user_id.as_str())
+            .check_admission(token, event, hold.request().user_id.as_str(), false)
             .await
         {
             Ok(()) => Ok(Admitted::Hold(hold)),

@@ -21,6 +21,7 @@ mod harness;
 mod http;
 mod kill9;
 mod layout;
+mod line;
 mod metrics;
 mod model;
 mod monitoring;

@@ -194,6 +194,24 @@ async fn one_fan(crowd: &Crowd, i: usize, slot: SemaphorePermit<'_>, in_sale: In
     }
 }
 
+/// Where a fan's wait in line ended.
+enum Line {
+    /// Admitted: the admission token.
+    Admitted(String),
+    /// Still in line, but told every place is taken (`QUEUE_STATE_SOLD_OUT`): the queue token.
+    SoldOut(String),
+}
+
+/// What one wait in line came to.
+enum Polled {
+    /// Admitted, or told sold out.
+    Line(Line),
+    /// The place is gone (the waiting room of a leader that died): join again.
+    Gone,
+    /// Expired, or a call failed.
+    Over,
+}
+
 /// What a fan got, and whether they go on to wait on the waitlist (for this many places, with
 /// this admission token).
 #[derive(Default)]
@@ -212,6 +230,11 @@ struct Fan<'a> {
     rng: StdRng,
     nodes: Vec<Clients>,
     at: AtomicUsize,
+    /// Told by the line that every place is taken (counted once).
+    told: bool,
+    /// The queue token of the fan's place in line, while it waits on the waitlist with it
+    /// (told sold out before it was admitted).
+    in_line: Option<String>,
 }
 
 impl<'a> Fan<'a> {
@@ -235,6 +258,8 @@ impl<'a> Fan<'a> {
                 })
                 .collect(),
             at: AtomicUsize::new(i % crowd.nodes.len()),
+            told: false,
+            in_line: None,
         }
     }
 
@@ -289,10 +314,37 @@ impl<'a> Fan<'a> {
         }
     }
 
+    /// Counts this fan told sold out by the line, and how long after the later of the last
+    /// hold acknowledged and its place in line (`joined_at`: its `Join` answered).
+    fn told_sold_out(&mut self, joined_at: Instant) {
+        if std::mem::replace(&mut self.told, true) {
+            return;
+        }
+        let tally = self.tally;
+        tally.told_sold_out.fetch_add(1, Ordering::Relaxed);
+        let last = tally.last_hold.lock().ok().and_then(|l| *l);
+        let from = last.map_or(joined_at, |l| l.max(joined_at));
+        if let Ok(mut d) = tally.sold_out_delays.lock() {
+            d.push(from.elapsed());
+        }
+    }
+
     /// From the waiting room to tickets (or not).
     async fn buy(&mut self) -> Outcome {
-        let Some(admission) = self.queue().await else {
-            return Outcome::default();
+        let admission = match self.queue().await {
+            Some(Line::Admitted(token)) => token,
+            Some(Line::SoldOut(queue_token)) => {
+                // Told by the line: the waitlist (with the queue token), or home.
+                let wait = self.rng.random::<f64>() < self.crowd.args.waitlist_share;
+                if wait {
+                    self.in_line = Some(queue_token.clone());
+                }
+                return Outcome {
+                    tickets: Vec::new(),
+                    waitlist: wait.then_some((1, queue_token)),
+                };
+            }
+            None => return Outcome::default(),
         };
         self.tally.admitted.fetch_add(1, Ordering::Relaxed);
         let quantity = match self.rng.random_range(0..10) {
@@ -402,10 +454,10 @@ impl<'a> Fan<'a> {
         st
     }
 
-    async fn queue(&mut self) -> Option<String> {
+    async fn queue(&mut self) -> Option<Line> {
         let (tally, lat) = (self.tally, &self.crowd.lat);
         let mut rejoins = 0;
-        'line: loop {
+        loop {
             let join = self.join_request().await?;
             let join_started = Instant::now();
             let joined = self
@@ -424,47 +476,78 @@ impl<'a> Fan<'a> {
                     return None;
                 }
             };
-            loop {
-                let st = self.poll_status(&ticket.queue_token).await;
-                let gone = match &st {
-                    Ok(st) => {
-                        st.get_ref().state == pb::QueueState::Expired as i32
-                            && st.get_ref().position == 0
-                    }
-                    Err(s) => reason(s) == "TOKEN_EXPIRED",
-                };
-                if gone && rejoins < REJOINS_MAX {
+            // The fan has its place in line from now.
+            let joined_at = Instant::now();
+            if ticket.state == pb::QueueState::SoldOut as i32 {
+                // Told at once: every place is taken.
+                self.told_sold_out(joined_at);
+                return Some(Line::SoldOut(ticket.queue_token));
+            }
+            match self
+                .wait_in_line(&ticket.queue_token, joined_at, rejoins == 0)
+                .await
+            {
+                Polled::Line(line) => return Some(line),
+                Polled::Gone if rejoins < REJOINS_MAX => {
                     if rejoins == 0 {
                         tally.sent_back_to_line.fetch_add(1, Ordering::Relaxed);
                     }
                     rejoins += 1;
-                    continue 'line;
                 }
-                let st = match st {
-                    Ok(st) => st.into_inner(),
-                    Err(s) => {
-                        tally.error("status", Some(&s));
-                        return None;
-                    }
-                };
-                if st.state == pb::QueueState::Admitted as i32 {
-                    // A fan sent back to the line stands in another line: not compared.
-                    if self.i >= self.crowd.preopen
-                        && rejoins == 0
-                        && st.position > 0
-                        && let Ok(mut p) = tally.positions.lock()
-                    {
-                        p.push((self.i, st.position));
-                    }
-                    return Some(st.admission_token);
-                }
-                if st.state == pb::QueueState::Expired as i32 {
-                    return None;
-                }
-                let wait = (u64::from(st.eta_seconds) * 300).clamp(50, 1_000);
-                tokio::time::sleep(Duration::from_millis(wait + self.rng.random_range(0..50)))
-                    .await;
+                Polled::Gone | Polled::Over => return None,
             }
+        }
+    }
+
+    /// Polls the fan's place in line (`queue_token`, joined at `joined_at`) until it is
+    /// admitted, told every place is taken, or its place is gone. `first_line`: the fan's first
+    /// place (its position is compared with the arrival order).
+    async fn wait_in_line(
+        &mut self,
+        queue_token: &str,
+        joined_at: Instant,
+        first_line: bool,
+    ) -> Polled {
+        let tally = self.tally;
+        loop {
+            let st = self.poll_status(queue_token).await;
+            let gone = match &st {
+                Ok(st) => {
+                    st.get_ref().state == pb::QueueState::Expired as i32
+                        && st.get_ref().position == 0
+                }
+                Err(s) => reason(s) == "TOKEN_EXPIRED",
+            };
+            if gone {
+                return Polled::Gone;
+            }
+            let st = match st {
+                Ok(st) => st.into_inner(),
+                Err(s) => {
+                    tally.error("status", Some(&s));
+                    return Polled::Over;
+                }
+            };
+            if st.state == pb::QueueState::Admitted as i32 {
+                // A fan sent back to the line stands in another line: not compared.
+                if self.i >= self.crowd.preopen
+                    && first_line
+                    && st.position > 0
+                    && let Ok(mut p) = tally.positions.lock()
+                {
+                    p.push((self.i, st.position));
+                }
+                return Polled::Line(Line::Admitted(st.admission_token));
+            }
+            if st.state == pb::QueueState::Expired as i32 {
+                return Polled::Over;
+            }
+            if st.state == pb::QueueState::SoldOut as i32 {
+                self.told_sold_out(joined_at);
+                return Polled::Line(Line::SoldOut(queue_token.to_owned()));
+            }
+            let wait = (u64::from(st.eta_seconds) * 300).clamp(50, 1_000);
+            tokio::time::sleep(Duration::from_millis(wait + self.rng.random_range(0..50))).await;
         }
     }
 
@@ -574,6 +657,9 @@ impl<'a> Fan<'a> {
                         && let Ok(mut a) = tally.acked.lock()
                     {
                         a.holds.push((h.hold_id.clone(), self.user.clone()));
+                    }
+                    if let Ok(mut l) = tally.last_hold.lock() {
+                        *l = Some(Instant::now());
                     }
                     return Ok(h);
                 }
@@ -704,6 +790,7 @@ impl<'a> Fan<'a> {
         admission: &str,
     ) -> Result<pb::WaitlistEntry, Vec<Ticket>> {
         let tally = self.tally;
+        let mut admission = admission.to_owned();
         let mut tries = 0;
         loop {
             tries += 1;
@@ -712,7 +799,7 @@ impl<'a> Fan<'a> {
                 user_id: self.user.clone(),
                 section_id: String::new(),
                 quantity,
-                admission_token: admission.to_owned(),
+                admission_token: admission.clone(),
             };
             let joined = self
                 .patient(
@@ -724,12 +811,29 @@ impl<'a> Fan<'a> {
                 .await;
             match joined {
                 Ok(e) => return Ok(e.into_inner()),
-                Err(s) if reason(&s) == "PLACES_AVAILABLE" && tries <= 3 => {
+                // A fan in line with its queue token is NOT_ADMITTED once places came back (the
+                // line says WAITING again): as PLACES_AVAILABLE.
+                Err(s)
+                    if tries <= 3
+                        && (reason(&s) == "PLACES_AVAILABLE"
+                            || (reason(&s) == "NOT_ADMITTED" && self.in_line.is_some())) =>
+                {
                     tally
                         .waitlist_places_available
                         .fetch_add(1, Ordering::Relaxed);
+                    if let Some(queue_token) = self.in_line.clone() {
+                        // Told sold out in line, and places came back: back to its place.
+                        match self.wait_in_line(&queue_token, Instant::now(), false).await {
+                            Polled::Line(Line::Admitted(token)) => {
+                                self.in_line = None;
+                                admission = token;
+                            }
+                            Polled::Line(Line::SoldOut(_)) => continue,
+                            Polled::Gone | Polled::Over => return Err(Vec::new()),
+                        }
+                    }
                     match self
-                        .hold(admission, &format!("rehold-{tries}"), quantity, None)
+                        .hold(&admission, &format!("rehold-{tries}"), quantity, None)
                         .await
                     {
                         Ok(h) => {

@@ -85,6 +85,14 @@ pub struct Report {
     pub fcfs_after_opening: Option<f64>,
     /// Fans turned away with SOLD_OUT.
     pub sold_out_answers: u64,
+    /// Fans told by the line that every place was taken (`QUEUE_STATE_SOLD_OUT`) while they
+    /// waited, once each.
+    pub told_sold_out: u64,
+    /// How long after the later of the last hold acknowledged before it and their place in
+    /// line (their `Join` answered) the fans told sold out were told, ms: median.
+    pub told_sold_out_p50_ms: Option<u64>,
+    /// The same, the longest.
+    pub told_sold_out_max_ms: Option<u64>,
     /// Fans who joined the waitlist after a SOLD_OUT.
     pub waitlist_joined: u64,
     /// Waitlist offers confirmed.
@@ -517,6 +525,18 @@ impl Report {
         rows.extend([
             ("SOLD_OUT answers", self.sold_out_answers.to_string()),
             (
+                "fans told sold out in line (after the last hold: median / max)",
+                match (self.told_sold_out_p50_ms, self.told_sold_out_max_ms) {
+                    (Some(p50), Some(max)) => format!(
+                        "{} ({:.2} s / {:.2} s)",
+                        self.told_sold_out,
+                        p50 as f64 / 1e3,
+                        max as f64 / 1e3
+                    ),
+                    _ => self.told_sold_out.to_string(),
+                },
+            ),
+            (
                 "waitlist: joined / bought / PLACES_AVAILABLE (held instead)",
                 format!(
                     "{} / {} / {}",
@@ -653,6 +673,16 @@ impl Report {
         self.peak_admissions_per_second = peak_rate(samples, |s| s.admitted);
         self.confirms = n(&tally.confirms_ok);
         self.sold_out_answers = n(&tally.sold_out);
+        self.told_sold_out = n(&tally.told_sold_out);
+        if let Ok(d) = tally.sold_out_delays.lock() {
+            let mut ms: Vec<u64> = d
+                .iter()
+                .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+                .collect();
+            ms.sort_unstable();
+            self.told_sold_out_p50_ms = ms.get(ms.len() / 2).copied();
+            self.told_sold_out_max_ms = ms.last().copied();
+        }
         self.stale_seat_map = n(&tally.stale_seat_map);
         self.walked_away = n(&tally.walked_away);
         self.retried_after_shed = n(&tally.shed);

@@ -74,6 +74,13 @@ pub(crate) struct Tally {
     pub first_error: Mutex<Option<String>>,
     /// (fan index, position in line) of fans who joined after the opening.
     pub positions: Mutex<Vec<(usize, u64)>>,
+    /// Fans told by the line that every place is taken (`QUEUE_STATE_SOLD_OUT`), once each.
+    pub told_sold_out: AtomicU64,
+    /// When the last hold was acknowledged.
+    pub last_hold: Mutex<Option<Instant>>,
+    /// For each fan told sold out: how long after the later of the last hold acknowledged
+    /// before it and the fan's join it was told.
+    pub sold_out_delays: Mutex<Vec<std::time::Duration>>,
 }
 
 impl Tally {
