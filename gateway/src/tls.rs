@@ -28,6 +28,10 @@ use crate::net::{Conn, Listener};
 
 /// How long a TLS handshake may take before the connection is dropped.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Handshakes a port runs at once: past them it accepts no connection until one ends (the
+/// kernel's backlog holds the next), so connections that never finish a handshake cannot pile
+/// up tasks and memory beyond this many for [`HANDSHAKE_TIMEOUT`] each.
+pub const HANDSHAKES_MAX: usize = 1_024;
 
 /// The crypto every TLS config here uses: ring, the provider tonic's `tls-ring` uses for the
 /// gRPC ports (rustls 0.23.48 deprecates it for lacking post-quantum key exchange; aws-lc-rs,
@@ -311,8 +315,15 @@ impl Handshakes {
         let addr = listener.local_addr()?;
         let (tx, rx) = mpsc::channel::<Conn>(64);
         let mut incoming = listener.incoming();
+        let running = Arc::new(tokio::sync::Semaphore::new(HANDSHAKES_MAX));
         let task = tokio::spawn(async move {
-            while let Some(conn) = incoming.next().await {
+            loop {
+                let Ok(permit) = running.clone().acquire_owned().await else {
+                    break;
+                };
+                let Some(conn) = incoming.next().await else {
+                    break;
+                };
                 let conn = match conn {
                     Ok(c) => c,
                     Err(e) => {
@@ -323,7 +334,9 @@ impl Handshakes {
                 };
                 let (me, tx) = (self.clone(), tx.clone());
                 tokio::spawn(async move {
-                    if let Some(session) = me.shake(conn).await {
+                    let session = me.shake(conn).await;
+                    drop(permit);
+                    if let Some(session) = session {
                         let _ = tx.send(session).await;
                     }
                 });
