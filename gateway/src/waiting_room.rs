@@ -131,6 +131,10 @@ pub struct WaitingRoom {
     reserved: AtomicU32,
     /// Held while the room opens (the draw's size recorded, then the draw made).
     pub opening: tokio::sync::Mutex<()>,
+    /// Held while the next block of join numbers is recorded: one joiner records it, and the
+    /// others that found the block used up wait, then take numbers from it (not one record
+    /// each, all waiting on the log).
+    pub reserving: tokio::sync::Mutex<()>,
     /// Pre-opening fans and their shuffled positions, set once at opening.
     drawn: OnceLock<Vec<u32>>,
     opened: AtomicBool,
@@ -198,6 +202,7 @@ impl WaitingRoom {
             joined: AtomicU32::new(0),
             reserved: AtomicU32::new(reserved),
             opening: tokio::sync::Mutex::new(()),
+            reserving: tokio::sync::Mutex::new(()),
             drawn: OnceLock::new(),
             opened: AtomicBool::new(false),
             admitted: AtomicU64::new(0),
@@ -303,6 +308,11 @@ impl WaitingRoom {
         }
         let drawn = self.drawn.get()?;
         Some(u64::from(drawn.get(join as usize).copied().unwrap_or(join)))
+    }
+
+    /// Join numbers below this may be handed out.
+    pub fn reserved(&self) -> u32 {
+        self.reserved.load(Ordering::Acquire)
     }
 
     /// Join numbers up to `upto` may be handed out (their reservation is recorded).

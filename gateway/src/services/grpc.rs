@@ -576,6 +576,12 @@ async fn take_place(
         match room.join(&req.user_id, &req.session_id) {
             Ok(n) => return Ok(n),
             Err(JoinError::Reserve { upto }) => {
+                // One joiner records the next block; those that found the same block used up
+                // wait for it, then join again.
+                let _one = room.reserving.lock().await;
+                if room.reserved() >= upto {
+                    continue;
+                }
                 api.engine
                     .record_room(id, vec![RoomRecord::Reserved { upto }])
                     .await

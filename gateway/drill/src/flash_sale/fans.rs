@@ -476,17 +476,22 @@ impl<'a> Fan<'a> {
                     return None;
                 }
             };
-            // The fan has its place in line from now.
+            // The fan has its place in line from now. A fan sent back to the line stands in
+            // another line: not compared with the arrival order.
             let joined_at = Instant::now();
+            if self.i >= self.crowd.preopen
+                && rejoins == 0
+                && ticket.position > 0
+                && let Ok(mut p) = tally.positions.lock()
+            {
+                p.push((self.i, ticket.position));
+            }
             if ticket.state == pb::QueueState::SoldOut as i32 {
                 // Told at once: every place is taken.
                 self.told_sold_out(joined_at);
                 return Some(Line::SoldOut(ticket.queue_token));
             }
-            match self
-                .wait_in_line(&ticket.queue_token, joined_at, rejoins == 0)
-                .await
-            {
+            match self.wait_in_line(&ticket.queue_token, joined_at).await {
                 Polled::Line(line) => return Some(line),
                 Polled::Gone if rejoins < REJOINS_MAX => {
                     if rejoins == 0 {
@@ -500,14 +505,8 @@ impl<'a> Fan<'a> {
     }
 
     /// Polls the fan's place in line (`queue_token`, joined at `joined_at`) until it is
-    /// admitted, told every place is taken, or its place is gone. `first_line`: the fan's first
-    /// place (its position is compared with the arrival order).
-    async fn wait_in_line(
-        &mut self,
-        queue_token: &str,
-        joined_at: Instant,
-        first_line: bool,
-    ) -> Polled {
+    /// admitted, told every place is taken, or its place is gone.
+    async fn wait_in_line(&mut self, queue_token: &str, joined_at: Instant) -> Polled {
         let tally = self.tally;
         loop {
             let st = self.poll_status(queue_token).await;
@@ -529,14 +528,6 @@ impl<'a> Fan<'a> {
                 }
             };
             if st.state == pb::QueueState::Admitted as i32 {
-                // A fan sent back to the line stands in another line: not compared.
-                if self.i >= self.crowd.preopen
-                    && first_line
-                    && st.position > 0
-                    && let Ok(mut p) = tally.positions.lock()
-                {
-                    p.push((self.i, st.position));
-                }
                 return Polled::Line(Line::Admitted(st.admission_token));
             }
             if st.state == pb::QueueState::Expired as i32 {
@@ -823,7 +814,7 @@ impl<'a> Fan<'a> {
                         .fetch_add(1, Ordering::Relaxed);
                     if let Some(queue_token) = self.in_line.clone() {
                         // Told sold out in line, and places came back: back to its place.
-                        match self.wait_in_line(&queue_token, Instant::now(), false).await {
+                        match self.wait_in_line(&queue_token, Instant::now()).await {
                             Polled::Line(Line::Admitted(token)) => {
                                 self.in_line = None;
                                 admission = token;
