@@ -336,6 +336,11 @@ impl Booking {
         if self.kernel.now_ms() < event.spec.sale_opens_at_ms {
             return Err(Rejection::SaleNotOpen.into());
         }
+        // Refused here before anything is asked of the ledger; the section refuses too, in
+        // its mailbox's order (a hold checked here before a pause reaches it afterwards).
+        if let Some(r) = event.sale_state().refusal() {
+            return Err(r.into());
+        }
         let tag = idem_tag(
             &req.idempotency_key,
             &(Rpc::Hold, &req.event_id, &req.selection),
@@ -579,7 +584,7 @@ impl HoldPlan {
         BeginArgs {
             event_id: self.event.event_id.clone(),
             user_id: self.user_id.clone(),
-            limit: self.event.spec.per_user_limit,
+            limit: self.event.per_user_limit(),
             rpc: Rpc::Hold,
             tag: self.tag.clone(),
             quantity: self.quantity,
@@ -598,7 +603,7 @@ impl HoldPlan {
             hold_id: HoldId::generate(&self.event.event_id, section),
             user_id: self.user_id.clone(),
             pick: self.pick.clone(),
-            ttl_ms: self.event.spec.hold_ttl_ms,
+            ttl_ms: self.event.hold_ttl_ms(),
             idem: self.mark.clone(),
         }
     }

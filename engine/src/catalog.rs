@@ -5,11 +5,12 @@ use std::sync::Arc;
 
 use tokio::sync::{Mutex, oneshot};
 
-use crate::core::SectionCore;
+use crate::core::{SaleChange, SectionCore};
 use crate::error::{EngineError, Rejection};
 use crate::events::{EventEntry, EventRef, EventTerms, SectionFeed, SectionSlot};
 use crate::hash::DashMap;
 use crate::kernel::Kernel;
+use crate::sale::{SaleControls, SaleState, SaleUpdate};
 use crate::store::StreamWriter;
 use crate::types::{
     CatalogRecord, EventId, EventSpec, EventView, Layout, SeatId, SeatMap, SeatView, SectionId,
@@ -51,6 +52,7 @@ impl Catalog {
 
     /// Lists an event whose section actors run.
     pub(crate) fn list(&self, entry: EventEntry) {
+        sale_gauges(&entry.event_id, &entry.sale());
         self.events.insert(entry.event_id.clone(), Arc::new(entry));
     }
 
@@ -91,16 +93,7 @@ impl Catalog {
         let mut spec = spec;
         spec.event_id = Some(event_id.clone());
         let record = CatalogRecord::event_created(spec.clone(), event_id.clone(), created_at_ms);
-        let (tx, rx) = oneshot::channel();
-        let job = writer.append(
-            std::slice::from_ref(&record),
-            Vec::new(),
-            Box::new(move |r| {
-                let _ = tx.send(r);
-            }),
-        );
-        self.kernel.store().submit(job);
-        rx.await.map_err(|_| EngineError::NotReady)??;
+        self.record(&mut writer, record).await?;
         let cores = spec
             .sections
             .iter()
@@ -111,6 +104,8 @@ impl Catalog {
             .collect();
         let sections = start(cores).await?;
         self.list(EventEntry {
+            sale: spec.sale_controls(created_at_ms).into(),
+            sale_keys: Default::default(),
             spec,
             event_id: event_id.clone(),
             created_at_ms,
@@ -119,6 +114,92 @@ impl Catalog {
         drop(writer);
         metrics::counter!("boxoffice_engine_events_created_total").increment(1);
         self.event(&event_id)
+    }
+
+    /// Changes an event's sale (see `Engine::update_sale`): checks the key and the update,
+    /// records the controls after it durably, then has `follow` bring the event's sections to
+    /// the new state. The catalog's lock is held throughout, so sections follow changes in the
+    /// order they were recorded.
+    pub(crate) async fn update_sale<F, Fut>(
+        &self,
+        event_id: &EventId,
+        update: &SaleUpdate,
+        key: &str,
+        follow: F,
+    ) -> Result<EventView, EngineError>
+    where
+        F: FnOnce(Arc<EventEntry>, SaleChange) -> Fut,
+        Fut: std::future::Future<Output = Result<(), EngineError>>,
+    {
+        self.kernel.check_ready()?;
+        check_idempotency_key(key)?;
+        let entry = self.entry(event_id)?;
+        let fingerprint = crate::codec::fingerprint(&(event_id, update));
+        let mut writer = self.writer.lock().await;
+        let used = entry
+            .sale_keys
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .copied();
+        match used {
+            Some(f) if f == fingerprint => {
+                drop(writer);
+                return self.event(event_id);
+            }
+            Some(_) => return Err(Rejection::IdempotencyKeyReused.into()),
+            None => {}
+        }
+        let now = self.kernel.now_ms();
+        let current = entry.sale();
+        let after = current.after(update, now)?;
+        if after.is_none() && key.is_empty() {
+            drop(writer);
+            return self.event(event_id);
+        }
+        let sale = after.unwrap_or(current);
+        let record = CatalogRecord::SaleUpdated {
+            event_id: event_id.clone(),
+            sale: sale.clone(),
+            key: key.to_owned(),
+            fingerprint,
+        };
+        self.record(&mut writer, record).await?;
+        *entry.sale.write().unwrap_or_else(|p| p.into_inner()) = sale.clone();
+        if !key.is_empty() {
+            entry
+                .sale_keys
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(key.to_owned(), fingerprint);
+        }
+        sale_gauges(event_id, &sale);
+        tracing::info!(event = %event_id, state = sale.state.name(),
+            admit_rate = sale.admit_rate_per_second, hold_ttl_ms = sale.hold_ttl_ms,
+            per_user_limit = sale.per_user_limit, "sale updated");
+        follow(entry, sale.state.section_change()).await?;
+        drop(writer);
+        self.event(event_id)
+    }
+
+    /// Appends `record` to the `catalog` stream (under its writer's lock) and waits until it
+    /// is durable.
+    async fn record(
+        &self,
+        writer: &mut StreamWriter,
+        record: CatalogRecord,
+    ) -> Result<(), EngineError> {
+        let (tx, rx) = oneshot::channel();
+        let job = writer.append(
+            std::slice::from_ref(&record),
+            Vec::new(),
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
+        self.kernel.store().submit(job);
+        rx.await.map_err(|_| EngineError::NotReady)??;
+        Ok(())
     }
 
     pub(crate) fn entry(&self, event_id: &EventId) -> Result<Arc<EventEntry>, Rejection> {
@@ -141,11 +222,13 @@ impl Catalog {
     pub(crate) fn terms(&self, event_id: &EventId) -> Result<EventTerms, EngineError> {
         self.kernel.check_not_stopped()?;
         let e = self.entry(event_id)?;
+        let sale = e.sale();
         Ok(EventTerms {
             event_id: e.event_id.clone(),
-            hold_ttl_ms: e.spec.hold_ttl_ms,
-            per_user_limit: e.spec.per_user_limit,
-            admit_rate_per_second: e.spec.admit_rate_per_second,
+            hold_ttl_ms: sale.hold_ttl_ms,
+            per_user_limit: sale.per_user_limit,
+            admit_rate_per_second: sale.admit_rate_per_second,
+            sale_state: sale.state,
             admission_window_ms: e.spec.admission_window_ms,
             sale_opens_at_ms: e.spec.sale_opens_at_ms,
             join_pow_difficulty_bits: e.spec.join_pow_difficulty_bits,
@@ -239,6 +322,39 @@ impl Catalog {
     }
 }
 
+/// The sale's gauges of an event: its state (1 for the state it is in, 0 for the others), its
+/// admission rate, hold TTL and per-user limit, and when the state and the rate last changed.
+fn sale_gauges(event_id: &EventId, sale: &SaleControls) {
+    let event = event_id.to_string();
+    for state in SaleState::ALL {
+        metrics::gauge!("boxoffice_sale_state", "event" => event.clone(), "state" => state.name())
+            .set(if state == sale.state { 1.0 } else { 0.0 });
+    }
+    let gauge = |name: &'static str, v: f64| {
+        metrics::gauge!(name, "event" => event.clone()).set(v);
+    };
+    gauge(
+        "boxoffice_sale_admit_rate_per_second",
+        f64::from(sale.admit_rate_per_second),
+    );
+    gauge(
+        "boxoffice_sale_hold_ttl_seconds",
+        sale.hold_ttl_ms as f64 / 1000.0,
+    );
+    gauge(
+        "boxoffice_sale_per_user_limit",
+        f64::from(sale.per_user_limit),
+    );
+    gauge(
+        "boxoffice_sale_state_changed_at_seconds",
+        sale.state_changed_at_ms as f64 / 1000.0,
+    );
+    gauge(
+        "boxoffice_sale_admit_rate_changed_at_seconds",
+        sale.rate_changed_at_ms as f64 / 1000.0,
+    );
+}
+
 /// A create's spec with its defaults, checked; the id it makes (its own, the key's by
 /// [`event_id_of_key`], or a new one); and whether the key names it.
 fn spec_and_id(spec: EventSpec, key: &str) -> Result<(EventSpec, EventId, bool), EngineError> {
@@ -272,6 +388,7 @@ fn view_of(e: &EventEntry) -> EventView {
         .collect();
     EventView {
         spec: e.spec.clone(),
+        sale: e.sale(),
         event_id: e.event_id.clone(),
         created_at_ms: e.created_at_ms,
         sections,

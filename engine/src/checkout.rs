@@ -101,7 +101,7 @@ impl Checkout {
         let args = || BeginArgs {
             event_id: event_id.clone(),
             user_id: req.user_id.clone(),
-            limit: event.spec.per_user_limit,
+            limit: event.per_user_limit(),
             rpc: Rpc::Confirm,
             tag: tag.clone(),
             quantity: 0,
@@ -202,13 +202,18 @@ impl Checkout {
             }
         }
         if self.kernel.now_ms() >= hold.expires_at_ms {
+            // Past its deadline by the clock: the section expires it, unless the sale is
+            // paused (its deadlines stand still) and the hold may still be paid.
             let h = req.hold_id.clone();
-            self.kernel
+            let expired = self
+                .kernel
                 .ask(event, section_id, |reply| {
                     SectionMsg::ExpireHoldIfDue(h, reply)
                 })
                 .await?;
-            return Err(Rejection::HoldExpired.into());
+            if expired || event.sale_state() != crate::sale::SaleState::Paused {
+                return Err(Rejection::HoldExpired.into());
+            }
         }
         Ok(hold)
     }

@@ -71,6 +71,32 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
     Ok(value)
 }
 
+/// Decodes a framed record of a value followed by an extension that later builds write after
+/// it (an encoded `(T, E)`): a record written before the extension existed holds the value
+/// alone, and decodes with `E`'s default. Nothing is ambiguous: the value's own encoding ends
+/// where its decoder stops.
+pub fn decode_extended<T: DeserializeOwned, E: DeserializeOwned + Default>(
+    bytes: &[u8],
+) -> Result<(T, E), DecodeError> {
+    let payload = verify(bytes)?;
+    let config = bincode::config::standard();
+    let (value, used) = bincode::serde::decode_from_slice(payload, config)
+        .map_err(|e| DecodeError::Payload(e.to_string()))?;
+    let rest = &payload[used..];
+    if rest.is_empty() {
+        return Ok((value, E::default()));
+    }
+    let (extension, more) = bincode::serde::decode_from_slice(rest, config)
+        .map_err(|e| DecodeError::Payload(format!("extension: {e}")))?;
+    if more != rest.len() {
+        return Err(DecodeError::Payload(format!(
+            "{} trailing bytes",
+            rest.len() - more
+        )));
+    }
+    Ok((value, extension))
+}
+
 /// The first 8 bytes (little-endian) of the SHA-256 of `value`'s framed record, as [`encode`]
 /// would make it: a request's idempotency fingerprint. Computed without making the record: the
 /// encoder's output is fed to the payload's CRC32, then to the digest behind the header, so no
@@ -136,6 +162,25 @@ mod tests {
             },
         );
         assert_eq!(fingerprint(&hold), fingerprint_of_bytes(&hold));
+    }
+
+    #[test]
+    fn an_extension_decodes_after_its_value_and_is_default_in_older_records() {
+        let value = (7u64, String::from("core"));
+        let old = encode(&value);
+        assert_eq!(
+            decode_extended::<(u64, String), Option<u64>>(&old),
+            Ok((value.clone(), None))
+        );
+        let new = encode(&(&value, &Some(99u64)));
+        assert_eq!(
+            decode_extended::<(u64, String), Option<u64>>(&new),
+            Ok((value.clone(), Some(99)))
+        );
+        let mut longer = encode(&(&value, &Some(99u64), 5u8));
+        assert!(decode_extended::<(u64, String), Option<u64>>(&longer).is_err());
+        longer.truncate(old.len() + 1);
+        assert!(decode_extended::<(u64, String), Option<u64>>(&longer).is_err());
     }
 
     #[test]

@@ -20,9 +20,10 @@ use crate::booking::Booking;
 use crate::catalog::Catalog;
 use crate::checkout::Checkout;
 use crate::config::EngineConfig;
+use crate::core::SaleChange;
 use crate::core::SectionCore;
 use crate::error::{EngineError, StorageError};
-use crate::events::{EventEntry, EventTerms, SectionFeed, SectionSlot};
+use crate::events::{EventEntry, EventTerms, LoggedEvent, SectionFeed, SectionSlot};
 use crate::expiry::{ExpiredAndOffered, Expiry};
 use crate::kernel::Kernel;
 use crate::opening::{open_payments, open_sink, recover_log};
@@ -32,6 +33,7 @@ use crate::reconcile::Finding;
 use crate::recovery::{CatalogEntry, Recovered, RecoveryReport};
 use crate::refunds::{Refunds, Settlement};
 use crate::rooms::{RoomLine, Rooms};
+use crate::sale::SaleUpdate;
 use crate::section::{Listener, SectionMsg};
 use crate::store::{LogSink, Store, StreamWriter, names};
 use crate::supervisor::{Restart, RestartSlot, Roles, Supervision, Supervisor, SupervisorArgs};
@@ -191,19 +193,20 @@ impl Engine {
         events: Vec<CatalogEntry>,
         mut cores: HashMap<(EventId, SectionId), (SectionCore, u64)>,
     ) -> Result<(), EngineError> {
-        for (event_id, spec, created_at_ms) in events {
+        for logged in events {
             let mut sections = Vec::new();
-            for s in &spec.sections {
-                let key = (event_id.clone(), s.section_id.clone());
+            for s in &logged.spec.sections {
+                let key = (logged.event_id.clone(), s.section_id.clone());
                 let (core, last_seq) = cores.remove(&key).ok_or_else(|| {
                     StorageError::Io(format!("recovery missed section {}/{}", key.0, key.1))
                 })?;
                 sections.push((core, last_seq));
             }
-            self.start_event(event_id, spec, created_at_ms, sections)
-                .await?;
+            self.start_event(logged, sections).await?;
         }
-        Ok(())
+        // A sale control is recorded in the catalog before its sections act on it: a start
+        // finishes what a crash (or a lost leadership) cut short.
+        self.converge_sales().await
     }
 
     /// What recovery found when this engine opened.
@@ -338,18 +341,47 @@ impl Engine {
     /// sequence number of its stream) and lists the event.
     async fn start_event(
         &self,
-        event_id: EventId,
-        spec: EventSpec,
-        created_at_ms: u64,
+        logged: LoggedEvent,
         sections: Vec<(SectionCore, u64)>,
     ) -> Result<(), EngineError> {
         let sections = self.start_sections(sections).await?;
         self.inner.catalog.list(EventEntry {
-            spec,
-            event_id,
-            created_at_ms,
+            spec: logged.spec,
+            event_id: logged.event_id,
+            created_at_ms: logged.created_at_ms,
             sections,
+            sale: logged.sale.into(),
+            sale_keys: logged.sale_keys.into(),
         });
+        Ok(())
+    }
+
+    /// Has every section of every event stand as its event's sale controls say (paused, ended
+    /// or neither): a section already there records nothing.
+    async fn converge_sales(&self) -> Result<(), EngineError> {
+        for entry in self.inner.catalog.entries() {
+            let change = entry.sale_state().section_change();
+            self.sections_follow_sale(&entry, change).await?;
+        }
+        Ok(())
+    }
+
+    /// Tells each section of `event` to stand as `change` says, and waits until each has (its
+    /// record durable, or nothing to record). Never shed: a pause must reach a section whose
+    /// mailbox is full of holds.
+    async fn sections_follow_sale(
+        &self,
+        event: &EventEntry,
+        change: SaleChange,
+    ) -> Result<(), EngineError> {
+        let asks = event.sections.iter().map(|slot| {
+            self.kernel().ask_unshed(event, &slot.section_id, |reply| {
+                SectionMsg::Sale(change, reply)
+            })
+        });
+        for answer in futures_util::future::join_all(asks).await {
+            answer?;
+        }
         Ok(())
     }
 
@@ -404,6 +436,34 @@ impl Engine {
                 .catalog
                 .create(spec, &key, |cores| async move {
                     starter.start_sections(cores).await
+                })
+                .await
+        })
+        .await
+    }
+
+    /// Changes an event's sale (see [`crate::sale`]): its state, admission rate, hold TTL or
+    /// per-user limit. The change is one durable catalog record; then every section stands as
+    /// the new state says (a pause reaches each section before this answers, so no hold is
+    /// placed after it). Answers the event as it is after the change. Idempotent with a key
+    /// (per event, for as long as the event lasts): the same request again answers the event
+    /// as it is now; another request under the key is `IdempotencyKeyReused`. A request that
+    /// changes nothing records nothing. Runs to the end even if the caller stops waiting.
+    pub async fn update_sale(
+        &self,
+        event_id: &EventId,
+        update: SaleUpdate,
+        idempotency_key: &str,
+    ) -> Result<EventView, EngineError> {
+        let engine = self.clone();
+        let (event_id, key) = (event_id.clone(), idempotency_key.to_owned());
+        crate::kernel::detached(async move {
+            let follower = engine.clone();
+            engine
+                .inner
+                .catalog
+                .update_sale(&event_id, &update, &key, |entry, change| async move {
+                    follower.sections_follow_sale(&entry, change).await
                 })
                 .await
         })

@@ -78,6 +78,12 @@ pub enum Rejection {
     /// stored as idempotency answers, encoded by variant index).
     #[error("places available: hold them instead of joining the waitlist")]
     PlacesAvailable,
+    /// The sale is paused by an operator: no new holds or joins until it goes on.
+    #[error("the sale is paused")]
+    SalePaused,
+    /// The sale has ended: no more holds or joins.
+    #[error("the sale has ended")]
+    SaleEnded,
 }
 
 impl Rejection {
@@ -122,6 +128,8 @@ impl Rejection {
             Rejection::IdempotencyKeyInFlight,
             Rejection::UserLimit { limit: 1, used: 1 },
             Rejection::PlacesAvailable,
+            Rejection::SalePaused,
+            Rejection::SaleEnded,
         ]
     }
 
@@ -147,6 +155,8 @@ impl Rejection {
             Rejection::IdempotencyKeyInFlight => "IDEMPOTENCY_KEY_IN_FLIGHT",
             Rejection::UserLimit { .. } => "USER_LIMIT",
             Rejection::PlacesAvailable => "PLACES_AVAILABLE",
+            Rejection::SalePaused => "SALE_PAUSED",
+            Rejection::SaleEnded => "SALE_ENDED",
         }
     }
 }
@@ -268,6 +278,8 @@ mod tests {
             Rejection::IdempotencyKeyInFlight => 16,
             Rejection::UserLimit { .. } => 17,
             Rejection::PlacesAvailable => 18,
+            Rejection::SalePaused => 19,
+            Rejection::SaleEnded => 20,
         }
     }
 
@@ -275,6 +287,6 @@ mod tests {
     fn every_kind_is_listed() {
         let mut seen: Vec<usize> = Rejection::every().iter().map(kind).collect();
         seen.sort_unstable();
-        assert_eq!(seen, (0..19).collect::<Vec<_>>());
+        assert_eq!(seen, (0..21).collect::<Vec<_>>());
     }
 }

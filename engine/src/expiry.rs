@@ -185,7 +185,7 @@ impl Offering<'_> {
         BeginArgs {
             event_id: self.event.event_id.clone(),
             user_id: user.clone(),
-            limit: self.event.spec.per_user_limit,
+            limit: self.event.per_user_limit(),
             rpc: Rpc::Hold,
             tag: None,
             quantity,
@@ -218,7 +218,7 @@ impl Offering<'_> {
                         hold_id: HoldId::generate(&self.event.event_id, self.section_id),
                         user_id: user.clone(),
                         pick: Pick::Best(quantity),
-                        ttl_ms: self.event.spec.hold_ttl_ms,
+                        ttl_ms: self.event.hold_ttl_ms(),
                         idem: entry.as_deref().map(crate::booking::offer_mark),
                     });
                     self.reserved.push((k, user.clone(), quantity));

@@ -106,6 +106,27 @@ impl Kernel {
         section: &SectionId,
         build: impl FnOnce(ractor::RpcReplyPort<Result<T, EngineError>>) -> SectionMsg,
     ) -> Result<T, EngineError> {
+        self.ask_section(event, section, build, true).await
+    }
+
+    /// [`Kernel::ask`], never shed however deep the mailbox is: for an operator's control,
+    /// which must reach a section most of all when it is flooded.
+    pub(crate) async fn ask_unshed<T: Send + 'static>(
+        &self,
+        event: &EventEntry,
+        section: &SectionId,
+        build: impl FnOnce(ractor::RpcReplyPort<Result<T, EngineError>>) -> SectionMsg,
+    ) -> Result<T, EngineError> {
+        self.ask_section(event, section, build, false).await
+    }
+
+    async fn ask_section<T: Send + 'static>(
+        &self,
+        event: &EventEntry,
+        section: &SectionId,
+        build: impl FnOnce(ractor::RpcReplyPort<Result<T, EngineError>>) -> SectionMsg,
+        shed: bool,
+    ) -> Result<T, EngineError> {
         if !event.sections.iter().any(|s| &s.section_id == section) {
             return Err(Rejection::SectionNotFound.into());
         }
@@ -114,7 +135,7 @@ impl Kernel {
             .get(&event.event_id, section)
             .ok_or(Rejection::SectionNotFound)?;
         let depth = handle.depth.fetch_add(1, Ordering::AcqRel);
-        if depth >= self.config.section_inflight_max {
+        if shed && depth >= self.config.section_inflight_max {
             handle.depth.fetch_sub(1, Ordering::AcqRel);
             metrics::counter!("boxoffice_engine_shed_total", "scope" => "section").increment(1);
             return Err(EngineError::Overloaded("section queue full"));

@@ -27,7 +27,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::watch;
 
 use crate::clock::Clock;
-use crate::core::{ConfirmHold, PlaceHold, SectionCore, SectionRecord};
+use crate::core::{ConfirmHold, PlaceHold, SaleChange, SectionCore, SectionRecord};
 use crate::error::{EngineError, Rejection, StorageError};
 use crate::ledger::Ledger;
 use crate::store::{Store, StreamWriter};
@@ -47,6 +47,9 @@ pub(crate) enum SectionMsg {
     Confirm(ConfirmHold, Reply<OrderView>),
     Release(HoldId, UserId, Reply<HoldView>),
     ExpireDue(usize, Vec<PlaceHold>, Reply<Expired>),
+    /// Stand as an operator's sale control says (see [`SectionCore::sale_change`]); answered
+    /// once its record (if any) is durable.
+    Sale(SaleChange, Reply<()>),
     /// Expire this hold if it is due (a confirm found it past its deadline before charging).
     ExpireHoldIfDue(HoldId, Reply<bool>),
     GetHold(HoldId, Reply<HoldView>),
@@ -80,6 +83,7 @@ impl SectionMsg {
             SectionMsg::Release(_, _, reply) => send(reply, Err(err)),
             SectionMsg::ExpireDue(_, _, reply) => send(reply, Err(err)),
             SectionMsg::ExpireHoldIfDue(_, reply) => send(reply, Err(err)),
+            SectionMsg::Sale(_, reply) => send(reply, Err(err)),
             other => return Some(other),
         }
         None
@@ -278,7 +282,7 @@ impl SectionState {
             job,
             &mut self.a.stream,
             self.a.checkpoint_every,
-            || core,
+            || core.checkpoint(),
         );
     }
 
@@ -407,6 +411,10 @@ impl Actor for SectionActor {
                 st.seal();
             }
             Some(SectionMsg::Confirm(cmd, reply)) => st.on_confirm(cmd, now, reply),
+            Some(SectionMsg::Sale(change, reply)) => {
+                let records: Vec<_> = st.a.core.sale_change(change, now).into_iter().collect();
+                st.commit(records, Vec::new(), Vec::new(), after(reply, Ok(())));
+            }
             Some(SectionMsg::Release(hold_id, user, reply)) => {
                 st.on_release(&hold_id, &user, now, reply);
             }

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::Rejection;
 pub use crate::ids::*;
 use crate::limits::*;
+use crate::sale::{SaleControls, SaleState};
 
 /// Checks a plain id field, naming the field in the rejection.
 pub fn check_plain_id(field: &str, s: &str, max: usize) -> Result<(), Rejection> {
@@ -193,6 +194,20 @@ pub struct EventSpec {
 }
 
 impl EventSpec {
+    /// The sale controls of the event this spec creates at `created_at_ms`: open, with the
+    /// spec's settings (see [`crate::sale`]).
+    pub fn sale_controls(&self, created_at_ms: u64) -> SaleControls {
+        SaleControls {
+            state: SaleState::Open,
+            admit_rate_per_second: self.admit_rate_per_second,
+            hold_ttl_ms: self.hold_ttl_ms,
+            per_user_limit: self.per_user_limit,
+            state_changed_at_ms: created_at_ms,
+            rate_changed_at_ms: created_at_ms,
+            terms_changed_at_ms: created_at_ms,
+        }
+    }
+
     /// Replaces zero values by the documented defaults.
     pub fn with_defaults(mut self) -> EventSpec {
         if self.hold_ttl_ms == 0 {
@@ -493,8 +508,11 @@ pub struct SectionSummary {
 /// An event as the engine reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EventView {
-    /// The spec with defaults applied and the id set.
+    /// The spec with defaults applied and the id set (its hold TTL, per-user limit and
+    /// admission rate as created: `sale` has them as they are now).
     pub spec: EventSpec,
+    /// The sale controls now.
+    pub sale: SaleControls,
     /// The event id.
     pub event_id: EventId,
     /// When the event was created, ms since the Unix epoch.
@@ -565,6 +583,14 @@ pub(crate) enum CatalogRecord {
         created_at_ms: u64,
         join_pow_difficulty_bits: u32,
     },
+    /// An operator changed an event's sale (`UpdateSale`): its controls after the change, and
+    /// the call's idempotency key (empty: none) with its request's fingerprint.
+    SaleUpdated {
+        event_id: EventId,
+        sale: SaleControls,
+        key: String,
+        fingerprint: u64,
+    },
 }
 
 impl CatalogRecord {
@@ -586,9 +612,11 @@ impl CatalogRecord {
         }
     }
 
-    /// The event a record creates: its id, its whole spec, and when it was created.
+    /// The event a record creates: its id, its whole spec, and when it was created. Only for a
+    /// creation (a sale update creates nothing: see `LoggedEvent::fold`).
     pub(crate) fn into_event(self) -> (EventId, EventSpec, u64) {
         match self {
+            CatalogRecord::SaleUpdated { .. } => unreachable!("a sale update creates no event"),
             CatalogRecord::EventCreated {
                 spec,
                 event_id,

@@ -96,13 +96,10 @@ impl Waitlist {
         {
             return Err(Rejection::SectionNotFound.into());
         }
-        if quantity == 0 || quantity > e.spec.per_user_limit {
+        if quantity == 0 || quantity > e.per_user_limit() {
             return Err(Rejection::invalid(
                 "quantity",
-                format!(
-                    "must be 1 to the per-user limit ({})",
-                    e.spec.per_user_limit
-                ),
+                format!("must be 1 to the per-user limit ({})", e.per_user_limit()),
             )
             .into());
         }

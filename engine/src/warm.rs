@@ -23,6 +23,7 @@ use std::sync::Mutex;
 
 use crate::codec;
 use crate::core::{SectionCore, SectionRecord};
+use crate::events::LoggedEvent;
 use crate::ledger::{LedgerRecord, ShardState};
 use crate::recovery::Replayed;
 use crate::rooms::line::{RoomLine, RoomRecord};
@@ -78,7 +79,7 @@ impl Kept {
             .replayed
             .events
             .iter()
-            .map(|(id, spec, _)| (id.clone(), spec.clone()))
+            .map(|e| (e.event_id.clone(), e.spec.clone()))
             .collect();
         for (event_id, spec) in events {
             kept.name_event(&event_id, &spec);
@@ -115,16 +116,19 @@ impl Kept {
         if stream == names::CATALOG {
             if Self::next(stream, self.replayed.catalog_last, seq)? {
                 let record: CatalogRecord = codec::decode(bytes).map_err(bad)?;
-                let (event_id, spec, created_at_ms) = record.into_event();
-                for s in &spec.sections {
-                    let core = SectionCore::new(event_id.clone(), s.clone())
-                        .with_window_ms(self.window_ms);
-                    self.replayed
-                        .cores
-                        .insert((event_id.clone(), s.section_id.clone()), (core, 0));
+                let created = LoggedEvent::fold(&mut self.replayed.events, record)
+                    .map_err(|e| format!("stream `{stream}` #{seq}: {e}"))?
+                    .map(|e| (e.event_id.clone(), e.spec.clone()));
+                if let Some((event_id, spec)) = created {
+                    for s in &spec.sections {
+                        let core = SectionCore::new(event_id.clone(), s.clone())
+                            .with_window_ms(self.window_ms);
+                        self.replayed
+                            .cores
+                            .insert((event_id.clone(), s.section_id.clone()), (core, 0));
+                    }
+                    self.name_event(&event_id, &spec);
                 }
-                self.name_event(&event_id, &spec);
-                self.replayed.events.push((event_id, spec, created_at_ms));
                 self.replayed.catalog_last = seq;
             }
         } else if stream == names::WAITLIST {

@@ -2,8 +2,8 @@
 //! `INVALID_ARGUMENT` naming it and never reaches an actor.
 
 use boxoffice_engine::{
-    EventId, EventSpec, HoldStatus, HoldView, Layout, OrderView, Rejection, RowSpec, SeatId,
-    SeatStatus, SectionId, SectionKind, SectionSpec, Selection,
+    EventId, EventSpec, HoldStatus, HoldView, Layout, OrderView, Rejection, RowSpec, SaleState,
+    SaleUpdate, SeatId, SeatStatus, SectionId, SectionKind, SectionSpec, Selection,
 };
 use boxoffice_proto::v1 as pb;
 
@@ -62,6 +62,42 @@ pub fn event_spec(req: pb::CreateEventRequest) -> Result<EventSpec, Rejection> {
         sale_opens_at_ms: req.sale_opens_at_unix_ms.unsigned_abs(),
         join_pow_difficulty_bits: req.join_pow_difficulty_bits,
     })
+}
+
+/// An `UpdateSale` request as the engine takes it: its event, its update, its key.
+pub fn sale_update(
+    req: pb::UpdateSaleRequest,
+) -> Result<(boxoffice_engine::EventId, SaleUpdate, String), Rejection> {
+    required("event_id", &req.event_id)?;
+    let state = match pb::SaleState::try_from(req.state) {
+        Ok(pb::SaleState::Unspecified) => None,
+        Ok(pb::SaleState::Open) => Some(SaleState::Open),
+        Ok(pb::SaleState::Paused) => Some(SaleState::Paused),
+        Ok(pb::SaleState::QueueAll) => Some(SaleState::QueueAll),
+        Ok(pb::SaleState::Ended) => Some(SaleState::Ended),
+        Err(_) => return Err(invalid("state", "not a SaleState")),
+    };
+    boxoffice_engine::types::check_idempotency_key(&req.idempotency_key)?;
+    Ok((
+        boxoffice_engine::EventId(req.event_id),
+        SaleUpdate {
+            state,
+            admit_rate_per_second: req.admit_rate_per_second,
+            hold_ttl_seconds: req.hold_ttl_seconds,
+            per_user_limit: req.per_user_limit,
+        },
+        req.idempotency_key,
+    ))
+}
+
+/// A sale state as the API spells it.
+pub fn sale_state(s: SaleState) -> pb::SaleState {
+    match s {
+        SaleState::Open => pb::SaleState::Open,
+        SaleState::Paused => pb::SaleState::Paused,
+        SaleState::QueueAll => pb::SaleState::QueueAll,
+        SaleState::Ended => pb::SaleState::Ended,
+    }
 }
 
 /// A required id field: non-empty and at most [`FIELD_LEN_MAX`] bytes.
@@ -123,7 +159,8 @@ pub fn selection(sel: Option<pb::hold_request::Selection>) -> Result<Selection, 
     }
 }
 
-fn ms(v: u64) -> i64 {
+/// Unix ms as the API's int64 fields carry them.
+pub fn ms(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 

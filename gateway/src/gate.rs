@@ -36,7 +36,10 @@ pub enum Scope {
 }
 
 /// RPCs that need an admin key, besides every RPC of [`ADMIN_SERVICES`].
-pub const ADMIN_RPCS: &[&str] = &["/boxoffice.v1.EventService/CreateEvent"];
+pub const ADMIN_RPCS: &[&str] = &[
+    "/boxoffice.v1.EventService/CreateEvent",
+    "/boxoffice.v1.EventService/UpdateSale",
+];
 
 /// Services whose every RPC needs an admin key (a new RPC there is an admin's from the start).
 pub const ADMIN_SERVICES: &[&str] = &["/boxoffice.v1.ClusterService/"];
@@ -228,6 +231,7 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 /// path is `other`. Bounded cardinality: only our own RPC names become labels.
 pub const METHODS: &[&str] = &[
     "CreateEvent",
+    "UpdateSale",
     "GetEvent",
     "ListEvents",
     "GetSeatMap",
@@ -497,6 +501,7 @@ mod tests {
     fn every_cluster_rpc_and_event_creation_needs_an_admin_key() {
         for path in [
             "/boxoffice.v1.EventService/CreateEvent",
+            "/boxoffice.v1.EventService/UpdateSale",
             "/boxoffice.v1.ClusterService/GetClusterStatus",
             "/boxoffice.v1.ClusterService/RotateTicketKey",
             "/boxoffice.v1.ClusterService/AnyLaterRpc",

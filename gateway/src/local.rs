@@ -68,6 +68,7 @@ macro_rules! unary {
 
 unary!(pb::CreateEventRequest => pb::Event, "/boxoffice.v1.EventService/CreateEvent", EventSvc.create_event);
 unary!(pb::GetEventRequest => pb::Event, "/boxoffice.v1.EventService/GetEvent", EventSvc.get_event);
+unary!(pb::UpdateSaleRequest => pb::Event, "/boxoffice.v1.EventService/UpdateSale", EventSvc.update_sale);
 unary!(pb::GetSeatMapRequest => pb::SeatMap, "/boxoffice.v1.EventService/GetSeatMap", EventSvc.get_seat_map);
 unary!(pb::JoinRequest => pb::QueueTicket, "/boxoffice.v1.WaitingRoomService/Join", WaitingRoomSvc.join);
 unary!(pb::GetJoinChallengeRequest => pb::JoinChallenge, "/boxoffice.v1.WaitingRoomService/GetJoinChallenge", WaitingRoomSvc.get_join_challenge);

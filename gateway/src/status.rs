@@ -251,7 +251,9 @@ pub fn rejection_parts(r: &Rejection) -> (Code, &'static str, String, HashMap<St
         | Rejection::HoldNotActive
         | Rejection::PaymentDeclined
         | Rejection::IdempotencyKeyReused
-        | Rejection::PlacesAvailable => Code::FailedPrecondition,
+        | Rejection::PlacesAvailable
+        | Rejection::SalePaused
+        | Rejection::SaleEnded => Code::FailedPrecondition,
         Rejection::IdempotencyKeyInFlight => Code::Aborted,
         Rejection::UserLimit { limit, used } => {
             meta.insert("limit".to_owned(), limit.to_string());
@@ -587,6 +589,8 @@ mod tests {
             (Rejection::PaymentDeclined, Code::FailedPrecondition),
             (Rejection::IdempotencyKeyReused, Code::FailedPrecondition),
             (Rejection::PlacesAvailable, Code::FailedPrecondition),
+            (Rejection::SalePaused, Code::FailedPrecondition),
+            (Rejection::SaleEnded, Code::FailedPrecondition),
             (Rejection::IdempotencyKeyInFlight, Code::Aborted),
             (
                 Rejection::UserLimit { limit: 4, used: 3 },

@@ -149,6 +149,9 @@ pub struct WaitingRoom {
     hasher: std::collections::hash_map::RandomState,
     /// Admissions per second measured over the last ticks (f64 bits), for ETAs.
     measured_rate: AtomicU64,
+    /// Admissions per second now: the configured rate until an operator changes it
+    /// ([`WaitingRoom::set_rate`]).
+    rate: AtomicU32,
 }
 
 /// The opening draw: position (0-based) of each pre-opening join number, from the seed.
@@ -210,6 +213,7 @@ impl WaitingRoom {
             epoch,
             hasher: std::collections::hash_map::RandomState::new(),
             measured_rate: AtomicU64::new(f64::from(config.admit_rate_per_second).to_bits()),
+            rate: AtomicU32::new(config.admit_rate_per_second),
             config,
         }
     }
@@ -231,6 +235,16 @@ impl WaitingRoom {
             room.admit_range(from, to, at_ms);
         }
         room
+    }
+
+    /// Admissions per second now.
+    pub fn rate(&self) -> u32 {
+        self.rate.load(Ordering::Relaxed)
+    }
+
+    /// Admits `per_second` from the next step on (an operator's `UpdateSale`).
+    pub fn set_rate(&self, per_second: u32) {
+        self.rate.store(per_second, Ordering::Relaxed);
     }
 
     /// The room's configuration.
@@ -418,7 +432,7 @@ impl WaitingRoom {
         }
         let ahead = pos.saturating_sub(admitted);
         let rate = f64::from_bits(self.measured_rate.load(Ordering::Relaxed))
-            .max(f64::from(self.config.admit_rate_per_second) * 0.1)
+            .max(f64::from(self.rate()) * 0.1)
             .max(1.0);
         let eta = ((ahead + 1) as f64 / rate).ceil();
         Standing::Waiting {
@@ -490,7 +504,7 @@ impl Admitter {
     /// (`(from, to)`, possibly empty); then [`Admitter::spent`] with how many were admitted.
     pub fn plan(&mut self, room: &WaitingRoom, now_ms: u64) -> (u64, u64) {
         let last = self.last_ms.replace(now_ms).unwrap_or(now_ms);
-        let rate = f64::from(room.config.admit_rate_per_second);
+        let rate = f64::from(room.rate());
         // Budget accrues from the opening on, never for time before it.
         let since = last.max(room.config.opens_at_ms);
         self.dt = now_ms.saturating_sub(since) as f64 / 1000.0;
@@ -569,6 +583,18 @@ pub fn spawn_admitter(
                     tracing::warn!(event = %event_id, error = %e, "the waiting room cannot open");
                     continue;
                 }
+            }
+            // The operator's controls, read every tick: a new rate is in force from this step,
+            // and a paused, queue-all or ended sale admits nobody (no budget builds up).
+            let Ok(terms) = engine.event_terms(&event_id) else {
+                admitter.idle(now);
+                continue;
+            };
+            room.set_rate(terms.admit_rate_per_second);
+            if !terms.sale_state.admits() {
+                admitter.idle(now);
+                rate.set(0.0);
+                continue;
             }
             let (from, to) = admitter.plan(&room, now);
             if to > from {

@@ -36,7 +36,8 @@ use crate::types::{
 
 pub use crate::limits::PLACES_PER_HOLD_MAX;
 pub use records::{
-    ConfirmHold, Confirmed, Ended, IdemTag, Pick, PlaceHold, SectionRecord, Withdrawn,
+    ConfirmHold, Confirmed, Ended, IdemTag, Pick, PlaceHold, SaleChange, SectionRecord,
+    SectionSale, Withdrawn,
 };
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -94,6 +95,11 @@ pub struct SectionCore {
     /// engine's configuration (never recorded: the same log replays under any window).
     #[serde(skip, default = "default_window_ms")]
     window_ms: u64,
+    /// The sale as this section applies it. Not in the core's own encoding: a checkpoint
+    /// carries it after the core ([`SectionCore::checkpoint`]), so checkpoints written before
+    /// it existed still decode (as open).
+    #[serde(skip)]
+    sale: SectionSale,
 }
 
 fn default_window_ms() -> u64 {
@@ -143,7 +149,53 @@ impl SectionCore {
             next_place: 0,
             ended: ForgetIndex::default(),
             window_ms: IDEMPOTENCY_WINDOW_MS_DEFAULT,
+            sale: SectionSale::default(),
         }
+    }
+
+    /// What a checkpoint of the section holds: the core, then its sale.
+    pub fn checkpoint(&self) -> (&SectionCore, &SectionSale) {
+        (self, &self.sale)
+    }
+
+    /// A section from a checkpoint's bytes ([`SectionCore::checkpoint`]; one written before
+    /// the sale was part of it is an open sale).
+    pub fn from_checkpoint(blob: &[u8]) -> Result<SectionCore, crate::codec::DecodeError> {
+        let (mut core, sale): (SectionCore, SectionSale) = crate::codec::decode_extended(blob)?;
+        core.sale = sale;
+        Ok(core)
+    }
+
+    /// The section's sale as it applies it.
+    pub fn sale(&self) -> SectionSale {
+        self.sale
+    }
+
+    /// The clock deadlines are judged by: time stands still for them while the sale is paused.
+    fn deadline_clock(&self, now_ms: u64) -> u64 {
+        match self.sale.paused_since_ms {
+            Some(since) => now_ms.min(since),
+            None => now_ms,
+        }
+    }
+
+    /// Decides a sale control: the record that makes it, or `None` if the section already
+    /// stands so (an ended sale is neither paused nor resumed).
+    pub fn sale_change(&mut self, change: SaleChange, now_ms: u64) -> Option<SectionRecord> {
+        let s = self.sale;
+        let record = match change {
+            SaleChange::Pause if !s.ended && s.paused_since_ms.is_none() => {
+                SectionRecord::SalePaused { at_ms: now_ms }
+            }
+            SaleChange::Resume if s.paused_since_ms.is_some() => {
+                SectionRecord::SaleResumed { at_ms: now_ms }
+            }
+            SaleChange::End if !s.ended => SectionRecord::SaleEnded { at_ms: now_ms },
+            _ => return None,
+        };
+        self.apply(&record)
+            .expect("a sale control just decided always applies");
+        Some(record)
     }
 
     /// The same section, forgetting ended holds `window_ms` after they ended (at least 1 ms).
@@ -158,6 +210,12 @@ impl SectionCore {
         cmd: PlaceHold,
         now_ms: u64,
     ) -> Result<(HoldView, SectionRecord), Rejection> {
+        if self.sale.ended {
+            return Err(Rejection::SaleEnded);
+        }
+        if self.sale.paused_since_ms.is_some() {
+            return Err(Rejection::SalePaused);
+        }
         if self.holds.contains_key(&cmd.hold_id) {
             // Ids are ULIDs generated per request; a clash is a caller bug, refuse it plainly.
             return Err(Rejection::invalid("hold_id", "already used"));
@@ -239,14 +297,16 @@ impl SectionCore {
         (Ok(Ended { hold }), Some(record))
     }
 
-    /// Expires at most `max` holds whose deadline is at or before `now_ms`, earliest first.
+    /// Expires at most `max` holds whose deadline is at or before `now_ms`, earliest first
+    /// (while the sale is paused: at or before the pause began).
     pub fn expire_due(&mut self, now_ms: u64, max: usize) -> Vec<(Ended, SectionRecord)> {
+        let due_by = self.deadline_clock(now_ms);
         let mut out = Vec::new();
         while out.len() < max {
             let Some((deadline, hold_id)) = self.deadlines.first().cloned() else {
                 break;
             };
-            if deadline > now_ms {
+            if deadline > due_by {
                 break;
             }
             let record = SectionRecord::HoldExpired {
@@ -274,15 +334,21 @@ impl SectionCore {
 
     /// Active holds whose deadline is at or before `now_ms`: due for expiry, not expired yet.
     pub fn holds_past_deadline(&self, now_ms: u64) -> usize {
+        let due_by = self.deadline_clock(now_ms);
         self.deadlines
             .iter()
-            .take_while(|(deadline, _)| *deadline <= now_ms)
+            .take_while(|(deadline, _)| *deadline <= due_by)
             .count()
     }
 
-    /// The earliest deadline of an active hold, if any.
+    /// The earliest deadline of an active hold, if any (while the sale is paused, only one
+    /// that had come before the pause began: the others wait for the sale to go on).
     pub fn next_deadline_ms(&self) -> Option<u64> {
-        self.deadlines.first().map(|(d, _)| *d)
+        let (d, _) = self.deadlines.first()?;
+        match self.sale.paused_since_ms {
+            Some(since) if *d > since => None,
+            _ => Some(*d),
+        }
     }
 
     fn check_active(&self, hold_id: &HoldId, user_id: &UserId) -> Result<(), Rejection> {
@@ -302,7 +368,7 @@ impl SectionCore {
 
     fn expire_if_due(&mut self, hold_id: &HoldId, now_ms: u64) -> Option<SectionRecord> {
         let h = self.holds.get(hold_id)?;
-        if h.status != HoldStatus::Held || now_ms < h.expires_at_ms {
+        if h.status != HoldStatus::Held || self.deadline_clock(now_ms) < h.expires_at_ms {
             return None;
         }
         let record = SectionRecord::HoldExpired {
@@ -362,10 +428,54 @@ impl SectionCore {
                 self.end_hold(hold_id, HoldStatus::Expired, *at_ms)?;
             }
             SectionRecord::PlacesWithdrawn { places, .. } => self.apply_withdrawn(places)?,
+            SectionRecord::SalePaused { at_ms } => {
+                if self.sale.ended || self.sale.paused_since_ms.is_some() {
+                    return Err("a pause of a sale paused or ended".into());
+                }
+                self.sale.paused_since_ms = Some(*at_ms);
+            }
+            SectionRecord::SaleResumed { at_ms } => {
+                if self.sale.paused_since_ms.is_none() {
+                    return Err("a resume of a sale not paused".into());
+                }
+                self.end_pause(*at_ms);
+            }
+            SectionRecord::SaleEnded { at_ms } => {
+                if self.sale.ended {
+                    return Err("the end of a sale ended already".into());
+                }
+                self.end_pause(*at_ms);
+                self.sale.ended = true;
+            }
         }
         self.assert_counts();
         self.forget_ended(record.at_ms());
         Ok(())
+    }
+
+    /// Ends a pause (if any) at `at_ms`: every active hold whose deadline was after the pause
+    /// began gets the pause's length added (those due before it began stay due).
+    fn end_pause(&mut self, at_ms: u64) {
+        let Some(since) = self.sale.paused_since_ms.take() else {
+            return;
+        };
+        let by = at_ms.saturating_sub(since);
+        if by == 0 {
+            return;
+        }
+        let moved: Vec<(u64, HoldId)> = self
+            .deadlines
+            .range((since.saturating_add(1), HoldId::from(""))..)
+            .cloned()
+            .collect();
+        for (deadline, hold_id) in moved {
+            self.deadlines.remove(&(deadline, hold_id.clone()));
+            let later = deadline.saturating_add(by);
+            if let Some(h) = self.holds.get_mut(&hold_id) {
+                h.expires_at_ms = later;
+            }
+            self.deadlines.insert((later, hold_id));
+        }
     }
 
     /// Forgets (at most [`FORGET_PER_STEP_MAX`]) released or expired holds that ended one
@@ -844,6 +954,97 @@ mod tests {
         c.check_invariants().unwrap();
     }
 
+    /// A pause refuses new holds and stops every deadline after its start; the resume adds the
+    /// pause's length to them; an end refuses holds for good. A checkpoint carries the pause.
+    #[test]
+    fn a_pause_stops_the_deadlines_and_the_resume_extends_them() {
+        let mut c = ga(10);
+        let a = hold(&mut c, "a", Pick::Best(1), 0).unwrap(); // due at 1000
+        hold(&mut c, "e", Pick::Best(1), 0).unwrap(); // due at 1000
+        let b = hold(&mut c, "b", Pick::Best(1), 500).unwrap(); // due at 1500
+        let paused = c.sale_change(SaleChange::Pause, 800);
+        assert!(matches!(
+            paused,
+            Some(SectionRecord::SalePaused { at_ms: 800 })
+        ));
+        assert_eq!(
+            c.sale_change(SaleChange::Pause, 900),
+            None,
+            "paused already"
+        );
+        assert_eq!(
+            hold(&mut c, "c", Pick::Best(1), 900).unwrap_err(),
+            Rejection::SalePaused
+        );
+        assert_eq!(c.next_deadline_ms(), None, "no deadline comes while paused");
+        assert!(c.expire_due(60_000, 100).is_empty(), "time stands still");
+        assert_eq!(c.holds_past_deadline(60_000), 0);
+        // A paused hold past its old deadline still confirms.
+        assert!(confirm_as(&mut c, &a, 3_000).is_ok());
+        let resumed = c.sale_change(SaleChange::Resume, 3_800);
+        assert!(matches!(
+            resumed,
+            Some(SectionRecord::SaleResumed { at_ms: 3_800 })
+        ));
+        // b was due at 1500, after the pause began at 800: it moves by 3000 ms.
+        assert_eq!(c.hold_view(&b.hold_id).unwrap().expires_at_ms, 4_500);
+        assert_eq!(c.next_deadline_ms(), Some(4_000), "e's deadline moved too");
+        assert_eq!(
+            c.expire_due(4_499, 100).len(),
+            1,
+            "only e (due 1000 + 3000)"
+        );
+        assert_eq!(
+            c.expire_due(4_500, 100).len(),
+            1,
+            "then b, on its new deadline"
+        );
+        // The end: nothing more is held, and nothing pauses it.
+        let ended = c.sale_change(SaleChange::End, 5_000);
+        assert!(matches!(
+            ended,
+            Some(SectionRecord::SaleEnded { at_ms: 5_000 })
+        ));
+        assert_eq!(
+            hold(&mut c, "d", Pick::Best(1), 5_001).unwrap_err(),
+            Rejection::SaleEnded
+        );
+        assert_eq!(c.sale_change(SaleChange::Pause, 5_002), None);
+        assert_eq!(c.sale_change(SaleChange::End, 5_002), None);
+        assert!(c.sale().ended);
+        c.check_invariants().unwrap();
+        // A checkpoint taken while paused carries the pause, and replaying the records from a
+        // fresh section gives the same section; an older checkpoint (the core alone) decodes
+        // as an open sale.
+        let mut p = ga(3);
+        let (_, placed) = p
+            .place_hold(
+                PlaceHold {
+                    hold_id: HoldId::generate(&EventId::from("e"), &SectionId::from("floor")),
+                    user_id: UserId::from("a"),
+                    pick: Pick::Best(1),
+                    ttl_ms: 1_000,
+                    idem: None,
+                },
+                0,
+            )
+            .unwrap();
+        let pause = p.sale_change(SaleChange::Pause, 10).unwrap();
+        let blob = crate::codec::encode(&p.checkpoint());
+        assert_eq!(SectionCore::from_checkpoint(&blob).unwrap(), p);
+        let mut replayed = ga(3);
+        replayed.apply(&placed).unwrap();
+        replayed.apply(&pause).unwrap();
+        assert_eq!(replayed, p);
+        assert!(
+            replayed.apply(&pause).is_err(),
+            "a second pause does not fit"
+        );
+        let old = crate::codec::encode(&p);
+        let open = SectionCore::from_checkpoint(&old).unwrap();
+        assert_eq!(open.sale(), SectionSale::default());
+    }
+
     fn confirm_as(c: &mut SectionCore, h: &HoldView, now: u64) -> Result<Confirmed, Rejection> {
         let order_id = OrderId::generate(&EventId::from("e"), &c.spec.section_id.clone());
         c.confirm(
@@ -964,7 +1165,7 @@ mod tests {
             replayed.apply(r).unwrap();
         }
         let (at, blob) = checkpoint.unwrap();
-        let mut from_checkpoint = crate::codec::decode::<SectionCore>(&blob)
+        let mut from_checkpoint = SectionCore::from_checkpoint(&blob)
             .unwrap()
             .with_window_ms(window);
         for r in &log[at..] {

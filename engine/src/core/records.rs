@@ -72,6 +72,44 @@ pub enum SectionRecord {
         /// When.
         at_ms: u64,
     },
+    /// The operator paused the sale: the section takes no new holds, and its holds' deadlines
+    /// stand still (none expires past this time) until [`SectionRecord::SaleResumed`].
+    SalePaused {
+        /// When.
+        at_ms: u64,
+    },
+    /// The sale goes on after a pause: every active hold whose deadline was after the pause
+    /// began gets the pause's length added to it.
+    SaleResumed {
+        /// When.
+        at_ms: u64,
+    },
+    /// The sale ended (final): no new holds. A pause ends with it (as a resume would).
+    SaleEnded {
+        /// When.
+        at_ms: u64,
+    },
+}
+
+/// What an operator's sale control asks of one section (see [`crate::sale`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SaleChange {
+    /// Stop taking holds; deadlines stand still.
+    Pause,
+    /// Take holds again; deadlines move on, extended by the pause.
+    Resume,
+    /// Take no more holds, for good.
+    End,
+}
+
+/// A section's own view of its sale: paused since when, and whether it ended. Recorded in its
+/// log ([`SectionRecord::SalePaused`] and the others) and carried by its checkpoints.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SectionSale {
+    /// When the pause began, while paused.
+    pub paused_since_ms: Option<u64>,
+    /// Whether the sale ended.
+    pub ended: bool,
 }
 
 /// A place taken out of sale because its sale record was lost (see
@@ -94,7 +132,10 @@ impl SectionRecord {
             SectionRecord::HoldConfirmed { at_ms, .. }
             | SectionRecord::HoldReleased { at_ms, .. }
             | SectionRecord::HoldExpired { at_ms, .. }
-            | SectionRecord::PlacesWithdrawn { at_ms, .. } => *at_ms,
+            | SectionRecord::PlacesWithdrawn { at_ms, .. }
+            | SectionRecord::SalePaused { at_ms }
+            | SectionRecord::SaleResumed { at_ms }
+            | SectionRecord::SaleEnded { at_ms } => *at_ms,
         }
     }
 }

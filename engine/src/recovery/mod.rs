@@ -27,11 +27,11 @@ use crate::error::StorageError;
 use crate::integrity::{Damage, Findings, RecoveryMode};
 use crate::ledger::{Answer, LedgerRecord, Rpc, ShardState, shard_index};
 use crate::store::{LogSink, Marks, names};
-use crate::types::{CatalogRecord, EventId, EventSpec, HoldStatus, SectionId, SectionSpec};
+use crate::types::{CatalogRecord, EventId, HoldStatus, SectionId, SectionSpec};
 use crate::waitlist::{WaitlistCore, WaitlistRecord};
 
-/// An event as the catalog recorded it: id, spec, creation time.
-pub(crate) type CatalogEntry = (EventId, EventSpec, u64);
+/// An event as the catalog recorded it: id, spec, creation time, sale controls.
+pub(crate) type CatalogEntry = crate::events::LoggedEvent;
 
 /// The state the actors start from.
 pub(crate) struct Recovered {
@@ -75,7 +75,7 @@ fn replay(
 ) -> Result<Replayed, StorageError> {
     let (events, catalog_last) = recover_catalog(sink, check, report)?;
     let mut cores = HashMap::default();
-    for (event_id, spec, _) in &events {
+    for CatalogEntry { event_id, spec, .. } in &events {
         for s in &spec.sections {
             let (core, last_seq) = recover_section(sink, event_id, s, window_ms, check, report)?;
             report.sections += 1;
@@ -86,7 +86,7 @@ fn replay(
     let ledgers = recover_ledgers(sink, check, report)?;
     let (waitlist, waitlist_last) = recover_waitlist(sink, check, report)?;
     let mut rooms = HashMap::default();
-    for (event_id, _, _) in &events {
+    for CatalogEntry { event_id, .. } in &events {
         if let Some(room) = recover_room(sink, event_id, check, report)? {
             rooms.insert(event_id.clone(), room);
         }
@@ -329,11 +329,12 @@ fn recover_catalog(
     report: &mut RecoveryReport,
 ) -> Result<(Vec<CatalogEntry>, u64), StorageError> {
     let catalog = check.read::<CatalogRecord>(sink, names::CATALOG, report)?;
-    let events = catalog
-        .records
-        .into_iter()
-        .map(|(_, r)| r.into_event())
-        .collect();
+    let mut events = Vec::new();
+    for (seq, record) in catalog.records {
+        if let Err(e) = CatalogEntry::fold(&mut events, record) {
+            check.misfit(names::CATALOG, seq, e);
+        }
+    }
     Ok((events, catalog.last_seq))
 }
 
@@ -357,7 +358,7 @@ pub(crate) fn recover_section(
     let mut core = match &replay.checkpoint {
         Some((_, blob)) => {
             report.checkpoints_loaded += 1;
-            codec::decode::<SectionCore>(blob).unwrap_or_else(|e| {
+            SectionCore::from_checkpoint(blob).unwrap_or_else(|e| {
                 check
                     .found
                     .checkpoint_damage(&check.marks, &name, blob, e.to_string());
@@ -380,7 +381,7 @@ pub(crate) fn recover_section(
         // Accepted: the state as recovered replaces the damaged checkpoint.
         check.repairs.push(Repair::Checkpoint {
             stream: name.clone(),
-            blob: codec::encode(&(replay.last_seq, codec::encode(&core))),
+            blob: codec::encode(&(replay.last_seq, codec::encode(&core.checkpoint()))),
         });
     }
     Ok((core, replay.last_seq))

@@ -11,9 +11,9 @@ use clap::Subcommand;
 
 use crate::exit::Exit;
 
-/// Where a running node is, and the admin key to call it with.
+/// Where a running server (or any node of a cluster) is, and the admin key to call it with.
 #[derive(clap::Args, Debug)]
-pub struct Target {
+pub(crate) struct Target {
     /// Any node of the cluster (its public gRPC address; `https://` if it serves TLS).
     #[arg(
         long,
@@ -35,6 +35,13 @@ impl Target {
         &self,
     ) -> anyhow::Result<pb::cluster_service_client::ClusterServiceClient<boxoffice_client::Authed>>
     {
+        Ok(pb::cluster_service_client::ClusterServiceClient::new(
+            self.authed().await?,
+        ))
+    }
+
+    /// A channel to the target that sends the admin key with every call.
+    pub(crate) async fn authed(&self) -> anyhow::Result<boxoffice_client::Authed> {
         let channel = match &self.ca_cert {
             Some(ca) => {
                 let pem = std::fs::read(ca)
@@ -43,12 +50,10 @@ impl Target {
             }
             None => boxoffice_client::connect(&self.target).await?,
         };
-        Ok(
-            pb::cluster_service_client::ClusterServiceClient::with_interceptor(
-                channel,
-                boxoffice_client::Bearer::new(&self.admin_key)?,
-            ),
-        )
+        Ok(tonic::service::interceptor::InterceptedService::new(
+            channel,
+            boxoffice_client::Bearer::new(&self.admin_key)?,
+        ))
     }
 }
 
@@ -181,12 +186,15 @@ fn answered(
             print_status(r.get_ref());
             Ok(Exit::Ok)
         }
-        Err(s) => {
-            let reason = boxoffice_client::reason(&s).unwrap_or_default();
-            crate::exit::error(format_args!("{:?} {reason}: {}", s.code(), s.message()));
-            Ok(Exit::Failed)
-        }
+        Err(s) => Ok(refused(&s)),
     }
+}
+
+/// Says why a call was refused (its code, reason and message) on stderr: exit 1.
+pub(crate) fn refused(s: &tonic::Status) -> Exit {
+    let reason = boxoffice_client::reason(s).unwrap_or_default();
+    crate::exit::error(format_args!("{:?} {reason}: {}", s.code(), s.message()));
+    Exit::Failed
 }
 
 /// Runs the subcommand; its exit code.

@@ -35,6 +35,7 @@ mod flash_sale;
 mod links;
 mod loadgen;
 mod reconcile;
+mod sale;
 mod serve;
 mod sessions;
 mod soak;
@@ -96,6 +97,10 @@ enum Command {
     /// change a running cluster's members.
     #[command(subcommand)]
     Cluster(cluster::ClusterCommand),
+    /// Steer a live sale on a running server: `pause`, `resume`, `queue-all`, `end`, or `set`
+    /// the admission rate, hold TTL and per-user limit (`UpdateSale`, admin key).
+    #[command(subcommand)]
+    Sale(sale::SaleCommand),
     /// Check sold seats against orders, payments and the backstop (offline: the server must be
     /// stopped). Exits 1 if anything does not add up, 2 if there is no log.
     Reconcile(reconcile::ReconcileArgs),
@@ -190,6 +195,7 @@ fn main() -> ExitCode {
         Command::Sessions(args) => runtime.block_on(sessions::run(args)),
         Command::Ticket(command) => runtime.block_on(ticket::run(command)),
         Command::Cluster(command) => runtime.block_on(cluster::run(command)),
+        Command::Sale(command) => runtime.block_on(sale::run(command)),
         Command::Reconcile(args) => runtime.block_on(reconcile::run(args)),
         Command::CheckLog(args) => Ok(check_log::run(args)),
         Command::Soak(args) => runtime.block_on(soak::run(args)),

@@ -630,6 +630,68 @@ pub async fn create_event(
     Ok(created(location, &Event::from(e)))
 }
 
+/// Steers a live sale (`UpdateSale`, admin key): pause, queue everyone, end, or go on; the
+/// admission rate, the hold TTL of new holds, the per-user limit.
+#[utoipa::path(post, path = "/v1/events/{id}/sale", tag = "events",
+    params(("id" = String, Path, description = "The event"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Optional: a retry with the same key answers the event as it is now")),
+    request_body = UpdateSaleBody,
+    responses(
+        (status = 200, description = "The event after the change", body = Event),
+        (status = "default", description = "A problem (RFC 9457)", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+pub async fn update_sale(
+    State(b): State<Backend>,
+    Path(event_id): Path<String>,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, Refusal> {
+    let mut r: UpdateSaleBody = body(raw)?;
+    let key = idempotency_key(&headers, std::mem::take(&mut r.idempotency_key))?;
+    let req = r.into_request(event_id, key)?;
+    let e = b.call(&headers, req).await?;
+    Ok(json(StatusCode::OK, &Event::from(e)))
+}
+
+/// One sale control without a body (`UpdateSale`, admin key): `pause`, `resume` (to
+/// `OPEN`), `queue-all` or `end`.
+#[utoipa::path(post, path = "/v1/events/{id}/sale/{action}", tag = "events",
+    params(("id" = String, Path, description = "The event"),
+        ("action" = String, Path, description = "`pause`, `resume`, `queue-all` or `end`"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Optional: a retry with the same key answers the event as it is now")),
+    responses(
+        (status = 200, description = "The event after the change", body = Event),
+        (status = "default", description = "A problem (RFC 9457)", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+pub async fn sale_action(
+    State(b): State<Backend>,
+    Path((event_id, action)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, Refusal> {
+    let state = match action.as_str() {
+        "pause" => "PAUSED",
+        "resume" => "OPEN",
+        "queue-all" => "QUEUE_ALL",
+        "end" => "ENDED",
+        _ => {
+            return Err(Refusal::invalid(
+                "action",
+                "one of pause, resume, queue-all, end",
+            ));
+        }
+    };
+    let key = idempotency_key(&headers, String::new())?;
+    let body = UpdateSaleBody {
+        state: Some(state.to_owned()),
+        ..UpdateSaleBody::default()
+    };
+    let req = body.into_request(event_id, key)?;
+    let e = b.call(&headers, req).await?;
+    Ok(json(StatusCode::OK, &Event::from(e)))
+}
+
 /// An event and its sections' counts (`GetEvent`).
 #[utoipa::path(get, path = "/v1/events/{id}", tag = "events",
     params(("id" = String, Path, description = "The event")),

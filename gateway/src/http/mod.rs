@@ -14,6 +14,7 @@
 //! | `POST /v1/holds/{holdId}/release` | `Release` (204) |
 //! | `GET /v1/holds/{holdId}`, `GET /v1/orders/{orderId}` | `GetHold`, `GetOrder` |
 //! | `POST /v1/events`, `GET /v1/events`, `GET /v1/events/{id}` | `CreateEvent`, `ListEvents`, `GetEvent` |
+//! | `POST /v1/events/{id}/sale`, `POST /v1/events/{id}/sale/{pause,resume,queue-all,end}` | `UpdateSale` (admin) |
 //! | `GET /v1/cluster`, `POST /v1/cluster/nodes`, `DELETE /v1/cluster/nodes/{nodeId}`, `POST /v1/cluster/nodes/{nodeId}/replace`, `POST /v1/cluster/ticket-keys/rotate`, `POST /v1/cluster/rebalance` | `GetClusterStatus`, `AddNode`, `RemoveNode`, `ReplaceNode`, `RotateTicketKey`, `Rebalance` (admin) |
 //!
 //! Beside them, on the same port: the live operations page `/ops` ([`ops`]), and whatever
@@ -40,7 +41,8 @@ pub use api::Backend;
     paths(
         api::queue_token, api::join_challenge, api::queue_status, api::seats, api::book,
         api::create_hold, api::confirm_hold, api::create_order, api::release_hold,
-        api::get_hold, api::get_order, api::create_event, api::get_event, api::list_events,
+        api::get_hold, api::get_order, api::create_event, api::update_sale, api::sale_action,
+        api::get_event, api::list_events,
         api::cluster_status, api::add_node, api::remove_node, api::replace_node,
         api::rotate_ticket_key, api::rebalance,
     ),
@@ -48,7 +50,7 @@ pub use api::Backend;
         problem::Problem, types::QueueToken, types::JoinChallenge, types::QueueStatus,
         types::BookRequest, types::HoldBody, types::Hold, types::ConfirmBody, types::OrderBody,
         types::ReleaseBody, types::Ticket, types::Order, types::RowSpec, types::SectionSpec,
-        types::CreateEventBody, types::SectionSummary, types::Event, types::EventPage,
+        types::CreateEventBody, types::UpdateSaleBody, types::SectionSummary, types::Event, types::EventPage,
         types::Seat, types::SectionSeats, types::SeatMap, types::AddNodeBody,
         types::ClusterNode, types::ClusterGroup, types::ClusterStatus, types::TicketKey,
     )),
@@ -67,7 +69,7 @@ impl utoipa::Modify for BearerAuth {
                 HttpBuilder::new()
                     .scheme(HttpAuthScheme::Bearer)
                     .description(Some(
-                        "An API key of the server (client scope; admin for POST /v1/events and /v1/cluster)",
+                        "An API key of the server (client scope; admin for POST /v1/events, POST /v1/events/{id}/sale and /v1/cluster)",
                     ))
                     .build(),
             ),
@@ -88,6 +90,8 @@ pub fn router(backend: Backend, extra: Option<Router>) -> Router {
     Router::new()
         .route("/v1/events", post(api::create_event).get(api::list_events))
         .route("/v1/events/{id}", get(api::get_event))
+        .route("/v1/events/{id}/sale", post(api::update_sale))
+        .route("/v1/events/{id}/sale/{action}", post(api::sale_action))
         .route("/v1/events/{id}/queue-token", get(api::queue_token))
         .route("/v1/events/{id}/join-challenge", get(api::join_challenge))
         .route("/v1/events/{id}/seats", get(api::seats))

@@ -129,11 +129,16 @@ pub struct QueueStatus {
     pub admission_expires_at: String,
     /// The same, Unix ms (0 until admitted).
     pub admission_expires_at_unix_ms: i64,
+    /// Where an operator has set the sale: `OPEN`, `PAUSED` (nobody admitted, nothing held
+    /// until it goes on), `QUEUE_ALL` (nobody admitted for now) or `ENDED` (leave the line);
+    /// `UNSPECIFIED` with `EXPIRED` when the event is gone.
+    pub sale_state: String,
 }
 
 impl From<pb::QueueStatus> for QueueStatus {
     fn from(s: pb::QueueStatus) -> QueueStatus {
         QueueStatus {
+            sale_state: short(s.sale_state().as_str_name(), "SALE_STATE_"),
             state: short(s.state().as_str_name(), "QUEUE_STATE_"),
             position: s.position,
             ahead: s.ahead,
@@ -426,6 +431,57 @@ pub struct CreateEventBody {
     pub idempotency_key: String,
 }
 
+/// `POST /v1/events/{id}/sale`: what to change (`UpdateSale`); absent fields stay as they are.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct UpdateSaleBody {
+    /// The new state: `OPEN`, `PAUSED`, `QUEUE_ALL` or `ENDED` (absent: unchanged).
+    #[serde(default)]
+    pub state: Option<String>,
+    /// Fans admitted per second, 0 to 1,000,000.
+    #[serde(default)]
+    pub admit_rate_per_second: Option<i64>,
+    /// Lifetime of holds placed from now on, seconds, 1 to 86,400.
+    #[serde(default)]
+    pub hold_ttl_seconds: Option<i64>,
+    /// Places one fan may hold or own, 1 to 100 (lowering it takes nothing away).
+    #[serde(default)]
+    pub per_user_limit: Option<i64>,
+    /// The idempotency key, if not in the `Idempotency-Key` header.
+    #[serde(default)]
+    pub idempotency_key: String,
+}
+
+impl UpdateSaleBody {
+    /// The gRPC request for `event_id` (with the key the caller chose); a state that is not one
+    /// of the four is `INVALID_REQUEST` (field `state`).
+    pub fn into_request(
+        self,
+        event_id: String,
+        idempotency_key: String,
+    ) -> Result<pb::UpdateSaleRequest, super::problem::Refusal> {
+        let state = match self.state.as_deref() {
+            None => pb::SaleState::Unspecified,
+            Some(name) => pb::SaleState::from_str_name(&format!("SALE_STATE_{name}"))
+                .filter(|s| *s != pb::SaleState::Unspecified)
+                .ok_or_else(|| {
+                    super::problem::Refusal::invalid(
+                        "state",
+                        "one of OPEN, PAUSED, QUEUE_ALL, ENDED",
+                    )
+                })?,
+        };
+        Ok(pb::UpdateSaleRequest {
+            event_id,
+            state: state as i32,
+            admit_rate_per_second: self.admit_rate_per_second,
+            hold_ttl_seconds: self.hold_ttl_seconds,
+            per_user_limit: self.per_user_limit,
+            idempotency_key,
+        })
+    }
+}
+
 impl CreateEventBody {
     /// The gRPC request (with the key the caller chose).
     pub fn into_request(self, idempotency_key: String) -> pb::CreateEventRequest {
@@ -517,11 +573,23 @@ pub struct Event {
     pub sale_opens_at_unix_ms: i64,
     /// Proof of work before joining, bits (0: none).
     pub join_pow_difficulty_bits: u32,
+    /// Where an operator has set the sale: `OPEN`, `PAUSED`, `QUEUE_ALL` or `ENDED`.
+    pub sale_state: String,
+    /// When `saleState` last changed, Unix ms (the creation time until it did).
+    pub sale_state_changed_at_unix_ms: i64,
+    /// When `admitRatePerSecond` last changed, Unix ms (the creation time until it did).
+    pub admit_rate_changed_at_unix_ms: i64,
+    /// When `holdTtlSeconds` or `perUserLimit` last changed, Unix ms (creation until one did).
+    pub terms_changed_at_unix_ms: i64,
 }
 
 impl From<pb::Event> for Event {
     fn from(e: pb::Event) -> Event {
         Event {
+            sale_state: short(e.sale_state().as_str_name(), "SALE_STATE_"),
+            sale_state_changed_at_unix_ms: e.sale_state_changed_at_unix_ms,
+            admit_rate_changed_at_unix_ms: e.admit_rate_changed_at_unix_ms,
+            terms_changed_at_unix_ms: e.terms_changed_at_unix_ms,
             state: short(e.state().as_str_name(), "EVENT_STATE_"),
             sale_opens_at: rfc3339(e.sale_opens_at_unix_ms),
             sections: e

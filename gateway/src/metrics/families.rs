@@ -42,6 +42,9 @@ pub enum Series {
     PerSection,
     /// One set per event (label `event`), registered when the event is created or recovered.
     PerEvent,
+    /// One set per event (label `event`, and what the family adds), set by the engine when
+    /// the event is created or recovered and whenever its sale changes.
+    PerEventSale,
     /// A cluster node's only (see [`spawn_raft_sampler`]): absent on a single node.
     Cluster,
 }
@@ -143,6 +146,48 @@ pub const FAMILIES: &[Family] = &[
         COUNT,
         "Fans admitted from an event's waiting room.",
         Series::PerEvent,
+    ),
+    family(
+        "boxoffice_sale_state",
+        Gauge,
+        None,
+        "An event's sale state as an operator set it (UpdateSale): 1 for the state it is in (label state: OPEN, PAUSED, QUEUE_ALL, ENDED), 0 for the others.",
+        Series::PerEventSale,
+    ),
+    family(
+        "boxoffice_sale_admit_rate_per_second",
+        Gauge,
+        None,
+        "The admission rate an event's waiting room is set to (as created, or as UpdateSale last set it).",
+        Series::PerEventSale,
+    ),
+    family(
+        "boxoffice_sale_hold_ttl_seconds",
+        Gauge,
+        SECONDS,
+        "The TTL of an event's new holds (as created, or as UpdateSale last set it).",
+        Series::PerEventSale,
+    ),
+    family(
+        "boxoffice_sale_per_user_limit",
+        Gauge,
+        COUNT,
+        "Most places one user may hold or own for an event (as created, or as UpdateSale last set it).",
+        Series::PerEventSale,
+    ),
+    family(
+        "boxoffice_sale_state_changed_at_seconds",
+        Gauge,
+        SECONDS,
+        "When an event's sale state last changed (its creation until it did), Unix seconds.",
+        Series::PerEventSale,
+    ),
+    family(
+        "boxoffice_sale_admit_rate_changed_at_seconds",
+        Gauge,
+        SECONDS,
+        "When an event's admission rate last changed (its creation until it did), Unix seconds.",
+        Series::PerEventSale,
     ),
     family(
         "boxoffice_waiting_room_admit_rate",

@@ -79,7 +79,7 @@ fn describe_and_register() {
                     register(f, &labels);
                 }
             }
-            Series::PerSection | Series::PerEvent | Series::Cluster => {}
+            Series::PerSection | Series::PerEvent | Series::PerEventSale | Series::Cluster => {}
         }
     }
     for labels in build_info_labels() {

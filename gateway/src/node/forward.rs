@@ -616,6 +616,7 @@ fn of_hold(id: &str) -> Option<String> {
 
 routed_by!(pb::GetEventRequest, |m| Some(m.event_id.clone()));
 routed_by!(pb::GetSeatMapRequest, |m| Some(m.event_id.clone()));
+routed_by!(pb::UpdateSaleRequest, |m| Some(m.event_id.clone()));
 routed_by!(pb::JoinRequest, |m| Some(m.event_id.clone()));
 routed_by!(pb::GetJoinChallengeRequest, |m| Some(m.event_id.clone()));
 routed_by!(
@@ -662,6 +663,7 @@ fn route_of(path: &str, headers: &http::HeaderMap, body: bytes::Bytes) -> (Route
         "/boxoffice.v1.EventService/CreateEvent" => read::<pb::CreateEventRequest>(&msg, body),
         "/boxoffice.v1.EventService/GetEvent" => read::<pb::GetEventRequest>(&msg, body),
         "/boxoffice.v1.EventService/GetSeatMap" => read::<pb::GetSeatMapRequest>(&msg, body),
+        "/boxoffice.v1.EventService/UpdateSale" => read::<pb::UpdateSaleRequest>(&msg, body),
         "/boxoffice.v1.WaitingRoomService/Join" => read::<pb::JoinRequest>(&msg, body),
         "/boxoffice.v1.WaitingRoomService/GetJoinChallenge" => {
             read::<pb::GetJoinChallengeRequest>(&msg, body)
@@ -928,6 +930,16 @@ mod tests {
             routed(
                 &format!("{es}GetSeatMap"),
                 &pb::GetSeatMapRequest {
+                    event_id: ev("ev1"),
+                    ..Default::default()
+                }
+            ),
+            e()
+        );
+        assert_eq!(
+            routed(
+                &format!("{es}UpdateSale"),
+                &pb::UpdateSaleRequest {
                     event_id: ev("ev1"),
                     ..Default::default()
                 }

@@ -30,8 +30,9 @@ use crate::services::Groups;
 use crate::status::ApiError;
 
 /// The calls whose every answer waits (see the module).
-pub const ALWAYS: [&str; 9] = [
+pub const ALWAYS: [&str; 10] = [
     "/boxoffice.v1.EventService/GetEvent",
+    "/boxoffice.v1.EventService/UpdateSale",
     "/boxoffice.v1.EventService/ListEvents",
     "/boxoffice.v1.WaitingRoomService/Join",
     "/boxoffice.v1.WaitingRoomService/GetStatus",

@@ -76,6 +76,17 @@ impl pb::event_service_server::EventService for EventSvc {
         ok(api.event_proto(e))
     }
 
+    async fn update_sale(&self, req: Request<pb::UpdateSaleRequest>) -> Rpc<pb::Event> {
+        let api = ready(self.0.of(&req))?;
+        let (id, update, key) = convert::sale_update(req.into_inner()).map_err(ApiError::from)?;
+        let e = api
+            .engine
+            .update_sale(&id, update, &key)
+            .await
+            .map_err(ApiError::from)?;
+        ok(api.event_proto(e))
+    }
+
     async fn get_event(&self, req: Request<pb::GetEventRequest>) -> Rpc<pb::Event> {
         let api = ready(self.0.of(&req))?;
         let id = event_id("event_id", req.into_inner().event_id)?;
@@ -248,6 +259,9 @@ impl pb::waiting_room_service_server::WaitingRoomService for WaitingRoomSvc {
         let req = req.into_inner();
         let id = check_join(&req)?;
         let event = api.engine.event_terms(&id).map_err(ApiError::from)?;
+        if let Some(refused) = event.sale_state.refusal() {
+            return Err(ApiError::from(refused).into());
+        }
         let room = api.room(&event).await?;
         let now = api.clock.now_ms();
         // A fan joining after the opening instant is never part of the opening draw.
@@ -368,6 +382,7 @@ impl pb::waiting_room_service_server::WaitingRoomService for WaitingRoomSvc {
             status.state = pb::QueueState::SoldOut as i32;
             status.eta_seconds = 0;
         }
+        status.sale_state = convert::sale_state(terms.sale_state) as i32;
         ok(status)
     }
 }

@@ -9,8 +9,8 @@ use boxoffice_engine::raft::ReadFence;
 use std::sync::Arc;
 
 use boxoffice_engine::{
-    Caller, CheckedHold, Clock, Engine, EventId, EventTerms, EventView, HoldView, UserId,
-    check_user_id,
+    Caller, CheckedHold, Clock, Engine, EventId, EventTerms, EventView, HoldView, SaleState,
+    UserId, check_user_id,
 };
 use boxoffice_proto::v1 as pb;
 use tonic::Request;
@@ -229,13 +229,15 @@ impl Api {
                     price_cents: s.spec.price_cents,
                 })
                 .collect(),
-            hold_ttl_seconds: u32::try_from(e.spec.hold_ttl_ms / 1000).unwrap_or(u32::MAX),
-            per_user_limit: e.spec.per_user_limit,
-            admit_rate_per_second: e.spec.admit_rate_per_second,
+            hold_ttl_seconds: u32::try_from(e.sale.hold_ttl_ms / 1000).unwrap_or(u32::MAX),
+            per_user_limit: e.sale.per_user_limit,
+            admit_rate_per_second: e.sale.admit_rate_per_second,
             admission_window_seconds: u32::try_from(e.spec.admission_window_ms / 1000)
                 .unwrap_or(u32::MAX),
             sale_opens_at_unix_ms: i64::try_from(e.spec.sale_opens_at_ms).unwrap_or(i64::MAX),
-            state: if opened {
+            state: if e.sale.state == SaleState::Ended {
+                pb::EventState::Closed
+            } else if opened {
                 pb::EventState::OnSale
             } else {
                 pb::EventState::Scheduled
@@ -248,6 +250,10 @@ impl Api {
             },
             shuffled_fans: u64::from(drawn.unwrap_or(0)),
             join_pow_difficulty_bits: e.spec.join_pow_difficulty_bits,
+            sale_state: convert::sale_state(e.sale.state) as i32,
+            sale_state_changed_at_unix_ms: convert::ms(e.sale.state_changed_at_ms),
+            admit_rate_changed_at_unix_ms: convert::ms(e.sale.rate_changed_at_ms),
+            terms_changed_at_unix_ms: convert::ms(e.sale.terms_changed_at_ms),
         }
     }
 

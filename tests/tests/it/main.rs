@@ -29,6 +29,8 @@ mod owners;
 mod pow;
 mod recovery;
 mod refunds;
+mod sale;
+mod sale_api;
 mod seams;
 mod seat_maps;
 mod sweeper;
