@@ -332,3 +332,43 @@ async fn settings_change_new_holds_only_and_bad_updates_change_nothing() {
     engine.confirm(pay_with_visa(&bob, "")).await.unwrap();
     engine.shutdown().await;
 }
+
+/// A crash between the pause's catalog record and its sections' records (the section's write
+/// fails, and the engine stops): the next start finds the catalog paused and a section that is
+/// not, and pauses it before serving; nothing is held meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_finishes_a_pause_its_sections_did_not_record() {
+    let sink = boxoffice_engine::MemorySink::new();
+    let cfg = || boxoffice_engine::EngineConfig::with_sink(sink.clone()).unwrap();
+    let engine = Engine::open(cfg()).await.unwrap();
+    engine
+        .create_event(event("c", vec![ga("g", 100, 1)], 60_000, 4))
+        .await
+        .unwrap();
+    engine.hold(best("c", "ann", 1)).await.unwrap();
+    let e = EventId::from("c");
+    // The write after the catalog's fails: the section's pause.
+    sink.fail_write_after(2);
+    let r = engine.update_sale(&e, to(SaleState::Paused), "").await;
+    assert!(r.is_err(), "the pause was not answered: {r:?}");
+    assert!(
+        engine.stopped().is_some(),
+        "a failed write stops the engine"
+    );
+    drop(engine);
+    let engine = Engine::open(cfg()).await.unwrap();
+    assert_eq!(engine.event(&e).unwrap().sale.state, SaleState::Paused);
+    let core = engine
+        .inspect_section(&e, &boxoffice_engine::SectionId::from("g"))
+        .await
+        .unwrap();
+    assert!(
+        core.sale().paused_since_ms.is_some(),
+        "the section was paused at the start"
+    );
+    assert_eq!(
+        refused(engine.hold(best("c", "bob", 1)).await),
+        Rejection::SalePaused
+    );
+    engine.shutdown().await;
+}

@@ -1,0 +1,178 @@
+//! Sale controls on a cluster and from the command line (issue 28, points 1 and 4): three
+//! `boxoffice serve` processes; `boxoffice sale pause` sent to a follower is forwarded to the
+//! leader, replicated, and in force on every node; the leader is killed with SIGKILL while the
+//! sale is paused; the new leader keeps it paused (and its rate), and its resume extends the
+//! paused fan's hold by the pause; a bad command exits 1 with the reason and changes nothing.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a failed unwrap is a failed test
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use boxoffice_client::{Bearer, Clients};
+use boxoffice_proto::v1 as pb;
+use common::{ADMIN, Layout, Node, admitted, channel, ga_event, layout, leader, retrying};
+
+fn hold(user: &str, token: &str) -> pb::HoldRequest {
+    pb::HoldRequest {
+        event_id: "ctl".into(),
+        user_id: user.into(),
+        admission_token: token.into(),
+        idempotency_key: String::new(),
+        selection: Some(pb::hold_request::Selection::BestAvailable(
+            pb::BestAvailable {
+                section_id: "ga".into(),
+                quantity: 1,
+            },
+        )),
+    }
+}
+
+/// `boxoffice sale ARGS` against `target`: its exit code and its output.
+fn sale(target: &str, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_boxoffice"))
+        .arg("sale")
+        .args(args)
+        .args(["--target", &format!("http://{target}")])
+        .env("BOXOFFICE_ADMIN_KEY", ADMIN)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+async fn event(clients: &[Clients], first: usize) -> pb::Event {
+    let tally = std::sync::atomic::AtomicU64::new(0);
+    retrying(clients, first, &tally, |mut c| async move {
+        c.events
+            .get_event(pb::GetEventRequest {
+                event_id: "ctl".into(),
+            })
+            .await
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_is_forwarded_replicated_and_outlives_the_leader() {
+    let tmp = tempfile::tempdir().unwrap();
+    let lay = layout(tmp.path());
+    let Layout { addrs, .. } = &lay;
+    let mut nodes: Vec<Node> = (0..3).map(|i| lay.start(i)).collect();
+    for n in &nodes {
+        n.wait_ready();
+    }
+    let admin = Bearer::new(ADMIN).unwrap();
+    let clients = common::clients_of(addrs);
+    let l = leader(&nodes).await;
+    let follower = (l + 1) % 3;
+    Clients::new(&channel(&addrs[follower]), &admin)
+        .events
+        .create_event(ga_event("ctl", 100))
+        .await
+        .unwrap();
+    let token = admitted(&mut clients[follower].clone(), "ctl", "ann").await;
+    let held = clients[follower]
+        .clone()
+        .booking
+        .hold(hold("ann", &token))
+        .await
+        .unwrap()
+        .into_inner();
+
+    // Paused through a follower, with a new rate: every node refuses holds.
+    let (code, out, err) = sale(&addrs[follower], &["pause", "ctl", "--admit-rate", "7"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("sale PAUSED") && out.contains("admit rate 7/s"),
+        "{out}"
+    );
+    for i in 0..3 {
+        let refused = clients[i].clone().booking.hold(hold("ann", &token)).await;
+        let s = refused.unwrap_err();
+        assert_eq!(
+            boxoffice_client::reason(&s).as_deref(),
+            Some("SALE_PAUSED"),
+            "node {i}: {s:?}"
+        );
+    }
+    let paused = event(&clients, follower).await;
+    // A bad command changes nothing and says why.
+    let (code, _, err) = sale(&addrs[follower], &["set", "ctl", "--admit-rate", "-3"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("INVALID_REQUEST"), "{err}");
+    let (code, _, err) = sale(&addrs[follower], &["pause", "nope"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("EVENT_NOT_FOUND"), "{err}");
+
+    // The leader dies while paused: the new one keeps the pause and the rate.
+    let l = leader(&nodes).await;
+    nodes[l].kill9();
+    let new = leader(&nodes).await;
+    let kept = event(&clients, new).await;
+    assert_eq!(
+        (kept.sale_state(), kept.admit_rate_per_second),
+        (pb::SaleState::Paused, 7)
+    );
+    assert_eq!(
+        kept.sale_state_changed_at_unix_ms,
+        paused.sale_state_changed_at_unix_ms
+    );
+    let tally = std::sync::atomic::AtomicU64::new(0);
+    let refused = retrying(&clients, new, &tally, |mut c| {
+        let token = token.clone();
+        async move { c.booking.hold(hold("ann", &token)).await }
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(
+        boxoffice_client::reason(&refused).as_deref(),
+        Some("SALE_PAUSED")
+    );
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+
+    // Resumed on the new leader: ann's hold lives the pause's length longer.
+    let (code, out, err) = sale(&addrs[new], &["resume", "ctl"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let resumed = event(&clients, new).await;
+    let pause_ms = resumed.sale_state_changed_at_unix_ms - paused.sale_state_changed_at_unix_ms;
+    assert!(pause_ms >= 1_500);
+    let now = retrying(&clients, new, &tally, |mut c| {
+        let hold_id = held.hold_id.clone();
+        async move {
+            c.booking
+                .get_hold(pb::GetHoldRequest {
+                    hold_id,
+                    user_id: "ann".into(),
+                })
+                .await
+        }
+    })
+    .await
+    .unwrap();
+    let moved = now.expires_at_unix_ms - held.expires_at_unix_ms;
+    assert!(
+        (pause_ms - 1_000..=pause_ms + 1_000).contains(&moved),
+        "the hold moved by {moved} ms, the pause lasted {pause_ms} ms"
+    );
+    retrying(&clients, new, &tally, |mut c| {
+        let token = token.clone();
+        async move { c.booking.hold(hold("ann", &token)).await }
+    })
+    .await
+    .unwrap();
+    // The killed node comes back and sees the sale as the group does.
+    nodes[l] = lay.start(l);
+    nodes[l].wait_ready();
+    let seen = event(&clients, l).await;
+    assert_eq!(seen.sale_state(), pb::SaleState::Open);
+    for n in &mut nodes {
+        n.terminate();
+    }
+}
