@@ -93,8 +93,8 @@ async fn a_pause_is_forwarded_replicated_and_outlives_the_leader() {
         out.contains("sale PAUSED") && out.contains("admit rate 7/s"),
         "{out}"
     );
-    for i in 0..3 {
-        let refused = clients[i].clone().booking.hold(hold("ann", &token)).await;
+    for (i, c) in clients.iter().enumerate() {
+        let refused = c.clone().booking.hold(hold("ann", &token)).await;
         let s = refused.unwrap_err();
         assert_eq!(
             boxoffice_client::reason(&s).as_deref(),
