@@ -38,10 +38,12 @@ http=$(free_port)
     --listen "127.0.0.1:$(free_port)" --metrics-listen "127.0.0.1:$(free_port)" \
     --data-dir "$work/data" >"$work/serve.log" 2>&1 &
 server=$!
-# Ready once its HTTP port answers (up to a minute: a loaded CI machine starts slowly).
+# Ready once it serves calls (up to a minute: a loaded CI machine starts slowly). The HTTP port
+# answers its OpenAPI document while the log is still being replayed, and calls NOT_READY (503)
+# then: a list of events answers 200 only once the engine serves.
 ready=
 for _ in $(seq 1 300); do
-    if curl -sf "http://127.0.0.1:$http/v1/openapi.json" -o /dev/null; then
+    if curl -sf "http://127.0.0.1:$http/v1/events" -H 'Authorization: Bearer cli' -o /dev/null; then
         ready=1
         break
     fi
