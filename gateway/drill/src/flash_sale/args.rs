@@ -80,6 +80,20 @@ pub struct FlashSaleArgs {
     /// keep going.
     #[arg(long, value_name = "SECONDS")]
     pub replace_node_after: Option<f64>,
+    /// This many seconds after the sale opens, an operator pauses it (`UpdateSale`
+    /// `SALE_STATE_PAUSED`: the emergency stop), and opens it again `--pause-for` seconds
+    /// later. The report says when, and how many places were taken while it was paused (none
+    /// may be); the plot shades the pause. Fans refused with SALE_PAUSED wait and try again.
+    #[arg(long, value_name = "SECONDS")]
+    pub pause_at: Option<f64>,
+    /// How long the pause of `--pause-at` lasts, seconds.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 2.0,
+        requires = "pause_at"
+    )]
+    pub pause_for: f64,
     /// Run the seeds' uncoordinated baseline in-process (read the map, book what looked free).
     #[arg(long)]
     pub naive: bool,
@@ -147,6 +161,19 @@ impl FlashSaleArgs {
                 return Err(UsageError::new(format!(
                     "{flag} is a number of seconds, 0 or more"
                 )));
+            }
+        }
+        if let Some(at) = self.pause_at {
+            if self.naive {
+                return Err(UsageError::new(
+                    "--pause-at steers the engine's sale: it cannot be used with --naive",
+                ));
+            }
+            if !(at.is_finite() && at >= 0.0 && self.pause_for.is_finite() && self.pause_for > 0.0)
+            {
+                return Err(UsageError::new(
+                    "--pause-at is a number of seconds, 0 or more; --pause-for more than 0",
+                ));
             }
         }
         for (name, v) in [

@@ -33,6 +33,9 @@ use super::tally::{AckedOrder, Latencies, Tally, Ticket, reason, record, record_
 /// Times a fan joins the line again when its place is gone before giving up.
 const REJOINS_MAX: u32 = 5;
 
+/// How long a fan told `SALE_PAUSED` waits before trying again (plus up to 50 ms).
+const PAUSED_RETRY: Duration = Duration::from_millis(250);
+
 /// How fans retry: only calls the gate or a section shed (`OVERLOADED`), at most 200 times,
 /// waiting 5 ms doubling to 70 ms plus jitter (70 to 140 ms once at the cap: on average the
 /// 105 ms the fans have always waited at most).
@@ -264,6 +267,11 @@ impl<'a> Fan<'a> {
     }
 
     /// The clients of the node the fan calls now.
+    /// Up to 50 ms, so fans told to wait do not all come back at once.
+    fn jitter(&mut self) -> Duration {
+        Duration::from_millis(self.rng.random_range(0..50))
+    }
+
     fn here(&self) -> &Clients {
         &self.nodes[self.at.load(Ordering::Relaxed) % self.nodes.len()]
     }
@@ -471,6 +479,12 @@ impl<'a> Fan<'a> {
             record(lat, |l| &mut l.join, join_started);
             let ticket = match joined {
                 Ok(t) => t.into_inner(),
+                Err(s) if reason(&s) == "SALE_PAUSED" => {
+                    // An operator paused the sale: wait, and join when it goes on.
+                    tally.sale_paused.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(PAUSED_RETRY + self.jitter()).await;
+                    continue;
+                }
                 Err(s) => {
                     tally.error("join", Some(&s));
                     return None;
@@ -621,7 +635,7 @@ impl<'a> Fan<'a> {
             section_id: String::new(),
             quantity,
         });
-        let mut attempt = 0;
+        let (mut attempt, mut paused) = (0, 0);
         loop {
             attempt += 1;
             let started = Instant::now();
@@ -629,7 +643,12 @@ impl<'a> Fan<'a> {
                 event_id: self.crowd.event.event_id.clone(),
                 user_id: self.user.clone(),
                 admission_token: admission.to_owned(),
-                idempotency_key: format!("{key}-{attempt}"),
+                // A try refused with SALE_PAUSED may have left that answer under its key: the
+                // next try after the pause takes another.
+                idempotency_key: match paused {
+                    0 => format!("{key}-{attempt}"),
+                    p => format!("{key}-{attempt}-p{p}"),
+                },
                 selection: Some(selection.clone().unwrap_or(anywhere.clone())),
             };
             let r = self
@@ -653,6 +672,14 @@ impl<'a> Fan<'a> {
                         *l = Some(Instant::now());
                     }
                     return Ok(h);
+                }
+                Err(s) if reason(&s) == "SALE_PAUSED" => {
+                    // An operator paused the sale: wait, and try again when it goes on (the
+                    // same try: the fallbacks below count tries the sale answered).
+                    tally.sale_paused.fetch_add(1, Ordering::Relaxed);
+                    paused += 1;
+                    attempt -= 1;
+                    tokio::time::sleep(PAUSED_RETRY + self.jitter()).await;
                 }
                 Err(s) if reason(&s) == "SEAT_UNAVAILABLE" && attempt < 3 => {
                     // The map was stale: someone was faster. Best available will do.

@@ -50,6 +50,7 @@ mod args;
 mod failover;
 mod fans;
 pub(crate) mod naive;
+mod pause;
 mod plot;
 mod progress;
 mod report;
@@ -225,6 +226,15 @@ async fn sale(args: FlashSaleArgs, mut servers: Servers) -> anyhow::Result<Repor
     };
     let killer = killer(&servers, &args, started + opens_in);
     let replacer = replacer(&servers, &args, started + opens_in);
+    let pauser = args.pause_at.map(|at| {
+        pause::Pauser::spawn(
+            admins.clone(),
+            event_id.clone(),
+            started,
+            started + opens_in + Duration::from_secs_f64(at),
+            Duration::from_secs_f64(args.pause_for),
+        )
+    });
     let arrivals = Arrivals::new(&args, started, opens_in);
     let args = Arc::new(args);
     let crowd = Arc::new(Crowd::new(
@@ -243,6 +253,10 @@ async fn sale(args: FlashSaleArgs, mut servers: Servers) -> anyhow::Result<Repor
     };
     let replaced = match replacer {
         Some(r) => Some(r.finish().await?),
+        None => None,
+    };
+    let paused = match pauser {
+        Some(p) => Some(p.finish().await?),
         None => None,
     };
     let view = await_expiry(&admins, &event_id, args.hold_ttl_ms()).await?;
@@ -268,6 +282,12 @@ async fn sale(args: FlashSaleArgs, mut servers: Servers) -> anyhow::Result<Repor
         c.replaced_by = Some(r.new);
         c.replaced_after_opening_seconds = Some(r.after_opening_seconds);
         c.replace_ms = Some(u64::try_from(r.took.as_millis()).unwrap_or(u64::MAX));
+    }
+    if let Some(p) = paused {
+        report.paused_at_seconds = Some(p.paused_at_seconds);
+        report.resumed_at_seconds = Some(p.resumed_at_seconds);
+        report.places_taken_during_pause = Some(p.taken_during_pause);
+        report.pause_call_ms = Some(p.pause_call_ms);
     }
     count_and_plot(&mut report, &crowd, &samples, started)?;
     Ok(report)
@@ -508,6 +528,8 @@ mod tests {
             nodes: 1,
             kill_leader_after: None,
             replace_node_after: None,
+            pause_at: None,
+            pause_for: 2.0,
             naive: false,
             seed: 7,
             json: None,
@@ -589,6 +611,45 @@ mod tests {
         let mut a = small(10, 60);
         a.join_pow_bits = 33;
         assert!(run(a).await.is_err(), "above the documented maximum");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_sale_paused_in_its_burst_takes_no_place_while_paused_and_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let plot = dir.path().join("sale.svg");
+        let mut args = small(2_000, 400);
+        // Arrivals over 2 s: the pause at 0.5 s comes in the middle of them.
+        args.arrival_seconds = 2.0;
+        args.pause_at = Some(0.5);
+        args.pause_for = 1.0;
+        args.plot = Some(plot.clone());
+        let report = run(args).await.unwrap();
+        assert!(report.clean(), "{}", report.table());
+        let (from, to) = (
+            report.paused_at_seconds.unwrap(),
+            report.resumed_at_seconds.unwrap(),
+        );
+        assert!(to - from >= 1.0, "{}", report.table());
+        assert!(
+            report.places_taken_during_pause.unwrap() <= 0,
+            "no place taken while paused: {}",
+            report.table()
+        );
+        assert!(
+            report.sale_paused_answers > 0,
+            "fans were told SALE_PAUSED, and tried again: {}",
+            report.table()
+        );
+        assert_eq!(
+            report.admitted + report.told_sold_out,
+            2_000,
+            "every fan went on after the pause: {}",
+            report.table()
+        );
+        assert!(report.sold > 0 && report.sold <= 400);
+        assert!(report.table().contains("sale paused (operator)"));
+        assert!(std::fs::read_to_string(&plot).unwrap().contains("paused"));
+        assert!(report.json().contains("\"places_taken_during_pause\":"));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

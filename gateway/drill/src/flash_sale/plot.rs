@@ -53,7 +53,7 @@ fn draw(root: Area<'_>, samples: &[Sample], r: &Report) -> anyhow::Result<()> {
         .iter()
         .zip(series(samples, r))
     {
-        time_panel(area, &series, t_max)?;
+        time_panel(area, &series, t_max, pause(r))?;
     }
     latency_panel(&latency, r.hold_us, r.confirm_us)?;
     footer.draw(&Text::new(
@@ -101,8 +101,18 @@ fn series(samples: &[Sample], r: &Report) -> [Series; 3] {
     ]
 }
 
-/// One line over the sale's seconds, under its caption.
-fn time_panel(area: &Area<'_>, s: &Series, t_max: f64) -> anyhow::Result<()> {
+/// When the sale was paused (`--pause-at`), seconds on the time axis.
+fn pause(r: &Report) -> Option<(f64, f64)> {
+    r.paused_at_seconds.zip(r.resumed_at_seconds)
+}
+
+/// One line over the sale's seconds, under its caption; a pause shaded grey behind it.
+fn time_panel(
+    area: &Area<'_>,
+    s: &Series,
+    t_max: f64,
+    pause: Option<(f64, f64)>,
+) -> anyhow::Result<()> {
     let y_max = s.points.iter().map(|p| p.1).fold(1.0, f64::max);
     let mut chart = ChartBuilder::on(area)
         .caption(&s.caption, (FONT, 14))
@@ -119,6 +129,18 @@ fn time_panel(area: &Area<'_>, s: &Series, t_max: f64) -> anyhow::Result<()> {
         .x_label_formatter(&|t| format!("{t:.0} s"))
         .y_label_formatter(&|y| format!("{y:.0}"))
         .draw()?;
+    if let Some((from, to)) = pause {
+        let top = y_max * 1.05;
+        chart.draw_series(std::iter::once(Rectangle::new(
+            [(from, 0.0), (to, top)],
+            RGBColor(0xdd, 0xdd, 0xdd).filled(),
+        )))?;
+        chart.draw_series(std::iter::once(Text::new(
+            "paused",
+            (from, top * 0.95),
+            (FONT, 11),
+        )))?;
+    }
     chart.draw_series(LineSeries::new(
         s.points.iter().copied(),
         s.color.stroke_width(2),

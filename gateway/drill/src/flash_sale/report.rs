@@ -93,6 +93,20 @@ pub struct Report {
     pub told_sold_out_p50_ms: Option<u64>,
     /// The same, the longest.
     pub told_sold_out_max_ms: Option<u64>,
+    /// With `--pause-at`: when the pause was answered, seconds since the sale's start (the
+    /// plot's time axis).
+    #[serde(serialize_with = "json::opt_millis")]
+    pub paused_at_seconds: Option<f64>,
+    /// With `--pause-at`: when the resume was answered, seconds since the sale's start.
+    #[serde(serialize_with = "json::opt_millis")]
+    pub resumed_at_seconds: Option<f64>,
+    /// With `--pause-at`: places taken (held or sold) while the sale was paused, from the
+    /// pause's answer to the resume (0 or less: none may be taken).
+    pub places_taken_during_pause: Option<i64>,
+    /// With `--pause-at`: how long the pause took to answer (every section paused), ms.
+    pub pause_call_ms: Option<u64>,
+    /// Joins and holds refused with `SALE_PAUSED` (the fans waited and tried again).
+    pub sale_paused_answers: u64,
     /// Fans who joined the waitlist after a SOLD_OUT.
     pub waitlist_joined: u64,
     /// Waitlist offers confirmed.
@@ -522,6 +536,18 @@ impl Report {
                 ),
             ));
         }
+        if let (Some(from), Some(to)) = (self.paused_at_seconds, self.resumed_at_seconds) {
+            rows.push((
+                "sale paused (operator): from / to / places taken meanwhile",
+                format!(
+                    "{from:.2} s / {to:.2} s / {} (the pause answered in {} ms; {} joins and \
+                     holds told SALE_PAUSED, tried again)",
+                    self.places_taken_during_pause.unwrap_or(0),
+                    self.pause_call_ms.unwrap_or(0),
+                    self.sale_paused_answers
+                ),
+            ));
+        }
         rows.extend([
             ("SOLD_OUT answers", self.sold_out_answers.to_string()),
             (
@@ -674,6 +700,7 @@ impl Report {
         self.confirms = n(&tally.confirms_ok);
         self.sold_out_answers = n(&tally.sold_out);
         self.told_sold_out = n(&tally.told_sold_out);
+        self.sale_paused_answers = n(&tally.sale_paused);
         if let Ok(d) = tally.sold_out_delays.lock() {
             let mut ms: Vec<u64> = d
                 .iter()

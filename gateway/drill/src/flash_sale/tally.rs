@@ -76,6 +76,8 @@ pub(crate) struct Tally {
     pub positions: Mutex<Vec<(usize, u64)>>,
     /// Fans told by the line that every place is taken (`QUEUE_STATE_SOLD_OUT`), once each.
     pub told_sold_out: AtomicU64,
+    /// Joins and holds refused with `SALE_PAUSED` (tried again after a wait).
+    pub sale_paused: AtomicU64,
     /// When the last hold was acknowledged.
     pub last_hold: Mutex<Option<Instant>>,
     /// For each fan told sold out: how long after the later of the last hold acknowledged
