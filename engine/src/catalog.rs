@@ -177,7 +177,7 @@ impl Catalog {
         tracing::info!(event = %event_id, state = sale.state.name(),
             admit_rate = sale.admit_rate_per_second, hold_ttl_ms = sale.hold_ttl_ms,
             per_user_limit = sale.per_user_limit, "sale updated");
-        follow(entry, sale.state.section_change()).await?;
+        follow(entry, SaleChange::of(sale.state)).await?;
         drop(writer);
         self.event(event_id)
     }

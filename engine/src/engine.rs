@@ -360,7 +360,7 @@ impl Engine {
     /// or neither): a section already there records nothing.
     async fn converge_sales(&self) -> Result<(), EngineError> {
         for entry in self.inner.catalog.entries() {
-            let change = entry.sale_state().section_change();
+            let change = SaleChange::of(entry.sale_state());
             self.sections_follow_sale(&entry, change).await?;
         }
         Ok(())

@@ -14,7 +14,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::core::SaleChange;
 use crate::error::Rejection;
 use crate::limits::{HOLD_TTL_MS_MAX, PER_USER_LIMIT_MAX};
 
@@ -59,16 +58,6 @@ impl SaleState {
         self == SaleState::Open
     }
 
-    /// What each section of an event in this state must stand as: paused, ended, or neither
-    /// (a resume, which changes nothing in a section that is not paused).
-    pub fn section_change(self) -> SaleChange {
-        match self {
-            SaleState::Paused => SaleChange::Pause,
-            SaleState::Ended => SaleChange::End,
-            SaleState::Open | SaleState::QueueAll => SaleChange::Resume,
-        }
-    }
-
     /// The refusal a new hold or join gets in this state, if any.
     pub fn refusal(self) -> Option<Rejection> {
         match self {
@@ -107,24 +96,7 @@ impl SaleControls {
         update: &SaleUpdate,
         now_ms: u64,
     ) -> Result<Option<SaleControls>, Rejection> {
-        let rate = checked(
-            update.admit_rate_per_second,
-            "admit_rate_per_second",
-            u64::from(ADMIT_RATE_PER_SECOND_MAX),
-            0,
-        )?;
-        let ttl_s = checked(
-            update.hold_ttl_seconds,
-            "hold_ttl_seconds",
-            HOLD_TTL_MS_MAX / 1000,
-            1,
-        )?;
-        let limit = checked(
-            update.per_user_limit,
-            "per_user_limit",
-            u64::from(PER_USER_LIMIT_MAX),
-            1,
-        )?;
+        let (rate, ttl_s, limit) = update.settings()?;
         if update.state.is_none() && rate.is_none() && ttl_s.is_none() && limit.is_none() {
             return Err(Rejection::invalid(
                 "state",
@@ -172,6 +144,34 @@ impl SaleControls {
             }
         }
         Ok((next != *self).then_some(next))
+    }
+}
+
+impl SaleUpdate {
+    /// The settings asked for, each checked against its range: the admission rate, the hold
+    /// TTL in seconds, the per-user limit.
+    #[allow(clippy::type_complexity)]
+    fn settings(&self) -> Result<(Option<u64>, Option<u64>, Option<u64>), Rejection> {
+        Ok((
+            checked(
+                self.admit_rate_per_second,
+                "admit_rate_per_second",
+                u64::from(ADMIT_RATE_PER_SECOND_MAX),
+                0,
+            )?,
+            checked(
+                self.hold_ttl_seconds,
+                "hold_ttl_seconds",
+                HOLD_TTL_MS_MAX / 1000,
+                1,
+            )?,
+            checked(
+                self.per_user_limit,
+                "per_user_limit",
+                u64::from(PER_USER_LIMIT_MAX),
+                1,
+            )?,
+        ))
     }
 }
 

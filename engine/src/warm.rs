@@ -97,6 +97,24 @@ impl Kept {
         self.rooms.insert(names::room(event_id), event_id.clone());
     }
 
+    /// A catalog record: an event created gets its new sections' cores (and their streams'
+    /// names); a sale update changes its event's controls.
+    fn catalog(&mut self, record: CatalogRecord) -> Result<(), Misfit> {
+        let created = LoggedEvent::fold(&mut self.replayed.events, record)?
+            .map(|e| (e.event_id.clone(), e.spec.clone()));
+        if let Some((event_id, spec)) = created {
+            for s in &spec.sections {
+                let core =
+                    SectionCore::new(event_id.clone(), s.clone()).with_window_ms(self.window_ms);
+                self.replayed
+                    .cores
+                    .insert((event_id.clone(), s.section_id.clone()), (core, 0));
+            }
+            self.name_event(&event_id, &spec);
+        }
+        Ok(())
+    }
+
     /// The next sequence number `stream` expects, and whether `seq` is it (`Ok(false)`: applied
     /// already).
     fn next(stream: &str, last: u64, seq: u64) -> Result<bool, Misfit> {
@@ -116,19 +134,8 @@ impl Kept {
         if stream == names::CATALOG {
             if Self::next(stream, self.replayed.catalog_last, seq)? {
                 let record: CatalogRecord = codec::decode(bytes).map_err(bad)?;
-                let created = LoggedEvent::fold(&mut self.replayed.events, record)
-                    .map_err(|e| format!("stream `{stream}` #{seq}: {e}"))?
-                    .map(|e| (e.event_id.clone(), e.spec.clone()));
-                if let Some((event_id, spec)) = created {
-                    for s in &spec.sections {
-                        let core = SectionCore::new(event_id.clone(), s.clone())
-                            .with_window_ms(self.window_ms);
-                        self.replayed
-                            .cores
-                            .insert((event_id.clone(), s.section_id.clone()), (core, 0));
-                    }
-                    self.name_event(&event_id, &spec);
-                }
+                self.catalog(record)
+                    .map_err(|e| format!("stream `{stream}` #{seq}: {e}"))?;
                 self.replayed.catalog_last = seq;
             }
         } else if stream == names::WAITLIST {

@@ -428,6 +428,18 @@ impl SectionCore {
                 self.end_hold(hold_id, HoldStatus::Expired, *at_ms)?;
             }
             SectionRecord::PlacesWithdrawn { places, .. } => self.apply_withdrawn(places)?,
+            SectionRecord::SalePaused { .. }
+            | SectionRecord::SaleResumed { .. }
+            | SectionRecord::SaleEnded { .. } => self.apply_sale(record)?,
+        }
+        self.assert_counts();
+        self.forget_ended(record.at_ms());
+        Ok(())
+    }
+
+    /// A sale control's record: a pause, a resume (the deadlines move), an end.
+    fn apply_sale(&mut self, record: &SectionRecord) -> Result<(), String> {
+        match record {
             SectionRecord::SalePaused { at_ms } => {
                 if self.sale.ended || self.sale.paused_since_ms.is_some() {
                     return Err("a pause of a sale paused or ended".into());
@@ -447,9 +459,8 @@ impl SectionCore {
                 self.end_pause(*at_ms);
                 self.sale.ended = true;
             }
+            _ => unreachable!("only a sale control's record is applied here"),
         }
-        self.assert_counts();
-        self.forget_ended(record.at_ms());
         Ok(())
     }
 

@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::sale::SaleState;
 use crate::types::{HoldId, HoldView, OrderId, OrderView, SeatId, UserId};
 
 /// Tag of an idempotency key on a record: the key and the request's fingerprint.
@@ -100,6 +101,18 @@ pub enum SaleChange {
     Resume,
     /// Take no more holds, for good.
     End,
+}
+
+impl SaleChange {
+    /// What each section of an event whose sale is in `state` must stand as: paused, ended,
+    /// or neither (a resume, which changes nothing in a section that is not paused).
+    pub fn of(state: SaleState) -> SaleChange {
+        match state {
+            SaleState::Paused => SaleChange::Pause,
+            SaleState::Ended => SaleChange::End,
+            SaleState::Open | SaleState::QueueAll => SaleChange::Resume,
+        }
+    }
 }
 
 /// A section's own view of its sale: paused since when, and whether it ended. Recorded in its

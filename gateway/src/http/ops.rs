@@ -1,5 +1,6 @@
-//! The live operations page (`GET /ops`) and its figures (`GET /ops/stats`): per event, seats
-//! left per section, the waiting room's length, admissions against the cap, holds, confirms,
+//! The live operations page (`GET /ops`) and its figures (`GET /ops/stats`): per event, the
+//! sale's state as an operator set it, seats left per section, the waiting room's length,
+//! admissions against the cap, holds, confirms,
 //! releases and expiries; the expiry lag, shedding, reconciliation findings and the store's
 //! state. The figures are this process's own metrics (the recorder `/metrics` renders), read
 //! at each request: the page polls them every second and shows rates from one poll to the next.
@@ -108,6 +109,11 @@ pub struct EventFigures {
     pub releases_total: f64,
     /// Holds expired so far.
     pub expired_total: f64,
+    /// The sale's state as an operator set it (`OPEN`, `PAUSED`, `QUEUE_ALL`, `ENDED`; empty
+    /// if the server exports none).
+    pub sale_state: String,
+    /// The admission rate the sale is set to (its cap), per second.
+    pub admit_rate_set: f64,
 }
 
 /// Everything the page shows.
@@ -167,6 +173,8 @@ pub fn stats_of(samples: &[Sample], at_unix_ms: u64) -> OpsStats {
                     }
                 }
                 "boxoffice_waiting_room_queue_length" => ev.queue_length = s.value,
+                "boxoffice_sale_state" if s.value > 0.0 => ev.sale_state = label(s, "state"),
+                "boxoffice_sale_admit_rate_per_second" => ev.admit_rate_set = s.value,
                 "boxoffice_waiting_room_admit_rate" => ev.admit_rate_measured = s.value,
                 "boxoffice_waiting_room_admitted_total" => ev.admitted_total += s.value,
                 "boxoffice_section_holds_total" => ev.holds_total += s.value,
@@ -228,6 +236,9 @@ mod tests {
             boxoffice_section_holds_total{event=\"e1\",section=\"ga\"} 4\n\
             boxoffice_waiting_room_queue_length{event=\"e1\"} 42\n\
             boxoffice_waiting_room_admit_rate{event=\"e1\"} 500\n\
+            boxoffice_sale_state{event=\"e1\",state=\"OPEN\"} 0\n\
+            boxoffice_sale_state{event=\"e1\",state=\"PAUSED\"} 1\n\
+            boxoffice_sale_admit_rate_per_second{event=\"e1\"} 600\n\
             boxoffice_gateway_shed_total{scope=\"gate\"} 5\n\
             boxoffice_engine_shed_total{scope=\"section\"} 1\n\
             boxoffice_sweeper_expiry_lag_seconds_sum 0.5\n\
@@ -246,6 +257,7 @@ mod tests {
             (e.holds_total, e.queue_length, e.admit_rate_measured),
             (7.0, 42.0, 500.0)
         );
+        assert_eq!((e.sale_state.as_str(), e.admit_rate_set), ("PAUSED", 600.0));
         assert_eq!((s.shed_total, s.expiry_lag_count), (6.0, 2.0));
         assert_eq!(s.at_unix_ms, 9);
     }

@@ -266,6 +266,59 @@ async fn the_race_page_shows_chaos_overselling_and_the_engine_selling_each_seat_
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(text(&c, "store").await, "ok");
+    // Charts of the last 10 minutes, drawn in the page: the expiry lag, and four an event.
+    let charts = c
+        .find_all(Locator::Css("svg.chart polyline"))
+        .await
+        .unwrap();
+    assert!(charts.len() >= 5, "{} chart lines", charts.len());
+    // Sale controls: hidden without a key; with the admin key, a pause shows in the next poll,
+    // and a resume after it.
+    let last = Locator::Css("section.event:last-of-type");
+    let event = c.find(last).await.unwrap();
+    let controls = event.find(Locator::Css(".controls")).await.unwrap();
+    assert!(
+        !controls.is_displayed().await.unwrap(),
+        "no key, no controls"
+    );
+    c.find(Locator::Id("admin-key"))
+        .await
+        .unwrap()
+        .send_keys(&demo.target.admin_key)
+        .await
+        .unwrap();
+    c.find(Locator::Id("use-key"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert!(
+        controls.is_displayed().await.unwrap(),
+        "controls with a key"
+    );
+    for (button, state) in [("sale-pause", "PAUSED"), ("sale-resume", "OPEN")] {
+        event
+            .find(Locator::Css(&format!("button.{button}")))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let sale = event.find(Locator::Css(".sale")).await.unwrap();
+            if sale.attr("data-sale").await.unwrap().as_deref() == Some(state) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "/ops did not show the sale {state}: {}",
+                sale.text().await.unwrap()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
     save("ops.png", &c.screenshot().await.unwrap());
     c.close().await.unwrap();
     demo.running.shutdown().await.unwrap();

@@ -86,6 +86,12 @@ pub struct FlashSaleArgs {
     /// may be); the plot shades the pause. Fans refused with SALE_PAUSED wait and try again.
     #[arg(long, value_name = "SECONDS")]
     pub pause_at: Option<f64>,
+    /// Bots that hoard: each joins the line before the opening, and once admitted holds the
+    /// per-user limit anywhere, never pays, and holds again each time its hold expires, until
+    /// the fans are done. The report gives the places they kept from paying fans (left unsold
+    /// at the end) and their share of the seats.
+    #[arg(long, default_value_t = 0)]
+    pub hoarders: usize,
     /// How long the pause of `--pause-at` lasts, seconds.
     #[arg(
         long,

@@ -14,7 +14,7 @@
 //! a fan is told about is recorded, to read back at the end.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -167,6 +167,68 @@ pub(crate) async fn arrive(crowd: Arc<Crowd>, arrivals: &Arrivals) -> anyhow::Re
     Ok(())
 }
 
+/// A hoarding bot (`--hoarders`): it joins the line with the fans who come before the opening,
+/// and once admitted holds the per-user limit anywhere, never pays, and holds again as soon as
+/// its hold has expired, until `stop` is raised (the fans are done). The places it held then.
+pub(crate) async fn hoard(crowd: Arc<Crowd>, k: usize, stop: Arc<AtomicBool>) -> u32 {
+    let mut bot = Fan::new(&crowd, crowd.args.fans + k);
+    bot.user = format!("hoarder-{k}");
+    let Some(Line::Admitted(token)) = bot.queue().await else {
+        return 0;
+    };
+    let stopped = || stop.load(Ordering::Acquire);
+    let mut n = 0u64;
+    while !stopped() {
+        n += 1;
+        let req = pb::HoldRequest {
+            event_id: crowd.event.event_id.clone(),
+            user_id: bot.user.clone(),
+            admission_token: token.clone(),
+            idempotency_key: format!("hoard-{n}"),
+            selection: Some(pb::hold_request::Selection::BestAvailable(
+                pb::BestAvailable {
+                    section_id: String::new(),
+                    quantity: crowd.args.per_user_limit,
+                },
+            )),
+        };
+        let held = bot
+            .patient(
+                |n| &n.booking,
+                req,
+                None,
+                |mut c, r| async move { c.hold(r).await },
+            )
+            .await;
+        match held {
+            Ok(h) => {
+                let h = h.into_inner();
+                crowd.tally.hoarder_holds.fetch_add(1, Ordering::Relaxed);
+                // Until the hold has expired (and its places count against nobody again).
+                let deadline_ms = u64::try_from(h.expires_at_unix_ms).unwrap_or(0) + 20;
+                while boxoffice_engine::Clock::now_ms(&boxoffice_engine::SystemClock) < deadline_ms
+                {
+                    if stopped() {
+                        return h.quantity;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+            // Nothing free right now, or the last hold's places not back yet: soon again.
+            Err(s)
+                if matches!(
+                    reason(&s).as_str(),
+                    "SOLD_OUT" | "USER_LIMIT" | "SALE_PAUSED"
+                ) =>
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(_) => return 0,
+        }
+    }
+    0
+}
+
 /// A fan in the line-hold-pay flow: counted in `Tally::in_sale` until dropped (also when its
 /// task ends early or panics, so waitlisters never wait for a fan who is gone).
 struct InSale(Arc<Tally>);
@@ -266,12 +328,12 @@ impl<'a> Fan<'a> {
         }
     }
 
-    /// The clients of the node the fan calls now.
     /// Up to 50 ms, so fans told to wait do not all come back at once.
     fn jitter(&mut self) -> Duration {
         Duration::from_millis(self.rng.random_range(0..50))
     }
 
+    /// The clients of the node the fan calls now.
     fn here(&self) -> &Clients {
         &self.nodes[self.at.load(Ordering::Relaxed) % self.nodes.len()]
     }

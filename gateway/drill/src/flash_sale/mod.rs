@@ -244,8 +244,17 @@ async fn sale(args: FlashSaleArgs, mut servers: Servers) -> anyhow::Result<Repor
         bearer.clone(),
         tally,
     ));
+    let stop_hoarding = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hoarders: Vec<_> = (0..args.hoarders)
+        .map(|k| tokio::spawn(fans::hoard(crowd.clone(), k, stop_hoarding.clone())))
+        .collect();
     fans::arrive(crowd.clone(), &arrivals).await?;
     let sale_seconds = started.elapsed().as_secs_f64();
+    stop_hoarding.store(true, Ordering::Release);
+    let mut hoarded_at_end = 0u64;
+    for h in hoarders {
+        hoarded_at_end += u64::from(h.await.context("a hoarding bot panicked")?);
+    }
     // The kill (if the fans were done before its time, it comes now), then the final counts.
     let kill = match killer {
         Some(k) => Some(k.finish().await?),
@@ -282,6 +291,11 @@ async fn sale(args: FlashSaleArgs, mut servers: Servers) -> anyhow::Result<Repor
         c.replaced_by = Some(r.new);
         c.replaced_after_opening_seconds = Some(r.after_opening_seconds);
         c.replace_ms = Some(u64::try_from(r.took.as_millis()).unwrap_or(u64::MAX));
+    }
+    if args.hoarders > 0 {
+        report.hoarders = Some(args.hoarders as u64);
+        report.hoarder_holds = Some(crowd.tally.hoarder_holds.load(Ordering::Relaxed));
+        report.hoarded_at_end = Some(hoarded_at_end);
     }
     if let Some(p) = paused {
         report.paused_at_seconds = Some(p.paused_at_seconds);
@@ -530,6 +544,7 @@ mod tests {
             replace_node_after: None,
             pause_at: None,
             pause_for: 2.0,
+            hoarders: 0,
             naive: false,
             seed: 7,
             json: None,
@@ -650,6 +665,37 @@ mod tests {
         assert!(report.table().contains("sale paused (operator)"));
         assert!(std::fs::read_to_string(&plot).unwrap().contains("paused"));
         assert!(report.json().contains("\"places_taken_during_pause\":"));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn hoarding_bots_keep_places_from_the_fans_and_the_report_counts_them() {
+        let mut args = small(2_000, 200);
+        args.arrival_seconds = 2.0;
+        args.hoarders = 10;
+        // Without a waitlist, expired places go back to anyone: the bots hold them again (with
+        // one, the waiting fans get them first).
+        args.waitlist_share = 0.0;
+        let report = run(args).await.unwrap();
+        assert!(report.clean(), "{}", report.table());
+        assert_eq!(report.hoarders, Some(10));
+        assert!(
+            report.hoarder_holds.unwrap() >= 10,
+            "every bot held: {}",
+            report.table()
+        );
+        let kept = report.hoarded_at_end.unwrap();
+        assert!(
+            kept > 0 && kept <= 40,
+            "the bots kept places from the fans, at most their limit each: {}",
+            report.table()
+        );
+        assert!(
+            u64::from(report.available) >= kept,
+            "what they kept went unsold: {}",
+            report.table()
+        );
+        assert!(report.table().contains("hoarders: bots / their holds"));
+        assert!(report.json().contains("\"hoarder_holds\":"));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

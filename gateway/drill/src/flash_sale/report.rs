@@ -107,6 +107,13 @@ pub struct Report {
     pub pause_call_ms: Option<u64>,
     /// Joins and holds refused with `SALE_PAUSED` (the fans waited and tried again).
     pub sale_paused_answers: u64,
+    /// With `--hoarders`: the bots.
+    pub hoarders: Option<u64>,
+    /// With `--hoarders`: the holds they made (one per TTL each, none paid).
+    pub hoarder_holds: Option<u64>,
+    /// With `--hoarders`: the places they held when the last fan was done: kept from paying
+    /// fans (they expire after the sale, unsold).
+    pub hoarded_at_end: Option<u64>,
     /// Fans who joined the waitlist after a SOLD_OUT.
     pub waitlist_joined: u64,
     /// Waitlist offers confirmed.
@@ -533,6 +540,19 @@ impl Report {
                 format!(
                     "{:.1}% of fans {FCFS_STRIDE} arrivals apart in line order",
                     f * 100.0
+                ),
+            ));
+        }
+        if let (Some(bots), Some(holds), Some(kept)) =
+            (self.hoarders, self.hoarder_holds, self.hoarded_at_end)
+        {
+            rows.push((
+                "hoarders: bots / their holds / places kept from paying fans",
+                format!(
+                    "{bots} / {holds} / {kept} ({:.2}% of the seats held when the last fan was \
+                     done; unsold at the end: {})",
+                    100.0 * kept as f64 / f64::from(self.seats.max(1)),
+                    self.available
                 ),
             ));
         }

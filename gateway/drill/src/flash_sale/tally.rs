@@ -78,6 +78,8 @@ pub(crate) struct Tally {
     pub told_sold_out: AtomicU64,
     /// Joins and holds refused with `SALE_PAUSED` (tried again after a wait).
     pub sale_paused: AtomicU64,
+    /// Holds the hoarding bots (`--hoarders`) made.
+    pub hoarder_holds: AtomicU64,
     /// When the last hold was acknowledged.
     pub last_hold: Mutex<Option<Instant>>,
     /// For each fan told sold out: how long after the later of the last hold acknowledged
