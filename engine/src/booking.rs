@@ -287,6 +287,7 @@ impl Booking {
                     plan.event.event_id.clone(),
                     plan.user_id.clone(),
                     plan.quantity,
+                    None,
                 )),
                 Err(e) => {
                     failed.push((plan.begin_args(now), Err(e.clone())));
@@ -585,6 +586,7 @@ impl HoldPlan {
             event_id: self.event.event_id.clone(),
             user_id: self.user_id.clone(),
             limit: self.event.per_user_limit(),
+            cooldown_ms: self.event.hold_cooldown_ms(),
             rpc: Rpc::Hold,
             tag: self.tag.clone(),
             quantity: self.quantity,

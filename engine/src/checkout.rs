@@ -105,6 +105,7 @@ impl Checkout {
             rpc: Rpc::Confirm,
             tag: tag.clone(),
             quantity: 0,
+            cooldown_ms: 0,
             now_ms: self.kernel.now_ms(),
         };
         if tag.is_some() {

@@ -84,6 +84,12 @@ pub enum Rejection {
     /// The sale has ended: no more holds or joins.
     #[error("the sale has ended")]
     SaleEnded,
+    /// A hold of this user for this event expired less than the event's hold cool-down ago.
+    #[error("a hold of yours expired: hold again from {until_ms} (Unix ms)")]
+    HoldCooldown {
+        /// When the user may hold again, ms since the Unix epoch.
+        until_ms: u64,
+    },
 }
 
 impl Rejection {
@@ -130,6 +136,7 @@ impl Rejection {
             Rejection::PlacesAvailable,
             Rejection::SalePaused,
             Rejection::SaleEnded,
+            Rejection::HoldCooldown { until_ms: 1 },
         ]
     }
 
@@ -157,6 +164,7 @@ impl Rejection {
             Rejection::PlacesAvailable => "PLACES_AVAILABLE",
             Rejection::SalePaused => "SALE_PAUSED",
             Rejection::SaleEnded => "SALE_ENDED",
+            Rejection::HoldCooldown { .. } => "HOLD_COOLDOWN",
         }
     }
 }
@@ -280,6 +288,7 @@ mod tests {
             Rejection::PlacesAvailable => 18,
             Rejection::SalePaused => 19,
             Rejection::SaleEnded => 20,
+            Rejection::HoldCooldown { .. } => 21,
         }
     }
 
@@ -287,6 +296,6 @@ mod tests {
     fn every_kind_is_listed() {
         let mut seen: Vec<usize> = Rejection::every().iter().map(kind).collect();
         seen.sort_unstable();
-        assert_eq!(seen, (0..21).collect::<Vec<_>>());
+        assert_eq!(seen, (0..22).collect::<Vec<_>>());
     }
 }

@@ -64,6 +64,11 @@ impl EventEntry {
     pub fn per_user_limit(&self) -> u32 {
         self.controls().per_user_limit
     }
+
+    /// The hold cool-down now, ms (0: none).
+    pub fn hold_cooldown_ms(&self) -> u64 {
+        self.controls().hold_cooldown_ms
+    }
 }
 
 /// An event as the catalog stream left it: its creation, and its sale controls and

@@ -189,6 +189,8 @@ impl Offering<'_> {
             rpc: Rpc::Hold,
             tag: None,
             quantity,
+            // An offer is the engine's, not a fan's own hold: no cool-down.
+            cooldown_ms: 0,
             now_ms: self.kernel.now_ms(),
         }
     }

@@ -84,8 +84,11 @@ pub struct SaleControls {
     pub state_changed_at_ms: u64,
     /// When the admission rate last changed (creation until it did).
     pub rate_changed_at_ms: u64,
-    /// When the hold TTL or the per-user limit last changed (creation until one did).
+    /// When the hold TTL, the per-user limit or the hold cool-down last changed (creation until
+    /// one did).
     pub terms_changed_at_ms: u64,
+    /// How long after a user's hold expired they may not hold again, ms (0: no cool-down).
+    pub hold_cooldown_ms: u64,
 }
 
 impl SaleControls {
@@ -97,7 +100,14 @@ impl SaleControls {
         now_ms: u64,
     ) -> Result<Option<SaleControls>, Rejection> {
         let (rate, ttl_s, limit) = update.settings()?;
-        if update.state.is_none() && rate.is_none() && ttl_s.is_none() && limit.is_none() {
+        let cooldown_s = checked(
+            update.hold_cooldown_seconds,
+            "hold_cooldown_seconds",
+            HOLD_TTL_MS_MAX / 1000,
+            0,
+        )?;
+        let settings = rate.is_some() || ttl_s.is_some() || limit.is_some() || cooldown_s.is_some();
+        if update.state.is_none() && !settings {
             return Err(Rejection::invalid(
                 "state",
                 "set the state or at least one setting to change",
@@ -106,10 +116,7 @@ impl SaleControls {
         if self.state == SaleState::Ended {
             // Final: ending it again changes nothing; anything else is refused (not even the
             // settings change: nothing would read them).
-            let again = update.state == Some(SaleState::Ended)
-                && rate.is_none()
-                && ttl_s.is_none()
-                && limit.is_none();
+            let again = update.state == Some(SaleState::Ended) && !settings;
             return if again {
                 Ok(None)
             } else {
@@ -134,6 +141,12 @@ impl SaleControls {
             && ttl_s * 1000 != self.hold_ttl_ms
         {
             next.hold_ttl_ms = ttl_s * 1000;
+            next.terms_changed_at_ms = now_ms;
+        }
+        if let Some(cooldown_s) = cooldown_s
+            && cooldown_s * 1000 != self.hold_cooldown_ms
+        {
+            next.hold_cooldown_ms = cooldown_s * 1000;
             next.terms_changed_at_ms = now_ms;
         }
         if let Some(limit) = limit {
@@ -198,6 +211,8 @@ pub struct SaleUpdate {
     pub hold_ttl_seconds: Option<i64>,
     /// Places one user may hold or own (1 to 100); lowering it takes nothing away.
     pub per_user_limit: Option<i64>,
+    /// Seconds after a user's hold expired before they may hold again (0 to 86,400; 0: none).
+    pub hold_cooldown_seconds: Option<i64>,
 }
 
 #[cfg(test)]
@@ -213,6 +228,7 @@ mod tests {
             state_changed_at_ms: 1,
             rate_changed_at_ms: 1,
             terms_changed_at_ms: 1,
+            hold_cooldown_ms: 0,
         }
     }
 

@@ -249,6 +249,7 @@ impl SectionState {
         let ledger = self.a.ledger.clone();
         let event_id = self.a.core.event_id().clone();
         let notices = self.a.notices.clone();
+        let sealed_at = self.a.clock.now_ms();
         let (ended, replies) = (open.ended, open.replies);
         let job = self.a.stream.append(
             &open.records,
@@ -263,7 +264,10 @@ impl SectionState {
                     let refunds = ended
                         .iter()
                         .filter(|h| matches!(h.status, HoldStatus::Released | HoldStatus::Expired))
-                        .map(|h| (event_id.clone(), h.user_id.clone(), h.quantity))
+                        .map(|h| {
+                            let expired = (h.status == HoldStatus::Expired).then_some(sealed_at);
+                            (event_id.clone(), h.user_id.clone(), h.quantity, expired)
+                        })
                         .collect::<Vec<_>>();
                     if !refunds.is_empty() {
                         ledger.refund(refunds);

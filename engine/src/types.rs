@@ -205,6 +205,7 @@ impl EventSpec {
             state_changed_at_ms: created_at_ms,
             rate_changed_at_ms: created_at_ms,
             terms_changed_at_ms: created_at_ms,
+            hold_cooldown_ms: 0,
         }
     }
 

@@ -85,6 +85,7 @@ pub fn sale_update(
             admit_rate_per_second: req.admit_rate_per_second,
             hold_ttl_seconds: req.hold_ttl_seconds,
             per_user_limit: req.per_user_limit,
+            hold_cooldown_seconds: req.hold_cooldown_seconds,
         },
         req.idempotency_key,
     ))

@@ -255,6 +255,10 @@ pub fn rejection_parts(r: &Rejection) -> (Code, &'static str, String, HashMap<St
         | Rejection::SalePaused
         | Rejection::SaleEnded => Code::FailedPrecondition,
         Rejection::IdempotencyKeyInFlight => Code::Aborted,
+        Rejection::HoldCooldown { until_ms } => {
+            meta.insert("until_unix_ms".to_owned(), until_ms.to_string());
+            Code::FailedPrecondition
+        }
         Rejection::UserLimit { limit, used } => {
             meta.insert("limit".to_owned(), limit.to_string());
             meta.insert("used".to_owned(), used.to_string());
@@ -591,6 +595,10 @@ mod tests {
             (Rejection::PlacesAvailable, Code::FailedPrecondition),
             (Rejection::SalePaused, Code::FailedPrecondition),
             (Rejection::SaleEnded, Code::FailedPrecondition),
+            (
+                Rejection::HoldCooldown { until_ms: 5 },
+                Code::FailedPrecondition,
+            ),
             (Rejection::IdempotencyKeyInFlight, Code::Aborted),
             (
                 Rejection::UserLimit { limit: 4, used: 3 },

@@ -32,7 +32,8 @@ pub(crate) enum LedgerMsg {
     /// queued, so any replay the caller sends later is queued behind it (one mailbox, FIFO).
     Settled(Vec<(BeginArgs, Answer)>),
     /// Quota given back: (event, user, places).
-    Refund(Vec<(EventId, UserId, u32)>),
+    /// Quota back: (event, user, places, when the hold expired if it did).
+    Refund(Vec<(EventId, UserId, u32, Option<u64>)>),
     /// The settled first answer of a key, if the request matches; no effect.
     Lookup {
         user_id: UserId,
@@ -161,8 +162,11 @@ impl Actor for LedgerShard {
                 }
             }
             LedgerMsg::Refund(many) => {
-                for (event_id, user_id, quantity) in many {
+                for (event_id, user_id, quantity, expired_at) in many {
                     st.state.refund(&event_id, &user_id, quantity);
+                    if let Some(at_ms) = expired_at {
+                        st.state.expired(event_id, user_id, at_ms);
+                    }
                 }
             }
             LedgerMsg::Lookup {

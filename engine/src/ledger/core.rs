@@ -33,6 +33,9 @@ pub(crate) struct BeginArgs {
     pub rpc: Rpc,
     pub tag: Option<IdemTag>,
     pub quantity: u32,
+    /// The event's hold cool-down, ms (0: none): a user whose hold expired less than this long
+    /// ago is refused (`HoldCooldown`). Only a fan's own hold has one (not a waitlist offer).
+    pub cooldown_ms: u64,
     /// Now, by the engine's clock: answers older than the window are forgotten, and a
     /// rejection recorded by this request is recorded at this time.
     pub now_ms: u64,
@@ -107,6 +110,9 @@ pub(crate) struct ShardState {
     answered: ForgetIndex<KeyId>,
     /// The idempotency window, ms.
     window_ms: u64,
+    /// When each user's latest hold of an event expired (for the hold cool-down), as this shard
+    /// learned it; in memory only (a restart forgets it), dropped a day after.
+    expired: HashMap<(EventId, UserId), u64>,
 }
 
 impl Default for ShardState {
@@ -119,6 +125,9 @@ impl Default for ShardState {
 /// in the sections).
 type ShardCheckpoint = Vec<(UserId, Rpc, IdemTag, u64, Rejection)>;
 
+/// Expiries kept for the hold cool-down before old ones are dropped.
+const EXPIRED_KEPT_MAX: usize = 100_000;
+
 impl ShardState {
     /// An empty shard keeping answers for `window_ms` (at least 1 ms).
     pub fn new(window_ms: u64) -> ShardState {
@@ -127,7 +136,29 @@ impl ShardState {
             keys: HashMap::default(),
             answered: ForgetIndex::default(),
             window_ms: window_ms.max(1),
+            expired: HashMap::default(),
         }
+    }
+
+    /// `user_id`'s hold of `event_id` expired at `at_ms` (the hold cool-down starts). Entries
+    /// older than the longest cool-down (a day) are dropped as the map grows.
+    pub(crate) fn expired(&mut self, event_id: EventId, user_id: UserId, at_ms: u64) {
+        if self.expired.len() >= EXPIRED_KEPT_MAX {
+            let horizon = at_ms.saturating_sub(crate::limits::HOLD_TTL_MS_MAX);
+            self.expired.retain(|_, at| *at >= horizon);
+        }
+        let at = self.expired.entry((event_id, user_id)).or_insert(at_ms);
+        *at = (*at).max(at_ms);
+    }
+
+    /// Until when `args`' user is cooling down after a hold of theirs expired, if still.
+    fn cooling_until(&self, args: &BeginArgs) -> Option<u64> {
+        if args.cooldown_ms == 0 {
+            return None;
+        }
+        let key = (args.event_id.clone(), args.user_id.clone());
+        let until = self.expired.get(&key)?.saturating_add(args.cooldown_ms);
+        (args.now_ms < until).then_some(until)
     }
 
     pub fn add_quota(&mut self, event_id: EventId, user_id: UserId, quantity: u32) {
@@ -333,11 +364,17 @@ impl ShardState {
         }
         if args.quantity > 0 {
             let used = self.usage(&args.event_id, &args.user_id);
-            if used.saturating_add(args.quantity) > args.limit {
-                let rejection = Rejection::UserLimit {
+            let refused = if let Some(until_ms) = self.cooling_until(args) {
+                Some(Rejection::HoldCooldown { until_ms })
+            } else if used.saturating_add(args.quantity) > args.limit {
+                Some(Rejection::UserLimit {
                     limit: args.limit,
                     used,
-                };
+                })
+            } else {
+                None
+            };
+            if let Some(rejection) = refused {
                 return match &args.tag {
                     Some(tag) => BeginDecision::Record(
                         rejection_record(args, tag, rejection.clone()),
@@ -487,6 +524,7 @@ mod tests {
                 fingerprint,
             }),
             quantity,
+            cooldown_ms: 0,
             now_ms,
         }
     }

@@ -154,9 +154,9 @@ impl Ledger {
         }
     }
 
-    /// Gives back quota: (event, user, places), one message per shard. Fire and forget:
-    /// callable from any thread.
-    pub fn refund(&self, many: Vec<(EventId, UserId, u32)>) {
+    /// Gives back quota: (event, user, places, when the hold expired if it did: the hold
+    /// cool-down starts), one message per shard. Fire and forget: callable from any thread.
+    pub fn refund(&self, many: Vec<(EventId, UserId, u32, Option<u64>)>) {
         if many.is_empty() {
             return;
         }

@@ -21,6 +21,10 @@ pub struct Settings {
     /// Most places one fan may hold or own (lowering it takes nothing away).
     #[arg(long, allow_negative_numbers = true)]
     user_limit: Option<i64>,
+    /// Seconds after a fan's hold expired before that fan may hold again (0: none): against
+    /// bots that hold again as each hold expires.
+    #[arg(long, allow_negative_numbers = true)]
+    hold_cooldown_seconds: Option<i64>,
     /// An idempotency key: the same command again answers the sale as it is now.
     #[arg(long, default_value = "")]
     idempotency_key: String,
@@ -70,6 +74,7 @@ pub async fn run(command: SaleCommand) -> anyhow::Result<Exit> {
         admit_rate_per_second: s.admit_rate,
         hold_ttl_seconds: s.hold_ttl_seconds,
         per_user_limit: s.user_limit,
+        hold_cooldown_seconds: s.hold_cooldown_seconds,
         idempotency_key: s.idempotency_key,
     };
     match client.update_sale(req).await {
@@ -89,12 +94,13 @@ fn describe(e: &pb::Event) -> String {
         .trim_start_matches("SALE_STATE_");
     format!(
         "event {}: sale {state} (since {} Unix ms), admit rate {}/s (since {}), hold TTL {} s, \
-         per-user limit {}",
+         per-user limit {}, hold cool-down {} s",
         e.event_id,
         e.sale_state_changed_at_unix_ms,
         e.admit_rate_per_second,
         e.admit_rate_changed_at_unix_ms,
         e.hold_ttl_seconds,
-        e.per_user_limit
+        e.per_user_limit,
+        e.hold_cooldown_seconds
     )
 }

@@ -447,6 +447,9 @@ pub struct UpdateSaleBody {
     /// Places one fan may hold or own, 1 to 100 (lowering it takes nothing away).
     #[serde(default)]
     pub per_user_limit: Option<i64>,
+    /// Seconds after a fan's hold expired before that fan may hold again, 0 to 86,400.
+    #[serde(default)]
+    pub hold_cooldown_seconds: Option<i64>,
     /// The idempotency key, if not in the `Idempotency-Key` header.
     #[serde(default)]
     pub idempotency_key: String,
@@ -477,6 +480,7 @@ impl UpdateSaleBody {
             admit_rate_per_second: self.admit_rate_per_second,
             hold_ttl_seconds: self.hold_ttl_seconds,
             per_user_limit: self.per_user_limit,
+            hold_cooldown_seconds: self.hold_cooldown_seconds,
             idempotency_key,
         })
     }
@@ -579,8 +583,11 @@ pub struct Event {
     pub sale_state_changed_at_unix_ms: i64,
     /// When `admitRatePerSecond` last changed, Unix ms (the creation time until it did).
     pub admit_rate_changed_at_unix_ms: i64,
-    /// When `holdTtlSeconds` or `perUserLimit` last changed, Unix ms (creation until one did).
+    /// When `holdTtlSeconds`, `perUserLimit` or `holdCooldownSeconds` last changed, Unix ms
+    /// (creation until one did).
     pub terms_changed_at_unix_ms: i64,
+    /// Seconds after a fan's hold expired before that fan may hold again (0: none).
+    pub hold_cooldown_seconds: u32,
 }
 
 impl From<pb::Event> for Event {
@@ -590,6 +597,7 @@ impl From<pb::Event> for Event {
             sale_state_changed_at_unix_ms: e.sale_state_changed_at_unix_ms,
             admit_rate_changed_at_unix_ms: e.admit_rate_changed_at_unix_ms,
             terms_changed_at_unix_ms: e.terms_changed_at_unix_ms,
+            hold_cooldown_seconds: e.hold_cooldown_seconds,
             state: short(e.state().as_str_name(), "EVENT_STATE_"),
             sale_opens_at: rfc3339(e.sale_opens_at_unix_ms),
             sections: e

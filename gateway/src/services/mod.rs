@@ -254,6 +254,8 @@ impl Api {
             sale_state_changed_at_unix_ms: convert::ms(e.sale.state_changed_at_ms),
             admit_rate_changed_at_unix_ms: convert::ms(e.sale.rate_changed_at_ms),
             terms_changed_at_unix_ms: convert::ms(e.sale.terms_changed_at_ms),
+            hold_cooldown_seconds: u32::try_from(e.sale.hold_cooldown_ms / 1000)
+                .unwrap_or(u32::MAX),
         }
     }
 

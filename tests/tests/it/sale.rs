@@ -372,3 +372,82 @@ async fn a_start_finishes_a_pause_its_sections_did_not_record() {
     );
     engine.shutdown().await;
 }
+
+/// The hold cool-down (against hoarding bots): a user whose hold expired may not hold again in
+/// the event until the cool-down has passed (`HOLD_COOLDOWN`, saying until when); a released
+/// hold starts none; other users are not affected; set to 0, it is off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_whose_hold_expired_waits_out_the_hold_cooldown() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let engine = open(dir.path(), &clock).await;
+    engine
+        .create_event(event("cd", vec![ga("g", 100, 1)], 10_000, 4))
+        .await
+        .unwrap();
+    let e = EventId::from("cd");
+    let cool = SaleUpdate {
+        hold_cooldown_seconds: Some(30),
+        ..SaleUpdate::default()
+    };
+    let view = engine.update_sale(&e, cool, "").await.unwrap();
+    assert_eq!(view.sale.hold_cooldown_ms, 30_000);
+    let bot = engine.hold(best("cd", "bot", 4)).await.unwrap();
+    let fan = engine.hold(best("cd", "fan", 1)).await.unwrap();
+    engine.release(&fan.hold_id, &fan.user_id).await.unwrap();
+    let sweeper = start(engine.clone(), SweeperConfig::default())
+        .await
+        .unwrap()
+        .0;
+    clock.advance_ms(10_000);
+    sweeper.cast(SweeperMsg::Sweep).unwrap();
+    assert_eq!(sync(&sweeper).await.unwrap().expired, 1);
+    let expired_at = T0_MS + 10_000;
+    // The expiry's quota comes back after its record is durable: until then USER_LIMIT; then
+    // the cool-down, until 30 s after the expiry.
+    let refusal = loop {
+        match engine.hold(best("cd", "bot", 1)).await {
+            Err(EngineError::Rejected(Rejection::UserLimit { .. })) => {
+                tokio::task::yield_now().await;
+            }
+            other => break refused(other),
+        }
+    };
+    assert_eq!(
+        refusal,
+        Rejection::HoldCooldown {
+            until_ms: expired_at + 30_000
+        }
+    );
+    // A release starts no cool-down; another user is not affected.
+    engine.hold(best("cd", "fan", 1)).await.unwrap();
+    engine.hold(best("cd", "other", 1)).await.unwrap();
+    clock.advance_ms(29_999);
+    assert!(matches!(
+        refused(engine.hold(best("cd", "bot", 1)).await),
+        Rejection::HoldCooldown { .. }
+    ));
+    clock.advance_ms(1);
+    engine.hold(best("cd", "bot", 1)).await.unwrap();
+    // Off again: no cool-down after the next expiry.
+    let off = SaleUpdate {
+        hold_cooldown_seconds: Some(0),
+        ..SaleUpdate::default()
+    };
+    engine.update_sale(&e, off, "").await.unwrap();
+    clock.advance_ms(10_000);
+    sweeper.cast(SweeperMsg::Sweep).unwrap();
+    sync(&sweeper).await.unwrap();
+    let again = loop {
+        match engine.hold(best("cd", "bot", 1)).await {
+            Err(EngineError::Rejected(Rejection::UserLimit { .. })) => {
+                tokio::task::yield_now().await;
+            }
+            other => break other,
+        }
+    };
+    again.unwrap();
+    let _ = bot;
+    sweeper.stop(None);
+    engine.shutdown().await;
+}

@@ -92,6 +92,11 @@ pub struct FlashSaleArgs {
     /// at the end) and their share of the seats.
     #[arg(long, default_value_t = 0)]
     pub hoarders: usize,
+    /// The countermeasure to hoarders: the event's hold cool-down (`UpdateSale`
+    /// `hold_cooldown_seconds`, set right after the event is made): a fan whose hold expired
+    /// may not hold again for this many seconds (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub hold_cooldown_seconds: u32,
     /// How long the pause of `--pause-at` lasts, seconds.
     #[arg(
         long,

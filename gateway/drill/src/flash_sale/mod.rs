@@ -210,6 +210,17 @@ async fn sale(args: FlashSaleArgs, mut servers: Servers) -> anyhow::Result<Repor
     let opens_in = Duration::from_millis(if args.preopen() > 0 { 1_500 } else { 0 });
     let event = create_event(&mut admins[0].clone(), &args, opens_in).await?;
     let event_id = event.event_id.clone();
+    if args.hold_cooldown_seconds > 0 {
+        admins[0]
+            .clone()
+            .update_sale(pb::UpdateSaleRequest {
+                event_id: event_id.clone(),
+                hold_cooldown_seconds: Some(i64::from(args.hold_cooldown_seconds)),
+                ..Default::default()
+            })
+            .await
+            .context("setting the hold cool-down")?;
+    }
     let tally = Arc::new(Tally::default());
     tally.in_sale.store(args.fans as u64, Ordering::Release);
     let started = Instant::now();
@@ -296,6 +307,7 @@ async fn sale(args: FlashSaleArgs, mut servers: Servers) -> anyhow::Result<Repor
         report.hoarders = Some(args.hoarders as u64);
         report.hoarder_holds = Some(crowd.tally.hoarder_holds.load(Ordering::Relaxed));
         report.hoarded_at_end = Some(hoarded_at_end);
+        report.hold_cooldown_seconds = args.hold_cooldown_seconds;
     }
     if let Some(p) = paused {
         report.paused_at_seconds = Some(p.paused_at_seconds);
@@ -545,6 +557,7 @@ mod tests {
             pause_at: None,
             pause_for: 2.0,
             hoarders: 0,
+            hold_cooldown_seconds: 0,
             naive: false,
             seed: 7,
             json: None,

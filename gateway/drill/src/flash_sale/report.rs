@@ -114,6 +114,8 @@ pub struct Report {
     /// With `--hoarders`: the places they held when the last fan was done: kept from paying
     /// fans (they expire after the sale, unsold).
     pub hoarded_at_end: Option<u64>,
+    /// The event's hold cool-down, seconds (`--hold-cooldown-seconds`; 0: none).
+    pub hold_cooldown_seconds: u32,
     /// Fans who joined the waitlist after a SOLD_OUT.
     pub waitlist_joined: u64,
     /// Waitlist offers confirmed.
@@ -550,9 +552,10 @@ impl Report {
                 "hoarders: bots / their holds / places kept from paying fans",
                 format!(
                     "{bots} / {holds} / {kept} ({:.2}% of the seats held when the last fan was \
-                     done; unsold at the end: {})",
+                     done; unsold at the end: {}; hold cool-down {} s)",
                     100.0 * kept as f64 / f64::from(self.seats.max(1)),
-                    self.available
+                    self.available,
+                    self.hold_cooldown_seconds
                 ),
             ));
         }
