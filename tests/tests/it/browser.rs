@@ -274,8 +274,12 @@ async fn the_race_page_shows_chaos_overselling_and_the_engine_selling_each_seat_
     assert!(charts.len() >= 5, "{} chart lines", charts.len());
     // Sale controls: hidden without a key; with the admin key, a pause shows in the next poll,
     // and a resume after it.
-    let last = Locator::Css("section.event:last-of-type");
-    let event = c.find(last).await.unwrap();
+    // The race above (run 99) made event race-99 on the demo's server (the page lists every
+    // event of this process's metrics: other tests' servers' too).
+    let event = c
+        .find(Locator::Css("section.event[data-event='race-99']"))
+        .await
+        .unwrap();
     let controls = event.find(Locator::Css(".controls")).await.unwrap();
     assert!(
         !controls.is_displayed().await.unwrap(),
@@ -311,10 +315,12 @@ async fn the_race_page_shows_chaos_overselling_and_the_engine_selling_each_seat_
             if sale.attr("data-sale").await.unwrap().as_deref() == Some(state) {
                 break;
             }
+            let answer = event.find(Locator::Css(".answer")).await.unwrap();
             assert!(
                 Instant::now() < deadline,
-                "/ops did not show the sale {state}: {}",
-                sale.text().await.unwrap()
+                "/ops did not show the sale {state}: {} (the control's answer: {})",
+                sale.text().await.unwrap(),
+                answer.text().await.unwrap()
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
