@@ -142,18 +142,23 @@ impl Catalog {
             .unwrap_or_else(|p| p.into_inner())
             .get(key)
             .copied();
-        match used {
-            Some(f) if f == fingerprint => {
-                drop(writer);
-                return self.event(event_id);
-            }
+        // A retry (or a request that changes nothing) records nothing, but still has the
+        // sections stand as the controls say: a first call whose sections did not all answer
+        // (an actor restarting) is finished by its retry.
+        let settled = match used {
+            Some(f) if f == fingerprint => true,
             Some(_) => return Err(Rejection::IdempotencyKeyReused.into()),
-            None => {}
-        }
+            None => false,
+        };
         let now = self.kernel.now_ms();
         let current = entry.sale();
-        let after = current.after(update, now)?;
-        if after.is_none() && key.is_empty() {
+        let after = if settled {
+            None
+        } else {
+            current.after(update, now)?
+        };
+        if settled || (after.is_none() && key.is_empty()) {
+            follow(entry, SaleChange::of(current.state)).await?;
             drop(writer);
             return self.event(event_id);
         }
