@@ -808,9 +808,9 @@ async fn follower_table(groups: u32) {
 /// A way to damage the store in a data dir.
 type Damage = fn(&std::path::Path);
 
-/// Flips every byte of 64 KiB in the middle of sled's file in `dir` (damage at rest: sled reads
-/// up to the first message that fails its checksum, and drops the rest as a torn tail).
-fn flip_the_middle(dir: &std::path::Path) {
+/// Flips every byte of eight stretches of sled's file in `dir` (damage at rest: sled reads up to
+/// the first message that fails its checksum, and drops the rest as a torn tail).
+fn flip_throughout(dir: &std::path::Path) {
     use std::os::unix::fs::FileExt;
     let db = dir.join("db");
     let f = std::fs::OpenOptions::new()
@@ -819,13 +819,18 @@ fn flip_the_middle(dir: &std::path::Path) {
         .open(&db)
         .unwrap();
     let len = f.metadata().unwrap().len();
-    let at = len / 2;
-    let mut bytes = vec![0u8; usize::try_from((len - at).min(64 << 10)).unwrap()];
-    f.read_exact_at(&mut bytes, at).unwrap();
-    for b in &mut bytes {
-        *b ^= 0xff;
+    // Eight stretches of 8 KiB spread over the file: sled reads only its live segments at a
+    // start, and which parts of the file are live depends on its segments at the kill (one
+    // stretch in the middle once fell in a freed segment, and went unseen).
+    for k in 1..=8u64 {
+        let at = len * k / 9;
+        let mut bytes = vec![0u8; usize::try_from((len - at).min(8 << 10)).unwrap()];
+        f.read_exact_at(&mut bytes, at).unwrap();
+        for b in &mut bytes {
+            *b ^= 0xff;
+        }
+        f.write_all_at(&bytes, at).unwrap();
     }
-    f.write_all_at(&bytes, at).unwrap();
 }
 
 /// A node whose store lost part of its log (sled's file cut short, or bytes flipped in it)
@@ -856,7 +861,7 @@ async fn a_node_whose_store_is_damaged_sets_it_aside_and_repairs_itself_from_its
     let count = load.count.clone();
     let damages: [(&str, Damage); 2] = [
         ("cut short", shared::cut_in_half),
-        ("flipped", flip_the_middle),
+        ("flipped", flip_throughout),
     ];
     for (what, damage) in damages {
         // Enough entries that the damage lands in the log (its file several segments long).
