@@ -609,6 +609,8 @@ async fn the_openapi_document_names_every_path() {
         ("/v1/events", "post"),
         ("/v1/events", "get"),
         ("/v1/events/{id}", "get"),
+        ("/v1/events/{id}/sale", "post"),
+        ("/v1/events/{id}/sale/{action}", "post"),
     ] {
         assert!(
             doc["paths"][path][method].is_object(),
@@ -616,6 +618,7 @@ async fn the_openapi_document_names_every_path() {
         );
     }
     assert!(doc["components"]["schemas"]["Problem"].is_object());
+    assert!(doc["components"]["schemas"]["UpdateSaleBody"].is_object());
     assert!(doc["components"]["securitySchemes"]["bearer"].is_object());
     server.shutdown().await;
 }
