@@ -203,16 +203,16 @@ impl Checkout {
             }
         }
         if self.kernel.now_ms() >= hold.expires_at_ms {
-            // Past its deadline by the clock: the section expires it, unless the sale is
+            // Past its deadline by the clock: the section expires it, unless its sale is
             // paused (its deadlines stand still) and the hold may still be paid.
             let h = req.hold_id.clone();
-            let expired = self
+            let still_held = self
                 .kernel
                 .ask(event, section_id, |reply| {
                     SectionMsg::ExpireHoldIfDue(h, reply)
                 })
                 .await?;
-            if expired || event.sale_state() != crate::sale::SaleState::Paused {
+            if !still_held {
                 return Err(Rejection::HoldExpired.into());
             }
         }

@@ -50,7 +50,8 @@ pub(crate) enum SectionMsg {
     /// Stand as an operator's sale control says (see [`SectionCore::sale_change`]); answered
     /// once its record (if any) is durable.
     Sale(SaleChange, Reply<()>),
-    /// Expire this hold if it is due (a confirm found it past its deadline before charging).
+    /// Expire this hold if it is due (a confirm found it past its deadline before charging);
+    /// answers whether it is still held (not due: the sale is paused).
     ExpireHoldIfDue(HoldId, Reply<bool>),
     GetHold(HoldId, Reply<HoldView>),
     GetOrder(OrderId, Reply<OrderView>),
@@ -430,9 +431,15 @@ impl Actor for SectionActor {
                     Some((ended, record)) => {
                         st.counters.expired.increment(1);
                         let ended = vec![ended.hold];
-                        st.commit(vec![record], Vec::new(), ended, after(reply, Ok(true)));
+                        st.commit(vec![record], Vec::new(), ended, after(reply, Ok(false)));
                     }
-                    None => st.commit(Vec::new(), Vec::new(), Vec::new(), after(reply, Ok(false))),
+                    None => {
+                        let held =
+                            st.a.core
+                                .hold_view(&hold_id)
+                                .is_some_and(|h| h.status == HoldStatus::Held);
+                        st.commit(Vec::new(), Vec::new(), Vec::new(), after(reply, Ok(held)));
+                    }
                 }
             }
             Some(SectionMsg::GetHold(hold_id, reply)) => {
