@@ -360,8 +360,12 @@ impl Engine {
     /// or neither): a section already there records nothing.
     async fn converge_sales(&self) -> Result<(), EngineError> {
         for entry in self.inner.catalog.entries() {
-            let change = SaleChange::of(entry.sale_state());
-            self.sections_follow_sale(&entry, change).await?;
+            let sale = entry.sale();
+            // A pause the catalog recorded holds from then: deadlines after it stand still.
+            let paused = sale.state == crate::sale::SaleState::Paused;
+            let at = paused.then_some(sale.state_changed_at_ms);
+            self.sections_follow_sale(&entry, SaleChange::of(sale.state), at)
+                .await?;
         }
         Ok(())
     }
@@ -373,10 +377,11 @@ impl Engine {
         &self,
         event: &EventEntry,
         change: SaleChange,
+        at: Option<u64>,
     ) -> Result<(), EngineError> {
         let asks = event.sections.iter().map(|slot| {
             self.kernel().ask_unshed(event, &slot.section_id, |reply| {
-                SectionMsg::Sale(change, reply)
+                SectionMsg::Sale(change, at, reply)
             })
         });
         for answer in futures_util::future::join_all(asks).await {
@@ -463,7 +468,7 @@ impl Engine {
                 .inner
                 .catalog
                 .update_sale(&event_id, &update, &key, |entry, change| async move {
-                    follower.sections_follow_sale(&entry, change).await
+                    follower.sections_follow_sale(&entry, change, None).await
                 })
                 .await
         })

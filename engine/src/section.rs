@@ -47,9 +47,10 @@ pub(crate) enum SectionMsg {
     Confirm(ConfirmHold, Reply<OrderView>),
     Release(HoldId, UserId, Reply<HoldView>),
     ExpireDue(usize, Vec<PlaceHold>, Reply<Expired>),
-    /// Stand as an operator's sale control says (see [`SectionCore::sale_change`]); answered
-    /// once its record (if any) is durable.
-    Sale(SaleChange, Reply<()>),
+    /// Stand as an operator's sale control says (see [`SectionCore::sale_change`]), as of the
+    /// given time if any (a pause recorded in the catalog before a crash: from when it was
+    /// recorded) or now; answered once its record (if any) is durable.
+    Sale(SaleChange, Option<u64>, Reply<()>),
     /// Expire this hold if it is due (a confirm found it past its deadline before charging);
     /// answers whether it is still held (not due: the sale is paused).
     ExpireHoldIfDue(HoldId, Reply<bool>),
@@ -84,7 +85,7 @@ impl SectionMsg {
             SectionMsg::Release(_, _, reply) => send(reply, Err(err)),
             SectionMsg::ExpireDue(_, _, reply) => send(reply, Err(err)),
             SectionMsg::ExpireHoldIfDue(_, reply) => send(reply, Err(err)),
-            SectionMsg::Sale(_, reply) => send(reply, Err(err)),
+            SectionMsg::Sale(_, _, reply) => send(reply, Err(err)),
             other => return Some(other),
         }
         None
@@ -416,8 +417,9 @@ impl Actor for SectionActor {
                 st.seal();
             }
             Some(SectionMsg::Confirm(cmd, reply)) => st.on_confirm(cmd, now, reply),
-            Some(SectionMsg::Sale(change, reply)) => {
-                let records: Vec<_> = st.a.core.sale_change(change, now).into_iter().collect();
+            Some(SectionMsg::Sale(change, at, reply)) => {
+                let at = at.map_or(now, |at| at.min(now));
+                let records: Vec<_> = st.a.core.sale_change(change, at).into_iter().collect();
                 st.commit(records, Vec::new(), Vec::new(), after(reply, Ok(())));
             }
             Some(SectionMsg::Release(hold_id, user, reply)) => {

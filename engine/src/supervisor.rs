@@ -363,6 +363,14 @@ impl Supervision {
         .await?;
         let (core, last_seq) = rebuilt;
         self.spawn_section(core, last_seq, slot.publisher.clone())
+            .await?;
+        // A sale control its predecessor did not get to record: the section stands as the
+        // catalog says before it serves on (a record only if it does not already).
+        let change = crate::core::SaleChange::of(entry.sale_state());
+        self.kernel
+            .ask_unshed(&entry, section_id, |reply| {
+                crate::section::SectionMsg::Sale(change, None, reply)
+            })
             .await
     }
 

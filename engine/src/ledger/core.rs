@@ -113,6 +113,8 @@ pub(crate) struct ShardState {
     /// When each user's latest hold of an event expired (for the hold cool-down), as this shard
     /// learned it; in memory only (a restart forgets it), dropped a day after.
     expired: HashMap<(EventId, UserId), u64>,
+    /// When `expired` was last scanned for what is a day old.
+    expired_pruned_at: u64,
 }
 
 impl Default for ShardState {
@@ -137,15 +139,19 @@ impl ShardState {
             answered: ForgetIndex::default(),
             window_ms: window_ms.max(1),
             expired: HashMap::default(),
+            expired_pruned_at: 0,
         }
     }
 
     /// `user_id`'s hold of `event_id` expired at `at_ms` (the hold cool-down starts). Entries
     /// older than the longest cool-down (a day) are dropped as the map grows.
     pub(crate) fn expired(&mut self, event_id: EventId, user_id: UserId, at_ms: u64) {
-        if self.expired.len() >= EXPIRED_KEPT_MAX {
+        // Past the bound, a scan drops what is a day old: at most once a minute, so a map full
+        // of recent expiries is not scanned at every one.
+        if self.expired.len() >= EXPIRED_KEPT_MAX && at_ms >= self.expired_pruned_at + 60_000 {
             let horizon = at_ms.saturating_sub(crate::limits::HOLD_TTL_MS_MAX);
             self.expired.retain(|_, at| *at >= horizon);
+            self.expired_pruned_at = at_ms;
         }
         let at = self.expired.entry((event_id, user_id)).or_insert(at_ms);
         *at = (*at).max(at_ms);
@@ -423,7 +429,13 @@ impl ShardState {
                 self.settle(args, answer);
                 FinishDecision::Done
             }
-            Err(EngineError::Rejected(r)) => FinishDecision::Record(rejection_record(args, tag, r)),
+            // A sale paused or ended is the moment's answer, not the request's: a retry with the
+            // key once the sale goes on is a new try (as after an indefinite error).
+            Err(EngineError::Rejected(r))
+                if !matches!(r, Rejection::SalePaused | Rejection::SaleEnded) =>
+            {
+                FinishDecision::Record(rejection_record(args, tag, r))
+            }
             Err(_) => {
                 self.remove_key(&(args.user_id.clone(), args.rpc, tag.key.clone()));
                 FinishDecision::Done
@@ -555,6 +567,25 @@ mod tests {
 
     fn is_proceed(r: &Result<Begin, EngineError>) -> bool {
         matches!(r, Ok(Begin::Proceed))
+    }
+
+    /// A section's `SALE_PAUSED` (or `SALE_ENDED`) is not the key's answer: the retry once the
+    /// sale goes on is a new try; a `SOLD_OUT` is kept and replayed.
+    #[test]
+    fn a_paused_sale_is_not_kept_as_the_keys_answer() {
+        let mut s = ShardState::new(WINDOW);
+        for r in [Rejection::SalePaused, Rejection::SaleEnded] {
+            assert!(is_proceed(&begin(&mut s, &args("p", 7, 1, 0))));
+            let d = s.decide_finish(&args("p", 7, 1, 1), Err(r.into()));
+            assert!(matches!(d, FinishDecision::Done));
+            assert!(is_proceed(&begin(&mut s, &args("p", 7, 1, 2))), "a new try");
+            s.settle(&args("p", 7, 1, 2), held_at(2));
+            s.refund(&EventId::from("e"), &UserId::from("u"), 1);
+            s.remove_key(&(UserId::from("u"), Rpc::Hold, "p".to_owned()));
+        }
+        assert!(is_proceed(&begin(&mut s, &args("s", 7, 1, 3))));
+        let d = s.decide_finish(&args("s", 7, 1, 4), Err(Rejection::SoldOut.into()));
+        assert!(matches!(d, FinishDecision::Record(_)));
     }
 
     #[test]

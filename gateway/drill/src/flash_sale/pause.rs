@@ -1,7 +1,7 @@
 //! `flash-sale --pause-at S --pause-for D`: an operator's emergency stop in the middle of the
 //! sale. `S` seconds after the opening the sale is paused (`UpdateSale`), `D` seconds later it
 //! opens again. Between the pause's answer and the resume, the event's places taken (held or
-//! sold) may only fall (a release); a rise would be a hold acknowledged after the pause was.
+//! sold) may only fall (a release); a rise would be a hold placed after the pause was answered.
 
 use std::time::{Duration, Instant};
 
