@@ -335,29 +335,28 @@ fn sale_gauges(event_id: &EventId, sale: &SaleControls) {
         metrics::gauge!("boxoffice_sale_state", "event" => event.clone(), "state" => state.name())
             .set(if state == sale.state { 1.0 } else { 0.0 });
     }
-    let gauge = |name: &'static str, v: f64| {
+    let seconds = |ms: u64| ms as f64 / 1000.0;
+    for (name, v) in [
+        (
+            "boxoffice_sale_admit_rate_per_second",
+            f64::from(sale.admit_rate_per_second),
+        ),
+        ("boxoffice_sale_hold_ttl_seconds", seconds(sale.hold_ttl_ms)),
+        (
+            "boxoffice_sale_per_user_limit",
+            f64::from(sale.per_user_limit),
+        ),
+        (
+            "boxoffice_sale_state_changed_at_seconds",
+            seconds(sale.state_changed_at_ms),
+        ),
+        (
+            "boxoffice_sale_admit_rate_changed_at_seconds",
+            seconds(sale.rate_changed_at_ms),
+        ),
+    ] {
         metrics::gauge!(name, "event" => event.clone()).set(v);
-    };
-    gauge(
-        "boxoffice_sale_admit_rate_per_second",
-        f64::from(sale.admit_rate_per_second),
-    );
-    gauge(
-        "boxoffice_sale_hold_ttl_seconds",
-        sale.hold_ttl_ms as f64 / 1000.0,
-    );
-    gauge(
-        "boxoffice_sale_per_user_limit",
-        f64::from(sale.per_user_limit),
-    );
-    gauge(
-        "boxoffice_sale_state_changed_at_seconds",
-        sale.state_changed_at_ms as f64 / 1000.0,
-    );
-    gauge(
-        "boxoffice_sale_admit_rate_changed_at_seconds",
-        sale.rate_changed_at_ms as f64 / 1000.0,
-    );
+    }
 }
 
 /// A create's spec with its defaults, checked; the id it makes (its own, the key's by

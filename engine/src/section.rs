@@ -417,11 +417,7 @@ impl Actor for SectionActor {
                 st.seal();
             }
             Some(SectionMsg::Confirm(cmd, reply)) => st.on_confirm(cmd, now, reply),
-            Some(SectionMsg::Sale(change, at, reply)) => {
-                let at = at.map_or(now, |at| at.min(now));
-                let records: Vec<_> = st.a.core.sale_change(change, at).into_iter().collect();
-                st.commit(records, Vec::new(), Vec::new(), after(reply, Ok(())));
-            }
+            Some(SectionMsg::Sale(change, at, reply)) => st.on_sale(change, at, now, reply),
             Some(SectionMsg::Release(hold_id, user, reply)) => {
                 st.on_release(&hold_id, &user, now, reply);
             }
@@ -545,6 +541,13 @@ impl SectionState {
             }
         }
         self.commit(records, Vec::new(), Vec::new(), after(reply, Ok(answers)));
+    }
+
+    /// An operator's sale control: recorded as of `at` (no later than now) or now.
+    fn on_sale(&mut self, change: SaleChange, at: Option<u64>, now: u64, reply: Reply<()>) {
+        let at = at.map_or(now, |at| at.min(now));
+        let records: Vec<_> = self.a.core.sale_change(change, at).into_iter().collect();
+        self.commit(records, Vec::new(), Vec::new(), after(reply, Ok(())));
     }
 
     fn on_confirm(&mut self, cmd: ConfirmHold, now: u64, reply: Reply<OrderView>) {
