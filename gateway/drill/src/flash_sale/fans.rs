@@ -167,16 +167,29 @@ pub(crate) async fn arrive(crowd: Arc<Crowd>, arrivals: &Arrivals) -> anyhow::Re
     Ok(())
 }
 
-/// A hoarding bot (`--hoarders`): it joins the line with the fans who come before the opening,
+/// A hoarding bot (`--hoarders`): it joins the line with the fans who come before the opening
+/// (and stays in it when told sold out),
 /// and once admitted holds the per-user limit anywhere, never pays, and holds again as soon as
 /// its hold has expired, until `stop` is raised (the fans are done). The places it held then.
 pub(crate) async fn hoard(crowd: Arc<Crowd>, k: usize, stop: Arc<AtomicBool>) -> u32 {
     let mut bot = Fan::new(&crowd, crowd.args.fans + k);
     bot.user = format!("hoarder-{k}");
-    let Some(Line::Admitted(token)) = bot.queue().await else {
-        return 0;
-    };
     let stopped = || stop.load(Ordering::Acquire);
+    // A bot told sold out in line stays in it: places come back as holds expire.
+    let mut line = bot.queue().await;
+    let token = loop {
+        match line {
+            Some(Line::Admitted(token)) => break token,
+            Some(Line::SoldOut(queue_token)) if !stopped() => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                line = match bot.wait_in_line(&queue_token, Instant::now()).await {
+                    Polled::Line(l) => Some(l),
+                    Polled::Gone | Polled::Over => None,
+                };
+            }
+            _ => return 0,
+        }
+    };
     let mut n = 0u64;
     while !stopped() {
         n += 1;

