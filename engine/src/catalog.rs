@@ -195,9 +195,11 @@ impl Catalog {
         record: CatalogRecord,
     ) -> Result<(), EngineError> {
         let (tx, rx) = oneshot::channel();
-        let job = writer.append(
+        let change = crate::changes::of_catalog(&record, self.kernel.now_ms());
+        let job = writer.append_changing(
             std::slice::from_ref(&record),
             Vec::new(),
+            vec![change],
             Box::new(move |r| {
                 let _ = tx.send(r);
             }),

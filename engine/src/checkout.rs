@@ -338,7 +338,18 @@ impl Checkout {
 
     async fn refund(&self, charge: &Charge) {
         match self.payments.refund(&charge.payment_id).await {
-            Ok(_) => metrics::counter!("boxoffice_checkout_refunds_total").increment(1),
+            Ok(refunded) => {
+                if let Some(hold) = crate::refunds::hold_of(&refunded) {
+                    let user = self.booking.get_hold(&hold).await.ok().map(|h| h.user_id);
+                    self.kernel.note_change(crate::changes::refunded(
+                        &refunded,
+                        &hold,
+                        user,
+                        self.kernel.now_ms(),
+                    ));
+                }
+                metrics::counter!("boxoffice_checkout_refunds_total").increment(1)
+            }
             // Left for the reconciliation to report: a captured payment without an order.
             Err(e) => tracing::error!(error = %e, payment = %charge.payment_id, "refund failed"),
         }

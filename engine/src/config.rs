@@ -8,9 +8,9 @@ use crate::clock::{Clock, SystemClock};
 use crate::error::{Rejection, StorageError};
 use crate::integrity::RecoveryMode;
 use crate::limits::{
-    CHECKPOINT_EVERY_RECORDS_DEFAULT, IDEMPOTENCY_WINDOW_MS_DEFAULT, IDEMPOTENCY_WINDOW_MS_MAX,
-    IDEMPOTENCY_WINDOW_MS_MIN, LEDGER_SHARDS_DEFAULT, SECTION_INFLIGHT_MAX_DEFAULT,
-    WAITLIST_MAX_DEFAULT,
+    CHANGE_RETENTION_MS_DEFAULT, CHECKPOINT_EVERY_RECORDS_DEFAULT, IDEMPOTENCY_WINDOW_MS_DEFAULT,
+    IDEMPOTENCY_WINDOW_MS_MAX, IDEMPOTENCY_WINDOW_MS_MIN, LEDGER_SHARDS_DEFAULT,
+    SECTION_INFLIGHT_MAX_DEFAULT, WAITLIST_MAX_DEFAULT,
 };
 use crate::payment::{PaymentProvider, SimulatedConfig, SimulatedProvider};
 use crate::store::{Durability, LogSink, Replicate};
@@ -39,6 +39,9 @@ pub struct EngineConfig {
     /// remembered, after it was given or ended (see [`crate::retention`]). 1 s to 30 days;
     /// [`crate::Engine::open`] refuses anything else.
     pub idempotency_window: Duration,
+    /// How long the change stream (`crate::changes`) keeps a change, by its time: a cursor
+    /// older than this is expired. 24 hours by default.
+    pub change_retention: Duration,
     /// The payment provider (`None`: the built-in simulated one, recording in the log's store;
     /// a log outside a store needs one set, as [`EngineConfig::with_sink`] does).
     pub payments: Option<Arc<dyn PaymentProvider>>,
@@ -72,6 +75,7 @@ impl EngineConfig {
             checkpoint_every_records: CHECKPOINT_EVERY_RECORDS_DEFAULT,
             waitlist_max: WAITLIST_MAX_DEFAULT,
             idempotency_window: Duration::from_millis(IDEMPOTENCY_WINDOW_MS_DEFAULT),
+            change_retention: Duration::from_millis(CHANGE_RETENTION_MS_DEFAULT),
             payments: None,
             simulated_payments: SimulatedConfig::default(),
             recovery_mode: RecoveryMode::Strict,

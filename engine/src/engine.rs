@@ -149,6 +149,7 @@ impl Engine {
             config.durability,
             recovered.marks.clone(),
             config.replicate.clone(),
+            config.change_retention,
         )?);
         let engine_slot = Arc::new(OnceLock::new());
         let roles: Roles = Arc::new(DashMap::default());
@@ -224,6 +225,27 @@ impl Engine {
     /// restarted), if it did; it then answers every change with an error until restarted.
     pub fn stopped(&self) -> Option<String> {
         self.kernel().store().halt.reason()
+    }
+
+    /// Up to `max` changes of the change stream after `after` (`None`: from the oldest kept),
+    /// as far as they are durable (see [`crate::changes`]). A cluster node reads its group's
+    /// copy with [`crate::changes::read`] instead (this engine runs only while it leads).
+    pub fn changes(
+        &self,
+        after: Option<crate::changes::Position>,
+        max: usize,
+    ) -> Result<crate::changes::ChangesPage, crate::changes::ChangesError> {
+        let store = self.kernel().store();
+        // With `Sync`, what a crash cannot take back: the superblock's mark. A leader's copy
+        // holds only what its group committed; `Buffered` promises nothing durable anyway.
+        let readable = if self.kernel().config().replicate.is_none()
+            && self.kernel().config().durability == crate::Durability::Sync
+        {
+            store.durable_marks().of(crate::store::names::CHANGES)
+        } else {
+            u64::MAX
+        };
+        crate::changes::read(store.sink.as_ref(), after, readable, max)
     }
 
     /// Stops the engine as a crash of its log would: calls answer `NOT_READY` from now on,

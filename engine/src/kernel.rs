@@ -49,6 +49,14 @@ impl Kernel {
         &self.store
     }
 
+    /// Tells the change stream of `change` (one without a record of its own: a refund), with
+    /// the next group commit.
+    pub(crate) fn note_change(&self, change: Option<crate::changes::Change>) {
+        if let Some(change) = change {
+            self.store.submit(crate::store::Job::Note(vec![change]));
+        }
+    }
+
     pub(crate) fn ledger(&self) -> &Ledger {
         &self.ledger
     }

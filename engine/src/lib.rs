@@ -86,6 +86,7 @@ mod audit;
 mod booking;
 pub mod bugs;
 mod catalog;
+pub mod changes;
 mod checkout;
 pub mod clock;
 pub mod codec;

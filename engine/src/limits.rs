@@ -63,6 +63,9 @@ pub const ACTOR_RESTARTS_MAX: u32 = 5;
 /// long after it was given, and a released or expired hold is remembered this long after it
 /// ended. After it, both are forgotten.
 pub const IDEMPOTENCY_WINDOW_MS_DEFAULT: u64 = 24 * 60 * 60 * 1000;
+
+/// How long the change stream keeps a change by default (`--change-retention-seconds`).
+pub const CHANGE_RETENTION_MS_DEFAULT: u64 = 24 * 60 * 60 * 1000;
 /// Shortest idempotency window a configuration may set (one second: soaks and tests).
 pub const IDEMPOTENCY_WINDOW_MS_MIN: u64 = 1_000;
 /// Longest idempotency window a configuration may set (30 days).

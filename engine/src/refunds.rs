@@ -37,7 +37,7 @@ pub struct Settlement {
 }
 
 /// The hold a charge was made for, from its key (`{hold_id}:{fingerprint}`).
-fn hold_of(charge: &Charge) -> Option<HoldId> {
+pub(crate) fn hold_of(charge: &Charge) -> Option<HoldId> {
     let (hold, _) = charge.key.rsplit_once(':')?;
     let hold = HoldId(hold.to_owned());
     hold.route().map(|_| hold)
@@ -193,6 +193,19 @@ impl Refunds {
                 reason: format!("the refund left the charge {:?}", refunded.status),
             });
         }
+        let user = self
+            .audit
+            .section_core(&event_id, &section_id)
+            .await
+            .ok()
+            .and_then(|core| core.hold_view(hold))
+            .map(|h| h.user_id);
+        self.kernel.note_change(crate::changes::refunded(
+            &refunded,
+            hold,
+            user,
+            self.kernel.now_ms(),
+        ));
         metrics::counter!("boxoffice_refunds_total", "cause" => "charge_without_sale").increment(1);
         tracing::info!(payment = %charge.payment_id, hold = %hold, amount_cents = charge.amount_cents,
             "refunded a captured charge whose hold ended without an order");

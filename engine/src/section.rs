@@ -253,9 +253,11 @@ impl SectionState {
         let notices = self.a.notices.clone();
         let sealed_at = self.a.clock.now_ms();
         let (ended, replies) = (open.ended, open.replies);
-        let job = self.a.stream.append(
+        let changes = crate::changes::of_section(&self.a.core, &open.records);
+        let job = self.a.stream.append_changing(
             &open.records,
             open.claims,
+            changes,
             Box::new(move |r| {
                 if r.is_ok() {
                     durable.fetch_max(upto, Ordering::AcqRel);

@@ -167,6 +167,7 @@ pub(crate) async fn spawn_waitlist(
         store: store.clone(),
         checkpoint_every: config.checkpoint_every_records,
         written: Default::default(),
+        clock: config.clock.clone(),
     };
     let (actor, _) = Actor::spawn_linked(None, WaitlistActor, args, supervisor.get_cell())
         .await

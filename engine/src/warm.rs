@@ -131,6 +131,10 @@ impl Kept {
 
     fn append(&mut self, stream: &str, seq: u64, bytes: &[u8]) -> Result<(), Misfit> {
         let bad = |e: codec::DecodeError| format!("stream `{stream}` #{seq}: {e}");
+        if stream == names::CHANGES {
+            // Read by `WatchChanges` from the copy itself: no state to keep.
+            return Ok(());
+        }
         if stream == names::CATALOG {
             if Self::next(stream, self.replayed.catalog_last, seq)? {
                 let record: CatalogRecord = codec::decode(bytes).map_err(bad)?;

@@ -26,6 +26,10 @@ pub struct ServerConfig {
     pub admin_keys: Vec<String>,
     /// Keys with client scope.
     pub client_keys: Vec<String>,
+    /// Keys with stream scope (the change stream only).
+    pub stream_keys: Vec<String>,
+    /// How long the change stream keeps a change.
+    pub change_retention: Duration,
     /// HMAC secret of queue and admission tokens.
     pub token_secret: Vec<u8>,
     /// Log durability.
@@ -119,6 +123,10 @@ impl ServerConfig {
             data_dir: PathBuf::from("boxoffice-data"),
             admin_keys: vec![admin_key.to_owned()],
             client_keys: vec![client_key.to_owned()],
+            stream_keys: Vec::new(),
+            change_retention: Duration::from_millis(
+                boxoffice_engine::limits::CHANGE_RETENTION_MS_DEFAULT,
+            ),
             token_secret: token_secret.to_vec(),
             durability: Durability::Sync,
             in_flight_max: crate::limits::IN_FLIGHT_MAX_DEFAULT,

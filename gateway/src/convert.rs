@@ -191,38 +191,41 @@ pub fn order(
     tickets: &crate::signing::Signing,
 ) -> Result<pb::Order, crate::signing::RingStale> {
     let key = tickets.key_for(o.created_at_ms)?;
-    let event_id = o.event_id.0;
-    let order_id = o.order_id.0;
-    Ok(pb::Order {
+    let mut order = order_without_codes(o);
+    for t in &mut order.tickets {
+        t.code = key.sign(&crate::tickets::TicketClaims {
+            event_id: order.event_id.clone(),
+            section_id: t.section_id.clone(),
+            seat_id: t.seat_id.clone(),
+            order_id: order.order_id.clone(),
+            ticket_id: t.ticket_id.clone(),
+        });
+    }
+    Ok(order)
+}
+
+/// An order as the API shows it, its tickets without codes (the change stream's).
+pub fn order_without_codes(o: OrderView) -> pb::Order {
+    pb::Order {
         hold_id: o.hold_id.0,
         user_id: o.user_id.0,
         tickets: o
             .tickets
             .into_iter()
-            .map(|t| {
-                let seat_id = t.seat_id.map(|s| s.0).unwrap_or_default();
-                let code = key.sign(&crate::tickets::TicketClaims {
-                    event_id: event_id.clone(),
-                    section_id: t.section_id.0.clone(),
-                    seat_id: seat_id.clone(),
-                    order_id: order_id.clone(),
-                    ticket_id: t.ticket_id.clone(),
-                });
-                pb::Ticket {
-                    ticket_id: t.ticket_id,
-                    section_id: t.section_id.0,
-                    seat_id,
-                    code,
-                }
+            .map(|t| pb::Ticket {
+                ticket_id: t.ticket_id,
+                section_id: t.section_id.0,
+                seat_id: t.seat_id.map(|s| s.0).unwrap_or_default(),
+                code: String::new(),
             })
             .collect(),
-        order_id,
-        event_id,
+        order_id: o.order_id.0,
+        event_id: o.event_id.0,
         amount_cents: o.amount_cents,
         payment_id: o.payment_ref,
         status: pb::OrderStatus::Confirmed as i32,
         created_at_unix_ms: ms(o.created_at_ms),
-    })
+    }
 }
 
 /// A seat status as the API shows it.

@@ -31,8 +31,11 @@ use crate::status::ApiError;
 pub enum Scope {
     /// Everything.
     Admin,
-    /// Everything but writes to events.
+    /// Everything but writes to events, and the change stream.
     Client,
+    /// The change stream (`ChangeService`) and nothing else: a read-only key for services
+    /// that follow sales.
+    Stream,
 }
 
 /// RPCs that need an admin key, besides every RPC of [`ADMIN_SERVICES`].
@@ -47,6 +50,19 @@ pub const ADMIN_SERVICES: &[&str] = &["/boxoffice.v1.ClusterService/"];
 /// Whether the RPC at `path` needs an admin key.
 pub fn needs_admin(path: &str) -> bool {
     ADMIN_RPCS.contains(&path) || ADMIN_SERVICES.iter().any(|s| path.starts_with(s))
+}
+
+/// Services an admin key or a stream key may call, and a client key may not.
+pub const STREAM_SERVICES: &[&str] = &["/boxoffice.v1.ChangeService/"];
+
+/// Whether a key of `scope` may call the RPC at `path`.
+pub fn allows(scope: Scope, path: &str) -> bool {
+    let stream = STREAM_SERVICES.iter().any(|s| path.starts_with(s));
+    match scope {
+        Scope::Admin => true,
+        Scope::Client => !stream && !needs_admin(path),
+        Scope::Stream => stream,
+    }
 }
 
 /// An API key was empty (or only white space).
@@ -147,7 +163,7 @@ impl Gate {
             .keys
             .scope_of(key.trim())
             .ok_or(ApiError::Unauthenticated)?;
-        if scope != Scope::Admin && needs_admin(path) {
+        if !allows(scope, path) {
             return Err(ApiError::PermissionDenied);
         }
         Ok(())
@@ -515,6 +531,27 @@ mod tests {
         ] {
             assert!(!needs_admin(path), "{path}");
         }
+    }
+
+    #[test]
+    fn a_stream_key_calls_the_change_stream_only_and_a_client_key_never_does() {
+        let watch = "/boxoffice.v1.ChangeService/WatchChanges";
+        assert!(allows(Scope::Admin, watch));
+        assert!(allows(Scope::Stream, watch));
+        assert!(!allows(Scope::Client, watch));
+        for other in [
+            "/boxoffice.v1.EventService/GetEvent",
+            "/boxoffice.v1.BookingService/Hold",
+            "/boxoffice.v1.EventService/UpdateSale",
+        ] {
+            assert!(!allows(Scope::Stream, other), "{other}");
+            assert!(allows(Scope::Admin, other), "{other}");
+        }
+        assert!(allows(Scope::Client, "/boxoffice.v1.BookingService/Hold"));
+        assert!(!allows(
+            Scope::Client,
+            "/boxoffice.v1.EventService/UpdateSale"
+        ));
     }
 
     #[test]

@@ -94,6 +94,7 @@ const SERVICES: &[&str] = &[
     "boxoffice.v1.WaitingRoomService",
     "boxoffice.v1.BookingService",
     "boxoffice.v1.WaitlistService",
+    "boxoffice.v1.ChangeService",
 ];
 
 /// Sets every service's health ([`SERVICES`]) to `status`.

@@ -85,6 +85,12 @@ unary!(pb::GetWaitlistEntryRequest => pb::WaitlistEntry, "/boxoffice.v1.Waitlist
 /// The path of `ListEvents`.
 const LIST_EVENTS: &str = "/boxoffice.v1.EventService/ListEvents";
 
+/// The path of `WatchChanges`.
+const WATCH_CHANGES: &str = "/boxoffice.v1.ChangeService/WatchChanges";
+
+/// Where a change stream's changes arrive (an error last, if one ends it).
+pub type ChangeReceiver = tokio::sync::mpsc::Receiver<Result<pb::Change, crate::status::ApiError>>;
+
 /// The in-process face: the gate, the cluster's routing and the services of one server.
 pub struct Local {
     gate: Arc<Gate>,
@@ -163,6 +169,31 @@ impl Local {
         );
         self.run_for(path, authorization, CLUSTER_CALL_TIMEOUT, move || call(svc))
             .await
+    }
+
+    /// `WatchChanges` as the caller of `authorization` (an admin or stream key): the changes
+    /// after `req`'s cursor, sent into the returned channel (see [`crate::services::changes`]).
+    /// A refused cursor is refused here, before anything is sent.
+    pub async fn watch_changes(
+        &self,
+        authorization: Option<&str>,
+        req: pb::WatchChangesRequest,
+    ) -> Result<ChangeReceiver, Status> {
+        let feeds = self.groups.feeds().clone();
+        let drain = self.gate.draining_signal();
+        self.run(WATCH_CHANGES, authorization, move || {
+            Box::pin(async move {
+                let watch = crate::services::changes::Watch::open(
+                    &feeds,
+                    &req.after_cursor,
+                    &req.event_id,
+                    req.follow,
+                )
+                .await?;
+                Ok(crate::services::changes::spawn(watch, drain))
+            })
+        })
+        .await
     }
 
     /// The gate, the deadline ([`CALL_TIMEOUT`]) and the metrics around `work`.

@@ -30,7 +30,10 @@ use crate::net::Listener;
 use crate::node::forward::Port;
 pub use crate::node::{GROUPS_FILE, group_dir};
 use crate::node::{Node, Opened, Serving};
-use crate::services::grpc::{BookingSvc, ClusterSvc, EventRoutes, WaitingRoomSvc, WaitlistSvc};
+use crate::services::changes::Feed;
+use crate::services::grpc::{
+    BookingSvc, ChangeSvc, ClusterSvc, EventRoutes, WaitingRoomSvc, WaitlistSvc,
+};
 use crate::services::{Groups, Ready};
 use crate::stack::SweeperSlot;
 pub use crate::ticket_keys::rotate_ticket_key;
@@ -86,6 +89,9 @@ fn keys_of(config: &ServerConfig) -> anyhow::Result<Keys> {
     }
     for k in &config.client_keys {
         keys.add(k, Scope::Client).context("--client-key")?;
+    }
+    for k in &config.stream_keys {
+        keys.add(k, Scope::Stream).context("--stream-key")?;
     }
     Ok(keys)
 }
@@ -148,6 +154,15 @@ fn grpc_router(
         .add_service(pb::cluster_service_server::ClusterServiceServer::new(
             members,
         ))
+        .add_service(
+            pb::change_service_server::ChangeServiceServer::new(ChangeSvc {
+                groups: ready.clone(),
+                drain: gate.draining_signal(),
+            })
+            .max_decoding_message_size(max)
+            .accept_compressed(gzip)
+            .send_compressed(gzip),
+        )
         .add_service(
             pb::waitlist_service_server::WaitlistServiceServer::new(WaitlistSvc(ready.clone()))
                 .max_decoding_message_size(max)
@@ -258,6 +273,10 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
     let groups = Groups::new(readies.clone());
     install_metrics(&config);
     let (opened, cluster) = open_cluster(&config, &groups).await?;
+    groups.feeds().set(match &opened {
+        Some(opened) => opened.copies().into_iter().map(Feed::Copy).collect(),
+        None => vec![Feed::Engine(readies[0].clone())],
+    });
     // The HTTP API calls the same gate, routing and services in process.
     let forwarder = cluster.as_ref().map(|(_, forwarder)| forwarder.clone());
     let local = Arc::new(Local::new(gate.clone(), groups.clone(), forwarder));

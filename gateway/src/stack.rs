@@ -34,6 +34,7 @@ pub(crate) fn engine_config(config: &ServerConfig) -> EngineConfig {
     ec.section_inflight_max = config.section_inflight_max;
     ec.recovery_mode = config.recovery_mode;
     ec.idempotency_window = config.idempotency_window;
+    ec.change_retention = config.change_retention;
     ec
 }
 

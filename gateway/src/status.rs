@@ -38,6 +38,10 @@ pub enum ApiError {
     PermissionDenied,
     /// A change of a cluster's members refused, or a single node asked about its cluster.
     Cluster(ClusterRefusal),
+    /// A change stream's cursor older than the retention: the oldest cursor served.
+    CursorExpired(String),
+    /// A change stream's cursor this server never handed out (malformed, or past the end).
+    CursorInvalid(String),
     /// A whole-event seat map larger than one response may be.
     SeatMapTooLarge {
         /// The event.
@@ -376,10 +380,25 @@ impl ApiError {
                 Code::Unauthenticated,
                 "missing or unknown API key: send `authorization: Bearer <key>`",
             ),
-            ApiError::PermissionDenied => {
-                ErrorParts::bare(Code::PermissionDenied, "this RPC needs an admin key")
-            }
+            ApiError::PermissionDenied => ErrorParts::bare(
+                Code::PermissionDenied,
+                "this RPC needs an admin key (the change stream: an admin or stream key)",
+            ),
             ApiError::Cluster(r) => cluster_parts(r),
+            ApiError::CursorExpired(oldest) => parts(
+                Code::OutOfRange,
+                "CURSOR_EXPIRED",
+                format!(
+                    "the cursor is older than the change stream keeps: resume from the oldest                      cursor served ({oldest}), or from the start with an empty cursor"
+                ),
+                HashMap::from([("oldest_cursor".to_owned(), oldest)]),
+            ),
+            ApiError::CursorInvalid(why) => parts(
+                Code::InvalidArgument,
+                "CURSOR_INVALID",
+                why,
+                HashMap::from([("field".to_owned(), "after_cursor".to_owned())]),
+            ),
             ApiError::SeatMapTooLarge {
                 event_id,
                 size,
@@ -489,6 +508,8 @@ fn every_error() -> Vec<ApiError> {
         ApiError::Cluster(ClusterRefusal::LastVoter(0)),
         ApiError::Cluster(ClusterRefusal::ChangeFailed(String::new())),
         ApiError::Cluster(ClusterRefusal::RingFull(0)),
+        ApiError::CursorExpired(String::new()),
+        ApiError::CursorInvalid(String::new()),
     ]);
     all
 }
@@ -647,6 +668,8 @@ mod tests {
             ApiError::Cluster(ClusterRefusal::ChangeFailed(_)) => 19,
             ApiError::RingStale(_) => 20,
             ApiError::Cluster(ClusterRefusal::RingFull(_)) => 21,
+            ApiError::CursorExpired(_) => 22,
+            ApiError::CursorInvalid(_) => 23,
         }
     }
 
@@ -655,7 +678,7 @@ mod tests {
         let mut seen: Vec<usize> = every_error().iter().map(kind).collect();
         seen.sort_unstable();
         seen.dedup();
-        assert_eq!(seen, (0..22).collect::<Vec<_>>());
+        assert_eq!(seen, (0..24).collect::<Vec<_>>());
     }
 
     /// The reasons table of docs/api.md (section 7.2) is the list the server answers: the same

@@ -25,6 +25,8 @@ use crate::{Bearer, Clients, T0_MS, connect};
 pub const ADMIN: &str = "test-admin-key";
 /// The client key of test servers.
 pub const CLIENT: &str = "test-client-key";
+/// The stream key of test servers (the change stream only).
+pub const STREAM: &str = "test-stream-key";
 /// The token secret of test servers.
 pub const SECRET: &[u8] = b"test-token-secret";
 
@@ -81,12 +83,19 @@ pub struct TestServerBuilder {
     payments: Option<Arc<dyn boxoffice_engine::PaymentProvider>>,
     seat_map_max_bytes: Option<usize>,
     seat_map_staleness: Duration,
+    change_retention: Option<Duration>,
 }
 
 impl TestServerBuilder {
     /// Allows a new ticket signing key where tickets were sold (`serve --new-ticket-key`).
     pub fn new_ticket_key(mut self) -> Self {
         self.new_ticket_key = true;
+        self
+    }
+
+    /// Keeps the change stream's changes this long (`serve --change-retention-seconds`).
+    pub fn change_retention(mut self, keep: Duration) -> Self {
+        self.change_retention = Some(keep);
         self
     }
 
@@ -170,6 +179,7 @@ impl TestServerBuilder {
         );
         let home = self.home.unwrap_or_default();
         let mut config = ServerConfig::new(ADMIN, CLIENT, SECRET);
+        config.stream_keys = vec![STREAM.to_owned()];
         config.listen = "127.0.0.1:0".parse().expect("loopback");
         config.metrics_listen = Some("127.0.0.1:0".parse().expect("loopback"));
         config.http_listen = Some("127.0.0.1:0".parse().expect("loopback"));
@@ -186,6 +196,9 @@ impl TestServerBuilder {
             config.seat_map_max_bytes = n;
         }
         config.seat_map_staleness = self.seat_map_staleness;
+        if let Some(keep) = self.change_retention {
+            config.change_retention = keep;
+        }
         config.new_ticket_key = self.new_ticket_key;
         if let Some((every, grace)) = self.settlement {
             config.reconcile_every = every;
@@ -269,6 +282,7 @@ impl TestServer {
             payments: None,
             seat_map_max_bytes: None,
             seat_map_staleness: Duration::ZERO,
+            change_retention: None,
         }
     }
 

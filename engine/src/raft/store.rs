@@ -593,6 +593,11 @@ impl StateMachine {
                     entries,
                     claims,
                 } => {
+                    if refused.is_some() && stream == names::CHANGES {
+                        // The change stream tells what the batch's records did: one of them
+                        // was refused (every node alike), so it tells nothing.
+                        continue;
+                    }
                     // All of the op's claims or none: a refused one gives back those this op
                     // took, so no node keeps a claim without its sale.
                     let mut took = Vec::new();

@@ -60,9 +60,13 @@ impl StreamSink for KvStream {
     }
 
     fn read_after(&self, after: u64) -> Result<Vec<(u64, Vec<u8>)>, StorageError> {
-        let after = after.to_be_bytes();
+        self.read_between(after, u64::MAX)
+    }
+
+    fn read_between(&self, after: u64, upto: u64) -> Result<Vec<(u64, Vec<u8>)>, StorageError> {
+        let (after, upto) = (after.to_be_bytes(), upto.to_be_bytes());
         self.tree
-            .range(Bound::Excluded(&after[..]), Bound::Unbounded)?
+            .range(Bound::Excluded(&after[..]), Bound::Included(&upto[..]))?
             .into_iter()
             .map(|(key, value)| {
                 let seq = <[u8; 8]>::try_from(key.as_slice())
@@ -79,6 +83,14 @@ impl StreamSink for KvStream {
 
     fn remove(&self, seq: u64) -> Result<(), StorageError> {
         self.tree.remove(&seq.to_be_bytes())
+    }
+
+    fn last_seq(&self) -> Result<u64, StorageError> {
+        Ok(self
+            .tree
+            .last()?
+            .and_then(|(k, _)| <[u8; 8]>::try_from(k.as_slice()).ok())
+            .map_or(0, u64::from_be_bytes))
     }
 
     fn remove_upto(&self, upto: u64) -> Result<usize, StorageError> {

@@ -30,6 +30,7 @@ use std::time::Instant;
 use futures_util::future::BoxFuture;
 use tokio::sync::mpsc;
 
+use crate::changes::{Change as Changed, ChangeLog};
 use crate::codec;
 use crate::error::StorageError;
 
@@ -140,11 +141,16 @@ pub(crate) struct Append {
     pub entries: Vec<(u64, Vec<u8>)>,
     /// Sold-seat keys to claim insert-if-absent, each with the hold id as value.
     pub claims: Vec<(String, Vec<u8>)>,
+    /// What the records change, for the change stream ([`crate::changes`]).
+    pub changes: Vec<Changed>,
     pub done: Done,
 }
 
 pub(crate) enum Job {
     Append(Append),
+    /// Changes without records of their own (a refund: the payment provider keeps its
+    /// record), for the change stream, written with the next group commit.
+    Note(Vec<Changed>),
     Checkpoint {
         stream: Arc<dyn StreamSink>,
         upto: u64,
@@ -252,7 +258,9 @@ impl Store {
         durability: Durability,
         marks: Marks,
         replicate: Option<Arc<dyn Replicate>>,
+        change_retention: std::time::Duration,
     ) -> Result<Store, StorageError> {
+        let changes = ChangeLog::open(sink.as_ref(), change_retention)?;
         let (tx, rx) = mpsc::unbounded_channel();
         let halt = Arc::new(Halt::default());
         let (compact_tx, compact_rx) = mpsc::unbounded_channel();
@@ -277,6 +285,7 @@ impl Store {
             ack: Some(ack_tx),
             acker: Some(acker),
             replicate,
+            changes,
         };
         let thread = crate::rt::spawn_worker("boxoffice-wal", async move {
             let mut flusher = flusher;
@@ -371,6 +380,8 @@ struct Flusher {
     acker: Option<crate::rt::Worker>,
     /// A cluster node's leader: batches go to its Raft group instead of the sink.
     replicate: Option<Arc<dyn Replicate>>,
+    /// The change stream, written after each batch's own records.
+    changes: ChangeLog,
 }
 
 /// A written batch handed to the acker: its marks (to write to the superblock first, if the
@@ -459,6 +470,7 @@ impl Flusher {
                 }
             }
             let started = Instant::now();
+            self.note_changes(&mut batch);
             if let Some(replicate) = self.replicate.clone() {
                 stop = self.replicate(batch, replicate.as_ref(), started).await;
                 continue;
@@ -521,6 +533,8 @@ impl Flusher {
                     }
                 }
                 Job::Barrier(done) => w.completions.push((done, self.halt.check())),
+                // Gathered into the change stream's record before.
+                Job::Note(_) => {}
                 Job::Stop => w.stop = true,
             }
         }
@@ -535,6 +549,45 @@ impl Flusher {
         let stop = w.stop;
         self.finish(w, started, false, commit).await;
         stop
+    }
+
+    /// Gathers what the batch's jobs change into records of the change stream, appended after
+    /// the batch's own records (so they are written, synced and replicated with them), and a
+    /// checkpoint of the stream that trims what is past its retention, when one is due.
+    fn note_changes(&mut self, batch: &mut Vec<Job>) {
+        let mut changes = Vec::new();
+        batch.retain_mut(|job| match job {
+            Job::Append(a) => {
+                changes.append(&mut a.changes);
+                true
+            }
+            Job::Note(c) => {
+                changes.append(c);
+                false
+            }
+            _ => true,
+        });
+        let Some(now_ms) = changes.iter().map(|c| c.at_ms).max() else {
+            return;
+        };
+        // Looked for among the records written before this one.
+        let trim = self.changes.trim_due(now_ms);
+        let entries = self.changes.seal(changes);
+        let stream = self.changes.stream().clone();
+        batch.push(Job::Append(Append {
+            stream: stream.clone(),
+            entries,
+            claims: Vec::new(),
+            changes: Vec::new(),
+            done: Box::new(|_| {}),
+        }));
+        if let Some(upto) = trim {
+            batch.push(Job::Checkpoint {
+                stream,
+                upto,
+                blob: Vec::new(),
+            });
+        }
     }
 
     /// Syncs the log; a failure halts the store (and so fails every completion of the batch).
@@ -574,6 +627,8 @@ impl Flusher {
                     }
                 }
                 Job::Barrier(done) => w.completions.push((done, self.halt.check())),
+                // Gathered into the change stream's record before.
+                Job::Note(_) => {}
                 Job::Stop => w.stop = true,
             }
         }
@@ -697,6 +752,17 @@ impl StreamWriter {
         claims: Vec<(String, Vec<u8>)>,
         done: Done,
     ) -> Job {
+        self.append_changing(records, claims, Vec::new(), done)
+    }
+
+    /// [`StreamWriter::append`], with what the records change for the change stream.
+    pub fn append_changing<T: serde::Serialize>(
+        &mut self,
+        records: &[T],
+        claims: Vec<(String, Vec<u8>)>,
+        changes: Vec<Changed>,
+        done: Done,
+    ) -> Job {
         let entries = records
             .iter()
             .map(|r| {
@@ -710,6 +776,7 @@ impl StreamWriter {
             stream: self.stream.clone(),
             entries,
             claims,
+            changes,
             done,
         })
     }

@@ -7,6 +7,7 @@
 //! | `ledger/{shard}` | a ledger shard's `LedgerRecord`s (rejections given as first answers) |
 //! | `waitlist` | `WaitlistRecord`s |
 //! | `room/{event}` | an event's waiting room's `RoomRecord`s (reservations, opening, admissions) |
+//! | `changes` | `ChangeRecord`s: what each group commit changed, for `WatchChanges` |
 //! | checkpoints (per stream) | the stream's state up to a sequence number |
 //! | claims (`sold`) | `{event}/{section}/{seat}` (GA: `#{n}`) -> hold id: the sold-seat backstop |
 //! | `sold_set_aside` | claims recovery proved were never acknowledged, kept as evidence |
@@ -27,6 +28,9 @@ pub const LEDGER_PREFIX: &str = "ledger/";
 pub const SECTION_PREFIX: &str = "section/";
 /// Prefix of the waiting rooms' streams (`room/{event}`, see [`crate::rooms`]).
 pub const ROOM_PREFIX: &str = "room/";
+/// The change stream (`crate::changes`): one record per group commit (or part of one), each
+/// the changes its records made, written by the flusher itself.
+pub const CHANGES: &str = "changes";
 /// The sled tree of every stream's checkpoint, keyed by stream name.
 pub const CHECKPOINTS: &str = "checkpoints";
 /// The sled tree of the sold-seat backstop's claims.

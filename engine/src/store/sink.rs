@@ -46,6 +46,12 @@ pub trait StreamSink: Send + Sync {
     fn append(&self, seq: u64, bytes: &[u8]) -> Result<(), StorageError>;
     /// Every record with a sequence number above `after`, in order.
     fn read_after(&self, after: u64) -> Result<Vec<(u64, Vec<u8>)>, StorageError>;
+    /// The records numbered above `after` and up to `upto`, in order.
+    fn read_between(&self, after: u64, upto: u64) -> Result<Vec<(u64, Vec<u8>)>, StorageError>;
+
+    /// The highest sequence number stored (0: none).
+    fn last_seq(&self) -> Result<u64, StorageError>;
+
     /// Removes one record (a torn tail found by recovery).
     fn remove(&self, seq: u64) -> Result<(), StorageError>;
     /// Removes every record up to and including `upto` (covered by a durable checkpoint);

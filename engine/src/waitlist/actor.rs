@@ -41,6 +41,8 @@ pub(crate) struct WaitlistArgs {
     pub checkpoint_every: u64,
     /// How far this actor's records are durable.
     pub written: Written,
+    /// The engine's clock (the change stream's times).
+    pub clock: Arc<dyn crate::Clock>,
 }
 
 /// How far the records this actor logged are durable: counted as they are submitted, and as
@@ -76,9 +78,13 @@ impl WaitlistArgs {
         let answer = self.core.view(entry_id);
         self.written.submitted += 1;
         let (n, durable) = (self.written.submitted, self.written.durable.clone());
-        let job = self.stream.append(
+        let changes = crate::changes::of_waitlist(&self.core, &record, self.clock.now_ms())
+            .into_iter()
+            .collect();
+        let job = self.stream.append_changing(
             std::slice::from_ref(&record),
             Vec::new(),
+            changes,
             Box::new(move |r| {
                 if r.is_ok() {
                     durable.fetch_max(n, Ordering::AcqRel);

@@ -28,6 +28,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 use exit::{EXIT_CODES, Exit, error, error_exit};
 
+mod changes;
 mod check_log;
 mod cluster;
 mod exit;
@@ -101,6 +102,10 @@ enum Command {
     /// the admission rate, hold TTL and per-user limit (`UpdateSale`, admin key).
     #[command(subcommand)]
     Sale(sale::SaleCommand),
+    /// Print a running server's change stream (`WatchChanges`, an admin or stream key), one
+    /// JSON object a line: holds, releases, expiries, orders, refunds, waitlist offers, sale
+    /// controls, events created. `--follow` keeps reading, across a failover too.
+    Changes(changes::ChangesArgs),
     /// Check sold seats against orders, payments and the backstop (offline: the server must be
     /// stopped). Exits 1 if anything does not add up, 2 if there is no log.
     Reconcile(reconcile::ReconcileArgs),
@@ -196,6 +201,7 @@ fn main() -> ExitCode {
         Command::Ticket(command) => runtime.block_on(ticket::run(command)),
         Command::Cluster(command) => runtime.block_on(cluster::run(command)),
         Command::Sale(command) => runtime.block_on(sale::run(command)),
+        Command::Changes(args) => runtime.block_on(changes::run(args)),
         Command::Reconcile(args) => runtime.block_on(reconcile::run(args)),
         Command::CheckLog(args) => Ok(check_log::run(args)),
         Command::Soak(args) => runtime.block_on(soak::run(args)),

@@ -75,6 +75,28 @@ pub struct ServeArgs {
     /// A file of API keys with client scope, one per line.
     #[arg(long, env = "BOXOFFICE_CLIENT_KEY_FILE", hide_env_values = true)]
     client_key_file: Option<PathBuf>,
+    /// API key with stream scope: the change stream (`ChangeService`) and nothing else
+    /// (repeatable; comma-separated in the variable). None by default.
+    #[arg(
+        long = "stream-key",
+        env = "BOXOFFICE_STREAM_KEY",
+        value_delimiter = ',',
+        hide_env_values = true,
+        conflicts_with = "stream_key_file"
+    )]
+    stream_keys: Vec<String>,
+    /// A file of API keys with stream scope, one per line.
+    #[arg(long, env = "BOXOFFICE_STREAM_KEY_FILE", hide_env_values = true)]
+    stream_key_file: Option<PathBuf>,
+    /// How long the change stream keeps a change, seconds (a cursor older than this is
+    /// CURSOR_EXPIRED).
+    #[arg(
+        long,
+        env = "BOXOFFICE_CHANGE_RETENTION_SECONDS",
+        default_value_t = boxoffice_engine::limits::CHANGE_RETENTION_MS_DEFAULT / 1000,
+        value_parser = clap::value_parser!(u64).range(1..=30 * 86_400)
+    )]
+    change_retention_seconds: u64,
     /// Secret that signs queue and admission tokens (and derives shuffle seeds). None given
     /// (nor a file): a random one, so tokens do not survive a restart.
     #[arg(
@@ -322,6 +344,11 @@ fn config(args: ServeArgs) -> Result<ServerConfig, UsageError> {
         "BOXOFFICE_CLIENT_KEYS",
         "BOXOFFICE_CLIENT_KEYS_FILE",
     )?;
+    let stream_keys = secret::many(
+        "--stream-key-file",
+        args.stream_keys,
+        args.stream_key_file.as_deref(),
+    )?;
     let token_secret = secret::one(
         "--token-secret-file",
         args.token_secret,
@@ -344,6 +371,8 @@ fn config(args: ServeArgs) -> Result<ServerConfig, UsageError> {
     config.data_dir = args.data_dir;
     config.admin_keys = admin_keys;
     config.client_keys = client_keys;
+    config.stream_keys = stream_keys;
+    config.change_retention = Duration::from_secs(args.change_retention_seconds);
     config.durability = args.durability;
     config.in_flight_max = args.in_flight_max;
     config.section_inflight_max = section_in_flight_max;

@@ -93,6 +93,8 @@ pub struct Clients {
     pub booking: pb::booking_service_client::BookingServiceClient<Authed>,
     /// WaitlistService.
     pub waitlist: pb::waitlist_service_client::WaitlistServiceClient<Authed>,
+    /// ChangeService (an admin or stream key).
+    pub changes: pb::change_service_client::ChangeServiceClient<Authed>,
 }
 
 impl Clients {
@@ -112,6 +114,10 @@ impl Clients {
                 key.clone(),
             ),
             waitlist: pb::waitlist_service_client::WaitlistServiceClient::with_interceptor(
+                ch.clone(),
+                key.clone(),
+            ),
+            changes: pb::change_service_client::ChangeServiceClient::with_interceptor(
                 ch.clone(),
                 key.clone(),
             ),

@@ -15,6 +15,7 @@
 //! | `GET /v1/holds/{holdId}`, `GET /v1/orders/{orderId}` | `GetHold`, `GetOrder` |
 //! | `POST /v1/events`, `GET /v1/events`, `GET /v1/events/{id}` | `CreateEvent`, `ListEvents`, `GetEvent` |
 //! | `POST /v1/events/{id}/sale`, `POST /v1/events/{id}/sale/{pause,resume,queue-all,end}` | `UpdateSale` (admin) |
+//! | `GET /v1/changes?after=CURSOR&eventId=&follow=` (NDJSON, or server-sent events) | `WatchChanges` (admin or stream key) |
 //! | `GET /v1/cluster`, `POST /v1/cluster/nodes`, `DELETE /v1/cluster/nodes/{nodeId}`, `POST /v1/cluster/nodes/{nodeId}/replace`, `POST /v1/cluster/ticket-keys/rotate`, `POST /v1/cluster/rebalance` | `GetClusterStatus`, `AddNode`, `RemoveNode`, `ReplaceNode`, `RotateTicketKey`, `Rebalance` (admin) |
 //!
 //! Beside them, on the same port: the live operations page `/ops` ([`ops`]), and whatever
@@ -44,7 +45,7 @@ pub use api::Backend;
         api::get_hold, api::get_order, api::create_event, api::update_sale, api::sale_action,
         api::get_event, api::list_events,
         api::cluster_status, api::add_node, api::remove_node, api::replace_node,
-        api::rotate_ticket_key, api::rebalance,
+        api::rotate_ticket_key, api::rebalance, api::changes,
     ),
     components(schemas(
         problem::Problem, types::QueueToken, types::JoinChallenge, types::QueueStatus,
@@ -53,6 +54,8 @@ pub use api::Backend;
         types::CreateEventBody, types::UpdateSaleBody, types::SectionSummary, types::Event, types::EventPage,
         types::Seat, types::SectionSeats, types::SeatMap, types::AddNodeBody,
         types::ClusterNode, types::ClusterGroup, types::ClusterStatus, types::TicketKey,
+        types::Change, types::RefundChange, types::PlacesWithdrawn, types::WaitlistOffer,
+        types::SaleControls,
     )),
     modifiers(&BearerAuth),
 )]
@@ -69,7 +72,7 @@ impl utoipa::Modify for BearerAuth {
                 HttpBuilder::new()
                     .scheme(HttpAuthScheme::Bearer)
                     .description(Some(
-                        "An API key of the server (client scope; admin for POST /v1/events, POST /v1/events/{id}/sale and /v1/cluster)",
+                        "An API key of the server (client scope; admin for POST /v1/events, POST /v1/events/{id}/sale and /v1/cluster; admin or stream for GET /v1/changes)",
                     ))
                     .build(),
             ),
@@ -103,6 +106,7 @@ pub fn router(backend: Backend, extra: Option<Router>) -> Router {
         .route("/v1/holds/{hold_id}/release", post(api::release_hold))
         .route("/v1/orders", post(api::create_order))
         .route("/v1/orders/{order_id}", get(api::get_order))
+        .route("/v1/changes", get(api::changes))
         .route("/v1/cluster", get(api::cluster_status))
         .route("/v1/cluster/nodes", post(api::add_node))
         .route(

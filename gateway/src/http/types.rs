@@ -874,3 +874,143 @@ impl From<pb::ClusterStatus> for ClusterStatus {
         }
     }
 }
+
+/// One change of the change stream (`GET /v1/changes`, one JSON object a line, or one
+/// server-sent event each). `kind` names which of the optional fields is set.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Change {
+    /// Opaque: `after` (or `Last-Event-ID`) to resume after this change.
+    pub cursor: String,
+    /// The event changed.
+    pub event_id: String,
+    /// When the change was made, Unix ms.
+    pub at_unix_ms: i64,
+    /// `event_created`, `hold_placed`, `hold_released`, `hold_expired`, `order_created`,
+    /// `refunded`, `places_withdrawn`, `waitlist_offered` or `sale_updated`.
+    pub kind: String,
+    /// `event_created`: the event as created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<Event>,
+    /// `hold_*`: the hold, its status after the change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<Hold>,
+    /// `order_created`: the order, its tickets without codes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order: Option<Order>,
+    /// `refunded`: the refund.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refund: Option<RefundChange>,
+    /// `places_withdrawn`: the section and how many places.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub places_withdrawn: Option<PlacesWithdrawn>,
+    /// `waitlist_offered`: the entry and its hold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waitlist_offer: Option<WaitlistOffer>,
+    /// `sale_updated`: the sale's controls after the change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sale: Option<SaleControls>,
+}
+
+/// A refund of a payment kept without an order.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RefundChange {
+    /// The payment refunded.
+    pub payment_id: String,
+    /// The hold it paid for.
+    pub hold_id: String,
+    /// Whose payment it was (empty: not known any more).
+    pub user_id: String,
+    /// Amount, cents.
+    pub amount_cents: u64,
+}
+
+/// Places taken out of sale.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlacesWithdrawn {
+    /// The section.
+    pub section_id: String,
+    /// How many places.
+    pub quantity: u32,
+}
+
+/// A waitlist entry offered places.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WaitlistOffer {
+    /// The entry.
+    pub entry_id: String,
+    /// The hold placed in its fan's name.
+    pub hold_id: String,
+}
+
+/// A sale's controls.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SaleControls {
+    /// `OPEN`, `PAUSED`, `QUEUE_ALL` or `ENDED`.
+    pub state: String,
+    /// Fans admitted per second.
+    pub admit_rate_per_second: u32,
+    /// TTL of new holds, seconds.
+    pub hold_ttl_seconds: u32,
+    /// Places a fan may hold and own.
+    pub per_user_limit: u32,
+    /// Seconds after an expired hold before its fan may hold again (0: none).
+    pub hold_cooldown_seconds: u32,
+}
+
+impl From<pb::Change> for Change {
+    fn from(c: pb::Change) -> Change {
+        Change {
+            cursor: c.cursor,
+            event_id: c.event_id,
+            at_unix_ms: c.at_unix_ms,
+            kind: c.kind,
+            event: c.event_created.map(Event::from),
+            hold: c.hold.map(Hold::from),
+            order: c.order.map(Order::from),
+            refund: c.refund.map(|r| RefundChange {
+                payment_id: r.payment_id,
+                hold_id: r.hold_id,
+                user_id: r.user_id,
+                amount_cents: r.amount_cents,
+            }),
+            places_withdrawn: c.places_withdrawn.map(|p| PlacesWithdrawn {
+                section_id: p.section_id,
+                quantity: p.quantity,
+            }),
+            waitlist_offer: c.waitlist_offer.map(|w| WaitlistOffer {
+                entry_id: w.entry_id,
+                hold_id: w.hold_id,
+            }),
+            sale: c.sale.map(|s| SaleControls {
+                state: short(s.state().as_str_name(), "SALE_STATE_"),
+                admit_rate_per_second: s.admit_rate_per_second,
+                hold_ttl_seconds: s.hold_ttl_seconds,
+                per_user_limit: s.per_user_limit,
+                hold_cooldown_seconds: s.hold_cooldown_seconds,
+            }),
+        }
+    }
+}
+
+/// `GET /v1/changes`: where to start, which event, whether to follow.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+pub struct ChangesQuery {
+    /// Resume after this cursor (a change's `cursor`; with server-sent events the
+    /// `Last-Event-ID` header does too). Empty: from the oldest change kept; `0`: from the very
+    /// first.
+    #[serde(default)]
+    pub after: String,
+    /// Only this event's changes.
+    #[serde(default)]
+    pub event_id: String,
+    /// Keep the response open and send changes as they are made.
+    #[serde(default)]
+    pub follow: bool,
+}

@@ -258,12 +258,14 @@ pub fn group_of_event(event_id: &str, groups: u32) -> u32 {
 }
 
 /// Whether `path` is never forwarded: health, reflection, the Raft service between nodes, the
-/// cluster's members (any node asks each group's leader itself).
+/// cluster's members (any node asks each group's leader itself), the change stream (any node
+/// reads its own copy of each group's log).
 fn local_only(path: &str) -> bool {
     path.starts_with("/grpc.health.v1.Health/")
         || path.starts_with("/grpc.reflection.")
         || path.starts_with("/boxoffice.cluster.")
         || path.starts_with("/boxoffice.v1.ClusterService/")
+        || path.starts_with("/boxoffice.v1.ChangeService/")
 }
 
 /// Which port a cluster node's router serves, as the forwarding layer takes calls there.

@@ -63,6 +63,15 @@ pub(crate) struct Serving<'a> {
 }
 
 impl Opened {
+    /// Each group's copy of its log, where this node reads its change stream (index: the
+    /// group).
+    pub(crate) fn copies(&self) -> Vec<Arc<dyn boxoffice_engine::LogSink>> {
+        self.groups
+            .iter()
+            .map(|(_, sm, _)| sm.sink() as Arc<dyn boxoffice_engine::LogSink>)
+            .collect()
+    }
+
     /// Opens every group of `config`'s cluster (checking `--groups` against the data dir),
     /// with the Raft service for the peers and the forwarder of public calls (routed by
     /// `groups`).

@@ -739,3 +739,38 @@ impl pb::cluster_service_server::ClusterService for ClusterSvc {
         Ok(Response::new(self.members()?.rebalance().await?))
     }
 }
+
+/// `ChangeService`: the change stream of every group this server has (see
+/// [`super::changes`]); the gate's drain ends following readers.
+pub struct ChangeSvc {
+    /// The groups (their feeds).
+    pub groups: Groups,
+    /// Turns true when the server drains.
+    pub drain: tokio::sync::watch::Receiver<bool>,
+}
+
+#[tonic::async_trait]
+impl pb::change_service_server::ChangeService for ChangeSvc {
+    type WatchChangesStream =
+        std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<pb::Change, Status>> + Send>>;
+
+    async fn watch_changes(
+        &self,
+        req: Request<pb::WatchChangesRequest>,
+    ) -> Rpc<Self::WatchChangesStream> {
+        let r = req.into_inner();
+        let watch = super::changes::Watch::open(
+            self.groups.feeds(),
+            &r.after_cursor,
+            &r.event_id,
+            r.follow,
+        )
+        .await?;
+        let rx = super::changes::spawn(watch, self.drain.clone());
+        let stream =
+            futures_util::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(rx), |r| {
+                r.map_err(Status::from)
+            });
+        ok(Box::pin(stream))
+    }
+}

@@ -2,6 +2,7 @@
 //! shares (engine, waiting rooms, tokens, seat maps, join challenges) and what is decided
 //! before the engine is called. The tonic services themselves are in [`grpc`].
 
+pub mod changes;
 pub mod grpc;
 
 use boxoffice_engine::hash::DashMap;
@@ -54,7 +55,7 @@ impl Ready {
 /// and in a one-group cluster). A call is served by the group named in its [`GroupOf`]
 /// extension (set by the cluster's routing layer, [`crate::node::forward`]), group 0 without one.
 #[derive(Clone)]
-pub struct Groups(Arc<[Ready]>);
+pub struct Groups(Arc<[Ready]>, changes::Feeds);
 
 /// The Raft group a call belongs to (a request extension; see [`Groups`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,12 +64,17 @@ pub struct GroupOf(pub usize);
 impl Groups {
     /// One group's state: a single node's, or a one-group cluster's.
     pub fn one(ready: Ready) -> Groups {
-        Groups(Arc::from(vec![ready]))
+        Groups(Arc::from(vec![ready]), changes::Feeds::default())
     }
 
     /// Each group's state, by index.
     pub fn new(readies: Vec<Ready>) -> Groups {
-        Groups(Arc::from(readies))
+        Groups(Arc::from(readies), changes::Feeds::default())
+    }
+
+    /// Where each group's change stream is read (set once the server knows).
+    pub fn feeds(&self) -> &changes::Feeds {
+        &self.1
     }
 
     /// The state of group `g`, if this server has it.

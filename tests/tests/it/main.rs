@@ -8,6 +8,8 @@
 mod batch;
 mod browser;
 mod cancellation;
+mod changes;
+mod changes_api;
 mod checkout;
 mod cluster;
 mod contention;
