@@ -19,6 +19,7 @@
 //! or in files, and the usage errors that exit with code 2) and [`signal`] (Ctrl-C or SIGTERM).
 
 pub mod admission;
+pub mod changes;
 pub mod cluster;
 pub mod demo;
 pub mod event;

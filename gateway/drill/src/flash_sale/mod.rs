@@ -55,6 +55,7 @@ mod plot;
 mod progress;
 mod report;
 mod tally;
+mod watch;
 
 pub use args::FlashSaleArgs;
 pub use report::{ClusterFigures, Report};
@@ -221,6 +222,7 @@ async fn sale(args: FlashSaleArgs, mut servers: Servers) -> anyhow::Result<Repor
             .await
             .context("setting the hold cool-down")?;
     }
+    let watcher = watch::Watcher::spawn(targets.clone(), servers.admin_key(), &event_id);
     let tally = Arc::new(Tally::default());
     tally.in_sale.store(args.fans as u64, Ordering::Release);
     let started = Instant::now();
@@ -296,6 +298,7 @@ async fn sale(args: FlashSaleArgs, mut servers: Servers) -> anyhow::Result<Repor
             .map_err(|_| anyhow::anyhow!("poisoned"))?,
     );
     report.count_tickets(&tickets, &view);
+    report.changes_followed = Some(watcher.finish(report.held, report.sold).await?);
     check_servers(&mut servers, &crowd, kill, first_term, &bearer, &mut report).await?;
     if let (Some(c), Some(r)) = (&mut report.cluster, replaced) {
         c.replaced_node = Some(r.old);
@@ -598,6 +601,12 @@ mod tests {
             "some paid with a second card"
         );
         assert_eq!(report.held, 0, "every walked-away hold expired");
+        // The sale's reader of the change stream saw every hold, expiry and order.
+        let changes = report.changes_followed.clone().unwrap();
+        assert!(changes.adds_up, "{}", report.table());
+        assert!(changes.holds >= report.holds && changes.orders >= report.confirms);
+        assert!(changes.expired > 0 && changes.while_following > 0);
+        assert!(report.table().contains("adds up to the seats"));
         assert!(
             report.waitlist_joined > 0,
             "turned-away fans joined the waitlist"

@@ -116,6 +116,9 @@ pub struct Report {
     pub hoarded_at_end: Option<u64>,
     /// The event's hold cool-down, seconds (`--hold-cooldown-seconds`; 0: none).
     pub hold_cooldown_seconds: u32,
+    /// The change stream as the sale's own reader followed it (`WatchChanges`), and whether
+    /// it adds up to the seats.
+    pub changes_followed: Option<super::watch::ChangesFollowed>,
     /// Fans who joined the waitlist after a SOLD_OUT.
     pub waitlist_joined: u64,
     /// Waitlist offers confirmed.
@@ -314,6 +317,7 @@ impl Report {
             && self.tickets == u64::from(self.sold)
             && self.held == 0
             && self.available + self.sold == self.seats
+            && self.changes_followed.as_ref().is_none_or(|c| c.adds_up)
     }
 
     fn rows(&self) -> Vec<(&'static str, String)> {
@@ -556,6 +560,26 @@ impl Report {
                     100.0 * kept as f64 / f64::from(self.seats.max(1)),
                     self.available,
                     self.hold_cooldown_seconds
+                ),
+            ));
+        }
+        if let Some(c) = &self.changes_followed {
+            rows.push((
+                "change stream: holds / releases / expiries / orders",
+                format!(
+                    "{} / {} / {} / {} ({} changes, {} of them while following; orders'                      places {}; {})",
+                    c.holds,
+                    c.released,
+                    c.expired,
+                    c.orders,
+                    c.changes,
+                    c.while_following,
+                    c.order_places,
+                    if c.adds_up {
+                        "adds up to the seats"
+                    } else {
+                        "DOES NOT ADD UP"
+                    }
                 ),
             ));
         }
