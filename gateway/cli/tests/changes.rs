@@ -3,7 +3,8 @@
 //! leader, the leader is killed with SIGKILL, and the command goes on from its last cursor on
 //! another node. What it printed is exactly the log as the survivors hold it, read from the
 //! first change: no gap, nothing twice, every acknowledged hold, order and release in it, and
-//! both survivors hold the same stream under the same cursors.
+//! both survivors hold the same stream under the same cursors. And on one node, during a
+//! `flash-sale --target`, the command prints every change the sale made.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a failed unwrap is a failed test
 
@@ -196,4 +197,84 @@ async fn the_change_stream_follows_a_cluster_across_a_leader_kill_with_no_gap() 
     for n in &mut nodes {
         n.terminate();
     }
+}
+
+/// `boxoffice changes --follow` (a stream key) during a sale that `boxoffice flash-sale
+/// --target` plays against one `boxoffice serve`: it prints every change, and its holds,
+/// releases, expiries and orders are the sale's (the sale's own reader's, which the report
+/// checks against the seats).
+#[test]
+fn boxoffice_changes_follows_a_sale_and_counts_what_the_sale_did() {
+    let tmp = tempfile::tempdir().unwrap();
+    let port = common::free_port();
+    let target = format!("http://127.0.0.1:{port}");
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_boxoffice"));
+    serve
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .args(["--metrics-listen", "127.0.0.1:0"])
+        .arg("--data-dir")
+        .arg(tmp.path().join("data"))
+        .args(["--admin-key", ADMIN, "--client-key", "cli-key"])
+        .args(["--stream-key", "stream-key", "--token-secret", "secret"])
+        .env("RUST_LOG", "warn")
+        .stderr(Stdio::null());
+    let mut server = common::Node::spawn(1, "", &mut serve);
+    server.wait_ready();
+    let out = tmp.path().join("changes.ndjson");
+    let mut follower = Command::new(env!("CARGO_BIN_EXE_boxoffice"))
+        .args(["changes", "--follow", "--target", &target])
+        .env("BOXOFFICE_STREAM_KEY", "stream-key")
+        .stdout(Stdio::from(std::fs::File::create(&out).unwrap()))
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let report = tmp.path().join("report.json");
+    let sale = Command::new(env!("CARGO_BIN_EXE_boxoffice"))
+        .args(["flash-sale", "--target", &target, "--admin-key", ADMIN])
+        .args(["--fans", "3000", "--seats", "400", "--arrival-seconds", "1"])
+        .args(["--hold-ttl-seconds", "2"])
+        .arg("--json")
+        .arg(&report)
+        .output()
+        .unwrap();
+    assert!(
+        sale.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&sale.stdout),
+        String::from_utf8_lossy(&sale.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let sale_saw = &report["changes_followed"];
+    assert_eq!(sale_saw["adds_up"], true, "{report}");
+    let want = sale_saw["changes"].as_u64().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while (printed(&out).len() as u64) < want {
+        assert!(
+            Instant::now() < deadline,
+            "printed {} of {want}",
+            printed(&out).len()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = follower.kill();
+    let _ = follower.wait();
+    let lines = printed(&out);
+    let count = |k: &str| lines.iter().filter(|(_, kind)| kind == k).count() as u64;
+    assert_eq!(lines.len() as u64, want, "every change, once");
+    for (kind, field) in [
+        ("hold_placed", "holds"),
+        ("hold_released", "released"),
+        ("hold_expired", "expired"),
+        ("order_created", "orders"),
+    ] {
+        assert_eq!(count(kind), sale_saw[field].as_u64().unwrap(), "{kind}");
+    }
+    assert_eq!(
+        count("order_created"),
+        report["confirms"].as_u64().unwrap(),
+        "an order for each confirm the fans were told of"
+    );
+    assert!(count("hold_expired") > 0);
+    server.terminate();
 }

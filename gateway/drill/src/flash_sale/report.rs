@@ -567,7 +567,7 @@ impl Report {
             rows.push((
                 "change stream: holds / releases / expiries / orders",
                 format!(
-                    "{} / {} / {} / {} ({} changes, {} of them while following; orders'                      places {}; {})",
+                    "{} / {} / {} / {} ({} changes, {} of them while following; orders' places {}; {})",
                     c.holds,
                     c.released,
                     c.expired,
