@@ -199,7 +199,7 @@ impl Catalog {
         let job = writer.append_changing(
             std::slice::from_ref(&record),
             Vec::new(),
-            vec![change],
+            &[change],
             Box::new(move |r| {
                 let _ = tx.send(r);
             }),

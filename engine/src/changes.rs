@@ -3,12 +3,13 @@
 //!
 //! Writers describe what their records change ([`Change`]) beside the records (a section actor
 //! from its core, which knows the order's amount and tickets; the catalog; the waitlist; the
-//! refunds). The flusher gathers the changes of every job of a group commit into one record of
-//! the `changes` stream ([`ChangeRecord`], at most [`CHANGES_PER_RECORD`] changes each, after
-//! the commit's own records), so the stream costs one more value per commit, not one per
-//! change, and is durable (and on a cluster replicated, in the same Raft entry) exactly when the
-//! records it describes are. A record's changes are in the order their jobs were queued: a
-//! section's in its own order, the catalog's before the sections follow it.
+//! refunds), and encode them there ([`Noted`]), off the flusher's thread. The flusher gathers the
+//! encoded changes of every job of a group commit into one record of the `changes` stream
+//! ([`ChangeRecord`], at most [`CHANGE_RECORD_BYTES`] of them each, after the commit's own
+//! records), so the stream costs one more value per commit, not one per change, and is durable
+//! (and on a cluster replicated, in the same Raft entry) exactly when the records it describes
+//! are. A record's changes are in the order their jobs were queued: a section's in its own order,
+//! the catalog's before the sections follow it.
 //!
 //! **Cursors.** A [`Position`] is `(seq, index)`: after the `index`-th change of the record
 //! `seq` (`index` [`Position::WHOLE`]: after the whole record). Every node of a group applies
@@ -36,8 +37,12 @@ use crate::types::{
 };
 use crate::waitlist::{WaitlistCore, WaitlistRecord};
 
-/// Changes kept in one record of the stream at most (a bigger commit writes several).
-pub const CHANGES_PER_RECORD: usize = 512;
+/// The encoded changes one record of the stream holds at most (a bigger commit writes several;
+/// one job's changes are never split): small enough that sled keeps the value inline.
+pub const CHANGE_RECORD_BYTES: usize = 32 * 1024;
+
+/// Changes read from the stream per record when paging: a record holds a few hundred.
+const CHANGES_PER_RECORD_TYPICAL: usize = 256;
 
 /// How often the flusher looks for records past the retention.
 const TRIM_EVERY: Duration = Duration::from_secs(1);
@@ -122,8 +127,39 @@ pub struct Change {
 pub struct ChangeRecord {
     /// The latest time among its changes (retention is measured by it).
     pub at_ms: u64,
-    /// The changes, in log order.
-    pub changes: Vec<Change>,
+    /// The changes, in log order: each part one job's, as [`Noted`] encoded them.
+    pub parts: Vec<Vec<u8>>,
+}
+
+impl ChangeRecord {
+    /// The record's changes, in order.
+    pub fn changes(&self) -> Result<Vec<Change>, codec::DecodeError> {
+        let mut out = Vec::new();
+        for part in &self.parts {
+            out.extend(codec::decode::<Vec<Change>>(part)?);
+        }
+        Ok(out)
+    }
+}
+
+/// One job's changes, encoded by its writer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Noted {
+    /// The latest time among them.
+    pub at_ms: u64,
+    /// `Vec<Change>` encoded by [`codec`].
+    pub bytes: Vec<u8>,
+}
+
+impl Noted {
+    /// `changes` encoded (`None`: there are none).
+    pub fn of(changes: &[Change]) -> Option<Noted> {
+        let at_ms = changes.iter().map(|c| c.at_ms).max()?;
+        Some(Noted {
+            at_ms,
+            bytes: codec::encode(&changes),
+        })
+    }
 }
 
 /// Where a reader stands: after the `index`-th change of record `seq` (see the module docs).
@@ -258,7 +294,7 @@ pub fn read(
         oldest,
         ..ChangesPage::default()
     };
-    // A record holds at most CHANGES_PER_RECORD changes: read a few records at a time.
+    // A record holds a few hundred changes: read a few records at a time.
     let first = if after.index == Position::WHOLE {
         after.seq
     } else {
@@ -266,21 +302,22 @@ pub fn read(
     };
     let mut from = first;
     while page.changes.len() < max && from < last {
-        let upto = last.min(from + 1 + (max / CHANGES_PER_RECORD) as u64);
+        let upto = last.min(from + 1 + (max / CHANGES_PER_RECORD_TYPICAL) as u64);
         for (seq, bytes) in stream.read_between(from, upto)? {
-            let record: ChangeRecord =
-                codec::decode(&bytes).map_err(|e| StorageError::Corrupt {
-                    stream: names::CHANGES.to_owned(),
-                    seq,
-                    reason: e.to_string(),
-                })?;
+            let corrupt = |e: codec::DecodeError| StorageError::Corrupt {
+                stream: names::CHANGES.to_owned(),
+                seq,
+                reason: e.to_string(),
+            };
+            let record: ChangeRecord = codec::decode(&bytes).map_err(corrupt)?;
+            let changes = record.changes().map_err(corrupt)?;
             let skip = if seq == after.seq && after.index != Position::WHOLE {
                 after.index as usize + 1
             } else {
                 0
             };
-            let n = record.changes.len();
-            for (i, change) in record.changes.into_iter().enumerate().skip(skip) {
+            let n = changes.len();
+            for (i, change) in changes.into_iter().enumerate().skip(skip) {
                 if page.changes.len() == max {
                     page.at_end = false;
                     return Ok(page);
@@ -465,20 +502,41 @@ impl ChangeLog {
         &self.stream
     }
 
-    /// Numbers and encodes `changes` into records (none if there are none).
-    pub fn seal(&mut self, changes: Vec<Change>) -> Vec<(u64, Vec<u8>)> {
-        changes
-            .chunks(CHANGES_PER_RECORD)
-            .map(|chunk| {
-                let seq = self.next_seq;
-                self.next_seq += 1;
-                let record = ChangeRecord {
-                    at_ms: chunk.iter().map(|c| c.at_ms).max().unwrap_or(0),
-                    changes: chunk.to_vec(),
-                };
-                (seq, codec::encode(&record))
-            })
-            .collect()
+    /// Numbers the jobs' encoded changes into records of at most [`CHANGE_RECORD_BYTES`]
+    /// each (none if there are none).
+    pub fn seal(&mut self, noted: Vec<Noted>) -> Vec<(u64, Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut record = ChangeRecord {
+            at_ms: 0,
+            parts: Vec::new(),
+        };
+        let mut bytes = 0;
+        for n in noted {
+            if bytes > 0 && bytes + n.bytes.len() > CHANGE_RECORD_BYTES {
+                let full = std::mem::replace(
+                    &mut record,
+                    ChangeRecord {
+                        at_ms: 0,
+                        parts: Vec::new(),
+                    },
+                );
+                out.push(self.number(&full));
+                bytes = 0;
+            }
+            bytes += n.bytes.len();
+            record.at_ms = record.at_ms.max(n.at_ms);
+            record.parts.push(n.bytes);
+        }
+        if !record.parts.is_empty() {
+            out.push(self.number(&record));
+        }
+        out
+    }
+
+    fn number(&mut self, record: &ChangeRecord) -> (u64, Vec<u8>) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        (seq, codec::encode(record))
     }
 
     /// The record to trim up to, if some are older than the retention than `now_ms` (the

@@ -53,7 +53,9 @@ impl Kernel {
     /// the next group commit.
     pub(crate) fn note_change(&self, change: Option<crate::changes::Change>) {
         if let Some(change) = change {
-            self.store.submit(crate::store::Job::Note(vec![change]));
+            if let Some(noted) = crate::changes::Noted::of(&[change]) {
+                self.store.submit(crate::store::Job::Note(noted));
+            }
         }
     }
 

@@ -257,7 +257,7 @@ impl SectionState {
         let job = self.a.stream.append_changing(
             &open.records,
             open.claims,
-            changes,
+            &changes,
             Box::new(move |r| {
                 if r.is_ok() {
                     durable.fetch_max(upto, Ordering::AcqRel);

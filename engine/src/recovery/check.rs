@@ -205,7 +205,8 @@ pub(super) fn check_unread_streams(
         if name == names::CHANGES {
             // The change stream: read by `WatchChanges`, each record checked whole here.
             check.read_with(sink, name, report, |b| {
-                codec::decode::<crate::changes::ChangeRecord>(b).map(|_| ())
+                codec::decode::<crate::changes::ChangeRecord>(b)
+                    .and_then(|r| r.changes().map(|_| ()))
             })?;
             continue;
         }

@@ -30,7 +30,7 @@ use std::time::Instant;
 use futures_util::future::BoxFuture;
 use tokio::sync::mpsc;
 
-use crate::changes::{Change as Changed, ChangeLog};
+use crate::changes::{ChangeLog, Noted};
 use crate::codec;
 use crate::error::StorageError;
 
@@ -141,8 +141,8 @@ pub(crate) struct Append {
     pub entries: Vec<(u64, Vec<u8>)>,
     /// Sold-seat keys to claim insert-if-absent, each with the hold id as value.
     pub claims: Vec<(String, Vec<u8>)>,
-    /// What the records change, for the change stream ([`crate::changes`]).
-    pub changes: Vec<Changed>,
+    /// What the records change, for the change stream ([`crate::changes`]), encoded.
+    pub changes: Option<Noted>,
     pub done: Done,
 }
 
@@ -150,7 +150,7 @@ pub(crate) enum Job {
     Append(Append),
     /// Changes without records of their own (a refund: the payment provider keeps its
     /// record), for the change stream, written with the next group commit.
-    Note(Vec<Changed>),
+    Note(Noted),
     Checkpoint {
         stream: Arc<dyn StreamSink>,
         upto: u64,
@@ -555,30 +555,36 @@ impl Flusher {
     /// the batch's own records (so they are written, synced and replicated with them), and a
     /// checkpoint of the stream that trims what is past its retention, when one is due.
     fn note_changes(&mut self, batch: &mut Vec<Job>) {
-        let mut changes = Vec::new();
+        let mut noted = Vec::new();
         batch.retain_mut(|job| match job {
             Job::Append(a) => {
-                changes.append(&mut a.changes);
+                noted.extend(a.changes.take());
                 true
             }
-            Job::Note(c) => {
-                changes.append(c);
+            Job::Note(n) => {
+                noted.push(std::mem::replace(
+                    n,
+                    Noted {
+                        at_ms: 0,
+                        bytes: Vec::new(),
+                    },
+                ));
                 false
             }
             _ => true,
         });
-        let Some(now_ms) = changes.iter().map(|c| c.at_ms).max() else {
+        let Some(now_ms) = noted.iter().map(|n| n.at_ms).max() else {
             return;
         };
         // Looked for among the records written before this one.
         let trim = self.changes.trim_due(now_ms);
-        let entries = self.changes.seal(changes);
+        let entries = self.changes.seal(noted);
         let stream = self.changes.stream().clone();
         batch.push(Job::Append(Append {
             stream: stream.clone(),
             entries,
             claims: Vec::new(),
-            changes: Vec::new(),
+            changes: None,
             done: Box::new(|_| {}),
         }));
         if let Some(upto) = trim {
@@ -752,7 +758,7 @@ impl StreamWriter {
         claims: Vec<(String, Vec<u8>)>,
         done: Done,
     ) -> Job {
-        self.append_changing(records, claims, Vec::new(), done)
+        self.append_changing(records, claims, &[], done)
     }
 
     /// [`StreamWriter::append`], with what the records change for the change stream.
@@ -760,7 +766,7 @@ impl StreamWriter {
         &mut self,
         records: &[T],
         claims: Vec<(String, Vec<u8>)>,
-        changes: Vec<Changed>,
+        changes: &[crate::changes::Change],
         done: Done,
     ) -> Job {
         let entries = records
@@ -776,7 +782,7 @@ impl StreamWriter {
             stream: self.stream.clone(),
             entries,
             claims,
-            changes,
+            changes: Noted::of(changes),
             done,
         })
     }

@@ -78,13 +78,13 @@ impl WaitlistArgs {
         let answer = self.core.view(entry_id);
         self.written.submitted += 1;
         let (n, durable) = (self.written.submitted, self.written.durable.clone());
-        let changes = crate::changes::of_waitlist(&self.core, &record, self.clock.now_ms())
+        let changes: Vec<_> = crate::changes::of_waitlist(&self.core, &record, self.clock.now_ms())
             .into_iter()
             .collect();
         let job = self.stream.append_changing(
             std::slice::from_ref(&record),
             Vec::new(),
-            changes,
+            &changes,
             Box::new(move |r| {
                 if r.is_ok() {
                     durable.fetch_max(n, Ordering::AcqRel);

@@ -3,6 +3,7 @@
 //! leader, replicated, and in force on every node; the leader is killed with SIGKILL while the
 //! sale is paused; the new leader keeps it paused (and its rate), and its resume extends the
 //! paused fan's hold by the pause; a bad command exits 1 with the reason and changes nothing.
+//! And a pause in the middle of a burst of holds through every node acknowledges none after it.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a failed unwrap is a failed test
 
@@ -172,6 +173,120 @@ async fn a_pause_is_forwarded_replicated_and_outlives_the_leader() {
     nodes[l].wait_ready();
     let seen = event(&clients, l).await;
     assert_eq!(seen.sale_state(), pb::SaleState::Open);
+    for n in &mut nodes {
+        n.terminate();
+    }
+}
+
+/// Places held or sold in event `e`, as `clients[first]` (or the next node) answers.
+async fn taken(clients: &[Clients], first: usize, e: &str) -> u32 {
+    let tally = std::sync::atomic::AtomicU64::new(0);
+    let ev = retrying(clients, first, &tally, |mut c| {
+        let event_id = e.to_owned();
+        async move { c.events.get_event(pb::GetEventRequest { event_id }).await }
+    })
+    .await
+    .unwrap();
+    ev.sections.iter().map(|s| s.held + s.sold).sum()
+}
+
+/// A pause in the middle of a burst on a cluster: twelve fans' agents hold one place after
+/// another through every node (each until its limit); `boxoffice sale pause` through a follower; once it has answered,
+/// no hold is placed (the places taken stay as they were when it answered, and every agent
+/// hears `SALE_PAUSED`); the resume lets them hold again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_in_a_burst_on_a_cluster_acknowledges_no_hold_after_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let lay = layout(tmp.path());
+    let Layout { addrs, .. } = &lay;
+    let mut nodes: Vec<Node> = (0..3).map(|i| lay.start(i)).collect();
+    for n in &nodes {
+        n.wait_ready();
+    }
+    let l = leader(&nodes).await;
+    let follower = (l + 1) % 3;
+    let spec = ga_event("burst", 50_000);
+    Clients::new(&channel(&addrs[l]), &Bearer::new(ADMIN).unwrap())
+        .events
+        .create_event(spec)
+        .await
+        .unwrap();
+    let clients = std::sync::Arc::new(common::clients_of(addrs));
+    let tokens = common::admit_to(&mut clients[l].clone(), "burst", 12).await;
+    let agents: Vec<_> = tokens
+        .into_iter()
+        .enumerate()
+        .map(|(a, token)| {
+            let clients = clients.clone();
+            tokio::spawn(async move {
+                let tally = std::sync::atomic::AtomicU64::new(0);
+                let (mut held, mut refusals, mut paused) = (0u32, 0u32, false);
+                for i in 0usize.. {
+                    let mut req = hold(&format!("fan-{a}"), &token);
+                    req.event_id = "burst".into();
+                    req.idempotency_key = format!("b-{a}-{i}");
+                    match retrying(&clients, a + i, &tally, |mut c| {
+                        let req = req.clone();
+                        async move { c.booking.hold(req).await }
+                    })
+                    .await
+                    {
+                        Ok(_) => held += 1,
+                        Err(s)
+                            if boxoffice_client::reason(&s).as_deref() == Some("SALE_PAUSED") =>
+                        {
+                            paused = true;
+                            refusals += 1;
+                            if refusals == 10 {
+                                break;
+                            }
+                        }
+                        // The event's limit, 100 places a fan: this agent is done.
+                        Err(s) if boxoffice_client::reason(&s).as_deref() == Some("USER_LIMIT") => {
+                            break;
+                        }
+                        Err(s) => panic!("agent {a}: hold {i} failed otherwise: {s:?}"),
+                    }
+                }
+                (held, paused)
+            })
+        })
+        .collect();
+    while taken(&clients, l, "burst").await < 240 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (code, out, err) = sale(&addrs[follower], &["pause", "burst"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let at_pause = taken(&clients, l, "burst").await;
+    let (mut acknowledged, mut told) = (0, 0);
+    for a in agents {
+        let (held, paused) = a.await.unwrap();
+        acknowledged += held;
+        told += u32::from(paused);
+    }
+    assert!(told > 0, "the agents heard SALE_PAUSED");
+    assert_eq!(
+        taken(&clients, l, "burst").await,
+        at_pause,
+        "no place was taken after the pause answered"
+    );
+    assert!(
+        acknowledged <= at_pause && at_pause >= 240,
+        "{acknowledged} holds acknowledged, {at_pause} places taken at the pause"
+    );
+    let (code, out, err) = sale(&addrs[follower], &["resume", "burst"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let token = admitted(&mut clients[follower].clone(), "burst", "late").await;
+    let mut late = hold("late", &token);
+    late.event_id = "burst".into();
+    let tally = std::sync::atomic::AtomicU64::new(0);
+    retrying(&clients, follower, &tally, |mut c| {
+        let req = late.clone();
+        async move { c.booking.hold(req).await }
+    })
+    .await
+    .unwrap();
+    assert_eq!(taken(&clients, l, "burst").await, at_pause + 1);
     for n in &mut nodes {
         n.terminate();
     }

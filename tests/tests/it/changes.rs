@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use boxoffice_engine::changes::{Change, ChangeKind, ChangesError, Position};
+use boxoffice_engine::payment::ChargeStatus;
 use boxoffice_engine::{
     Engine, EventId, ManualClock, SaleState, SaleUpdate, UserId, WaitlistState,
 };
@@ -132,6 +133,24 @@ async fn replaying_the_stream_from_the_start_gives_the_counts_orders_and_offers(
     for h in &holds[5..8] {
         engine.release(&h.hold_id, &h.user_id).await.unwrap();
     }
+    // A payment whose answer was lost, then the hold given back: the settlement refunds it.
+    let lost = &holds[8];
+    let mut pay = pay_with_visa(lost, "");
+    pay.payment_ref = "tok_timeout".into();
+    assert!(engine.confirm(pay).await.is_err());
+    engine.release(&lost.hold_id, &lost.user_id).await.unwrap();
+    let mut refunded = Vec::new();
+    for _ in 0..2 {
+        refunded.extend(
+            engine
+                .settle_and_reconcile(Duration::ZERO)
+                .await
+                .unwrap()
+                .1
+                .refunded,
+        );
+    }
+    assert_eq!(refunded.len(), 1, "{refunded:?}");
     engine
         .update_sale(
             &e,
@@ -169,7 +188,8 @@ async fn replaying_the_stream_from_the_start_gives_the_counts_orders_and_offers(
     assert_eq!(kinds("event_created"), 1);
     assert_eq!(kinds("hold_placed"), 12 + 4 + 1, "the offer's hold too");
     assert_eq!(kinds("order_created"), 5);
-    assert_eq!(kinds("hold_released"), 3);
+    assert_eq!(kinds("hold_released"), 4);
+    assert_eq!(kinds("refunded"), 1);
     assert_eq!(kinds("hold_expired"), expired as usize);
     assert_eq!(kinds("waitlist_offered"), 1);
     assert_eq!(kinds("sale_updated"), 2);
@@ -185,15 +205,45 @@ async fn replaying_the_stream_from_the_start_gives_the_counts_orders_and_offers(
     orders.sort_by(|a, b| a.order_id.cmp(&b.order_id));
     known.sort_by(|a, b| a.order_id.cmp(&b.order_id));
     assert_eq!(orders, known);
-    let charged: u64 = engine
-        .payments()
-        .charges()
-        .await
-        .unwrap()
+    let charges = engine.payments().charges().await.unwrap();
+    let kept: u64 = charges
         .iter()
+        .filter(|c| c.status == ChargeStatus::Captured)
         .map(|c| c.amount_cents)
         .sum();
-    assert_eq!(orders.iter().map(|o| o.amount_cents).sum::<u64>(), charged);
+    assert_eq!(orders.iter().map(|o| o.amount_cents).sum::<u64>(), kept);
+    // The refund, as the provider has it.
+    let refunds: Vec<_> = all
+        .iter()
+        .filter_map(|(_, c)| match &c.kind {
+            ChangeKind::Refunded {
+                payment_id,
+                amount_cents,
+                hold_id,
+                user_id,
+            } => Some((
+                payment_id.clone(),
+                *amount_cents,
+                hold_id.clone(),
+                user_id.clone(),
+            )),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        refunds,
+        [(
+            refunded[0].0.clone(),
+            refunded[0].1,
+            Some(lost.hold_id.clone()),
+            Some(lost.user_id.clone())
+        )]
+    );
+    assert!(
+        charges
+            .iter()
+            .any(|c| c.payment_id == refunded[0].0 && c.status == ChargeStatus::Refunded)
+    );
     assert!(engine.reconcile().await.unwrap().is_empty());
 
     // A restart: the same cursors, and the stream goes on after them.
