@@ -52,10 +52,10 @@ impl Kernel {
     /// Tells the change stream of `change` (one without a record of its own: a refund), with
     /// the next group commit.
     pub(crate) fn note_change(&self, change: Option<crate::changes::Change>) {
-        if let Some(change) = change {
-            if let Some(noted) = crate::changes::Noted::of(&[change]) {
-                self.store.submit(crate::store::Job::Note(noted));
-            }
+        if let Some(change) = change
+            && let Some(noted) = crate::changes::Noted::of(&[change])
+        {
+            self.store.submit(crate::store::Job::Note(noted));
         }
     }
 
