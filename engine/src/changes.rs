@@ -4,9 +4,10 @@
 //! Writers describe what their records change ([`Change`]) beside the records (a section actor
 //! from its core, which knows the order's amount and tickets; the catalog; the waitlist; the
 //! refunds), and encode them there ([`Noted`]), off the flusher's thread. The flusher gathers the
-//! encoded changes of every job of a group commit into one record of the `changes` stream
-//! ([`ChangeRecord`], at most [`CHANGE_RECORD_BYTES`] of them each, after the commit's own
-//! records), so the stream costs one more value per commit, not one per change, and is durable
+//! encoded changes of every job of a group commit into records of the `changes` stream
+//! ([`ChangeRecord`], about [`CHANGE_RECORD_BYTES`] each, after the commit's own records), so
+//! the stream costs at most one more value per job (a section's batch), not one per change, and
+//! is durable
 //! (and on a cluster replicated, in the same Raft entry) exactly when the records it describes
 //! are. A record's changes are in the order their jobs were queued: a section's in its own order,
 //! the catalog's before the sections follow it.
@@ -37,12 +38,15 @@ use crate::types::{
 };
 use crate::waitlist::{WaitlistCore, WaitlistRecord};
 
-/// The encoded changes one record of the stream holds at most (a bigger commit writes several;
-/// one job's changes are never split): small enough that sled keeps the value inline.
-pub const CHANGE_RECORD_BYTES: usize = 32 * 1024;
+/// The encoded changes one record of the stream holds at most, unless one job's alone are more
+/// (they are never split). Small values keep sled fast: its leaves are serialized whole, so
+/// big values make every write of a leaf big. Measured with the actor bench (Sync, 16
+/// sections, 1,024 callers; BENCHMARKS.md): 32 KiB cost a third of the holds/s, 4 KiB a
+/// quarter, 1 KiB (about one job's changes a record) a tenth, within the bench's noise.
+pub const CHANGE_RECORD_BYTES: usize = 1024;
 
-/// Changes read from the stream per record when paging: a record holds a few hundred.
-const CHANGES_PER_RECORD_TYPICAL: usize = 256;
+/// Records read from the stream at a time when paging, per this many changes asked for.
+const CHANGES_PER_RECORD_TYPICAL: usize = 8;
 
 /// How often the flusher looks for records past the retention.
 const TRIM_EVERY: Duration = Duration::from_secs(1);
@@ -294,7 +298,7 @@ pub fn read(
         oldest,
         ..ChangesPage::default()
     };
-    // A record holds a few hundred changes: read a few records at a time.
+    // A record holds a job's changes: read a few records at a time.
     let first = if after.index == Position::WHOLE {
         after.seq
     } else {
