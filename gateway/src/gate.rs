@@ -262,6 +262,7 @@ pub const METHODS: &[&str] = &[
     "GetOrder",
     "JoinWaitlist",
     "GetWaitlistEntry",
+    "WatchChanges",
     "other",
 ];
 

@@ -148,6 +148,20 @@ pub const FAMILIES: &[Family] = &[
         Series::PerEvent,
     ),
     family(
+        "boxoffice_changes_readers",
+        Gauge,
+        COUNT,
+        "Readers of the change stream (WatchChanges, GET /v1/changes) this server is sending to now.",
+        Series::One,
+    ),
+    family(
+        "boxoffice_changes_sent_total",
+        Counter,
+        COUNT,
+        "Changes of the change stream sent to readers (a change sent to two readers counts twice).",
+        Series::One,
+    ),
+    family(
         "boxoffice_sale_state",
         Gauge,
         None,

@@ -44,9 +44,12 @@ pub const ALWAYS: [&str; 10] = [
 ];
 
 /// The calls that never wait: answered from a cache that says its age, or from no state.
-const NEVER: [&str; 2] = [
+const NEVER: [&str; 3] = [
     "/boxoffice.v1.EventService/GetSeatMap",
     "/boxoffice.v1.WaitingRoomService/GetJoinChallenge",
+    // The change stream sends only what this node's copy holds, all of it committed: a node
+    // cut off sends nothing new, never anything the group did not commit.
+    "/boxoffice.v1.ChangeService/WatchChanges",
 ];
 
 /// The outcomes of `boxoffice_cluster_fenced_answers_total`.

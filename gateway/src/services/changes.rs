@@ -236,6 +236,7 @@ pub fn spawn(
 ) -> tokio::sync::mpsc::Receiver<Result<pb::Change, ApiError>> {
     let (tx, rx) = tokio::sync::mpsc::channel(PAGE);
     tokio::spawn(async move {
+        let _reader = Reader::counted();
         loop {
             if *drain.borrow() {
                 return;
@@ -251,6 +252,7 @@ pub fn spawn(
                 if tx.send(Ok(change)).await.is_err() {
                     return;
                 }
+                metrics::counter!("boxoffice_changes_sent_total").increment(1);
             }
             if at_end {
                 if !watch.follow {
@@ -265,6 +267,22 @@ pub fn spawn(
         }
     });
     rx
+}
+
+/// One reader, counted in `boxoffice_changes_readers` while it lives.
+struct Reader;
+
+impl Reader {
+    fn counted() -> Reader {
+        metrics::gauge!("boxoffice_changes_readers").increment(1.0);
+        Reader
+    }
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        metrics::gauge!("boxoffice_changes_readers").decrement(1.0);
+    }
 }
 
 fn sale_proto(s: &SaleControls) -> pb::SaleChange {
