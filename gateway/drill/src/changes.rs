@@ -56,6 +56,8 @@ pub async fn follow(
     anyhow::ensure!(!f.targets.is_empty(), "no target to read from");
     let mut after = f.after.clone();
     let mut lost_since: Option<Instant> = None;
+    // Without `follow`, each target is tried once in turn (a dead node's neighbour answers).
+    let mut tries_left = f.targets.len();
     for target in f.targets.iter().cycle() {
         let read = match connect(f, target).await {
             Ok(c) => read(c, f, &mut after, &mut each, &mut lost_since).await?,
@@ -71,7 +73,13 @@ pub async fn follow(
                 moved(target, &why, &after);
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            Read::Lost(why) => anyhow::bail!("{target}: {why}"),
+            Read::Lost(why) => {
+                tries_left -= 1;
+                if tries_left == 0 {
+                    anyhow::bail!("{target}: {why}");
+                }
+                moved(target, &why, &after);
+            }
         }
     }
     unreachable!("targets cycle")
