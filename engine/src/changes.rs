@@ -51,6 +51,9 @@ const CHANGES_PER_RECORD_TYPICAL: usize = 8;
 /// How often the flusher looks for records past the retention.
 const TRIM_EVERY: Duration = Duration::from_secs(1);
 
+/// How far past a missing record the trim looks for the next one.
+const TRIM_HOLE_SPAN: u64 = 64;
+
 /// What changed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ChangeKind {
@@ -285,7 +288,10 @@ pub fn read(
 ) -> Result<ChangesPage, ChangesError> {
     let oldest = oldest(sink)?;
     let after = after.unwrap_or(oldest);
-    if after.seq < oldest.seq || (after.seq == oldest.seq && after.index != Position::WHOLE) {
+    let expired = |oldest: Position| {
+        after.seq < oldest.seq || (after.seq == oldest.seq && after.index != Position::WHOLE)
+    };
+    if expired(oldest) {
         return Err(ChangesError::Expired { oldest });
     }
     let stream = sink.stream(names::CHANGES)?;
@@ -324,6 +330,10 @@ pub fn read(
             for (i, change) in changes.into_iter().enumerate().skip(skip) {
                 if page.changes.len() == max {
                     page.at_end = false;
+                    let now = self::oldest(sink)?;
+                    if expired(now) {
+                        return Err(ChangesError::Expired { oldest: now });
+                    }
                     return Ok(page);
                 }
                 let index = if i + 1 == n {
@@ -340,6 +350,12 @@ pub fn read(
         from = upto;
     }
     page.at_end = page.next.seq >= last && page.next.index == Position::WHOLE;
+    // A trim that landed while this page was read may have removed records it skipped over:
+    // then the reader was too far behind after all.
+    let now = self::oldest(sink)?;
+    if expired(now) {
+        return Err(ChangesError::Expired { oldest: now });
+    }
     Ok(page)
 }
 
@@ -487,10 +503,15 @@ pub(crate) struct ChangeLog {
 }
 
 impl ChangeLog {
-    /// The stream of `sink`, going on after what it holds.
-    pub fn open(sink: &dyn LogSink, retention: Duration) -> Result<ChangeLog, StorageError> {
+    /// The stream of `sink`, going on after what it holds and after `acknowledged` (the
+    /// superblock's mark: numbers an accepted loss took are never used again).
+    pub fn open(
+        sink: &dyn LogSink,
+        retention: Duration,
+        acknowledged: u64,
+    ) -> Result<ChangeLog, StorageError> {
         let stream = sink.stream(names::CHANGES)?;
-        let last = stream.last_seq()?;
+        let last = stream.last_seq()?.max(acknowledged);
         let first_kept = oldest(sink)?.seq + 1;
         Ok(ChangeLog {
             next_seq: last.max(first_kept - 1) + 1,
@@ -552,10 +573,12 @@ impl ChangeLog {
         }
         self.trimmed_at = Some(Instant::now());
         let horizon = now_ms.checked_sub(self.retention_ms)?;
+        // The time of the first record at or after `seq` (a hole, a batch whose claim was
+        // refused on a cluster, counts as the record after it).
         let at = |seq: u64| -> Option<u64> {
             let (_, bytes) = self
                 .stream
-                .read_between(seq - 1, seq)
+                .read_between(seq - 1, seq + TRIM_HOLE_SPAN)
                 .ok()?
                 .into_iter()
                 .next()?;

@@ -339,7 +339,9 @@ impl Checkout {
     async fn refund(&self, charge: &Charge) {
         match self.payments.refund(&charge.payment_id).await {
             Ok(refunded) => {
-                if let Some(hold) = crate::refunds::hold_of(&refunded) {
+                if refunded.status == crate::payment::ChargeStatus::Refunded
+                    && let Some(hold) = crate::refunds::hold_of(&refunded)
+                {
                     let user = self.booking.get_hold(&hold).await.ok().map(|h| h.user_id);
                     self.kernel.note_change(crate::changes::refunded(
                         &refunded,

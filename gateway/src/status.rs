@@ -389,7 +389,8 @@ impl ApiError {
                 Code::OutOfRange,
                 "CURSOR_EXPIRED",
                 format!(
-                    "the cursor is older than the change stream keeps: resume from the oldest                      cursor served ({oldest}), or from the start with an empty cursor"
+                    "the cursor is older than the change stream keeps: resume from the oldest \
+                     cursor served ({oldest}), or from the start with an empty cursor"
                 ),
                 HashMap::from([("oldest_cursor".to_owned(), oldest)]),
             ),

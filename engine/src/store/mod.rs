@@ -260,7 +260,7 @@ impl Store {
         replicate: Option<Arc<dyn Replicate>>,
         change_retention: std::time::Duration,
     ) -> Result<Store, StorageError> {
-        let changes = ChangeLog::open(sink.as_ref(), change_retention)?;
+        let changes = ChangeLog::open(sink.as_ref(), change_retention, marks.of(names::CHANGES))?;
         let (tx, rx) = mpsc::unbounded_channel();
         let halt = Arc::new(Halt::default());
         let (compact_tx, compact_rx) = mpsc::unbounded_channel();

@@ -137,12 +137,18 @@ async fn read(
     }
 }
 
-/// A node that is not there (or not ready) is lost; anything else is the server's answer.
+/// A node that is not there (or not ready) is lost; so is one whose copy has not reached the
+/// cursor yet (`CURSOR_INVALID` from a node behind the one that handed it out: another node,
+/// or the same a little later, knows it); anything else is the server's answer.
 fn lost_or_refused(s: tonic::Status) -> Read {
+    let behind = s.code() == tonic::Code::InvalidArgument
+        && boxoffice_client::reason(&s).as_deref() == Some("CURSOR_INVALID")
+        && s.message().contains("past the end");
     match s.code() {
         tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled => {
             Read::Lost(format!("{:?}: {}", s.code(), s.message()))
         }
+        _ if behind => Read::Lost(format!("{:?}: {}", s.code(), s.message())),
         _ => Read::Ended(Ended::Refused(s)),
     }
 }

@@ -855,10 +855,11 @@ pub async fn changes(
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("text/event-stream"));
+    // A browser's EventSource reconnects to the same URL with the last id it saw: that wins.
     let last_event = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
-        .filter(|_| sse && q.after.is_empty());
+        .filter(|v| sse && !v.is_empty());
     let req = pb::WatchChangesRequest {
         after_cursor: last_event.map_or(q.after, str::to_owned),
         event_id: q.event_id,

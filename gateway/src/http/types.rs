@@ -1002,9 +1002,9 @@ impl From<pb::Change> for Change {
 #[serde(rename_all = "camelCase")]
 #[into_params(parameter_in = Query)]
 pub struct ChangesQuery {
-    /// Resume after this cursor (a change's `cursor`; with server-sent events the
-    /// `Last-Event-ID` header does too). Empty: from the oldest change kept; `0`: from the very
-    /// first.
+    /// Resume after this cursor (a change's `cursor`; with server-sent events a
+    /// `Last-Event-ID` header wins over it). Empty: from the oldest change kept; `0`: from the
+    /// very first.
     #[serde(default)]
     pub after: String,
     /// Only this event's changes.

@@ -239,6 +239,8 @@ pub fn spawn(
         let _reader = Reader::counted();
         loop {
             if *drain.borrow() {
+                // Not the end of the stream: the reader resumes elsewhere, or after the restart.
+                let _ = tx.send(Err(ApiError::NotReady)).await;
                 return;
             }
             let (batch, at_end) = match watch.next_batch() {
@@ -261,7 +263,7 @@ pub fn spawn(
                 tokio::select! {
                     () = tokio::time::sleep(FOLLOW_POLL) => {}
                     () = tx.closed() => return,
-                    _ = drain.changed() => return,
+                    _ = drain.changed() => {}
                 }
             }
         }

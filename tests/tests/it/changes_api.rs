@@ -221,10 +221,11 @@ async fn the_change_stream_over_grpc_and_http() {
         2,
         "the release and the later hold"
     );
-    // Server-sent events, resumed with Last-Event-ID.
+    // Server-sent events, resumed with Last-Event-ID (which wins over `after`, as a browser
+    // reconnects to the same URL).
     let sse = http
         .get(
-            "/v1/changes",
+            &format!("/v1/changes?after={}", changes[0].cursor),
             &[
                 ("accept", "text/event-stream"),
                 ("last-event-id", &changes[4].cursor),
