@@ -1,6 +1,7 @@
 //! The catalog component: events and their sections as the engine lists them, created durably
 //! (the `catalog` stream) and read from the sections' published snapshots (never a mailbox).
 
+use crate::changes::{Change, ChangeKind};
 use std::sync::Arc;
 
 use tokio::sync::{Mutex, oneshot};
@@ -195,7 +196,7 @@ impl Catalog {
         record: CatalogRecord,
     ) -> Result<(), EngineError> {
         let (tx, rx) = oneshot::channel();
-        let change = crate::changes::of_catalog(&record, self.kernel.now_ms());
+        let change = change_of(&record, self.kernel.now_ms());
         let job = writer.append_changing(
             std::slice::from_ref(&record),
             Vec::new(),
@@ -398,5 +399,34 @@ fn view_of(e: &EventEntry) -> EventView {
         event_id: e.event_id.clone(),
         created_at_ms: e.created_at_ms,
         sections,
+    }
+}
+
+/// The change a catalog record makes.
+fn change_of(record: &CatalogRecord, now_ms: u64) -> Change {
+    match record {
+        CatalogRecord::EventCreated {
+            spec,
+            event_id,
+            created_at_ms,
+        }
+        | CatalogRecord::EventCreatedWithPow {
+            spec,
+            event_id,
+            created_at_ms,
+            ..
+        } => Change {
+            event_id: event_id.clone(),
+            at_ms: *created_at_ms,
+            kind: ChangeKind::EventCreated {
+                spec: spec.clone(),
+                sale: spec.sale_controls(*created_at_ms),
+            },
+        },
+        CatalogRecord::SaleUpdated { event_id, sale, .. } => Change {
+            event_id: event_id.clone(),
+            at_ms: now_ms,
+            kind: ChangeKind::SaleUpdated(sale.clone()),
+        },
     }
 }

@@ -1,11 +1,14 @@
 //! The change stream (`ChangeService.WatchChanges`): every change the engine makes, in log
 //! order, each with a cursor a reader resumes from.
 //!
+//! The data of the stream lives here (below the store); its writing and reading by the log are
+//! `store::change_log` ([`crate::store::read_changes`]).
+//!
 //! Writers describe what their records change ([`Change`]) beside the records (a section actor
 //! from its core, which knows the order's amount and tickets; the catalog; the waitlist; the
 //! refunds), and encode them there ([`Noted`]), off the flusher's thread. The flusher gathers the
 //! encoded changes of every job of a group commit into records of the `changes` stream
-//! ([`ChangeRecord`], about [`CHANGE_RECORD_BYTES`] each, after the commit's own records), so
+//! ([`ChangeRecord`], about `CHANGE_RECORD_BYTES` each, after the commit's own records), so
 //! the stream costs at most one more value per job (a section's batch), not one per change, and
 //! is durable
 //! (and on a cluster replicated, in the same Raft entry) exactly when the records it describes
@@ -22,37 +25,12 @@
 //! other), and the compactor removes them. A position inside what is gone is expired
 //! ([`ChangesError::Expired`], with the oldest position still served).
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
 use serde::{Deserialize, Serialize};
 
 use crate::codec;
-use crate::core::{SectionCore, SectionRecord};
 use crate::error::StorageError;
-use crate::payment::Charge;
 use crate::sale::SaleControls;
-use crate::store::{LogSink, StreamSink, names};
-use crate::types::{
-    CatalogRecord, EventId, EventSpec, HoldId, HoldStatus, HoldView, OrderView, SectionId, UserId,
-};
-use crate::waitlist::{WaitlistCore, WaitlistRecord};
-
-/// The encoded changes one record of the stream holds at most, unless one job's alone are more
-/// (they are never split). Small values keep sled fast: its leaves are serialized whole, so
-/// big values make every write of a leaf big. Measured with the actor bench (Sync, 16
-/// sections, 1,024 callers; BENCHMARKS.md): 32 KiB cost a third of the holds/s, 4 KiB a
-/// quarter, 1 KiB (about one job's changes a record) a tenth, within the bench's noise.
-pub const CHANGE_RECORD_BYTES: usize = 1024;
-
-/// Records read from the stream at a time when paging, per this many changes asked for.
-const CHANGES_PER_RECORD_TYPICAL: usize = 8;
-
-/// How often the flusher looks for records past the retention.
-const TRIM_EVERY: Duration = Duration::from_secs(1);
-
-/// How far past a missing record the trim looks for the next one.
-const TRIM_HOLE_SPAN: u64 = 64;
+use crate::types::{EventId, EventSpec, HoldId, HoldView, OrderView, SectionId, UserId};
 
 /// What changed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -247,6 +225,9 @@ pub enum ChangesError {
     Storage(#[from] StorageError),
 }
 
+/// What a read of the stream gives.
+pub type ChangesRead = Result<ChangesPage, ChangesError>;
+
 /// A page of the stream.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ChangesPage {
@@ -260,221 +241,10 @@ pub struct ChangesPage {
     pub at_end: bool,
 }
 
-/// The oldest position still served: after the record the stream's checkpoint covers.
-fn oldest(sink: &dyn LogSink) -> Result<Position, StorageError> {
-    let upto = match sink.checkpoint(names::CHANGES)? {
-        Some(bytes) => {
-            codec::decode::<(u64, Vec<u8>)>(&bytes)
-                .map_err(|e| StorageError::Corrupt {
-                    stream: names::CHANGES.to_owned(),
-                    seq: 0,
-                    reason: format!("its checkpoint: {e}"),
-                })?
-                .0
-        }
-        None => 0,
-    };
-    Ok(Position::after_record(upto))
-}
-
-/// Reads up to `max` changes after `after` (`None`: from the oldest still served), from records
-/// numbered up to `readable` (what is durable; on a cluster node's copy, everything applied:
-/// `u64::MAX`).
-pub fn read(
-    sink: &dyn LogSink,
-    after: Option<Position>,
-    readable: u64,
-    max: usize,
-) -> Result<ChangesPage, ChangesError> {
-    let oldest = oldest(sink)?;
-    let after = after.unwrap_or(oldest);
-    let expired = |oldest: Position| {
-        after.seq < oldest.seq || (after.seq == oldest.seq && after.index != Position::WHOLE)
-    };
-    if expired(oldest) {
-        return Err(ChangesError::Expired { oldest });
-    }
-    let stream = sink.stream(names::CHANGES)?;
-    let last = stream.last_seq()?.min(readable);
-    if after.seq > last {
-        return Err(ChangesError::Unknown(after));
-    }
-    let mut page = ChangesPage {
-        next: after,
-        oldest,
-        ..ChangesPage::default()
-    };
-    // A record holds a job's changes: read a few records at a time.
-    let first = if after.index == Position::WHOLE {
-        after.seq
-    } else {
-        after.seq - 1
-    };
-    let mut from = first;
-    while page.changes.len() < max && from < last {
-        let upto = last.min(from + 1 + (max / CHANGES_PER_RECORD_TYPICAL) as u64);
-        for (seq, bytes) in stream.read_between(from, upto)? {
-            let corrupt = |e: codec::DecodeError| StorageError::Corrupt {
-                stream: names::CHANGES.to_owned(),
-                seq,
-                reason: e.to_string(),
-            };
-            let record: ChangeRecord = codec::decode(&bytes).map_err(corrupt)?;
-            let changes = record.changes().map_err(corrupt)?;
-            let skip = if seq == after.seq && after.index != Position::WHOLE {
-                after.index as usize + 1
-            } else {
-                0
-            };
-            let n = changes.len();
-            for (i, change) in changes.into_iter().enumerate().skip(skip) {
-                if page.changes.len() == max {
-                    page.at_end = false;
-                    let now = self::oldest(sink)?;
-                    if expired(now) {
-                        return Err(ChangesError::Expired { oldest: now });
-                    }
-                    return Ok(page);
-                }
-                let index = if i + 1 == n {
-                    Position::WHOLE
-                } else {
-                    u32::try_from(i).unwrap_or(Position::WHOLE - 1)
-                };
-                let at = Position { seq, index };
-                page.next = at;
-                page.changes.push((at, change));
-            }
-            page.next = Position::after_record(seq);
-        }
-        from = upto;
-    }
-    page.at_end = page.next.seq >= last && page.next.index == Position::WHOLE;
-    // A trim that landed while this page was read may have removed records it skipped over:
-    // then the reader was too far behind after all.
-    let now = self::oldest(sink)?;
-    if expired(now) {
-        return Err(ChangesError::Expired { oldest: now });
-    }
-    Ok(page)
-}
-
-/// The changes a section's records made, from its core once they are applied.
-pub(crate) fn of_section(core: &SectionCore, records: &[SectionRecord]) -> Vec<Change> {
-    let event_id = core.event_id();
-    let hold = |hold_id: &HoldId| core.hold_view(hold_id);
-    records
-        .iter()
-        .filter_map(|r| {
-            let (at_ms, kind) = match r {
-                SectionRecord::HoldPlaced {
-                    hold_id,
-                    user_id,
-                    seats,
-                    quantity,
-                    placed_at_ms,
-                    expires_at_ms,
-                    ..
-                } => (
-                    *placed_at_ms,
-                    ChangeKind::HoldPlaced(HoldView {
-                        hold_id: hold_id.clone(),
-                        event_id: event_id.clone(),
-                        user_id: user_id.clone(),
-                        section_id: core.spec().section_id.clone(),
-                        seat_ids: seats.iter().map(|&s| core.seat_id(s)).collect(),
-                        quantity: *quantity,
-                        status: HoldStatus::Held,
-                        placed_at_ms: *placed_at_ms,
-                        expires_at_ms: *expires_at_ms,
-                    }),
-                ),
-                SectionRecord::HoldConfirmed {
-                    order_id, at_ms, ..
-                } => (*at_ms, ChangeKind::OrderCreated(core.order_view(order_id)?)),
-                SectionRecord::HoldReleased { hold_id, at_ms } => {
-                    let mut h = hold(hold_id)?;
-                    h.status = HoldStatus::Released;
-                    (*at_ms, ChangeKind::HoldReleased(h))
-                }
-                SectionRecord::HoldExpired { hold_id, at_ms } => {
-                    let mut h = hold(hold_id)?;
-                    h.status = HoldStatus::Expired;
-                    (*at_ms, ChangeKind::HoldExpired(h))
-                }
-                SectionRecord::PlacesWithdrawn { places, at_ms } => (
-                    *at_ms,
-                    ChangeKind::PlacesWithdrawn {
-                        section_id: core.spec().section_id.clone(),
-                        quantity: u32::try_from(places.len()).unwrap_or(u32::MAX),
-                    },
-                ),
-                // The catalog's `SaleUpdated` tells of the sale once, for the whole event.
-                SectionRecord::SalePaused { .. }
-                | SectionRecord::SaleResumed { .. }
-                | SectionRecord::SaleEnded { .. } => return None,
-            };
-            Some(Change {
-                event_id: event_id.clone(),
-                at_ms,
-                kind,
-            })
-        })
-        .collect()
-}
-
-/// The change a catalog record makes.
-pub(crate) fn of_catalog(record: &CatalogRecord, now_ms: u64) -> Change {
-    match record {
-        CatalogRecord::EventCreated {
-            spec,
-            event_id,
-            created_at_ms,
-        }
-        | CatalogRecord::EventCreatedWithPow {
-            spec,
-            event_id,
-            created_at_ms,
-            ..
-        } => Change {
-            event_id: event_id.clone(),
-            at_ms: *created_at_ms,
-            kind: ChangeKind::EventCreated {
-                spec: spec.clone(),
-                sale: spec.sale_controls(*created_at_ms),
-            },
-        },
-        CatalogRecord::SaleUpdated { event_id, sale, .. } => Change {
-            event_id: event_id.clone(),
-            at_ms: now_ms,
-            kind: ChangeKind::SaleUpdated(sale.clone()),
-        },
-    }
-}
-
-/// The change a waitlist record makes, if it is one the stream tells of (an offer), from the
-/// waitlist's core once it is applied.
-pub(crate) fn of_waitlist(
-    core: &WaitlistCore,
-    record: &WaitlistRecord,
-    now_ms: u64,
-) -> Option<Change> {
-    let WaitlistRecord::EntryOffered { entry_id, hold_id } = record else {
-        return None;
-    };
-    Some(Change {
-        event_id: core.view(entry_id)?.event_id,
-        at_ms: now_ms,
-        kind: ChangeKind::WaitlistOffered {
-            entry_id: entry_id.clone(),
-            hold_id: hold_id.clone(),
-        },
-    })
-}
-
-/// The change a refund makes: `charge` (made for `hold`) refunded at `now_ms`.
+/// The change a refund makes: payment `payment_id` of `amount_cents` (made for `hold`)
+/// refunded at `now_ms`.
 pub(crate) fn refunded(
-    charge: &Charge,
+    (payment_id, amount_cents): (&str, u64),
     hold: &HoldId,
     user_id: Option<UserId>,
     now_ms: u64,
@@ -484,125 +254,12 @@ pub(crate) fn refunded(
         event_id,
         at_ms: now_ms,
         kind: ChangeKind::Refunded {
-            payment_id: charge.payment_id.clone(),
+            payment_id: payment_id.to_owned(),
             hold_id: Some(hold.clone()),
-            amount_cents: charge.amount_cents,
+            amount_cents,
             user_id,
         },
     })
-}
-
-/// The flusher's side of the stream: numbers its records and trims it.
-pub(crate) struct ChangeLog {
-    stream: Arc<dyn StreamSink>,
-    next_seq: u64,
-    /// The first record not yet trimmed.
-    first_kept: u64,
-    retention_ms: u64,
-    trimmed_at: Option<Instant>,
-}
-
-impl ChangeLog {
-    /// The stream of `sink`, going on after what it holds and after `acknowledged` (the
-    /// superblock's mark: numbers an accepted loss took are never used again).
-    pub fn open(
-        sink: &dyn LogSink,
-        retention: Duration,
-        acknowledged: u64,
-    ) -> Result<ChangeLog, StorageError> {
-        let stream = sink.stream(names::CHANGES)?;
-        let last = stream.last_seq()?.max(acknowledged);
-        let first_kept = oldest(sink)?.seq + 1;
-        Ok(ChangeLog {
-            next_seq: last.max(first_kept - 1) + 1,
-            stream,
-            first_kept,
-            retention_ms: u64::try_from(retention.as_millis()).unwrap_or(u64::MAX),
-            trimmed_at: None,
-        })
-    }
-
-    /// The stream.
-    pub fn stream(&self) -> &Arc<dyn StreamSink> {
-        &self.stream
-    }
-
-    /// Numbers the jobs' encoded changes into records of at most [`CHANGE_RECORD_BYTES`]
-    /// each (none if there are none).
-    pub fn seal(&mut self, noted: Vec<Noted>) -> Vec<(u64, Vec<u8>)> {
-        let mut out = Vec::new();
-        let mut record = ChangeRecord {
-            at_ms: 0,
-            parts: Vec::new(),
-        };
-        let mut bytes = 0;
-        for n in noted {
-            if bytes > 0 && bytes + n.bytes.len() > CHANGE_RECORD_BYTES {
-                let full = std::mem::replace(
-                    &mut record,
-                    ChangeRecord {
-                        at_ms: 0,
-                        parts: Vec::new(),
-                    },
-                );
-                out.push(self.number(&full));
-                bytes = 0;
-            }
-            bytes += n.bytes.len();
-            record.at_ms = record.at_ms.max(n.at_ms);
-            record.parts.push(n.bytes);
-        }
-        if !record.parts.is_empty() {
-            out.push(self.number(&record));
-        }
-        out
-    }
-
-    fn number(&mut self, record: &ChangeRecord) -> (u64, Vec<u8>) {
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        (seq, codec::encode(record))
-    }
-
-    /// The record to trim up to, if some are older than the retention than `now_ms` (the
-    /// newest record's time), looked for at most once a second: the first record young enough
-    /// is found by halving (records are in time order), reading a few of them.
-    pub fn trim_due(&mut self, now_ms: u64) -> Option<u64> {
-        if self.trimmed_at.is_some_and(|t| t.elapsed() < TRIM_EVERY) {
-            return None;
-        }
-        self.trimmed_at = Some(Instant::now());
-        let horizon = now_ms.checked_sub(self.retention_ms)?;
-        // The time of the first record at or after `seq` (a hole, a batch whose claim was
-        // refused on a cluster, counts as the record after it).
-        let at = |seq: u64| -> Option<u64> {
-            let (_, bytes) = self
-                .stream
-                .read_between(seq - 1, seq + TRIM_HOLE_SPAN)
-                .ok()?
-                .into_iter()
-                .next()?;
-            codec::decode::<ChangeRecord>(&bytes).ok().map(|r| r.at_ms)
-        };
-        // The first record at or after the horizon, in [first_kept, last_written].
-        let (mut lo, mut hi) = (self.first_kept, self.next_seq - 1);
-        if lo > hi || at(lo)? >= horizon {
-            return None;
-        }
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if at(mid)? < horizon {
-                lo = mid + 1;
-            } else {
-                hi = mid;
-            }
-        }
-        let upto = if at(lo)? < horizon { lo } else { lo - 1 };
-        (upto >= self.first_kept).then(|| {
-            self.first_kept = upto + 1;
-            upto
-        })
-    }
 }
 
 #[cfg(test)]

@@ -344,7 +344,7 @@ impl Checkout {
                 {
                     let user = self.booking.get_hold(&hold).await.ok().map(|h| h.user_id);
                     self.kernel.note_change(crate::changes::refunded(
-                        &refunded,
+                        (&refunded.payment_id, refunded.amount_cents),
                         &hold,
                         user,
                         self.kernel.now_ms(),

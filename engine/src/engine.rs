@@ -8,6 +8,7 @@
 //! [`rooms`](crate::rooms) (waiting rooms' records) and [`supervisor`](crate::supervisor)
 //! (section actors, restarting those that panic).
 
+use crate::changes::{ChangesRead, Position};
 use crate::hash::{DashMap, HashMap};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -227,25 +228,10 @@ impl Engine {
         self.kernel().store().halt.reason()
     }
 
-    /// Up to `max` changes of the change stream after `after` (`None`: from the oldest kept),
-    /// as far as they are durable (see [`crate::changes`]). A cluster node reads its group's
-    /// copy with [`crate::changes::read`] instead (this engine runs only while it leads).
-    pub fn changes(
-        &self,
-        after: Option<crate::changes::Position>,
-        max: usize,
-    ) -> Result<crate::changes::ChangesPage, crate::changes::ChangesError> {
-        let store = self.kernel().store();
-        // With `Sync`, what a crash cannot take back: the superblock's mark. A leader's copy
-        // holds only what its group committed; `Buffered` promises nothing durable anyway.
-        let readable = if self.kernel().config().replicate.is_none()
-            && self.kernel().config().durability == crate::Durability::Sync
-        {
-            store.durable_marks().of(crate::store::names::CHANGES)
-        } else {
-            u64::MAX
-        };
-        crate::changes::read(store.sink.as_ref(), after, readable, max)
+    /// Up to `max` changes after `after` (`None`: the oldest kept), as far as they are durable
+    /// ([`crate::changes`]; a cluster node reads its copy with [`crate::store::read_changes`]).
+    pub fn changes(&self, after: Option<Position>, max: usize) -> ChangesRead {
+        self.kernel().changes(after, max)
     }
 
     /// Stops the engine as a crash of its log would: calls answer `NOT_READY` from now on,

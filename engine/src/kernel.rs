@@ -49,6 +49,24 @@ impl Kernel {
         &self.store
     }
 
+    /// Up to `max` changes after `after`, as far as they are durable: with `Sync`, what a crash
+    /// cannot take back (the superblock's mark); a leader's copy holds only what its group
+    /// committed; `Buffered` promises nothing durable anyway.
+    pub(crate) fn changes(
+        &self,
+        after: Option<crate::changes::Position>,
+        max: usize,
+    ) -> crate::changes::ChangesRead {
+        let readable = if self.config.replicate.is_none()
+            && self.config.durability == crate::Durability::Sync
+        {
+            self.store.durable_marks().of(crate::store::names::CHANGES)
+        } else {
+            u64::MAX
+        };
+        crate::store::read_changes(self.store.sink.as_ref(), after, readable, max)
+    }
+
     /// Tells the change stream of `change` (one without a record of its own: a refund), with
     /// the next group commit.
     pub(crate) fn note_change(&self, change: Option<crate::changes::Change>) {

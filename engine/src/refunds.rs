@@ -201,7 +201,7 @@ impl Refunds {
             .and_then(|core| core.hold_view(hold))
             .map(|h| h.user_id);
         self.kernel.note_change(crate::changes::refunded(
-            &refunded,
+            (&refunded.payment_id, refunded.amount_cents),
             hold,
             user,
             self.kernel.now_ms(),

@@ -18,6 +18,7 @@
 //! largest section), with its version (the last record of the stream it shows): readers that
 //! build something from a snapshot (the gateway's seat maps) rebuild only when the version moved.
 
+use crate::changes::{Change, ChangeKind};
 use crate::hash::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -253,7 +254,7 @@ impl SectionState {
         let notices = self.a.notices.clone();
         let sealed_at = self.a.clock.now_ms();
         let (ended, replies) = (open.ended, open.replies);
-        let changes = crate::changes::of_section(&self.a.core, &open.records);
+        let changes = changes_of(&self.a.core, &open.records);
         let job = self.a.stream.append_changing(
             &open.records,
             open.claims,
@@ -706,4 +707,68 @@ pub(crate) fn notify(notices: &Notices, notice: Notice) {
     if let Some(l) = notices.get() {
         l(notice);
     }
+}
+
+/// The changes a section's records made, from its core once they are applied.
+fn changes_of(core: &SectionCore, records: &[SectionRecord]) -> Vec<Change> {
+    let event_id = core.event_id();
+    let hold = |hold_id: &HoldId| core.hold_view(hold_id);
+    records
+        .iter()
+        .filter_map(|r| {
+            let (at_ms, kind) = match r {
+                SectionRecord::HoldPlaced {
+                    hold_id,
+                    user_id,
+                    seats,
+                    quantity,
+                    placed_at_ms,
+                    expires_at_ms,
+                    ..
+                } => (
+                    *placed_at_ms,
+                    ChangeKind::HoldPlaced(HoldView {
+                        hold_id: hold_id.clone(),
+                        event_id: event_id.clone(),
+                        user_id: user_id.clone(),
+                        section_id: core.spec().section_id.clone(),
+                        seat_ids: seats.iter().map(|&s| core.seat_id(s)).collect(),
+                        quantity: *quantity,
+                        status: HoldStatus::Held,
+                        placed_at_ms: *placed_at_ms,
+                        expires_at_ms: *expires_at_ms,
+                    }),
+                ),
+                SectionRecord::HoldConfirmed {
+                    order_id, at_ms, ..
+                } => (*at_ms, ChangeKind::OrderCreated(core.order_view(order_id)?)),
+                SectionRecord::HoldReleased { hold_id, at_ms } => {
+                    let mut h = hold(hold_id)?;
+                    h.status = HoldStatus::Released;
+                    (*at_ms, ChangeKind::HoldReleased(h))
+                }
+                SectionRecord::HoldExpired { hold_id, at_ms } => {
+                    let mut h = hold(hold_id)?;
+                    h.status = HoldStatus::Expired;
+                    (*at_ms, ChangeKind::HoldExpired(h))
+                }
+                SectionRecord::PlacesWithdrawn { places, at_ms } => (
+                    *at_ms,
+                    ChangeKind::PlacesWithdrawn {
+                        section_id: core.spec().section_id.clone(),
+                        quantity: u32::try_from(places.len()).unwrap_or(u32::MAX),
+                    },
+                ),
+                // The catalog's `SaleUpdated` tells of the sale once, for the whole event.
+                SectionRecord::SalePaused { .. }
+                | SectionRecord::SaleResumed { .. }
+                | SectionRecord::SaleEnded { .. } => return None,
+            };
+            Some(Change {
+                event_id: event_id.clone(),
+                at_ms,
+                kind,
+            })
+        })
+        .collect()
 }

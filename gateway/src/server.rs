@@ -154,21 +154,28 @@ fn grpc_router(
         .add_service(pb::cluster_service_server::ClusterServiceServer::new(
             members,
         ))
-        .add_service(
-            pb::change_service_server::ChangeServiceServer::new(ChangeSvc {
-                groups: ready.clone(),
-                drain: gate.draining_signal(),
-            })
-            .max_decoding_message_size(max)
-            .accept_compressed(gzip)
-            .send_compressed(gzip),
-        )
+        .add_service(change_service(ready, gate))
         .add_service(
             pb::waitlist_service_server::WaitlistServiceServer::new(WaitlistSvc(ready.clone()))
                 .max_decoding_message_size(max)
                 .accept_compressed(gzip)
                 .send_compressed(gzip),
         ))
+}
+
+/// `ChangeService` over `ready`'s feeds, its followers ended by `gate`'s drain.
+fn change_service(
+    ready: &Groups,
+    gate: &Gate,
+) -> pb::change_service_server::ChangeServiceServer<ChangeSvc> {
+    let gzip = tonic::codec::CompressionEncoding::Gzip;
+    pb::change_service_server::ChangeServiceServer::new(ChangeSvc {
+        groups: ready.clone(),
+        drain: gate.draining_signal(),
+    })
+    .max_decoding_message_size(MESSAGE_BYTES_MAX)
+    .accept_compressed(gzip)
+    .send_compressed(gzip)
 }
 
 /// Server reflection over v1, and over the older v1alpha protocol (grpcurl and most
@@ -273,10 +280,6 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<Running> {
     let groups = Groups::new(readies.clone());
     install_metrics(&config);
     let (opened, cluster) = open_cluster(&config, &groups).await?;
-    groups.feeds().set(match &opened {
-        Some(opened) => opened.copies().into_iter().map(Feed::Copy).collect(),
-        None => vec![Feed::Engine(readies[0].clone())],
-    });
     // The HTTP API calls the same gate, routing and services in process.
     let forwarder = cluster.as_ref().map(|(_, forwarder)| forwarder.clone());
     let local = Arc::new(Local::new(gate.clone(), groups.clone(), forwarder));
@@ -429,10 +432,15 @@ async fn open_cluster(
     config: &ServerConfig,
     groups: &Groups,
 ) -> anyhow::Result<(Option<Opened>, Option<ClusterParts>)> {
+    let group_of = crate::node::forward::group_of_event;
     if config.cluster.is_none() {
+        let ready = groups.get(0).cloned().unwrap_or_default();
+        groups.feeds().set(vec![Feed::Engine(ready)], group_of);
         return Ok((None, None));
     }
     let (opened, service, forwarder) = Opened::open(config, groups).await?;
+    let copies = opened.copies().into_iter().map(Feed::Copy).collect();
+    groups.feeds().set(copies, group_of);
     Ok((Some(opened), Some((service, forwarder))))
 }
 

@@ -30,11 +30,13 @@ use std::time::Instant;
 use futures_util::future::BoxFuture;
 use tokio::sync::mpsc;
 
-use crate::changes::{ChangeLog, Noted};
+use crate::changes::Noted;
 use crate::codec;
 use crate::error::StorageError;
+use change_log::ChangeLog;
 
 mod batch;
+mod change_log;
 mod fail_stop;
 mod kv;
 mod kv_sink;
@@ -47,6 +49,7 @@ mod sled_sink;
 pub mod superblock;
 
 pub use batch::{Batch, Op};
+pub use change_log::{CHANGE_RECORD_BYTES, read_changes};
 pub use fail_stop::FailStopKv;
 pub use kv::{Change, Kv, KvTree, Pair, Pairs};
 pub use kv_sink::KvSink;

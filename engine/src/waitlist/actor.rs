@@ -1,6 +1,7 @@
 //! The waitlist actor: a thin shell that logs what [`WaitlistCore`] decides, applies it, and
 //! replies once durable.
 
+use crate::changes::{Change, ChangeKind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -78,7 +79,7 @@ impl WaitlistArgs {
         let answer = self.core.view(entry_id);
         self.written.submitted += 1;
         let (n, durable) = (self.written.submitted, self.written.durable.clone());
-        let changes: Vec<_> = crate::changes::of_waitlist(&self.core, &record, self.clock.now_ms())
+        let changes: Vec<_> = change_of(&self.core, &record, self.clock.now_ms())
             .into_iter()
             .collect();
         let job = self.stream.append_changing(
@@ -173,4 +174,20 @@ impl Actor for WaitlistActor {
         }
         Ok(())
     }
+}
+
+/// The change a waitlist record makes, if it is one the stream tells of (an offer), from the
+/// waitlist's core once it is applied.
+fn change_of(core: &WaitlistCore, record: &WaitlistRecord, now_ms: u64) -> Option<Change> {
+    let WaitlistRecord::EntryOffered { entry_id, hold_id } = record else {
+        return None;
+    };
+    Some(Change {
+        event_id: core.view(entry_id)?.event_id,
+        at_ms: now_ms,
+        kind: ChangeKind::WaitlistOffered {
+            entry_id: entry_id.clone(),
+            hold_id: hold_id.clone(),
+        },
+    })
 }

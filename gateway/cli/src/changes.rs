@@ -8,7 +8,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use boxoffice_drill::changes::{Ended, Follow, follow};
-use boxoffice_gateway::http::types::Change;
+use boxoffice_gateway::http::changes::Change;
 
 use crate::cluster::refused;
 use crate::exit::Exit;

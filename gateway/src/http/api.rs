@@ -41,6 +41,15 @@ impl Backend {
         self.local.call(authorization(headers), req).await
     }
 
+    /// `WatchChanges`, with the caller's API key (see [`super::changes`]).
+    pub(crate) async fn watch_changes(
+        &self,
+        headers: &HeaderMap,
+        req: pb::WatchChangesRequest,
+    ) -> Result<crate::local::ChangeReceiver, Status> {
+        self.local.watch_changes(authorization(headers), req).await
+    }
+
     /// `ListEvents` (every group's, merged), with the caller's API key.
     pub async fn list_events(
         &self,
@@ -224,7 +233,7 @@ pub async fn rebalance(State(b): State<Backend>, headers: HeaderMap) -> Result<R
 }
 
 /// The caller's `Authorization` header, if it is text.
-fn authorization(headers: &HeaderMap) -> Option<&str> {
+pub(crate) fn authorization(headers: &HeaderMap) -> Option<&str> {
     headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -246,7 +255,7 @@ fn body<T: DeserializeOwned + Default>(raw: Result<Bytes, BytesRejection>) -> Re
         .map_err(|e| Refusal::invalid("request", format!("the body is not the JSON expected: {e}")))
 }
 
-fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, Refusal> {
+pub(crate) fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, Refusal> {
     q.map(|Query(t)| t)
         .map_err(|e| Refusal::invalid("request", format!("bad query string: {}", e.body_text())))
 }
@@ -829,76 +838,5 @@ pub async fn seats(
     if let Ok(v) = HeaderValue::from_str(&httpdate::fmt_http_date(changed)) {
         h.insert(header::LAST_MODIFIED, v);
     }
-    Ok(response)
-}
-
-/// The change stream (`WatchChanges`, an admin or stream key): every change after `after`, one
-/// JSON object a line (`application/x-ndjson`), or with `Accept: text/event-stream` one
-/// server-sent event each (`id`: the cursor, `event`: the kind). A refused cursor is a problem
-/// answered at once; an error after the first change ends the stream with a last line (or an
-/// `error` event) holding the problem.
-#[utoipa::path(get, path = "/v1/changes", tag = "changes",
-    params(ChangesQuery),
-    responses(
-        (status = 200, description = "The changes, one JSON object a line (or server-sent events)", body = Change, content_type = "application/x-ndjson"),
-        (status = "default", description = "A problem (RFC 9457): CURSOR_EXPIRED (with oldestCursor), CURSOR_INVALID", body = Problem, content_type = "application/problem+json"),
-    ),
-    security(("bearer" = [])))]
-pub async fn changes(
-    State(b): State<Backend>,
-    headers: HeaderMap,
-    q: Result<Query<ChangesQuery>, QueryRejection>,
-) -> Result<Response, Refusal> {
-    use futures_util::StreamExt;
-    let q = query(q)?;
-    let sse = headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.contains("text/event-stream"));
-    // A browser's EventSource reconnects to the same URL with the last id it saw: that wins.
-    let last_event = headers
-        .get("last-event-id")
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| sse && !v.is_empty());
-    let req = pb::WatchChangesRequest {
-        after_cursor: last_event.map_or(q.after, str::to_owned),
-        event_id: q.event_id,
-        follow: q.follow,
-    };
-    let rx = b.local.watch_changes(authorization(&headers), req).await?;
-    let items = tokio_stream::wrappers::ReceiverStream::new(rx);
-    if sse {
-        use axum::response::sse::{Event, KeepAlive, Sse};
-        let events = items.map(|r| {
-            Ok::<_, std::convert::Infallible>(match r {
-                Ok(c) => Event::default()
-                    .id(c.cursor.clone())
-                    .event(c.kind.clone())
-                    .json_data(Change::from(c))
-                    .unwrap_or_else(|_| Event::default().event("error")),
-                Err(e) => Event::default()
-                    .event("error")
-                    .json_data(Problem::from_status(&Status::from(e)))
-                    .unwrap_or_else(|_| Event::default().event("error")),
-            })
-        });
-        return Ok(Sse::new(events)
-            .keep_alive(KeepAlive::default())
-            .into_response());
-    }
-    let lines = items.map(|r| {
-        let mut line = match r {
-            Ok(c) => serde_json::to_vec(&Change::from(c)),
-            Err(e) => serde_json::to_vec(&Problem::from_status(&Status::from(e))),
-        }
-        .unwrap_or_default();
-        line.push(b'\n');
-        Ok::<_, std::convert::Infallible>(Bytes::from(line))
-    });
-    let mut response = axum::body::Body::from_stream(lines).into_response();
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/x-ndjson"),
-    );
     Ok(response)
 }

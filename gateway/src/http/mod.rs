@@ -23,6 +23,7 @@
 //! race page).
 
 pub mod api;
+pub mod changes;
 pub mod ops;
 pub mod problem;
 pub mod types;
@@ -45,7 +46,7 @@ pub use api::Backend;
         api::get_hold, api::get_order, api::create_event, api::update_sale, api::sale_action,
         api::get_event, api::list_events,
         api::cluster_status, api::add_node, api::remove_node, api::replace_node,
-        api::rotate_ticket_key, api::rebalance, api::changes,
+        api::rotate_ticket_key, api::rebalance, changes::changes,
     ),
     components(schemas(
         problem::Problem, types::QueueToken, types::JoinChallenge, types::QueueStatus,
@@ -54,8 +55,8 @@ pub use api::Backend;
         types::CreateEventBody, types::UpdateSaleBody, types::SectionSummary, types::Event, types::EventPage,
         types::Seat, types::SectionSeats, types::SeatMap, types::AddNodeBody,
         types::ClusterNode, types::ClusterGroup, types::ClusterStatus, types::TicketKey,
-        types::Change, types::RefundChange, types::PlacesWithdrawn, types::WaitlistOffer,
-        types::SaleControls,
+        changes::Change, changes::RefundChange, changes::PlacesWithdrawn, changes::WaitlistOffer,
+        changes::SaleControls,
     )),
     modifiers(&BearerAuth),
 )]
@@ -106,7 +107,7 @@ pub fn router(backend: Backend, extra: Option<Router>) -> Router {
         .route("/v1/holds/{hold_id}/release", post(api::release_hold))
         .route("/v1/orders", post(api::create_order))
         .route("/v1/orders/{order_id}", get(api::get_order))
-        .route("/v1/changes", get(api::changes))
+        .route("/v1/changes", get(changes::changes))
         .route("/v1/cluster", get(api::cluster_status))
         .route("/v1/cluster/nodes", post(api::add_node))
         .route(

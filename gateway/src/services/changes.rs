@@ -11,7 +11,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use boxoffice_engine::LogSink;
-use boxoffice_engine::changes::{self, Change, ChangeKind, ChangesError, ChangesPage, Position};
+use boxoffice_engine::changes::{Change, ChangeKind, ChangesError, ChangesPage, Position};
 use boxoffice_engine::sale::SaleControls;
 use boxoffice_proto::v1 as pb;
 
@@ -43,7 +43,9 @@ impl Feed {
                 let api = ready.get().ok_or(Read::Api(ApiError::NotReady))?;
                 api.engine.changes(after, max)
             }
-            Feed::Copy(sink) => changes::read(sink.as_ref(), after, u64::MAX, max),
+            Feed::Copy(sink) => {
+                boxoffice_engine::store::read_changes(sink.as_ref(), after, u64::MAX, max)
+            }
         };
         page.map_err(Read::Changes)
     }
@@ -61,17 +63,20 @@ enum Read {
     Changes(ChangesError),
 }
 
-/// Every group's feed, set once the server knows them.
+/// Which group of `groups` an event's changes are in (the cluster's routing's hash).
+pub type GroupOf = fn(&str, u32) -> u32;
+
+/// Every group's feed, set once the server knows them, with how events map to groups.
 #[derive(Clone, Default)]
-pub struct Feeds(Arc<OnceLock<Arc<[Feed]>>>);
+pub struct Feeds(Arc<OnceLock<(Arc<[Feed]>, GroupOf)>>);
 
 impl Feeds {
     /// Sets the feeds (the first call wins).
-    pub fn set(&self, feeds: Vec<Feed>) {
-        let _ = self.0.set(Arc::from(feeds));
+    pub fn set(&self, feeds: Vec<Feed>, group_of: GroupOf) {
+        let _ = self.0.set((Arc::from(feeds), group_of));
     }
 
-    fn get(&self) -> Result<Arc<[Feed]>, ApiError> {
+    fn get(&self) -> Result<(Arc<[Feed]>, GroupOf), ApiError> {
         self.0.get().cloned().ok_or(ApiError::NotReady)
     }
 }
@@ -128,14 +133,11 @@ impl Watch {
         event_id: &str,
         follow: bool,
     ) -> Result<Watch, ApiError> {
-        let feeds = feeds.get()?;
+        let (feeds, group_of) = feeds.get()?;
         let n = feeds.len();
         let asked = parse_cursor(after, n)?;
         let event = (!event_id.is_empty()).then(|| {
-            let g = crate::node::forward::group_of_event(
-                event_id,
-                u32::try_from(n).unwrap_or(u32::MAX),
-            );
+            let g = group_of(event_id, u32::try_from(n).unwrap_or(u32::MAX));
             (event_id.to_owned(), g as usize)
         });
         let mut at = Vec::with_capacity(n);
@@ -297,6 +299,50 @@ fn sale_proto(s: &SaleControls) -> pb::SaleChange {
     }
 }
 
+/// An event as created (counts zero), as the API shows it.
+fn event_proto(
+    event_id: String,
+    at_ms: u64,
+    spec: &boxoffice_engine::EventSpec,
+    sale: &SaleControls,
+) -> pb::Event {
+    pb::Event {
+        event_id,
+        name: spec.name.clone(),
+        sections: spec
+            .sections
+            .iter()
+            .map(|s| pb::SectionSummary {
+                section_id: s.section_id.0.clone(),
+                name: s.name.clone(),
+                kind: convert::section_kind(s.kind()),
+                capacity: s.capacity(),
+                available: s.capacity(),
+                held: 0,
+                sold: 0,
+                price_cents: s.price_cents,
+            })
+            .collect(),
+        hold_ttl_seconds: u32::try_from(sale.hold_ttl_ms / 1000).unwrap_or(u32::MAX),
+        per_user_limit: sale.per_user_limit,
+        admit_rate_per_second: sale.admit_rate_per_second,
+        admission_window_seconds: u32::try_from(spec.admission_window_ms / 1000)
+            .unwrap_or(u32::MAX),
+        sale_opens_at_unix_ms: convert::ms(spec.sale_opens_at_ms),
+        state: if spec.sale_opens_at_ms > at_ms {
+            pb::EventState::Scheduled
+        } else {
+            pb::EventState::OnSale
+        } as i32,
+        sale_state: convert::sale_state(sale.state) as i32,
+        sale_state_changed_at_unix_ms: convert::ms(sale.state_changed_at_ms),
+        admit_rate_changed_at_unix_ms: convert::ms(sale.rate_changed_at_ms),
+        terms_changed_at_unix_ms: convert::ms(sale.terms_changed_at_ms),
+        hold_cooldown_seconds: u32::try_from(sale.hold_cooldown_ms / 1000).unwrap_or(u32::MAX),
+        ..pb::Event::default()
+    }
+}
+
 /// A change as the API shows it, with its cursor.
 pub fn change_proto(cursor: String, c: Change) -> pb::Change {
     let mut out = pb::Change {
@@ -308,42 +354,7 @@ pub fn change_proto(cursor: String, c: Change) -> pb::Change {
     };
     match c.kind {
         ChangeKind::EventCreated { spec, sale } => {
-            out.event_created = Some(pb::Event {
-                event_id: c.event_id.0,
-                name: spec.name.clone(),
-                sections: spec
-                    .sections
-                    .iter()
-                    .map(|s| pb::SectionSummary {
-                        section_id: s.section_id.0.clone(),
-                        name: s.name.clone(),
-                        kind: convert::section_kind(s.kind()),
-                        capacity: s.capacity(),
-                        available: s.capacity(),
-                        held: 0,
-                        sold: 0,
-                        price_cents: s.price_cents,
-                    })
-                    .collect(),
-                hold_ttl_seconds: u32::try_from(sale.hold_ttl_ms / 1000).unwrap_or(u32::MAX),
-                per_user_limit: sale.per_user_limit,
-                admit_rate_per_second: sale.admit_rate_per_second,
-                admission_window_seconds: u32::try_from(spec.admission_window_ms / 1000)
-                    .unwrap_or(u32::MAX),
-                sale_opens_at_unix_ms: convert::ms(spec.sale_opens_at_ms),
-                state: if spec.sale_opens_at_ms > c.at_ms {
-                    pb::EventState::Scheduled
-                } else {
-                    pb::EventState::OnSale
-                } as i32,
-                sale_state: convert::sale_state(sale.state) as i32,
-                sale_state_changed_at_unix_ms: convert::ms(sale.state_changed_at_ms),
-                admit_rate_changed_at_unix_ms: convert::ms(sale.rate_changed_at_ms),
-                terms_changed_at_unix_ms: convert::ms(sale.terms_changed_at_ms),
-                hold_cooldown_seconds: u32::try_from(sale.hold_cooldown_ms / 1000)
-                    .unwrap_or(u32::MAX),
-                ..pb::Event::default()
-            });
+            out.event_created = Some(event_proto(c.event_id.0, c.at_ms, &spec, &sale));
         }
         ChangeKind::HoldPlaced(h) | ChangeKind::HoldReleased(h) | ChangeKind::HoldExpired(h) => {
             out.hold = Some(convert::hold(h));
