@@ -750,8 +750,11 @@ fn a_flash_sale_on_three_nodes_loses_nothing_when_the_leader_is_killed() {
         n("calls_failed_in_failover") > 0,
         "the kill failed some calls, which were retried: {report}"
     );
+    // Fans still in line when every place was taken were told so (in a run whose line had
+    // emptied first, every fan admitted, there was nobody left to tell).
     assert!(
-        n("told_sold_out") > 0 && report["told_sold_out_max_ms"].is_u64(),
+        (n("told_sold_out") > 0 && report["told_sold_out_max_ms"].is_u64())
+            || n("admitted") == 2_000,
         "fans in line were told the sale sold out: {report}"
     );
     for k in [
