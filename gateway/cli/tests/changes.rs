@@ -58,10 +58,7 @@ async fn the_change_stream_follows_a_cluster_across_a_leader_kill_with_no_gap() 
     let tmp = tempfile::tempdir().unwrap();
     let lay = layout(tmp.path());
     let Layout { addrs, .. } = &lay;
-    let mut nodes: Vec<_> = (0..3).map(|i| lay.start(i)).collect();
-    for n in &nodes {
-        n.wait_ready();
-    }
+    let mut nodes = lay.start_ready(3);
     let l = leader(&nodes).await;
     Clients::new(&channel(&addrs[l]), &Bearer::new(ADMIN).unwrap())
         .events

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use boxoffice_client::{Bearer, Clients};
 use boxoffice_proto::v1 as pb;
-use common::{ADMIN, Layout, Node, admitted, channel, ga_event, layout, leader, retrying};
+use common::{ADMIN, Layout, admitted, channel, ga_event, layout, leader, retrying};
 
 fn hold(user: &str, token: &str) -> pb::HoldRequest {
     pb::HoldRequest {
@@ -65,10 +65,7 @@ async fn a_pause_is_forwarded_replicated_and_outlives_the_leader() {
     let tmp = tempfile::tempdir().unwrap();
     let lay = layout(tmp.path());
     let Layout { addrs, .. } = &lay;
-    let mut nodes: Vec<Node> = (0..3).map(|i| lay.start(i)).collect();
-    for n in &nodes {
-        n.wait_ready();
-    }
+    let mut nodes = lay.start_ready(3);
     let admin = Bearer::new(ADMIN).unwrap();
     let clients = common::clients_of(addrs);
     let l = leader(&nodes).await;
@@ -191,18 +188,16 @@ async fn taken(clients: &[Clients], first: usize, e: &str) -> u32 {
 }
 
 /// A pause in the middle of a burst on a cluster: twelve fans' agents hold one place after
-/// another through every node (each until its limit); `boxoffice sale pause` through a follower; once it has answered,
-/// no hold is placed (the places taken stay as they were when it answered, and every agent
-/// hears `SALE_PAUSED`); the resume lets them hold again.
+/// another through every node (each until its limit); `boxoffice sale pause` through a
+/// follower; once it has answered, no hold is placed (the places taken stay as they were when
+/// it answered, and the agents still holding hear `SALE_PAUSED`); the resume lets them hold
+/// again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_in_a_burst_on_a_cluster_acknowledges_no_hold_after_it() {
     let tmp = tempfile::tempdir().unwrap();
     let lay = layout(tmp.path());
     let Layout { addrs, .. } = &lay;
-    let mut nodes: Vec<Node> = (0..3).map(|i| lay.start(i)).collect();
-    for n in &nodes {
-        n.wait_ready();
-    }
+    let mut nodes = lay.start_ready(3);
     let l = leader(&nodes).await;
     let follower = (l + 1) % 3;
     let spec = ga_event("burst", 50_000);

@@ -297,6 +297,15 @@ impl Layout {
         self.start_with(i, &[])
     }
 
+    /// Starts nodes `0..n` and waits until each serves.
+    pub fn start_ready(&self, n: usize) -> Vec<Node> {
+        let nodes: Vec<Node> = (0..n).map(|i| self.start(i)).collect();
+        for node in &nodes {
+            node.wait_ready();
+        }
+        nodes
+    }
+
     /// Starts node `i` with `extra` flags.
     pub fn start_with(&self, i: usize, extra: &[&str]) -> Node {
         let id = i as u64 + 1;
