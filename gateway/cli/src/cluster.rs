@@ -42,29 +42,9 @@ impl Target {
 
     /// A channel to the target that sends the admin key with every call.
     pub(crate) async fn authed(&self) -> anyhow::Result<boxoffice_client::Authed> {
-        authed(&self.target, &self.admin_key, self.ca_cert.as_deref()).await
+        boxoffice_drill::changes::authed(&self.target, &self.admin_key, self.ca_cert.as_deref())
+            .await
     }
-}
-
-/// A channel to `target` (trusting the CA certificate at `ca` for `https://`) that sends `key`
-/// with every call.
-pub(crate) async fn authed(
-    target: &str,
-    key: &str,
-    ca: Option<&std::path::Path>,
-) -> anyhow::Result<boxoffice_client::Authed> {
-    let channel = match ca {
-        Some(ca) => {
-            let pem = std::fs::read(ca)
-                .map_err(|e| UsageError::new(format!("--ca-cert {}: {e}", ca.display())))?;
-            boxoffice_client::connect_tls(target, &pem).await?
-        }
-        None => boxoffice_client::connect(target).await?,
-    };
-    Ok(tonic::service::interceptor::InterceptedService::new(
-        channel,
-        boxoffice_client::Bearer::new(key)?,
-    ))
 }
 
 /// The subcommands of `boxoffice cluster`.

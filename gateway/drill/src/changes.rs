@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use boxoffice_proto::v1 as pb;
 
+use crate::secret::UsageError;
+
 /// How long a following reader keeps trying to reach a node again before it gives up.
 pub const RECONNECT_FOR: Duration = Duration::from_secs(60);
 
@@ -85,22 +87,32 @@ pub async fn follow(
     unreachable!("targets cycle")
 }
 
-async fn connect(
-    f: &Follow,
+/// A channel to `target` (trusting the CA certificate at `ca` for `https://`; one that cannot
+/// be read is a [`UsageError`]) that sends `key` with every call.
+pub async fn authed(
     target: &str,
-) -> anyhow::Result<pb::change_service_client::ChangeServiceClient<boxoffice_client::Authed>> {
-    let channel = match &f.ca_cert {
+    key: &str,
+    ca: Option<&std::path::Path>,
+) -> anyhow::Result<boxoffice_client::Authed> {
+    let channel = match ca {
         Some(ca) => {
             let pem = std::fs::read(ca)
-                .map_err(|e| anyhow::anyhow!("the CA certificate {}: {e}", ca.display()))?;
+                .map_err(|e| UsageError::new(format!("--ca-cert {}: {e}", ca.display())))?;
             boxoffice_client::connect_tls(target, &pem).await?
         }
         None => boxoffice_client::connect(target).await?,
     };
-    let authed = tonic::service::interceptor::InterceptedService::new(
+    Ok(tonic::service::interceptor::InterceptedService::new(
         channel,
-        boxoffice_client::Bearer::new(&f.key)?,
-    );
+        boxoffice_client::Bearer::new(key)?,
+    ))
+}
+
+async fn connect(
+    f: &Follow,
+    target: &str,
+) -> anyhow::Result<pb::change_service_client::ChangeServiceClient<boxoffice_client::Authed>> {
+    let authed = authed(target, &f.key, f.ca_cert.as_deref()).await?;
     Ok(pb::change_service_client::ChangeServiceClient::new(authed)
         .max_decoding_message_size(boxoffice_gateway::limits::MESSAGE_BYTES_MAX))
 }
