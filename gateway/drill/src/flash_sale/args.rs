@@ -24,8 +24,8 @@ pub struct FlashSaleArgs {
     // Old name (hidden, still accepted): `--admit-rate`.
     #[arg(long, alias = "admit-rate", default_value_t = 20_000)]
     pub admit_rate_per_second: u32,
-    /// Fans in flight at once (concurrent client tasks).
-    #[arg(long, default_value_t = 2_048)]
+    /// Fans in flight at once (concurrent clients; the fans who have arrived wait for one).
+    #[arg(long, default_value_t = 1_024)]
     pub concurrency: usize,
     /// Hold TTL in seconds (the event's `hold_ttl_seconds`): walked-away holds come back after
     /// this.

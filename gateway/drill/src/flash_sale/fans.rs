@@ -1,4 +1,6 @@
-//! The fans: one task per fan, started at its arrival, from the waiting room to tickets (or not).
+//! The fans, from the waiting room to tickets (or not): `--concurrency` client tasks, each
+//! taking the next fan in arrival order once it has arrived (a fan waits for a free client as
+//! it would for a free slot), so a million fans cost the load generator no task each.
 //!
 //! A fan joins the line (first solving the event's join challenge, if it asks for a proof of
 //! work) and polls until admitted, holds 1 to 4 places (exact seats picked from
@@ -23,7 +25,7 @@ use boxoffice_client::{Bearer, Clients, Idempotent, Retry, is_overloaded};
 use boxoffice_proto::v1 as pb;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::sync::Semaphore;
 use tonic::transport::Channel;
 
 use super::args::FlashSaleArgs;
@@ -56,6 +58,7 @@ pub(crate) struct SaleEvent {
 
 /// When each fan arrives: the pre-opening share spread over 80% of the time before the
 /// opening, the rest evenly over `--arrival-seconds` after it.
+#[derive(Clone, Copy)]
 pub(crate) struct Arrivals {
     started: Instant,
     opens_in: Duration,
@@ -97,7 +100,6 @@ pub(crate) struct Crowd {
     pub event: SaleEvent,
     /// Fans with a lower index joined before the opening.
     pub preopen: usize,
-    slots: Semaphore,
     /// Fans solving a join challenge at once: one per core (the hash search is all CPU).
     solvers: Arc<Semaphore>,
     /// Per node, the channels to it (one node unless the sale runs against a cluster).
@@ -125,7 +127,6 @@ impl Crowd {
     ) -> Crowd {
         Crowd {
             preopen: args.preopen(),
-            slots: Semaphore::new(args.concurrency),
             solvers: Arc::new(Semaphore::new(
                 std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
             )),
@@ -142,27 +143,51 @@ impl Crowd {
     }
 }
 
-/// Starts one task per fan at its arrival and waits for all of them. A fan waiting for a slot
-/// is a small task (an `Arc` and a semaphore wait); its clients and its call futures (about
-/// 6 KB) are made and boxed only once it has a slot, so a million arrived fans stay cheap.
+/// Runs every fan, each from its arrival: `--concurrency` clients take the fans in arrival
+/// order (a fan not yet arrived is waited for), and count the fans arrived as time goes. A fan
+/// who waits on the waitlist does so on a task of its own, its client free for the next fan.
 pub(crate) async fn arrive(crowd: Arc<Crowd>, arrivals: &Arrivals) -> anyhow::Result<()> {
-    let mut fans = tokio::task::JoinSet::new();
-    for i in 0..crowd.args.fans {
-        tokio::time::sleep_until(arrivals.at(i).into()).await;
-        crowd.tally.arrived.store(i + 1, Ordering::Relaxed);
-        let crowd = crowd.clone();
-        fans.spawn(async move {
-            let in_sale = InSale(crowd.tally.clone());
-            let Ok(slot) = crowd.slots.acquire().await else {
-                return;
-            };
-            Box::pin(one_fan(&crowd, i, slot, in_sale)).await;
+    let fans = crowd.args.fans;
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut clients = tokio::task::JoinSet::new();
+    for _ in 0..crowd.args.concurrency.clamp(1, fans.max(1)) {
+        let (crowd, next, arrivals) = (crowd.clone(), next.clone(), *arrivals);
+        clients.spawn(async move {
+            let mut waitlisters = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= crowd.args.fans {
+                    break;
+                }
+                let at = arrivals.at(i);
+                if at > Instant::now() {
+                    tokio::time::sleep_until(at.into()).await;
+                }
+                if let Some(w) = Box::pin(one_fan(&crowd, i)).await {
+                    waitlisters.push(tokio::spawn(w.wait(crowd.clone())));
+                }
+            }
+            for w in waitlisters {
+                w.await.context("a fan on the waitlist panicked")?;
+            }
+            anyhow::Ok(())
         });
-        // Reap finished fans as we go, so the set stays small.
-        while fans.try_join_next().is_some() {}
     }
-    while let Some(r) = fans.join_next().await {
-        r.context("a fan task panicked")?;
+    // The fans arrived so far, for the progress lines and the plot.
+    let mut arrived = 0;
+    while arrived < fans {
+        let now = Instant::now();
+        while arrived < fans && arrivals.at(arrived) <= now {
+            arrived += 1;
+        }
+        crowd.tally.arrived.store(arrived, Ordering::Relaxed);
+        if arrived < fans {
+            let at = arrivals.at(arrived).max(now + Duration::from_millis(1));
+            tokio::time::sleep_until(at.into()).await;
+        }
+    }
+    while let Some(r) = clients.join_next().await {
+        r.context("a fan's client panicked")??;
     }
     Ok(())
 }
@@ -252,21 +277,59 @@ impl Drop for InSale {
     }
 }
 
-/// Fan `i` once it has a slot: the waiting room, a hold, payment, maybe the waitlist (outside
-/// its slot, which waiting would hog).
-async fn one_fan(crowd: &Crowd, i: usize, slot: SemaphorePermit<'_>, in_sale: InSale) {
+/// Fan `i`, on a client: the waiting room, a hold, payment; or, turned away, what its wait on
+/// the waitlist needs (waiting there would hog the client).
+async fn one_fan(crowd: &Crowd, i: usize) -> Option<Waitlister> {
+    let in_sale = InSale(crowd.tally.clone());
     let mut fan = Fan::new(crowd, i);
     let mut outcome = fan.buy().await;
     drop(in_sale);
-    drop(slot);
     if let Some((quantity, admission)) = outcome.waitlist.take() {
-        outcome.tickets = fan.wait_on_waitlist(quantity, &admission).await;
+        return Some(Waitlister {
+            i,
+            at: fan.at.load(Ordering::Relaxed),
+            told: fan.told,
+            in_line: fan.in_line,
+            quantity,
+            admission,
+        });
     }
-    if !outcome.tickets.is_empty() {
-        if let Ok(mut t) = crowd.tickets.lock() {
-            t.extend(outcome.tickets);
+    crowd.bought(outcome.tickets);
+    None
+}
+
+/// A fan turned away who waits on the waitlist: where it stood when it left its client.
+struct Waitlister {
+    i: usize,
+    at: usize,
+    told: bool,
+    in_line: Option<String>,
+    quantity: u32,
+    admission: String,
+}
+
+impl Waitlister {
+    /// Waits on the waitlist, and buys what it offers while the sale lasts.
+    async fn wait(self, crowd: Arc<Crowd>) {
+        let mut fan = Fan::new(&crowd, self.i);
+        fan.at = AtomicUsize::new(self.at);
+        fan.told = self.told;
+        fan.in_line = self.in_line;
+        let tickets = fan.wait_on_waitlist(self.quantity, &self.admission).await;
+        crowd.bought(tickets);
+    }
+}
+
+impl Crowd {
+    /// Keeps the tickets a fan bought (and when the last were bought).
+    fn bought(&self, tickets: Vec<Ticket>) {
+        if tickets.is_empty() {
+            return;
         }
-        if let Ok(mut l) = crowd.last_sale.lock() {
+        if let Ok(mut t) = self.tickets.lock() {
+            t.extend(tickets);
+        }
+        if let Ok(mut l) = self.last_sale.lock() {
             *l = Some(Instant::now());
         }
     }

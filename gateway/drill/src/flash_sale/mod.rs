@@ -129,9 +129,12 @@ impl Servers {
     }
 }
 
-/// Channels to each of `targets`: eight to one server, four to each node of a cluster.
+/// Channels to each of `targets`: two to one server, four to each node of a cluster. Few
+/// connections carry many calls each, and each write then carries the frames of many: on two
+/// shared cores the million-fan sale ran about a fifth faster on two connections than on
+/// eight (BENCHMARKS.md, "The mega onsale").
 async fn connect_all(targets: &[String]) -> anyhow::Result<Vec<Vec<tonic::transport::Channel>>> {
-    let per_node = if targets.len() == 1 { 8 } else { 4 };
+    let per_node = if targets.len() == 1 { 2 } else { 4 };
     let mut nodes = Vec::new();
     for target in targets {
         let mut channels = Vec::new();

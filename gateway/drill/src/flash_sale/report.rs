@@ -493,7 +493,10 @@ impl Report {
             (
                 "last place sold after",
                 match self.sold_out_after_seconds {
-                    Some(s) => format!("{s:.2} s"),
+                    Some(s) => format!(
+                        "{s:.2} s (the sale ended {:.2} s later)",
+                        (self.sale_seconds - s).max(0.0)
+                    ),
                     None => format!(
                         "not sold out ({} free, {} held at the end)",
                         self.available, self.held
