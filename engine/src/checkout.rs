@@ -343,12 +343,14 @@ impl Checkout {
                     && let Some(hold) = crate::refunds::hold_of(&refunded)
                 {
                     let user = self.booking.get_hold(&hold).await.ok().map(|h| h.user_id);
-                    self.kernel.note_change(crate::changes::refunded(
-                        (&refunded.payment_id, refunded.amount_cents),
-                        &hold,
-                        user,
-                        self.kernel.now_ms(),
-                    ));
+                    self.kernel
+                        .note_change(crate::changes::refunded(
+                            (&refunded.payment_id, refunded.amount_cents),
+                            &hold,
+                            user,
+                            self.kernel.now_ms(),
+                        ))
+                        .await;
                 }
                 metrics::counter!("boxoffice_checkout_refunds_total").increment(1)
             }

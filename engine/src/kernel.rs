@@ -67,13 +67,17 @@ impl Kernel {
         crate::store::read_changes(self.store.sink.as_ref(), after, readable, max)
     }
 
-    /// Tells the change stream of `change` (one without a record of its own: a refund), with
-    /// the next group commit.
-    pub(crate) fn note_change(&self, change: Option<crate::changes::Change>) {
+    /// Tells the change stream of `change` (one without a record of its own: a refund), and
+    /// waits until the group commit that writes it is durable: the provider has refunded
+    /// already, so only a crash within that one commit can lose the note.
+    pub(crate) async fn note_change(&self, change: Option<crate::changes::Change>) {
         if let Some(change) = change
             && let Some(noted) = crate::changes::Noted::of(&[change])
         {
             self.store.submit(crate::store::Job::Note(noted));
+            if let Err(e) = self.store.barrier().await {
+                tracing::warn!(error = %e, "a refund's change may not be in the change stream");
+            }
         }
     }
 

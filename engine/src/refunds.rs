@@ -200,12 +200,14 @@ impl Refunds {
             .ok()
             .and_then(|core| core.hold_view(hold))
             .map(|h| h.user_id);
-        self.kernel.note_change(crate::changes::refunded(
-            (&refunded.payment_id, refunded.amount_cents),
-            hold,
-            user,
-            self.kernel.now_ms(),
-        ));
+        self.kernel
+            .note_change(crate::changes::refunded(
+                (&refunded.payment_id, refunded.amount_cents),
+                hold,
+                user,
+                self.kernel.now_ms(),
+            ))
+            .await;
         metrics::counter!("boxoffice_refunds_total", "cause" => "charge_without_sale").increment(1);
         tracing::info!(payment = %charge.payment_id, hold = %hold, amount_cents = charge.amount_cents,
             "refunded a captured charge whose hold ended without an order");

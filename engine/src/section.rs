@@ -710,7 +710,7 @@ pub(crate) fn notify(notices: &Notices, notice: Notice) {
 }
 
 /// The changes a section's records made, from its core once they are applied.
-fn changes_of(core: &SectionCore, records: &[SectionRecord]) -> Vec<Change> {
+pub(crate) fn changes_of(core: &SectionCore, records: &[SectionRecord]) -> Vec<Change> {
     let event_id = core.event_id();
     let hold = |hold_id: &HoldId| core.hold_view(hold_id);
     records

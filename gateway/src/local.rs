@@ -279,10 +279,13 @@ async fn serve<R: Unary>(
 async fn here<R: Unary>(groups: Groups, g: u32, req: R) -> Result<R::Answer, Status> {
     let mut req = tonic::Request::new(req);
     req.extensions_mut().insert(GroupOf(g as usize));
+    // As the gRPC face's `held`: a leader's read or refusal waits for the fence of the engine
+    // that answered (taken before the call: an engine stopped meanwhile has left its slot).
+    let before = crate::node::reads::fence_of(&groups, g as usize);
     let answer = R::serve(groups.clone(), req).await;
-    // As the gRPC face's `ReadsLayer`: a leader's read or refusal waits for its fence.
     let answered = tokio::time::Instant::now();
-    crate::node::reads::settle(&groups, g as usize, R::PATH, answer.is_err(), answered).await?;
+    let fence = before.or_else(|| crate::node::reads::fence_of(&groups, g as usize));
+    crate::node::reads::settle(fence, R::PATH, answer.is_err(), answered).await?;
     answer.map(tonic::Response::into_inner)
 }
 

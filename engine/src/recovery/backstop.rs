@@ -93,8 +93,10 @@ pub(super) fn recover_backstop(
 /// such a seat is released first), recorded in their sections' logs; their claims stay. In a
 /// section whose records may be lost (its stream damaged, or claims missing anywhere), every live
 /// hold may have been paid for in the lost records: its places leave the sale too, claimed for
-/// it. A claim no section can withdraw is kept and remembered as accepted.
+/// it. A claim no section can withdraw is kept and remembered as accepted. What was withdrawn
+/// and released goes to the change stream too.
 pub(super) fn withdraw_orphans(
+    sink: &dyn LogSink,
     cores: &mut HashMap<(EventId, SectionId), (SectionCore, u64)>,
     check: &mut Check,
     now_ms: u64,
@@ -136,6 +138,43 @@ pub(super) fn withdraw_orphans(
         ));
         check.accepted_claims.push(key);
     }
+    note_changes(sink, check)
+}
+
+/// Appends what accepted damage changed to the change stream, numbered after what it holds and
+/// after the superblock's mark (as the live stream goes on), the mark raised over it.
+fn note_changes(sink: &dyn LogSink, check: &mut Check) -> Result<(), StorageError> {
+    let changes = std::mem::take(&mut check.changes);
+    let Some(noted) = crate::changes::Noted::of(&changes) else {
+        return Ok(());
+    };
+    let acknowledged = check.marks.of(names::CHANGES);
+    let mut log = crate::store::ChangeLog::open(sink, std::time::Duration::MAX, acknowledged)?;
+    for (seq, bytes) in log.seal(vec![noted]) {
+        check.repairs.push(Repair::Append {
+            stream: names::CHANGES.to_owned(),
+            seq,
+            bytes,
+        });
+        match check
+            .found
+            .streams
+            .iter_mut()
+            .find(|s| s.stream == names::CHANGES)
+        {
+            Some(s) => s.last = s.last.max(seq),
+            None => check.found.streams.push(crate::integrity::StreamSummary {
+                stream: names::CHANGES.to_owned(),
+                last: seq,
+                ..Default::default()
+            }),
+        }
+    }
+    check.found.actions.push(format!(
+        "stream `{}`: told the change stream of {} changes the withdrawals made",
+        names::CHANGES,
+        changes.len()
+    ));
     Ok(())
 }
 
@@ -153,6 +192,10 @@ pub(super) fn append_withdrawal(
         core.apply(&record)
             .map_err(|e| corrupt(name, *last_seq + 1, e))?;
         *last_seq += 1;
+        check.changes.extend(crate::section::changes_of(
+            core,
+            std::slice::from_ref(&record),
+        ));
         match &record {
             SectionRecord::HoldReleased { hold_id, .. } => check.found.actions.push(format!(
                 "stream `{name}`: released hold {hold_id} to take its places out of sale"

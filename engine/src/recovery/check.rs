@@ -24,6 +24,9 @@ pub(crate) struct Check {
     pub(super) trusted: bool,
     /// The streams the log has, listed once at the first read.
     pub(super) stored: Option<BTreeSet<String>>,
+    /// What accepted damage changed (places withdrawn, holds released for it), for the change
+    /// stream.
+    pub(super) changes: Vec<crate::changes::Change>,
 }
 
 impl Check {
@@ -38,6 +41,7 @@ impl Check {
             accepted_claims: Vec::new(),
             trusted: !sink.atomic_records(),
             stored: None,
+            changes: Vec::new(),
         }
     }
 

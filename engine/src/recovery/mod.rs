@@ -119,7 +119,7 @@ pub(crate) fn recover(
     let mut replayed = replay(sink, with.window_ms, &mut check, report)?;
     check.refuse_if_damaged()?;
     if with.mode == RecoveryMode::AcceptDamage {
-        withdraw_orphans(&mut replayed.cores, &mut check, with.now_ms)?;
+        withdraw_orphans(sink, &mut replayed.cores, &mut check, with.now_ms)?;
     }
     if with.replicated && !check.repairs.is_empty() {
         return Err(StorageError::Damaged {

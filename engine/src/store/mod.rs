@@ -33,7 +33,7 @@ use tokio::sync::mpsc;
 use crate::changes::Noted;
 use crate::codec;
 use crate::error::StorageError;
-use change_log::ChangeLog;
+pub(crate) use change_log::ChangeLog;
 
 mod batch;
 mod change_log;
@@ -152,7 +152,7 @@ pub(crate) struct Append {
 pub(crate) enum Job {
     Append(Append),
     /// Changes without records of their own (a refund: the payment provider keeps its
-    /// record), for the change stream, written with the next group commit.
+    /// record), for the change stream, written with the next group commit (the noter waits on a barrier after it).
     Note(Noted),
     Checkpoint {
         stream: Arc<dyn StreamSink>,

@@ -731,8 +731,11 @@ async fn a_leader_cut_off_from_its_majority_stops_answering() {
         signal(&nodes[*f], "-STOP");
     }
     // Its reads are linearizable (issue 27): from the first read after the followers hang, it
-    // cannot show that it still leads, so it answers NOT_READY, never from its engine's state.
-    for _ in 0..5 {
+    // cannot show that it still leads, so it answers NOT_READY, never from its engine's state:
+    // for 6 s, across the moment its lease runs out (3 s) and its engine stops (an answer the
+    // engine made just before it stopped still waits for that engine's fence).
+    let hung = std::time::Instant::now();
+    while hung.elapsed() < Duration::from_secs(6) {
         let answer = tokio::time::timeout(
             Duration::from_secs(5),
             on_leader.events.get_event(get.clone()),

@@ -63,17 +63,20 @@ pub fn waits(path: &str, refused: bool) -> bool {
     refused || ALWAYS.contains(&path)
 }
 
-/// The fence of group `g`'s engine, if this node leads the group with one.
-fn fence_of(groups: &Groups, g: usize) -> Option<std::sync::Arc<ReadFence>> {
+/// The fence of group `g`'s engine, if this node leads the group with one. Taken before the
+/// call it fences (and again after it, should the engine have opened meanwhile): an engine
+/// stopped while its answer waited (its lease lost) is gone from the group's slot by then,
+/// and its answer must still wait for its fence, never pass unfenced.
+pub fn fence_of(groups: &Groups, g: usize) -> Option<std::sync::Arc<ReadFence>> {
     groups.get(g)?.get()?.fence.clone()
 }
 
-/// Waits, for an answer of `path` made at `answered` by group `g`'s engine here, until this
-/// node is known to have led the group after that moment; `NOT_READY` if it cannot be shown
-/// (the answer is then not given: the caller retries, at the leader).
+/// Waits, for an answer of `path` made at `answered` by the engine whose fence is `fence`
+/// (taken with [`fence_of`] before the call), until this node is known to have led the group
+/// after that moment; `NOT_READY` if it cannot be shown (the answer is then not given: the
+/// caller retries, at the leader).
 pub async fn settle(
-    groups: &Groups,
-    g: usize,
+    fence: Option<std::sync::Arc<ReadFence>>,
     path: &str,
     refused: bool,
     answered: Instant,
@@ -81,7 +84,7 @@ pub async fn settle(
     if !waits(path, refused) {
         return Ok(());
     }
-    let Some(fence) = fence_of(groups, g) else {
+    let Some(fence) = fence else {
         return Ok(());
     };
     match fence.confirm(answered).await {
@@ -115,9 +118,11 @@ pub async fn held<E>(
     path: &str,
     call: impl Future<Output = Result<http::Response<Body>, E>>,
 ) -> Result<http::Response<Body>, E> {
+    let before = fence_of(groups, g);
     let res = call.await?;
     let answered = Instant::now();
-    match settle(groups, g, path, refused(&res), answered).await {
+    let fence = before.or_else(|| fence_of(groups, g));
+    match settle(fence, path, refused(&res), answered).await {
         Ok(()) => Ok(res),
         Err(status) => Ok(status.into_http()),
     }

@@ -359,6 +359,35 @@ async fn check_log_lists_damage_and_accept_damage_starts_and_remembers() {
         .filter(|d| matches!(d, Damage::OrphanClaim { .. }))
         .count();
     assert_eq!(withdrawn, orphans, "{:#?}", report.integrity.actions);
+    // The change stream tells what the withdrawals did: it ends with every place withdrawn
+    // and every hold released to take its places out of sale, as the report lists them.
+    let actions = &report.integrity.actions;
+    let seats_withdrawn = actions
+        .iter()
+        .filter(|a| a.contains("withdrew seat"))
+        .count();
+    let released = actions
+        .iter()
+        .filter(|a| a.contains("released hold"))
+        .count();
+    assert!(seats_withdrawn > 0);
+    let all = crate::changes::read_all(&engine, None, 1_000);
+    use boxoffice_engine::changes::ChangeKind;
+    let withdrawals = all
+        .iter()
+        .filter(|(_, c)| matches!(c.kind, ChangeKind::PlacesWithdrawn { .. }))
+        .count();
+    let noted = withdrawals + released;
+    assert!(all.len() >= noted);
+    let mut told = (0, 0);
+    for (_, c) in &all[all.len() - noted..] {
+        match &c.kind {
+            ChangeKind::PlacesWithdrawn { quantity, .. } => told.0 += *quantity as usize,
+            ChangeKind::HoldReleased(_) => told.1 += 1,
+            other => panic!("the withdrawals' changes end the stream: {other:?}"),
+        }
+    }
+    assert_eq!(told, (seats_withdrawn, released), "{actions:#?}");
     // Records were lost: every hold still live may have been paid for in them, so none is
     // left live and their places are out of sale too.
     for s in &engine.event(&EventId::from("show")).unwrap().sections {
