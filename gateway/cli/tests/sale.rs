@@ -6,7 +6,7 @@
 //! And a pause in the middle of a burst of holds through every node acknowledges none after it;
 //! and under a line polling through every node, a rate change is in force within a second,
 //! queue-all admits nobody, the line hears it sold out within 5 s and waits again after a
-//! release.
+//! release, on a cluster and on one node (`serve` without a cluster, `Layout::start_single`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a failed unwrap is a failed test
 
@@ -55,21 +55,30 @@ async fn hold_through(
     .await
 }
 
-/// Three nodes started on `tmp`, with event `spec` created through the leader: the nodes, their
-/// addresses, the leader's and a follower's index.
-async fn three_with(
+/// Three nodes started on `tmp` (or one, not a cluster, if `single`), with event `spec`
+/// created through the leader: the nodes, their addresses, the leader's and a follower's index
+/// (on one node, itself).
+async fn started_with(
     tmp: &std::path::Path,
     spec: pb::CreateEventRequest,
+    single: bool,
 ) -> (Vec<common::Node>, Vec<String>, usize, usize) {
     let lay = layout(tmp);
-    let nodes = lay.start_ready(3);
-    let l = leader(&nodes).await;
-    Clients::new(&channel(&lay.addrs[l]), &Bearer::new(ADMIN).unwrap())
+    let (nodes, addrs) = if single {
+        let node = lay.start_single(0);
+        node.wait_ready();
+        (vec![node], vec![lay.addrs[0].clone()])
+    } else {
+        (lay.start_ready(3), lay.addrs.clone())
+    };
+    let l = if single { 0 } else { leader(&nodes).await };
+    Clients::new(&channel(&addrs[l]), &Bearer::new(ADMIN).unwrap())
         .events
         .create_event(spec)
         .await
         .unwrap();
-    (nodes, lay.addrs, l, (l + 1) % 3)
+    let follower = (l + 1) % nodes.len();
+    (nodes, addrs, l, follower)
 }
 
 /// `boxoffice sale ARGS` against `target`: its exit code and its output.
@@ -227,7 +236,8 @@ async fn taken(clients: &[Clients], first: usize, e: &str) -> u32 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_in_a_burst_on_a_cluster_acknowledges_no_hold_after_it() {
     let tmp = tempfile::tempdir().unwrap();
-    let (mut nodes, addrs, l, follower) = three_with(tmp.path(), ga_event("burst", 50_000)).await;
+    let (mut nodes, addrs, l, follower) =
+        started_with(tmp.path(), ga_event("burst", 50_000), false).await;
     let clients = std::sync::Arc::new(common::clients_of(&addrs));
     let tokens = common::admit_to(&mut clients[l].clone(), "burst", 12).await;
     let agents: Vec<_> = tokens
@@ -401,6 +411,16 @@ fn admitted_in(seen: &[std::sync::Mutex<InLine>], from: u64, to: u64) -> usize {
 /// `QUEUE_STATE_SOLD_OUT` within 5 s, and is `WAITING` again once a hold is released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_line_on_a_cluster_keeps_the_pace_queues_everyone_and_hears_sold_out() {
+    line_under_load(false).await;
+}
+
+/// The same on one node (no cluster), polled through its one address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_line_on_one_node_keeps_the_pace_queues_everyone_and_hears_sold_out() {
+    line_under_load(true).await;
+}
+
+async fn line_under_load(single: bool) {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::{Arc, Mutex};
     const FANS: usize = 400;
@@ -409,7 +429,7 @@ async fn the_line_on_a_cluster_keeps_the_pace_queues_everyone_and_hears_sold_out
     let mut spec = ga_event("pace", PLACES);
     spec.admit_rate_per_second = 10;
     spec.per_user_limit = 1;
-    let (mut nodes, addrs, _, follower) = three_with(tmp.path(), spec).await;
+    let (mut nodes, addrs, _, follower) = started_with(tmp.path(), spec, single).await;
     let clients = Arc::new(common::clients_of(&addrs));
     let tally = AtomicU64::new(0);
     let mut queues = Vec::new();

@@ -306,6 +306,21 @@ impl Layout {
         nodes
     }
 
+    /// Starts a single node (no cluster: the embedded default's `serve`) on node `i`'s
+    /// addresses and data dir.
+    pub fn start_single(&self, i: usize) -> Node {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_boxoffice"));
+        cmd.args(["serve", "--listen", &self.addrs[i]])
+            .args(["--metrics-listen", &self.metrics[i]])
+            .arg("--data-dir")
+            .arg(&self.dirs[i])
+            .args(["--admin-key", ADMIN, "--client-key", CLIENT])
+            .args(["--token-secret", "cluster-test-token-secret"])
+            .env("RUST_LOG", "warn")
+            .stderr(Stdio::null());
+        Node::spawn(i as u64 + 1, &self.metrics[i], &mut cmd)
+    }
+
     /// Starts node `i` with `extra` flags.
     pub fn start_with(&self, i: usize, extra: &[&str]) -> Node {
         let id = i as u64 + 1;
