@@ -68,8 +68,9 @@ impl Kernel {
     }
 
     /// Tells the change stream of `change` (one without a record of its own: a refund), and
-    /// waits until the group commit that writes it is durable: the provider has refunded
-    /// already, so only a crash within that one commit can lose the note.
+    /// waits until the group commit that writes it is done (synced with `Sync` durability,
+    /// committed on a cluster): the provider has refunded already, so only a crash within that
+    /// one commit can lose the note.
     pub(crate) async fn note_change(&self, change: Option<crate::changes::Change>) {
         if let Some(change) = change
             && let Some(noted) = crate::changes::Noted::of(&[change])

@@ -279,13 +279,23 @@ async fn serve<R: Unary>(
 async fn here<R: Unary>(groups: Groups, g: u32, req: R) -> Result<R::Answer, Status> {
     let mut req = tonic::Request::new(req);
     req.extensions_mut().insert(GroupOf(g as usize));
-    // As the gRPC face's `held`: a leader's read or refusal waits for the fence of the engine
-    // that answered (taken before the call: an engine stopped meanwhile has left its slot).
-    let before = crate::node::reads::fence_of(&groups, g as usize);
-    let answer = R::serve(groups.clone(), req).await;
+    fenced(&groups, g, R::PATH, R::serve(groups.clone(), req)).await
+}
+
+/// `call`'s answer, served here as group `g`'s, once it may be given: as the gRPC face's
+/// `held`, a leader's read or refusal waits for the fence of the engine that answered (taken
+/// before the call: an engine stopped meanwhile has left its slot).
+async fn fenced<T>(
+    groups: &Groups,
+    g: u32,
+    path: &str,
+    call: impl std::future::Future<Output = Result<tonic::Response<T>, Status>>,
+) -> Result<T, Status> {
+    let before = crate::node::reads::fence_of(groups, g as usize);
+    let answer = call.await;
     let answered = tokio::time::Instant::now();
-    let fence = before.or_else(|| crate::node::reads::fence_of(&groups, g as usize));
-    crate::node::reads::settle(fence, R::PATH, answer.is_err(), answered).await?;
+    let fence = before.or_else(|| crate::node::reads::fence_of(groups, g as usize));
+    crate::node::reads::settle(fence, path, answer.is_err(), answered).await?;
     answer.map(tonic::Response::into_inner)
 }
 
@@ -312,10 +322,14 @@ async fn list_in(
         _ => {
             let mut req = tonic::Request::new(req);
             req.extensions_mut().insert(GroupOf(g as usize));
-            EventSvc(groups)
-                .list_events(req)
-                .await
-                .map(tonic::Response::into_inner)
+            // A leader's page waits for its engine's fence, as in `here`.
+            fenced(
+                &groups,
+                g,
+                LIST_EVENTS,
+                EventSvc(groups.clone()).list_events(req),
+            )
+            .await
         }
     }
 }

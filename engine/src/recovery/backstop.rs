@@ -148,8 +148,17 @@ fn note_changes(sink: &dyn LogSink, check: &mut Check) -> Result<(), StorageErro
     let Some(noted) = crate::changes::Noted::of(&changes) else {
         return Ok(());
     };
+    // After the last record the check kept (a torn last record is about to be dropped) and
+    // after the superblock's mark.
+    let kept = check
+        .found
+        .streams
+        .iter()
+        .find(|s| s.stream == names::CHANGES)
+        .map_or(0, |s| s.last);
     let acknowledged = check.marks.of(names::CHANGES);
     let mut log = crate::store::ChangeLog::open(sink, std::time::Duration::MAX, acknowledged)?;
+    log.continue_after(kept.max(acknowledged));
     for (seq, bytes) in log.seal(vec![noted]) {
         check.repairs.push(Repair::Append {
             stream: names::CHANGES.to_owned(),

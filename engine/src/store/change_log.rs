@@ -169,6 +169,13 @@ impl ChangeLog {
         })
     }
 
+    /// Numbers the next record after `last` (and after what the stream has trimmed) instead
+    /// of after what the stream holds now: recovery's own count, which leaves out a torn
+    /// last record it is about to drop.
+    pub fn continue_after(&mut self, last: u64) {
+        self.next_seq = last.max(self.first_kept - 1) + 1;
+    }
+
     /// The stream.
     pub fn stream(&self) -> &Arc<dyn StreamSink> {
         &self.stream

@@ -25,7 +25,8 @@ pub struct FlashSaleArgs {
     #[arg(long, alias = "admit-rate", default_value_t = 20_000)]
     pub admit_rate_per_second: u32,
     /// Fans in flight at once (concurrent clients; the fans who have arrived wait for one).
-    #[arg(long, default_value_t = 1_024)]
+    /// Against one server, one connection per 256 (the server's streams per connection).
+    #[arg(long, default_value_t = 512)]
     pub concurrency: usize,
     /// Hold TTL in seconds (the event's `hold_ttl_seconds`): walked-away holds come back after
     /// this.

@@ -287,6 +287,7 @@ async fn one_fan(crowd: &Crowd, i: usize) -> Option<Waitlister> {
     if let Some((quantity, admission)) = outcome.waitlist.take() {
         return Some(Waitlister {
             i,
+            rng: fan.rng,
             at: fan.at.load(Ordering::Relaxed),
             told: fan.told,
             in_line: fan.in_line,
@@ -301,6 +302,8 @@ async fn one_fan(crowd: &Crowd, i: usize) -> Option<Waitlister> {
 /// A fan turned away who waits on the waitlist: where it stood when it left its client.
 struct Waitlister {
     i: usize,
+    /// Its own draws go on where they were.
+    rng: StdRng,
     at: usize,
     told: bool,
     in_line: Option<String>,
@@ -312,6 +315,7 @@ impl Waitlister {
     /// Waits on the waitlist, and buys what it offers while the sale lasts.
     async fn wait(self, crowd: Arc<Crowd>) {
         let mut fan = Fan::new(&crowd, self.i);
+        fan.rng = self.rng;
         fan.at = AtomicUsize::new(self.at);
         fan.told = self.told;
         fan.in_line = self.in_line;

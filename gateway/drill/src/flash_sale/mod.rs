@@ -129,12 +129,21 @@ impl Servers {
     }
 }
 
-/// Channels to each of `targets`: two to one server, four to each node of a cluster. Few
-/// connections carry many calls each, and each write then carries the frames of many: on two
-/// shared cores the million-fan sale ran about a fifth faster on two connections than on
-/// eight (BENCHMARKS.md, "The mega onsale").
-async fn connect_all(targets: &[String]) -> anyhow::Result<Vec<Vec<tonic::transport::Channel>>> {
-    let per_node = if targets.len() == 1 { 2 } else { 4 };
+/// Channels to each of `targets`: to one server, as few as carry `concurrency` calls at the
+/// server's streams per connection (two at the default 512), four to each node of a cluster.
+/// Few connections carry many calls each, and each write then carries the frames of many: on
+/// two shared cores the million-fan sale ran about a fifth faster on two connections than on
+/// eight (BENCHMARKS.md, "The sale's tail").
+async fn connect_all(
+    targets: &[String],
+    concurrency: usize,
+) -> anyhow::Result<Vec<Vec<tonic::transport::Channel>>> {
+    let streams = boxoffice_gateway::limits::STREAMS_PER_CONNECTION_MAX as usize;
+    let per_node = if targets.len() == 1 {
+        concurrency.div_ceil(streams).max(1)
+    } else {
+        4
+    };
     let mut nodes = Vec::new();
     for target in targets {
         let mut channels = Vec::new();
@@ -200,7 +209,7 @@ fn replacer(servers: &Servers, args: &FlashSaleArgs, opening: Instant) -> Option
 async fn sale(args: FlashSaleArgs, mut servers: Servers) -> anyhow::Result<Report> {
     let targets = servers.targets();
     let bearer = Bearer::new(servers.admin_key())?;
-    let nodes = connect_all(&targets).await?;
+    let nodes = connect_all(&targets, args.concurrency).await?;
     let admins: Vec<Events> = nodes
         .iter()
         .map(|c| {
