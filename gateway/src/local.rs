@@ -283,20 +283,16 @@ async fn here<R: Unary>(groups: Groups, g: u32, req: R) -> Result<R::Answer, Sta
 }
 
 /// `call`'s answer, served here as group `g`'s, once it may be given: as the gRPC face's
-/// `held`, a leader's read or refusal waits for the fence of the engine that answered (taken
-/// before the call: an engine stopped meanwhile has left its slot).
+/// `held`, a leader's read or refusal waits for the fence of the engine that answered.
 async fn fenced<T>(
     groups: &Groups,
     g: u32,
     path: &str,
     call: impl std::future::Future<Output = Result<tonic::Response<T>, Status>>,
 ) -> Result<T, Status> {
-    let before = crate::node::reads::fence_of(groups, g as usize);
-    let answer = call.await;
-    let answered = tokio::time::Instant::now();
-    let fence = before.or_else(|| crate::node::reads::fence_of(groups, g as usize));
-    crate::node::reads::settle(fence, path, answer.is_err(), answered).await?;
-    answer.map(tonic::Response::into_inner)
+    crate::node::reads::fenced(groups, g as usize, path, call, |a| Some(a.is_err()))
+        .await?
+        .map(tonic::Response::into_inner)
 }
 
 /// Group `g`'s page of `ListEvents`: here, or at its leader.

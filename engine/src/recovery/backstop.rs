@@ -148,36 +148,33 @@ fn note_changes(sink: &dyn LogSink, check: &mut Check) -> Result<(), StorageErro
     let Some(noted) = crate::changes::Noted::of(&changes) else {
         return Ok(());
     };
-    // After the last record the check kept (a torn last record is about to be dropped) and
-    // after the superblock's mark.
-    let kept = check
+    // The stream's summary, whose mark `finish` writes: numbered after the last record the
+    // check kept (a torn last record is about to be dropped) and the superblock's mark.
+    let at = match check
         .found
         .streams
         .iter()
-        .find(|s| s.stream == names::CHANGES)
-        .map_or(0, |s| s.last);
+        .position(|s| s.stream == names::CHANGES)
+    {
+        Some(at) => at,
+        None => {
+            check.found.streams.push(crate::integrity::StreamSummary {
+                stream: names::CHANGES.to_owned(),
+                ..Default::default()
+            });
+            check.found.streams.len() - 1
+        }
+    };
     let acknowledged = check.marks.of(names::CHANGES);
     let mut log = crate::store::ChangeLog::open(sink, std::time::Duration::MAX, acknowledged)?;
-    log.continue_after(kept.max(acknowledged));
+    log.continue_after(check.found.streams[at].last.max(acknowledged));
     for (seq, bytes) in log.seal(vec![noted]) {
+        check.found.streams[at].last = seq;
         check.repairs.push(Repair::Append {
             stream: names::CHANGES.to_owned(),
             seq,
             bytes,
         });
-        match check
-            .found
-            .streams
-            .iter_mut()
-            .find(|s| s.stream == names::CHANGES)
-        {
-            Some(s) => s.last = s.last.max(seq),
-            None => check.found.streams.push(crate::integrity::StreamSummary {
-                stream: names::CHANGES.to_owned(),
-                last: seq,
-                ..Default::default()
-            }),
-        }
     }
     check.found.actions.push(format!(
         "stream `{}`: told the change stream of {} changes the withdrawals made",

@@ -152,7 +152,8 @@ pub(crate) struct Append {
 pub(crate) enum Job {
     Append(Append),
     /// Changes without records of their own (a refund: the payment provider keeps its
-    /// record), for the change stream, written with the next group commit (the noter waits on a barrier after it).
+    /// record), for the change stream, written with the next group commit (the noter waits
+    /// on a barrier after it).
     Note(Noted),
     Checkpoint {
         stream: Arc<dyn StreamSink>,

@@ -63,19 +63,15 @@ pub fn waits(path: &str, refused: bool) -> bool {
     refused || ALWAYS.contains(&path)
 }
 
-/// The fence of group `g`'s engine, if this node leads the group with one. Taken before the
-/// call it fences (and again after it, should the engine have opened meanwhile): an engine
-/// stopped while its answer waited (its lease lost) is gone from the group's slot by then,
-/// and its answer must still wait for its fence, never pass unfenced.
-pub fn fence_of(groups: &Groups, g: usize) -> Option<std::sync::Arc<ReadFence>> {
+/// The fence of group `g`'s engine, if this node leads the group with one.
+fn fence_of(groups: &Groups, g: usize) -> Option<std::sync::Arc<ReadFence>> {
     groups.get(g)?.get()?.fence.clone()
 }
 
-/// Waits, for an answer of `path` made at `answered` by the engine whose fence is `fence`
-/// (taken with [`fence_of`] before the call), until this node is known to have led the group
-/// after that moment; `NOT_READY` if it cannot be shown (the answer is then not given: the
-/// caller retries, at the leader).
-pub async fn settle(
+/// Waits, for an answer of `path` made at `answered` by the engine whose fence is `fence`,
+/// until this node is known to have led the group after that moment; `NOT_READY` if it cannot
+/// be shown (the answer is then not given: the caller retries, at the leader).
+async fn settle(
     fence: Option<std::sync::Arc<ReadFence>>,
     path: &str,
     refused: bool,
@@ -110,6 +106,29 @@ fn refused(res: &http::Response<Body>) -> bool {
         .is_some_and(|v| v.as_bytes() != b"0")
 }
 
+/// Serves `call`, a call of group `g` to `path` served here, and gives its answer once
+/// [`settle`] lets it go (else `NOT_READY`). `refused` says whether the answer is a refusal, or
+/// (`None`) no answer at all (nothing to hold). The fence is the engine's that answered: taken
+/// before the call (and after it, should the engine have opened meanwhile), since an engine
+/// stopped while its answer was on its way (its lease lost) has left the group's slot, and its
+/// answer must still wait for its fence, never pass unfenced.
+pub async fn fenced<T>(
+    groups: &Groups,
+    g: usize,
+    path: &str,
+    call: impl Future<Output = T>,
+    refused: impl FnOnce(&T) -> Option<bool>,
+) -> Result<T, Status> {
+    let before = fence_of(groups, g);
+    let answer = call.await;
+    let answered = Instant::now();
+    if let Some(refused) = refused(&answer) {
+        let fence = before.or_else(|| fence_of(groups, g));
+        settle(fence, path, refused, answered).await?;
+    }
+    Ok(answer)
+}
+
 /// Serves `call`, a gRPC call of group `g` to `path` served here (the forwarding layer's
 /// choice), and holds its answer until [`settle`] lets it go (else `NOT_READY` in its place).
 pub async fn held<E>(
@@ -118,14 +137,9 @@ pub async fn held<E>(
     path: &str,
     call: impl Future<Output = Result<http::Response<Body>, E>>,
 ) -> Result<http::Response<Body>, E> {
-    let before = fence_of(groups, g);
-    let res = call.await?;
-    let answered = Instant::now();
-    let fence = before.or_else(|| fence_of(groups, g));
-    match settle(fence, path, refused(&res), answered).await {
-        Ok(()) => Ok(res),
-        Err(status) => Ok(status.into_http()),
-    }
+    fenced(groups, g, path, call, |r| r.as_ref().ok().map(refused))
+        .await
+        .unwrap_or_else(|status| Ok(status.into_http()))
 }
 
 #[cfg(test)]
