@@ -43,6 +43,9 @@ ORDER=$(curl -sS --fail-with-body -X POST "$H/v1/holds/$HOLD/confirm" -H "$C" -H
   -H 'Idempotency-Key: pay-1' -d '{"userId":"ann","paymentToken":"tok_visa"}' | jq -r .orderId)
 curl -sS --fail-with-body "$H/v1/orders/$ORDER?userId=ann" -H "$C" |
   jq -c '{status, amountCents, seats: [.tickets[].seatId]}'
+# Everything ann bought for this show, newest first (pages: ?pageSize= and nextPageToken).
+MINE=$(curl -sS --fail-with-body "$H/v1/users/ann/orders?eventId=$E" -H "$C" |
+  jq -c '[.orders[].orderId]'); echo "ann's orders: $MINE"
 # The seat map: 1 sold, 9 available. It is cacheable: asked again with its ETag, 304.
 curl -sS --fail-with-body -D headers.txt "$H/v1/events/$E/seats" -H "$C" |
   jq -c '.sections[] | {sectionId, available, held, sold}'
@@ -74,6 +77,7 @@ order=$(curl -sS --fail-with-body "$HTTP/v1/orders/$ORDER?userId=ann" -H "$C")
 check "order status" "$(jq -r .status <<<"$order")" CONFIRMED
 check "order amount" "$(jq -r .amountCents <<<"$order")" 9000
 check "order seats" "$(jq -c '[.tickets[].seatId]' <<<"$order")" '["orch:A:3"]'
+check "ann's orders" "$MINE" "[\"$ORDER\"]"
 check "conditional seat map" "$NOT_MODIFIED" 304
 check "release" "$RELEASED" 204
 check "released hold" "$(curl -sS --fail-with-body "$HTTP/v1/holds/$HOLD2?userId=ann" -H "$C" |

@@ -18,8 +18,8 @@ use crate::ledger::{Answer, Begin, BeginArgs, Rpc};
 use crate::limits::PLACES_PER_HOLD_MAX;
 use crate::section::SectionMsg;
 use crate::types::{
-    CheckedHold, EventId, HoldId, HoldRequest, HoldView, OrderId, OrderView, SectionId, Selection,
-    UserId, check_user_id,
+    CheckedHold, EventId, HoldId, HoldRequest, HoldView, OrderCursor, OrderId, OrderView,
+    OrdersPage, SectionId, Selection, UserId, check_user_id,
 };
 use crate::waitlist::WaitlistView;
 
@@ -494,6 +494,44 @@ impl Booking {
             .ask(&event, &section_id, |reply| SectionMsg::GetOrder(o, reply))
             .await
             .map_err(not_found_as(Rejection::OrderNotFound))
+    }
+
+    /// `user_id`'s orders, newest first (by creation time, then order id), of one event or of
+    /// every event, those before `before` only if given, at most `limit` (and whether more
+    /// follow). Each section is asked in its mailbox's order, as `GetOrder` is, so a page shows
+    /// every order that was acknowledged before it was asked for. An unknown event is
+    /// `EVENT_NOT_FOUND`.
+    pub async fn list_orders(
+        &self,
+        user_id: &UserId,
+        event_id: Option<&EventId>,
+        before: Option<OrderCursor>,
+        limit: usize,
+    ) -> Result<OrdersPage, EngineError> {
+        self.kernel.check_ready()?;
+        check_user_id(user_id)?;
+        let events = match event_id {
+            Some(id) => vec![self.catalog.entry(id)?],
+            None => self.catalog.entries(),
+        };
+        let mut asking = Vec::new();
+        for event in &events {
+            for section in &event.sections {
+                let (user, before) = (user_id.clone(), before.clone());
+                asking.push(self.kernel.ask(event, &section.section_id, move |reply| {
+                    SectionMsg::OrdersOf(user, before, limit + 1, reply)
+                }));
+            }
+        }
+        let mut orders: Vec<OrderView> = futures_util::future::try_join_all(asking)
+            .await?
+            .into_iter()
+            .flatten()
+            .collect();
+        orders.sort_by(|a, b| (b.created_at_ms, &b.order_id).cmp(&(a.created_at_ms, &a.order_id)));
+        let more = orders.len() > limit;
+        orders.truncate(limit);
+        Ok(OrdersPage { orders, more })
     }
 
     /// Places the user holds or owns for the event, as the ledger counts them.

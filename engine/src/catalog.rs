@@ -12,6 +12,7 @@ use crate::events::{EventEntry, EventRef, EventTerms, SectionFeed, SectionSlot};
 use crate::hash::DashMap;
 use crate::kernel::Kernel;
 use crate::sale::{SaleControls, SaleState, SaleUpdate};
+use crate::section::SectionMsg;
 use crate::store::StreamWriter;
 use crate::types::{
     CatalogRecord, EventId, EventSpec, EventView, Layout, SeatId, SeatMap, SeatView, SectionId,
@@ -117,21 +118,36 @@ impl Catalog {
         self.event(&event_id)
     }
 
+    /// Tells each section of `event` to stand as `change` says (as of `at`, or now), and
+    /// waits until each has (its record durable, or nothing to record). Never shed: a pause
+    /// must reach a section whose mailbox is full of holds.
+    pub(crate) async fn sections_follow_sale(
+        &self,
+        event: &EventEntry,
+        change: SaleChange,
+        at: Option<u64>,
+    ) -> Result<(), EngineError> {
+        let asks = event.sections.iter().map(|slot| {
+            self.kernel.ask_unshed(event, &slot.section_id, |reply| {
+                SectionMsg::Sale(change, at, reply)
+            })
+        });
+        for answer in futures_util::future::join_all(asks).await {
+            answer?;
+        }
+        Ok(())
+    }
+
     /// Changes an event's sale (see `Engine::update_sale`): checks the key and the update,
-    /// records the controls after it durably, then has `follow` bring the event's sections to
-    /// the new state. The catalog's lock is held throughout, so sections follow changes in the
-    /// order they were recorded.
-    pub(crate) async fn update_sale<F, Fut>(
+    /// records the controls after it durably, then brings the event's sections to the new
+    /// state. The catalog's lock is held throughout, so sections follow changes in the order
+    /// they were recorded.
+    pub(crate) async fn update_sale(
         &self,
         event_id: &EventId,
         update: &SaleUpdate,
         key: &str,
-        follow: F,
-    ) -> Result<EventView, EngineError>
-    where
-        F: FnOnce(Arc<EventEntry>, SaleChange) -> Fut,
-        Fut: std::future::Future<Output = Result<(), EngineError>>,
-    {
+    ) -> Result<EventView, EngineError> {
         self.kernel.check_ready()?;
         check_idempotency_key(key)?;
         let entry = self.entry(event_id)?;
@@ -159,7 +175,8 @@ impl Catalog {
             current.after(update, now)?
         };
         if settled || (after.is_none() && key.is_empty()) {
-            follow(entry, SaleChange::of(current.state)).await?;
+            self.sections_follow_sale(&entry, SaleChange::of(current.state), None)
+                .await?;
             drop(writer);
             return self.event(event_id);
         }
@@ -183,7 +200,8 @@ impl Catalog {
         tracing::info!(event = %event_id, state = sale.state.name(),
             admit_rate = sale.admit_rate_per_second, hold_ttl_ms = sale.hold_ttl_ms,
             per_user_limit = sale.per_user_limit, "sale updated");
-        follow(entry, SaleChange::of(sale.state)).await?;
+        self.sections_follow_sale(&entry, SaleChange::of(sale.state), None)
+            .await?;
         drop(writer);
         self.event(event_id)
     }

@@ -41,7 +41,7 @@ use crate::supervisor::{Restart, RestartSlot, Roles, Supervision, Supervisor, Su
 use crate::supervisor::{spawn_ledger, spawn_waitlist};
 use crate::types::{
     CheckedHold, ConfirmRequest, EventId, EventSpec, EventView, HoldId, HoldRequest, HoldView,
-    OrderId, OrderView, SeatMap, SectionId, UserId,
+    OrderCursor, OrderId, OrderView, OrdersPage, SeatMap, SectionId, UserId,
 };
 use crate::waitlist::{WaitlistMsg, WaitlistState, WaitlistView};
 use crate::waitlist_calls::Waitlist;
@@ -372,28 +372,10 @@ impl Engine {
             // A pause the catalog recorded holds from then: deadlines after it stand still.
             let paused = sale.state == crate::sale::SaleState::Paused;
             let at = paused.then_some(sale.state_changed_at_ms);
-            self.sections_follow_sale(&entry, SaleChange::of(sale.state), at)
+            self.inner
+                .catalog
+                .sections_follow_sale(&entry, SaleChange::of(sale.state), at)
                 .await?;
-        }
-        Ok(())
-    }
-
-    /// Tells each section of `event` to stand as `change` says, and waits until each has (its
-    /// record durable, or nothing to record). Never shed: a pause must reach a section whose
-    /// mailbox is full of holds.
-    async fn sections_follow_sale(
-        &self,
-        event: &EventEntry,
-        change: SaleChange,
-        at: Option<u64>,
-    ) -> Result<(), EngineError> {
-        let asks = event.sections.iter().map(|slot| {
-            self.kernel().ask_unshed(event, &slot.section_id, |reply| {
-                SectionMsg::Sale(change, at, reply)
-            })
-        });
-        for answer in futures_util::future::join_all(asks).await {
-            answer?;
         }
         Ok(())
     }
@@ -471,13 +453,10 @@ impl Engine {
         let engine = self.clone();
         let (event_id, key) = (event_id.clone(), idempotency_key.to_owned());
         crate::kernel::detached(async move {
-            let follower = engine.clone();
             engine
                 .inner
                 .catalog
-                .update_sale(&event_id, &update, &key, |entry, change| async move {
-                    follower.sections_follow_sale(&entry, change, None).await
-                })
+                .update_sale(&event_id, &update, &key)
                 .await
         })
         .await
@@ -608,6 +587,20 @@ impl Engine {
         user_id: &UserId,
     ) -> Result<OrderView, EngineError> {
         self.inner.booking.get_order_of(order_id, user_id).await
+    }
+
+    /// `user_id`'s orders, newest first, a page at a time: see `Booking::list_orders`.
+    pub async fn list_orders(
+        &self,
+        user_id: &UserId,
+        event_id: Option<&EventId>,
+        before: Option<OrderCursor>,
+        limit: usize,
+    ) -> Result<OrdersPage, EngineError> {
+        self.inner
+            .booking
+            .list_orders(user_id, event_id, before, limit)
+            .await
     }
 
     /// Places the user holds or owns for the event, as the ledger counts them.

@@ -33,7 +33,8 @@ use crate::error::{EngineError, Rejection, StorageError};
 use crate::ledger::Ledger;
 use crate::store::{Store, StreamWriter};
 use crate::types::{
-    EventId, HoldId, HoldStatus, HoldView, OrderId, OrderView, SectionId, SectionSnapshot, UserId,
+    EventId, HoldId, HoldStatus, HoldView, OrderCursor, OrderId, OrderView, SectionId,
+    SectionSnapshot, UserId,
 };
 
 use crate::limits::{DEPTH_GAUGE_EVERY_MESSAGES, SECTION_BATCH_REPLIES_MAX};
@@ -57,6 +58,8 @@ pub(crate) enum SectionMsg {
     ExpireHoldIfDue(HoldId, Reply<bool>),
     GetHold(HoldId, Reply<HoldView>),
     GetOrder(OrderId, Reply<OrderView>),
+    /// A user's orders here, newest first, before the cursor if any, at most so many.
+    OrdersOf(UserId, Option<OrderCursor>, usize, Reply<Vec<OrderView>>),
     /// The places free now (neither held, sold nor withdrawn): what a best-available hold
     /// may take. Answered in mailbox order, once everything before it is durable.
     Available(Reply<u32>),
@@ -452,6 +455,10 @@ impl Actor for SectionActor {
                     st.a.core
                         .order_view(&order_id)
                         .ok_or(Rejection::OrderNotFound);
+                st.commit(Vec::new(), Vec::new(), Vec::new(), after(reply, answer));
+            }
+            Some(SectionMsg::OrdersOf(user, before, limit, reply)) => {
+                let answer = Ok(st.a.core.orders_of(&user, before.as_ref(), limit));
                 st.commit(Vec::new(), Vec::new(), Vec::new(), after(reply, answer));
             }
             Some(SectionMsg::Available(reply)) => {

@@ -456,6 +456,35 @@ pub struct OrderView {
     pub created_at_ms: u64,
 }
 
+/// Where a page of a user's orders ends (`ListOrders`): the last order shown, by creation time
+/// and id. The next page holds the orders before it, newest first.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct OrderCursor {
+    /// The order's creation time, ms since the Unix epoch.
+    pub created_at_ms: u64,
+    /// The order's id.
+    pub order_id: OrderId,
+}
+
+impl OrderCursor {
+    /// The cursor just after `order` (the next page starts with the order before it).
+    pub fn after(order: &OrderView) -> OrderCursor {
+        OrderCursor {
+            created_at_ms: order.created_at_ms,
+            order_id: order.order_id.clone(),
+        }
+    }
+}
+
+/// A page of a user's orders, newest first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OrdersPage {
+    /// The orders.
+    pub orders: Vec<OrderView>,
+    /// Whether older orders follow.
+    pub more: bool,
+}
+
 /// Status of one reserved seat in a snapshot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum SeatStatus {

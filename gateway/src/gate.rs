@@ -260,6 +260,7 @@ pub const METHODS: &[&str] = &[
     "Release",
     "GetHold",
     "GetOrder",
+    "ListOrders",
     "JoinWaitlist",
     "GetWaitlistEntry",
     "WatchChanges",

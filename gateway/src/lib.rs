@@ -35,6 +35,7 @@ pub mod gate;
 pub mod health;
 pub mod http;
 pub mod limits;
+pub mod lists;
 pub mod local;
 pub mod metrics;
 pub mod net;

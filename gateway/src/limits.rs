@@ -22,6 +22,10 @@ pub const JOIN_CHALLENGE_TTL_MS_DEFAULT: u64 = 5 * 60 * 1000;
 pub const LIST_PAGE_DEFAULT: usize = 50;
 /// Most events listed per page.
 pub const LIST_PAGE_MAX: usize = 500;
+/// Orders listed per page (`ListOrders`) when the caller asks for 0.
+pub const ORDERS_PAGE_DEFAULT: usize = 20;
+/// Most orders listed per page (each with its tickets' codes).
+pub const ORDERS_PAGE_MAX: usize = 100;
 /// How often a waiting room's admission timer admits the next fans.
 pub const ADMIT_TICK: Duration = Duration::from_millis(20);
 /// Default bound of calls in flight through the gate (past it: `OVERLOADED`).
@@ -79,6 +83,7 @@ const _: () = {
     // A request of the longest fields still fits a message.
     assert!(TOKEN_LEN_MAX + 16 * FIELD_LEN_MAX < MESSAGE_BYTES_MAX);
     assert!(LIST_PAGE_DEFAULT > 0 && LIST_PAGE_DEFAULT <= LIST_PAGE_MAX);
+    assert!(ORDERS_PAGE_DEFAULT > 0 && ORDERS_PAGE_DEFAULT <= ORDERS_PAGE_MAX);
     // More calls may wait in the gate than one connection carries, so shedding is the gate's
     // answer and not HTTP/2 flow control's.
     assert!(IN_FLIGHT_MAX_DEFAULT >= STREAMS_PER_CONNECTION_MAX as usize);

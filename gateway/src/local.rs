@@ -9,7 +9,8 @@
 //! 4. the gate's metrics, by method, code and reason ([`crate::gate::observe`]).
 //!
 //! Each request type of the contract names its RPC and its handler once ([`Unary`]).
-//! `ListEvents` asks every group at once ([`Local::list_events`]), as the gRPC face does.
+//! `ListEvents`, and `ListOrders` of every event, ask every group at once ([`Local::list`]), as
+//! the gRPC face does.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -24,6 +25,7 @@ use pb::waitlist_service_server::WaitlistService;
 use tonic::Status;
 
 use crate::gate::Gate;
+use crate::lists::Listing;
 use crate::node::forward::{Forwarder, Place, Route, Routed, group_of_event};
 use crate::services::grpc::{BookingSvc, EventSvc, WaitingRoomSvc, WaitlistSvc};
 use crate::services::{GroupOf, Groups};
@@ -67,6 +69,7 @@ macro_rules! unary {
 }
 
 unary!(pb::CreateEventRequest => pb::Event, "/boxoffice.v1.EventService/CreateEvent", EventSvc.create_event);
+unary!(pb::ListEventsRequest => pb::ListEventsResponse, "/boxoffice.v1.EventService/ListEvents", EventSvc.list_events);
 unary!(pb::GetEventRequest => pb::Event, "/boxoffice.v1.EventService/GetEvent", EventSvc.get_event);
 unary!(pb::UpdateSaleRequest => pb::Event, "/boxoffice.v1.EventService/UpdateSale", EventSvc.update_sale);
 unary!(pb::GetSeatMapRequest => pb::SeatMap, "/boxoffice.v1.EventService/GetSeatMap", EventSvc.get_seat_map);
@@ -79,11 +82,9 @@ unary!(pb::ConfirmRequest => pb::Order, "/boxoffice.v1.BookingService/Confirm", 
 unary!(pb::ReleaseRequest => pb::ReleaseResponse, "/boxoffice.v1.BookingService/Release", BookingSvc.release);
 unary!(pb::GetHoldRequest => pb::Hold, "/boxoffice.v1.BookingService/GetHold", BookingSvc.get_hold);
 unary!(pb::GetOrderRequest => pb::Order, "/boxoffice.v1.BookingService/GetOrder", BookingSvc.get_order);
+unary!(pb::ListOrdersRequest => pb::ListOrdersResponse, "/boxoffice.v1.BookingService/ListOrders", BookingSvc.list_orders);
 unary!(pb::JoinWaitlistRequest => pb::WaitlistEntry, "/boxoffice.v1.WaitlistService/JoinWaitlist", WaitlistSvc.join_waitlist);
 unary!(pb::GetWaitlistEntryRequest => pb::WaitlistEntry, "/boxoffice.v1.WaitlistService/GetWaitlistEntry", WaitlistSvc.get_waitlist_entry);
-
-/// The path of `ListEvents`.
-const LIST_EVENTS: &str = "/boxoffice.v1.EventService/ListEvents";
 
 /// The path of `WatchChanges`.
 const WATCH_CHANGES: &str = "/boxoffice.v1.ChangeService/WatchChanges";
@@ -122,27 +123,27 @@ impl Local {
         .await
     }
 
-    /// `ListEvents`: with several groups, each group's page (here, or at its leader) merged in
-    /// event id order, as the gRPC face answers it.
-    pub async fn list_events(
+    /// A list call (`ListEvents`, `ListOrders`): with several groups and no event named, each
+    /// group's page (here, or at its leader) merged as the gRPC face merges them
+    /// ([`Listing::merge`]); otherwise the call of the one group it names.
+    pub async fn list<L: Listing + Unary<Answer = <L as Listing>::Page>>(
         &self,
         authorization: Option<&str>,
-        req: pb::ListEventsRequest,
-    ) -> Result<pb::ListEventsResponse, Status> {
+        req: L,
+    ) -> Result<L::Answer, Status> {
         let (forwarder, groups) = (self.forwarder.clone(), self.groups.clone());
         let key = authorization.map(str::to_owned);
-        self.run(LIST_EVENTS, authorization, move || {
+        self.run(<L as Unary>::PATH, authorization, move || {
             Box::pin(async move {
                 let f = match forwarder {
-                    Some(f) if f.group_count() > 1 => f,
-                    // One group: its page, here or at its leader.
-                    one => return list_in(one, groups, key, 0, req).await,
+                    Some(f) if f.group_count() > 1 && req.route() == Route::All => f,
+                    one => return serve(one, groups, key, req).await,
                 };
                 let mut asking = tokio::task::JoinSet::new();
                 for g in 0..f.group_count() {
-                    let sub = crate::node::forward::page_of_group(&req);
+                    let sub = req.of_group();
                     let (f, groups, key) = (f.clone(), groups.clone(), key.clone());
-                    asking.spawn(async move { list_in(Some(f), groups, key, g, sub).await });
+                    asking.spawn(async move { in_group(Some(f), groups, key, g, sub).await });
                 }
                 let mut pages = Vec::new();
                 while let Some(page) = asking.join_next().await {
@@ -150,7 +151,7 @@ impl Local {
                         page.map_err(|e| Status::internal(format!("listing a group: {e}")))??,
                     );
                 }
-                Ok(crate::node::forward::merge_pages(&req, pages))
+                Ok(req.merge(pages, f.signer()))
             })
         })
         .await
@@ -295,37 +296,26 @@ async fn fenced<T>(
         .map(tonic::Response::into_inner)
 }
 
-/// Group `g`'s page of `ListEvents`: here, or at its leader.
-async fn list_in(
+/// `req` served as group `g`'s: here, or at its leader.
+async fn in_group<R: Unary>(
     forwarder: Option<Arc<Forwarder>>,
     groups: Groups,
     key: Option<String>,
     g: u32,
-    req: pb::ListEventsRequest,
-) -> Result<pb::ListEventsResponse, Status> {
+    req: R,
+) -> Result<R::Answer, Status> {
     let place = forwarder.as_ref().map_or(Place::Here, |f| f.place(g));
     match (place, forwarder) {
         (Place::Leader(leader, channel), Some(f)) => {
             f.ask_leader(
                 (g, leader, channel),
-                LIST_EVENTS,
+                R::PATH,
                 key.as_deref(),
                 CALL_TIMEOUT,
                 &req,
             )
             .await
         }
-        _ => {
-            let mut req = tonic::Request::new(req);
-            req.extensions_mut().insert(GroupOf(g as usize));
-            // A leader's page waits for its engine's fence, as in `here`.
-            fenced(
-                &groups,
-                g,
-                LIST_EVENTS,
-                EventSvc(groups.clone()).list_events(req),
-            )
-            .await
-        }
+        _ => here(groups, g, req).await,
     }
 }

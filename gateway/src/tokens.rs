@@ -80,6 +80,31 @@ impl TokenSigner {
         mac.finalize().into_bytes().to_vec()
     }
 
+    /// The text of a signed `payload`: `base64url(payload) "." base64url(tag)`.
+    fn seal(&self, payload: &[u8]) -> String {
+        let tag = self.tag(payload);
+        format!(
+            "{}.{}",
+            URL_SAFE_NO_PAD.encode(payload),
+            URL_SAFE_NO_PAD.encode(tag)
+        )
+    }
+
+    /// The payload and tag of a token this signer sealed ([`TokenSigner::seal`]); `None` if it
+    /// is too long, malformed, or its tag is not this secret's (compared in constant time).
+    fn open(&self, token: &str) -> Option<(Vec<u8>, Vec<u8>)> {
+        if token.len() > TOKEN_LEN_MAX {
+            return None;
+        }
+        let (p64, t64) = token.split_once('.')?;
+        let payload = URL_SAFE_NO_PAD.decode(p64).ok()?;
+        let tag = URL_SAFE_NO_PAD.decode(t64).ok()?;
+        let mut mac = self.mac.clone();
+        mac.update(&payload);
+        mac.verify_slice(&tag).ok()?;
+        Some((payload, tag))
+    }
+
     /// The token text for `claims`.
     pub fn sign(&self, claims: &Claims) -> String {
         let mut p = Vec::with_capacity(32 + claims.event_id.len() + claims.user_id.len());
@@ -90,16 +115,9 @@ impl TokenSigner {
         p.extend_from_slice(&claims.at_ms.to_be_bytes());
         p.extend_from_slice(&claims.epoch.to_be_bytes());
         for s in [&claims.event_id, &claims.user_id] {
-            let len = u16::try_from(s.len()).unwrap_or(u16::MAX);
-            p.extend_from_slice(&len.to_be_bytes());
-            p.extend_from_slice(&s.as_bytes()[..usize::from(len)]);
+            put_text(&mut p, s);
         }
-        let tag = self.tag(&p);
-        format!(
-            "{}.{}",
-            URL_SAFE_NO_PAD.encode(&p),
-            URL_SAFE_NO_PAD.encode(tag)
-        )
+        self.seal(&p)
     }
 
     /// Verifies a token's signature and kind; checks it is bound to `event_id` and, when given,
@@ -127,20 +145,7 @@ impl TokenSigner {
         user_id: Option<&str>,
         now_ms: u64,
     ) -> Result<(Claims, u128), TokenError> {
-        if token.len() > TOKEN_LEN_MAX {
-            return Err(TokenError::Invalid);
-        }
-        let (p64, t64) = token.split_once('.').ok_or(TokenError::Invalid)?;
-        let payload = URL_SAFE_NO_PAD
-            .decode(p64)
-            .map_err(|_| TokenError::Invalid)?;
-        let tag = URL_SAFE_NO_PAD
-            .decode(t64)
-            .map_err(|_| TokenError::Invalid)?;
-        let mut mac = self.mac.clone();
-        mac.update(&payload);
-        // Constant-time comparison of the tag.
-        mac.verify_slice(&tag).map_err(|_| TokenError::Invalid)?;
+        let (payload, tag) = self.open(token).ok_or(TokenError::Invalid)?;
         let claims = parse(&payload).ok_or(TokenError::Invalid)?;
         if claims.kind != kind
             || event_id.is_some_and(|e| e != claims.event_id)
@@ -179,6 +184,74 @@ impl TokenSigner {
         let bytes: [u8; 32] = mac.finalize().into_bytes().into();
         u64::from_be_bytes(bytes[..8].try_into().unwrap_or([0; 8]))
     }
+}
+
+/// Where a `ListOrders` page ended, as its `next_page_token` carries it: signed, and bound to
+/// the user and the event filter (empty: every event) of the listing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OrdersPageToken {
+    /// The user listed.
+    pub user_id: String,
+    /// The event filter (empty: every event).
+    pub event_id: String,
+    /// The last order shown: its creation time, ms.
+    pub created_at_ms: u64,
+    /// The last order shown: its id.
+    pub order_id: String,
+}
+
+/// What a page token's payload starts with: its own kind, so no other token of the server is
+/// ever taken for one (the waiting room's start with [`TOKEN_VERSION`] 1).
+const ORDERS_PAGE_TAG: &[u8] = b"orders-page:1\0";
+
+impl TokenSigner {
+    /// The text of `page`: `base64url(payload) "." base64url(HMAC tag)`, the payload the tag's
+    /// kind, the creation time (u64, big-endian), then user, event and order id, each with its
+    /// length (u16, big-endian).
+    pub fn sign_orders_page(&self, page: &OrdersPageToken) -> String {
+        let mut p = ORDERS_PAGE_TAG.to_vec();
+        p.extend_from_slice(&page.created_at_ms.to_be_bytes());
+        for s in [&page.user_id, &page.event_id, &page.order_id] {
+            put_text(&mut p, s);
+        }
+        self.seal(&p)
+    }
+
+    /// The page `token` names, if this server's secret signed it for `user_id` and `event_id`
+    /// (the same listing); `None` otherwise (altered, forged, another listing's, not a page
+    /// token).
+    pub fn verify_orders_page(
+        &self,
+        token: &str,
+        user_id: &str,
+        event_id: &str,
+    ) -> Option<OrdersPageToken> {
+        let (payload, _) = self.open(token)?;
+        let rest = payload.strip_prefix(ORDERS_PAGE_TAG)?;
+        let (at, mut rest) = rest.split_at_checked(8)?;
+        let created_at_ms = u64::from_be_bytes(at.try_into().ok()?);
+        let mut text = || -> Option<String> {
+            let (len, after) = rest.split_at_checked(2)?;
+            let len = usize::from(u16::from_be_bytes(len.try_into().ok()?));
+            let (s, after) = after.split_at_checked(len)?;
+            rest = after;
+            String::from_utf8(s.to_vec()).ok()
+        };
+        let page = OrdersPageToken {
+            created_at_ms,
+            user_id: text()?,
+            event_id: text()?,
+            order_id: text()?,
+        };
+        (rest.is_empty() && page.user_id == user_id && page.event_id == event_id).then_some(page)
+    }
+}
+
+/// Appends `s` with its length (u16, big-endian; cut at 65,535 bytes).
+fn put_text(p: &mut Vec<u8>, s: &str) {
+    let len = u16::try_from(s.len()).unwrap_or(u16::MAX);
+    p.extend_from_slice(&len.to_be_bytes());
+    p.extend_from_slice(&s.as_bytes()[..usize::from(len)]);
 }
 
 /// The event a token names, read without checking its signature: for routing a call to the
@@ -255,6 +328,52 @@ impl Reader<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_orders_page_token_pages_only_the_listing_it_was_signed_for() {
+        let s = TokenSigner::new(b"secret");
+        let page = OrdersPageToken {
+            user_id: "fan|42".into(),
+            event_id: String::new(),
+            created_at_ms: 1_234,
+            order_id: "e1.g.o01kb".into(),
+        };
+        let token = s.sign_orders_page(&page);
+        assert_eq!(
+            s.verify_orders_page(&token, "fan|42", ""),
+            Some(page.clone())
+        );
+        assert_eq!(s.verify_orders_page(&token, "fan|43", ""), None);
+        assert_eq!(s.verify_orders_page(&token, "fan|42", "e1"), None);
+        let other = TokenSigner::new(b"other secret");
+        assert_eq!(other.verify_orders_page(&token, "fan|42", ""), None);
+        // Every byte of it counts.
+        for at in 0..token.len() {
+            let mut bytes = token.clone().into_bytes();
+            bytes[at] = if bytes[at] == b'A' { b'B' } else { b'A' };
+            let altered = String::from_utf8(bytes).unwrap_or_default();
+            if altered != token {
+                assert_eq!(
+                    s.verify_orders_page(&altered, "fan|42", ""),
+                    None,
+                    "byte {at}"
+                );
+            }
+        }
+        // A waiting room's token, well signed, is not a page token.
+        assert_eq!(s.verify_orders_page(&s.sign(&claims()), "fan|42", ""), None);
+        // Nor is a page token any waiting room's token.
+        for kind in [
+            TokenKind::Queue,
+            TokenKind::Admission,
+            TokenKind::JoinChallenge,
+        ] {
+            assert_eq!(
+                s.verify(&token, kind, None, None, 0),
+                Err(TokenError::Invalid)
+            );
+        }
+    }
 
     fn claims() -> Claims {
         Claims {

@@ -573,6 +573,52 @@ where
         .await;
     }
 
+    // A fan's orders: every event's (on a cluster, every group's, merged), one event's, a
+    // page at a time (the next page's token signed alike), and refused asks.
+    let list = |user: &str, event: &str, size: u32, token: &str| pb::ListOrdersRequest {
+        user_id: user.into(),
+        event_id: event.into(),
+        page_size: size,
+        page_token: token.into(),
+    };
+    for (name, req) in [
+        ("list one's orders", list("fan-1", "", 0, "")),
+        (
+            "list one's orders of the event",
+            list("fan-1", event, 0, ""),
+        ),
+        ("list one's orders one at a time", list("fan-1", "", 1, "")),
+        ("list another fan's orders", list("fan-9", "", 0, "")),
+        (
+            "list orders of an event that is not one",
+            list("fan-1", "nope", 0, ""),
+        ),
+        ("list orders without a user", list("", "", 0, "")),
+        (
+            "list orders with a forged page token",
+            list("fan-1", "", 0, "x.y"),
+        ),
+    ] {
+        let path = format!(
+            "/v1/users/{}/orders?eventId={}&pageSize={}&pageToken={}",
+            req.user_id, req.event_id, req.page_size, req.page_token
+        );
+        let answer = t
+            .row::<_, boxoffice_gateway::http::orders::OrderPage>(
+                name,
+                g.booking.list_orders(req),
+                client.http.get(&path, &[]),
+            )
+            .await;
+        if name == "list one's orders" {
+            let orders = answer["orders"].as_array().expect("a page of orders");
+            assert!(
+                orders.iter().any(|o| o["orderId"] == order.as_str()),
+                "{name}: {answer}"
+            );
+        }
+    }
+
     // Release: owners, then a hold that is no longer active. The first release is gRPC's
     // alone; releasing it again is compared.
     let release = |hold: &str, user: &str| pb::ReleaseRequest {

@@ -402,6 +402,13 @@ impl BookingService for Front {
     ) -> Result<Response<pb::Order>, Status> {
         Err(unimplemented())
     }
+
+    async fn list_orders(
+        &self,
+        _req: Request<pb::ListOrdersRequest>,
+    ) -> Result<Response<pb::ListOrdersResponse>, Status> {
+        Err(unimplemented())
+    }
 }
 
 /// The front serving on its own runtime; stopped when dropped.

@@ -100,6 +100,10 @@ pub struct SectionCore {
     /// it existed still decode (as open).
     #[serde(skip)]
     sale: SectionSale,
+    /// Each buyer's orders by (creation time, order id), for `ListOrders`. Derived from the
+    /// holds, never encoded: a checkpoint's reader rebuilds it ([`SectionCore::from_checkpoint`]).
+    #[serde(skip)]
+    by_user: HashMap<UserId, BTreeSet<(u64, OrderId)>>,
 }
 
 fn default_window_ms() -> u64 {
@@ -150,6 +154,7 @@ impl SectionCore {
             ended: ForgetIndex::default(),
             window_ms: IDEMPOTENCY_WINDOW_MS_DEFAULT,
             sale: SectionSale::default(),
+            by_user: HashMap::default(),
         }
     }
 
@@ -163,6 +168,16 @@ impl SectionCore {
     pub fn from_checkpoint(blob: &[u8]) -> Result<SectionCore, crate::codec::DecodeError> {
         let (mut core, sale): (SectionCore, SectionSale) = crate::codec::decode_extended(blob)?;
         core.sale = sale;
+        for (order_id, hold_id) in &core.orders {
+            if let Some(h) = core.holds.get(hold_id)
+                && let Some(o) = &h.order
+            {
+                core.by_user
+                    .entry(h.user_id.clone())
+                    .or_default()
+                    .insert((o.created_at_ms, order_id.clone()));
+            }
+        }
         Ok(core)
     }
 
@@ -550,6 +565,10 @@ impl SectionCore {
         h.status = HoldStatus::Confirmed;
         let order_id = order.order_id.clone();
         let first_place = order.first_place;
+        self.by_user
+            .entry(h.user_id.clone())
+            .or_default()
+            .insert((order.created_at_ms, order_id.clone()));
         h.order = Some(order);
         let (q, expires, seats) = (h.quantity, h.expires_at_ms, h.seats.clone());
         self.deadlines.remove(&(expires, hold_id.clone()));
@@ -730,7 +749,7 @@ impl SectionCore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::{RowSpec, SectionId};
+    use crate::types::{OrderCursor, RowSpec, SectionId};
 
     fn reserved(rows: &[(&str, u32)]) -> SectionCore {
         SectionCore::new(
@@ -1069,6 +1088,32 @@ mod tests {
             now,
         )
         .0
+    }
+
+    #[test]
+    fn a_users_orders_are_listed_newest_first_from_a_cursor_and_after_a_checkpoint() {
+        let mut c = ga(20);
+        let mut anns = Vec::new();
+        for (i, now) in [10, 30, 20, 30].into_iter().enumerate() {
+            let h = hold(&mut c, "ann", Pick::Best(1), now).unwrap();
+            anns.push(confirm_as(&mut c, &h, now).unwrap().order);
+            let b = hold(&mut c, "bob", Pick::Best(1), now + i as u64).unwrap();
+            confirm_as(&mut c, &b, now).unwrap();
+        }
+        hold(&mut c, "ann", Pick::Best(1), 40).unwrap(); // held, not an order
+        let mut newest = anns.clone();
+        newest.sort_by(|a, b| (b.created_at_ms, &b.order_id).cmp(&(a.created_at_ms, &a.order_id)));
+        let ann = UserId::from("ann");
+        assert_eq!(c.orders_of(&ann, None, 10), newest);
+        assert_eq!(c.orders_of(&ann, None, 2), newest[..2]);
+        let cursor = OrderCursor::after(&newest[1]);
+        assert_eq!(c.orders_of(&ann, Some(&cursor), 10), newest[2..]);
+        assert_eq!(c.orders_of(&UserId::from("bob"), None, 10).len(), 4);
+        assert!(c.orders_of(&UserId::from("cat"), None, 10).is_empty());
+        // A checkpoint's reader rebuilds the index: the same section, the same listing.
+        let back = SectionCore::from_checkpoint(&crate::codec::encode(&c.checkpoint())).unwrap();
+        assert_eq!(back, c);
+        assert_eq!(back.orders_of(&ann, Some(&cursor), 10), newest[2..]);
     }
 
     #[test]

@@ -4,8 +4,8 @@
 use crate::hash::HashMap;
 
 use crate::types::{
-    EventId, HoldId, HoldStatus, HoldView, OrderId, OrderView, SeatStatus, SectionSnapshot,
-    SectionSpec, TicketView,
+    EventId, HoldId, HoldStatus, HoldView, OrderCursor, OrderId, OrderView, SeatStatus,
+    SectionSnapshot, SectionSpec, TicketView, UserId,
 };
 
 use super::{IdemTag, SectionCore};
@@ -234,6 +234,27 @@ impl SectionCore {
             payment_ref: o.payment_ref.clone(),
             created_at_ms: o.created_at_ms,
         })
+    }
+
+    /// `user`'s orders in this section, newest first (by creation time, then order id), those
+    /// before `before` only (exclusive) if given, at most `limit`.
+    pub fn orders_of(
+        &self,
+        user: &UserId,
+        before: Option<&OrderCursor>,
+        limit: usize,
+    ) -> Vec<OrderView> {
+        let Some(mine) = self.by_user.get(user) else {
+            return Vec::new();
+        };
+        let newest_first: Box<dyn Iterator<Item = &(u64, OrderId)>> = match before {
+            Some(c) => Box::new(mine.range(..(c.created_at_ms, c.order_id.clone())).rev()),
+            None => Box::new(mine.iter().rev()),
+        };
+        newest_first
+            .take(limit)
+            .filter_map(|(_, id)| self.order_view(id))
+            .collect()
     }
 
     /// Every order of the section.

@@ -660,6 +660,52 @@ async fn two_groups_spread_their_leaders_and_each_survives_its_leaders_death() {
             }
         }
     }
+    // Each fan's orders of both groups, listed through every live node a page at a time
+    // (every group's pages merged, the token signed by the node asked), newest first.
+    for (i, c) in clients.iter().enumerate() {
+        if nodes[i].child.is_none() {
+            continue;
+        }
+        for w in 0..4 {
+            let user = format!("fan-{w}");
+            let mut want: Vec<&String> = acked
+                .iter()
+                .filter(|(_, u, _)| *u == user)
+                .filter_map(|(_, _, o)| o.as_ref())
+                .collect();
+            want.sort();
+            let (mut listed, mut token) = (Vec::<pb::Order>::new(), String::new());
+            loop {
+                let page = retrying(std::slice::from_ref(c), 0, &retried, |mut c| {
+                    let req = pb::ListOrdersRequest {
+                        user_id: user.clone(),
+                        page_size: 7,
+                        page_token: token.clone(),
+                        ..Default::default()
+                    };
+                    async move { c.booking.list_orders(req).await }
+                })
+                .await
+                .unwrap_or_else(|s| panic!("node {}: ListOrders {user}: {s:?}", i + 1));
+                listed.extend(page.orders);
+                if page.next_page_token.is_empty() {
+                    break;
+                }
+                token = page.next_page_token;
+            }
+            assert!(
+                listed
+                    .windows(2)
+                    .all(|p| (p[0].created_at_unix_ms, &p[0].order_id)
+                        > (p[1].created_at_unix_ms, &p[1].order_id)),
+                "node {}: {user}'s orders newest first",
+                i + 1
+            );
+            let mut got: Vec<&String> = listed.iter().map(|o| &o.order_id).collect();
+            got.sort();
+            assert_eq!(got, want, "node {}: {user}'s orders of both groups", i + 1);
+        }
+    }
     println!(
         "two groups: leaders {} and {}; group 1's leader killed, node {} leads it; {} holds \
          acknowledged, {} calls retried",

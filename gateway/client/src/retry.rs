@@ -44,6 +44,7 @@ idempotent!(
     GetJoinChallengeRequest,
     GetHoldRequest,
     GetOrderRequest,
+    ListOrdersRequest,
     GetWaitlistEntryRequest,
     JoinRequest,
     JoinWaitlistRequest,

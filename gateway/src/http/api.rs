@@ -50,13 +50,13 @@ impl Backend {
         self.local.watch_changes(authorization(headers), req).await
     }
 
-    /// `ListEvents` (every group's, merged), with the caller's API key.
-    pub async fn list_events(
-        &self,
-        headers: &HeaderMap,
-        req: pb::ListEventsRequest,
-    ) -> Result<pb::ListEventsResponse, Status> {
-        self.local.list_events(authorization(headers), req).await
+    /// A list call (`ListEvents`, `ListOrders`: every group's, merged, unless it names an
+    /// event), with the caller's API key.
+    pub async fn list<L>(&self, headers: &HeaderMap, req: L) -> Result<L::Answer, Status>
+    where
+        L: crate::lists::Listing + Unary<Answer = <L as crate::lists::Listing>::Page>,
+    {
+        self.local.list(authorization(headers), req).await
     }
 }
 
@@ -280,7 +280,7 @@ fn idempotency_key(headers: &HeaderMap, in_body: String) -> Result<String, Refus
 }
 
 /// A JSON answer with `status`, not to be stored by caches (it is one caller's).
-fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Response {
+pub(crate) fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Response {
     let mut r = (status, Json(value)).into_response();
     r.headers_mut().insert(
         header::CACHE_CONTROL,
@@ -733,7 +733,7 @@ pub async fn list_events(
 ) -> Result<Response, Refusal> {
     let q = query(q)?;
     let page = b
-        .list_events(
+        .list(
             &headers,
             pb::ListEventsRequest {
                 page_size: q.page_size,

@@ -13,6 +13,7 @@
 //! | `POST /v1/holds/{holdId}/confirm`, `POST /v1/orders` | `Confirm` |
 //! | `POST /v1/holds/{holdId}/release` | `Release` (204) |
 //! | `GET /v1/holds/{holdId}`, `GET /v1/orders/{orderId}` | `GetHold`, `GetOrder` |
+//! | `GET /v1/users/{userId}/orders` | `ListOrders` |
 //! | `POST /v1/events`, `GET /v1/events`, `GET /v1/events/{id}` | `CreateEvent`, `ListEvents`, `GetEvent` |
 //! | `POST /v1/events/{id}/sale`, `POST /v1/events/{id}/sale/{pause,resume,queue-all,end}` | `UpdateSale` (admin) |
 //! | `GET /v1/changes?after=CURSOR&eventId=&follow=` (NDJSON, or server-sent events) | `WatchChanges` (admin or stream key) |
@@ -25,6 +26,7 @@
 pub mod api;
 pub mod changes;
 pub mod ops;
+pub mod orders;
 pub mod problem;
 pub mod types;
 
@@ -44,7 +46,7 @@ pub use api::Backend;
         api::queue_token, api::join_challenge, api::queue_status, api::seats, api::book,
         api::create_hold, api::confirm_hold, api::create_order, api::release_hold,
         api::get_hold, api::get_order, api::create_event, api::update_sale, api::sale_action,
-        api::get_event, api::list_events,
+        api::get_event, api::list_events, orders::list_orders,
         api::cluster_status, api::add_node, api::remove_node, api::replace_node,
         api::rotate_ticket_key, api::rebalance, changes::changes,
     ),
@@ -56,7 +58,7 @@ pub use api::Backend;
         types::Seat, types::SectionSeats, types::SeatMap, types::AddNodeBody,
         types::ClusterNode, types::ClusterGroup, types::ClusterStatus, types::TicketKey,
         changes::Change, changes::RefundChange, changes::PlacesWithdrawn, changes::WaitlistOffer,
-        changes::SaleControls,
+        changes::SaleControls, orders::OrderPage,
     )),
     modifiers(&BearerAuth),
 )]
@@ -107,6 +109,7 @@ pub fn router(backend: Backend, extra: Option<Router>) -> Router {
         .route("/v1/holds/{hold_id}/release", post(api::release_hold))
         .route("/v1/orders", post(api::create_order))
         .route("/v1/orders/{order_id}", get(api::get_order))
+        .route("/v1/users/{user_id}/orders", get(orders::list_orders))
         .route("/v1/changes", get(changes::changes))
         .route("/v1/cluster", get(api::cluster_status))
         .route("/v1/cluster/nodes", post(api::add_node))

@@ -34,9 +34,11 @@ use http_body_util::{BodyExt, Full};
 use prost::Message;
 
 use crate::limits::MESSAGE_BYTES_MAX;
+use crate::lists::Listing;
 use crate::node::peers::Peers;
 use crate::services::{GroupOf, Groups};
 use crate::status::ApiError;
+use crate::tokens::TokenSigner;
 
 /// The longest a forwarded call waits for the leader's answer (then `UNAVAILABLE` /
 /// `NOT_READY`: retry with the same idempotency key).
@@ -64,12 +66,15 @@ pub struct Forwarder {
     ring: Arc<crate::node::ring::ClusterRing>,
     /// Each group's handover on this node.
     handovers: crate::node::handover::Handovers,
+    /// The node's token signer: signs the page tokens of the pages it merges.
+    signer: TokenSigner,
 }
 
 impl Forwarder {
     /// Node `id` of the groups `rafts` (index: the group), reaching the leaders through
     /// `peers` (the links' watch of which the node's groups share); `groups` is each group's
-    /// state here (set while this node serves it); `ring` is the node's ticket key ring.
+    /// state here (set while this node serves it); `ring` is the node's ticket key ring;
+    /// `signer` signs the page tokens of the pages it merges ([`Listing::merge`]).
     pub(crate) fn new(
         id: u64,
         rafts: Vec<Raft>,
@@ -77,6 +82,7 @@ impl Forwarder {
         groups: Groups,
         ring: Arc<crate::node::ring::ClusterRing>,
         handovers: crate::node::handover::Handovers,
+        signer: TokenSigner,
     ) -> Forwarder {
         Forwarder {
             id,
@@ -86,7 +92,13 @@ impl Forwarder {
             channels: Mutex::new(BTreeMap::new()),
             ring,
             handovers,
+            signer,
         }
+    }
+
+    /// The node's token signer (see [`Forwarder::new`]).
+    pub(crate) fn signer(&self) -> &TokenSigner {
+        &self.signer
     }
 
     /// The members of this node's groups (for `ClusterService`), reached as this forwarder
@@ -443,7 +455,10 @@ where
     let path = parts.uri.path().to_owned();
     let (route, bytes) = route_of(&path, &parts.headers, bytes);
     let g = match route {
-        Route::All => return list_all(f, inner, parts, bytes).await,
+        Route::All if path == <pb::ListOrdersRequest as Listing>::LIST_PATH => {
+            return list_all::<_, pb::ListOrdersRequest>(f, inner, parts, bytes).await;
+        }
+        Route::All => return list_all::<_, pb::ListEventsRequest>(f, inner, parts, bytes).await,
         Route::Event(event) => group_of_event(&event, f.group_count()),
         // Not a request the services can read: any group answers its error.
         Route::Unknown => 0,
@@ -633,6 +648,17 @@ routed_by!(pb::GetHoldRequest, |m| of_hold(&m.hold_id));
 routed_by!(pb::GetOrderRequest, |m| OrderId::from(m.order_id.as_str())
     .route()
     .map(|(e, _)| e.0));
+impl Routed for pb::ListOrdersRequest {
+    /// Its event's group, or every group (every event's orders).
+    fn route(&self) -> Route {
+        if self.event_id.is_empty() {
+            Route::All
+        } else {
+            Route::Event(self.event_id.clone())
+        }
+    }
+}
+
 routed_by!(pb::JoinWaitlistRequest, |m| Some(m.event_id.clone()));
 routed_by!(pb::GetWaitlistEntryRequest, |m| m
     .entry_id
@@ -677,6 +703,7 @@ fn route_of(path: &str, headers: &http::HeaderMap, body: bytes::Bytes) -> (Route
         "/boxoffice.v1.BookingService/Release" => read::<pb::ReleaseRequest>(&msg, body),
         "/boxoffice.v1.BookingService/GetHold" => read::<pb::GetHoldRequest>(&msg, body),
         "/boxoffice.v1.BookingService/GetOrder" => read::<pb::GetOrderRequest>(&msg, body),
+        "/boxoffice.v1.BookingService/ListOrders" => read::<pb::ListOrdersRequest>(&msg, body),
         "/boxoffice.v1.WaitlistService/JoinWaitlist" => read::<pb::JoinWaitlistRequest>(&msg, body),
         "/boxoffice.v1.WaitlistService/GetWaitlistEntry" => {
             read::<pb::GetWaitlistEntryRequest>(&msg, body)
@@ -739,52 +766,9 @@ async fn read_answer<M: Message + Default>(res: http::Response<Body>) -> Result<
     M::decode(&*msg).map_err(|e| tonic::Status::internal(format!("an answer: {e}")))
 }
 
-/// The page each group is asked for, for a `ListEvents` of several groups: the size asked (the
-/// merged page takes the first of their events).
-pub(crate) fn page_of_group(
-    asked: &boxoffice_proto::v1::ListEventsRequest,
-) -> boxoffice_proto::v1::ListEventsRequest {
-    boxoffice_proto::v1::ListEventsRequest {
-        page_size: u32::try_from(page_size(asked)).unwrap_or(u32::MAX),
-        page_token: asked.page_token.clone(),
-    }
-}
-
-fn page_size(asked: &boxoffice_proto::v1::ListEventsRequest) -> usize {
-    match asked.page_size as usize {
-        0 => crate::limits::LIST_PAGE_DEFAULT,
-        n => n.min(crate::limits::LIST_PAGE_MAX),
-    }
-}
-
-/// The groups' pages merged in event id order into one page of the size asked, as one group
-/// would answer it.
-pub(crate) fn merge_pages(
-    asked: &boxoffice_proto::v1::ListEventsRequest,
-    pages: Vec<boxoffice_proto::v1::ListEventsResponse>,
-) -> boxoffice_proto::v1::ListEventsResponse {
-    let size = page_size(asked);
-    let mut more = false;
-    let mut events = Vec::new();
-    for page in pages {
-        more |= !page.next_page_token.is_empty();
-        events.extend(page.events);
-    }
-    events.sort_by(|a, b| a.event_id.cmp(&b.event_id));
-    if events.len() > size {
-        more = true;
-        events.truncate(size);
-    }
-    let next_page_token = crate::services::grpc::next_page_token(&events, more);
-    boxoffice_proto::v1::ListEventsResponse {
-        events,
-        next_page_token,
-    }
-}
-
-/// `ListEvents` over several groups: each group's page (served here, or by its leader), merged
-/// in event id order into one page of the size asked, as one group would answer it.
-async fn list_all<S>(
+/// A list call `L` over several groups: each group's page (served here, or by its leader),
+/// merged into one page of the size asked, as one group would answer it ([`Listing`]).
+async fn list_all<S, L: Listing>(
     f: Arc<Forwarder>,
     inner: S,
     parts: http::request::Parts,
@@ -798,10 +782,7 @@ where
     let gzip = tonic::codec::CompressionEncoding::Gzip;
     let mut encodings = tonic::codec::EnabledCompressionEncodings::default();
     encodings.enable(gzip);
-    let codec = tonic_prost::ProstCodec::<
-        boxoffice_proto::v1::ListEventsResponse,
-        boxoffice_proto::v1::ListEventsRequest,
-    >::default();
+    let codec = tonic_prost::ProstCodec::<L::Page, L>::default();
     let mut grpc = tonic::server::Grpc::new(codec)
         .apply_compression_config(encodings, encodings)
         .apply_max_message_size_config(Some(MESSAGE_BYTES_MAX), None);
@@ -809,39 +790,37 @@ where
         f,
         inner,
         headers: parts.headers.clone(),
+        listing: std::marker::PhantomData::<L>,
     };
     let req = http::Request::from_parts(parts, Body::new(Full::new(body)));
     Ok(grpc.unary(method, req).await)
 }
 
 /// See [`list_all`].
-struct MergedList<S> {
+struct MergedList<S, L> {
     f: Arc<Forwarder>,
     inner: S,
     headers: http::HeaderMap,
+    listing: std::marker::PhantomData<L>,
 }
 
-impl<S> tonic::server::UnaryService<boxoffice_proto::v1::ListEventsRequest> for MergedList<S>
+impl<S, L: Listing> tonic::server::UnaryService<L> for MergedList<S, L>
 where
     S: Service<http::Request<Body>, Response = http::Response<Body>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
 {
-    type Response = boxoffice_proto::v1::ListEventsResponse;
-    type Future =
-        BoxFuture<Result<tonic::Response<boxoffice_proto::v1::ListEventsResponse>, tonic::Status>>;
+    type Response = L::Page;
+    type Future = BoxFuture<Result<tonic::Response<L::Page>, tonic::Status>>;
 
-    fn call(
-        &mut self,
-        req: tonic::Request<boxoffice_proto::v1::ListEventsRequest>,
-    ) -> Self::Future {
+    fn call(&mut self, req: tonic::Request<L>) -> Self::Future {
         let (f, inner, headers) = (self.f.clone(), self.inner.clone(), self.headers.clone());
         Box::pin(async move {
             let asked = req.into_inner();
             // Every group at once, each within FORWARD_TIMEOUT (so the whole within it too).
             let mut asking = tokio::task::JoinSet::new();
             for g in 0..f.group_count() {
-                let sub = page_of_group(&asked);
+                let sub = asked.of_group();
                 let (f, inner, headers) = (f.clone(), inner.clone(), headers.clone());
                 asking.spawn(async move { one_group(&f, inner, &headers, g, &sub).await });
             }
@@ -851,28 +830,27 @@ where
                     page.map_err(|e| tonic::Status::internal(format!("listing a group: {e}")))??,
                 );
             }
-            Ok(tonic::Response::new(merge_pages(&asked, pages)))
+            Ok(tonic::Response::new(asked.merge(pages, f.signer())))
         })
     }
 }
 
-/// Group `g`'s answer to `ListEvents` `sub`, asked where [`Forwarder::place`] says: this
+/// Group `g`'s answer to the list call `sub`, asked where [`Forwarder::place`] says: this
 /// node's services, or the group's leader (a forwarded call, with the caller's key).
-async fn one_group<S>(
+async fn one_group<S, L: Listing>(
     f: &Forwarder,
     mut inner: S,
     caller: &http::HeaderMap,
     g: u32,
-    sub: &boxoffice_proto::v1::ListEventsRequest,
-) -> Result<boxoffice_proto::v1::ListEventsResponse, tonic::Status>
+    sub: &L,
+) -> Result<L::Page, tonic::Status>
 where
     S: Service<http::Request<Body>, Response = http::Response<Body>>,
 {
-    const PATH: &str = "/boxoffice.v1.EventService/ListEvents";
-    let req = unary_request(PATH, caller, g, sub)?;
+    let req = unary_request(L::LIST_PATH, caller, g, sub)?;
     let res = match f.place(g) {
         Place::Here => f
-            .here(g as usize, PATH, inner.call(req))
+            .here(g as usize, L::LIST_PATH, inner.call(req))
             .await
             .map_err(|_| tonic::Status::from(ApiError::NotReady))?,
         Place::Leader(leader, channel) => f.forward(g, leader, channel, req).await?,

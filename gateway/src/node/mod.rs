@@ -125,6 +125,7 @@ impl Opened {
             groups.clone(),
             ring.clone(),
             handovers.clone(),
+            crate::tokens::TokenSigner::new(&config.token_secret),
         ));
         Ok((
             Opened {

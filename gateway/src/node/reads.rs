@@ -6,7 +6,7 @@
 //!
 //! Which answers wait:
 //! - every answer of the reads ([`ALWAYS`]: `GetEvent`, `ListEvents`, `GetHold`, `GetOrder`,
-//!   `GetWaitlistEntry`, the waiting room's `Join` and `GetStatus`) and of `HoldBatch` and
+//!   `ListOrders`, `GetWaitlistEntry`, the waiting room's `Join` and `GetStatus`) and of `HoldBatch` and
 //!   `JoinWaitlist` (whose answers may carry refusals, or an entry read from memory);
 //! - every refusal of the other calls (`SOLD_OUT`, `USER_LIMIT`, `SEAT_UNAVAILABLE`, ...).
 //!
@@ -30,7 +30,7 @@ use crate::services::Groups;
 use crate::status::ApiError;
 
 /// The calls whose every answer waits (see the module).
-pub const ALWAYS: [&str; 10] = [
+pub const ALWAYS: [&str; 11] = [
     "/boxoffice.v1.EventService/GetEvent",
     "/boxoffice.v1.EventService/UpdateSale",
     "/boxoffice.v1.EventService/ListEvents",
@@ -39,6 +39,7 @@ pub const ALWAYS: [&str; 10] = [
     "/boxoffice.v1.BookingService/HoldBatch",
     "/boxoffice.v1.BookingService/GetHold",
     "/boxoffice.v1.BookingService/GetOrder",
+    "/boxoffice.v1.BookingService/ListOrders",
     "/boxoffice.v1.WaitlistService/JoinWaitlist",
     "/boxoffice.v1.WaitlistService/GetWaitlistEntry",
 ];

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use boxoffice_engine::{
-    Caller, ConfirmRequest, EventId, EventView, HoldId, OrderId, Rejection, SectionId, UserId,
-    check_idempotency_key,
+    Caller, ConfirmRequest, EventId, EventView, HoldId, OrderCursor, OrderId, Rejection, SectionId,
+    UserId, check_idempotency_key,
 };
 use boxoffice_proto::v1 as pb;
 use tonic::codec::CompressionEncoding;
@@ -100,10 +100,7 @@ impl pb::event_service_server::EventService for EventSvc {
     ) -> Rpc<pb::ListEventsResponse> {
         let api = ready(self.0.of(&req))?;
         let req = req.into_inner();
-        let size = match req.page_size as usize {
-            0 => LIST_PAGE_DEFAULT,
-            n => n.min(LIST_PAGE_MAX),
-        };
+        let size = crate::lists::events_page_size(&req);
         // The page token is the last event id of the previous page.
         let all = api.engine.events().map_err(ApiError::from)?;
         let start = if req.page_token.is_empty() {
@@ -121,7 +118,7 @@ impl pb::event_service_server::EventService for EventSvc {
             .take(size)
             .map(|e| api.event_proto(e))
             .collect();
-        let next_page_token = next_page_token(&events, more);
+        let next_page_token = crate::lists::next_events_token(&events, more);
         ok(pb::ListEventsResponse {
             events,
             next_page_token,
@@ -137,15 +134,6 @@ impl pb::event_service_server::EventService for EventSvc {
         let map = pb::SeatMap::decode(reply.encode_to_vec().as_slice())
             .map_err(|e| Status::internal(format!("a seat map that does not decode: {e}")))?;
         ok(map)
-    }
-}
-
-/// The `next_page_token` of a `ListEvents` page: its last event id if `more` follow, else empty.
-pub(crate) fn next_page_token(page: &[pb::Event], more: bool) -> String {
-    if more {
-        page.last().map(|e| e.event_id.clone()).unwrap_or_default()
-    } else {
-        String::new()
     }
 }
 
@@ -499,6 +487,56 @@ impl pb::booking_service_server::BookingService for BookingSvc {
             .await
             .map_err(ApiError::from)?;
         ok(convert::order(o, &api.tickets).map_err(ApiError::from)?)
+    }
+
+    async fn list_orders(
+        &self,
+        req: Request<pb::ListOrdersRequest>,
+    ) -> Rpc<pb::ListOrdersResponse> {
+        let api = ready(self.0.of(&req))?;
+        let req = req.into_inner();
+        user_id(&req.user_id)?;
+        let event = match req.event_id.as_str() {
+            "" => None,
+            _ => Some(event_id("event_id", req.event_id.clone())?),
+        };
+        let before = match req.page_token.as_str() {
+            "" => None,
+            token => {
+                let page = api
+                    .signer
+                    .verify_orders_page(token, &req.user_id, &req.event_id)
+                    .ok_or_else(|| {
+                        ApiError::from(Rejection::invalid(
+                            "page_token",
+                            "not a page token of this listing (altered, or for another user or \
+                             event)",
+                        ))
+                    })?;
+                Some(OrderCursor {
+                    created_at_ms: page.created_at_ms,
+                    order_id: OrderId(page.order_id),
+                })
+            }
+        };
+        let size = crate::lists::orders_page_size(&req);
+        let page = api
+            .engine
+            .list_orders(&UserId(req.user_id.clone()), event.as_ref(), before, size)
+            .await
+            .map_err(ApiError::from)?;
+        let orders = page
+            .orders
+            .into_iter()
+            .map(|o| convert::order(o, &api.tickets))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(ApiError::from)?;
+        let next_page_token =
+            crate::lists::next_orders_token(&req, &orders, page.more, &api.signer);
+        ok(pb::ListOrdersResponse {
+            orders,
+            next_page_token,
+        })
     }
 }
 

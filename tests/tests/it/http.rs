@@ -611,6 +611,7 @@ async fn the_openapi_document_names_every_path() {
         ("/v1/events/{id}", "get"),
         ("/v1/events/{id}/sale", "post"),
         ("/v1/events/{id}/sale/{action}", "post"),
+        ("/v1/users/{userId}/orders", "get"),
     ] {
         assert!(
             doc["paths"][path][method].is_object(),
@@ -619,6 +620,7 @@ async fn the_openapi_document_names_every_path() {
     }
     assert!(doc["components"]["schemas"]["Problem"].is_object());
     assert!(doc["components"]["schemas"]["UpdateSaleBody"].is_object());
+    assert!(doc["components"]["schemas"]["OrderPage"].is_object());
     assert!(doc["components"]["securitySchemes"]["bearer"].is_object());
     server.shutdown().await;
 }

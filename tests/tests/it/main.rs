@@ -27,6 +27,7 @@ mod line;
 mod metrics;
 mod model;
 mod monitoring;
+mod orders;
 mod owners;
 mod pow;
 mod recovery;
