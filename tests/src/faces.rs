@@ -485,6 +485,101 @@ where
     assert_eq!(holds.len(), 2, "two holds were made: {holds:?}");
     let (ga_hold, seat_hold) = (holds[0].clone(), holds[1].clone());
 
+    // HoldBatch: items answered as their `Hold`s (keyed items replay the holds above, so the
+    // HTTP call answers what the gRPC call did), and refusals of the whole call.
+    let item = |user: &str, token: &str, q: u32, key: &str| pb::HoldBatchItem {
+        user_id: user.into(),
+        admission_token: token.into(),
+        idempotency_key: key.into(),
+        selection: Some(pb::hold_batch_item::Selection::BestAvailable(
+            pb::BestAvailable {
+                section_id: "ga".into(),
+                quantity: q,
+            },
+        )),
+    };
+    let item_body = |i: &pb::HoldBatchItem| {
+        let q = match &i.selection {
+            Some(pb::hold_batch_item::Selection::BestAvailable(b)) => b.quantity,
+            _ => 0,
+        };
+        json!({"userId": i.user_id, "admissionToken": i.admission_token,
+            "idempotencyKey": i.idempotency_key, "sectionId": "ga", "quantity": q})
+    };
+    for (name, event, items) in [
+        (
+            "a batch of replayed, forged and invalid items",
+            e,
+            vec![
+                item("fan-1", &token, 2, "faces-h1"),
+                item("fan-2", "forged", 1, "faces-b1"),
+                item("fan-1", &token, 0, "faces-b2"),
+                item("fan-1", &token, 1, "faces-h1"),
+            ],
+        ),
+        ("an empty batch", e, Vec::new()),
+        (
+            "a batch of an unknown event",
+            "faces-nowhere",
+            vec![item("fan-1", &token, 1, "")],
+        ),
+    ] {
+        let body = json!({"items": items.iter().map(item_body).collect::<Vec<_>>()});
+        let mut g = client.grpc.clone();
+        t.row::<_, boxoffice_gateway::http::batch::HoldBatchAnswer>(
+            name,
+            g.booking.hold_batch(pb::HoldBatchRequest {
+                event_id: event.into(),
+                items,
+            }),
+            client
+                .http
+                .post(&format!("/v1/events/{event}/holds/batch"), &[], &body),
+        )
+        .await;
+    }
+
+    // The waitlist: refused while places can be held, without admission; an unknown entry.
+    let mut g = client.grpc.clone();
+    for (name, user, token) in [
+        (
+            "join the waitlist while places are free",
+            "fan-1",
+            token.as_str(),
+        ),
+        ("join the waitlist with a forged token", "fan-1", "forged"),
+        ("join the waitlist without a user", "", token.as_str()),
+    ] {
+        t.row::<_, boxoffice_gateway::http::waitlist::WaitlistEntry>(
+            name,
+            g.waitlist.join_waitlist(pb::JoinWaitlistRequest {
+                event_id: e.into(),
+                user_id: user.into(),
+                section_id: "ga".into(),
+                quantity: 1,
+                admission_token: token.into(),
+            }),
+            client.http.post(
+                &format!("/v1/events/{e}/waitlist"),
+                &[],
+                &json!({"userId": user, "sectionId": "ga", "quantity": 1,
+                    "admissionToken": token}),
+            ),
+        )
+        .await;
+    }
+    t.row::<_, boxoffice_gateway::http::waitlist::WaitlistEntry>(
+        "read a waitlist entry that is not one",
+        g.waitlist.get_waitlist_entry(pb::GetWaitlistEntryRequest {
+            entry_id: format!("{e}.w01"),
+            user_id: "fan-1".into(),
+        }),
+        client
+            .http
+            .get(&format!("/v1/waitlist/{e}.w01?userId=fan-1"), &[]),
+    )
+    .await;
+
     // Reads of holds: owners only.
     let mut g = client.grpc.clone();
     for (name, hold, user) in [

@@ -241,7 +241,9 @@ pub(crate) fn authorization(headers: &HeaderMap) -> Option<&str> {
 
 /// A JSON body (an empty body is the type's default), or `INVALID_REQUEST` (field `request`):
 /// not JSON, a field of the wrong type or unknown, or over the 256 KiB limit.
-fn body<T: DeserializeOwned + Default>(raw: Result<Bytes, BytesRejection>) -> Result<T, Refusal> {
+pub(crate) fn body<T: DeserializeOwned + Default>(
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<T, Refusal> {
     let raw = raw.map_err(|e| {
         Refusal::invalid(
             "request",
@@ -289,7 +291,7 @@ pub(crate) fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Respon
     r
 }
 
-fn created<T: serde::Serialize>(location: String, value: &T) -> Response {
+pub(crate) fn created<T: serde::Serialize>(location: String, value: &T) -> Response {
     let mut r = json(StatusCode::CREATED, value);
     if let Ok(v) = HeaderValue::from_str(&location) {
         r.headers_mut().insert(header::LOCATION, v);
@@ -298,7 +300,7 @@ fn created<T: serde::Serialize>(location: String, value: &T) -> Response {
 }
 
 /// The gRPC selection of a hold: exact seats, or best available (1 place unless `quantity`).
-fn selection(
+pub(crate) fn selection(
     seat_ids: Vec<String>,
     section_id: String,
     quantity: Option<u32>,

@@ -121,6 +121,25 @@ impl Problem {
         )
     }
 
+    /// The problem of one `HoldBatch` item's error: what its own `Hold` would have answered.
+    pub fn from_item(e: &boxoffice_proto::v1::ItemError) -> Problem {
+        let metadata: BTreeMap<String, String> = e
+            .metadata
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let field = metadata.get("field").cloned();
+        let retry_after_ms = u64::try_from(e.retry_delay_ms).ok().filter(|ms| *ms > 0);
+        Problem::of(
+            Code::from_i32(e.code),
+            Some(e.reason.clone()).filter(|r| !r.is_empty()),
+            e.message.clone(),
+            metadata,
+            field,
+            retry_after_ms,
+        )
+    }
+
     /// The problem of a status made elsewhere, read from its details.
     fn from_details(status: &tonic::Status) -> Problem {
         let details = status.get_error_details();

@@ -612,6 +612,9 @@ async fn the_openapi_document_names_every_path() {
         ("/v1/events/{id}/sale", "post"),
         ("/v1/events/{id}/sale/{action}", "post"),
         ("/v1/users/{userId}/orders", "get"),
+        ("/v1/events/{id}/holds/batch", "post"),
+        ("/v1/events/{id}/waitlist", "post"),
+        ("/v1/waitlist/{entryId}", "get"),
     ] {
         assert!(
             doc["paths"][path][method].is_object(),
@@ -696,5 +699,151 @@ async fn a_caller_that_leaves_mid_confirm_gets_its_order_on_retry_charged_once()
     assert_eq!(provider.arrived.available_permits(), 0);
     let e = fan.get("/v1/events/gone", &[]).await.json();
     assert_eq!(e["sections"][1]["sold"], 1);
+    server.shutdown().await;
+}
+
+/// The calls that were gRPC only (issue 29, point 7): `HoldBatch` at
+/// `POST /v1/events/{id}/holds/batch` (each item a hold of its own, or the problem its `Hold`
+/// would have answered), and the waitlist at `POST /v1/events/{id}/waitlist` and
+/// `GET /v1/waitlist/{entryId}`: a fan waits, a release offers the places to them as a hold,
+/// they pay, and their entry is fulfilled; only the fan reads their entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hold_batches_and_the_waitlist_over_http() {
+    let server = TestServer::start().await;
+    let admin = server.http(Some(ADMIN));
+    let fan = server.http(Some(CLIENT));
+    assert_eq!(create(&admin, "wb", 3).await.status, StatusCode::CREATED);
+    let ann = admitted(&server, &fan, "wb", "ann").await;
+    let bob = admitted(&server, &fan, "wb", "bob").await;
+    let cat = admitted(&server, &fan, "wb", "cat").await;
+    // One batch: ann takes 2 floor places, bob 1 (the floor's last), cat's item is refused
+    // (sold out), and an item without its token is refused as a `Hold` would be.
+    let batch = json!({"items": [
+        {"userId": "ann", "admissionToken": ann, "sectionId": "ga", "quantity": 2,
+         "idempotencyKey": "b-ann"},
+        {"userId": "bob", "admissionToken": bob, "sectionId": "ga", "quantity": 1},
+        {"userId": "cat", "admissionToken": cat, "sectionId": "ga", "quantity": 1},
+        {"userId": "cat", "sectionId": "ga", "quantity": 1},
+    ]});
+    let answer = fan.post("/v1/events/wb/holds/batch", &[], &batch).await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    let results = answer.json()["results"].as_array().unwrap().clone();
+    assert_eq!(results.len(), 4);
+    assert_eq!(results[0]["hold"]["quantity"], 2);
+    assert_eq!(results[0]["hold"]["status"], "HELD");
+    assert_eq!(results[1]["hold"]["userId"], "bob");
+    assert_eq!(results[2]["error"]["reason"], "SOLD_OUT");
+    assert_eq!(results[2]["error"]["status"], 409);
+    assert!(results[2].get("hold").is_none());
+    assert_eq!(results[3]["error"]["reason"], "INVALID_REQUEST");
+    assert_eq!(results[3]["error"]["field"], "items[3].admission_token");
+    let ann_hold = results[0]["hold"]["holdId"].as_str().unwrap().to_owned();
+    // The keyed item replayed by a second batch: the same hold.
+    let again = fan
+        .post(
+            "/v1/events/wb/holds/batch",
+            &[],
+            &json!({"items": [{"userId": "ann", "admissionToken": ann, "sectionId": "ga",
+                "quantity": 2, "idempotencyKey": "b-ann"}]}),
+        )
+        .await;
+    assert_eq!(
+        again.json()["results"][0]["hold"]["holdId"],
+        ann_hold.as_str()
+    );
+    // Whole-call refusals.
+    let empty = fan
+        .post("/v1/events/wb/holds/batch", &[], &json!({"items": []}))
+        .await;
+    assert_eq!(
+        (empty.status, empty.reason()),
+        (StatusCode::BAD_REQUEST, "INVALID_REQUEST".into())
+    );
+    let unknown = fan
+        .post("/v1/events/wb/holds/batch", &[], &json!({"itemz": []}))
+        .await;
+    assert_eq!(unknown.status, StatusCode::BAD_REQUEST);
+    // Seats and a quantity in one item: the HTTP layer cannot make the item (gRPC's is a
+    // oneof), so the whole call is refused, naming it.
+    let both = fan
+        .post(
+            "/v1/events/wb/holds/batch",
+            &[],
+            &json!({"items": [{"userId": "cat", "admissionToken": cat, "seatIds": ["orch:A:1"],
+                "quantity": 1}]}),
+        )
+        .await;
+    assert_eq!(both.status, StatusCode::BAD_REQUEST);
+    assert_eq!(both.json()["field"], "items[0].selection");
+
+    // cat waits for a floor place; a second join answers the same entry.
+    let join = json!({"userId": "cat", "sectionId": "ga", "quantity": 1, "admissionToken": cat});
+    let joined = fan.post("/v1/events/wb/waitlist", &[], &join).await;
+    assert_eq!(joined.status, StatusCode::CREATED, "{joined:?}");
+    let entry = joined.json();
+    assert_eq!(
+        (entry["state"].as_str(), entry["position"].as_u64()),
+        (Some("WAITING"), Some(1))
+    );
+    let id = entry["entryId"].as_str().unwrap().to_owned();
+    assert_eq!(joined.header("location"), format!("/v1/waitlist/{id}"));
+    let rejoined = fan.post("/v1/events/wb/waitlist", &[], &join).await;
+    assert_eq!(rejoined.json()["entryId"], id.as_str());
+    // Only cat reads it; a join while the orchestra is free is refused.
+    let stranger = fan.get(&format!("/v1/waitlist/{id}?userId=ann"), &[]).await;
+    assert_eq!(
+        (stranger.status, stranger.reason()),
+        (StatusCode::NOT_FOUND, "ENTRY_NOT_FOUND".into())
+    );
+    let free = fan
+        .post(
+            "/v1/events/wb/waitlist",
+            &[],
+            &json!({"userId": "ann", "sectionId": "orch", "quantity": 1, "admissionToken": ann}),
+        )
+        .await;
+    assert_eq!(
+        (free.status, free.reason()),
+        (StatusCode::CONFLICT, "PLACES_AVAILABLE".into())
+    );
+    // bob releases: the place is offered to cat as a hold in her name; she pays.
+    let released = fan
+        .post(
+            &format!(
+                "/v1/holds/{}/release",
+                results[1]["hold"]["holdId"].as_str().unwrap()
+            ),
+            &[],
+            &json!({"userId": "bob"}),
+        )
+        .await;
+    assert_eq!(released.status, StatusCode::NO_CONTENT);
+    // Cat's entry, once it is in `state`.
+    let entry_in = async |state: &str| {
+        boxoffice_tests::wait::periodic_check(
+            &format!("cat's entry is {state}"),
+            boxoffice_tests::wait::PATIENCE,
+            async || {
+                let e = fan
+                    .get(&format!("/v1/waitlist/{id}?userId=cat"), &[])
+                    .await
+                    .json();
+                if e["state"] == state { Ok(e) } else { Err(e) }
+            },
+        )
+        .await
+    };
+    let offered = entry_in("OFFERED").await;
+    let offer = offered["offeredHoldId"].as_str().unwrap().to_owned();
+    assert_eq!(offered["position"], 0);
+    let paid = fan
+        .post(
+            &format!("/v1/holds/{offer}/confirm"),
+            &[],
+            &json!({"userId": "cat", "paymentToken": "tok_visa"}),
+        )
+        .await;
+    assert_eq!(paid.status, StatusCode::CREATED, "{paid:?}");
+    entry_in("FULFILLED").await;
     server.shutdown().await;
 }
