@@ -50,6 +50,7 @@ async fn env() -> Env {
             sale_opens_at_unix_ms: 0,
             idempotency_key: String::new(),
             join_pow_difficulty_bits: 0,
+            cancellation_deadline_unix_ms: 0,
         })
         .await
         .expect("event");

@@ -62,6 +62,7 @@ pub fn ga_event(event_id: &EventId, sections: usize, capacity: u32) -> EventSpec
         admission_window_ms: 0,
         sale_opens_at_ms: 0,
         join_pow_difficulty_bits: 0,
+        cancellation_deadline_ms: 0,
     }
 }
 

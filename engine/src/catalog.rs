@@ -433,6 +433,12 @@ fn change_of(record: &CatalogRecord, now_ms: u64) -> Change {
             event_id,
             created_at_ms,
             ..
+        }
+        | CatalogRecord::EventCreatedWithTerms {
+            spec,
+            event_id,
+            created_at_ms,
+            ..
         } => Change {
             event_id: event_id.clone(),
             at_ms: *created_at_ms,

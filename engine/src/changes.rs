@@ -77,6 +77,18 @@ pub enum ChangeKind {
         /// Whose money it was.
         user_id: Option<UserId>,
     },
+    /// Tickets of an order were given back (`CancelTickets`). The last variant, so the change
+    /// records of older builds keep their variant indexes.
+    TicketsCancelled {
+        /// The order once its commit's records are applied: the tickets left (no codes).
+        order: OrderView,
+        /// The tickets given back.
+        ticket_ids: Vec<String>,
+        /// What is refunded for them, cents.
+        refund_cents: u64,
+        /// The refund's idempotency key with the payment provider.
+        refund_key: String,
+    },
 }
 
 impl ChangeKind {
@@ -92,6 +104,7 @@ impl ChangeKind {
             ChangeKind::WaitlistOffered { .. } => "waitlist_offered",
             ChangeKind::SaleUpdated(_) => "sale_updated",
             ChangeKind::Refunded { .. } => "refunded",
+            ChangeKind::TicketsCancelled { .. } => "tickets_cancelled",
         }
     }
 }

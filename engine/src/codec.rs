@@ -78,23 +78,46 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
 pub fn decode_extended<T: DeserializeOwned, E: DeserializeOwned + Default>(
     bytes: &[u8],
 ) -> Result<(T, E), DecodeError> {
+    decode_extended2::<T, E, ()>(bytes).map(|(value, extension, ())| (value, extension))
+}
+
+/// [`decode_extended`] with two extensions, each optional in turn: a value written with the
+/// first extension only decodes with the second's default, one written alone with both
+/// defaults.
+pub fn decode_extended2<T, E1, E2>(bytes: &[u8]) -> Result<(T, E1, E2), DecodeError>
+where
+    T: DeserializeOwned,
+    E1: DeserializeOwned + Default,
+    E2: DeserializeOwned + Default,
+{
     let payload = verify(bytes)?;
     let config = bincode::config::standard();
     let (value, used) = bincode::serde::decode_from_slice(payload, config)
         .map_err(|e| DecodeError::Payload(e.to_string()))?;
-    let rest = &payload[used..];
-    if rest.is_empty() {
-        return Ok((value, E::default()));
-    }
-    let (extension, more) = bincode::serde::decode_from_slice(rest, config)
-        .map_err(|e| DecodeError::Payload(format!("extension: {e}")))?;
-    if more != rest.len() {
+    let mut rest = &payload[used..];
+    let first: E1 = if rest.is_empty() {
+        E1::default()
+    } else {
+        let (e, n) = bincode::serde::decode_from_slice(rest, config)
+            .map_err(|e| DecodeError::Payload(format!("extension: {e}")))?;
+        rest = &rest[n..];
+        e
+    };
+    let second: E2 = if rest.is_empty() {
+        E2::default()
+    } else {
+        let (e, n) = bincode::serde::decode_from_slice(rest, config)
+            .map_err(|e| DecodeError::Payload(format!("second extension: {e}")))?;
+        rest = &rest[n..];
+        e
+    };
+    if !rest.is_empty() {
         return Err(DecodeError::Payload(format!(
             "{} trailing bytes",
-            rest.len() - more
+            rest.len()
         )));
     }
-    Ok((value, extension))
+    Ok((value, first, second))
 }
 
 /// The first 8 bytes (little-endian) of the SHA-256 of `value`'s framed record, as [`encode`]

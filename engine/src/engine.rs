@@ -18,6 +18,7 @@ use tokio::sync::watch;
 
 use crate::audit::Audit;
 use crate::booking::Booking;
+use crate::cancellations::{CancelRequest, Cancellations, TicketsCancelled};
 use crate::catalog::Catalog;
 use crate::checkout::Checkout;
 use crate::config::EngineConfig;
@@ -53,6 +54,7 @@ pub(crate) struct Inner {
     catalog: Arc<Catalog>,
     booking: Booking,
     checkout: Checkout,
+    cancellations: Cancellations,
     expiry: Expiry,
     waitlist: Waitlist,
     audit: Audit,
@@ -94,6 +96,7 @@ impl Inner {
             rooms: Rooms::open(kernel.clone(), rooms)?,
             checkout: Checkout::new(k.clone(), c.clone(), booking.clone(), p.clone(), o.clone()),
             refunds: Refunds::new(k.clone(), c.clone(), audit.clone(), booking.clone()),
+            cancellations: Cancellations::new(k.clone(), c.clone(), p.clone()),
             expiry: Expiry::new(k.clone(), c.clone()),
             booking,
             audit,
@@ -587,6 +590,14 @@ impl Engine {
         user_id: &UserId,
     ) -> Result<OrderView, EngineError> {
         self.inner.booking.get_order_of(order_id, user_id).await
+    }
+
+    /// Gives tickets of an order back: see the `Cancellations` component.
+    pub async fn cancel_tickets(
+        &self,
+        req: CancelRequest,
+    ) -> Result<TicketsCancelled, EngineError> {
+        self.inner.cancellations.cancel_tickets(req).await
     }
 
     /// `user_id`'s orders, newest first, a page at a time: see `Booking::list_orders`.

@@ -90,6 +90,13 @@ pub enum Rejection {
         /// When the user may hold again, ms since the Unix epoch.
         until_ms: u64,
     },
+    /// A ticket named was given back (or moved to another fan) already.
+    #[error("ticket {0} is no longer valid: it was given back already")]
+    TicketNotActive(String),
+    /// The event's tickets can no longer be given back: its cancellation deadline passed, or
+    /// it takes no cancellations.
+    #[error("this event's tickets can no longer be cancelled")]
+    CancellationClosed,
 }
 
 impl Rejection {
@@ -137,6 +144,8 @@ impl Rejection {
             Rejection::SalePaused,
             Rejection::SaleEnded,
             Rejection::HoldCooldown { until_ms: 1 },
+            Rejection::TicketNotActive("o.1".into()),
+            Rejection::CancellationClosed,
         ]
     }
 
@@ -165,6 +174,8 @@ impl Rejection {
             Rejection::SalePaused => "SALE_PAUSED",
             Rejection::SaleEnded => "SALE_ENDED",
             Rejection::HoldCooldown { .. } => "HOLD_COOLDOWN",
+            Rejection::TicketNotActive(_) => "TICKET_NOT_ACTIVE",
+            Rejection::CancellationClosed => "CANCELLATION_CLOSED",
         }
     }
 }
@@ -289,6 +300,8 @@ mod tests {
             Rejection::SalePaused => 19,
             Rejection::SaleEnded => 20,
             Rejection::HoldCooldown { .. } => 21,
+            Rejection::TicketNotActive(_) => 22,
+            Rejection::CancellationClosed => 23,
         }
     }
 
@@ -296,6 +309,6 @@ mod tests {
     fn every_kind_is_listed() {
         let mut seen: Vec<usize> = Rejection::every().iter().map(kind).collect();
         seen.sort_unstable();
-        assert_eq!(seen, (0..22).collect::<Vec<_>>());
+        assert_eq!(seen, (0..24).collect::<Vec<_>>());
     }
 }

@@ -85,6 +85,7 @@ pub struct ReadmeDoctests;
 mod audit;
 mod booking;
 pub mod bugs;
+mod cancellations;
 mod catalog;
 pub mod changes;
 mod checkout;
@@ -124,6 +125,7 @@ pub mod waitlist;
 mod waitlist_calls;
 pub mod warm;
 
+pub use cancellations::{CancelRequest, TicketsCancelled};
 pub use catalog::event_id_of_key;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::EngineConfig;

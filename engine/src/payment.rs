@@ -80,6 +80,16 @@ pub trait PaymentProvider: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Charge, PaymentError>>;
     /// Refunds a captured charge (idempotent: refunding a refunded charge answers it again).
     fn refund<'a>(&'a self, payment_id: &'a str) -> BoxFuture<'a, Result<Charge, PaymentError>>;
+    /// Refunds part of a captured charge (tickets given back), idempotently by `key` (the same
+    /// key never refunds twice and answers the first refund). The refund is a record of its
+    /// own: its `payment_id` is the refund's id, its `key` the one given, its status
+    /// `Refunded`; the charge stays `Captured` with its amount. `lookup(key)` finds it.
+    fn refund_part<'a>(
+        &'a self,
+        payment_id: &'a str,
+        key: &'a str,
+        amount_cents: u64,
+    ) -> BoxFuture<'a, Result<Charge, PaymentError>>;
     /// The charge made with `key`, if any.
     fn lookup<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Charge>, PaymentError>>;
     /// Every charge (for reconciliation).
@@ -399,6 +409,45 @@ impl PaymentProvider for SimulatedProvider {
                     Ok(c)
                 }
             }
+        })
+    }
+
+    fn refund_part<'a>(
+        &'a self,
+        payment_id: &'a str,
+        key: &'a str,
+        amount_cents: u64,
+    ) -> BoxFuture<'a, Result<Charge, PaymentError>> {
+        Box::pin(async move {
+            let _guard = self.lock(key).await;
+            if let Some(done) = self.get(key)? {
+                return Ok(done);
+            }
+            let charge_key = self
+                .by_id
+                .get(payment_id.as_bytes())
+                .map_err(io)?
+                .ok_or(PaymentError::NotFound)?;
+            let charge = self
+                .get(&String::from_utf8_lossy(&charge_key))?
+                .ok_or(PaymentError::NotFound)?;
+            if charge.status != ChargeStatus::Captured || amount_cents > charge.amount_cents {
+                return Err(PaymentError::Unavailable(format!(
+                    "cannot refund {amount_cents} of payment {payment_id} ({:?}, {})",
+                    charge.status, charge.amount_cents
+                )));
+            }
+            let refund = Charge {
+                payment_id: format!("rf_{}", crate::rt::ulid()),
+                key: key.to_owned(),
+                amount_cents,
+                status: ChargeStatus::Refunded,
+            };
+            self.put(&refund).await?;
+            drop(_guard);
+            self.flush().await?;
+            metrics::counter!("boxoffice_payment_refunds_total").increment(1);
+            Ok(refund)
         })
     }
 

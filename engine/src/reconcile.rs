@@ -5,7 +5,7 @@
 //! every claim a sale, that every order is paid by exactly one captured charge of its amount,
 //! and that every captured charge belongs to an order (else it should have been refunded).
 
-use crate::core::SectionCore;
+use crate::core::{RefundDue, SectionCore};
 use crate::hash::{HashMap, HashSet};
 use crate::payment::{Charge, ChargeStatus};
 use crate::types::OrderView;
@@ -53,17 +53,34 @@ pub enum Finding {
         /// Its amount.
         amount_cents: u64,
     },
+    /// Tickets were given back (`CancelTickets`) and the provider has no refund of them (the
+    /// refund failed and was not retried yet), or one of another amount.
+    RefundMissing {
+        /// The order.
+        order_id: String,
+        /// The payment the order was paid with (what is refunded).
+        payment_id: String,
+        /// The refund's idempotency key with the provider.
+        refund_key: String,
+        /// What is owed, cents.
+        amount_cents: u64,
+        /// Whose money it is.
+        user_id: String,
+        /// What is wrong.
+        detail: String,
+    },
 }
 
 impl Finding {
     /// Every [`Finding::kind`], for metrics labels made ready before the first finding.
-    pub const KINDS: [&'static str; 6] = [
+    pub const KINDS: [&'static str; 7] = [
         "section_inconsistent",
         "sold_without_claim",
         "claim_without_sale",
         "order_not_paid",
         "payment_on_several_orders",
         "captured_without_order",
+        "refund_missing",
     ];
 
     /// A short label for metrics (one of [`Finding::KINDS`]).
@@ -75,6 +92,7 @@ impl Finding {
             Finding::OrderNotPaid { .. } => "order_not_paid",
             Finding::PaymentOnSeveralOrders { .. } => "payment_on_several_orders",
             Finding::CapturedWithoutOrder { .. } => "captured_without_order",
+            Finding::RefundMissing { .. } => "refund_missing",
         }
     }
 }
@@ -99,6 +117,7 @@ pub(crate) fn check(books: &Books<'_>) -> Vec<Finding> {
     let mut findings = Vec::new();
     let mut expected_claims: HashMap<String, String> = HashMap::default();
     let mut orders = Vec::new();
+    let mut refunds = Vec::new();
     for (name, core) in books.sections {
         if let Err(detail) = core.check_invariants() {
             findings.push(Finding::SectionInconsistent {
@@ -110,6 +129,7 @@ pub(crate) fn check(books: &Books<'_>) -> Vec<Finding> {
             expected_claims.insert(key, hold.0);
         }
         orders.extend(core.orders());
+        refunds.extend(core.refunds_due());
     }
     // The backstop.
     let mut seen = HashSet::default();
@@ -127,7 +147,34 @@ pub(crate) fn check(books: &Books<'_>) -> Vec<Finding> {
         }
     }
     check_payments(&orders, books.charges, &mut findings);
+    check_refunds(&refunds, books.charges, &mut findings);
     findings
+}
+
+/// Every refund a cancellation owes is at the provider, of its amount (per ticket given back:
+/// each cancellation's tickets at their section's price).
+fn check_refunds(due: &[RefundDue], charges: &[Charge], findings: &mut Vec<Finding>) {
+    let by_key: HashMap<&str, &Charge> = charges.iter().map(|c| (c.key.as_str(), c)).collect();
+    for d in due {
+        let detail = match by_key.get(d.refund_key.as_str()) {
+            None => "no refund at the provider".to_owned(),
+            Some(c) if c.status != ChargeStatus::Refunded => {
+                format!("the refund is {:?}", c.status)
+            }
+            Some(c) if c.amount_cents != d.amount_cents => {
+                format!("refunded {} of {}", c.amount_cents, d.amount_cents)
+            }
+            Some(_) => continue,
+        };
+        findings.push(Finding::RefundMissing {
+            order_id: d.order_id.to_string(),
+            payment_id: d.payment_ref.clone(),
+            refund_key: d.refund_key.clone(),
+            amount_cents: d.amount_cents,
+            user_id: d.user_id.to_string(),
+            detail,
+        });
+    }
 }
 
 /// Counts `findings` in metrics and logs each; `last` is the engine's share of

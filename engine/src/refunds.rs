@@ -86,6 +86,17 @@ impl Refunds {
         let mut left = Vec::new();
         let mut orphaned_now = HashSet::default();
         for finding in findings {
+            if let Finding::RefundMissing { .. } = &finding {
+                match self.refund_cancelled(&finding).await {
+                    Ok(refunded) => settlement.refunded.push(refunded),
+                    Err(e) => {
+                        tracing::error!(error = %e, finding = ?finding,
+                            "refund of tickets given back failed; retried next pass");
+                        left.push(finding);
+                    }
+                }
+                continue;
+            }
             let Finding::CapturedWithoutOrder { payment_id, .. } = &finding else {
                 left.push(finding);
                 continue;
@@ -132,6 +143,30 @@ impl Refunds {
         }
         reconcile::report(&left, &self.audit.orphans().last_findings);
         Ok((left, settlement))
+    }
+
+    /// Makes the refund a cancellation owes (`finding`, a [`Finding::RefundMissing`]): its key
+    /// makes it once at the provider however often it is tried. Answers (refund id, amount).
+    async fn refund_cancelled(&self, finding: &Finding) -> Result<(String, u64), EngineError> {
+        let Finding::RefundMissing {
+            payment_id,
+            refund_key,
+            amount_cents,
+            ..
+        } = finding
+        else {
+            return Err(EngineError::NotReady);
+        };
+        let refund = crate::cancellations::refund_part(
+            self.audit.payments().as_ref(),
+            payment_id,
+            refund_key,
+            *amount_cents,
+        )
+        .await?;
+        tracing::info!(payment = %payment_id, refund = %refund.payment_id, key = %refund_key,
+            amount_cents, "refunded tickets given back (the refund at the cancellation failed)");
+        Ok((refund.payment_id, refund.amount_cents))
     }
 
     /// Whether `charge` is orphaned now: its hold ended, and no checkout of it is running.

@@ -28,6 +28,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::watch;
 
 use crate::clock::Clock;
+use crate::core::{CancelTickets, Cancelled};
 use crate::core::{ConfirmHold, PlaceHold, SaleChange, SectionCore, SectionRecord};
 use crate::error::{EngineError, Rejection, StorageError};
 use crate::ledger::Ledger;
@@ -48,6 +49,8 @@ pub(crate) enum SectionMsg {
     Hold(Vec<PlaceHold>, Reply<Vec<Result<HoldView, Rejection>>>),
     Confirm(ConfirmHold, Reply<OrderView>),
     Release(HoldId, UserId, Reply<HoldView>),
+    /// Gives tickets of an order back (`CancelTickets`), answered once durable.
+    Cancel(CancelTickets, Reply<Cancelled>),
     ExpireDue(usize, Vec<PlaceHold>, Reply<Expired>),
     /// Stand as an operator's sale control says (see [`SectionCore::sale_change`]), as of the
     /// given time if any (a pause recorded in the catalog before a crash: from when it was
@@ -87,6 +90,7 @@ impl SectionMsg {
             SectionMsg::Hold(_, reply) => send(reply, Err(err)),
             SectionMsg::Confirm(_, reply) => send(reply, Err(err)),
             SectionMsg::Release(_, _, reply) => send(reply, Err(err)),
+            SectionMsg::Cancel(_, reply) => send(reply, Err(err)),
             SectionMsg::ExpireDue(_, _, reply) => send(reply, Err(err)),
             SectionMsg::ExpireHoldIfDue(_, reply) => send(reply, Err(err)),
             SectionMsg::Sale(_, _, reply) => send(reply, Err(err)),
@@ -427,6 +431,7 @@ impl Actor for SectionActor {
             Some(SectionMsg::Release(hold_id, user, reply)) => {
                 st.on_release(&hold_id, &user, now, reply);
             }
+            Some(SectionMsg::Cancel(cmd, reply)) => st.on_cancel(cmd, now, reply),
             Some(SectionMsg::ExpireDue(max, offers, reply)) => {
                 st.on_expire_due(max, offers, now, reply);
             }
@@ -607,6 +612,41 @@ impl SectionState {
         }
     }
 
+    /// Gives tickets back: once durable, their places count against their buyer no more and go
+    /// to the waitlist first (told as a released part of the order's hold: `ended`).
+    fn on_cancel(&mut self, cmd: CancelTickets, now: u64, reply: Reply<Cancelled>) {
+        match self.a.core.cancel_tickets(cmd, now) {
+            Ok((answer, Some(record))) => {
+                let tickets = match &record {
+                    SectionRecord::TicketsCancelled { tickets, .. } => tickets.clone(),
+                    _ => Vec::new(),
+                };
+                let returned = self.a.core.hold_view(&answer.order.hold_id).map(|mut h| {
+                    h.status = HoldStatus::Released;
+                    h.quantity = u32::try_from(tickets.len()).unwrap_or(u32::MAX);
+                    h.seat_ids = tickets
+                        .iter()
+                        .filter_map(|t| h.seat_ids.get(*t as usize).cloned())
+                        .collect();
+                    h
+                });
+                self.commit(
+                    vec![record],
+                    Vec::new(),
+                    returned.into_iter().collect(),
+                    after(reply, Ok(answer)),
+                );
+            }
+            Ok((answer, None)) => {
+                self.commit(Vec::new(), Vec::new(), Vec::new(), after(reply, Ok(answer)))
+            }
+            Err(r) => {
+                self.counters.rejected(&r);
+                self.commit(Vec::new(), Vec::new(), Vec::new(), after(reply, Err(r)));
+            }
+        }
+    }
+
     /// Expires what is due and, in the same step, places the waiting fans' offers: the freed
     /// places go to them before any other request in the mailbox can take them.
     fn on_expire_due(
@@ -747,8 +787,12 @@ pub(crate) fn changes_of(core: &SectionCore, records: &[SectionRecord]) -> Vec<C
                     }),
                 ),
                 SectionRecord::HoldConfirmed {
-                    order_id, at_ms, ..
-                } => (*at_ms, ChangeKind::OrderCreated(core.order_view(order_id)?)),
+                    order_id: o, at_ms, ..
+                } => (
+                    *at_ms,
+                    ChangeKind::OrderCreated(core.order_as_confirmed(o)?),
+                ),
+                SectionRecord::TicketsCancelled { .. } => core.cancellation_change(r)?,
                 SectionRecord::HoldReleased { hold_id, at_ms } => {
                     let mut h = hold(hold_id)?;
                     h.status = HoldStatus::Released;

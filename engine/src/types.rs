@@ -191,6 +191,11 @@ pub struct EventSpec {
     /// so catalog records written before it existed still decode (as 0).
     #[serde(skip)]
     pub join_pow_difficulty_bits: u32,
+    /// Until when its tickets may be given back (`CancelTickets`), ms since the Unix epoch (0:
+    /// never). Not part of the spec's own encoding: the catalog record carries it beside the
+    /// spec ([`CatalogRecord::EventCreatedWithTerms`]).
+    #[serde(skip)]
+    pub cancellation_deadline_ms: u64,
 }
 
 impl EventSpec {
@@ -454,6 +459,13 @@ pub struct OrderView {
     pub payment_ref: String,
     /// When the order was created, ms since the Unix epoch.
     pub created_at_ms: u64,
+    /// Refunded for tickets given back (`CancelTickets`), cents. A view only: not in the
+    /// encoding (an order in the change stream is the order as created).
+    #[serde(skip)]
+    pub refunded_cents: u64,
+    /// The ids of the tickets given back (no longer in `tickets`). A view only, as above.
+    #[serde(skip)]
+    pub cancelled_ticket_ids: Vec<String>,
 }
 
 /// Where a page of a user's orders ends (`ListOrders`): the last order shown, by creation time
@@ -621,12 +633,31 @@ pub(crate) enum CatalogRecord {
         key: String,
         fingerprint: u64,
     },
+    /// An event with terms beyond the spec's own encoding: the proof of work (0: none) and the
+    /// cancellation deadline (never 0 here: an event without one is one of the records above).
+    /// The last variant, so older records keep their variant indexes.
+    EventCreatedWithTerms {
+        spec: EventSpec,
+        event_id: EventId,
+        created_at_ms: u64,
+        join_pow_difficulty_bits: u32,
+        cancellation_deadline_ms: u64,
+    },
 }
 
 impl CatalogRecord {
     /// The record of a new event: [`CatalogRecord::EventCreated`] when it asks for no proof of
     /// work (byte for byte what earlier builds wrote), else [`CatalogRecord::EventCreatedWithPow`].
     pub(crate) fn event_created(spec: EventSpec, event_id: EventId, created_at_ms: u64) -> Self {
+        if spec.cancellation_deadline_ms != 0 {
+            return CatalogRecord::EventCreatedWithTerms {
+                join_pow_difficulty_bits: spec.join_pow_difficulty_bits,
+                cancellation_deadline_ms: spec.cancellation_deadline_ms,
+                spec,
+                event_id,
+                created_at_ms,
+            };
+        }
         match spec.join_pow_difficulty_bits {
             0 => CatalogRecord::EventCreated {
                 spec,
@@ -661,6 +692,17 @@ impl CatalogRecord {
                 spec.join_pow_difficulty_bits = join_pow_difficulty_bits;
                 (event_id, spec, created_at_ms)
             }
+            CatalogRecord::EventCreatedWithTerms {
+                mut spec,
+                event_id,
+                created_at_ms,
+                join_pow_difficulty_bits,
+                cancellation_deadline_ms,
+            } => {
+                spec.join_pow_difficulty_bits = join_pow_difficulty_bits;
+                spec.cancellation_deadline_ms = cancellation_deadline_ms;
+                (event_id, spec, created_at_ms)
+            }
         }
     }
 }
@@ -684,6 +726,7 @@ pub(crate) fn ga_event_spec(id: &str, name: &str, capacity: u32, price_cents: u6
         admission_window_ms: 0,
         sale_opens_at_ms: 0,
         join_pow_difficulty_bits: 0,
+        cancellation_deadline_ms: 0,
     }
 }
 
@@ -772,6 +815,7 @@ mod tests {
             admission_window_ms: 4_000,
             sale_opens_at_ms: 5,
             join_pow_difficulty_bits: 0,
+            cancellation_deadline_ms: 0,
         };
         let decoded: CatalogRecord = crate::codec::decode(&old_bytes).unwrap();
         assert_eq!(

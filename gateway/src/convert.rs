@@ -61,6 +61,8 @@ pub fn event_spec(req: pb::CreateEventRequest) -> Result<EventSpec, Rejection> {
         admission_window_ms: u64::from(req.admission_window_seconds) * 1000,
         sale_opens_at_ms: req.sale_opens_at_unix_ms.unsigned_abs(),
         join_pow_difficulty_bits: req.join_pow_difficulty_bits,
+        cancellation_deadline_ms: u64::try_from(req.cancellation_deadline_unix_ms)
+            .map_err(|_| invalid("cancellation_deadline_unix_ms", "a time after 1970"))?,
     })
 }
 
@@ -206,6 +208,7 @@ pub fn order(
 
 /// An order as the API shows it, its tickets without codes (the change stream's).
 pub fn order_without_codes(o: OrderView) -> pb::Order {
+    let refunded = o.tickets.is_empty() && !o.cancelled_ticket_ids.is_empty();
     pb::Order {
         hold_id: o.hold_id.0,
         user_id: o.user_id.0,
@@ -223,8 +226,14 @@ pub fn order_without_codes(o: OrderView) -> pb::Order {
         event_id: o.event_id.0,
         amount_cents: o.amount_cents,
         payment_id: o.payment_ref,
-        status: pb::OrderStatus::Confirmed as i32,
+        status: if refunded {
+            pb::OrderStatus::Refunded
+        } else {
+            pb::OrderStatus::Confirmed
+        } as i32,
         created_at_unix_ms: ms(o.created_at_ms),
+        refunded_cents: o.refunded_cents,
+        cancelled_ticket_ids: o.cancelled_ticket_ids,
     }
 }
 

@@ -261,6 +261,7 @@ pub const METHODS: &[&str] = &[
     "GetHold",
     "GetOrder",
     "ListOrders",
+    "CancelTickets",
     "JoinWaitlist",
     "GetWaitlistEntry",
     "WatchChanges",

@@ -257,7 +257,12 @@ pub fn rejection_parts(r: &Rejection) -> (Code, &'static str, String, HashMap<St
         | Rejection::IdempotencyKeyReused
         | Rejection::PlacesAvailable
         | Rejection::SalePaused
-        | Rejection::SaleEnded => Code::FailedPrecondition,
+        | Rejection::SaleEnded
+        | Rejection::CancellationClosed => Code::FailedPrecondition,
+        Rejection::TicketNotActive(ticket) => {
+            meta.insert("ticket_id".to_owned(), ticket.clone());
+            Code::FailedPrecondition
+        }
         Rejection::IdempotencyKeyInFlight => Code::Aborted,
         Rejection::HoldCooldown { until_ms } => {
             meta.insert("until_unix_ms".to_owned(), until_ms.to_string());

@@ -174,6 +174,7 @@ fn create_request(event: &str, key: &str) -> pb::CreateEventRequest {
         sale_opens_at_unix_ms: 0,
         idempotency_key: key.to_owned(),
         join_pow_difficulty_bits: 0,
+        cancellation_deadline_unix_ms: 0,
     }
 }
 
@@ -664,6 +665,38 @@ where
             client
                 .http
                 .get(&format!("/v1/orders/{id}?userId={user}"), &[]),
+        )
+        .await;
+    }
+
+    // Giving tickets back: refused alike (this event takes no cancellations).
+    for (name, order_id, tickets) in [
+        ("cancel no tickets", order.clone(), Vec::new()),
+        (
+            "cancel a ticket of an order id that is not one",
+            format!("{e}.ga.onothing"),
+            vec![format!("{e}.ga.onothing.1")],
+        ),
+        (
+            "cancel a ticket of an event without cancellations",
+            order.clone(),
+            vec![format!("{order}.1")],
+        ),
+    ] {
+        let req = pb::CancelTicketsRequest {
+            order_id: order_id.clone(),
+            user_id: "fan-1".into(),
+            ticket_ids: tickets.clone(),
+            idempotency_key: String::new(),
+        };
+        t.row::<_, boxoffice_gateway::http::orders::Cancellation>(
+            name,
+            g.booking.cancel_tickets(req),
+            client.http.post(
+                &format!("/v1/orders/{order_id}/cancel"),
+                &[],
+                &json!({"userId": "fan-1", "ticketIds": tickets}),
+            ),
         )
         .await;
     }

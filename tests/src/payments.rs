@@ -22,6 +22,8 @@ pub struct Gated {
     /// One permit per charge captured and waiting at `after`.
     pub captured: Arc<Semaphore>,
     hold_after: std::sync::atomic::AtomicBool,
+    /// While set, every partial refund fails (the provider is down for refunds).
+    pub fail_refunds: std::sync::atomic::AtomicBool,
 }
 
 impl Gated {
@@ -41,6 +43,7 @@ impl Gated {
             after: Arc::new(Semaphore::new(0)),
             captured: Arc::new(Semaphore::new(0)),
             hold_after: std::sync::atomic::AtomicBool::new(false),
+            fail_refunds: std::sync::atomic::AtomicBool::new(false),
         })
     }
 }
@@ -82,6 +85,17 @@ impl PaymentProvider for Gated {
     }
     fn refund<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Charge, PaymentError>> {
         self.inner.refund(id)
+    }
+    fn refund_part<'a>(
+        &'a self,
+        payment_id: &'a str,
+        key: &'a str,
+        amount_cents: u64,
+    ) -> BoxFuture<'a, Result<Charge, PaymentError>> {
+        if self.fail_refunds.load(std::sync::atomic::Ordering::SeqCst) {
+            return Box::pin(async { Err(PaymentError::Unavailable("refunds are down".into())) });
+        }
+        self.inner.refund_part(payment_id, key, amount_cents)
     }
     fn lookup<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Charge>, PaymentError>> {
         self.inner.lookup(key)

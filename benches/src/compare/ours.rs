@@ -155,6 +155,7 @@ async fn create_event(ch: &Channel, w: &Workload) -> anyhow::Result<()> {
             sale_opens_at_unix_ms: 0,
             idempotency_key: String::new(),
             join_pow_difficulty_bits: 0,
+            cancellation_deadline_unix_ms: 0,
         })
         .await
         .context("CreateEvent")?;

@@ -403,6 +403,13 @@ impl BookingService for Front {
         Err(unimplemented())
     }
 
+    async fn cancel_tickets(
+        &self,
+        _req: Request<pb::CancelTicketsRequest>,
+    ) -> Result<Response<pb::CancelTicketsResponse>, Status> {
+        Err(unimplemented())
+    }
+
     async fn list_orders(
         &self,
         _req: Request<pb::ListOrdersRequest>,

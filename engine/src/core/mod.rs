@@ -18,6 +18,7 @@
 //! record's own time, so replay forgets exactly what the live section forgot. Confirmed holds
 //! (orders) stay.
 
+mod cancel;
 mod records;
 mod seats;
 mod views;
@@ -35,6 +36,7 @@ use crate::types::{
 };
 
 pub use crate::limits::PLACES_PER_HOLD_MAX;
+pub use cancel::{CancelTickets, Cancellation, Cancelled, RefundDue, Returns};
 pub use records::{
     ConfirmHold, Confirmed, Ended, IdemTag, Pick, PlaceHold, SaleChange, SectionRecord,
     SectionSale, Withdrawn,
@@ -104,6 +106,10 @@ pub struct SectionCore {
     /// holds, never encoded: a checkpoint's reader rebuilds it ([`SectionCore::from_checkpoint`]).
     #[serde(skip)]
     by_user: HashMap<UserId, BTreeSet<(u64, OrderId)>>,
+    /// Tickets given back ([`cancel`]). Not in the core's own encoding: a checkpoint carries it
+    /// after the sale.
+    #[serde(skip)]
+    returns: Returns,
 }
 
 fn default_window_ms() -> u64 {
@@ -155,19 +161,23 @@ impl SectionCore {
             window_ms: IDEMPOTENCY_WINDOW_MS_DEFAULT,
             sale: SectionSale::default(),
             by_user: HashMap::default(),
+            returns: Returns::default(),
         }
     }
 
-    /// What a checkpoint of the section holds: the core, then its sale.
-    pub fn checkpoint(&self) -> (&SectionCore, &SectionSale) {
-        (self, &self.sale)
+    /// What a checkpoint of the section holds: the core, then its sale, then the tickets given
+    /// back.
+    pub fn checkpoint(&self) -> (&SectionCore, &SectionSale, &Returns) {
+        (self, &self.sale, self.returns())
     }
 
     /// A section from a checkpoint's bytes ([`SectionCore::checkpoint`]; one written before
     /// the sale was part of it is an open sale).
     pub fn from_checkpoint(blob: &[u8]) -> Result<SectionCore, crate::codec::DecodeError> {
-        let (mut core, sale): (SectionCore, SectionSale) = crate::codec::decode_extended(blob)?;
+        let (mut core, sale, returns): (SectionCore, SectionSale, Returns) =
+            crate::codec::decode_extended2(blob)?;
         core.sale = sale;
+        core.returns = returns;
         for (order_id, hold_id) in &core.orders {
             if let Some(h) = core.holds.get(hold_id)
                 && let Some(o) = &h.order
@@ -443,6 +453,7 @@ impl SectionCore {
                 self.end_hold(hold_id, HoldStatus::Expired, *at_ms)?;
             }
             SectionRecord::PlacesWithdrawn { places, .. } => self.apply_withdrawn(places)?,
+            SectionRecord::TicketsCancelled { .. } => self.apply_cancellation(record)?,
             SectionRecord::SalePaused { .. }
             | SectionRecord::SaleResumed { .. }
             | SectionRecord::SaleEnded { .. } => self.apply_sale(record)?,
@@ -572,6 +583,7 @@ impl SectionCore {
         h.order = Some(order);
         let (q, expires, seats) = (h.quantity, h.expires_at_ms, h.seats.clone());
         self.deadlines.remove(&(expires, hold_id.clone()));
+        self.note_sale_generations(hold_id, &seats);
         for s in seats {
             self.set_seat(s, SeatStatus::Sold);
         }
@@ -749,7 +761,7 @@ impl SectionCore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::{OrderCursor, RowSpec, SectionId};
+    use crate::types::{OrderCursor, RowSpec, SeatId, SectionId};
 
     fn reserved(rows: &[(&str, u32)]) -> SectionCore {
         SectionCore::new(
@@ -1088,6 +1100,134 @@ mod tests {
             now,
         )
         .0
+    }
+
+    #[test]
+    fn tickets_given_back_free_their_places_and_a_seat_sold_again_is_claimed_anew() {
+        let mut c = reserved(&[("A", 4)]);
+        let mut log = Vec::new();
+        let place =
+            |c: &mut SectionCore, log: &mut Vec<SectionRecord>, user: &str, ids: &[&str]| {
+                let (v, r) = c
+                    .place_hold(
+                        PlaceHold {
+                            hold_id: HoldId::generate(&EventId::from("e"), &SectionId::from("s")),
+                            user_id: UserId::from(user),
+                            pick: Pick::Seats(ids.iter().map(|s| SeatId::from(*s)).collect()),
+                            ttl_ms: 1_000,
+                            idem: None,
+                        },
+                        10,
+                    )
+                    .unwrap();
+                log.push(r);
+                let (confirmed, r) = c.confirm(
+                    ConfirmHold {
+                        hold_id: v.hold_id.clone(),
+                        user_id: v.user_id.clone(),
+                        order_id: OrderId::generate(&EventId::from("e"), &SectionId::from("s")),
+                        payment_ref: "p".into(),
+                        idem: None,
+                    },
+                    20,
+                );
+                log.push(r.unwrap());
+                confirmed.unwrap()
+            };
+        let ann = place(&mut c, &mut log, "ann", &["s:A:1", "s:A:2", "s:A:3"]);
+        let o = ann.order.order_id.clone();
+        let cancel = |tickets: &[&str], user: &str, key: Option<u64>| CancelTickets {
+            order_id: o.clone(),
+            user_id: UserId::from(user),
+            ticket_ids: tickets.iter().map(|t| format!("{o}.{t}")).collect(),
+            idem: key.map(|f| IdemTag {
+                key: "k1".into(),
+                fingerprint: f,
+            }),
+        };
+        // Refusals change nothing.
+        let before = c.clone();
+        for (cmd, want) in [
+            (cancel(&["2"], "bob", None), Rejection::OrderNotFound),
+            (
+                cancel(&[], "ann", None),
+                Rejection::invalid("ticket_ids", "name at least one ticket"),
+            ),
+            (
+                cancel(&["9"], "ann", None),
+                Rejection::invalid("ticket_ids", format!("{o}.9 is not a ticket of this order")),
+            ),
+            (
+                cancel(&["2", "2"], "ann", None),
+                Rejection::invalid("ticket_ids", format!("{o}.2 is named twice")),
+            ),
+        ] {
+            assert_eq!(c.cancel_tickets(cmd, 30).unwrap_err(), want);
+            assert_eq!(c, before);
+        }
+        // Ticket 2 (seat A:2) given back: the seat is free, the order shows what is left.
+        let (done, record) = c
+            .cancel_tickets(cancel(&["2"], "ann", Some(7)), 30)
+            .unwrap();
+        log.push(record.unwrap());
+        assert_eq!(done.ticket_ids, [format!("{o}.2")]);
+        assert_eq!(
+            (done.refund_cents, done.refund_key.as_str()),
+            (100, format!("{o}:cancel:1").as_str())
+        );
+        assert_eq!(done.order.tickets.len(), 2);
+        assert_eq!(done.order.cancelled_ticket_ids, [format!("{o}.2")]);
+        assert_eq!(done.order.refunded_cents, 100);
+        assert_eq!(c.counts(), (4, 2, 0, 2));
+        c.check_invariants().unwrap();
+        // The same key and tickets: the same answer, nothing done; other tickets: refused.
+        let (again, none) = c
+            .cancel_tickets(cancel(&["2"], "ann", Some(7)), 40)
+            .unwrap();
+        assert!(none.is_none() && again.replayed);
+        assert_eq!(
+            (again.ticket_ids, again.refund_key),
+            (done.ticket_ids.clone(), done.refund_key.clone())
+        );
+        assert_eq!(
+            c.cancel_tickets(cancel(&["3"], "ann", Some(8)), 40)
+                .unwrap_err(),
+            Rejection::IdempotencyKeyReused
+        );
+        assert_eq!(
+            c.cancel_tickets(cancel(&["2"], "ann", None), 40)
+                .unwrap_err(),
+            Rejection::TicketNotActive(format!("{o}.2"))
+        );
+        // A:2 sold again: claimed under a new key; the first sale's claim stays the first
+        // order's.
+        let bob = place(&mut c, &mut log, "bob", &["s:A:2"]);
+        assert_eq!(bob.sold_keys, ["e/s/s:A:2~1"]);
+        let keys = c.all_sold_keys();
+        assert!(keys.contains(&("e/s/s:A:2".into(), ann.order.hold_id.clone())));
+        assert!(keys.contains(&("e/s/s:A:2~1".into(), bob.order.hold_id.clone())));
+        c.check_invariants().unwrap();
+        assert_eq!(c.refunds_due().len(), 1);
+        // The rest of ann's order: every ticket given back.
+        let (all, record) = c
+            .cancel_tickets(cancel(&["1", "3"], "ann", None), 50)
+            .unwrap();
+        log.push(record.unwrap());
+        assert!(all.order.tickets.is_empty());
+        assert_eq!(all.order.refunded_cents, 300);
+        assert_eq!(all.refund_key, format!("{o}:cancel:2"));
+        assert_eq!(c.counts(), (4, 3, 0, 1));
+        // Replayed from the log, or read from a checkpoint: the same section.
+        let mut replayed = reserved(&[("A", 4)]);
+        for r in &log {
+            replayed.apply(r).unwrap();
+        }
+        assert_eq!(replayed, c);
+        let back = SectionCore::from_checkpoint(&crate::codec::encode(&c.checkpoint())).unwrap();
+        assert_eq!(back, c);
+        assert_eq!(back.refunds_due(), c.refunds_due());
+        // A record that does not fit (the ticket was given back) is refused by apply.
+        assert!(replayed.apply(&log[4]).is_err());
     }
 
     #[test]

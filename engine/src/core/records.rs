@@ -90,6 +90,21 @@ pub enum SectionRecord {
         /// When.
         at_ms: u64,
     },
+    /// Tickets of an order were given back (`CancelTickets`): their places are free again, and
+    /// what they cost is refunded. The last variant, so the records of older builds keep their
+    /// variant indexes.
+    TicketsCancelled {
+        /// The order's hold.
+        hold_id: HoldId,
+        /// The ticket indexes (0-based), ascending.
+        tickets: Vec<u32>,
+        /// Refunded, cents.
+        refund_cents: u64,
+        /// When.
+        at_ms: u64,
+        /// Idempotency key of the request, if any.
+        idem: Option<IdemTag>,
+    },
 }
 
 /// What an operator's sale control asks of one section (see [`crate::sale`]).
@@ -146,6 +161,7 @@ impl SectionRecord {
             | SectionRecord::HoldReleased { at_ms, .. }
             | SectionRecord::HoldExpired { at_ms, .. }
             | SectionRecord::PlacesWithdrawn { at_ms, .. }
+            | SectionRecord::TicketsCancelled { at_ms, .. }
             | SectionRecord::SalePaused { at_ms }
             | SectionRecord::SaleResumed { at_ms }
             | SectionRecord::SaleEnded { at_ms } => *at_ms,

@@ -64,8 +64,13 @@ impl SectionCore {
                 }
                 _ => None,
             };
+            let gone = self.cancelled_of(id); // tickets given back: no longer the order's places
             if let Some(want) = counted {
-                for &s in &h.seats {
+                sold -= u32::try_from(gone.len()).unwrap_or(u32::MAX);
+                for (i, &s) in h.seats.iter().enumerate() {
+                    if gone.contains(&(i as u32)) {
+                        continue;
+                    }
                     if let Some(other) = owner.insert(s, id) {
                         return Err(format!("seat {s} in holds {other} and {id}"));
                     }
@@ -170,7 +175,11 @@ impl SectionCore {
         if self.is_reserved() {
             h.seats
                 .iter()
-                .map(|&s| format!("{prefix}/{}", self.seat_id(s)))
+                .enumerate()
+                .map(|(i, &s)| match self.sale_generation(hold_id, i) {
+                    0 => format!("{prefix}/{}", self.seat_id(s)),
+                    n => format!("{prefix}/{}~{n}", self.seat_id(s)),
+                })
                 .collect()
         } else {
             let first = h.order.as_ref().map_or(0, |o| o.first_place);
@@ -214,16 +223,35 @@ impl SectionCore {
 
     /// An order as the API shows it.
     pub fn order_view(&self, order_id: &OrderId) -> Option<OrderView> {
+        self.order_view_of(order_id, false)
+    }
+
+    /// An order as its confirm answered it (every ticket, nothing refunded): what a replay of
+    /// the confirm's key answers, whatever was given back since.
+    pub fn order_as_confirmed(&self, order_id: &OrderId) -> Option<OrderView> {
+        self.order_view_of(order_id, true)
+    }
+
+    fn order_view_of(&self, order_id: &OrderId, as_confirmed: bool) -> Option<OrderView> {
         let hold_id = self.orders.get(order_id)?;
         let h = self.holds.get(hold_id)?;
         let o = h.order.as_ref()?;
+        let gone = if as_confirmed {
+            Vec::new()
+        } else {
+            self.cancelled_of(hold_id)
+        };
+        let ticket = |i: u32| TicketView {
+            ticket_id: format!("{order_id}.{}", i + 1),
+            section_id: self.spec.section_id.clone(),
+            seat_id: h.seats.get(i as usize).map(|&s| self.seat_id(s)),
+        };
         let tickets = (0..h.quantity)
-            .map(|i| TicketView {
-                ticket_id: format!("{order_id}.{}", i + 1),
-                section_id: self.spec.section_id.clone(),
-                seat_id: h.seats.get(i as usize).map(|&s| self.seat_id(s)),
-            })
+            .filter(|i| !gone.contains(i))
+            .map(ticket)
             .collect();
+        let mut cancelled = gone;
+        cancelled.sort_unstable();
         Some(OrderView {
             order_id: order_id.clone(),
             hold_id: hold_id.clone(),
@@ -233,7 +261,21 @@ impl SectionCore {
             amount_cents: self.spec.price_cents * u64::from(h.quantity),
             payment_ref: o.payment_ref.clone(),
             created_at_ms: o.created_at_ms,
+            refunded_cents: if as_confirmed {
+                0
+            } else {
+                self.refunded_of(hold_id)
+            },
+            cancelled_ticket_ids: cancelled.into_iter().map(|i| ticket(i).ticket_id).collect(),
         })
+    }
+
+    /// Every order of the section.
+    pub fn orders(&self) -> Vec<OrderView> {
+        self.orders
+            .keys()
+            .filter_map(|id| self.order_view(id))
+            .collect()
     }
 
     /// `user`'s orders in this section, newest first (by creation time, then order id), those
@@ -257,27 +299,28 @@ impl SectionCore {
             .collect()
     }
 
-    /// Every order of the section.
-    pub fn orders(&self) -> Vec<OrderView> {
-        self.orders
-            .keys()
-            .filter_map(|id| self.order_view(id))
-            .collect()
-    }
-
     /// Every hold with its idempotency tags, for rebuilding the ledger on recovery:
-    /// (view as it is now, hold tag, confirm tag and order).
+    /// (view as it is now, the places it holds or owns now (a confirmed hold's tickets given
+    /// back are not), hold tag, confirm tag and the order as its confirm answered it).
+    #[allow(clippy::type_complexity)]
     pub fn holds_for_ledger(
         &self,
-    ) -> impl Iterator<Item = (HoldView, Option<&IdemTag>, Option<(&IdemTag, OrderView)>)> + '_
-    {
+    ) -> impl Iterator<
+        Item = (
+            HoldView,
+            u32,
+            Option<&IdemTag>,
+            Option<(&IdemTag, OrderView)>,
+        ),
+    > + '_ {
         self.holds.iter().filter_map(move |(id, h)| {
             let view = self.hold_view(id)?;
+            let gone = u32::try_from(self.cancelled_of(id).len()).unwrap_or(u32::MAX);
             let confirm = h.order.as_ref().and_then(|o| {
                 let tag = o.idem.as_ref()?;
-                Some((tag, self.order_view(&o.order_id)?))
+                Some((tag, self.order_as_confirmed(&o.order_id)?))
             });
-            Some((view, h.idem.as_ref(), confirm))
+            Some((view, h.quantity - gone, h.idem.as_ref(), confirm))
         })
     }
 

@@ -418,10 +418,10 @@ pub(crate) fn restart_waitlist(
 /// section's holds.
 fn add_section_to_ledgers(core: &SectionCore, event_id: &EventId, ledgers: &mut [ShardState]) {
     let shards = ledgers.len();
-    for (view, hold_tag, confirm) in core.holds_for_ledger() {
+    for (view, places, hold_tag, confirm) in core.holds_for_ledger() {
         let shard = &mut ledgers[shard_index(&view.user_id, shards)];
         if matches!(view.status, HoldStatus::Held | HoldStatus::Confirmed) {
-            shard.add_quota(event_id.clone(), view.user_id.clone(), view.quantity);
+            shard.add_quota(event_id.clone(), view.user_id.clone(), places);
         }
         if let Some((tag, order)) = confirm {
             shard.add_answer(

@@ -46,6 +46,7 @@ pub fn sale_event(seats: u32, ttl_ms: u64, per_user_limit: u32) -> EventSpec {
         admission_window_ms: 0,
         sale_opens_at_ms: 0,
         join_pow_difficulty_bits: 0,
+        cancellation_deadline_ms: 0,
     }
 }
 
@@ -88,6 +89,8 @@ pub fn create_request(
         sale_opens_at_unix_ms,
         idempotency_key: String::new(),
         join_pow_difficulty_bits: spec.join_pow_difficulty_bits,
+        cancellation_deadline_unix_ms: i64::try_from(spec.cancellation_deadline_ms)
+            .unwrap_or(i64::MAX),
     }
 }
 

@@ -269,6 +269,7 @@ impl Load {
                 sale_opens_at_unix_ms: 0,
                 idempotency_key: String::new(),
                 join_pow_difficulty_bits: 0,
+                cancellation_deadline_unix_ms: 0,
             })
             .await
             .context("CreateEvent (is --admin-key an admin key?)")?;

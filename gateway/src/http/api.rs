@@ -264,7 +264,7 @@ pub(crate) fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, Refusal
 
 /// The idempotency key: the `Idempotency-Key` header, or the body's `idempotencyKey`; both
 /// given and different is `INVALID_REQUEST` (field `idempotency_key`).
-fn idempotency_key(headers: &HeaderMap, in_body: String) -> Result<String, Refusal> {
+pub(crate) fn idempotency_key(headers: &HeaderMap, in_body: String) -> Result<String, Refusal> {
     let header = match headers.get("idempotency-key") {
         Some(v) => Some(v.to_str().map_err(|_| {
             Refusal::invalid("idempotency_key", "the Idempotency-Key header is not ASCII")

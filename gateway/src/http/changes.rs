@@ -98,7 +98,8 @@ pub struct Change {
     /// When the change was made, Unix ms.
     pub at_unix_ms: i64,
     /// `event_created`, `hold_placed`, `hold_released`, `hold_expired`, `order_created`,
-    /// `refunded`, `places_withdrawn`, `waitlist_offered` or `sale_updated`.
+    /// `refunded`, `places_withdrawn`, `waitlist_offered`, `sale_updated` or
+    /// `tickets_cancelled`.
     pub kind: String,
     /// `event_created`: the event as created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -121,6 +122,23 @@ pub struct Change {
     /// `sale_updated`: the sale's controls after the change.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sale: Option<SaleControls>,
+    /// `tickets_cancelled`: the tickets given back, and the order after.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tickets_cancelled: Option<TicketsCancelled>,
+}
+
+/// Tickets of an order given back.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TicketsCancelled {
+    /// The order after it (the tickets left, without codes).
+    pub order: Order,
+    /// The tickets given back.
+    pub ticket_ids: Vec<String>,
+    /// Refunded for them, cents.
+    pub refund_cents: u64,
+    /// The refund's idempotency key with the payment provider.
+    pub refund_key: String,
 }
 
 /// A refund of a payment kept without an order.
@@ -203,6 +221,12 @@ impl From<pb::Change> for Change {
                 hold_ttl_seconds: s.hold_ttl_seconds,
                 per_user_limit: s.per_user_limit,
                 hold_cooldown_seconds: s.hold_cooldown_seconds,
+            }),
+            tickets_cancelled: c.tickets_cancelled.map(|t| TicketsCancelled {
+                order: Order::from(t.order.unwrap_or_default()),
+                ticket_ids: t.ticket_ids,
+                refund_cents: t.refund_cents,
+                refund_key: t.refund_key,
             }),
         }
     }

@@ -14,6 +14,7 @@
 //! | `POST /v1/holds/{holdId}/release` | `Release` (204) |
 //! | `GET /v1/holds/{holdId}`, `GET /v1/orders/{orderId}` | `GetHold`, `GetOrder` |
 //! | `GET /v1/users/{userId}/orders` | `ListOrders` |
+//! | `POST /v1/orders/{orderId}/cancel` | `CancelTickets` |
 //! | `POST /v1/events/{id}/holds/batch` | `HoldBatch` |
 //! | `POST /v1/events/{id}/waitlist`, `GET /v1/waitlist/{entryId}` | `JoinWaitlist`, `GetWaitlistEntry` |
 //! | `POST /v1/events`, `GET /v1/events`, `GET /v1/events/{id}` | `CreateEvent`, `ListEvents`, `GetEvent` |
@@ -50,7 +51,8 @@ pub use api::Backend;
         api::queue_token, api::join_challenge, api::queue_status, api::seats, api::book,
         api::create_hold, api::confirm_hold, api::create_order, api::release_hold,
         api::get_hold, api::get_order, api::create_event, api::update_sale, api::sale_action,
-        api::get_event, api::list_events, orders::list_orders, batch::hold_batch,
+        api::get_event, api::list_events, orders::list_orders, orders::cancel_tickets,
+        batch::hold_batch,
         waitlist::join_waitlist, waitlist::get_waitlist_entry,
         api::cluster_status, api::add_node, api::remove_node, api::replace_node,
         api::rotate_ticket_key, api::rebalance, changes::changes,
@@ -63,7 +65,7 @@ pub use api::Backend;
         types::Seat, types::SectionSeats, types::SeatMap, types::AddNodeBody,
         types::ClusterNode, types::ClusterGroup, types::ClusterStatus, types::TicketKey,
         changes::Change, changes::RefundChange, changes::PlacesWithdrawn, changes::WaitlistOffer,
-        changes::SaleControls, orders::OrderPage, batch::BatchItemBody, batch::HoldBatchBody,
+        changes::SaleControls, changes::TicketsCancelled, orders::OrderPage, orders::CancelBody, orders::Cancellation, batch::BatchItemBody, batch::HoldBatchBody,
         batch::BatchResult, batch::HoldBatchAnswer, waitlist::JoinWaitlistBody,
         waitlist::WaitlistEntry,
     )),
@@ -117,6 +119,7 @@ pub fn router(backend: Backend, extra: Option<Router>) -> Router {
         .route("/v1/orders", post(api::create_order))
         .route("/v1/orders/{order_id}", get(api::get_order))
         .route("/v1/users/{user_id}/orders", get(orders::list_orders))
+        .route("/v1/orders/{order_id}/cancel", post(orders::cancel_tickets))
         .route("/v1/events/{id}/holds/batch", post(batch::hold_batch))
         .route("/v1/events/{id}/waitlist", post(waitlist::join_waitlist))
         .route("/v1/waitlist/{entry_id}", get(waitlist::get_waitlist_entry))

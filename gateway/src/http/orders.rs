@@ -1,7 +1,8 @@
 //! A fan's orders over HTTP: `GET /v1/users/{userId}/orders` (`ListOrders`), through the same
 //! in-process call as gRPC ([`super::api::Backend`]).
 
-use axum::extract::rejection::QueryRejection;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
@@ -9,7 +10,7 @@ use boxoffice_proto::v1 as pb;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use super::api::{Backend, json, query};
+use super::api::{Backend, body, idempotency_key, json, query};
 use super::problem::Refusal;
 use super::types::Order;
 
@@ -46,6 +47,79 @@ impl From<pb::ListOrdersResponse> for OrderPage {
             next_page_token: page.next_page_token,
         }
     }
+}
+
+/// `POST /v1/orders/{orderId}/cancel`: who gives which tickets back.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CancelBody {
+    /// The buyer.
+    #[serde(default)]
+    pub user_id: String,
+    /// The tickets to give back (every ticket: the whole order).
+    #[serde(default)]
+    pub ticket_ids: Vec<String>,
+    /// The idempotency key, if not in the `Idempotency-Key` header.
+    #[serde(default)]
+    pub idempotency_key: String,
+}
+
+/// What a cancellation did.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Cancellation {
+    /// The order as it is now (the tickets left).
+    pub order: Order,
+    /// The tickets this call gave back.
+    pub cancelled_ticket_ids: Vec<String>,
+    /// What is refunded for them, cents.
+    pub refund_cents: u64,
+    /// The payment provider's refund id (empty: not made yet; the server's refund pass makes it).
+    pub refund_id: String,
+}
+
+impl From<pb::CancelTicketsResponse> for Cancellation {
+    fn from(r: pb::CancelTicketsResponse) -> Cancellation {
+        Cancellation {
+            order: Order::from(r.order.unwrap_or_default()),
+            cancelled_ticket_ids: r.cancelled_ticket_ids,
+            refund_cents: r.refund_cents,
+            refund_id: r.refund_id,
+        }
+    }
+}
+
+/// Gives some or all tickets of an order back (`CancelTickets`): before the event's
+/// cancellation deadline, to its buyer only; refunded at their price.
+#[utoipa::path(post, path = "/v1/orders/{orderId}/cancel", tag = "booking",
+    params(("orderId" = String, Path, description = "The order"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Recommended (or idempotencyKey in the body): a retry with the same key and tickets answers the first cancellation")),
+    request_body = CancelBody,
+    responses(
+        (status = 200, description = "What was given back, and the order now", body = Cancellation),
+        (status = "default", description = "A problem (RFC 9457): CANCELLATION_CLOSED, TICKET_NOT_ACTIVE, ORDER_NOT_FOUND, ...", body = super::problem::Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+pub async fn cancel_tickets(
+    State(b): State<Backend>,
+    Path(order_id): Path<String>,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, Refusal> {
+    let r: CancelBody = body(raw)?;
+    let idempotency_key = idempotency_key(&headers, r.idempotency_key)?;
+    let done = b
+        .call(
+            &headers,
+            pb::CancelTicketsRequest {
+                order_id,
+                user_id: r.user_id,
+                ticket_ids: r.ticket_ids,
+                idempotency_key,
+            },
+        )
+        .await?;
+    Ok(json(StatusCode::OK, &Cancellation::from(done)))
 }
 
 /// A user's orders, newest first, a page at a time (`ListOrders`).

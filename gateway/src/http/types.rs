@@ -329,6 +329,10 @@ pub struct Order {
     pub created_at: String,
     /// The same, Unix ms.
     pub created_at_unix_ms: i64,
+    /// Refunded for tickets given back, cents.
+    pub refunded_cents: u64,
+    /// The tickets given back (no longer in `tickets`).
+    pub cancelled_ticket_ids: Vec<String>,
 }
 
 impl From<pb::Order> for Order {
@@ -358,6 +362,8 @@ impl From<pb::Order> for Order {
             amount_cents: o.amount_cents,
             payment_id: o.payment_id,
             created_at_unix_ms: o.created_at_unix_ms,
+            refunded_cents: o.refunded_cents,
+            cancelled_ticket_ids: o.cancelled_ticket_ids,
         }
     }
 }
@@ -426,6 +432,9 @@ pub struct CreateEventBody {
     /// Proof of work before joining, leading zero bits (0: none).
     #[serde(default)]
     pub join_pow_difficulty_bits: u32,
+    /// Until when fans may give tickets back, Unix ms (0: no cancellations).
+    #[serde(default)]
+    pub cancellation_deadline_unix_ms: i64,
     /// The idempotency key, if not in the `Idempotency-Key` header.
     #[serde(default)]
     pub idempotency_key: String,
@@ -525,6 +534,7 @@ impl CreateEventBody {
             sale_opens_at_unix_ms: self.sale_opens_at_unix_ms,
             idempotency_key,
             join_pow_difficulty_bits: self.join_pow_difficulty_bits,
+            cancellation_deadline_unix_ms: self.cancellation_deadline_unix_ms,
         }
     }
 }
@@ -588,6 +598,8 @@ pub struct Event {
     pub terms_changed_at_unix_ms: i64,
     /// Seconds after a fan's hold expired before that fan may hold again (0: none).
     pub hold_cooldown_seconds: u32,
+    /// Until when fans may give tickets back, Unix ms (0: no cancellations).
+    pub cancellation_deadline_unix_ms: i64,
 }
 
 impl From<pb::Event> for Event {
@@ -622,6 +634,7 @@ impl From<pb::Event> for Event {
             admission_window_seconds: e.admission_window_seconds,
             sale_opens_at_unix_ms: e.sale_opens_at_unix_ms,
             join_pow_difficulty_bits: e.join_pow_difficulty_bits,
+            cancellation_deadline_unix_ms: e.cancellation_deadline_unix_ms,
         }
     }
 }

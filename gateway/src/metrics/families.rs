@@ -381,10 +381,17 @@ pub const FAMILIES: &[Family] = &[
         Series::One,
     ),
     family(
+        "boxoffice_tickets_cancelled_total",
+        Counter,
+        COUNT,
+        "Tickets given back by their buyers (CancelTickets).",
+        Series::One,
+    ),
+    family(
         "boxoffice_refunds_total",
         Counter,
         COUNT,
-        "Captured charges the server refunded because their hold ended without an order, by cause.",
+        "Refunds the server made, by cause: a captured charge whose hold ended without an order, or tickets given back.",
         Series::Sets(refund_causes),
     ),
     family(
@@ -741,7 +748,7 @@ fn charge_outcomes() -> Vec<Labels> {
 }
 
 fn refund_causes() -> Vec<Labels> {
-    one("cause", &["charge_without_sale"])
+    one("cause", &["charge_without_sale", "tickets_cancelled"])
 }
 
 fn offer_outcomes() -> Vec<Labels> {

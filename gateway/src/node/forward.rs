@@ -648,6 +648,11 @@ routed_by!(pb::GetHoldRequest, |m| of_hold(&m.hold_id));
 routed_by!(pb::GetOrderRequest, |m| OrderId::from(m.order_id.as_str())
     .route()
     .map(|(e, _)| e.0));
+routed_by!(pb::CancelTicketsRequest, |m| OrderId::from(
+    m.order_id.as_str()
+)
+.route()
+.map(|(e, _)| e.0));
 impl Routed for pb::ListOrdersRequest {
     /// Its event's group, or every group (every event's orders).
     fn route(&self) -> Route {
@@ -704,6 +709,9 @@ fn route_of(path: &str, headers: &http::HeaderMap, body: bytes::Bytes) -> (Route
         "/boxoffice.v1.BookingService/GetHold" => read::<pb::GetHoldRequest>(&msg, body),
         "/boxoffice.v1.BookingService/GetOrder" => read::<pb::GetOrderRequest>(&msg, body),
         "/boxoffice.v1.BookingService/ListOrders" => read::<pb::ListOrdersRequest>(&msg, body),
+        "/boxoffice.v1.BookingService/CancelTickets" => {
+            read::<pb::CancelTicketsRequest>(&msg, body)
+        }
         "/boxoffice.v1.WaitlistService/JoinWaitlist" => read::<pb::JoinWaitlistRequest>(&msg, body),
         "/boxoffice.v1.WaitlistService/GetWaitlistEntry" => {
             read::<pb::GetWaitlistEntryRequest>(&msg, body)

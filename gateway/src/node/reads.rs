@@ -6,8 +6,9 @@
 //!
 //! Which answers wait:
 //! - every answer of the reads ([`ALWAYS`]: `GetEvent`, `ListEvents`, `GetHold`, `GetOrder`,
-//!   `ListOrders`, `GetWaitlistEntry`, the waiting room's `Join` and `GetStatus`) and of `HoldBatch` and
-//!   `JoinWaitlist` (whose answers may carry refusals, or an entry read from memory);
+//!   `ListOrders`, `GetWaitlistEntry`, the waiting room's `Join` and `GetStatus`) and of
+//!   `HoldBatch`, `JoinWaitlist` and `CancelTickets` (whose answers may carry refusals, or an
+//!   entry or a replayed cancellation read from memory);
 //! - every refusal of the other calls (`SOLD_OUT`, `USER_LIMIT`, `SEAT_UNAVAILABLE`, ...).
 //!
 //! A success of `Hold`, `Confirm`, `Release` or `CreateEvent` does not wait: it was committed by
@@ -30,7 +31,7 @@ use crate::services::Groups;
 use crate::status::ApiError;
 
 /// The calls whose every answer waits (see the module).
-pub const ALWAYS: [&str; 11] = [
+pub const ALWAYS: [&str; 12] = [
     "/boxoffice.v1.EventService/GetEvent",
     "/boxoffice.v1.EventService/UpdateSale",
     "/boxoffice.v1.EventService/ListEvents",
@@ -40,6 +41,7 @@ pub const ALWAYS: [&str; 11] = [
     "/boxoffice.v1.BookingService/GetHold",
     "/boxoffice.v1.BookingService/GetOrder",
     "/boxoffice.v1.BookingService/ListOrders",
+    "/boxoffice.v1.BookingService/CancelTickets",
     "/boxoffice.v1.WaitlistService/JoinWaitlist",
     "/boxoffice.v1.WaitlistService/GetWaitlistEntry",
 ];

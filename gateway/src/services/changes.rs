@@ -389,6 +389,19 @@ pub fn change_proto(cursor: String, c: Change) -> pb::Change {
                 amount_cents,
             });
         }
+        ChangeKind::TicketsCancelled {
+            order,
+            ticket_ids,
+            refund_cents,
+            refund_key,
+        } => {
+            out.tickets_cancelled = Some(pb::TicketsCancelledChange {
+                order: Some(crate::convert::order_without_codes(order)),
+                ticket_ids,
+                refund_cents,
+                refund_key,
+            });
+        }
     }
     out
 }

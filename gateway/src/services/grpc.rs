@@ -489,6 +489,33 @@ impl pb::booking_service_server::BookingService for BookingSvc {
         ok(convert::order(o, &api.tickets).map_err(ApiError::from)?)
     }
 
+    async fn cancel_tickets(
+        &self,
+        req: Request<pb::CancelTicketsRequest>,
+    ) -> Rpc<pb::CancelTicketsResponse> {
+        let api = ready(self.0.of(&req))?;
+        let req = req.into_inner();
+        required("order_id", &req.order_id)?;
+        user_id(&req.user_id)?;
+        let done = api
+            .engine
+            .cancel_tickets(boxoffice_engine::CancelRequest {
+                order_id: OrderId(req.order_id),
+                user_id: UserId(req.user_id),
+                ticket_ids: req.ticket_ids,
+                idempotency_key: req.idempotency_key,
+            })
+            .await
+            .map_err(ApiError::from)?;
+        let c = done.cancelled;
+        ok(pb::CancelTicketsResponse {
+            order: Some(convert::order(c.order, &api.tickets).map_err(ApiError::from)?),
+            cancelled_ticket_ids: c.ticket_ids,
+            refund_cents: c.refund_cents,
+            refund_id: done.refund.map(|r| r.payment_id).unwrap_or_default(),
+        })
+    }
+
     async fn list_orders(
         &self,
         req: Request<pb::ListOrdersRequest>,

@@ -262,6 +262,7 @@ impl Api {
             terms_changed_at_unix_ms: convert::ms(e.sale.terms_changed_at_ms),
             hold_cooldown_seconds: u32::try_from(e.sale.hold_cooldown_ms / 1000)
                 .unwrap_or(u32::MAX),
+            cancellation_deadline_unix_ms: convert::ms(e.spec.cancellation_deadline_ms),
         }
     }
 

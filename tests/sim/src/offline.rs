@@ -78,7 +78,9 @@ async fn keyless_holds(
             .ok()?;
         found.extend(
             core.holds_for_ledger()
-                .filter(|(view, tag, _)| tag.is_none() && !answered.contains(view.hold_id.as_str()))
+                .filter(|(view, _, tag, _)| {
+                    tag.is_none() && !answered.contains(view.hold_id.as_str())
+                })
                 .map(|(view, ..)| {
                     let mut seats: Vec<String> =
                         view.seat_ids.iter().map(|s| s.to_string()).collect();

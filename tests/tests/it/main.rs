@@ -7,6 +7,7 @@
 
 mod batch;
 mod browser;
+mod cancel;
 mod cancellation;
 mod changes;
 mod changes_api;

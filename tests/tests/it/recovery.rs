@@ -47,7 +47,7 @@ async fn state_of(engine: &Engine, users: &[&str]) -> Vec<String> {
             out.push(format!("{:?}", snap.seats));
             let mut holds: Vec<String> = core
                 .holds_for_ledger()
-                .map(|(v, _, order)| format!("{v:?} {:?}", order.map(|(_, o)| o)))
+                .map(|(v, _, _, order)| format!("{v:?} {:?}", order.map(|(_, o)| o)))
                 .collect();
             holds.sort();
             out.extend(holds);

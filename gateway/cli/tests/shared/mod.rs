@@ -38,6 +38,7 @@ pub async fn build_on(engine: &Engine, holds: usize, capacity: u32) {
             admission_window_ms: 0,
             sale_opens_at_ms: 0,
             join_pow_difficulty_bits: 0,
+            cancellation_deadline_ms: 0,
         })
         .await
         .unwrap();

@@ -276,6 +276,7 @@ fn race_event(race: &Race, event_id: &str, run: u64) -> pb::CreateEventRequest {
         sale_opens_at_unix_ms: 0,
         idempotency_key: String::new(),
         join_pow_difficulty_bits: 0,
+        cancellation_deadline_unix_ms: 0,
     }
 }
 
