@@ -23,7 +23,7 @@ use crate::error::{EngineError, Rejection};
 use crate::kernel::Kernel;
 use crate::payment::{Charge, ChargeStatus, PaymentProvider};
 use crate::section::SectionMsg;
-use crate::types::{OrderId, UserId, check_idempotency_key, check_user_id};
+use crate::types::{EventId, OrderId, UserId, check_idempotency_key, check_user_id};
 
 /// Most tickets one `CancelTickets` names (an order has at most this many).
 const TICKETS_PER_CALL_MAX: usize = crate::limits::PLACES_PER_HOLD_MAX as usize;
@@ -142,6 +142,26 @@ impl Cancellations {
             }
         };
         Ok(TicketsCancelled { cancelled, refund })
+    }
+}
+
+impl Cancellations {
+    /// The ids of every ticket of `event_id` given back, ascending (its revocation list), each
+    /// section asked in its mailbox's order: every cancellation acknowledged before is in it.
+    pub async fn revoked_tickets(&self, event_id: &EventId) -> Result<Vec<String>, EngineError> {
+        self.kernel.check_ready()?;
+        let event = self.catalog.entry(event_id)?;
+        let asks = event
+            .sections
+            .iter()
+            .map(|s| self.kernel.ask(&event, &s.section_id, SectionMsg::Revoked));
+        let mut ids: Vec<String> = futures_util::future::try_join_all(asks)
+            .await?
+            .into_iter()
+            .flatten()
+            .collect();
+        ids.sort();
+        Ok(ids)
     }
 }
 

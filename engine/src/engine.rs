@@ -25,7 +25,7 @@ use crate::config::EngineConfig;
 use crate::core::SaleChange;
 use crate::core::SectionCore;
 use crate::error::{EngineError, StorageError};
-use crate::events::{EventEntry, EventTerms, LoggedEvent, SectionFeed, SectionSlot};
+use crate::events::{EventEntry, EventTerms, LoggedEvent, SectionFeed};
 use crate::expiry::{ExpiredAndOffered, Expiry};
 use crate::kernel::Kernel;
 use crate::opening::{open_payments, open_sink, recover_log};
@@ -355,7 +355,7 @@ impl Engine {
         logged: LoggedEvent,
         sections: Vec<(SectionCore, u64)>,
     ) -> Result<(), EngineError> {
-        let sections = self.start_sections(sections).await?;
+        let sections = self.inner.supervision.start_sections(sections).await?;
         self.inner.catalog.list(EventEntry {
             spec: logged.spec,
             event_id: logged.event_id,
@@ -381,30 +381,6 @@ impl Engine {
                 .await?;
         }
         Ok(())
-    }
-
-    /// Starts one actor per section from its core and its stream's last sequence number: the
-    /// slots the catalog lists them by.
-    async fn start_sections(
-        &self,
-        sections: Vec<(SectionCore, u64)>,
-    ) -> Result<Vec<SectionSlot>, EngineError> {
-        let mut slots = Vec::with_capacity(sections.len());
-        for (core, last_seq) in sections {
-            let section_id = core.spec().section_id.clone();
-            let (tx, rx) = watch::channel(Arc::new(core.snapshot(last_seq)));
-            let publisher = Arc::new(tx);
-            self.inner
-                .supervision
-                .spawn_section(core, last_seq, publisher.clone())
-                .await?;
-            slots.push(SectionSlot {
-                section_id,
-                snapshot: rx,
-                publisher,
-            });
-        }
-        Ok(slots)
     }
 
     /// Creates an event: validates the spec (zero values take the defaults), logs it durably and
@@ -433,7 +409,7 @@ impl Engine {
                 .inner
                 .catalog
                 .create(spec, &key, |cores| async move {
-                    starter.start_sections(cores).await
+                    starter.inner.supervision.start_sections(cores).await
                 })
                 .await
         })
@@ -598,6 +574,11 @@ impl Engine {
         req: CancelRequest,
     ) -> Result<TicketsCancelled, EngineError> {
         self.inner.cancellations.cancel_tickets(req).await
+    }
+
+    /// An event's revoked tickets: see `Cancellations::revoked_tickets`.
+    pub async fn revoked_tickets(&self, event_id: &EventId) -> Result<Vec<String>, EngineError> {
+        self.inner.cancellations.revoked_tickets(event_id).await
     }
 
     /// `user_id`'s orders, newest first, a page at a time: see `Booking::list_orders`.

@@ -51,6 +51,7 @@
 //!         admission_window_ms: 0,
 //!         sale_opens_at_ms: 0,       // open now
 //!         join_pow_difficulty_bits: 0, // 0: no proof of work before joining the line
+//!         cancellation_deadline_ms: 0, // 0: tickets cannot be given back
 //!     })
 //!     .await?;
 //! let hold = engine

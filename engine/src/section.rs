@@ -61,6 +61,8 @@ pub(crate) enum SectionMsg {
     ExpireHoldIfDue(HoldId, Reply<bool>),
     GetHold(HoldId, Reply<HoldView>),
     GetOrder(OrderId, Reply<OrderView>),
+    /// The ids of the tickets given back here (the event's revocation list's part).
+    Revoked(Reply<Vec<String>>),
     /// A user's orders here, newest first, before the cursor if any, at most so many.
     OrdersOf(UserId, Option<OrderCursor>, usize, Reply<Vec<OrderView>>),
     /// The places free now (neither held, sold nor withdrawn): what a best-available hold
@@ -460,6 +462,10 @@ impl Actor for SectionActor {
                     st.a.core
                         .order_view(&order_id)
                         .ok_or(Rejection::OrderNotFound);
+                st.commit(Vec::new(), Vec::new(), Vec::new(), after(reply, answer));
+            }
+            Some(SectionMsg::Revoked(reply)) => {
+                let answer = Ok(st.a.core.revoked_ticket_ids());
                 st.commit(Vec::new(), Vec::new(), Vec::new(), after(reply, answer));
             }
             Some(SectionMsg::OrdersOf(user, before, limit, reply)) => {

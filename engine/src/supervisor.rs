@@ -15,6 +15,7 @@
 //! An actor restarted more than [`ACTOR_RESTARTS_MAX`] times, or one whose log cannot be
 //! replayed, also stops the engine. Never a silent, permanent `NOT_READY`.
 
+use crate::events::SectionSlot;
 use crate::hash::{DashMap, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
@@ -273,6 +274,28 @@ impl Supervision {
     /// Stops the supervisor (once its children are stopped: they die with it).
     pub(crate) async fn stop(&self) {
         let _ = self.supervisor.stop_and_wait(None, None).await;
+    }
+
+    /// Starts one actor per section from its core and its stream's last sequence number: the
+    /// slots the catalog lists them by.
+    pub(crate) async fn start_sections(
+        &self,
+        sections: Vec<(SectionCore, u64)>,
+    ) -> Result<Vec<SectionSlot>, EngineError> {
+        let mut slots = Vec::with_capacity(sections.len());
+        for (core, last_seq) in sections {
+            let section_id = core.spec().section_id.clone();
+            let (tx, rx) = watch::channel(Arc::new(core.snapshot(last_seq)));
+            let publisher = Arc::new(tx);
+            self.spawn_section(core, last_seq, publisher.clone())
+                .await?;
+            slots.push(SectionSlot {
+                section_id,
+                snapshot: rx,
+                publisher,
+            });
+        }
+        Ok(slots)
     }
 
     /// Spawns a section's actor (supervised) from its core and its stream's last sequence

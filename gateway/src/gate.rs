@@ -250,6 +250,7 @@ pub const METHODS: &[&str] = &[
     "UpdateSale",
     "GetEvent",
     "ListEvents",
+    "GetRevocationList",
     "GetSeatMap",
     "Join",
     "GetStatus",

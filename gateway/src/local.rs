@@ -70,6 +70,7 @@ macro_rules! unary {
 
 unary!(pb::CreateEventRequest => pb::Event, "/boxoffice.v1.EventService/CreateEvent", EventSvc.create_event);
 unary!(pb::ListEventsRequest => pb::ListEventsResponse, "/boxoffice.v1.EventService/ListEvents", EventSvc.list_events);
+unary!(pb::GetRevocationListRequest => pb::RevocationList, "/boxoffice.v1.EventService/GetRevocationList", EventSvc.get_revocation_list);
 unary!(pb::GetEventRequest => pb::Event, "/boxoffice.v1.EventService/GetEvent", EventSvc.get_event);
 unary!(pb::UpdateSaleRequest => pb::Event, "/boxoffice.v1.EventService/UpdateSale", EventSvc.update_sale);
 unary!(pb::GetSeatMapRequest => pb::SeatMap, "/boxoffice.v1.EventService/GetSeatMap", EventSvc.get_seat_map);

@@ -200,6 +200,92 @@ impl TicketSigner {
     }
 }
 
+impl TicketSigner {
+    /// The signed text of `list`, an event's revocation list: `base64url(payload) "."
+    /// base64url(signature)`, the payload `brl1`, the key id, the event, the time (Unix ms) and
+    /// each ticket id, one per line.
+    pub fn sign_revocations(&self, list: &Revocations) -> String {
+        let mut payload = format!(
+            "{REVOCATIONS_VERSION}\n{}\n{}\n{}",
+            self.kid(),
+            list.event_id,
+            list.as_of_ms
+        );
+        for t in &list.ticket_ids {
+            payload.push('\n');
+            payload.push_str(t);
+        }
+        let sig = self.key.sign(payload.as_bytes());
+        format!(
+            "{}.{}",
+            URL_SAFE_NO_PAD.encode(payload.as_bytes()),
+            URL_SAFE_NO_PAD.encode(sig.to_bytes())
+        )
+    }
+}
+
+/// The first line of a revocation list's signed payload.
+const REVOCATIONS_VERSION: &str = "brl1";
+
+/// An event's revocation list: the tickets whose codes no longer admit anyone (given back, or
+/// moved to another fan), as of a time. A gate checks a code against the latest list it holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Revocations {
+    /// The event.
+    pub event_id: String,
+    /// When the list was made, ms since the Unix epoch: it holds every revocation made before.
+    pub as_of_ms: u64,
+    /// The revoked tickets' ids, ascending.
+    pub ticket_ids: Vec<String>,
+}
+
+/// Verifies a signed revocation list ([`TicketSigner::sign_revocations`]) with the keys that
+/// verify tickets; returns it and the key that signed it.
+pub fn verify_revocations(
+    signed: &str,
+    keys: &[PublicKey],
+) -> Result<(Revocations, KeyId), TicketError> {
+    let (p64, s64) = signed
+        .trim()
+        .split_once('.')
+        .ok_or(TicketError::Malformed)?;
+    let payload = URL_SAFE_NO_PAD
+        .decode(p64)
+        .map_err(|_| TicketError::Malformed)?;
+    let sig: [u8; 64] = URL_SAFE_NO_PAD
+        .decode(s64)
+        .map_err(|_| TicketError::Malformed)?
+        .try_into()
+        .map_err(|_| TicketError::Malformed)?;
+    let text = std::str::from_utf8(&payload).map_err(|_| TicketError::Malformed)?;
+    let mut lines = text.split('\n');
+    if lines.next() != Some(REVOCATIONS_VERSION) {
+        return Err(TicketError::Malformed);
+    }
+    let kid = lines
+        .next()
+        .and_then(KeyId::parse)
+        .ok_or(TicketError::Malformed)?;
+    let key = keys
+        .iter()
+        .find(|k| k.kid == kid)
+        .ok_or(TicketError::UnknownKey(kid))?;
+    key.key
+        .verify(&payload, &Signature::from_bytes(&sig))
+        .map_err(|_| TicketError::BadSignature)?;
+    let event_id = lines.next().ok_or(TicketError::Malformed)?.to_owned();
+    let as_of_ms = lines
+        .next()
+        .and_then(|t| t.parse().ok())
+        .ok_or(TicketError::Malformed)?;
+    let list = Revocations {
+        event_id,
+        as_of_ms,
+        ticket_ids: lines.map(str::to_owned).collect(),
+    };
+    Ok((list, kid))
+}
+
 /// Why a code does not verify.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TicketError {
@@ -514,6 +600,51 @@ fn write_atomically(path: &Path, bytes: &[u8], private: bool) -> anyhow::Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_revocation_list_verifies_with_the_ticket_keys_and_only_as_signed() {
+        let signer = TicketSigner::from_seed([7; 32]);
+        let other = TicketSigner::from_seed([8; 32]);
+        let keys = vec![signer.public_key().clone()];
+        for ids in [vec![], vec!["e.s.o1.1".to_owned(), "e.s.o1.3".to_owned()]] {
+            let list = Revocations {
+                event_id: "e".into(),
+                as_of_ms: 1_234,
+                ticket_ids: ids,
+            };
+            let signed = signer.sign_revocations(&list);
+            assert_eq!(
+                verify_revocations(&signed, &keys),
+                Ok((list.clone(), signer.kid()))
+            );
+            assert_eq!(
+                verify_revocations(&other.sign_revocations(&list), &keys),
+                Err(TicketError::UnknownKey(other.kid()))
+            );
+            let mut altered = signed.clone().into_bytes();
+            altered[10] ^= 1;
+            let altered = String::from_utf8(altered).unwrap_or_default();
+            assert!(verify_revocations(&altered, &keys).is_err());
+        }
+        // A ticket code is not a revocation list, and the other way round.
+        let code = signer.sign(&TicketClaims {
+            event_id: "e".into(),
+            section_id: "s".into(),
+            seat_id: String::new(),
+            order_id: "e.s.o1".into(),
+            ticket_id: "e.s.o1.1".into(),
+        });
+        assert_eq!(
+            verify_revocations(&code, &keys),
+            Err(TicketError::Malformed)
+        );
+        let list = signer.sign_revocations(&Revocations {
+            event_id: "e".into(),
+            as_of_ms: 1,
+            ticket_ids: vec!["a".into(), "b".into(), "c".into()],
+        });
+        assert!(verify(&list, &keys).is_err());
+    }
 
     fn claims() -> TicketClaims {
         TicketClaims {

@@ -669,6 +669,16 @@ where
         .await;
     }
 
+    // The revocation list of an event that is not one.
+    t.row::<_, boxoffice_gateway::http::orders::RevocationList>(
+        "the revocation list of an unknown event",
+        g.events.get_revocation_list(pb::GetRevocationListRequest {
+            event_id: "faces-nowhere".into(),
+        }),
+        client.http.get("/v1/events/faces-nowhere/revocations", &[]),
+    )
+    .await;
+
     // Giving tickets back: refused alike (this event takes no cancellations).
     for (name, order_id, tickets) in [
         ("cancel no tickets", order.clone(), Vec::new()),

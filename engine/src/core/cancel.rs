@@ -361,6 +361,27 @@ impl SectionCore {
         Some((at_ms, kind))
     }
 
+    /// The ids of every ticket of this section given back, ascending: its part of the event's
+    /// revocation list.
+    pub fn revoked_ticket_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .returns
+            .by_hold
+            .iter()
+            .filter_map(|(hold_id, cs)| {
+                let order_id = &self.holds.get(hold_id)?.order.as_ref()?.order_id;
+                Some(cs.iter().flat_map(move |c| {
+                    c.tickets
+                        .iter()
+                        .map(move |t| format!("{order_id}.{}", t + 1))
+                }))
+            })
+            .flatten()
+            .collect();
+        ids.sort();
+        ids
+    }
+
     /// The tickets given back, for checkpoints.
     pub(super) fn returns(&self) -> &Returns {
         &self.returns

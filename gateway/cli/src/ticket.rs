@@ -31,6 +31,11 @@ pub enum TicketCommand {
         /// The server's data dir (used when no `--public-key` is given).
         #[arg(long, env = "BOXOFFICE_DATA_DIR", default_value = "boxoffice-data")]
         data_dir: PathBuf,
+        /// The event's revocation list, as `GET /v1/events/{id}/revocations` (or
+        /// `GetRevocationList`) answers it (JSON; or its `signed` text alone): a code it revokes
+        /// is not valid. Its signature is checked with the same keys as the code's.
+        #[arg(long)]
+        revocations: Option<PathBuf>,
     },
     /// Make a new signing key; the old public keys stay, so tickets already sold keep verifying.
     /// Offline: refused while a server runs on the data dir. Give scanners the new public key
@@ -53,7 +58,8 @@ pub async fn run(command: TicketCommand) -> anyhow::Result<Exit> {
             code,
             public_key,
             data_dir,
-        } => verify(&code, &public_key, &data_dir),
+            revocations,
+        } => verify(&code, &public_key, &data_dir, revocations.as_deref()),
         TicketCommand::RotateKey { data_dir } => {
             boxoffice_drill::held::refuse_if_held(&data_dir)?;
             // A dir without keys is nothing to work on (exit 2), as for every reader of it.
@@ -117,7 +123,35 @@ fn list(ring: &KeyRing) {
     }
 }
 
-fn verify(code: &str, hex_keys: &[String], data_dir: &Path) -> anyhow::Result<Exit> {
+/// The revocation list in `path` (JSON with a `signed` field, or the signed text), verified
+/// with `keys`: a list that is not genuine is refused (exit code 2: nothing to check against).
+fn revocation_list(path: &Path, keys: &[PublicKey]) -> anyhow::Result<tickets::Revocations> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| UsageError::new(format!("--revocations {}: {e}", path.display())))?;
+    let signed = match serde_json::from_str::<serde_json::Value>(&text) {
+        Ok(v) => v["signed"].as_str().map(str::to_owned).ok_or_else(|| {
+            UsageError::new(format!(
+                "--revocations {}: JSON without a `signed` field",
+                path.display()
+            ))
+        })?,
+        Err(_) => text.trim().to_owned(),
+    };
+    let (list, _) = tickets::verify_revocations(&signed, keys).map_err(|e| {
+        UsageError::new(format!(
+            "--revocations {}: not a genuine revocation list for these keys: {e}",
+            path.display()
+        ))
+    })?;
+    Ok(list)
+}
+
+fn verify(
+    code: &str,
+    hex_keys: &[String],
+    data_dir: &Path,
+    revocations: Option<&Path>,
+) -> anyhow::Result<Exit> {
     let keys = if hex_keys.is_empty() {
         load(data_dir)?.keys().to_vec()
     } else {
@@ -129,9 +163,26 @@ fn verify(code: &str, hex_keys: &[String], data_dir: &Path) -> anyhow::Result<Ex
             })
             .collect::<anyhow::Result<Vec<_>>>()?
     };
+    let revoked = revocations.map(|p| revocation_list(p, &keys)).transpose()?;
     match tickets::verify(code, &keys) {
         Ok(v) => {
             let t = v.claims;
+            if let Some(list) = &revoked {
+                if list.event_id != t.event_id {
+                    return Err(UsageError::new(format!(
+                        "the revocation list is event {}'s, the ticket is event {}'s",
+                        list.event_id, t.event_id
+                    ))
+                    .into());
+                }
+                if list.ticket_ids.contains(&t.ticket_id) {
+                    println!(
+                        "NOT VALID: ticket {} was revoked (given back by its buyer): it is on                          event {}'s revocation list as of {} ms",
+                        t.ticket_id, list.event_id, list.as_of_ms
+                    );
+                    return Ok(Exit::Failed);
+                }
+            }
             println!("valid ticket");
             println!("event   {}", t.event_id);
             println!("section {}", t.section_id);
@@ -149,6 +200,14 @@ fn verify(code: &str, hex_keys: &[String], data_dir: &Path) -> anyhow::Result<Ex
                 println!("key     {}", v.kid);
             } else {
                 println!("key     {} (a code from before key ids)", v.kid);
+            }
+            if let Some(list) = &revoked {
+                println!(
+                    "not revoked (event {}'s revocation list as of {} ms, {} revoked)",
+                    list.event_id,
+                    list.as_of_ms,
+                    list.ticket_ids.len()
+                );
             }
             Ok(Exit::Ok)
         }

@@ -118,15 +118,30 @@ async fn serve_with_no_setup_then_drain_on_sigterm() {
 
 /// Runs `boxoffice ARGS`: (success, stdout, stderr).
 fn boxoffice(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_boxoffice"))
-        .args(args)
-        .output()
-        .unwrap();
+    let out = run(args);
     (
         out.status.success(),
         String::from_utf8(out.stdout).unwrap(),
         String::from_utf8(out.stderr).unwrap(),
     )
+}
+
+/// Runs `boxoffice ARGS`: (stdout and stderr, exit code).
+fn boxoffice_status(args: &[&str]) -> (String, i32) {
+    let out = run(args);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (text, out.status.code().unwrap_or(-1))
+}
+
+fn run(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_boxoffice"))
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 /// The lines of `ticket public-key`: (kid, hex, role).
@@ -179,6 +194,74 @@ fn ticket_keys_verify_rotate_and_reconcile_on_the_command_line() {
         !ok && out.contains("NOT VALID"),
         "a forged code fails: {out}"
     );
+
+    // A revocation list (as the server serves it): a code it names is not valid; one it does
+    // not name is; a list that is not genuine, or another event's, checks nothing (exit 2).
+    let list = |event: &str, ids: &[&str]| {
+        let l = tickets::Revocations {
+            event_id: event.into(),
+            as_of_ms: 1_000,
+            ticket_ids: ids.iter().map(|s| (*s).to_owned()).collect(),
+        };
+        let file = dir
+            .path()
+            .join(format!("revoked-{event}-{}.json", ids.len()));
+        let signed = signer.sign_revocations(&l);
+        std::fs::write(
+            &file,
+            serde_json::json!({"eventId": event, "signed": signed}).to_string(),
+        )
+        .unwrap();
+        (file.to_str().unwrap().to_owned(), signed)
+    };
+    let (revoking, signed) = list("e", &["e.s.o1.1", "e.s.o2.1"]);
+    let (out, code_of) = boxoffice_status(&[
+        "ticket",
+        "verify",
+        &code,
+        "--data-dir",
+        data_dir,
+        "--revocations",
+        &revoking,
+    ]);
+    assert_eq!(code_of, 1, "{out}");
+    assert!(
+        out.contains("NOT VALID: ticket e.s.o1.1 was revoked"),
+        "{out}"
+    );
+    let (clean, _) = list("e", &["e.s.o2.1"]);
+    let (out, code_of) = boxoffice_status(&[
+        "ticket",
+        "verify",
+        &code,
+        "--data-dir",
+        data_dir,
+        "--revocations",
+        &clean,
+    ]);
+    assert_eq!(code_of, 0, "{out}");
+    assert!(
+        out.contains("valid ticket") && out.contains("not revoked"),
+        "{out}"
+    );
+    let forged_list = dir.path().join("forged.txt");
+    std::fs::write(&forged_list, signed.replacen('.', "x.", 1)).unwrap();
+    let (other, _) = list("other-event", &["e.s.o1.1"]);
+    for (name, file) in [
+        ("forged", forged_list.to_str().unwrap().to_owned()),
+        ("another event's", other),
+    ] {
+        let (out, code_of) = boxoffice_status(&[
+            "ticket",
+            "verify",
+            &code,
+            "--data-dir",
+            data_dir,
+            "--revocations",
+            &file,
+        ]);
+        assert_eq!(code_of, 2, "{name} list: {out}");
+    }
 
     // Rotation: a new signing key, the old one still verifies.
     let (ok, _, err) = boxoffice(&["ticket", "rotate-key", "--data-dir", data_dir]);

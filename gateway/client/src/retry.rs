@@ -45,6 +45,7 @@ idempotent!(
     GetHoldRequest,
     GetOrderRequest,
     ListOrdersRequest,
+    GetRevocationListRequest,
     GetWaitlistEntryRequest,
     JoinRequest,
     JoinWaitlistRequest,

@@ -15,6 +15,7 @@
 //! | `GET /v1/holds/{holdId}`, `GET /v1/orders/{orderId}` | `GetHold`, `GetOrder` |
 //! | `GET /v1/users/{userId}/orders` | `ListOrders` |
 //! | `POST /v1/orders/{orderId}/cancel` | `CancelTickets` |
+//! | `GET /v1/events/{id}/revocations` | `GetRevocationList` |
 //! | `POST /v1/events/{id}/holds/batch` | `HoldBatch` |
 //! | `POST /v1/events/{id}/waitlist`, `GET /v1/waitlist/{entryId}` | `JoinWaitlist`, `GetWaitlistEntry` |
 //! | `POST /v1/events`, `GET /v1/events`, `GET /v1/events/{id}` | `CreateEvent`, `ListEvents`, `GetEvent` |
@@ -52,6 +53,7 @@ pub use api::Backend;
         api::create_hold, api::confirm_hold, api::create_order, api::release_hold,
         api::get_hold, api::get_order, api::create_event, api::update_sale, api::sale_action,
         api::get_event, api::list_events, orders::list_orders, orders::cancel_tickets,
+        orders::revocations,
         batch::hold_batch,
         waitlist::join_waitlist, waitlist::get_waitlist_entry,
         api::cluster_status, api::add_node, api::remove_node, api::replace_node,
@@ -65,7 +67,8 @@ pub use api::Backend;
         types::Seat, types::SectionSeats, types::SeatMap, types::AddNodeBody,
         types::ClusterNode, types::ClusterGroup, types::ClusterStatus, types::TicketKey,
         changes::Change, changes::RefundChange, changes::PlacesWithdrawn, changes::WaitlistOffer,
-        changes::SaleControls, changes::TicketsCancelled, orders::OrderPage, orders::CancelBody, orders::Cancellation, batch::BatchItemBody, batch::HoldBatchBody,
+        changes::SaleControls, changes::TicketsCancelled, orders::OrderPage, orders::CancelBody, orders::Cancellation,
+        orders::RevocationList, batch::BatchItemBody, batch::HoldBatchBody,
         batch::BatchResult, batch::HoldBatchAnswer, waitlist::JoinWaitlistBody,
         waitlist::WaitlistEntry,
     )),
@@ -118,11 +121,6 @@ pub fn router(backend: Backend, extra: Option<Router>) -> Router {
         .route("/v1/holds/{hold_id}/release", post(api::release_hold))
         .route("/v1/orders", post(api::create_order))
         .route("/v1/orders/{order_id}", get(api::get_order))
-        .route("/v1/users/{user_id}/orders", get(orders::list_orders))
-        .route("/v1/orders/{order_id}/cancel", post(orders::cancel_tickets))
-        .route("/v1/events/{id}/holds/batch", post(batch::hold_batch))
-        .route("/v1/events/{id}/waitlist", post(waitlist::join_waitlist))
-        .route("/v1/waitlist/{entry_id}", get(waitlist::get_waitlist_entry))
         .route("/v1/changes", get(changes::changes))
         .route("/v1/cluster", get(api::cluster_status))
         .route("/v1/cluster/nodes", post(api::add_node))
@@ -166,9 +164,22 @@ pub fn router(backend: Backend, extra: Option<Router>) -> Router {
         })
         .route("/ops", get(ops::page))
         .route("/ops/stats", get(ops::stats))
+        .merge(after_the_seeds())
         .layer(DefaultBodyLimit::max(crate::limits::MESSAGE_BYTES_MAX))
         .with_state(backend)
         .merge(extra.unwrap_or_default())
+}
+
+/// The paths beyond the seeds' REST paths: a fan's orders and their tickets given back, the
+/// revocation list, batches of holds and the waitlist.
+fn after_the_seeds() -> Router<Backend> {
+    Router::new()
+        .route("/v1/users/{user_id}/orders", get(orders::list_orders))
+        .route("/v1/orders/{order_id}/cancel", post(orders::cancel_tickets))
+        .route("/v1/events/{id}/revocations", get(orders::revocations))
+        .route("/v1/events/{id}/holds/batch", post(batch::hold_batch))
+        .route("/v1/events/{id}/waitlist", post(waitlist::join_waitlist))
+        .route("/v1/waitlist/{entry_id}", get(waitlist::get_waitlist_entry))
 }
 
 /// Serves `app` on `listener` until `shutdown` resolves (then finishes the requests in flight).

@@ -122,6 +122,55 @@ pub async fn cancel_tickets(
     Ok(json(StatusCode::OK, &Cancellation::from(done)))
 }
 
+/// An event's revocation list (`GetRevocationList`): as `boxoffice ticket verify
+/// --revocations` reads it.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RevocationList {
+    /// The event.
+    pub event_id: String,
+    /// When it was made, Unix ms.
+    pub as_of_unix_ms: i64,
+    /// The revoked tickets' ids, ascending.
+    pub ticket_ids: Vec<String>,
+    /// The key that signed it.
+    pub kid: String,
+    /// The list signed (what a gate trusts: docs/api.md, `GetRevocationList`).
+    pub signed: String,
+}
+
+impl From<pb::RevocationList> for RevocationList {
+    fn from(l: pb::RevocationList) -> RevocationList {
+        RevocationList {
+            event_id: l.event_id,
+            as_of_unix_ms: l.as_of_unix_ms,
+            ticket_ids: l.ticket_ids,
+            kid: l.kid,
+            signed: l.signed,
+        }
+    }
+}
+
+/// An event's revoked tickets, signed with the ticket key (`GetRevocationList`): a gate checks
+/// codes against it offline.
+#[utoipa::path(get, path = "/v1/events/{id}/revocations", tag = "events",
+    params(("id" = String, Path, description = "The event")),
+    responses(
+        (status = 200, description = "The revocation list, signed", body = RevocationList),
+        (status = "default", description = "A problem (RFC 9457)", body = super::problem::Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+pub async fn revocations(
+    State(b): State<Backend>,
+    Path(event_id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, Refusal> {
+    let list = b
+        .call(&headers, pb::GetRevocationListRequest { event_id })
+        .await?;
+    Ok(json(StatusCode::OK, &RevocationList::from(list)))
+}
+
 /// A user's orders, newest first, a page at a time (`ListOrders`).
 #[utoipa::path(get, path = "/v1/users/{userId}/orders", tag = "booking",
     params(("userId" = String, Path, description = "The buyer: only their own orders are listed"), OrdersQuery),

@@ -633,6 +633,7 @@ fn of_hold(id: &str) -> Option<String> {
 
 routed_by!(pb::GetEventRequest, |m| Some(m.event_id.clone()));
 routed_by!(pb::GetSeatMapRequest, |m| Some(m.event_id.clone()));
+routed_by!(pb::GetRevocationListRequest, |m| Some(m.event_id.clone()));
 routed_by!(pb::UpdateSaleRequest, |m| Some(m.event_id.clone()));
 routed_by!(pb::JoinRequest, |m| Some(m.event_id.clone()));
 routed_by!(pb::GetJoinChallengeRequest, |m| Some(m.event_id.clone()));
@@ -696,6 +697,9 @@ fn route_of(path: &str, headers: &http::HeaderMap, body: bytes::Bytes) -> (Route
         "/boxoffice.v1.EventService/CreateEvent" => read::<pb::CreateEventRequest>(&msg, body),
         "/boxoffice.v1.EventService/GetEvent" => read::<pb::GetEventRequest>(&msg, body),
         "/boxoffice.v1.EventService/GetSeatMap" => read::<pb::GetSeatMapRequest>(&msg, body),
+        "/boxoffice.v1.EventService/GetRevocationList" => {
+            read::<pb::GetRevocationListRequest>(&msg, body)
+        }
         "/boxoffice.v1.EventService/UpdateSale" => read::<pb::UpdateSaleRequest>(&msg, body),
         "/boxoffice.v1.WaitingRoomService/Join" => read::<pb::JoinRequest>(&msg, body),
         "/boxoffice.v1.WaitingRoomService/GetJoinChallenge" => {

@@ -5,7 +5,8 @@
 //! leader has moved on from.
 //!
 //! Which answers wait:
-//! - every answer of the reads ([`ALWAYS`]: `GetEvent`, `ListEvents`, `GetHold`, `GetOrder`,
+//! - every answer of the reads ([`ALWAYS`]: `GetEvent`, `ListEvents`, `GetRevocationList`,
+//!   `GetHold`, `GetOrder`,
 //!   `ListOrders`, `GetWaitlistEntry`, the waiting room's `Join` and `GetStatus`) and of
 //!   `HoldBatch`, `JoinWaitlist` and `CancelTickets` (whose answers may carry refusals, or an
 //!   entry or a replayed cancellation read from memory);
@@ -31,10 +32,11 @@ use crate::services::Groups;
 use crate::status::ApiError;
 
 /// The calls whose every answer waits (see the module).
-pub const ALWAYS: [&str; 12] = [
+pub const ALWAYS: [&str; 13] = [
     "/boxoffice.v1.EventService/GetEvent",
     "/boxoffice.v1.EventService/UpdateSale",
     "/boxoffice.v1.EventService/ListEvents",
+    "/boxoffice.v1.EventService/GetRevocationList",
     "/boxoffice.v1.WaitingRoomService/Join",
     "/boxoffice.v1.WaitingRoomService/GetStatus",
     "/boxoffice.v1.BookingService/HoldBatch",

@@ -87,6 +87,36 @@ impl pb::event_service_server::EventService for EventSvc {
         ok(api.event_proto(e))
     }
 
+    async fn get_revocation_list(
+        &self,
+        req: Request<pb::GetRevocationListRequest>,
+    ) -> Rpc<pb::RevocationList> {
+        let api = ready(self.0.of(&req))?;
+        let id = event_id("event_id", req.into_inner().event_id)?;
+        // The time is read before the sections are asked: the list holds at least every
+        // revocation acknowledged before it.
+        let as_of_ms = api.clock.now_ms();
+        let ticket_ids = api
+            .engine
+            .revoked_tickets(&id)
+            .await
+            .map_err(ApiError::from)?;
+        let key = api.tickets.key_for(as_of_ms).map_err(ApiError::from)?;
+        let list = crate::tickets::Revocations {
+            event_id: id.0,
+            as_of_ms,
+            ticket_ids,
+        };
+        let signed = key.sign_revocations(&list);
+        ok(pb::RevocationList {
+            event_id: list.event_id,
+            as_of_unix_ms: convert::ms(as_of_ms),
+            ticket_ids: list.ticket_ids,
+            kid: key.kid().to_string(),
+            signed,
+        })
+    }
+
     async fn get_event(&self, req: Request<pb::GetEventRequest>) -> Rpc<pb::Event> {
         let api = ready(self.0.of(&req))?;
         let id = event_id("event_id", req.into_inner().event_id)?;

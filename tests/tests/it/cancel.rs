@@ -263,6 +263,44 @@ async fn tickets_given_back_come_back_refunded_once_and_survive_a_restart() {
         boxoffice_tests::cases::expect_err(got, code, reason);
         let _ = name;
     }
+    // The event's revocation list names the ticket: signed with the ticket key, it revokes
+    // the code ann was given for it (checked offline, as a gate does), and no other.
+    let keys = boxoffice_gateway::tickets::KeyRing::load(server.dir())
+        .unwrap()
+        .keys()
+        .to_vec();
+    let list = c
+        .events
+        .get_revocation_list(pb::GetRevocationListRequest {
+            event_id: "cx".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let (signed, _) = boxoffice_gateway::tickets::verify_revocations(&list.signed, &keys).unwrap();
+    assert_eq!(signed.ticket_ids, done.cancelled_ticket_ids);
+    assert_eq!(signed.ticket_ids, list.ticket_ids);
+    for t in &row.tickets {
+        let claims = boxoffice_gateway::tickets::verify(&t.code, &keys)
+            .unwrap()
+            .claims;
+        assert_eq!(
+            signed.ticket_ids.contains(&claims.ticket_id),
+            claims.seat_id == "r:A:2",
+            "{claims:?}"
+        );
+    }
+    let over_http = server
+        .http(Some(CLIENT))
+        .get("/v1/events/cx/revocations", &[])
+        .await
+        .json();
+    assert_eq!(
+        over_http["ticketIds"],
+        serde_json::json!(done.cancelled_ticket_ids)
+    );
+    boxoffice_gateway::tickets::verify_revocations(over_http["signed"].as_str().unwrap(), &keys)
+        .unwrap();
     let offered = periodic_check("cat is offered the seat given back", PATIENCE, async || {
         let e = c
             .waitlist
@@ -417,6 +455,19 @@ async fn tickets_given_back_come_back_refunded_once_and_survive_a_restart() {
     );
     assert!(engine.reconcile().await.unwrap().is_empty());
     assert!(engine.invariant_violations().await.unwrap().is_empty());
+    // The revocation list still names both cancellations' tickets.
+    let list = c
+        .events
+        .get_revocation_list(pb::GetRevocationListRequest {
+            event_id: "cx".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut revoked = done.cancelled_ticket_ids.clone();
+    revoked.push(format!("{}.1", floor.order_id));
+    revoked.sort();
+    assert_eq!(list.ticket_ids, revoked);
     // The key still answers its first cancellation.
     let replayed = c
         .booking

@@ -615,6 +615,8 @@ async fn the_openapi_document_names_every_path() {
         ("/v1/events/{id}/holds/batch", "post"),
         ("/v1/events/{id}/waitlist", "post"),
         ("/v1/waitlist/{entryId}", "get"),
+        ("/v1/orders/{orderId}/cancel", "post"),
+        ("/v1/events/{id}/revocations", "get"),
     ] {
         assert!(
             doc["paths"][path][method].is_object(),
