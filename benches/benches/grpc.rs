@@ -51,6 +51,7 @@ async fn env() -> Env {
             idempotency_key: String::new(),
             join_pow_difficulty_bits: 0,
             cancellation_deadline_unix_ms: 0,
+            transfers_disabled: false,
         })
         .await
         .expect("event");

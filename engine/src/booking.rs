@@ -599,7 +599,7 @@ pub(crate) fn replayed_hold(answer: Result<Answer, Rejection>) -> Result<HoldVie
 
 pub(crate) fn replayed_order(answer: Result<Answer, Rejection>) -> Result<OrderView, EngineError> {
     match answer {
-        Ok(Answer::Order(v)) => Ok(v),
+        Ok(Answer::Order(v)) => Ok(*v),
         Ok(Answer::Hold(_)) => Err(Rejection::IdempotencyKeyReused.into()),
         Err(r) => Err(r.into()),
     }

@@ -89,6 +89,15 @@ pub enum ChangeKind {
         /// The refund's idempotency key with the payment provider.
         refund_key: String,
     },
+    /// Tickets of an order moved to another fan (`TransferTickets`). After every older variant.
+    TicketsTransferred {
+        /// The order they left, once its commit's records are applied (no codes).
+        from: OrderView,
+        /// The recipient's new order (no codes).
+        to: OrderView,
+        /// The tickets moved, by their ids in the order they left.
+        ticket_ids: Vec<String>,
+    },
 }
 
 impl ChangeKind {
@@ -105,6 +114,7 @@ impl ChangeKind {
             ChangeKind::SaleUpdated(_) => "sale_updated",
             ChangeKind::Refunded { .. } => "refunded",
             ChangeKind::TicketsCancelled { .. } => "tickets_cancelled",
+            ChangeKind::TicketsTransferred { .. } => "tickets_transferred",
         }
     }
 }

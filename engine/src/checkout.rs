@@ -131,7 +131,7 @@ impl Checkout {
                 Ok(order) => self
                     .kernel
                     .ledger()
-                    .settled(vec![(args(), Answer::Order(order.clone()))]),
+                    .settled(vec![(args(), Answer::Order(Box::new(order.clone())))]),
                 Err(e) => {
                     self.kernel
                         .ledger()

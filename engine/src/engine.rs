@@ -24,6 +24,7 @@ use crate::checkout::Checkout;
 use crate::config::EngineConfig;
 use crate::core::SaleChange;
 use crate::core::SectionCore;
+use crate::core::Transferred;
 use crate::error::{EngineError, StorageError};
 use crate::events::{EventEntry, EventTerms, LoggedEvent, SectionFeed};
 use crate::expiry::{ExpiredAndOffered, Expiry};
@@ -40,6 +41,7 @@ use crate::section::{Listener, SectionMsg};
 use crate::store::{LogSink, Store, StreamWriter, names};
 use crate::supervisor::{Restart, RestartSlot, Roles, Supervision, Supervisor, SupervisorArgs};
 use crate::supervisor::{spawn_ledger, spawn_waitlist};
+use crate::transfers::{TransferRequest, Transfers};
 use crate::types::{
     CheckedHold, ConfirmRequest, EventId, EventSpec, EventView, HoldId, HoldRequest, HoldView,
     OrderCursor, OrderId, OrderView, OrdersPage, SeatMap, SectionId, UserId,
@@ -55,6 +57,7 @@ pub(crate) struct Inner {
     booking: Booking,
     checkout: Checkout,
     cancellations: Cancellations,
+    transfers: Transfers,
     expiry: Expiry,
     waitlist: Waitlist,
     audit: Audit,
@@ -97,6 +100,7 @@ impl Inner {
             checkout: Checkout::new(k.clone(), c.clone(), booking.clone(), p.clone(), o.clone()),
             refunds: Refunds::new(k.clone(), c.clone(), audit.clone(), booking.clone()),
             cancellations: Cancellations::new(k.clone(), c.clone(), p.clone()),
+            transfers: Transfers::new(k.clone(), c.clone()),
             expiry: Expiry::new(k.clone(), c.clone()),
             booking,
             audit,
@@ -574,6 +578,11 @@ impl Engine {
         req: CancelRequest,
     ) -> Result<TicketsCancelled, EngineError> {
         self.inner.cancellations.cancel_tickets(req).await
+    }
+
+    /// Moves tickets of an order to another fan: see the `Transfers` component.
+    pub async fn transfer_tickets(&self, req: TransferRequest) -> Result<Transferred, EngineError> {
+        self.inner.transfers.transfer_tickets(req).await
     }
 
     /// An event's revoked tickets: see `Cancellations::revoked_tickets`.

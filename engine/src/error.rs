@@ -97,6 +97,9 @@ pub enum Rejection {
     /// it takes no cancellations.
     #[error("this event's tickets can no longer be cancelled")]
     CancellationClosed,
+    /// The event's tickets cannot be moved to another fan (switched off at its creation).
+    #[error("this event's tickets cannot be transferred")]
+    TransfersDisabled,
 }
 
 impl Rejection {
@@ -146,6 +149,7 @@ impl Rejection {
             Rejection::HoldCooldown { until_ms: 1 },
             Rejection::TicketNotActive("o.1".into()),
             Rejection::CancellationClosed,
+            Rejection::TransfersDisabled,
         ]
     }
 
@@ -176,6 +180,7 @@ impl Rejection {
             Rejection::HoldCooldown { .. } => "HOLD_COOLDOWN",
             Rejection::TicketNotActive(_) => "TICKET_NOT_ACTIVE",
             Rejection::CancellationClosed => "CANCELLATION_CLOSED",
+            Rejection::TransfersDisabled => "TRANSFERS_DISABLED",
         }
     }
 }
@@ -302,6 +307,7 @@ mod tests {
             Rejection::HoldCooldown { .. } => 21,
             Rejection::TicketNotActive(_) => 22,
             Rejection::CancellationClosed => 23,
+            Rejection::TransfersDisabled => 24,
         }
     }
 
@@ -309,6 +315,6 @@ mod tests {
     fn every_kind_is_listed() {
         let mut seen: Vec<usize> = Rejection::every().iter().map(kind).collect();
         seen.sort_unstable();
-        assert_eq!(seen, (0..24).collect::<Vec<_>>());
+        assert_eq!(seen, (0..25).collect::<Vec<_>>());
     }
 }

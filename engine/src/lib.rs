@@ -52,6 +52,7 @@
 //!         sale_opens_at_ms: 0,       // open now
 //!         join_pow_difficulty_bits: 0, // 0: no proof of work before joining the line
 //!         cancellation_deadline_ms: 0, // 0: tickets cannot be given back
+//!         transfers_disabled: false,   // fans may pass tickets on
 //!     })
 //!     .await?;
 //! let hold = engine
@@ -121,6 +122,7 @@ mod share;
 pub mod store;
 mod supervisor;
 pub mod tiers;
+mod transfers;
 pub mod types;
 pub mod waitlist;
 mod waitlist_calls;
@@ -150,6 +152,7 @@ pub use sale::{SaleControls, SaleState, SaleUpdate};
 pub use section::{Listener, Notice};
 pub use store::{Durability, LogSink, MemorySink, SledSink};
 pub use supervisor::ACTOR_KINDS;
+pub use transfers::TransferRequest;
 pub use types::*;
 pub use waitlist::{WaitlistState, WaitlistView};
 

@@ -193,7 +193,8 @@ fn check_payments(orders: &[OrderView], charges: &[Charge], findings: &mut Vec<F
     let by_id: HashMap<&str, &Charge> =
         charges.iter().map(|c| (c.payment_id.as_str(), c)).collect();
     let mut orders_of: HashMap<&str, Vec<String>> = HashMap::default();
-    for o in orders {
+    // A received order (`TransferTickets`) was paid for in the order it came from.
+    for o in orders.iter().filter(|o| o.transferred_from.is_none()) {
         orders_of
             .entry(o.payment_ref.as_str())
             .or_default()

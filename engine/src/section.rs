@@ -28,7 +28,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::watch;
 
 use crate::clock::Clock;
-use crate::core::{CancelTickets, Cancelled};
+use crate::core::{CancelTickets, Cancelled, TransferTickets, Transferred};
 use crate::core::{ConfirmHold, PlaceHold, SaleChange, SectionCore, SectionRecord};
 use crate::error::{EngineError, Rejection, StorageError};
 use crate::ledger::Ledger;
@@ -51,6 +51,8 @@ pub(crate) enum SectionMsg {
     Release(HoldId, UserId, Reply<HoldView>),
     /// Gives tickets of an order back (`CancelTickets`), answered once durable.
     Cancel(CancelTickets, Reply<Cancelled>),
+    /// Moves tickets of an order to another fan (`TransferTickets`), answered once durable.
+    Transfer(TransferTickets, Reply<Transferred>),
     ExpireDue(usize, Vec<PlaceHold>, Reply<Expired>),
     /// Stand as an operator's sale control says (see [`SectionCore::sale_change`]), as of the
     /// given time if any (a pause recorded in the catalog before a crash: from when it was
@@ -93,6 +95,7 @@ impl SectionMsg {
             SectionMsg::Confirm(_, reply) => send(reply, Err(err)),
             SectionMsg::Release(_, _, reply) => send(reply, Err(err)),
             SectionMsg::Cancel(_, reply) => send(reply, Err(err)),
+            SectionMsg::Transfer(_, reply) => send(reply, Err(err)),
             SectionMsg::ExpireDue(_, _, reply) => send(reply, Err(err)),
             SectionMsg::ExpireHoldIfDue(_, reply) => send(reply, Err(err)),
             SectionMsg::Sale(_, _, reply) => send(reply, Err(err)),
@@ -434,6 +437,7 @@ impl Actor for SectionActor {
                 st.on_release(&hold_id, &user, now, reply);
             }
             Some(SectionMsg::Cancel(cmd, reply)) => st.on_cancel(cmd, now, reply),
+            Some(SectionMsg::Transfer(cmd, reply)) => st.on_transfer(cmd, now, reply),
             Some(SectionMsg::ExpireDue(max, offers, reply)) => {
                 st.on_expire_due(max, offers, now, reply);
             }
@@ -653,6 +657,29 @@ impl SectionState {
         }
     }
 
+    /// Moves tickets to another fan: the recipient's places are claimed anew (their claims in
+    /// the record's job); nothing is freed, nobody is told of places.
+    fn on_transfer(&mut self, cmd: TransferTickets, now: u64, reply: Reply<Transferred>) {
+        match self.a.core.transfer_tickets(cmd, now) {
+            Ok((answer, record)) => {
+                let claims = match &record {
+                    Some(SectionRecord::TicketsTransferred { new_hold_id, .. }) => answer
+                        .sold_keys
+                        .iter()
+                        .map(|k| (k.clone(), new_hold_id.as_str().as_bytes().to_vec()))
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                let records = record.into_iter().collect();
+                self.commit(records, claims, Vec::new(), after(reply, Ok(answer)));
+            }
+            Err(r) => {
+                self.counters.rejected(&r);
+                self.commit(Vec::new(), Vec::new(), Vec::new(), after(reply, Err(r)));
+            }
+        }
+    }
+
     /// Expires what is due and, in the same step, places the waiting fans' offers: the freed
     /// places go to them before any other request in the mailbox can take them.
     fn on_expire_due(
@@ -799,6 +826,7 @@ pub(crate) fn changes_of(core: &SectionCore, records: &[SectionRecord]) -> Vec<C
                     ChangeKind::OrderCreated(core.order_as_confirmed(o)?),
                 ),
                 SectionRecord::TicketsCancelled { .. } => core.cancellation_change(r)?,
+                SectionRecord::TicketsTransferred { .. } => core.transfer_change(r)?,
                 SectionRecord::HoldReleased { hold_id, at_ms } => {
                     let mut h = hold(hold_id)?;
                     h.status = HoldStatus::Released;

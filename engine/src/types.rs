@@ -196,6 +196,10 @@ pub struct EventSpec {
     /// spec ([`CatalogRecord::EventCreatedWithTerms`]).
     #[serde(skip)]
     pub cancellation_deadline_ms: u64,
+    /// Whether its tickets may not be moved to another fan (`TransferTickets`; false, the
+    /// default: they may). Carried beside the spec as the deadline is.
+    #[serde(skip)]
+    pub transfers_disabled: bool,
 }
 
 impl EventSpec {
@@ -463,9 +467,14 @@ pub struct OrderView {
     /// encoding (an order in the change stream is the order as created).
     #[serde(skip)]
     pub refunded_cents: u64,
-    /// The ids of the tickets given back (no longer in `tickets`). A view only, as above.
+    /// The ids of the tickets given back or moved to another fan (no longer in `tickets`). A
+    /// view only, as above.
     #[serde(skip)]
     pub cancelled_ticket_ids: Vec<String>,
+    /// A received order's: the order its tickets came from (`TransferTickets`; it cost its
+    /// recipient nothing: `amount_cents` is 0). A view only, as above.
+    #[serde(skip)]
+    pub transferred_from: Option<OrderId>,
 }
 
 /// Where a page of a user's orders ends (`ListOrders`): the last order shown, by creation time
@@ -633,8 +642,9 @@ pub(crate) enum CatalogRecord {
         key: String,
         fingerprint: u64,
     },
-    /// An event with terms beyond the spec's own encoding: the proof of work (0: none) and the
-    /// cancellation deadline (never 0 here: an event without one is one of the records above).
+    /// An event with terms beyond the spec's own encoding: the proof of work (0: none), the
+    /// cancellation deadline (0: none) and whether transfers are off (an event with neither a
+    /// deadline nor transfers off is one of the records above).
     /// The last variant, so older records keep their variant indexes.
     EventCreatedWithTerms {
         spec: EventSpec,
@@ -642,6 +652,7 @@ pub(crate) enum CatalogRecord {
         created_at_ms: u64,
         join_pow_difficulty_bits: u32,
         cancellation_deadline_ms: u64,
+        transfers_disabled: bool,
     },
 }
 
@@ -649,10 +660,11 @@ impl CatalogRecord {
     /// The record of a new event: [`CatalogRecord::EventCreated`] when it asks for no proof of
     /// work (byte for byte what earlier builds wrote), else [`CatalogRecord::EventCreatedWithPow`].
     pub(crate) fn event_created(spec: EventSpec, event_id: EventId, created_at_ms: u64) -> Self {
-        if spec.cancellation_deadline_ms != 0 {
+        if spec.cancellation_deadline_ms != 0 || spec.transfers_disabled {
             return CatalogRecord::EventCreatedWithTerms {
                 join_pow_difficulty_bits: spec.join_pow_difficulty_bits,
                 cancellation_deadline_ms: spec.cancellation_deadline_ms,
+                transfers_disabled: spec.transfers_disabled,
                 spec,
                 event_id,
                 created_at_ms,
@@ -698,9 +710,11 @@ impl CatalogRecord {
                 created_at_ms,
                 join_pow_difficulty_bits,
                 cancellation_deadline_ms,
+                transfers_disabled,
             } => {
                 spec.join_pow_difficulty_bits = join_pow_difficulty_bits;
                 spec.cancellation_deadline_ms = cancellation_deadline_ms;
+                spec.transfers_disabled = transfers_disabled;
                 (event_id, spec, created_at_ms)
             }
         }
@@ -727,6 +741,7 @@ pub(crate) fn ga_event_spec(id: &str, name: &str, capacity: u32, price_cents: u6
         sale_opens_at_ms: 0,
         join_pow_difficulty_bits: 0,
         cancellation_deadline_ms: 0,
+        transfers_disabled: false,
     }
 }
 
@@ -816,6 +831,7 @@ mod tests {
             sale_opens_at_ms: 5,
             join_pow_difficulty_bits: 0,
             cancellation_deadline_ms: 0,
+            transfers_disabled: false,
         };
         let decoded: CatalogRecord = crate::codec::decode(&old_bytes).unwrap();
         assert_eq!(

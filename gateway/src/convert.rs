@@ -63,6 +63,7 @@ pub fn event_spec(req: pb::CreateEventRequest) -> Result<EventSpec, Rejection> {
         join_pow_difficulty_bits: req.join_pow_difficulty_bits,
         cancellation_deadline_ms: u64::try_from(req.cancellation_deadline_unix_ms)
             .map_err(|_| invalid("cancellation_deadline_unix_ms", "a time after 1970"))?,
+        transfers_disabled: req.transfers_disabled,
     })
 }
 
@@ -225,7 +226,11 @@ pub fn order_without_codes(o: OrderView) -> pb::Order {
         order_id: o.order_id.0,
         event_id: o.event_id.0,
         amount_cents: o.amount_cents,
-        payment_id: o.payment_ref,
+        payment_id: if o.transferred_from.is_some() {
+            String::new()
+        } else {
+            o.payment_ref
+        },
         status: if refunded {
             pb::OrderStatus::Refunded
         } else {
@@ -234,6 +239,7 @@ pub fn order_without_codes(o: OrderView) -> pb::Order {
         created_at_unix_ms: ms(o.created_at_ms),
         refunded_cents: o.refunded_cents,
         cancelled_ticket_ids: o.cancelled_ticket_ids,
+        transferred_from_order_id: o.transferred_from.map(|f| f.0).unwrap_or_default(),
     }
 }
 

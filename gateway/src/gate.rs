@@ -263,6 +263,7 @@ pub const METHODS: &[&str] = &[
     "GetOrder",
     "ListOrders",
     "CancelTickets",
+    "TransferTickets",
     "JoinWaitlist",
     "GetWaitlistEntry",
     "WatchChanges",

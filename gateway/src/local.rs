@@ -83,6 +83,7 @@ unary!(pb::ConfirmRequest => pb::Order, "/boxoffice.v1.BookingService/Confirm", 
 unary!(pb::ReleaseRequest => pb::ReleaseResponse, "/boxoffice.v1.BookingService/Release", BookingSvc.release);
 unary!(pb::GetHoldRequest => pb::Hold, "/boxoffice.v1.BookingService/GetHold", BookingSvc.get_hold);
 unary!(pb::GetOrderRequest => pb::Order, "/boxoffice.v1.BookingService/GetOrder", BookingSvc.get_order);
+unary!(pb::TransferTicketsRequest => pb::TransferTicketsResponse, "/boxoffice.v1.BookingService/TransferTickets", BookingSvc.transfer_tickets);
 unary!(pb::CancelTicketsRequest => pb::CancelTicketsResponse, "/boxoffice.v1.BookingService/CancelTickets", BookingSvc.cancel_tickets);
 unary!(pb::ListOrdersRequest => pb::ListOrdersResponse, "/boxoffice.v1.BookingService/ListOrders", BookingSvc.list_orders);
 unary!(pb::JoinWaitlistRequest => pb::WaitlistEntry, "/boxoffice.v1.WaitlistService/JoinWaitlist", WaitlistSvc.join_waitlist);

@@ -258,7 +258,8 @@ pub fn rejection_parts(r: &Rejection) -> (Code, &'static str, String, HashMap<St
         | Rejection::PlacesAvailable
         | Rejection::SalePaused
         | Rejection::SaleEnded
-        | Rejection::CancellationClosed => Code::FailedPrecondition,
+        | Rejection::CancellationClosed
+        | Rejection::TransfersDisabled => Code::FailedPrecondition,
         Rejection::TicketNotActive(ticket) => {
             meta.insert("ticket_id".to_owned(), ticket.clone());
             Code::FailedPrecondition

@@ -175,6 +175,7 @@ fn create_request(event: &str, key: &str) -> pb::CreateEventRequest {
         idempotency_key: key.to_owned(),
         join_pow_difficulty_bits: 0,
         cancellation_deadline_unix_ms: 0,
+        transfers_disabled: false,
     }
 }
 
@@ -665,6 +666,34 @@ where
             client
                 .http
                 .get(&format!("/v1/orders/{id}?userId={user}"), &[]),
+        )
+        .await;
+    }
+
+    // Moving tickets: refused alike.
+    for (name, order_id, to) in [
+        ("transfer to nobody", order.clone(), ""),
+        (
+            "transfer a ticket of an order id that is not one",
+            format!("{e}.ga.onothing"),
+            "fan-2",
+        ),
+    ] {
+        let ticket = format!("{order_id}.1");
+        t.row::<_, boxoffice_gateway::http::orders::Transfer>(
+            name,
+            g.booking.transfer_tickets(pb::TransferTicketsRequest {
+                order_id: order_id.clone(),
+                user_id: "fan-1".into(),
+                ticket_ids: vec![ticket.clone()],
+                to_user_id: to.into(),
+                idempotency_key: String::new(),
+            }),
+            client.http.post(
+                &format!("/v1/orders/{order_id}/transfer"),
+                &[],
+                &json!({"userId": "fan-1", "ticketIds": [ticket], "toUserId": to}),
+            ),
         )
         .await;
     }

@@ -128,6 +128,7 @@ pub fn event(id: &str, sections: Vec<SectionSpec>, ttl_ms: u64, per_user_limit: 
         sale_opens_at_ms: 0,
         join_pow_difficulty_bits: 0,
         cancellation_deadline_ms: 0,
+        transfers_disabled: false,
     }
 }
 

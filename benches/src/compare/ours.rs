@@ -156,6 +156,7 @@ async fn create_event(ch: &Channel, w: &Workload) -> anyhow::Result<()> {
             idempotency_key: String::new(),
             join_pow_difficulty_bits: 0,
             cancellation_deadline_unix_ms: 0,
+            transfers_disabled: false,
         })
         .await
         .context("CreateEvent")?;

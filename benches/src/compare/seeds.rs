@@ -403,6 +403,13 @@ impl BookingService for Front {
         Err(unimplemented())
     }
 
+    async fn transfer_tickets(
+        &self,
+        _req: Request<pb::TransferTicketsRequest>,
+    ) -> Result<Response<pb::TransferTicketsResponse>, Status> {
+        Err(unimplemented())
+    }
+
     async fn cancel_tickets(
         &self,
         _req: Request<pb::CancelTicketsRequest>,

@@ -32,6 +32,8 @@ pub struct Cancellation {
     pub at_ms: u64,
     /// The request's idempotency tag, if any (a replay answers this cancellation again).
     pub idem: Option<IdemTag>,
+    /// A transfer's: the order the tickets moved to (nothing refunded, no place freed).
+    pub to_order: Option<OrderId>,
 }
 
 /// What a section keeps of tickets given back (see the module).
@@ -92,7 +94,7 @@ pub struct RefundDue {
 
 /// The indexes (0-based, ascending) of `ids`, tickets of `order_id` (of `quantity` places, of
 /// which `gone` were given back), or why they are not tickets it may give back.
-fn ticket_indexes(
+pub(super) fn ticket_indexes(
     order_id: &OrderId,
     ids: &[String],
     quantity: u32,
@@ -140,24 +142,11 @@ impl SectionCore {
         cmd: CancelTickets,
         now_ms: u64,
     ) -> Result<(Cancelled, Option<SectionRecord>), Rejection> {
-        let hold_id = self
-            .orders
-            .get(&cmd.order_id)
-            .cloned()
-            .ok_or(Rejection::OrderNotFound)?;
-        let h = self.holds.get(&hold_id).ok_or(Rejection::OrderNotFound)?;
-        if h.user_id != cmd.user_id {
-            return Err(Rejection::OrderNotFound);
-        }
-        let done = self.returns.by_hold.get(&hold_id);
+        let (hold_id, quantity) = self.owned_order(&cmd.order_id, &cmd.user_id)?;
         if let Some(tag) = &cmd.idem
-            && let Some((n, c)) = done
-                .into_iter()
-                .flatten()
-                .enumerate()
-                .find(|(_, c)| c.idem.as_ref().is_some_and(|t| t.key == tag.key))
+            && let Some((n, c)) = self.keyed_cancellation(&hold_id, tag)
         {
-            if c.idem.as_ref() != Some(tag) {
+            if c.idem.as_ref() != Some(tag) || c.to_order.is_some() {
                 return Err(Rejection::IdempotencyKeyReused);
             }
             let answer = self.cancelled_answer(&cmd.order_id, &hold_id, n, true);
@@ -166,7 +155,7 @@ impl SectionCore {
         let tickets = ticket_indexes(
             &cmd.order_id,
             &cmd.ticket_ids,
-            h.quantity,
+            quantity,
             &self.cancelled_of(&hold_id),
         )?;
         let record = SectionRecord::TicketsCancelled {
@@ -221,43 +210,15 @@ impl SectionCore {
             refund_cents: *refund_cents,
             at_ms: *at_ms,
             idem: idem.clone(),
+            to_order: None,
         };
-        let h = self
-            .holds
-            .get(hold_id)
-            .ok_or_else(|| format!("cancellation of unknown hold {hold_id}"))?;
-        if h.status != HoldStatus::Confirmed {
-            return Err(format!(
-                "cancellation of hold {hold_id}, which is not an order"
-            ));
-        }
-        let gone = self.cancelled_of(hold_id);
-        if tickets.is_empty() || tickets.iter().any(|t| *t >= h.quantity || gone.contains(t)) {
-            return Err(format!(
-                "cancellation of tickets {tickets:?} of {hold_id} does not fit"
-            ));
-        }
-        let seats: Vec<u32> = tickets
-            .iter()
-            .filter_map(|t| h.seats.get(*t as usize).copied())
-            .collect();
-        for &s in &seats {
-            if self.seats[s as usize] != SeatStatus::Sold {
-                return Err(format!("cancelled seat {s} of {hold_id} is not sold"));
-            }
-        }
+        let seats = self.take_tickets(hold_id, tickets, cancellation)?;
         for s in seats {
             self.set_seat(s, SeatStatus::Available);
-            *self.returns.seat_gen.entry(s).or_default() += 1;
         }
         let n = u32::try_from(tickets.len()).map_err(|_| "too many tickets")?;
         self.sold -= n;
         self.available += n;
-        self.returns
-            .by_hold
-            .entry(hold_id.clone())
-            .or_default()
-            .push(cancellation);
         Ok(())
     }
 
@@ -280,6 +241,74 @@ impl SectionCore {
             .get(hold_id)
             .and_then(|g| g.get(i).copied())
             .unwrap_or(0)
+    }
+
+    /// Notes that `hold_id`'s `tickets` left it (a cancellation or a transfer): checks they may,
+    /// frees nothing. Answers their seats (none for general admission).
+    pub(super) fn take_tickets(
+        &mut self,
+        hold_id: &HoldId,
+        tickets: &[u32],
+        cancellation: Cancellation,
+    ) -> Result<Vec<u32>, String> {
+        let h = self
+            .holds
+            .get(hold_id)
+            .ok_or_else(|| format!("tickets of unknown hold {hold_id}"))?;
+        if h.status != HoldStatus::Confirmed {
+            return Err(format!("tickets of hold {hold_id}, which is not an order"));
+        }
+        let gone = self.cancelled_of(hold_id);
+        if tickets.is_empty() || tickets.iter().any(|t| *t >= h.quantity || gone.contains(t)) {
+            return Err(format!("tickets {tickets:?} of {hold_id} do not fit"));
+        }
+        let seats: Vec<u32> = tickets
+            .iter()
+            .filter_map(|t| h.seats.get(*t as usize).copied())
+            .collect();
+        for &s in &seats {
+            if self.seats[s as usize] != SeatStatus::Sold {
+                return Err(format!("seat {s} of {hold_id} is not sold"));
+            }
+        }
+        for &s in &seats {
+            *self.returns.seat_gen.entry(s).or_default() += 1;
+        }
+        self.returns
+            .by_hold
+            .entry(hold_id.clone())
+            .or_default()
+            .push(cancellation);
+        Ok(seats)
+    }
+
+    /// The hold and the number of places of `order_id`, if `user_id` bought it; otherwise
+    /// `ORDER_NOT_FOUND`, exactly as for an unknown id.
+    pub(super) fn owned_order(
+        &self,
+        order_id: &OrderId,
+        user_id: &UserId,
+    ) -> Result<(HoldId, u32), Rejection> {
+        let hold_id = self.orders.get(order_id).ok_or(Rejection::OrderNotFound)?;
+        match self.holds.get(hold_id) {
+            Some(h) if &h.user_id == user_id => Ok((hold_id.clone(), h.quantity)),
+            _ => Err(Rejection::OrderNotFound),
+        }
+    }
+
+    /// The cancellations of `hold_id` and the idempotency tag `tag` names: the position and
+    /// the tag of the one made with its key, if any.
+    pub(super) fn keyed_cancellation(
+        &self,
+        hold_id: &HoldId,
+        tag: &IdemTag,
+    ) -> Option<(usize, &Cancellation)> {
+        self.returns
+            .by_hold
+            .get(hold_id)?
+            .iter()
+            .enumerate()
+            .find(|(_, c)| c.idem.as_ref().is_some_and(|t| t.key == tag.key))
     }
 
     /// The ticket indexes of a hold given back so far.
@@ -316,6 +345,9 @@ impl SectionCore {
                 continue;
             };
             for (n, c) in cancellations.iter().enumerate() {
+                if c.to_order.is_some() {
+                    continue; // a transfer: nothing is refunded
+                }
                 due.push(RefundDue {
                     order_id: o.order_id.clone(),
                     payment_ref: o.payment_ref.clone(),

@@ -21,6 +21,7 @@
 mod cancel;
 mod records;
 mod seats;
+mod transfer;
 mod views;
 
 use crate::hash::{HashMap, HashSet};
@@ -41,6 +42,7 @@ pub use records::{
     ConfirmHold, Confirmed, Ended, IdemTag, Pick, PlaceHold, SaleChange, SectionRecord,
     SectionSale, Withdrawn,
 };
+pub use transfer::{TRANSFER_PREFIX, TransferTickets, Transferred};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 struct RowMeta {
@@ -454,6 +456,7 @@ impl SectionCore {
             }
             SectionRecord::PlacesWithdrawn { places, .. } => self.apply_withdrawn(places)?,
             SectionRecord::TicketsCancelled { .. } => self.apply_cancellation(record)?,
+            SectionRecord::TicketsTransferred { .. } => self.apply_transfer(record)?,
             SectionRecord::SalePaused { .. }
             | SectionRecord::SaleResumed { .. }
             | SectionRecord::SaleEnded { .. } => self.apply_sale(record)?,
@@ -1228,6 +1231,122 @@ mod tests {
         assert_eq!(back.refunds_due(), c.refunds_due());
         // A record that does not fit (the ticket was given back) is refused by apply.
         assert!(replayed.apply(&log[4]).is_err());
+    }
+
+    #[test]
+    fn tickets_moved_to_another_fan_stay_sold_in_a_new_order_claimed_anew() {
+        for reserved_seats in [true, false] {
+            let mut c = if reserved_seats {
+                reserved(&[("A", 4)])
+            } else {
+                ga(4)
+            };
+            let mut log = Vec::new();
+            let pick = if reserved_seats {
+                Pick::Seats(vec![SeatId::from("s:A:1"), SeatId::from("s:A:2")])
+            } else {
+                Pick::Best(2)
+            };
+            let section = c.spec.section_id.clone();
+            let (v, r) = c
+                .place_hold(
+                    PlaceHold {
+                        hold_id: HoldId::generate(&EventId::from("e"), &section),
+                        user_id: UserId::from("ann"),
+                        pick,
+                        ttl_ms: 1_000,
+                        idem: None,
+                    },
+                    10,
+                )
+                .unwrap();
+            log.push(r);
+            let o = OrderId::generate(&EventId::from("e"), &section);
+            let (confirmed, r) = c.confirm(
+                ConfirmHold {
+                    hold_id: v.hold_id.clone(),
+                    user_id: v.user_id.clone(),
+                    order_id: o.clone(),
+                    payment_ref: "p".into(),
+                    idem: None,
+                },
+                20,
+            );
+            log.push(r.unwrap());
+            let first_keys = confirmed.unwrap().sold_keys;
+            let counts = c.counts();
+            let cmd = |to: &str, key: u64| TransferTickets {
+                order_id: o.clone(),
+                user_id: UserId::from("ann"),
+                ticket_ids: vec![format!("{o}.2")],
+                to_user: UserId::from(to),
+                new_hold_id: HoldId::generate(&EventId::from("e"), &section),
+                new_order_id: OrderId::generate(&EventId::from("e"), &section),
+                idem: Some(IdemTag {
+                    key: "t".into(),
+                    fingerprint: key,
+                }),
+            };
+            assert_eq!(
+                c.transfer_tickets(cmd("ann", 1), 30).unwrap_err().field(),
+                Some("to_user_id")
+            );
+            let (moved, record) = c.transfer_tickets(cmd("bob", 1), 30).unwrap();
+            log.push(record.unwrap());
+            assert_eq!(c.counts(), counts, "capacity and sales unchanged");
+            assert_eq!(moved.ticket_ids, [format!("{o}.2")]);
+            assert_eq!(moved.from.tickets.len(), 1);
+            assert_eq!(moved.to.user_id, UserId::from("bob"));
+            assert_eq!(moved.to.transferred_from, Some(o.clone()));
+            assert_eq!(moved.to.amount_cents, 0);
+            assert_eq!(
+                moved.to.tickets[0].ticket_id,
+                format!("{}.1", moved.to.order_id)
+            );
+            assert_eq!(
+                moved.to.tickets[0].seat_id,
+                moved.from.tickets.first().and(if reserved_seats {
+                    Some(SeatId::from("s:A:2"))
+                } else {
+                    None
+                })
+            );
+            // New claims, never one of the first order's.
+            assert_eq!(moved.sold_keys.len(), 1);
+            assert!(
+                !first_keys.contains(&moved.sold_keys[0]),
+                "{:?}",
+                moved.sold_keys
+            );
+            c.check_invariants().unwrap();
+            assert!(c.refunds_due().is_empty(), "a transfer refunds nothing");
+            assert_eq!(c.revoked_ticket_ids(), [format!("{o}.2")]);
+            assert_eq!(
+                c.orders_of(&UserId::from("bob"), None, 10),
+                std::slice::from_ref(&moved.to)
+            );
+            // The key again: the same transfer; with another request: refused.
+            let (again, none) = c.transfer_tickets(cmd("bob", 1), 40).unwrap();
+            assert!(none.is_none() && again.replayed);
+            assert_eq!(again.to.order_id, moved.to.order_id);
+            assert_eq!(
+                c.transfer_tickets(cmd("cat", 2), 40).unwrap_err(),
+                Rejection::IdempotencyKeyReused
+            );
+            // Replayed, or read from a checkpoint: the same section.
+            let mut replayed = if reserved_seats {
+                reserved(&[("A", 4)])
+            } else {
+                ga(4)
+            };
+            for r in &log {
+                replayed.apply(r).unwrap();
+            }
+            assert_eq!(replayed, c);
+            let back =
+                SectionCore::from_checkpoint(&crate::codec::encode(&c.checkpoint())).unwrap();
+            assert_eq!(back, c);
+        }
     }
 
     #[test]

@@ -105,6 +105,28 @@ pub enum SectionRecord {
         /// Idempotency key of the request, if any.
         idem: Option<IdemTag>,
     },
+    /// Tickets of an order moved to another fan (`TransferTickets`): they leave the order (as
+    /// given back, nothing refunded), and a new order in the recipient's name holds the same
+    /// places, still sold. After every older variant.
+    TicketsTransferred {
+        /// The order's hold.
+        hold_id: HoldId,
+        /// The ticket indexes (0-based), ascending.
+        tickets: Vec<u32>,
+        /// The recipient.
+        to_user: UserId,
+        /// The recipient's new hold (confirmed at once).
+        new_hold_id: HoldId,
+        /// The recipient's new order.
+        new_order_id: OrderId,
+        /// General admission: the ordinal of the new order's first place (its backstop keys);
+        /// 0 for reserved seats.
+        first_place: u32,
+        /// When.
+        at_ms: u64,
+        /// Idempotency key of the request, if any.
+        idem: Option<IdemTag>,
+    },
 }
 
 /// What an operator's sale control asks of one section (see [`crate::sale`]).
@@ -162,6 +184,7 @@ impl SectionRecord {
             | SectionRecord::HoldExpired { at_ms, .. }
             | SectionRecord::PlacesWithdrawn { at_ms, .. }
             | SectionRecord::TicketsCancelled { at_ms, .. }
+            | SectionRecord::TicketsTransferred { at_ms, .. }
             | SectionRecord::SalePaused { at_ms }
             | SectionRecord::SaleResumed { at_ms }
             | SectionRecord::SaleEnded { at_ms } => *at_ms,

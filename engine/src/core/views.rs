@@ -250,6 +250,10 @@ impl SectionCore {
             .filter(|i| !gone.contains(i))
             .map(ticket)
             .collect();
+        let transferred_from = o
+            .payment_ref
+            .strip_prefix(super::TRANSFER_PREFIX)
+            .map(OrderId::from);
         let mut cancelled = gone;
         cancelled.sort_unstable();
         Some(OrderView {
@@ -258,7 +262,10 @@ impl SectionCore {
             event_id: self.event_id.clone(),
             user_id: h.user_id.clone(),
             tickets,
-            amount_cents: self.spec.price_cents * u64::from(h.quantity),
+            amount_cents: match &transferred_from {
+                Some(_) => 0,
+                None => self.spec.price_cents * u64::from(h.quantity),
+            },
             payment_ref: o.payment_ref.clone(),
             created_at_ms: o.created_at_ms,
             refunded_cents: if as_confirmed {
@@ -267,6 +274,7 @@ impl SectionCore {
                 self.refunded_of(hold_id)
             },
             cancelled_ticket_ids: cancelled.into_iter().map(|i| ticket(i).ticket_id).collect(),
+            transferred_from,
         })
     }
 

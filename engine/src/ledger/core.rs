@@ -55,8 +55,8 @@ pub enum Rpc {
 pub enum Answer {
     /// The hold as first answered.
     Hold(HoldView),
-    /// The order as first answered.
-    Order(OrderView),
+    /// The order as first answered (boxed: an order is much larger than a hold).
+    Order(Box<OrderView>),
 }
 
 impl Answer {

@@ -422,6 +422,7 @@ fn sale_spec(id: &str, ga: u32, row: u32) -> crate::EventSpec {
         sale_opens_at_ms: 0,
         join_pow_difficulty_bits: 0,
         cancellation_deadline_ms: 0,
+        transfers_disabled: false,
     }
 }
 

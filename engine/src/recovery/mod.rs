@@ -429,7 +429,7 @@ fn add_section_to_ledgers(core: &SectionCore, event_id: &EventId, ledgers: &mut 
                 Rpc::Confirm,
                 tag,
                 order.created_at_ms,
-                Ok(Answer::Order(order)),
+                Ok(Answer::Order(Box::new(order))),
             );
         }
         if let Some(tag) = hold_tag {

@@ -47,6 +47,7 @@ pub fn sale_event(seats: u32, ttl_ms: u64, per_user_limit: u32) -> EventSpec {
         sale_opens_at_ms: 0,
         join_pow_difficulty_bits: 0,
         cancellation_deadline_ms: 0,
+        transfers_disabled: false,
     }
 }
 
@@ -91,6 +92,7 @@ pub fn create_request(
         join_pow_difficulty_bits: spec.join_pow_difficulty_bits,
         cancellation_deadline_unix_ms: i64::try_from(spec.cancellation_deadline_ms)
             .unwrap_or(i64::MAX),
+        transfers_disabled: spec.transfers_disabled,
     }
 }
 

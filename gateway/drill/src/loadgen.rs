@@ -270,6 +270,7 @@ impl Load {
                 idempotency_key: String::new(),
                 join_pow_difficulty_bits: 0,
                 cancellation_deadline_unix_ms: 0,
+                transfers_disabled: false,
             })
             .await
             .context("CreateEvent (is --admin-key an admin key?)")?;

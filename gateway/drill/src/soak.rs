@@ -381,6 +381,7 @@ fn soak_event(places: u32) -> EventSpec {
         sale_opens_at_ms: 0,
         join_pow_difficulty_bits: 0,
         cancellation_deadline_ms: 0,
+        transfers_disabled: false,
     }
 }
 

@@ -98,8 +98,8 @@ pub struct Change {
     /// When the change was made, Unix ms.
     pub at_unix_ms: i64,
     /// `event_created`, `hold_placed`, `hold_released`, `hold_expired`, `order_created`,
-    /// `refunded`, `places_withdrawn`, `waitlist_offered`, `sale_updated` or
-    /// `tickets_cancelled`.
+    /// `refunded`, `places_withdrawn`, `waitlist_offered`, `sale_updated`, `tickets_cancelled`
+    /// or `tickets_transferred`.
     pub kind: String,
     /// `event_created`: the event as created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -125,6 +125,21 @@ pub struct Change {
     /// `tickets_cancelled`: the tickets given back, and the order after.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tickets_cancelled: Option<TicketsCancelled>,
+    /// `tickets_transferred`: the tickets moved, the order they left and the new one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tickets_transferred: Option<TicketsTransferred>,
+}
+
+/// Tickets moved to another fan.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TicketsTransferred {
+    /// The order they left, after it (no codes).
+    pub from_order: Order,
+    /// The recipient's new order (no codes).
+    pub to_order: Order,
+    /// The tickets moved, by their ids in `fromOrder`.
+    pub ticket_ids: Vec<String>,
 }
 
 /// Tickets of an order given back.
@@ -221,6 +236,11 @@ impl From<pb::Change> for Change {
                 hold_ttl_seconds: s.hold_ttl_seconds,
                 per_user_limit: s.per_user_limit,
                 hold_cooldown_seconds: s.hold_cooldown_seconds,
+            }),
+            tickets_transferred: c.tickets_transferred.map(|t| TicketsTransferred {
+                from_order: Order::from(t.from_order.unwrap_or_default()),
+                to_order: Order::from(t.to_order.unwrap_or_default()),
+                ticket_ids: t.ticket_ids,
             }),
             tickets_cancelled: c.tickets_cancelled.map(|t| TicketsCancelled {
                 order: Order::from(t.order.unwrap_or_default()),

@@ -15,6 +15,7 @@
 //! | `GET /v1/holds/{holdId}`, `GET /v1/orders/{orderId}` | `GetHold`, `GetOrder` |
 //! | `GET /v1/users/{userId}/orders` | `ListOrders` |
 //! | `POST /v1/orders/{orderId}/cancel` | `CancelTickets` |
+//! | `POST /v1/orders/{orderId}/transfer` | `TransferTickets` |
 //! | `GET /v1/events/{id}/revocations` | `GetRevocationList` |
 //! | `POST /v1/events/{id}/holds/batch` | `HoldBatch` |
 //! | `POST /v1/events/{id}/waitlist`, `GET /v1/waitlist/{entryId}` | `JoinWaitlist`, `GetWaitlistEntry` |
@@ -53,7 +54,7 @@ pub use api::Backend;
         api::create_hold, api::confirm_hold, api::create_order, api::release_hold,
         api::get_hold, api::get_order, api::create_event, api::update_sale, api::sale_action,
         api::get_event, api::list_events, orders::list_orders, orders::cancel_tickets,
-        orders::revocations,
+        orders::revocations, orders::transfer_tickets,
         batch::hold_batch,
         waitlist::join_waitlist, waitlist::get_waitlist_entry,
         api::cluster_status, api::add_node, api::remove_node, api::replace_node,
@@ -68,7 +69,8 @@ pub use api::Backend;
         types::ClusterNode, types::ClusterGroup, types::ClusterStatus, types::TicketKey,
         changes::Change, changes::RefundChange, changes::PlacesWithdrawn, changes::WaitlistOffer,
         changes::SaleControls, changes::TicketsCancelled, orders::OrderPage, orders::CancelBody, orders::Cancellation,
-        orders::RevocationList, batch::BatchItemBody, batch::HoldBatchBody,
+        orders::RevocationList, orders::TransferBody, orders::Transfer,
+        changes::TicketsTransferred, batch::BatchItemBody, batch::HoldBatchBody,
         batch::BatchResult, batch::HoldBatchAnswer, waitlist::JoinWaitlistBody,
         waitlist::WaitlistEntry,
     )),
@@ -176,6 +178,10 @@ fn after_the_seeds() -> Router<Backend> {
     Router::new()
         .route("/v1/users/{user_id}/orders", get(orders::list_orders))
         .route("/v1/orders/{order_id}/cancel", post(orders::cancel_tickets))
+        .route(
+            "/v1/orders/{order_id}/transfer",
+            post(orders::transfer_tickets),
+        )
         .route("/v1/events/{id}/revocations", get(orders::revocations))
         .route("/v1/events/{id}/holds/batch", post(batch::hold_batch))
         .route("/v1/events/{id}/waitlist", post(waitlist::join_waitlist))

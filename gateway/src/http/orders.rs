@@ -122,6 +122,80 @@ pub async fn cancel_tickets(
     Ok(json(StatusCode::OK, &Cancellation::from(done)))
 }
 
+/// `POST /v1/orders/{orderId}/transfer`: who moves which tickets to whom.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TransferBody {
+    /// The buyer.
+    #[serde(default)]
+    pub user_id: String,
+    /// The tickets to move.
+    #[serde(default)]
+    pub ticket_ids: Vec<String>,
+    /// The recipient.
+    #[serde(default)]
+    pub to_user_id: String,
+    /// The idempotency key, if not in the `Idempotency-Key` header.
+    #[serde(default)]
+    pub idempotency_key: String,
+}
+
+/// What a transfer did.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Transfer {
+    /// The order the tickets left, as it is now.
+    pub order: Order,
+    /// The recipient's new order.
+    pub received_order_id: String,
+    /// The tickets moved, by their ids in `order`.
+    pub transferred_ticket_ids: Vec<String>,
+}
+
+impl From<pb::TransferTicketsResponse> for Transfer {
+    fn from(r: pb::TransferTicketsResponse) -> Transfer {
+        Transfer {
+            order: Order::from(r.order.unwrap_or_default()),
+            received_order_id: r.received_order_id,
+            transferred_ticket_ids: r.transferred_ticket_ids,
+        }
+    }
+}
+
+/// Moves some or all tickets of an order to another fan (`TransferTickets`): the recipient
+/// gets a new order with new ticket ids and codes; the old codes are revoked.
+#[utoipa::path(post, path = "/v1/orders/{orderId}/transfer", tag = "booking",
+    params(("orderId" = String, Path, description = "The order"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Recommended (or idempotencyKey in the body): a retry with the same key and request answers the first transfer")),
+    request_body = TransferBody,
+    responses(
+        (status = 200, description = "What was moved, and the order now", body = Transfer),
+        (status = "default", description = "A problem (RFC 9457): TRANSFERS_DISABLED, USER_LIMIT, TICKET_NOT_ACTIVE, ORDER_NOT_FOUND, ...", body = super::problem::Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+pub async fn transfer_tickets(
+    State(b): State<Backend>,
+    Path(order_id): Path<String>,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, Refusal> {
+    let r: TransferBody = body(raw)?;
+    let idempotency_key = idempotency_key(&headers, r.idempotency_key)?;
+    let done = b
+        .call(
+            &headers,
+            pb::TransferTicketsRequest {
+                order_id,
+                user_id: r.user_id,
+                ticket_ids: r.ticket_ids,
+                to_user_id: r.to_user_id,
+                idempotency_key,
+            },
+        )
+        .await?;
+    Ok(json(StatusCode::OK, &Transfer::from(done)))
+}
+
 /// An event's revocation list (`GetRevocationList`): as `boxoffice ticket verify
 /// --revocations` reads it.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]

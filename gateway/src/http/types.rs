@@ -331,8 +331,10 @@ pub struct Order {
     pub created_at_unix_ms: i64,
     /// Refunded for tickets given back, cents.
     pub refunded_cents: u64,
-    /// The tickets given back (no longer in `tickets`).
+    /// The tickets given back or moved (no longer in `tickets`).
     pub cancelled_ticket_ids: Vec<String>,
+    /// A received order's: the order its tickets came from.
+    pub transferred_from_order_id: String,
 }
 
 impl From<pb::Order> for Order {
@@ -364,6 +366,7 @@ impl From<pb::Order> for Order {
             created_at_unix_ms: o.created_at_unix_ms,
             refunded_cents: o.refunded_cents,
             cancelled_ticket_ids: o.cancelled_ticket_ids,
+            transferred_from_order_id: o.transferred_from_order_id,
         }
     }
 }
@@ -435,6 +438,9 @@ pub struct CreateEventBody {
     /// Until when fans may give tickets back, Unix ms (0: no cancellations).
     #[serde(default)]
     pub cancellation_deadline_unix_ms: i64,
+    /// True: fans may not move tickets to other fans.
+    #[serde(default)]
+    pub transfers_disabled: bool,
     /// The idempotency key, if not in the `Idempotency-Key` header.
     #[serde(default)]
     pub idempotency_key: String,
@@ -535,6 +541,7 @@ impl CreateEventBody {
             idempotency_key,
             join_pow_difficulty_bits: self.join_pow_difficulty_bits,
             cancellation_deadline_unix_ms: self.cancellation_deadline_unix_ms,
+            transfers_disabled: self.transfers_disabled,
         }
     }
 }
@@ -600,6 +607,8 @@ pub struct Event {
     pub hold_cooldown_seconds: u32,
     /// Until when fans may give tickets back, Unix ms (0: no cancellations).
     pub cancellation_deadline_unix_ms: i64,
+    /// Whether fans may not move tickets to other fans.
+    pub transfers_disabled: bool,
 }
 
 impl From<pb::Event> for Event {
@@ -635,6 +644,7 @@ impl From<pb::Event> for Event {
             sale_opens_at_unix_ms: e.sale_opens_at_unix_ms,
             join_pow_difficulty_bits: e.join_pow_difficulty_bits,
             cancellation_deadline_unix_ms: e.cancellation_deadline_unix_ms,
+            transfers_disabled: e.transfers_disabled,
         }
     }
 }

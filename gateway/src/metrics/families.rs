@@ -388,6 +388,13 @@ pub const FAMILIES: &[Family] = &[
         Series::One,
     ),
     family(
+        "boxoffice_tickets_transferred_total",
+        Counter,
+        COUNT,
+        "Tickets moved by their buyers to other fans (TransferTickets).",
+        Series::One,
+    ),
+    family(
         "boxoffice_refunds_total",
         Counter,
         COUNT,

@@ -649,6 +649,11 @@ routed_by!(pb::GetHoldRequest, |m| of_hold(&m.hold_id));
 routed_by!(pb::GetOrderRequest, |m| OrderId::from(m.order_id.as_str())
     .route()
     .map(|(e, _)| e.0));
+routed_by!(pb::TransferTicketsRequest, |m| OrderId::from(
+    m.order_id.as_str()
+)
+.route()
+.map(|(e, _)| e.0));
 routed_by!(pb::CancelTicketsRequest, |m| OrderId::from(
     m.order_id.as_str()
 )
@@ -713,6 +718,9 @@ fn route_of(path: &str, headers: &http::HeaderMap, body: bytes::Bytes) -> (Route
         "/boxoffice.v1.BookingService/GetHold" => read::<pb::GetHoldRequest>(&msg, body),
         "/boxoffice.v1.BookingService/GetOrder" => read::<pb::GetOrderRequest>(&msg, body),
         "/boxoffice.v1.BookingService/ListOrders" => read::<pb::ListOrdersRequest>(&msg, body),
+        "/boxoffice.v1.BookingService/TransferTickets" => {
+            read::<pb::TransferTicketsRequest>(&msg, body)
+        }
         "/boxoffice.v1.BookingService/CancelTickets" => {
             read::<pb::CancelTicketsRequest>(&msg, body)
         }

@@ -8,8 +8,8 @@
 //! - every answer of the reads ([`ALWAYS`]: `GetEvent`, `ListEvents`, `GetRevocationList`,
 //!   `GetHold`, `GetOrder`,
 //!   `ListOrders`, `GetWaitlistEntry`, the waiting room's `Join` and `GetStatus`) and of
-//!   `HoldBatch`, `JoinWaitlist` and `CancelTickets` (whose answers may carry refusals, or an
-//!   entry or a replayed cancellation read from memory);
+//!   `HoldBatch`, `JoinWaitlist`, `CancelTickets` and `TransferTickets` (whose answers may
+//!   carry refusals, or an entry, a replayed cancellation or transfer read from memory);
 //! - every refusal of the other calls (`SOLD_OUT`, `USER_LIMIT`, `SEAT_UNAVAILABLE`, ...).
 //!
 //! A success of `Hold`, `Confirm`, `Release` or `CreateEvent` does not wait: it was committed by
@@ -32,7 +32,7 @@ use crate::services::Groups;
 use crate::status::ApiError;
 
 /// The calls whose every answer waits (see the module).
-pub const ALWAYS: [&str; 13] = [
+pub const ALWAYS: [&str; 14] = [
     "/boxoffice.v1.EventService/GetEvent",
     "/boxoffice.v1.EventService/UpdateSale",
     "/boxoffice.v1.EventService/ListEvents",
@@ -44,6 +44,7 @@ pub const ALWAYS: [&str; 13] = [
     "/boxoffice.v1.BookingService/GetOrder",
     "/boxoffice.v1.BookingService/ListOrders",
     "/boxoffice.v1.BookingService/CancelTickets",
+    "/boxoffice.v1.BookingService/TransferTickets",
     "/boxoffice.v1.WaitlistService/JoinWaitlist",
     "/boxoffice.v1.WaitlistService/GetWaitlistEntry",
 ];

@@ -389,6 +389,27 @@ pub fn change_proto(cursor: String, c: Change) -> pb::Change {
                 amount_cents,
             });
         }
+        kind @ (ChangeKind::TicketsTransferred { .. } | ChangeKind::TicketsCancelled { .. }) => {
+            tickets_change(kind, &mut out);
+        }
+    }
+    out
+}
+
+/// Sets `out`'s part of a change of tickets (moved or given back).
+fn tickets_change(kind: ChangeKind, out: &mut pb::Change) {
+    match kind {
+        ChangeKind::TicketsTransferred {
+            from,
+            to,
+            ticket_ids,
+        } => {
+            out.tickets_transferred = Some(pb::TicketsTransferredChange {
+                from_order: Some(crate::convert::order_without_codes(from)),
+                to_order: Some(crate::convert::order_without_codes(to)),
+                ticket_ids,
+            });
+        }
         ChangeKind::TicketsCancelled {
             order,
             ticket_ids,
@@ -402,8 +423,8 @@ pub fn change_proto(cursor: String, c: Change) -> pb::Change {
                 refund_key,
             });
         }
+        _ => {}
     }
-    out
 }
 
 #[cfg(test)]

@@ -546,6 +546,33 @@ impl pb::booking_service_server::BookingService for BookingSvc {
         })
     }
 
+    async fn transfer_tickets(
+        &self,
+        req: Request<pb::TransferTicketsRequest>,
+    ) -> Rpc<pb::TransferTicketsResponse> {
+        let api = ready(self.0.of(&req))?;
+        let req = req.into_inner();
+        required("order_id", &req.order_id)?;
+        user_id(&req.user_id)?;
+        required("to_user_id", &req.to_user_id)?;
+        let done = api
+            .engine
+            .transfer_tickets(boxoffice_engine::TransferRequest {
+                order_id: OrderId(req.order_id),
+                user_id: UserId(req.user_id),
+                ticket_ids: req.ticket_ids,
+                to_user_id: UserId(req.to_user_id),
+                idempotency_key: req.idempotency_key,
+            })
+            .await
+            .map_err(ApiError::from)?;
+        ok(pb::TransferTicketsResponse {
+            order: Some(convert::order(done.from, &api.tickets).map_err(ApiError::from)?),
+            received_order_id: done.to.order_id.0,
+            transferred_ticket_ids: done.ticket_ids,
+        })
+    }
+
     async fn list_orders(
         &self,
         req: Request<pb::ListOrdersRequest>,

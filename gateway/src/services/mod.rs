@@ -263,6 +263,7 @@ impl Api {
             hold_cooldown_seconds: u32::try_from(e.sale.hold_cooldown_ms / 1000)
                 .unwrap_or(u32::MAX),
             cancellation_deadline_unix_ms: convert::ms(e.spec.cancellation_deadline_ms),
+            transfers_disabled: e.spec.transfers_disabled,
         }
     }
 

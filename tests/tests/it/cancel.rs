@@ -52,6 +52,27 @@ fn cancel(order: &pb::Order, user: &str, tickets: &[&str], key: &str) -> pb::Can
     }
 }
 
+/// Every change of `kind` to `event` so far, in order.
+pub(crate) async fn changes_of_kind(a: &mut Clients, event: &str, kind: &str) -> Vec<pb::Change> {
+    let mut stream = a
+        .changes
+        .watch_changes(pb::WatchChangesRequest {
+            after_cursor: "0".into(),
+            event_id: event.into(),
+            follow: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut found = Vec::new();
+    while let Some(change) = stream.message().await.unwrap() {
+        if change.kind == kind {
+            found.push(change);
+        }
+    }
+    found
+}
+
 async fn order_now(c: &mut Clients, order: &pb::Order) -> pb::Order {
     c.booking
         .get_order(pb::GetOrderRequest {
@@ -399,23 +420,14 @@ async fn tickets_given_back_come_back_refunded_once_and_survive_a_restart() {
     assert!(settled.refunded.is_empty());
 
     // The change stream carries both cancellations, with their refund keys.
-    let mut stream = a
-        .changes
-        .watch_changes(pb::WatchChangesRequest {
-            after_cursor: "0".into(),
-            event_id: "cx".into(),
-            follow: false,
-        })
+    let cancelled: Vec<_> = changes_of_kind(&mut a, "cx", "tickets_cancelled")
         .await
-        .unwrap()
-        .into_inner();
-    let mut cancelled = Vec::new();
-    while let Some(change) = stream.message().await.unwrap() {
-        if change.kind == "tickets_cancelled" {
-            let t = change.tickets_cancelled.unwrap();
-            cancelled.push((t.ticket_ids, t.refund_cents, t.refund_key));
-        }
-    }
+        .into_iter()
+        .map(|c| {
+            let t = c.tickets_cancelled.unwrap();
+            (t.ticket_ids, t.refund_cents, t.refund_key)
+        })
+        .collect();
     assert_eq!(
         cancelled,
         [

@@ -54,6 +54,7 @@ pub(crate) fn event(id: &str, sections: Vec<pb::SectionSpec>) -> pb::CreateEvent
         idempotency_key: String::new(),
         join_pow_difficulty_bits: 0,
         cancellation_deadline_unix_ms: 0,
+        transfers_disabled: false,
     }
 }
 

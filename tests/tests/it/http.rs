@@ -616,6 +616,7 @@ async fn the_openapi_document_names_every_path() {
         ("/v1/events/{id}/waitlist", "post"),
         ("/v1/waitlist/{entryId}", "get"),
         ("/v1/orders/{orderId}/cancel", "post"),
+        ("/v1/orders/{orderId}/transfer", "post"),
         ("/v1/events/{id}/revocations", "get"),
     ] {
         assert!(

@@ -39,3 +39,4 @@ mod seams;
 mod seat_maps;
 mod sweeper;
 mod tickets;
+mod transfer;

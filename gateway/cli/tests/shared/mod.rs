@@ -39,6 +39,7 @@ pub async fn build_on(engine: &Engine, holds: usize, capacity: u32) {
             sale_opens_at_ms: 0,
             join_pow_difficulty_bits: 0,
             cancellation_deadline_ms: 0,
+            transfers_disabled: false,
         })
         .await
         .unwrap();

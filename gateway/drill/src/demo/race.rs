@@ -277,6 +277,7 @@ fn race_event(race: &Race, event_id: &str, run: u64) -> pb::CreateEventRequest {
         idempotency_key: String::new(),
         join_pow_difficulty_bits: 0,
         cancellation_deadline_unix_ms: 0,
+        transfers_disabled: false,
     }
 }
 
