@@ -989,3 +989,180 @@ fn damaged_dirs(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     found.sort();
     found
 }
+
+/// Tickets given back and moved to another fan (issue 29) on a cluster: made through a follower
+/// (forwarded to the leader), they survive the leader's `kill -9`. Every live node then shows
+/// the same order (what is left of it), the recipient's received order, the same signed
+/// revocation list and the places back on sale; a retry under each call's key through another
+/// node answers the first call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tickets_given_back_and_moved_survive_the_leaders_death() {
+    let tmp = tempfile::tempdir().unwrap();
+    let lay = layout(tmp.path());
+    let mut nodes = lay.start_ready(3);
+    let l = leader(&nodes).await;
+    let f = (l + 1) % 3;
+    let admin = Bearer::new(ADMIN).unwrap();
+    let clients = common::clients_of(&lay.addrs);
+    let now_ms = u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap();
+    Clients::new(&channel(&lay.addrs[f]), &admin)
+        .events
+        .create_event(pb::CreateEventRequest {
+            cancellation_deadline_unix_ms: i64::try_from(now_ms + 3_600_000).unwrap(),
+            ..ga_event("ct", 10)
+        })
+        .await
+        .unwrap();
+    let mut c = clients[f].clone();
+    let token = common::admitted(&mut c, "ct", "ann").await;
+    let hold = c
+        .booking
+        .hold(pb::HoldRequest {
+            event_id: "ct".into(),
+            user_id: "ann".into(),
+            admission_token: token,
+            idempotency_key: "h".into(),
+            selection: Some(pb::hold_request::Selection::BestAvailable(
+                pb::BestAvailable {
+                    section_id: "ga".into(),
+                    quantity: 3,
+                },
+            )),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let order = c
+        .booking
+        .confirm(pb::ConfirmRequest {
+            hold_id: hold.hold_id,
+            user_id: "ann".into(),
+            payment_token: "tok_visa".into(),
+            idempotency_key: "c".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let ticket = |n: u32| format!("{}.{n}", order.order_id);
+    let cancel = pb::CancelTicketsRequest {
+        order_id: order.order_id.clone(),
+        user_id: "ann".into(),
+        ticket_ids: vec![ticket(1)],
+        idempotency_key: "back".into(),
+    };
+    let transfer = pb::TransferTicketsRequest {
+        order_id: order.order_id.clone(),
+        user_id: "ann".into(),
+        ticket_ids: vec![ticket(2)],
+        to_user_id: "bob".into(),
+        idempotency_key: "to-bob".into(),
+    };
+    let cancelled = c
+        .booking
+        .cancel_tickets(cancel.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    let moved = c
+        .booking
+        .transfer_tickets(transfer.clone())
+        .await
+        .unwrap()
+        .into_inner();
+
+    nodes[l].kill9();
+    let retried = AtomicU64::new(0);
+    let live: Vec<usize> = (0..3).filter(|i| *i != l).collect();
+    let mut lists = Vec::new();
+    for &i in &live {
+        let on = std::slice::from_ref(&clients[i]);
+        let now = retrying(on, 0, &retried, |mut c| {
+            let req = pb::GetOrderRequest {
+                order_id: order.order_id.clone(),
+                user_id: "ann".into(),
+            };
+            async move { c.booking.get_order(req).await }
+        })
+        .await
+        .unwrap();
+        let left: Vec<&str> = now.tickets.iter().map(|t| t.ticket_id.as_str()).collect();
+        assert_eq!(left, [ticket(3)], "node {}", i + 1);
+        assert_eq!(
+            now.cancelled_ticket_ids,
+            [ticket(1), ticket(2)],
+            "node {}",
+            i + 1
+        );
+        assert_eq!(now.refunded_cents, 100, "node {}", i + 1);
+        let bobs = retrying(on, 0, &retried, |mut c| {
+            let req = pb::ListOrdersRequest {
+                user_id: "bob".into(),
+                ..Default::default()
+            };
+            async move { c.booking.list_orders(req).await }
+        })
+        .await
+        .unwrap()
+        .orders;
+        assert_eq!(bobs.len(), 1, "node {}", i + 1);
+        assert_eq!(bobs[0].order_id, moved.received_order_id);
+        assert_eq!(bobs[0].transferred_from_order_id, order.order_id);
+        let list = retrying(on, 0, &retried, |mut c| {
+            let req = pb::GetRevocationListRequest {
+                event_id: "ct".into(),
+            };
+            async move { c.events.get_revocation_list(req).await }
+        })
+        .await
+        .unwrap();
+        assert_eq!(list.ticket_ids, [ticket(1), ticket(2)], "node {}", i + 1);
+        lists.push(list);
+        let event = retrying(on, 0, &retried, |mut c| {
+            let req = pb::GetEventRequest {
+                event_id: "ct".into(),
+            };
+            async move { c.events.get_event(req).await }
+        })
+        .await
+        .unwrap();
+        assert_eq!(event.sections[0].available, 8, "one place back on sale");
+        // The first calls again, under their keys: their first answers.
+        let again = retrying(on, 0, &retried, |mut c| {
+            let req = cancel.clone();
+            async move { c.booking.cancel_tickets(req).await }
+        })
+        .await
+        .unwrap();
+        assert_eq!(
+            (again.cancelled_ticket_ids, again.refund_cents),
+            (
+                cancelled.cancelled_ticket_ids.clone(),
+                cancelled.refund_cents
+            )
+        );
+        let again = retrying(on, 0, &retried, |mut c| {
+            let req = transfer.clone();
+            async move { c.booking.transfer_tickets(req).await }
+        })
+        .await
+        .unwrap();
+        assert_eq!(again.received_order_id, moved.received_order_id);
+    }
+    // Each node's list verifies with the cluster's keys.
+    let ring = boxoffice_gateway::tickets::KeyRing::load(&lay.dirs[live[0]])
+        .unwrap()
+        .keys()
+        .to_vec();
+    for list in &lists {
+        boxoffice_gateway::tickets::verify_revocations(&list.signed, &ring).unwrap();
+    }
+    for n in &mut nodes {
+        n.terminate();
+    }
+}
