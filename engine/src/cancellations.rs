@@ -126,6 +126,13 @@ impl Cancellations {
             metrics::counter!("boxoffice_tickets_cancelled_total")
                 .increment(cancelled.ticket_ids.len() as u64);
         }
+        if cancelled.refund_cents == 0 {
+            // Nothing was paid for them (a received order, or a free section).
+            return Ok(TicketsCancelled {
+                cancelled,
+                refund: None,
+            });
+        }
         let refund = match refund_part(
             self.payments.as_ref(),
             &cancelled.order.payment_ref,

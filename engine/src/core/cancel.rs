@@ -158,9 +158,15 @@ impl SectionCore {
             quantity,
             &self.cancelled_of(&hold_id),
         )?;
+        // A received order (`TransferTickets`) was paid for by someone else: nothing to refund.
+        let received = self.holds[&hold_id]
+            .order
+            .as_ref()
+            .is_some_and(|o| o.payment_ref.starts_with(super::TRANSFER_PREFIX));
+        let price = if received { 0 } else { self.spec.price_cents };
         let record = SectionRecord::TicketsCancelled {
             hold_id: hold_id.clone(),
-            refund_cents: self.spec.price_cents * tickets.len() as u64,
+            refund_cents: price * tickets.len() as u64,
             tickets,
             at_ms: now_ms,
             idem: cmd.idem,
@@ -345,8 +351,8 @@ impl SectionCore {
                 continue;
             };
             for (n, c) in cancellations.iter().enumerate() {
-                if c.to_order.is_some() {
-                    continue; // a transfer: nothing is refunded
+                if c.to_order.is_some() || c.refund_cents == 0 {
+                    continue; // a transfer, or nothing paid for: nothing is refunded
                 }
                 due.push(RefundDue {
                     order_id: o.order_id.clone(),
