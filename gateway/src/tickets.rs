@@ -180,6 +180,17 @@ impl TicketSigner {
         self.public.kid
     }
 
+    /// `payload` signed: `base64url(payload) "." base64url(Ed25519 signature)`, as codes and
+    /// revocation lists are written.
+    fn seal(&self, payload: &str) -> String {
+        let sig = self.key.sign(payload.as_bytes());
+        format!(
+            "{}.{}",
+            URL_SAFE_NO_PAD.encode(payload.as_bytes()),
+            URL_SAFE_NO_PAD.encode(sig.to_bytes())
+        )
+    }
+
     /// The code of a ticket.
     pub fn sign(&self, t: &TicketClaims) -> String {
         let payload = format!(
@@ -191,12 +202,7 @@ impl TicketSigner {
             t.order_id,
             t.ticket_id
         );
-        let sig = self.key.sign(payload.as_bytes());
-        format!(
-            "{}.{}",
-            URL_SAFE_NO_PAD.encode(payload.as_bytes()),
-            URL_SAFE_NO_PAD.encode(sig.to_bytes())
-        )
+        self.seal(&payload)
     }
 }
 
@@ -215,12 +221,7 @@ impl TicketSigner {
             payload.push('\n');
             payload.push_str(t);
         }
-        let sig = self.key.sign(payload.as_bytes());
-        format!(
-            "{}.{}",
-            URL_SAFE_NO_PAD.encode(payload.as_bytes()),
-            URL_SAFE_NO_PAD.encode(sig.to_bytes())
-        )
+        self.seal(&payload)
     }
 }
 
@@ -245,18 +246,7 @@ pub fn verify_revocations(
     signed: &str,
     keys: &[PublicKey],
 ) -> Result<(Revocations, KeyId), TicketError> {
-    let (p64, s64) = signed
-        .trim()
-        .split_once('.')
-        .ok_or(TicketError::Malformed)?;
-    let payload = URL_SAFE_NO_PAD
-        .decode(p64)
-        .map_err(|_| TicketError::Malformed)?;
-    let sig: [u8; 64] = URL_SAFE_NO_PAD
-        .decode(s64)
-        .map_err(|_| TicketError::Malformed)?
-        .try_into()
-        .map_err(|_| TicketError::Malformed)?;
+    let (payload, sig) = open_signed(signed)?;
     let text = std::str::from_utf8(&payload).map_err(|_| TicketError::Malformed)?;
     let mut lines = text.split('\n');
     if lines.next() != Some(REVOCATIONS_VERSION) {
@@ -271,7 +261,7 @@ pub fn verify_revocations(
         .find(|k| k.kid == kid)
         .ok_or(TicketError::UnknownKey(kid))?;
     key.key
-        .verify(&payload, &Signature::from_bytes(&sig))
+        .verify(&payload, &sig)
         .map_err(|_| TicketError::BadSignature)?;
     let event_id = lines.next().ok_or(TicketError::Malformed)?.to_owned();
     let as_of_ms = lines
@@ -306,10 +296,9 @@ pub enum TicketError {
     BadKey,
 }
 
-/// Verifies a code offline with the keys that verify tickets; returns what it says and which key
-/// signed it. A `bt2` code is checked with the key it names only; a `bt1` code with each key.
-pub fn verify(code: &str, keys: &[PublicKey]) -> Result<Verified, TicketError> {
-    let (p64, s64) = code.trim().split_once('.').ok_or(TicketError::Malformed)?;
+/// The payload and signature of a signed text ([`TicketSigner::seal`]'s form), unchecked.
+fn open_signed(text: &str) -> Result<(Vec<u8>, Signature), TicketError> {
+    let (p64, s64) = text.trim().split_once('.').ok_or(TicketError::Malformed)?;
     let payload = URL_SAFE_NO_PAD
         .decode(p64)
         .map_err(|_| TicketError::Malformed)?;
@@ -318,7 +307,13 @@ pub fn verify(code: &str, keys: &[PublicKey]) -> Result<Verified, TicketError> {
         .map_err(|_| TicketError::Malformed)?
         .try_into()
         .map_err(|_| TicketError::Malformed)?;
-    let sig = Signature::from_bytes(&sig);
+    Ok((payload, Signature::from_bytes(&sig)))
+}
+
+/// Verifies a code offline with the keys that verify tickets; returns what it says and which key
+/// signed it. A `bt2` code is checked with the key it names only; a `bt1` code with each key.
+pub fn verify(code: &str, keys: &[PublicKey]) -> Result<Verified, TicketError> {
+    let (payload, sig) = open_signed(code)?;
     let text = std::str::from_utf8(&payload).map_err(|_| TicketError::Malformed)?;
     let parts: Vec<&str> = text.split('\n').collect();
     let claims = |[event, section, seat, order, ticket]: [&str; 5]| TicketClaims {

@@ -27,7 +27,8 @@ fn cancellable(id: &str, now_ms: u64, sections: Vec<pb::SectionSpec>) -> pb::Cre
     }
 }
 
-async fn pay(c: &mut Clients, hold: pb::Hold) -> pb::Order {
+/// Pays for `hold`: its order.
+pub(crate) async fn pay(c: &mut Clients, hold: pb::Hold) -> pb::Order {
     c.booking
         .confirm(pb::ConfirmRequest {
             hold_id: hold.hold_id,

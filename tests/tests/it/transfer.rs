@@ -36,16 +36,7 @@ fn transfer(
 
 async fn buy(c: &mut Clients, req: pb::HoldRequest) -> pb::Order {
     let hold = c.booking.hold(req).await.unwrap().into_inner();
-    c.booking
-        .confirm(pb::ConfirmRequest {
-            hold_id: hold.hold_id,
-            user_id: hold.user_id,
-            payment_token: "tok_visa".into(),
-            idempotency_key: String::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
+    crate::cancel::pay(c, hold).await
 }
 
 async fn orders_of(c: &mut Clients, user: &str) -> Vec<pb::Order> {
