@@ -126,6 +126,7 @@ impl Bench {
                         section: Some(section),
                         quantity: 1,
                     },
+                    access_code: String::new(),
                 });
                 self.next_user += 1;
             }

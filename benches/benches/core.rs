@@ -95,6 +95,7 @@ impl Kind {
             pick,
             ttl_ms: TTL_MS,
             idem: None,
+            code: None,
         }
     }
 }

@@ -42,6 +42,7 @@ async fn place(engine: &Engine, event: &str, sections: usize, n: usize, prefix: 
                             section: Some(SectionId(format!("s{:02}", i % sections))),
                             quantity: 1,
                         },
+                        access_code: String::new(),
                     })
                     .await
                     .expect("hold");
@@ -73,6 +74,7 @@ async fn booking_load(engine: Engine, stop: Arc<AtomicBool>, tag: &'static str) 
                             section: Some(SectionId(format!("s{:02}", i % 16))),
                             quantity: 1,
                         },
+                        access_code: String::new(),
                     })
                     .await;
                 if r.is_ok() {

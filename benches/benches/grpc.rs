@@ -52,6 +52,9 @@ async fn env() -> Env {
             join_pow_difficulty_bits: 0,
             cancellation_deadline_unix_ms: 0,
             transfers_disabled: false,
+            presale_section_ids: Vec::new(),
+            presale_ends_at_unix_ms: 0,
+            access_codes: Vec::new(),
         })
         .await
         .expect("event");
@@ -118,6 +121,7 @@ fn hold_req(e: &Env, n: u64) -> pb::HoldRequest {
                 quantity: 1,
             },
         )),
+        access_code: String::new(),
     }
 }
 

@@ -90,6 +90,7 @@ async fn write_log(records: u64, checkpoint_every: u64) -> Log {
                                 section: Some(section),
                                 quantity: 1,
                             },
+                            access_code: String::new(),
                         })
                         .await
                         .expect("a replay-bench hold");

@@ -64,6 +64,7 @@ pub fn ga_event(event_id: &EventId, sections: usize, capacity: u32) -> EventSpec
         join_pow_difficulty_bits: 0,
         cancellation_deadline_ms: 0,
         transfers_disabled: false,
+        presale: Default::default(),
     }
 }
 

@@ -60,6 +60,7 @@ impl Booking {
                 section: entry.section_id.clone(),
                 quantity: entry.quantity,
             },
+            access_code: String::new(),
         };
         let mark = offer_mark(&entry.entry_id);
         let item = Item::of(req).map(|item| Item {
@@ -162,7 +163,8 @@ impl Booking {
         out: &mut [Result<HoldView, EngineError>],
     ) {
         let go = self.begin_round(plans, out).await;
-        let placed = self.place_round(&go).await;
+        let (placed, taken) = self.place_round(&go).await;
+        self.give_back_codes(&go, &placed, &taken);
         self.settle_round(go, placed, out).await;
     }
 
@@ -197,11 +199,12 @@ impl Booking {
     async fn place_round(
         &self,
         go: &[(usize, HoldPlan)],
-    ) -> Vec<Option<Result<HoldView, EngineError>>> {
+    ) -> (Vec<Option<Result<HoldView, EngineError>>>, Vec<bool>) {
         let mut placed: Vec<Option<Result<HoldView, EngineError>>> =
             (0..go.len()).map(|_| None).collect();
-        let (mut sections, anywhere) = by_section(go);
+        let (mut sections, mut anywhere) = by_section(go);
         self.skip_sold_out(go, &mut sections, &mut placed);
+        let taken = self.take_codes(go, &mut sections, &mut anywhere, &mut placed);
         let sections = sections.into_iter().map(|(event, section, ks)| {
             let cmds = ks
                 .iter()
@@ -239,7 +242,7 @@ impl Booking {
         for (k, a) in singles {
             placed[k] = Some(a);
         }
-        placed
+        (placed, taken)
     }
 
     /// Answers `SOLD_OUT` in `placed` for the items of each section that a snapshot of durable
@@ -265,6 +268,55 @@ impl Booking {
             }
             !ks.is_empty()
         });
+    }
+
+    /// Takes the access code uses of the items that have a code, before any is placed (see
+    /// [`crate::access`]): an item whose code has too few left is answered
+    /// `ACCESS_CODE_EXHAUSTED` in `placed` and is not asked for. Which items took uses.
+    fn take_codes(
+        &self,
+        go: &[(usize, HoldPlan)],
+        sections: &mut Vec<SectionItems<'_>>,
+        anywhere: &mut Vec<usize>,
+        placed: &mut [Option<Result<HoldView, EngineError>>],
+    ) -> Vec<bool> {
+        let redemptions = self.kernel.redemptions();
+        let mut taken = vec![false; go.len()];
+        let mut take = |k: usize| {
+            let plan = &go[k].1;
+            let Some((code, max)) = plan.code else {
+                return true;
+            };
+            taken[k] = redemptions.take(&plan.event.event_id, code, max, plan.quantity);
+            if !taken[k] {
+                placed[k] = Some(Err(Rejection::AccessCodeExhausted.into()));
+            }
+            taken[k]
+        };
+        sections.retain_mut(|(_, _, ks)| {
+            ks.retain(|&k| take(k));
+            !ks.is_empty()
+        });
+        anywhere.retain(|&k| take(k));
+        taken
+    }
+
+    /// Gives back the access code uses taken by [`Booking::take_codes`] for items that were not
+    /// placed.
+    fn give_back_codes(
+        &self,
+        go: &[(usize, HoldPlan)],
+        placed: &[Option<Result<HoldView, EngineError>>],
+        taken: &[bool],
+    ) {
+        for (((_, plan), answer), taken) in go.iter().zip(placed).zip(taken) {
+            let placed = matches!(answer, Some(Ok(_)));
+            if let (true, false, Some((code, _))) = (*taken, placed, plan.code) {
+                self.kernel
+                    .redemptions()
+                    .give_back(&plan.event.event_id, code, plan.quantity);
+            }
+        }
     }
 
     /// Step 4, settle: successes with a key are recorded without waiting, failures give their quota
@@ -334,7 +386,8 @@ impl Booking {
             None => self.catalog.entry(&req.event_id)?,
         };
         let (candidates, quantity, pick) = hold_plan(&event, &req.selection)?;
-        if self.kernel.now_ms() < event.spec.sale_opens_at_ms {
+        let now = self.kernel.now_ms();
+        if now < event.spec.sale_opens_at_ms {
             return Err(Rejection::SaleNotOpen.into());
         }
         // Refused here before anything is asked of the ledger; the section refuses too, in
@@ -342,10 +395,17 @@ impl Booking {
         if let Some(r) = event.sale_state().refusal() {
             return Err(r.into());
         }
-        let tag = idem_tag(
-            &req.idempotency_key,
-            &(Rpc::Hold, &req.event_id, &req.selection),
+        let any = matches!(
+            req.selection,
+            Selection::BestAvailable { section: None, .. }
         );
+        let (candidates, code) =
+            event
+                .spec
+                .presale
+                .judge(candidates, &req.access_code, any, now)?;
+        let code = code.map(|c| (c, event.spec.presale.codes[c as usize].max_uses));
+        let tag = hold_tag(&req);
         Ok(HoldPlan {
             event,
             user_id: req.user_id,
@@ -354,6 +414,7 @@ impl Booking {
             pick,
             mark: mark.or_else(|| tag.clone()),
             tag,
+            code,
         })
     }
 
@@ -396,10 +457,7 @@ impl Booking {
         req: &HoldRequest,
     ) -> Result<Option<Result<HoldView, EngineError>>, EngineError> {
         self.kernel.check_ready()?;
-        let Some(tag) = idem_tag(
-            &req.idempotency_key,
-            &(Rpc::Hold, &req.event_id, &req.selection),
-        ) else {
+        let Some(tag) = hold_tag(req) else {
             return Ok(None);
         };
         let found = self
@@ -549,6 +607,17 @@ impl Booking {
 
 pub(crate) use codec::fingerprint;
 
+/// A hold request's idempotency tag: its key, and a fingerprint of what it asks (its access
+/// code too, if it has one; without, the fingerprint of earlier builds).
+fn hold_tag(req: &HoldRequest) -> Option<IdemTag> {
+    let (key, event, selection) = (&req.idempotency_key, &req.event_id, &req.selection);
+    if req.access_code.is_empty() {
+        idem_tag(key, &(Rpc::Hold, event, selection))
+    } else {
+        idem_tag(key, &(Rpc::Hold, event, selection, &req.access_code))
+    }
+}
+
 pub(crate) fn idem_tag<T: Serialize>(key: &str, request: &T) -> Option<IdemTag> {
     (!key.is_empty()).then(|| IdemTag {
         key: key.to_owned(),
@@ -616,6 +685,8 @@ struct HoldPlan {
     tag: Option<IdemTag>,
     /// What the hold's record carries: the request's key, or a waitlist offer's mark.
     mark: Option<IdemTag>,
+    /// The access code it is placed under: its number and its cap of uses.
+    code: Option<(u32, u32)>,
 }
 
 impl HoldPlan {
@@ -645,6 +716,7 @@ impl HoldPlan {
             pick: self.pick.clone(),
             ttl_ms: self.event.hold_ttl_ms(),
             idem: self.mark.clone(),
+            code: self.code.map(|(c, _)| c),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The catalog component: events and their sections as the engine lists them, created durably
 //! (the `catalog` stream) and read from the sections' published snapshots (never a mailbox).
 
+use crate::access::Redemptions;
 use crate::changes::{Change, ChangeKind};
 use std::sync::Arc;
 
@@ -242,7 +243,7 @@ impl Catalog {
     pub(crate) fn event(&self, event_id: &EventId) -> Result<EventView, EngineError> {
         self.kernel.check_not_stopped()?;
         let e = self.entry(event_id)?;
-        Ok(view_of(&e))
+        Ok(view_of(&e, self.kernel.redemptions()))
     }
 
     pub(crate) fn terms(&self, event_id: &EventId) -> Result<EventTerms, EngineError> {
@@ -276,7 +277,11 @@ impl Catalog {
 
     pub(crate) fn views(&self) -> Result<Vec<EventView>, EngineError> {
         self.kernel.check_not_stopped()?;
-        let mut all: Vec<EventView> = self.events.iter().map(|e| view_of(e.value())).collect();
+        let mut all: Vec<EventView> = self
+            .events
+            .iter()
+            .map(|e| view_of(e.value(), self.kernel.redemptions()))
+            .collect();
         all.sort_by(|a, b| a.event_id.cmp(&b.event_id));
         Ok(all)
     }
@@ -395,7 +400,7 @@ fn spec_and_id(spec: EventSpec, key: &str) -> Result<(EventSpec, EventId, bool),
     Ok((spec, event_id, keyed))
 }
 
-fn view_of(e: &EventEntry) -> EventView {
+fn view_of(e: &EventEntry, codes: &Redemptions) -> EventView {
     let sections = e
         .sections
         .iter()
@@ -417,6 +422,9 @@ fn view_of(e: &EventEntry) -> EventView {
         event_id: e.event_id.clone(),
         created_at_ms: e.created_at_ms,
         sections,
+        access_code_uses: (0..e.spec.presale.codes.len())
+            .map(|i| codes.used(&e.event_id, u32::try_from(i).unwrap_or(u32::MAX)))
+            .collect(),
     }
 }
 
@@ -435,6 +443,12 @@ fn change_of(record: &CatalogRecord, now_ms: u64) -> Change {
             ..
         }
         | CatalogRecord::EventCreatedWithTerms {
+            spec,
+            event_id,
+            created_at_ms,
+            ..
+        }
+        | CatalogRecord::EventCreatedWithPresale {
             spec,
             event_id,
             created_at_ms,

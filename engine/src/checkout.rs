@@ -308,6 +308,7 @@ impl Checkout {
                 user_id: hold.user_id.clone(),
                 idempotency_key: String::new(),
                 selection,
+                access_code: String::new(),
             })
             .await;
         if let Ok(new_hold) = again {

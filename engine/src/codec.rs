@@ -90,34 +90,47 @@ where
     E1: DeserializeOwned + Default,
     E2: DeserializeOwned + Default,
 {
+    decode_extended3::<T, E1, E2, ()>(bytes)
+        .map(|(value, first, second, ())| (value, first, second))
+}
+
+/// [`decode_extended2`] with a third extension, optional as the others are.
+pub fn decode_extended3<T, E1, E2, E3>(bytes: &[u8]) -> Result<(T, E1, E2, E3), DecodeError>
+where
+    T: DeserializeOwned,
+    E1: DeserializeOwned + Default,
+    E2: DeserializeOwned + Default,
+    E3: DeserializeOwned + Default,
+{
     let payload = verify(bytes)?;
     let config = bincode::config::standard();
     let (value, used) = bincode::serde::decode_from_slice(payload, config)
         .map_err(|e| DecodeError::Payload(e.to_string()))?;
     let mut rest = &payload[used..];
-    let first: E1 = if rest.is_empty() {
-        E1::default()
-    } else {
-        let (e, n) = bincode::serde::decode_from_slice(rest, config)
-            .map_err(|e| DecodeError::Payload(format!("extension: {e}")))?;
-        rest = &rest[n..];
-        e
-    };
-    let second: E2 = if rest.is_empty() {
-        E2::default()
-    } else {
-        let (e, n) = bincode::serde::decode_from_slice(rest, config)
-            .map_err(|e| DecodeError::Payload(format!("second extension: {e}")))?;
-        rest = &rest[n..];
-        e
-    };
+    let first: E1 = next_extension(&mut rest, "extension")?;
+    let second: E2 = next_extension(&mut rest, "second extension")?;
+    let third: E3 = next_extension(&mut rest, "third extension")?;
     if !rest.is_empty() {
         return Err(DecodeError::Payload(format!(
             "{} trailing bytes",
             rest.len()
         )));
     }
-    Ok((value, first, second))
+    Ok((value, first, second, third))
+}
+
+/// The next extension of `rest` (moving past it), or its default where nothing is left.
+fn next_extension<E: DeserializeOwned + Default>(
+    rest: &mut &[u8],
+    which: &str,
+) -> Result<E, DecodeError> {
+    if rest.is_empty() {
+        return Ok(E::default());
+    }
+    let (e, n) = bincode::serde::decode_from_slice(rest, bincode::config::standard())
+        .map_err(|e| DecodeError::Payload(format!("{which}: {e}")))?;
+    *rest = &rest[n..];
+    Ok(e)
 }
 
 /// The first 8 bytes (little-endian) of the SHA-256 of `value`'s framed record, as [`encode`]

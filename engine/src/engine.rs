@@ -186,7 +186,7 @@ impl Engine {
             spawn_waitlist(list, list_last, &store, &config, &supervisor, &roles).await?;
         let catalog = StreamWriter::open(sink.as_ref(), names::CATALOG, recovered.catalog_last)?;
         let payments = open_payments(&config, sink.as_ref())?;
-        let kernel = Arc::new(Kernel::new(config, store, ledger));
+        let kernel = Arc::new(Kernel::new(config, store, ledger, recovered.code_uses));
         let supervision = (supervisor, roles, engine_slot);
         let rooms = recovered.rooms;
         let inner = Inner::compose(kernel, catalog, waitlist, supervision, payments, rooms)?;

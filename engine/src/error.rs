@@ -100,6 +100,16 @@ pub enum Rejection {
     /// The event's tickets cannot be moved to another fan (switched off at its creation).
     #[error("this event's tickets cannot be transferred")]
     TransfersDisabled,
+    /// The section sells only to holders of an access code (a presale), and none was given.
+    #[error("this section needs an access code now")]
+    AccessCodeRequired,
+    /// The access code is not one of the event's, is outside its time window, or does not
+    /// unlock this section.
+    #[error("the access code is not valid here or now")]
+    AccessCodeInvalid,
+    /// The access code has no uses left for this many places.
+    #[error("the access code has no uses left for this hold")]
+    AccessCodeExhausted,
 }
 
 impl Rejection {
@@ -150,6 +160,9 @@ impl Rejection {
             Rejection::TicketNotActive("o.1".into()),
             Rejection::CancellationClosed,
             Rejection::TransfersDisabled,
+            Rejection::AccessCodeRequired,
+            Rejection::AccessCodeInvalid,
+            Rejection::AccessCodeExhausted,
         ]
     }
 
@@ -181,6 +194,9 @@ impl Rejection {
             Rejection::TicketNotActive(_) => "TICKET_NOT_ACTIVE",
             Rejection::CancellationClosed => "CANCELLATION_CLOSED",
             Rejection::TransfersDisabled => "TRANSFERS_DISABLED",
+            Rejection::AccessCodeRequired => "ACCESS_CODE_REQUIRED",
+            Rejection::AccessCodeInvalid => "ACCESS_CODE_INVALID",
+            Rejection::AccessCodeExhausted => "ACCESS_CODE_EXHAUSTED",
         }
     }
 }
@@ -308,6 +324,9 @@ mod tests {
             Rejection::TicketNotActive(_) => 22,
             Rejection::CancellationClosed => 23,
             Rejection::TransfersDisabled => 24,
+            Rejection::AccessCodeRequired => 25,
+            Rejection::AccessCodeInvalid => 26,
+            Rejection::AccessCodeExhausted => 27,
         }
     }
 
@@ -315,6 +334,6 @@ mod tests {
     fn every_kind_is_listed() {
         let mut seen: Vec<usize> = Rejection::every().iter().map(kind).collect();
         seen.sort_unstable();
-        assert_eq!(seen, (0..25).collect::<Vec<_>>());
+        assert_eq!(seen, (0..28).collect::<Vec<_>>());
     }
 }

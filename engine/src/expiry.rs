@@ -199,7 +199,13 @@ impl Offering<'_> {
     /// sweeper does this while sections' deadlines wait for it); returns the holds to place.
     async fn reserve(&mut self, offers: &[(UserId, u32, Option<String>)]) -> Vec<PlaceHold> {
         let mut asks = Vec::new();
+        // An offer is a hold without an access code: none is made while the section needs one.
+        let presale = (self.event.spec.presale).requires(self.section_id, self.kernel.now_ms());
         for (k, (user, quantity, entry)) in offers.iter().enumerate() {
+            if presale {
+                self.outcomes[k] = Some(Err(Rejection::AccessCodeRequired.into()));
+                continue;
+            }
             if *quantity == 0 || *quantity > PLACES_PER_HOLD_MAX {
                 self.outcomes[k] = Some(Err(Rejection::invalid(
                     "quantity",
@@ -222,6 +228,7 @@ impl Offering<'_> {
                         pick: Pick::Best(quantity),
                         ttl_ms: self.event.hold_ttl_ms(),
                         idem: entry.as_deref().map(crate::booking::offer_mark),
+                        code: None,
                     });
                     self.reserved.push((k, user.clone(), quantity));
                 }

@@ -9,6 +9,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::access::Redemptions;
 use crate::config::EngineConfig;
 use crate::error::{EngineError, Rejection, StorageError};
 use crate::events::EventEntry;
@@ -23,6 +24,7 @@ pub(crate) struct Kernel {
     config: EngineConfig,
     store: Arc<Store>,
     ledger: Ledger,
+    redemptions: Arc<Redemptions>,
     router: Router,
     serving: AtomicBool,
     notices: Notices,
@@ -30,11 +32,17 @@ pub(crate) struct Kernel {
 
 impl Kernel {
     /// A kernel that does not serve yet ([`Kernel::set_serving`] once recovery is done).
-    pub(crate) fn new(config: EngineConfig, store: Arc<Store>, ledger: Ledger) -> Kernel {
+    pub(crate) fn new(
+        config: EngineConfig,
+        store: Arc<Store>,
+        ledger: Ledger,
+        redemptions: Redemptions,
+    ) -> Kernel {
         Kernel {
             config,
             store,
             ledger,
+            redemptions: Arc::new(redemptions),
             router: Router::default(),
             serving: AtomicBool::new(false),
             notices: Arc::new(std::sync::OnceLock::new()),
@@ -43,6 +51,11 @@ impl Kernel {
 
     pub(crate) fn config(&self) -> &EngineConfig {
         &self.config
+    }
+
+    /// The access codes' uses ([`crate::access`]).
+    pub(crate) fn redemptions(&self) -> &Arc<Redemptions> {
+        &self.redemptions
     }
 
     pub(crate) fn store(&self) -> &Arc<Store> {

@@ -53,6 +53,7 @@
 //!         join_pow_difficulty_bits: 0, // 0: no proof of work before joining the line
 //!         cancellation_deadline_ms: 0, // 0: tickets cannot be given back
 //!         transfers_disabled: false,   // fans may pass tickets on
+//!         presale: Default::default(), // no presale: no access codes
 //!     })
 //!     .await?;
 //! let hold = engine
@@ -61,6 +62,7 @@
 //!         user_id: UserId::from("fan-1"),
 //!         idempotency_key: "tap-1".into(),
 //!         selection: Selection::BestAvailable { section: None, quantity: 2 },
+//!         access_code: String::new(), // none needed: no presale
 //!     })
 //!     .await?;
 //! assert_eq!(hold.status, HoldStatus::Held);
@@ -84,6 +86,7 @@
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
 
+pub mod access;
 mod audit;
 mod booking;
 pub mod bugs;

@@ -119,6 +119,8 @@ pub(crate) struct SectionArgs {
     pub store: Arc<Store>,
     pub clock: Arc<dyn Clock>,
     pub ledger: Ledger,
+    /// The access codes' uses: a released or expired hold's come back once durable.
+    pub redemptions: Arc<crate::access::Redemptions>,
     pub snapshot: Arc<watch::Sender<Arc<SectionSnapshot>>>,
     pub depth: Arc<AtomicUsize>,
     /// The last record known durable (shared with the router's handle; starts at the last
@@ -151,6 +153,9 @@ struct OpenBatch {
     records: Vec<SectionRecord>,
     claims: Vec<(String, Vec<u8>)>,
     ended: Vec<HoldView>,
+    /// The access code uses of the released and expired holds among `ended`: (code, places),
+    /// read as each hold ends (the core forgets its code a window later).
+    code_returns: Vec<(u32, u32)>,
     replies: Vec<Waiting>,
 }
 
@@ -241,6 +246,13 @@ impl SectionState {
         }
         self.open.records.extend(records);
         self.open.claims.extend(claims);
+        let core = &self.a.core;
+        self.open.code_returns.extend(
+            ended
+                .iter()
+                .filter(|h| matches!(h.status, HoldStatus::Released | HoldStatus::Expired))
+                .filter_map(|h| Some((core.code_of(&h.hold_id)?, h.quantity))),
+        );
         self.open.ended.extend(ended);
         self.open.replies.push(Box::new(reply));
     }
@@ -265,7 +277,9 @@ impl SectionState {
         let event_id = self.a.core.event_id().clone();
         let notices = self.a.notices.clone();
         let sealed_at = self.a.clock.now_ms();
-        let (ended, replies) = (open.ended, open.replies);
+        let (ended, replies, code_returns) = (open.ended, open.replies, open.code_returns);
+        // The access code uses of ended holds come back with their quota (see crate::access).
+        let redemptions = self.a.redemptions.clone();
         let changes = changes_of(&self.a.core, &open.records);
         let job = self.a.stream.append_changing(
             &open.records,
@@ -288,6 +302,9 @@ impl SectionState {
                         .collect::<Vec<_>>();
                     if !refunds.is_empty() {
                         ledger.refund(refunds);
+                    }
+                    for (code, n) in code_returns {
+                        redemptions.give_back(&event_id, code, n);
                     }
                     for hold in ended {
                         notify(&notices, Notice::HoldEnded(hold));
@@ -789,6 +806,24 @@ pub(crate) fn notify(notices: &Notices, notice: Notice) {
     }
 }
 
+/// The change of a hold's record (with or without a code): the hold as placed, whatever
+/// happened to it later in the same batch.
+fn placed_change(core: &SectionCore, r: &SectionRecord) -> Option<(u64, ChangeKind)> {
+    let p = r.as_placed()?;
+    let view = HoldView {
+        hold_id: p.hold_id.clone(),
+        event_id: core.event_id().clone(),
+        user_id: p.user_id.clone(),
+        section_id: core.spec().section_id.clone(),
+        seat_ids: p.seats.iter().map(|&s| core.seat_id(s)).collect(),
+        quantity: p.quantity,
+        status: HoldStatus::Held,
+        placed_at_ms: p.placed_at_ms,
+        expires_at_ms: p.expires_at_ms,
+    };
+    Some((p.placed_at_ms, ChangeKind::HoldPlaced(view)))
+}
+
 /// The changes a section's records made, from its core once they are applied.
 pub(crate) fn changes_of(core: &SectionCore, records: &[SectionRecord]) -> Vec<Change> {
     let event_id = core.event_id();
@@ -797,28 +832,9 @@ pub(crate) fn changes_of(core: &SectionCore, records: &[SectionRecord]) -> Vec<C
         .iter()
         .filter_map(|r| {
             let (at_ms, kind) = match r {
-                SectionRecord::HoldPlaced {
-                    hold_id,
-                    user_id,
-                    seats,
-                    quantity,
-                    placed_at_ms,
-                    expires_at_ms,
-                    ..
-                } => (
-                    *placed_at_ms,
-                    ChangeKind::HoldPlaced(HoldView {
-                        hold_id: hold_id.clone(),
-                        event_id: event_id.clone(),
-                        user_id: user_id.clone(),
-                        section_id: core.spec().section_id.clone(),
-                        seat_ids: seats.iter().map(|&s| core.seat_id(s)).collect(),
-                        quantity: *quantity,
-                        status: HoldStatus::Held,
-                        placed_at_ms: *placed_at_ms,
-                        expires_at_ms: *expires_at_ms,
-                    }),
-                ),
+                SectionRecord::HoldPlaced { .. } | SectionRecord::HoldPlacedWithCode { .. } => {
+                    placed_change(core, r)?
+                }
                 SectionRecord::HoldConfirmed {
                     order_id: o, at_ms, ..
                 } => (

@@ -328,6 +328,7 @@ impl Supervision {
             store: kernel.store().clone(),
             clock: kernel.config().clock.clone(),
             ledger: kernel.ledger().clone(),
+            redemptions: kernel.redemptions().clone(),
             snapshot: publisher,
             depth: depth.clone(),
             durable: durable.clone(),

@@ -200,6 +200,11 @@ pub struct EventSpec {
     /// default: they may). Carried beside the spec as the deadline is.
     #[serde(skip)]
     pub transfers_disabled: bool,
+    /// The presale: sections that require an access code, until when, and the codes (as
+    /// digests). Carried beside the spec as the deadline is
+    /// ([`CatalogRecord::EventCreatedWithPresale`]).
+    #[serde(skip)]
+    pub presale: crate::access::Presale,
 }
 
 impl EventSpec {
@@ -289,7 +294,8 @@ impl EventSpec {
                 format!("at most {JOIN_POW_DIFFICULTY_BITS_MAX}"),
             ));
         }
-        Ok(())
+        let ids: Vec<SectionId> = self.sections.iter().map(|s| s.section_id.clone()).collect();
+        self.presale.validate(&ids)
     }
 }
 
@@ -319,6 +325,9 @@ pub struct HoldRequest {
     pub idempotency_key: String,
     /// What to hold.
     pub selection: Selection,
+    /// The presale access code (empty: none); judged only where a section requires one
+    /// ([`crate::access`]).
+    pub access_code: String,
 }
 
 impl HoldRequest {
@@ -327,7 +336,9 @@ impl HoldRequest {
     /// the event's to judge, when it is placed.
     pub fn checked(self) -> Result<CheckedHold, Rejection> {
         let caller = Caller::check(self.user_id, self.idempotency_key)?;
-        Ok(caller.hold(self.event_id, self.selection))
+        caller
+            .hold(self.event_id, self.selection)
+            .with_access_code(self.access_code)
     }
 }
 
@@ -363,6 +374,7 @@ impl Caller {
             user_id: self.user_id,
             idempotency_key: self.idempotency_key,
             selection,
+            access_code: String::new(),
         })
     }
 }
@@ -381,6 +393,16 @@ impl CheckedHold {
     /// The request, given back.
     pub fn into_request(self) -> HoldRequest {
         self.0
+    }
+
+    /// The same request with a presale access code (empty: none), checked
+    /// ([`crate::access::check_code`]).
+    pub fn with_access_code(mut self, code: String) -> Result<CheckedHold, Rejection> {
+        if !code.is_empty() {
+            crate::access::check_code("access_code", &code)?;
+        }
+        self.0.access_code = code;
+        Ok(self)
     }
 }
 
@@ -570,6 +592,8 @@ pub struct EventView {
     pub created_at_ms: u64,
     /// Sections in the order given.
     pub sections: Vec<SectionSummary>,
+    /// The uses of each access code now, in the order of `spec.presale.codes`.
+    pub access_code_uses: Vec<u32>,
 }
 
 /// A seat with its id, for seat maps.
@@ -654,12 +678,34 @@ pub(crate) enum CatalogRecord {
         cancellation_deadline_ms: u64,
         transfers_disabled: bool,
     },
+    /// An event with a presale (sections that require an access code), with every term beyond
+    /// the spec's own encoding. After every older variant.
+    EventCreatedWithPresale {
+        spec: EventSpec,
+        event_id: EventId,
+        created_at_ms: u64,
+        join_pow_difficulty_bits: u32,
+        cancellation_deadline_ms: u64,
+        transfers_disabled: bool,
+        presale: crate::access::Presale,
+    },
 }
 
 impl CatalogRecord {
     /// The record of a new event: [`CatalogRecord::EventCreated`] when it asks for no proof of
     /// work (byte for byte what earlier builds wrote), else [`CatalogRecord::EventCreatedWithPow`].
     pub(crate) fn event_created(spec: EventSpec, event_id: EventId, created_at_ms: u64) -> Self {
+        if spec.presale != crate::access::Presale::default() {
+            return CatalogRecord::EventCreatedWithPresale {
+                join_pow_difficulty_bits: spec.join_pow_difficulty_bits,
+                cancellation_deadline_ms: spec.cancellation_deadline_ms,
+                transfers_disabled: spec.transfers_disabled,
+                presale: spec.presale.clone(),
+                spec,
+                event_id,
+                created_at_ms,
+            };
+        }
         if spec.cancellation_deadline_ms != 0 || spec.transfers_disabled {
             return CatalogRecord::EventCreatedWithTerms {
                 join_pow_difficulty_bits: spec.join_pow_difficulty_bits,
@@ -717,6 +763,21 @@ impl CatalogRecord {
                 spec.transfers_disabled = transfers_disabled;
                 (event_id, spec, created_at_ms)
             }
+            CatalogRecord::EventCreatedWithPresale {
+                mut spec,
+                event_id,
+                created_at_ms,
+                join_pow_difficulty_bits,
+                cancellation_deadline_ms,
+                transfers_disabled,
+                presale,
+            } => {
+                spec.join_pow_difficulty_bits = join_pow_difficulty_bits;
+                spec.cancellation_deadline_ms = cancellation_deadline_ms;
+                spec.transfers_disabled = transfers_disabled;
+                spec.presale = presale;
+                (event_id, spec, created_at_ms)
+            }
         }
     }
 }
@@ -742,6 +803,7 @@ pub(crate) fn ga_event_spec(id: &str, name: &str, capacity: u32, price_cents: u6
         join_pow_difficulty_bits: 0,
         cancellation_deadline_ms: 0,
         transfers_disabled: false,
+        presale: Default::default(),
     }
 }
 
@@ -832,6 +894,7 @@ mod tests {
             join_pow_difficulty_bits: 0,
             cancellation_deadline_ms: 0,
             transfers_disabled: false,
+            presale: Default::default(),
         };
         let decoded: CatalogRecord = crate::codec::decode(&old_bytes).unwrap();
         assert_eq!(

@@ -51,6 +51,11 @@ pub fn event_spec(req: pb::CreateEventRequest) -> Result<EventSpec, Rejection> {
             layout,
         });
     }
+    let presale = crate::presale::of_request(
+        req.presale_section_ids,
+        req.presale_ends_at_unix_ms,
+        req.access_codes,
+    )?;
     Ok(EventSpec {
         event_id: (!req.event_id.is_empty()).then_some(EventId(req.event_id)),
         name: req.name,
@@ -64,6 +69,7 @@ pub fn event_spec(req: pb::CreateEventRequest) -> Result<EventSpec, Rejection> {
         cancellation_deadline_ms: u64::try_from(req.cancellation_deadline_unix_ms)
             .map_err(|_| invalid("cancellation_deadline_unix_ms", "a time after 1970"))?,
         transfers_disabled: req.transfers_disabled,
+        presale,
     })
 }
 

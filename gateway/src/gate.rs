@@ -55,6 +55,16 @@ pub fn needs_admin(path: &str) -> bool {
 /// Services an admin key or a stream key may call, and a client key may not.
 pub const STREAM_SERVICES: &[&str] = &["/boxoffice.v1.ChangeService/"];
 
+/// Marks a call made with an admin key (a request extension the gate adds): what an answer shows
+/// only to admins (each access code's uses) looks for it.
+#[derive(Clone, Copy, Debug)]
+pub struct AdminCaller;
+
+/// Whether `req` was made with an admin key (see [`AdminCaller`]).
+pub fn is_admin<T>(req: &tonic::Request<T>) -> bool {
+    req.extensions().get::<AdminCaller>().is_some()
+}
+
 /// Whether a key of `scope` may call the RPC at `path`.
 pub fn allows(scope: Scope, path: &str) -> bool {
     let stream = STREAM_SERVICES.iter().any(|s| path.starts_with(s));
@@ -153,6 +163,14 @@ impl Gate {
     /// Calls in flight past which new ones are shed with `OVERLOADED`.
     pub fn in_flight_max(&self) -> usize {
         self.in_flight_max
+    }
+
+    /// Whether `authorization` (an `Authorization` header's value) presents an admin key.
+    pub fn is_admin(&self, authorization: Option<&str>) -> bool {
+        authorization
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(|key| self.keys.scope_of(key.trim()))
+            == Some(Scope::Admin)
     }
 
     fn authenticate(&self, path: &str, authorization: Option<&str>) -> Result<(), ApiError> {
@@ -474,10 +492,15 @@ where
             .headers()
             .get(http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
+        let admin = gate.is_admin(authorization);
         let guard = match gate.admit(&path, authorization) {
             Ok(guard) => guard,
             Err(e) => return refuse(e),
         };
+        let mut req = req;
+        if admin {
+            req.extensions_mut().insert(AdminCaller);
+        }
         let deadline = client_deadline(req.headers());
         Box::pin(async move {
             let res = match deadline {

@@ -41,6 +41,7 @@ pub mod metrics;
 pub mod net;
 pub mod node;
 pub mod pow;
+mod presale;
 pub mod seat_maps;
 pub mod server;
 pub mod services;

@@ -120,8 +120,9 @@ impl Local {
     ) -> Result<R::Answer, Status> {
         let (forwarder, groups) = (self.forwarder.clone(), self.groups.clone());
         let key = authorization.map(str::to_owned);
+        let admin = self.gate.is_admin(authorization);
         self.run(R::PATH, authorization, move || {
-            Box::pin(async move { serve(forwarder, groups, key, req).await })
+            Box::pin(async move { serve(forwarder, groups, key, admin, req).await })
         })
         .await
     }
@@ -136,17 +137,19 @@ impl Local {
     ) -> Result<L::Answer, Status> {
         let (forwarder, groups) = (self.forwarder.clone(), self.groups.clone());
         let key = authorization.map(str::to_owned);
+        let admin = self.gate.is_admin(authorization);
         self.run(<L as Unary>::PATH, authorization, move || {
             Box::pin(async move {
                 let f = match forwarder {
                     Some(f) if f.group_count() > 1 && req.route() == Route::All => f,
-                    one => return serve(one, groups, key, req).await,
+                    one => return serve(one, groups, key, admin, req).await,
                 };
                 let mut asking = tokio::task::JoinSet::new();
                 for g in 0..f.group_count() {
                     let sub = req.of_group();
                     let (f, groups, key) = (f.clone(), groups.clone(), key.clone());
-                    asking.spawn(async move { in_group(Some(f), groups, key, g, sub).await });
+                    asking
+                        .spawn(async move { in_group(Some(f), groups, key, admin, g, sub).await });
                 }
                 let mut pages = Vec::new();
                 while let Some(page) = asking.join_next().await {
@@ -250,10 +253,11 @@ async fn serve<R: Unary>(
     forwarder: Option<Arc<Forwarder>>,
     groups: Groups,
     key: Option<String>,
+    admin: bool,
     mut req: R,
 ) -> Result<R::Answer, Status> {
     let Some(f) = forwarder else {
-        return here(groups, 0, req).await;
+        return here(groups, 0, admin, req).await;
     };
     let g = if f.group_count() <= 1 {
         0
@@ -265,7 +269,7 @@ async fn serve<R: Unary>(
         }
     };
     match f.place(g) {
-        Place::Here => here(groups, g, req).await,
+        Place::Here => here(groups, g, admin, req).await,
         Place::Leader(leader, channel) => {
             f.ask_leader(
                 (g, leader, channel),
@@ -279,10 +283,13 @@ async fn serve<R: Unary>(
     }
 }
 
-/// Serves `req` here, as group `g`'s.
-async fn here<R: Unary>(groups: Groups, g: u32, req: R) -> Result<R::Answer, Status> {
+/// Serves `req` here, as group `g`'s (for an admin key's caller: `admin`).
+async fn here<R: Unary>(groups: Groups, g: u32, admin: bool, req: R) -> Result<R::Answer, Status> {
     let mut req = tonic::Request::new(req);
     req.extensions_mut().insert(GroupOf(g as usize));
+    if admin {
+        req.extensions_mut().insert(crate::gate::AdminCaller);
+    }
     fenced(&groups, g, R::PATH, R::serve(groups.clone(), req)).await
 }
 
@@ -304,6 +311,7 @@ async fn in_group<R: Unary>(
     forwarder: Option<Arc<Forwarder>>,
     groups: Groups,
     key: Option<String>,
+    admin: bool,
     g: u32,
     req: R,
 ) -> Result<R::Answer, Status> {
@@ -319,6 +327,6 @@ async fn in_group<R: Unary>(
             )
             .await
         }
-        _ => here(groups, g, req).await,
+        _ => here(groups, g, admin, req).await,
     }
 }

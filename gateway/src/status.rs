@@ -259,7 +259,10 @@ pub fn rejection_parts(r: &Rejection) -> (Code, &'static str, String, HashMap<St
         | Rejection::SalePaused
         | Rejection::SaleEnded
         | Rejection::CancellationClosed
-        | Rejection::TransfersDisabled => Code::FailedPrecondition,
+        | Rejection::TransfersDisabled
+        | Rejection::AccessCodeRequired
+        | Rejection::AccessCodeInvalid => Code::FailedPrecondition,
+        Rejection::AccessCodeExhausted => Code::ResourceExhausted,
         Rejection::TicketNotActive(ticket) => {
             meta.insert("ticket_id".to_owned(), ticket.clone());
             Code::FailedPrecondition

@@ -273,6 +273,8 @@ impl SweeperState {
             // Never past the per-user limit: this fan cannot take an offer now (they may
             // after releasing something); skip them, they keep their place.
             Err(EngineError::Rejected(Rejection::UserLimit { .. })) => true,
+            // The section sells to code holders only (a presale): no offer until it ends.
+            Err(EngineError::Rejected(Rejection::AccessCodeRequired)) => true,
             Err(e) => {
                 tracing::warn!(error = %e, %event, "waitlist offer failed; will retry later");
                 false

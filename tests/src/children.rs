@@ -52,6 +52,7 @@ pub fn kill9_sale(dir: &str) {
                                 section: Some(section.into()),
                                 quantity: 1 + (i % 3) as u32,
                             },
+                            access_code: String::new(),
                         })
                         .await
                         .expect("the child's call succeeds");

@@ -10,6 +10,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 
+use boxoffice_gateway::http::event_types;
 use boxoffice_gateway::http::problem::Problem;
 use boxoffice_gateway::http::types as json_types;
 use boxoffice_proto::v1 as pb;
@@ -176,6 +177,9 @@ fn create_request(event: &str, key: &str) -> pb::CreateEventRequest {
         join_pow_difficulty_bits: 0,
         cancellation_deadline_unix_ms: 0,
         transfers_disabled: false,
+        presale_section_ids: Vec::new(),
+        presale_ends_at_unix_ms: 0,
+        access_codes: Vec::new(),
     }
 }
 
@@ -213,6 +217,7 @@ fn best(event: &str, user: &str, token: &str, section: &str, n: u32, key: &str) 
                 quantity: n,
             },
         )),
+        access_code: String::new(),
     }
 }
 
@@ -226,6 +231,7 @@ fn seats(event: &str, user: &str, token: &str, ids: &[&str], key: &str) -> pb::H
         selection: Some(pb::hold_request::Selection::Seats(pb::SeatSelection {
             seat_ids: ids.iter().map(|s| (*s).to_owned()).collect(),
         })),
+        access_code: String::new(),
     }
 }
 
@@ -243,7 +249,7 @@ where
 
     // Events: keys and scopes, validation, idempotency, reads.
     let mut g = admin.grpc.clone();
-    t.row::<_, json_types::Event>(
+    t.row::<_, event_types::Event>(
         "create an event (the HTTP call replays the gRPC call's key)",
         g.events.create_event(create_request(e, "faces-create")),
         admin
@@ -252,7 +258,7 @@ where
     )
     .await;
     let mut g = client.grpc.clone();
-    t.row::<_, json_types::Event>(
+    t.row::<_, event_types::Event>(
         "create with a client key",
         g.events.create_event(create_request("faces-other", "")),
         client
@@ -261,7 +267,7 @@ where
     )
     .await;
     let mut g = stranger.grpc.clone();
-    t.row::<_, json_types::Event>(
+    t.row::<_, event_types::Event>(
         "create with an unknown key",
         g.events.create_event(create_request("faces-other", "")),
         stranger
@@ -274,13 +280,13 @@ where
     no_sections.sections.clear();
     let mut body = create_body("faces-empty");
     body["sections"] = json!([]);
-    t.row::<_, json_types::Event>(
+    t.row::<_, event_types::Event>(
         "create without sections",
         g.events.create_event(no_sections),
         admin.http.post("/v1/events", &[], &body),
     )
     .await;
-    t.row::<_, json_types::Event>(
+    t.row::<_, event_types::Event>(
         "create again under the same key, another event",
         g.events
             .create_event(create_request("faces-else", "faces-create")),
@@ -292,14 +298,14 @@ where
     )
     .await;
     let mut g = client.grpc.clone();
-    t.row::<_, json_types::Event>(
+    t.row::<_, event_types::Event>(
         "read the event",
         g.events
             .get_event(pb::GetEventRequest { event_id: e.into() }),
         client.http.get(&format!("/v1/events/{e}"), &[]),
     )
     .await;
-    t.row::<_, json_types::Event>(
+    t.row::<_, event_types::Event>(
         "read an unknown event",
         g.events.get_event(pb::GetEventRequest {
             event_id: "faces-nowhere".into(),
@@ -308,7 +314,7 @@ where
     )
     .await;
     let too_long = "x".repeat(300);
-    t.row::<_, json_types::Event>(
+    t.row::<_, event_types::Event>(
         "read an event id over 256 bytes",
         g.events.get_event(pb::GetEventRequest {
             event_id: too_long.clone(),
@@ -316,7 +322,7 @@ where
         client.http.get(&format!("/v1/events/{too_long}"), &[]),
     )
     .await;
-    t.row::<_, json_types::EventPage>(
+    t.row::<_, event_types::EventPage>(
         "list the events",
         g.events.list_events(pb::ListEventsRequest {
             page_size: 100,
@@ -499,6 +505,7 @@ where
                 quantity: q,
             },
         )),
+        access_code: String::new(),
     };
     let item_body = |i: &pb::HoldBatchItem| {
         let q = match &i.selection {

@@ -98,6 +98,7 @@ pub fn any_section(event: &str, user: &str, q: u32) -> boxoffice_engine::HoldReq
             section: None,
             quantity: q,
         },
+        access_code: String::new(),
     }
 }
 
@@ -129,6 +130,7 @@ pub fn event(id: &str, sections: Vec<SectionSpec>, ttl_ms: u64, per_user_limit: 
         join_pow_difficulty_bits: 0,
         cancellation_deadline_ms: 0,
         transfers_disabled: false,
+        presale: Default::default(),
     }
 }
 

@@ -157,6 +157,9 @@ async fn create_event(ch: &Channel, w: &Workload) -> anyhow::Result<()> {
             join_pow_difficulty_bits: 0,
             cancellation_deadline_unix_ms: 0,
             transfers_disabled: false,
+            presale_section_ids: Vec::new(),
+            presale_ends_at_unix_ms: 0,
+            access_codes: Vec::new(),
         })
         .await
         .context("CreateEvent")?;
@@ -336,6 +339,7 @@ async fn holds(p: &Prepared, w: &Workload) -> RowResult {
             selection: Some(pb::hold_request::Selection::BestAvailable(
                 selections[i].clone(),
             )),
+            access_code: String::new(),
         };
         let o = o.clone();
         async move {
@@ -371,6 +375,7 @@ async fn hold_batches(p: &Prepared, w: &Workload) -> RowResult {
                 selection: Some(pb::hold_batch_item::Selection::BestAvailable(
                     p.selection(w, i),
                 )),
+                access_code: String::new(),
             })
             .collect(),
     );

@@ -525,6 +525,7 @@ pub fn row_b(w: &Workload, client: &Runtime, redis_server: &Path) -> anyhow::Res
                         quantity: 1,
                     },
                 )),
+                access_code: String::new(),
             };
             let o = o.clone();
             async move {

@@ -39,7 +39,7 @@ use crate::types::{
 pub use crate::limits::PLACES_PER_HOLD_MAX;
 pub use cancel::{CancelTickets, Cancellation, Cancelled, RefundDue, Returns};
 pub use records::{
-    ConfirmHold, Confirmed, Ended, IdemTag, Pick, PlaceHold, SaleChange, SectionRecord,
+    ConfirmHold, Confirmed, Ended, IdemTag, Pick, PlaceHold, PlacedRef, SaleChange, SectionRecord,
     SectionSale, Withdrawn,
 };
 pub use transfer::{TRANSFER_PREFIX, TransferTickets, Transferred};
@@ -112,6 +112,11 @@ pub struct SectionCore {
     /// after the sale.
     #[serde(skip)]
     returns: Returns,
+    /// The access code each hold was placed under (its number), for holds that used one
+    /// ([`crate::access`]). Not in the core's own encoding: a checkpoint carries it after the
+    /// tickets given back. Forgotten with the hold.
+    #[serde(skip)]
+    codes: HashMap<HoldId, u32>,
 }
 
 fn default_window_ms() -> u64 {
@@ -164,22 +169,25 @@ impl SectionCore {
             sale: SectionSale::default(),
             by_user: HashMap::default(),
             returns: Returns::default(),
+            codes: HashMap::default(),
         }
     }
 
     /// What a checkpoint of the section holds: the core, then its sale, then the tickets given
-    /// back.
-    pub fn checkpoint(&self) -> (&SectionCore, &SectionSale, &Returns) {
-        (self, &self.sale, self.returns())
+    /// back, then the access codes of holds.
+    #[allow(clippy::type_complexity)]
+    pub fn checkpoint(&self) -> (&SectionCore, &SectionSale, &Returns, &HashMap<HoldId, u32>) {
+        (self, &self.sale, self.returns(), &self.codes)
     }
 
     /// A section from a checkpoint's bytes ([`SectionCore::checkpoint`]; one written before
     /// the sale was part of it is an open sale).
     pub fn from_checkpoint(blob: &[u8]) -> Result<SectionCore, crate::codec::DecodeError> {
-        let (mut core, sale, returns): (SectionCore, SectionSale, Returns) =
-            crate::codec::decode_extended2(blob)?;
+        let (mut core, sale, returns, codes): (SectionCore, SectionSale, Returns, _) =
+            crate::codec::decode_extended3(blob)?;
         core.sale = sale;
         core.returns = returns;
+        core.codes = codes;
         for (order_id, hold_id) in &core.orders {
             if let Some(h) = core.holds.get(hold_id)
                 && let Some(o) = &h.order
@@ -251,14 +259,28 @@ impl SectionCore {
             Pick::Best(q) => self.pick_best(*q)?,
             Pick::Seats(ids) => self.pick_seats(ids)?,
         };
-        let record = SectionRecord::HoldPlaced {
-            hold_id: cmd.hold_id.clone(),
-            user_id: cmd.user_id,
-            seats,
-            quantity,
-            placed_at_ms: now_ms,
-            expires_at_ms: now_ms.saturating_add(cmd.ttl_ms),
-            idem: cmd.idem,
+        let (hold_id, user_id, idem) = (cmd.hold_id.clone(), cmd.user_id, cmd.idem);
+        let (placed_at_ms, expires_at_ms) = (now_ms, now_ms.saturating_add(cmd.ttl_ms));
+        let record = match cmd.code {
+            None => SectionRecord::HoldPlaced {
+                hold_id,
+                user_id,
+                seats,
+                quantity,
+                placed_at_ms,
+                expires_at_ms,
+                idem,
+            },
+            Some(code) => SectionRecord::HoldPlacedWithCode {
+                hold_id,
+                user_id,
+                seats,
+                quantity,
+                placed_at_ms,
+                expires_at_ms,
+                idem,
+                code,
+            },
         };
         self.apply(&record)
             .expect("a hold just decided always applies");
@@ -410,27 +432,9 @@ impl SectionCore {
     /// error means the record does not fit the state (a damaged or foreign log).
     pub fn apply(&mut self, record: &SectionRecord) -> Result<(), String> {
         match record {
-            SectionRecord::HoldPlaced {
-                hold_id,
-                user_id,
-                seats,
-                quantity,
-                placed_at_ms,
-                expires_at_ms,
-                idem,
-            } => self.apply_placed(
-                hold_id,
-                HoldEntry {
-                    user_id: user_id.clone(),
-                    seats: seats.clone(),
-                    quantity: *quantity,
-                    placed_at_ms: *placed_at_ms,
-                    expires_at_ms: *expires_at_ms,
-                    status: HoldStatus::Held,
-                    idem: idem.clone(),
-                    order: None,
-                },
-            )?,
+            SectionRecord::HoldPlaced { .. } | SectionRecord::HoldPlacedWithCode { .. } => {
+                self.apply_placed_record(record)?;
+            }
             SectionRecord::HoldConfirmed {
                 hold_id,
                 order_id,
@@ -527,6 +531,7 @@ impl SectionCore {
             .pop_due(now_ms, self.window_ms, FORGET_PER_STEP_MAX)
         {
             let gone = self.holds.remove(&hold_id);
+            self.codes.remove(&hold_id);
             debug_assert!(
                 gone.is_some_and(|h| matches!(
                     h.status,
@@ -535,6 +540,26 @@ impl SectionCore {
                 "only ended holds are forgotten"
             );
         }
+    }
+
+    /// A hold's record (with or without a code) applied.
+    fn apply_placed_record(&mut self, record: &SectionRecord) -> Result<(), String> {
+        let p = record.as_placed().ok_or("not a hold's record")?;
+        let entry = HoldEntry {
+            user_id: p.user_id.clone(),
+            seats: p.seats.to_vec(),
+            quantity: p.quantity,
+            placed_at_ms: p.placed_at_ms,
+            expires_at_ms: p.expires_at_ms,
+            status: HoldStatus::Held,
+            idem: p.idem.cloned(),
+            order: None,
+        };
+        self.apply_placed(p.hold_id, entry)?;
+        if let Some(code) = p.code {
+            self.codes.insert(p.hold_id.clone(), code);
+        }
+        Ok(())
     }
 
     /// A new hold takes its places (all of them free, or the record does not fit).
@@ -812,6 +837,7 @@ mod tests {
                 pick,
                 ttl_ms: 1_000,
                 idem: None,
+                code: None,
             },
             now,
         )
@@ -894,6 +920,7 @@ mod tests {
                         pick: Pick::Best(q),
                         ttl_ms: 1_000,
                         idem: None,
+                        code: None,
                     },
                     0,
                 )
@@ -1070,6 +1097,7 @@ mod tests {
                     pick: Pick::Best(1),
                     ttl_ms: 1_000,
                     idem: None,
+                    code: None,
                 },
                 0,
             )
@@ -1119,6 +1147,7 @@ mod tests {
                             pick: Pick::Seats(ids.iter().map(|s| SeatId::from(*s)).collect()),
                             ttl_ms: 1_000,
                             idem: None,
+                            code: None,
                         },
                         10,
                     )
@@ -1256,6 +1285,7 @@ mod tests {
                         pick,
                         ttl_ms: 1_000,
                         idem: None,
+                        code: None,
                     },
                     10,
                 )
@@ -1441,6 +1471,7 @@ mod tests {
                         pick: Pick::Best(1 + (i % 3) as u32),
                         ttl_ms: 1_000,
                         idem: None,
+                        code: None,
                     },
                     now,
                 )
@@ -1511,6 +1542,7 @@ mod tests {
                         pick: Pick::Best(q),
                         ttl_ms: 100,
                         idem: None,
+                        code: None,
                     },
                     i as u64,
                 )

@@ -127,6 +127,27 @@ pub enum SectionRecord {
         /// Idempotency key of the request, if any.
         idem: Option<IdemTag>,
     },
+    /// Places were held under a presale access code: a [`SectionRecord::HoldPlaced`] that
+    /// names the code (its number among the event's codes), so its uses are counted again on
+    /// recovery. After every older variant.
+    HoldPlacedWithCode {
+        /// The new hold.
+        hold_id: HoldId,
+        /// The holder.
+        user_id: UserId,
+        /// Seat indices in layout order (empty for general admission).
+        seats: Vec<u32>,
+        /// Number of places.
+        quantity: u32,
+        /// When.
+        placed_at_ms: u64,
+        /// Deadline.
+        expires_at_ms: u64,
+        /// Idempotency key of the hold request, if any.
+        idem: Option<IdemTag>,
+        /// The access code's number.
+        code: u32,
+    },
 }
 
 /// What an operator's sale control asks of one section (see [`crate::sale`]).
@@ -178,7 +199,8 @@ impl SectionRecord {
     /// When the change happened, by the section's clock: the time `apply` forgets by.
     pub fn at_ms(&self) -> u64 {
         match self {
-            SectionRecord::HoldPlaced { placed_at_ms, .. } => *placed_at_ms,
+            SectionRecord::HoldPlaced { placed_at_ms, .. }
+            | SectionRecord::HoldPlacedWithCode { placed_at_ms, .. } => *placed_at_ms,
             SectionRecord::HoldConfirmed { at_ms, .. }
             | SectionRecord::HoldReleased { at_ms, .. }
             | SectionRecord::HoldExpired { at_ms, .. }
@@ -189,6 +211,85 @@ impl SectionRecord {
             | SectionRecord::SaleResumed { at_ms }
             | SectionRecord::SaleEnded { at_ms } => *at_ms,
         }
+    }
+}
+
+/// A hold's record read the same way with or without a code ([`SectionRecord::as_placed`]).
+#[derive(Clone, Copy, Debug)]
+pub struct PlacedRef<'a> {
+    /// The new hold.
+    pub hold_id: &'a HoldId,
+    /// The holder.
+    pub user_id: &'a UserId,
+    /// Seat indices in layout order (empty for general admission).
+    pub seats: &'a [u32],
+    /// Number of places.
+    pub quantity: u32,
+    /// When.
+    pub placed_at_ms: u64,
+    /// Deadline.
+    pub expires_at_ms: u64,
+    /// Idempotency key of the hold request, if any.
+    pub idem: Option<&'a IdemTag>,
+    /// The access code's number, if it was held under one.
+    pub code: Option<u32>,
+}
+
+impl SectionRecord {
+    /// The hold a [`SectionRecord::HoldPlaced`] or [`SectionRecord::HoldPlacedWithCode`] places;
+    /// `None` for any other record.
+    pub fn as_placed(&self) -> Option<PlacedRef<'_>> {
+        let (hold_id, user_id, seats, quantity, placed_at_ms, expires_at_ms, idem, code) =
+            match self {
+                SectionRecord::HoldPlaced {
+                    hold_id,
+                    user_id,
+                    seats,
+                    quantity,
+                    placed_at_ms,
+                    expires_at_ms,
+                    idem,
+                } => (
+                    hold_id,
+                    user_id,
+                    seats,
+                    quantity,
+                    placed_at_ms,
+                    expires_at_ms,
+                    idem,
+                    None,
+                ),
+                SectionRecord::HoldPlacedWithCode {
+                    hold_id,
+                    user_id,
+                    seats,
+                    quantity,
+                    placed_at_ms,
+                    expires_at_ms,
+                    idem,
+                    code,
+                } => (
+                    hold_id,
+                    user_id,
+                    seats,
+                    quantity,
+                    placed_at_ms,
+                    expires_at_ms,
+                    idem,
+                    Some(*code),
+                ),
+                _ => return None,
+            };
+        Some(PlacedRef {
+            hold_id,
+            user_id,
+            seats,
+            quantity: *quantity,
+            placed_at_ms: *placed_at_ms,
+            expires_at_ms: *expires_at_ms,
+            idem: idem.as_ref(),
+            code,
+        })
     }
 }
 
@@ -214,6 +315,8 @@ pub struct PlaceHold {
     pub ttl_ms: u64,
     /// Idempotency tag to record with the hold.
     pub idem: Option<IdemTag>,
+    /// The access code it is held under (its number), if any.
+    pub code: Option<u32>,
 }
 
 /// A command to confirm a hold.

@@ -307,6 +307,24 @@ impl SectionCore {
             .collect()
     }
 
+    /// The access code a hold was placed under (its number), if any.
+    pub fn code_of(&self, hold_id: &HoldId) -> Option<u32> {
+        self.codes.get(hold_id).copied()
+    }
+
+    /// The uses of each access code in this section: (code, places) for every held or
+    /// confirmed hold placed under one (a confirmed hold keeps its uses: see [`crate::access`]).
+    pub fn code_uses(&self) -> Vec<(u32, u32)> {
+        self.codes
+            .iter()
+            .filter_map(|(hold_id, code)| {
+                let h = self.holds.get(hold_id)?;
+                matches!(h.status, HoldStatus::Held | HoldStatus::Confirmed)
+                    .then_some((*code, h.quantity))
+            })
+            .collect()
+    }
+
     /// Every hold with its idempotency tags, for rebuilding the ledger on recovery:
     /// (view as it is now, the places it holds or owns now (a confirmed hold's tickets given
     /// back are not), hold tag, confirm tag and the order as its confirm answered it).

@@ -244,6 +244,7 @@ async fn the_next_leaders_engine_has_every_hold_and_order_the_last_one_acknowled
                         section: None,
                         quantity: 2,
                     },
+                    access_code: String::new(),
                 })
                 .await
         }
@@ -423,6 +424,7 @@ fn sale_spec(id: &str, ga: u32, row: u32) -> crate::EventSpec {
         join_pow_difficulty_bits: 0,
         cancellation_deadline_ms: 0,
         transfers_disabled: false,
+        presale: Default::default(),
     }
 }
 
@@ -463,6 +465,7 @@ async fn busy_sale(engine: &crate::Engine) -> (Vec<crate::HoldView>, Vec<crate::
                     section: Some(SectionId::from(section)),
                     quantity: 1 + fan % 3,
                 },
+                access_code: String::new(),
             })
             .await;
         // Sold out, or over the limit, later on: refusals the ledger records.
@@ -510,6 +513,7 @@ async fn busy_sale(engine: &crate::Engine) -> (Vec<crate::HoldView>, Vec<crate::
                 section: None,
                 quantity: 5,
             },
+            access_code: String::new(),
         })
         .await;
     assert!(over.is_err(), "over the limit: {over:?}");
@@ -525,6 +529,7 @@ async fn busy_sale(engine: &crate::Engine) -> (Vec<crate::HoldView>, Vec<crate::
                     section: None,
                     quantity: 2,
                 },
+                access_code: String::new(),
             })
             .await;
         let _ = engine
@@ -687,6 +692,7 @@ async fn the_next_leader_starts_warm_and_a_state_that_does_not_fit_is_dropped() 
                     section: None,
                     quantity: 5,
                 },
+                access_code: String::new(),
             })
             .await;
         assert!(again.is_err(), "round {round}: the refusal stands");
@@ -699,6 +705,7 @@ async fn the_next_leader_starts_warm_and_a_state_that_does_not_fit_is_dropped() 
                     section: Some(crate::SectionId::from("ga")),
                     quantity: 1,
                 },
+                access_code: String::new(),
             })
             .await
             .unwrap();

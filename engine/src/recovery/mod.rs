@@ -42,6 +42,8 @@ pub(crate) struct Recovered {
     pub catalog_last: u64,
     pub ledger_states: Vec<ShardState>,
     pub ledger_last: Vec<u64>,
+    /// The access codes' uses, counted from the sections' holds.
+    pub code_uses: crate::access::Redemptions,
     /// Each event's waiting-room line, with its stream's last sequence number.
     pub rooms: HashMap<EventId, (crate::rooms::line::RoomLine, u64)>,
     /// What the log holds now: the flusher starts from these marks.
@@ -246,7 +248,15 @@ pub(crate) fn settle(replayed: Replayed, with: &RecoverWith, marks: Marks) -> Re
     for state in &mut ledger_states {
         state.forget_due(with.now_ms, usize::MAX);
     }
+    let code_uses =
+        crate::access::Redemptions::of_counts(replayed.cores.values().flat_map(|(core, _)| {
+            let event = core.event_id().clone();
+            core.code_uses()
+                .into_iter()
+                .map(move |(code, places)| (event.clone(), code, places))
+        }));
     Recovered {
+        code_uses,
         waitlist: replayed.waitlist,
         waitlist_last: replayed.waitlist_last,
         events: replayed.events,

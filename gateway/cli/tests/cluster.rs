@@ -594,6 +594,7 @@ async fn two_groups_spread_their_leaders_and_each_survives_its_leaders_death() {
                             quantity: 1,
                         },
                     )),
+                    access_code: String::new(),
                 };
                 let first = (w + round as usize) % 3;
                 let hold = retrying(&clients, first, &retried, |mut c| {
@@ -1034,6 +1035,7 @@ async fn tickets_given_back_and_moved_survive_the_leaders_death() {
                     quantity: 3,
                 },
             )),
+            access_code: String::new(),
         })
         .await
         .unwrap()

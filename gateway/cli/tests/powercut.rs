@@ -208,6 +208,7 @@ impl Fan {
                         quantity: 1,
                     },
                 )),
+                access_code: String::new(),
             };
             let idx = {
                 let mut book = self.book.lock().unwrap();

@@ -31,6 +31,7 @@ fn hold(user: &str, token: &str) -> pb::HoldRequest {
                 quantity: 1,
             },
         )),
+        access_code: String::new(),
     }
 }
 

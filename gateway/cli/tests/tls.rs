@@ -167,6 +167,7 @@ async fn hold_and_confirm(c: &Clients, event: &str, user: &str) -> pb::Order {
                 quantity: 1,
             },
         )),
+        access_code: String::new(),
     };
     let one = std::slice::from_ref(c);
     let hold = common::retrying(one, 0, &retries, |mut c| {

@@ -48,6 +48,7 @@ pub fn sale_event(seats: u32, ttl_ms: u64, per_user_limit: u32) -> EventSpec {
         join_pow_difficulty_bits: 0,
         cancellation_deadline_ms: 0,
         transfers_disabled: false,
+        presale: Default::default(),
     }
 }
 
@@ -93,6 +94,9 @@ pub fn create_request(
         cancellation_deadline_unix_ms: i64::try_from(spec.cancellation_deadline_ms)
             .unwrap_or(i64::MAX),
         transfers_disabled: spec.transfers_disabled,
+        presale_section_ids: Vec::new(),
+        presale_ends_at_unix_ms: 0,
+        access_codes: Vec::new(),
     }
 }
 

@@ -271,6 +271,9 @@ impl Load {
                 join_pow_difficulty_bits: 0,
                 cancellation_deadline_unix_ms: 0,
                 transfers_disabled: false,
+                presale_section_ids: Vec::new(),
+                presale_ends_at_unix_ms: 0,
+                access_codes: Vec::new(),
             })
             .await
             .context("CreateEvent (is --admin-key an admin key?)")?;
@@ -337,6 +340,7 @@ impl Load {
                         quantity: 1,
                     },
                 )),
+                access_code: String::new(),
             };
             async move { c.hold(req).await.map(|_| ()) }
         })

@@ -382,6 +382,7 @@ fn soak_event(places: u32) -> EventSpec {
         join_pow_difficulty_bits: 0,
         cancellation_deadline_ms: 0,
         transfers_disabled: false,
+        presale: Default::default(),
     }
 }
 
@@ -427,6 +428,7 @@ async fn cycle(engine: Engine, fan_no: u32, next: Arc<AtomicU64>, t: Arc<Tally>,
                 section: Some(SectionId::from(SECTION)),
                 quantity: 1,
             },
+            access_code: String::new(),
         };
         match engine.hold(req).await {
             Ok(h) => {

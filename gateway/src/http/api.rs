@@ -20,6 +20,7 @@ use tonic::Status;
 
 use crate::local::{Local, Unary};
 
+use super::event_types::*;
 use super::problem::{Problem, Refusal};
 use super::types::*;
 
@@ -447,6 +448,7 @@ pub async fn book(
         admission_token: r.token,
         idempotency_key,
         selection: Some(selection(seat_ids, r.section_id, r.quantity)?),
+        access_code: r.access_code,
     };
     hold(&b, &headers, req).await
 }
@@ -473,6 +475,7 @@ pub async fn create_hold(
         admission_token: r.admission_token,
         idempotency_key,
         selection: Some(selection(r.seat_ids, r.section_id, r.quantity)?),
+        access_code: r.access_code,
     };
     hold(&b, &headers, req).await
 }

@@ -37,6 +37,9 @@ pub struct BatchItemBody {
     /// Best available: how many places (without seats: 1).
     #[serde(default)]
     pub quantity: Option<u32>,
+    /// Presale access code (empty: none), as for a single hold.
+    #[serde(default)]
+    pub access_code: String,
 }
 
 /// `POST /v1/events/{id}/holds/batch`: the holds, 1 to 256.
@@ -124,6 +127,7 @@ pub async fn hold_batch(
             user_id: item.user_id,
             admission_token: item.admission_token,
             idempotency_key: item.idempotency_key,
+            access_code: item.access_code,
             selection: Some(match selection {
                 pb::hold_request::Selection::Seats(s) => pb::hold_batch_item::Selection::Seats(s),
                 pb::hold_request::Selection::BestAvailable(b) => {

@@ -12,8 +12,9 @@ use tonic::Status;
 use utoipa::{IntoParams, ToSchema};
 
 use super::api::{Backend, query};
+use super::event_types::Event;
 use super::problem::{Problem, Refusal};
-use super::types::{Event, Hold, Order, short};
+use super::types::{Hold, Order, short};
 
 /// The change stream (`WatchChanges`, an admin or stream key): every change after `after`, one
 /// JSON object a line (`application/x-ndjson`), or with `Accept: text/event-stream` one

@@ -31,6 +31,8 @@
 pub mod api;
 pub mod batch;
 pub mod changes;
+pub mod event_types;
+pub mod json;
 pub mod ops;
 pub mod orders;
 pub mod problem;
@@ -63,8 +65,8 @@ pub use api::Backend;
     components(schemas(
         problem::Problem, types::QueueToken, types::JoinChallenge, types::QueueStatus,
         types::BookRequest, types::HoldBody, types::Hold, types::ConfirmBody, types::OrderBody,
-        types::ReleaseBody, types::Ticket, types::Order, types::RowSpec, types::SectionSpec,
-        types::CreateEventBody, types::UpdateSaleBody, types::SectionSummary, types::Event, types::EventPage,
+        types::ReleaseBody, types::Ticket, types::Order, event_types::RowSpec, event_types::SectionSpec,
+        event_types::CreateEventBody, event_types::UpdateSaleBody, event_types::SectionSummary, event_types::Event, event_types::EventPage, event_types::AccessCodeSpec, event_types::AccessCodeUsage,
         types::Seat, types::SectionSeats, types::SeatMap, types::AddNodeBody,
         types::ClusterNode, types::ClusterGroup, types::ClusterStatus, types::TicketKey,
         changes::Change, changes::RefundChange, changes::PlacesWithdrawn, changes::WaitlistOffer,

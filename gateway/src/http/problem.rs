@@ -71,7 +71,9 @@ fn code_name(code: Code) -> &'static str {
 /// caller may wait out is 429, anything the server could not do now is 503.
 pub fn http_status(code: Code, reason: Option<&str>) -> StatusCode {
     match (code, reason) {
-        (Code::ResourceExhausted, Some("USER_LIMIT")) => StatusCode::CONFLICT,
+        (Code::ResourceExhausted, Some("USER_LIMIT" | "ACCESS_CODE_EXHAUSTED")) => {
+            StatusCode::CONFLICT
+        }
         (Code::ResourceExhausted, Some("SEAT_MAP_TOO_LARGE")) => StatusCode::UNPROCESSABLE_ENTITY,
         (Code::ResourceExhausted, _) => StatusCode::TOO_MANY_REQUESTS,
         (Code::InvalidArgument | Code::OutOfRange, _) => StatusCode::BAD_REQUEST,

@@ -276,6 +276,13 @@ pub const FAMILIES: &[Family] = &[
     ),
     // engine: the rest
     family(
+        "boxoffice_access_code_uses",
+        Gauge,
+        COUNT,
+        "Places held or sold under an event's presale access codes now (each code's own count: GetEvent).",
+        Series::PerEvent,
+    ),
+    family(
         "boxoffice_engine_shed_total",
         Counter,
         COUNT,

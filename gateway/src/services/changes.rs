@@ -321,6 +321,7 @@ fn event_proto(
                 held: 0,
                 sold: 0,
                 price_cents: s.price_cents,
+                access_code_required: false,
             })
             .collect(),
         hold_ttl_seconds: u32::try_from(sale.hold_ttl_ms / 1000).unwrap_or(u32::MAX),

@@ -73,7 +73,7 @@ impl pb::event_service_server::EventService for EventSvc {
             .await
             .map_err(ApiError::from)?;
         crate::metrics::register_event(e.event_id.as_str());
-        ok(api.event_proto(e))
+        ok(api.event_proto(e, true))
     }
 
     async fn update_sale(&self, req: Request<pb::UpdateSaleRequest>) -> Rpc<pb::Event> {
@@ -84,7 +84,7 @@ impl pb::event_service_server::EventService for EventSvc {
             .update_sale(&id, update, &key)
             .await
             .map_err(ApiError::from)?;
-        ok(api.event_proto(e))
+        ok(api.event_proto(e, true))
     }
 
     async fn get_revocation_list(
@@ -119,9 +119,10 @@ impl pb::event_service_server::EventService for EventSvc {
 
     async fn get_event(&self, req: Request<pb::GetEventRequest>) -> Rpc<pb::Event> {
         let api = ready(self.0.of(&req))?;
+        let admin = crate::gate::is_admin(&req);
         let id = event_id("event_id", req.into_inner().event_id)?;
         let e = api.engine.event(&id).map_err(ApiError::from)?;
-        ok(api.event_proto(e))
+        ok(api.event_proto(e, admin))
     }
 
     async fn list_events(
@@ -129,6 +130,7 @@ impl pb::event_service_server::EventService for EventSvc {
         req: Request<pb::ListEventsRequest>,
     ) -> Rpc<pb::ListEventsResponse> {
         let api = ready(self.0.of(&req))?;
+        let admin = crate::gate::is_admin(&req);
         let req = req.into_inner();
         let size = crate::lists::events_page_size(&req);
         // The page token is the last event id of the previous page.
@@ -146,7 +148,7 @@ impl pb::event_service_server::EventService for EventSvc {
         let events: Vec<pb::Event> = page
             .into_iter()
             .take(size)
-            .map(|e| api.event_proto(e))
+            .map(|e| api.event_proto(e, admin))
             .collect();
         let next_page_token = crate::lists::next_events_token(&events, more);
         ok(pb::ListEventsResponse {
@@ -202,9 +204,8 @@ impl tonic::server::UnaryService<pb::GetSeatMapRequest> for SeatMapMethod {
 type BoxFuture<T, E> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, E>> + Send>>;
 
 /// `EventService` as mounted (gzip accepted and offered, as on every service): the generated
-/// service, except `GetSeatMap`, which answers with
-/// [`SeatMapReply`] (the same bytes on the wire as `SeatMap`, written from shared pre-encoded
-/// sections instead of a message built per reader).
+/// service, except `GetSeatMap`, which answers with [`SeatMapReply`] (the same bytes on the
+/// wire as `SeatMap`, written from shared pre-encoded sections, not a message per reader).
 #[derive(Clone)]
 pub struct EventRoutes {
     inner: pb::event_service_server::EventServiceServer<EventSvc>,
@@ -414,8 +415,11 @@ impl pb::booking_service_server::BookingService for BookingSvc {
         let caller =
             Caller::check(UserId(req.user_id), req.idempotency_key).map_err(ApiError::from)?;
         let selection = convert::selection(req.selection).map_err(ApiError::from)?;
-        let event = api.engine.event_terms(&id).map_err(ApiError::from)?;
-        let item = Ok((caller.hold(id, selection), req.admission_token));
+        let hold = caller.hold(id, selection).with_access_code(req.access_code);
+        let hold = hold.map_err(ApiError::from)?;
+        let event = api.engine.event_terms(&hold.request().event_id);
+        let item = Ok((hold, req.admission_token));
+        let event = event.map_err(ApiError::from)?;
         // A batch of one: the same path as `HoldBatch`'s items.
         let mut answers = api.hold_admitted(&event, vec![item]).await;
         ok(convert::hold(
@@ -794,73 +798,7 @@ fn status_of(api: &Api, standing: Standing, q: Claims) -> pb::QueueStatus {
     }
 }
 
-/// `ClusterService` (admin scope): a cluster node's members (`None`: a single node, which
-/// answers `NOT_A_CLUSTER`).
-#[derive(Clone, Default)]
-pub struct ClusterSvc(pub Option<Arc<crate::node::members::Members>>);
-
-impl ClusterSvc {
-    fn members(&self) -> Result<&crate::node::members::Members, Status> {
-        self.0.as_deref().ok_or_else(|| {
-            Status::from(ApiError::Cluster(
-                crate::status::ClusterRefusal::NotACluster,
-            ))
-        })
-    }
-}
-
-#[tonic::async_trait]
-impl pb::cluster_service_server::ClusterService for ClusterSvc {
-    async fn get_cluster_status(
-        &self,
-        _req: Request<pb::GetClusterStatusRequest>,
-    ) -> Result<Response<pb::ClusterStatus>, Status> {
-        Ok(Response::new(self.members()?.status()))
-    }
-
-    async fn add_node(
-        &self,
-        req: Request<pb::AddNodeRequest>,
-    ) -> Result<Response<pb::ClusterStatus>, Status> {
-        let r = req.into_inner();
-        let status = self.members()?.add(r.node_id, r.address.trim()).await?;
-        Ok(Response::new(status))
-    }
-
-    async fn remove_node(
-        &self,
-        req: Request<pb::RemoveNodeRequest>,
-    ) -> Result<Response<pb::ClusterStatus>, Status> {
-        let status = self.members()?.remove(req.into_inner().node_id).await?;
-        Ok(Response::new(status))
-    }
-
-    async fn replace_node(
-        &self,
-        req: Request<pb::ReplaceNodeRequest>,
-    ) -> Result<Response<pb::ClusterStatus>, Status> {
-        let r = req.into_inner();
-        let status = self
-            .members()?
-            .replace(r.old_node_id, r.new_node_id, r.address.trim())
-            .await?;
-        Ok(Response::new(status))
-    }
-
-    async fn rotate_ticket_key(
-        &self,
-        _req: Request<pb::RotateTicketKeyRequest>,
-    ) -> Result<Response<pb::ClusterStatus>, Status> {
-        Ok(Response::new(self.members()?.rotate_ticket_key().await?))
-    }
-
-    async fn rebalance(
-        &self,
-        _req: Request<pb::RebalanceRequest>,
-    ) -> Result<Response<pb::ClusterStatus>, Status> {
-        Ok(Response::new(self.members()?.rebalance().await?))
-    }
-}
+pub use super::cluster::ClusterSvc;
 
 /// `ChangeService`: the change stream of every group this server has (see
 /// [`super::changes`]); the gate's drain ends following readers.

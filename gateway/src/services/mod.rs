@@ -3,6 +3,7 @@
 //! before the engine is called. The tonic services themselves are in [`grpc`].
 
 pub mod changes;
+mod cluster;
 pub mod grpc;
 
 use boxoffice_engine::hash::DashMap;
@@ -205,7 +206,8 @@ impl Api {
         self.pruner.abort();
     }
 
-    fn event_proto(&self, e: EventView) -> pb::Event {
+    /// The event as `Event` shows it; each access code's uses only to an admin key (`admin`).
+    fn event_proto(&self, e: EventView, admin: bool) -> pb::Event {
         let now = self.clock.now_ms();
         let opened = now >= e.spec.sale_opens_at_ms;
         let seed = self.signer.shuffle_seed(e.event_id.as_str());
@@ -218,7 +220,7 @@ impl Api {
             Some(r) => r.is_open(),
             None => opened,
         };
-        pb::Event {
+        let mut out = pb::Event {
             event_id: e.event_id.0.clone(),
             name: e.spec.name.clone(),
             sections: e
@@ -233,6 +235,7 @@ impl Api {
                     held: s.held,
                     sold: s.sold,
                     price_cents: s.spec.price_cents,
+                    access_code_required: false,
                 })
                 .collect(),
             hold_ttl_seconds: u32::try_from(e.sale.hold_ttl_ms / 1000).unwrap_or(u32::MAX),
@@ -264,7 +267,10 @@ impl Api {
                 .unwrap_or(u32::MAX),
             cancellation_deadline_unix_ms: convert::ms(e.spec.cancellation_deadline_ms),
             transfers_disabled: e.spec.transfers_disabled,
-        }
+            ..pb::Event::default()
+        };
+        crate::presale::fill(&mut out, &e, admin, now);
+        out
     }
 
     /// Checks the admission token of a hold or a waitlist join: bound to the event and user,
@@ -388,10 +394,10 @@ pub(crate) fn batch_item(
 ) -> Result<(CheckedHold, String), ApiError> {
     let caller = Caller::check(UserId(item.user_id), item.idempotency_key)?;
     let selection = convert::selection(item.selection.map(convert::batch_selection))?;
-    Ok((
-        caller.hold(event_id.clone(), selection),
-        item.admission_token,
-    ))
+    let hold = caller
+        .hold(event_id.clone(), selection)
+        .with_access_code(item.access_code)?;
+    Ok((hold, item.admission_token))
 }
 
 fn join_number(q: &Claims) -> Result<u32, ApiError> {

@@ -136,7 +136,8 @@ fn replay(
                 }
             };
             let effect = match &record {
-                SectionRecord::HoldPlaced { hold_id, .. } => {
+                SectionRecord::HoldPlaced { hold_id, .. }
+                | SectionRecord::HoldPlacedWithCode { hold_id, .. } => {
                     Some(Effect::Placed(hold_id.to_string()))
                 }
                 SectionRecord::HoldConfirmed { hold_id, .. } => {

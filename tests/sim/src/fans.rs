@@ -321,6 +321,7 @@ async fn fan(w: Workload, me: Fan) {
                             quantity,
                         },
                     )),
+                    access_code: String::new(),
                 };
                 let got = within(
                     &w,
@@ -366,6 +367,7 @@ async fn fan(w: Workload, me: Fan) {
                     selection: Some(pb::hold_request::Selection::Seats(pb::SeatSelection {
                         seat_ids: vec![seat],
                     })),
+                    access_code: String::new(),
                 };
                 let got = within(
                     &w,
@@ -409,6 +411,7 @@ async fn fan(w: Workload, me: Fan) {
                                     quantity: *quantity,
                                 },
                             )),
+                            access_code: String::new(),
                         })
                         .collect(),
                 };

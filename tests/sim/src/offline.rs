@@ -179,6 +179,7 @@ async fn check_copy(
             user_id: UserId::from(user.as_str()),
             idempotency_key: key.clone(),
             selection: selection.clone(),
+            access_code: String::new(),
         };
         // Known, or not readable (then counted as made: the refusals' check stays generous).
         if !matches!(engine.replayed_hold(&asked).await, Ok(None)) {

@@ -246,6 +246,7 @@ pub(crate) fn item(r: pb::HoldRequest) -> pb::HoldBatchItem {
                 pb::hold_batch_item::Selection::BestAvailable(b)
             }
         }),
+        access_code: String::new(),
     }
 }
 
@@ -567,6 +568,7 @@ fn engine_req(user: usize, key: bool) -> HoldRequest {
             })),
             quantity: 1,
         },
+        access_code: String::new(),
     }
 }
 

@@ -32,6 +32,7 @@ fn hold_req(user: usize) -> HoldRequest {
             })),
             quantity: 1 + (user % 2) as u32,
         },
+        access_code: String::new(),
     }
 }
 

@@ -165,6 +165,7 @@ async fn paid_after_expiry_is_rescued_or_refunded_never_lost() {
         user_id: UserId::from(user),
         idempotency_key: String::new(),
         selection: Selection::Seats(ids.iter().map(|s| SeatId::from(*s)).collect()),
+        access_code: String::new(),
     };
     // 1. The hold expires while the charge is in flight; the seats are still free: rescued.
     let h = engine

@@ -48,6 +48,7 @@ async fn sixty_four_tasks_on_one_general_admission_section() {
                             section: Some(SectionId::from("floor")),
                             quantity: 1,
                         },
+                        access_code: String::new(),
                     })
                     .await;
                 match r {
@@ -106,6 +107,7 @@ async fn everyone_wants_the_same_ten_seats() {
                         user_id: UserId::from(format!("fan{t}-{k}")),
                         idempotency_key: String::new(),
                         selection: Selection::Seats(seats),
+                        access_code: String::new(),
                     })
                     .await
                 {
@@ -160,6 +162,7 @@ async fn per_user_limit_holds_across_sections_under_concurrency() {
                         section: Some(SectionId::from(format!("s{}", i % 8))),
                         quantity: 1,
                     },
+                    access_code: String::new(),
                 })
                 .await
         }));
@@ -211,6 +214,7 @@ async fn per_user_limit_holds_across_sections_under_concurrency() {
             section: None,
             quantity: 1,
         },
+        access_code: String::new(),
     };
     engine.hold(first("x")).await.unwrap();
     assert_eq!(
@@ -257,6 +261,7 @@ async fn idempotency_key_has_one_effect() {
             section: None,
             quantity: q,
         },
+        access_code: String::new(),
     };
     // 50 concurrent double-taps with one key: one hold, every success identical.
     let mut tasks = Vec::new();
@@ -345,6 +350,7 @@ async fn bad_input_is_refused_with_the_field_and_changes_nothing() {
         user_id: UserId::from(user),
         idempotency_key: key.into(),
         selection,
+        access_code: String::new(),
     };
     let field = |r: Result<HoldView, EngineError>| match r {
         Err(EngineError::Rejected(rej)) => rej
@@ -529,6 +535,7 @@ async fn a_caller_reads_its_own_change_in_the_published_counts() {
             section: Some(SectionId::from(section)),
             quantity: 1,
         },
+        access_code: String::new(),
     };
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut others = Vec::new();

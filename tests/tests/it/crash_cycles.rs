@@ -176,6 +176,7 @@ impl HoldAsk {
             admission_token: admission.into(),
             idempotency_key: self.key.clone(),
             selection: Some(selection),
+            access_code: String::new(),
         }
     }
 }

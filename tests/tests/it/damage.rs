@@ -31,6 +31,7 @@ fn best(section: &str, q: u32, user: &str) -> HoldRequest {
             section: Some(SectionId::from(section)),
             quantity: q,
         },
+        access_code: String::new(),
     }
 }
 

@@ -55,6 +55,9 @@ pub(crate) fn event(id: &str, sections: Vec<pb::SectionSpec>) -> pb::CreateEvent
         join_pow_difficulty_bits: 0,
         cancellation_deadline_unix_ms: 0,
         transfers_disabled: false,
+        presale_section_ids: Vec::new(),
+        presale_ends_at_unix_ms: 0,
+        access_codes: Vec::new(),
     }
 }
 
@@ -186,6 +189,7 @@ pub(crate) fn best(
                 quantity: q,
             },
         )),
+        access_code: String::new(),
     }
 }
 
@@ -198,6 +202,7 @@ pub(crate) fn seats(event: &str, user: &str, token: &str, ids: &[&str]) -> pb::H
         selection: Some(pb::hold_request::Selection::Seats(pb::SeatSelection {
             seat_ids: ids.iter().map(|s| (*s).to_owned()).collect(),
         })),
+        access_code: String::new(),
     }
 }
 

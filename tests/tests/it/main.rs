@@ -31,6 +31,7 @@ mod monitoring;
 mod orders;
 mod owners;
 mod pow;
+mod presale;
 mod recovery;
 mod refunds;
 mod sale;

@@ -547,6 +547,7 @@ fn hold_request(user: usize, key: Option<u8>, selection: Selection) -> HoldReque
         user_id: UserId::from(user_name(user)),
         idempotency_key: key_name(key),
         selection,
+        access_code: String::new(),
     }
 }
 

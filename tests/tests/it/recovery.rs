@@ -22,6 +22,7 @@ fn best(event: &str, section: &str, q: u32, user: &str, key: &str) -> HoldReques
             section: Some(SectionId::from(section)),
             quantity: q,
         },
+        access_code: String::new(),
     }
 }
 
@@ -108,6 +109,7 @@ async fn build_state(engine: &Engine, clock: &ManualClock) -> Vec<HoldView> {
             user_id: UserId::from("eve"),
             idempotency_key: "k5".into(),
             selection: Selection::Seats(vec![SeatId::from("orch:D:1"), SeatId::from("orch:D:2")]),
+            access_code: String::new(),
         })
         .await
         .unwrap();
@@ -405,6 +407,7 @@ async fn backstop_refuses_a_second_sale_and_the_engine_stops() {
             user_id: UserId::from("ann"),
             idempotency_key: String::new(),
             selection: Selection::Seats(vec![SeatId::from("orch:A:1")]),
+            access_code: String::new(),
         })
         .await
         .unwrap();

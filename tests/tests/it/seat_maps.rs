@@ -88,6 +88,7 @@ async fn readers_share_a_map_that_shows_a_hold_once_the_staleness_window_is_over
             selection: Some(pb::hold_request::Selection::Seats(pb::SeatSelection {
                 seat_ids: vec!["orch:A:1".into()],
             })),
+            access_code: String::new(),
         })
         .await
         .unwrap();

@@ -877,6 +877,7 @@ impl<T: Tally + 'static> Fan<T> {
                         quantity: 1,
                     },
                 )),
+                access_code: String::new(),
             };
             let used = owned + held.len() as u32;
             // The attempts, so the node that answered an error is known: the first one, then

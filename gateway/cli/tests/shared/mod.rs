@@ -40,6 +40,7 @@ pub async fn build_on(engine: &Engine, holds: usize, capacity: u32) {
             join_pow_difficulty_bits: 0,
             cancellation_deadline_ms: 0,
             transfers_disabled: false,
+            presale: Default::default(),
         })
         .await
         .unwrap();
@@ -53,6 +54,7 @@ pub async fn build_on(engine: &Engine, holds: usize, capacity: u32) {
                     section: Some(SectionId::from("floor")),
                     quantity: 2,
                 },
+                access_code: String::new(),
             })
             .await
             .unwrap();

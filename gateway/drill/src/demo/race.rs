@@ -278,6 +278,9 @@ fn race_event(race: &Race, event_id: &str, run: u64) -> pb::CreateEventRequest {
         join_pow_difficulty_bits: 0,
         cancellation_deadline_unix_ms: 0,
         transfers_disabled: false,
+        presale_section_ids: Vec::new(),
+        presale_ends_at_unix_ms: 0,
+        access_codes: Vec::new(),
     }
 }
 
@@ -368,6 +371,7 @@ async fn one_fan(
                     quantity: 1,
                 },
             )),
+            access_code: String::new(),
         })
         .await?
         .into_inner();

@@ -229,6 +229,7 @@ pub(crate) async fn hoard(crowd: Arc<Crowd>, k: usize, stop: Arc<AtomicBool>) ->
                     quantity: crowd.args.per_user_limit,
                 },
             )),
+            access_code: String::new(),
         };
         let held = bot
             .patient(
@@ -792,6 +793,7 @@ impl<'a> Fan<'a> {
                     p => format!("{key}-{attempt}-p{p}"),
                 },
                 selection: Some(selection.clone().unwrap_or(anywhere.clone())),
+                access_code: String::new(),
             };
             let r = self
                 .patient(

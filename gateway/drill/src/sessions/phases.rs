@@ -84,6 +84,7 @@ impl Sessions {
                         quantity: s.quantity,
                     },
                 )),
+                access_code: String::new(),
             });
             let holds = holds.clone();
             async move {
