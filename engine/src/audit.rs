@@ -2,6 +2,7 @@
 //! gather the books (section cores, backstop claims, charges) and hand them to the pure checks of
 //! [`reconcile`](crate::reconcile).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::catalog::Catalog;
@@ -129,17 +130,39 @@ impl Audit {
 
     /// Every section whose state breaks an invariant (counts, seats, holds, orders), one line
     /// each: `{event}/{section}: what is wrong`. Empty when all is well.
+    /// Also every presale access code whose places held or sold (by the sections' holds) are
+    /// over its cap: `{event}: access code {code_id}: ...`.
     pub async fn invariant_violations(&self) -> Result<Vec<String>, EngineError> {
-        Ok(self
-            .section_cores()
-            .await?
+        let cores = self.section_cores().await?;
+        let mut uses: BTreeMap<(EventId, u32), u32> = BTreeMap::new();
+        for (_, core) in &cores {
+            for (code, places) in core.code_uses() {
+                *uses.entry((core.event_id().clone(), code)).or_default() += places;
+            }
+        }
+        let mut found: Vec<String> = cores
             .into_iter()
             .filter_map(|(name, core)| {
                 core.check_invariants()
                     .err()
                     .map(|d| format!("{name}: {d}"))
             })
-            .collect())
+            .collect();
+        for ((event, code), n) in uses {
+            let spec = self.catalog.entry(&event)?.spec.presale.clone();
+            match spec.codes.get(code as usize) {
+                Some(c) if n <= c.max_uses => {}
+                Some(c) => found.push(format!(
+                    "{event}: access code {}: {n} places held or sold, over its cap of {}",
+                    c.code_id(),
+                    c.max_uses
+                )),
+                None => found.push(format!(
+                    "{event}: holds under an unknown access code {code}"
+                )),
+            }
+        }
+        Ok(found)
     }
 
     /// Every order of every section (for reconciliation and tools).

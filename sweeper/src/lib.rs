@@ -273,8 +273,11 @@ impl SweeperState {
             // Never past the per-user limit: this fan cannot take an offer now (they may
             // after releasing something); skip them, they keep their place.
             Err(EngineError::Rejected(Rejection::UserLimit { .. })) => true,
-            // The section sells to code holders only (a presale): no offer until it ends.
-            Err(EngineError::Rejected(Rejection::AccessCodeRequired)) => true,
+            // The section sells to code holders only (a presale): no offer until it ends. Or
+            // the sale is over: places given back after it stay free.
+            Err(EngineError::Rejected(Rejection::AccessCodeRequired | Rejection::SaleEnded)) => {
+                true
+            }
             Err(e) => {
                 tracing::warn!(error = %e, %event, "waitlist offer failed; will retry later");
                 false

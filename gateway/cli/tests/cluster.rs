@@ -1168,3 +1168,98 @@ async fn tickets_given_back_and_moved_survive_the_leaders_death() {
         n.terminate();
     }
 }
+
+/// Presale access codes (issue 29) on a cluster: holds made under a code through a follower
+/// survive the leader's `kill -9` with their uses. Every live node then shows (to an admin key)
+/// the code's uses as acknowledged, and the cap still holds: a hold past it is
+/// `ACCESS_CODE_EXHAUSTED`, one within it is placed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn presale_code_uses_survive_the_leaders_death_and_the_cap_still_holds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let lay = layout(tmp.path());
+    let mut nodes = lay.start_ready(3);
+    let l = leader(&nodes).await;
+    let f = (l + 1) % 3;
+    let admin = Bearer::new(ADMIN).unwrap();
+    let clients = common::clients_of(&lay.addrs);
+    Clients::new(&channel(&lay.addrs[f]), &admin)
+        .events
+        .create_event(pb::CreateEventRequest {
+            presale_section_ids: vec!["ga".into()],
+            access_codes: vec![pb::AccessCode {
+                code: "CLUSTER-CLUB-1".into(),
+                max_uses: 4,
+                ..Default::default()
+            }],
+            ..ga_event("pre", 10)
+        })
+        .await
+        .unwrap();
+    let hold = |user: &str, token: &str, quantity: u32, code: &str| pb::HoldRequest {
+        event_id: "pre".into(),
+        user_id: user.into(),
+        admission_token: token.into(),
+        idempotency_key: String::new(),
+        selection: Some(pb::hold_request::Selection::BestAvailable(
+            pb::BestAvailable {
+                section_id: "ga".into(),
+                quantity,
+            },
+        )),
+        access_code: code.into(),
+    };
+    let mut c = clients[f].clone();
+    let ann = common::admitted(&mut c, "pre", "ann").await;
+    let held = c
+        .booking
+        .hold(hold("ann", &ann, 3, "CLUSTER-CLUB-1"))
+        .await
+        .unwrap()
+        .into_inner();
+    let refused = c.booking.hold(hold("ann", &ann, 1, "")).await.unwrap_err();
+    assert_eq!(
+        boxoffice_client::reason(&refused).as_deref(),
+        Some("ACCESS_CODE_REQUIRED")
+    );
+
+    nodes[l].kill9();
+    let retried = AtomicU64::new(0);
+    let live: Vec<usize> = (0..3).filter(|i| *i != l).collect();
+    for &i in &live {
+        let on = [Clients::new(&channel(&lay.addrs[i]), &admin)];
+        let event = retrying(&on, 0, &retried, |mut c| {
+            let req = pb::GetEventRequest {
+                event_id: "pre".into(),
+            };
+            async move { c.events.get_event(req).await }
+        })
+        .await
+        .unwrap();
+        let uses: Vec<u32> = event.access_codes.iter().map(|c| c.uses).collect();
+        assert_eq!(uses, [3], "node {}: the acknowledged hold's uses", i + 1);
+        assert_eq!(event.sections[0].held, 3, "node {}", i + 1);
+    }
+    // One use is left: two places are refused whole, one is placed, on the new leader.
+    let on = [clients[live[0]].clone()];
+    let bob = common::admitted(&mut on[0].clone(), "pre", "bob").await;
+    let over = retrying(&on, 0, &retried, |mut c| {
+        let req = hold("bob", &bob, 2, "CLUSTER-CLUB-1");
+        async move { c.booking.hold(req).await }
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(
+        boxoffice_client::reason(&over).as_deref(),
+        Some("ACCESS_CODE_EXHAUSTED")
+    );
+    retrying(&on, 0, &retried, |mut c| {
+        let req = hold("bob", &bob, 1, "CLUSTER-CLUB-1");
+        async move { c.booking.hold(req).await }
+    })
+    .await
+    .unwrap();
+    let _ = held;
+    for n in &mut nodes {
+        n.terminate();
+    }
+}

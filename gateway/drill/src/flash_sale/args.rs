@@ -109,6 +109,19 @@ pub struct FlashSaleArgs {
     /// Run the seeds' uncoordinated baseline in-process (read the map, book what looked free).
     #[arg(long)]
     pub naive: bool,
+    /// A presale with this many access codes (0: none): every section sells only to code
+    /// holders for `--presale-seconds` after the opening; each code may take `seats / (2 N)`
+    /// places; every fourth fan has one. The others (and fans whose code is used up) wait for
+    /// the public sale. The report checks every code's uses against its cap.
+    #[arg(long, default_value_t = 0)]
+    pub presale_codes: u32,
+    /// How long the presale lasts after the opening, seconds.
+    #[arg(long, default_value_t = 2.0)]
+    pub presale_seconds: f64,
+    /// After the sale, this many fans give one ticket back (`CancelTickets`) and as many pass
+    /// one to a friend (`TransferTickets`), before the seat-by-seat audit (0: none).
+    #[arg(long, default_value_t = 5)]
+    pub after_sale: usize,
     /// Random seed for the fans' choices.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
@@ -185,6 +198,23 @@ impl FlashSaleArgs {
             {
                 return Err(UsageError::new(
                     "--pause-at is a number of seconds, 0 or more; --pause-for more than 0",
+                ));
+            }
+        }
+        if self.presale_codes > 0 {
+            if self.naive {
+                return Err(UsageError::new(
+                    "--presale-codes needs the engine's sale: it cannot be used with --naive",
+                ));
+            }
+            if self.presale_codes > 10_000 || self.presale_codes > self.seats / 2 {
+                return Err(UsageError::new(
+                    "--presale-codes is at most 10,000 and at most half of --seats",
+                ));
+            }
+            if !(self.presale_seconds.is_finite() && self.presale_seconds > 0.0) {
+                return Err(UsageError::new(
+                    "--presale-seconds is a number of seconds, more than 0",
                 ));
             }
         }

@@ -54,6 +54,8 @@ pub(crate) struct SaleEvent {
     pub all_sections: Vec<String>,
     /// The proof of work its `Join` asks for, in leading zero bits (0: none).
     pub join_pow_bits: u32,
+    /// Its presale (`--presale-codes`), if any.
+    pub presale: Option<super::presale::Presale>,
 }
 
 /// When each fan arrives: the pre-opening share spread over 80% of the time before the
@@ -80,7 +82,7 @@ impl Arrivals {
     }
 
     /// Fan `i`'s arrival.
-    fn at(&self, i: usize) -> Instant {
+    pub(crate) fn at(&self, i: usize) -> Instant {
         if i < self.preopen {
             self.started
                 + self
@@ -111,6 +113,8 @@ pub(crate) struct Crowd {
     pub lat: Mutex<Latencies>,
     /// Every ticket the fans bought.
     pub tickets: Mutex<Vec<Ticket>>,
+    /// The first orders, for the after-sale (`--after-sale`).
+    pub orders: super::presale::Orders,
     /// When the last ticket was bought.
     pub last_sale: Mutex<Option<Instant>>,
 }
@@ -138,6 +142,7 @@ impl Crowd {
             tally,
             lat: Mutex::default(),
             tickets: Mutex::default(),
+            orders: super::presale::Orders::default(),
             last_sale: Mutex::default(),
         }
     }
@@ -257,7 +262,7 @@ pub(crate) async fn hoard(crowd: Arc<Crowd>, k: usize, stop: Arc<AtomicBool>) ->
             Err(s)
                 if matches!(
                     reason(&s).as_str(),
-                    "SOLD_OUT" | "USER_LIMIT" | "SALE_PAUSED"
+                    "SOLD_OUT" | "USER_LIMIT" | "SALE_PAUSED" | "ACCESS_CODE_REQUIRED"
                 ) =>
             {
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -793,7 +798,8 @@ impl<'a> Fan<'a> {
                     p => format!("{key}-{attempt}-p{p}"),
                 },
                 selection: Some(selection.clone().unwrap_or(anywhere.clone())),
-                access_code: String::new(),
+                access_code: (self.crowd.event.presale.as_ref())
+                    .map_or_else(String::new, |p| p.code_of(self.i)),
             };
             let r = self
                 .patient(
@@ -825,6 +831,22 @@ impl<'a> Fan<'a> {
                     attempt -= 1;
                     tokio::time::sleep(PAUSED_RETRY + self.jitter()).await;
                 }
+                Err(s)
+                    if matches!(
+                        reason(&s).as_str(),
+                        "ACCESS_CODE_REQUIRED" | "ACCESS_CODE_EXHAUSTED"
+                    ) && self.crowd.event.presale.is_some() =>
+                {
+                    // The presale: no code, or the code used up. Wait for the public sale and
+                    // try again (another key: the refusal may be kept under this one).
+                    tally.presale_waits.fetch_add(1, Ordering::Relaxed);
+                    paused += 1;
+                    attempt -= 1;
+                    let extra = self.jitter();
+                    if let Some(p) = &self.crowd.event.presale {
+                        p.wait_for_end(extra).await;
+                    }
+                }
                 Err(s) if reason(&s) == "SEAT_UNAVAILABLE" && attempt < 3 => {
                     // The map was stale: someone was faster. Best available will do.
                     tally.stale_seat_map.fetch_add(1, Ordering::Relaxed);
@@ -854,6 +876,9 @@ impl<'a> Fan<'a> {
     /// The tickets of an order the fan was told about (noted as acknowledged when the run
     /// reads them back).
     fn paid(&self, order: pb::Order) -> Vec<Ticket> {
+        self.crowd
+            .orders
+            .keep(&order, 2 * self.crowd.args.after_sale);
         if self.crowd.record_acks
             && let Ok(mut a) = self.tally.acked.lock()
         {

@@ -52,6 +52,7 @@ mod fans;
 pub(crate) mod naive;
 mod pause;
 mod plot;
+mod presale;
 mod progress;
 mod report;
 mod tally;
@@ -62,6 +63,7 @@ pub use report::{ClusterFigures, Report};
 
 use failover::{Kill, Killer, Replacer};
 use fans::{Arrivals, Crowd, SaleEvent};
+use presale::Presale;
 use progress::Progress;
 use tally::Tally;
 
@@ -221,7 +223,7 @@ async fn sale(args: FlashSaleArgs, mut servers: Servers) -> anyhow::Result<Repor
         .collect();
     // The opening comes once the pre-opening fans joined.
     let opens_in = Duration::from_millis(if args.preopen() > 0 { 1_500 } else { 0 });
-    let event = create_event(&mut admins[0].clone(), &args, opens_in).await?;
+    let mut event = create_event(&mut admins[0].clone(), &args, opens_in).await?;
     let event_id = event.event_id.clone();
     if args.hold_cooldown_seconds > 0 {
         admins[0]
@@ -261,6 +263,14 @@ async fn sale(args: FlashSaleArgs, mut servers: Servers) -> anyhow::Result<Repor
         )
     });
     let arrivals = Arrivals::new(&args, started, opens_in);
+    if let Some(p) = &mut event.presale {
+        // The fans who come before the public sale are the fan club.
+        p.ends_at = started + opens_in + Duration::from_secs_f64(args.presale_seconds);
+        p.fan_club = (0..args.fans)
+            .take_while(|&i| arrivals.at(i) < p.ends_at)
+            .count();
+    }
+    let channels: Vec<_> = nodes.iter().map(|c| c[0].clone()).collect();
     let args = Arc::new(args);
     let crowd = Arc::new(Crowd::new(
         args.clone(),
@@ -293,6 +303,22 @@ async fn sale(args: FlashSaleArgs, mut servers: Servers) -> anyhow::Result<Repor
         Some(p) => Some(p.finish().await?),
         None => None,
     };
+    let mut tickets = std::mem::take(
+        &mut *crowd
+            .tickets
+            .lock()
+            .map_err(|_| anyhow::anyhow!("poisoned"))?,
+    );
+    let after_sale = if args.after_sale > 0 {
+        // The sale is over: its end is recorded, so places given back stay free (no new
+        // hold, no waitlist offer) for the seat-by-seat audit below.
+        end_sale(&admins, &event_id).await?;
+        let orders = (&crowd.orders, &crowd.tally.acked);
+        let n = args.after_sale;
+        Some(presale::after_sale(&channels, &bearer, orders, n, &mut tickets).await)
+    } else {
+        None
+    };
     let view = await_expiry(&admins, &event_id, args.hold_ttl_ms()).await?;
     let samples = progress.stop();
     let mut report = Report {
@@ -303,13 +329,12 @@ async fn sale(args: FlashSaleArgs, mut servers: Servers) -> anyhow::Result<Repor
         nodes: u32::try_from(targets.len()).unwrap_or(u32::MAX),
         ..Report::default()
     };
-    let tickets = std::mem::take(
-        &mut *crowd
-            .tickets
-            .lock()
-            .map_err(|_| anyhow::anyhow!("poisoned"))?,
-    );
     report.count_tickets(&tickets, &view);
+    report.after_sale = after_sale;
+    report.presale = crowd.event.presale.as_ref().map(|p| {
+        let waits = crowd.tally.presale_waits.load(Ordering::Relaxed);
+        presale::PresaleFigures::audit(p, &view, waits)
+    });
     report.changes_followed = Some(watcher.finish(report.held, report.sold).await?);
     check_servers(&mut servers, &crowd, kill, first_term, &bearer, &mut report).await?;
     if let (Some(c), Some(r)) = (&mut report.cluster, replaced) {
@@ -464,14 +489,24 @@ async fn create_event(
             .duration_since(std::time::UNIX_EPOCH)?
             .as_millis(),
     )?;
+    let opening_ms = i64::try_from(now_ms + u64::try_from(opens_in.as_millis())?)?;
+    let mut req = create_request(
+        &spec,
+        u32::try_from(args.hold_ttl_ms() / 1000).unwrap_or(600),
+        args.admit_rate_per_second,
+        120,
+        opening_ms,
+    );
+    let presale = Presale::plan(args, Instant::now() + opens_in, opening_ms);
+    if let Some(p) = &presale {
+        p.apply(&mut req);
+    }
+    if args.after_sale > 0 {
+        // Tickets may be given back for an hour (the after-sale gives some back).
+        req.cancellation_deadline_unix_ms = opening_ms + 3_600_000;
+    }
     let event = admin
-        .create_event(create_request(
-            &spec,
-            u32::try_from(args.hold_ttl_ms() / 1000).unwrap_or(600),
-            args.admit_rate_per_second,
-            120,
-            i64::try_from(now_ms + u64::try_from(opens_in.as_millis())?)?,
-        ))
+        .create_event(req)
         .await
         .context("creating the sale's event (is --admin-key an admin key?)")?
         .into_inner();
@@ -491,7 +526,25 @@ async fn create_event(
         reserved,
         all_sections,
         join_pow_bits: event.join_pow_difficulty_bits,
+        presale,
     })
+}
+
+/// Ends the sale (`UpdateSale` `SALE_STATE_ENDED`), on any node that answers.
+async fn end_sale(admins: &[Events], event_id: &str) -> anyhow::Result<()> {
+    let at = AtomicUsize::new(0);
+    failover::on_any_node(admins, &at, |mut c: Events| async move {
+        c.update_sale(pb::UpdateSaleRequest {
+            event_id: event_id.into(),
+            state: pb::SaleState::Ended as i32,
+            idempotency_key: "flash-sale-end".into(),
+            ..Default::default()
+        })
+        .await
+    })
+    .await
+    .context("ending the sale before the after-sale")?;
+    Ok(())
 }
 
 /// Waits for the sweeper to bring back the walked-away holds (they expire after their TTL;
@@ -573,6 +626,9 @@ mod tests {
             pause_for: 2.0,
             hoarders: 0,
             hold_cooldown_seconds: 0,
+            presale_codes: 0,
+            presale_seconds: 2.0,
+            after_sale: 3,
             naive: false,
             seed: 7,
             json: None,
@@ -619,6 +675,18 @@ mod tests {
         assert!(changes.holds >= report.holds && changes.orders >= report.confirms);
         assert!(changes.expired > 0 && changes.while_following > 0);
         assert!(report.table().contains("adds up to the seats"));
+        // After the sale three fans gave a ticket back and three passed one on: the audit
+        // above counted the places given back as free, the moved ones as sold.
+        let after = report.after_sale.clone().unwrap();
+        assert_eq!(
+            (after.cancelled, after.transferred, after.failed),
+            (3, 3, 0)
+        );
+        assert_eq!(
+            (changes.cancelled_places, changes.transferred_places),
+            (3, 3)
+        );
+        assert!(report.available >= 3, "{}", report.table());
         assert!(
             report.waitlist_joined > 0,
             "turned-away fans joined the waitlist"
@@ -633,6 +701,25 @@ mod tests {
             json.contains("\"oversold\":0") && json.contains("\"clean\":true"),
             "{json}"
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_presale_sells_to_code_holders_first_and_no_code_goes_over_its_cap() {
+        let mut args = small(2_000, 200);
+        // 50 codes of 2 places each, for 500 fan-club fans: the caps bind.
+        (args.presale_codes, args.presale_seconds) = (50, 1.5);
+        let report = run(args).await.unwrap();
+        assert!(report.clean(), "{}", report.table());
+        let p = report.presale.clone().unwrap();
+        assert_eq!((p.codes, p.cap_per_code, p.codes_over_cap), (50, 2, 0));
+        assert!(
+            p.places_under_codes > 0 && p.places_under_codes <= 100 && p.codes_used_up > 0,
+            "fan-club fans bought first, up to the codes' caps and never past them: {}",
+            report.table()
+        );
+        assert!(p.waited_for_public_sale > 0, "the public waited");
+        assert!(report.table().contains("presale: codes"));
+        assert!(report.json().contains("\"codes_over_cap\":0"));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -748,6 +835,15 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn bad_flags_are_refused() {
         assert!(run(small(0, 200)).await.is_err());
+        let mut a = small(10, 200);
+        (a.presale_codes, a.naive) = (2, true);
+        assert!(run(a).await.is_err(), "a presale needs the engine");
+        let mut a = small(10, 200);
+        a.presale_codes = 101;
+        assert!(run(a).await.is_err(), "more codes than half the seats");
+        let mut a = small(10, 200);
+        (a.presale_codes, a.presale_seconds) = (2, 0.0);
+        assert!(run(a).await.is_err());
         let mut a = small(10, 200);
         a.pay_share = 1.5;
         assert!(run(a).await.is_err());

@@ -114,6 +114,10 @@ pub struct Report {
     /// With `--hoarders`: the places they held when the last fan was done: kept from paying
     /// fans (they expire after the sale, unsold).
     pub hoarded_at_end: Option<u64>,
+    /// With `--presale-codes`: the presale, and each code's uses against its cap.
+    pub presale: Option<super::presale::PresaleFigures>,
+    /// With `--after-sale`: the tickets given back and moved after the sale.
+    pub after_sale: Option<super::presale::AfterSale>,
     /// The event's hold cool-down, seconds (`--hold-cooldown-seconds`; 0: none).
     pub hold_cooldown_seconds: u32,
     /// The change stream as the sale's own reader followed it (`WatchChanges`), and whether
@@ -299,7 +303,9 @@ struct ReportJson<'a> {
 impl Report {
     /// Whether the run kept every promise and no call failed unexpectedly.
     pub fn clean(&self) -> bool {
-        self.errors == 0 && self.promises_kept()
+        self.errors == 0
+            && self.after_sale.as_ref().is_none_or(|a| a.failed == 0)
+            && self.promises_kept()
     }
 
     /// Whether the seats add up: none oversold or sold twice, the engine's invariants and the
@@ -318,6 +324,7 @@ impl Report {
             && self.held == 0
             && self.available + self.sold == self.seats
             && self.changes_followed.as_ref().is_none_or(|c| c.adds_up)
+            && self.presale.as_ref().is_none_or(|p| p.codes_over_cap == 0)
     }
 
     fn rows(&self) -> Vec<(&'static str, String)> {
@@ -566,6 +573,31 @@ impl Report {
                 ),
             ));
         }
+        if let Some(p) = &self.presale {
+            rows.push((
+                "presale: codes / cap each / seconds / places under codes",
+                format!(
+                    "{} / {} / {:.1} s / {} ({} codes used up exactly, {} over their cap; {} \
+                     holds waited for the public sale)",
+                    p.codes,
+                    p.cap_per_code,
+                    p.seconds,
+                    p.places_under_codes,
+                    p.codes_used_up,
+                    p.codes_over_cap,
+                    p.waited_for_public_sale
+                ),
+            ));
+        }
+        if let Some(a) = &self.after_sale {
+            rows.push((
+                "after the sale: tickets given back / moved to a friend",
+                format!(
+                    "{} / {} ({} calls failed; after the sale's end: places given back stay free, checked below)",
+                    a.cancelled, a.transferred, a.failed
+                ),
+            ));
+        }
         if let Some(c) = &self.changes_followed {
             rows.push((
                 "change stream: holds / releases / expiries / orders",
@@ -772,7 +804,9 @@ impl Report {
         self.pow_solve_seconds = n(&tally.pow_solve_ns) as f64 / 1e9;
         self.fcfs_after_opening = tally.positions.lock().ok().and_then(|mut p| fcfs(&mut p));
         self.first_error = tally.first_error.lock().ok().and_then(|f| f.clone());
-        if self.available == 0 && self.held == 0 {
+        // Places given back after the sale's end (`--after-sale`) do not undo its sell-out.
+        let given_back = self.after_sale.as_ref().map_or(0, |a| a.cancelled);
+        if u64::from(self.available) == given_back && self.held == 0 {
             self.sold_out_after_seconds =
                 last_sale.map(|t| t.duration_since(started).as_secs_f64());
         }

@@ -78,6 +78,9 @@ pub(crate) struct Tally {
     pub told_sold_out: AtomicU64,
     /// Joins and holds refused with `SALE_PAUSED` (tried again after a wait).
     pub sale_paused: AtomicU64,
+    /// Holds the presale turned away (no code, or the code used up): tried again once the
+    /// public sale began.
+    pub presale_waits: AtomicU64,
     /// Holds the hoarding bots (`--hoarders`) made.
     pub hoarder_holds: AtomicU64,
     /// When the last hold was acknowledged.

@@ -26,6 +26,10 @@ pub struct ChangesFollowed {
     pub orders: u64,
     /// The orders' places (tickets).
     pub order_places: u64,
+    /// Tickets given back after the sale (`tickets_cancelled`): their places are sold no more.
+    pub cancelled_places: u64,
+    /// Tickets moved to another fan (`tickets_transferred`): still sold, in a new order.
+    pub transferred_places: u64,
     /// Read by following while the sale ran (the rest in the read to the end after it).
     pub while_following: u64,
     /// Whether they add up: holds = released + expired + orders + held at the end, and the
@@ -50,6 +54,18 @@ impl Read {
             "order_created" => {
                 n.orders += 1;
                 n.order_places += c.order.as_ref().map_or(0, |o| o.tickets.len() as u64);
+            }
+            "tickets_cancelled" => {
+                n.cancelled_places += c
+                    .tickets_cancelled
+                    .as_ref()
+                    .map_or(0, |t| t.ticket_ids.len() as u64);
+            }
+            "tickets_transferred" => {
+                n.transferred_places += c
+                    .tickets_transferred
+                    .as_ref()
+                    .map_or(0, |t| t.ticket_ids.len() as u64);
             }
             _ => {}
         }
@@ -135,7 +151,8 @@ impl Watcher {
         counts.while_following = while_following;
         counts.adds_up = counts.holds
             == counts.released + counts.expired + counts.orders + u64::from(held)
-            && counts.order_places == u64::from(sold);
+            && counts.order_places - counts.cancelled_places.min(counts.order_places)
+                == u64::from(sold);
         Ok(counts)
     }
 }
