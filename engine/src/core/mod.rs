@@ -1133,6 +1133,90 @@ mod tests {
         .0
     }
 
+    /// Holds placed under access codes: each records its code, the live ones count (held or
+    /// confirmed, not released or expired), and replaying the log or reading a checkpoint
+    /// (or a checkpoint written before codes existed) gives the same counts.
+    #[test]
+    fn holds_under_a_code_count_for_it_through_replay_and_checkpoints() {
+        let mut c = ga(20);
+        let mut log = Vec::new();
+        let place = |c: &mut SectionCore, q: u32, code: Option<u32>, log: &mut Vec<_>| {
+            let (v, r) = c
+                .place_hold(
+                    PlaceHold {
+                        hold_id: HoldId::generate(&EventId::from("e"), &SectionId::from("floor")),
+                        user_id: UserId::from("u"),
+                        pick: Pick::Best(q),
+                        ttl_ms: 1_000,
+                        idem: None,
+                        code,
+                    },
+                    10,
+                )
+                .unwrap();
+            assert_eq!(r.as_placed().map(|p| p.code), Some(code));
+            log.push(r);
+            v
+        };
+        let a = place(&mut c, 2, Some(0), &mut log);
+        let b = place(&mut c, 1, Some(0), &mut log);
+        let d = place(&mut c, 3, Some(1), &mut log);
+        let plain = place(&mut c, 1, None, &mut log);
+        let sorted = |c: &SectionCore| {
+            let mut by_code = std::collections::BTreeMap::new();
+            for (code, n) in c.code_uses() {
+                *by_code.entry(code).or_insert(0) += n;
+            }
+            by_code.into_iter().collect::<Vec<_>>()
+        };
+        assert_eq!(sorted(&c), [(0, 3), (1, 3)]);
+        assert_eq!(
+            (c.code_of(&a.hold_id), c.code_of(&plain.hold_id)),
+            (Some(0), None)
+        );
+        // A release gives its uses back; a confirmed hold keeps them; an expiry gives them back.
+        let (ended, r) = c.release(&b.hold_id, &b.user_id, 20);
+        ended.unwrap();
+        log.push(r.unwrap());
+        let (order, r) = c.confirm(
+            ConfirmHold {
+                hold_id: d.hold_id.clone(),
+                user_id: d.user_id.clone(),
+                order_id: OrderId::generate(&EventId::from("e"), &SectionId::from("floor")),
+                payment_ref: "p".into(),
+                idem: None,
+            },
+            20,
+        );
+        order.unwrap();
+        log.push(r.unwrap());
+        assert_eq!(sorted(&c), [(0, 2), (1, 3)]);
+        let checkpoint = crate::codec::encode(&c.checkpoint());
+        log.extend(c.expire_due(2_000, 100).into_iter().map(|(_, r)| r));
+        assert_eq!(
+            sorted(&c),
+            [(1, 3)],
+            "a's hold expired: only the order counts"
+        );
+        // The log replayed, and the checkpoint read back, count the same.
+        let mut replayed = ga(20);
+        for r in &log {
+            replayed.apply(r).unwrap();
+        }
+        assert_eq!(sorted(&replayed), sorted(&c));
+        let read = SectionCore::from_checkpoint(&checkpoint).unwrap();
+        assert_eq!(sorted(&read), [(0, 2), (1, 3)]);
+        assert_eq!(read.code_of(&a.hold_id), Some(0));
+        // A checkpoint written before codes existed reads with none.
+        let old = crate::codec::encode(&(&c, &c.sale, c.returns()));
+        assert!(
+            SectionCore::from_checkpoint(&old)
+                .unwrap()
+                .code_uses()
+                .is_empty()
+        );
+    }
+
     #[test]
     fn tickets_given_back_free_their_places_and_a_seat_sold_again_is_claimed_anew() {
         let mut c = reserved(&[("A", 4)]);
