@@ -273,6 +273,20 @@ async fn presale_sections_sell_only_to_valid_codes_and_refusals_change_nothing()
         )
         .await;
     assert_eq!(ok.status, 201, "{ok:?}");
+    // A batch: each item judged as its own hold would be.
+    let batch = serde_json::json!({"items": [
+        {"userId": "dan", "admissionToken": dan, "sectionId": "club", "quantity": 1,
+         "accessCode": "FANCLUB-2026"},
+        {"userId": "dan", "admissionToken": dan, "sectionId": "club", "quantity": 1},
+        {"userId": "dan", "admissionToken": dan, "sectionId": "vip", "quantity": 1,
+         "accessCode": "FANCLUB-2026"},
+    ]});
+    let answer = http.post("/v1/events/pre/holds/batch", &[], &batch).await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    let results = answer.json()["results"].as_array().unwrap().clone();
+    assert_eq!(results[0]["hold"]["sectionId"], "club");
+    assert_eq!(results[1]["error"]["reason"], "ACCESS_CODE_REQUIRED");
+    assert_eq!(results[2]["hold"]["sectionId"], "vip");
     let event = http.get("/v1/events/pre", &[]).await.json();
     assert_eq!(event["sections"][0]["accessCodeRequired"], true);
     assert_eq!(
@@ -282,7 +296,7 @@ async fn presale_sections_sell_only_to_valid_codes_and_refusals_change_nothing()
     );
     let admin = server.http(Some(boxoffice_tests::server::ADMIN));
     let event = admin.get("/v1/events/pre", &[]).await.json();
-    assert_eq!(event["accessCodes"][0]["uses"], 3);
+    assert_eq!(event["accessCodes"][0]["uses"], 5);
     assert_eq!(event["accessCodes"][1]["maxUses"], 5);
 
     // Past the code's window it is refused; past the presale the section is public.
@@ -308,7 +322,7 @@ async fn presale_sections_sell_only_to_valid_codes_and_refusals_change_nothing()
     assert_eq!(public.section_id, "club");
     assert_eq!(
         uses(&mut a, "pre").await,
-        [3, 3],
+        [5, 3],
         "a public hold uses no code"
     );
     server.shutdown().await;
