@@ -177,6 +177,10 @@ impl Presale {
         any_section: bool,
         now_ms: u64,
     ) -> Result<(Vec<SectionId>, Option<u32>), Rejection> {
+        if self.sections.is_empty() {
+            // No presale: nothing to judge (the common case costs nothing).
+            return Ok((candidates, None));
+        }
         let needs: Vec<bool> = candidates
             .iter()
             .map(|s| self.requires(s, now_ms))
