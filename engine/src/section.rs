@@ -246,13 +246,14 @@ impl SectionState {
         }
         self.open.records.extend(records);
         self.open.claims.extend(claims);
+        // Only a hold that really ended (by the core, not the view passed: tickets given back
+        // come as a "released" view of a hold that stays confirmed, and keep their uses).
         let core = &self.a.core;
-        self.open.code_returns.extend(
-            ended
-                .iter()
-                .filter(|h| matches!(h.status, HoldStatus::Released | HoldStatus::Expired))
-                .filter_map(|h| Some((core.code_of(&h.hold_id)?, h.quantity))),
-        );
+        self.open.code_returns.extend(ended.iter().filter_map(|h| {
+            let now = core.hold_view(&h.hold_id)?.status;
+            let ended = matches!(now, HoldStatus::Released | HoldStatus::Expired);
+            Some((core.code_of(&h.hold_id).filter(|_| ended)?, h.quantity))
+        }));
         self.open.ended.extend(ended);
         self.open.replies.push(Box::new(reply));
     }

@@ -584,3 +584,63 @@ async fn after_a_failed_fsync_and_a_power_cut_a_code_counts_exactly_its_acknowle
     );
     engine.shutdown().await;
 }
+
+/// Tickets given back after the sale keep their code's uses (docs/api.md 3.6): a code capped at
+/// 4, one order of 4, 2 tickets given back: the code stays used up, a hold of 2 more under it is
+/// refused, and the count from the holds (invariants, a restart) agrees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tickets_given_back_keep_their_codes_uses_and_the_cap_holds() {
+    use boxoffice_engine::access::{AccessCode, Presale};
+    let server = TestServer::start().await;
+    let engine = server.engine();
+    let clock = server.clock().clone();
+    let mut spec = boxoffice_tests::event(
+        "back",
+        vec![boxoffice_tests::ga("club", 100, 100)],
+        60_000,
+        10,
+    );
+    spec.cancellation_deadline_ms = clock.now_ms() + 3_600_000;
+    spec.presale = Presale {
+        sections: vec![SectionId::from("club")],
+        ends_at_ms: 0,
+        codes: vec![AccessCode::new("GIVE-BACK-1", 4, 0, 0, Vec::new())],
+    };
+    engine.create_event(spec).await.unwrap();
+    let held = engine
+        .hold(engine_hold("back", "ann", Some("club"), 4, "GIVE-BACK-1"))
+        .await
+        .unwrap();
+    let order = engine
+        .confirm(boxoffice_tests::pay_with_visa(&held, ""))
+        .await
+        .unwrap();
+    engine
+        .cancel_tickets(boxoffice_engine::CancelRequest {
+            order_id: order.order_id.clone(),
+            user_id: order.user_id.clone(),
+            ticket_ids: vec![
+                format!("{}.1", order.order_id),
+                format!("{}.2", order.order_id),
+            ],
+            idempotency_key: String::new(),
+        })
+        .await
+        .unwrap();
+    let uses =
+        |e: &boxoffice_engine::Engine| e.event(&EventId::from("back")).unwrap().access_code_uses;
+    assert_eq!(uses(&engine), [4], "the order keeps its uses");
+    assert!(matches!(
+        engine
+            .hold(engine_hold("back", "bob", Some("club"), 2, "GIVE-BACK-1"))
+            .await,
+        Err(EngineError::Rejected(Rejection::AccessCodeExhausted))
+    ));
+    assert!(engine.invariant_violations().await.unwrap().is_empty());
+    let home = server.home().clone();
+    drop(engine);
+    server.shutdown().await;
+    let server = TestServer::builder().home(home).start().await;
+    assert_eq!(uses(&server.engine()), [4]);
+    server.shutdown().await;
+}
