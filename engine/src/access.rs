@@ -26,7 +26,7 @@ use crate::ids::{EventId, SectionId};
 /// Longest accepted access code, in bytes.
 pub const ACCESS_CODE_LEN_MAX: usize = 64;
 /// Shortest accepted access code, in bytes.
-pub const ACCESS_CODE_LEN_MIN: usize = 4;
+pub const ACCESS_CODE_LEN_MIN: usize = 8;
 /// Most access codes one event may have.
 pub const ACCESS_CODES_PER_EVENT_MAX: usize = 10_000;
 /// Most uses one access code may have.
@@ -99,7 +99,7 @@ pub fn digest(code: &str) -> String {
     d.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Checks a code as a caller gives it (`field` names it): 4 to 64 characters of
+/// Checks a code as a caller gives it (`field` names it): 8 to 64 characters of
 /// `[A-Za-z0-9_-]`.
 pub fn check_code(field: &str, code: &str) -> Result<(), Rejection> {
     let ok = (ACCESS_CODE_LEN_MIN..=ACCESS_CODE_LEN_MAX).contains(&code.len())

@@ -95,7 +95,7 @@ pub struct CreateEventBody {
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AccessCodeSpec {
-    /// The code: 4 to 64 characters of [A-Za-z0-9_-].
+    /// The code: 8 to 64 characters of [A-Za-z0-9_-].
     #[serde(default)]
     pub code: String,
     /// Places that may be held under it in all, 1 to 1,000,000.
