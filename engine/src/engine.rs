@@ -768,6 +768,11 @@ impl Engine {
         self.inner.audit.invariant_violations().await
     }
 
+    /// Presale codes whose live count differs from their holds (see `Audit`): at rest only.
+    pub async fn access_code_miscounts(&self) -> Result<Vec<String>, EngineError> {
+        self.inner.audit.access_code_miscounts().await
+    }
+
     /// Every order of every section (for reconciliation and tools).
     pub async fn orders(&self) -> Result<Vec<OrderView>, EngineError> {
         self.inner.audit.orders().await

@@ -499,6 +499,7 @@ async fn a_thousand_concurrent_redeemers_of_a_code_capped_at_100_get_exactly_100
             .join("\n")
     );
     assert!(engine.reconcile().await.unwrap().is_empty());
+    assert!(engine.access_code_miscounts().await.unwrap().is_empty());
     drop(engine);
     server.shutdown().await;
 }
@@ -637,6 +638,7 @@ async fn tickets_given_back_keep_their_codes_uses_and_the_cap_holds() {
         Err(EngineError::Rejected(Rejection::AccessCodeExhausted))
     ));
     assert!(engine.invariant_violations().await.unwrap().is_empty());
+    assert!(engine.access_code_miscounts().await.unwrap().is_empty());
     let home = server.home().clone();
     drop(engine);
     server.shutdown().await;

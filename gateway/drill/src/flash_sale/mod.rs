@@ -584,6 +584,12 @@ async fn check_engine(server: Running, report: &mut Report) -> anyhow::Result<()
             report.invariant_violations += 1;
         }
         report.reconciliation_findings = engine.reconcile().await?.len() as u64;
+        if let Some(p) = &mut report.presale {
+            for m in engine.access_code_miscounts().await? {
+                tracing::error!(miscount = %m, "an access code's uses and its holds disagree");
+                p.codes_miscounted += 1;
+            }
+        }
     }
     if let Some(stats) = server.sweeper_stats().await {
         report.expiry_lag_max_ms = Some(stats.lag_max_ms);
@@ -712,6 +718,7 @@ mod tests {
         assert!(report.clean(), "{}", report.table());
         let p = report.presale.clone().unwrap();
         assert_eq!((p.codes, p.cap_per_code, p.codes_over_cap), (50, 2, 0));
+        assert_eq!(p.codes_miscounted, 0, "{}", report.table());
         assert!(
             p.places_under_codes > 0 && p.places_under_codes <= 100 && p.codes_used_up > 0,
             "fan-club fans bought first, up to the codes' caps and never past them: {}",

@@ -121,6 +121,9 @@ pub struct PresaleFigures {
     /// Holds the presale turned away (no code, or the code used up) that waited for the public
     /// sale.
     pub waited_for_public_sale: u64,
+    /// Codes whose uses, as the engine counts them live, differ from the places held or sold
+    /// under them by the sections' holds (embedded server only; must be 0).
+    pub codes_miscounted: u64,
 }
 
 impl PresaleFigures {

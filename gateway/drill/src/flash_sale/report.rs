@@ -324,7 +324,10 @@ impl Report {
             && self.held == 0
             && self.available + self.sold == self.seats
             && self.changes_followed.as_ref().is_none_or(|c| c.adds_up)
-            && self.presale.as_ref().is_none_or(|p| p.codes_over_cap == 0)
+            && self
+                .presale
+                .as_ref()
+                .is_none_or(|p| p.codes_over_cap == 0 && p.codes_miscounted == 0)
     }
 
     fn rows(&self) -> Vec<(&'static str, String)> {
@@ -577,14 +580,15 @@ impl Report {
             rows.push((
                 "presale: codes / cap each / seconds / places under codes",
                 format!(
-                    "{} / {} / {:.1} s / {} ({} codes used up exactly, {} over their cap; {} \
-                     holds waited for the public sale)",
+                    "{} / {} / {:.1} s / {} ({} codes used up exactly, {} over their cap, {} \
+                     counted apart from their holds; {} holds waited for the public sale)",
                     p.codes,
                     p.cap_per_code,
                     p.seconds,
                     p.places_under_codes,
                     p.codes_used_up,
                     p.codes_over_cap,
+                    p.codes_miscounted,
                     p.waited_for_public_sale
                 ),
             ));
