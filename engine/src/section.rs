@@ -249,10 +249,11 @@ impl SectionState {
         // Only a hold that really ended (by the core, not the view passed: tickets given back
         // come as a "released" view of a hold that stays confirmed, and keep their uses).
         let core = &self.a.core;
+        // A hold without a code (nearly all) costs one lookup.
         self.open.code_returns.extend(ended.iter().filter_map(|h| {
+            let code = core.code_of(&h.hold_id)?;
             let now = core.hold_view(&h.hold_id)?.status;
-            let ended = matches!(now, HoldStatus::Released | HoldStatus::Expired);
-            Some((core.code_of(&h.hold_id).filter(|_| ended)?, h.quantity))
+            matches!(now, HoldStatus::Released | HoldStatus::Expired).then_some((code, h.quantity))
         }));
         self.open.ended.extend(ended);
         self.open.replies.push(Box::new(reply));

@@ -1,6 +1,7 @@
 //! Protobuf <-> engine types. Requests are validated once, here at the edge: a bad field answers
 //! `INVALID_ARGUMENT` naming it and never reaches an actor.
 
+use boxoffice_engine::access::{AccessCode, Presale, check_code};
 use boxoffice_engine::{
     EventId, EventSpec, HoldStatus, HoldView, Layout, OrderView, Rejection, RowSpec, SaleState,
     SaleUpdate, SeatId, SeatStatus, SectionId, SectionKind, SectionSpec, Selection,
@@ -51,7 +52,7 @@ pub fn event_spec(req: pb::CreateEventRequest) -> Result<EventSpec, Rejection> {
             layout,
         });
     }
-    let presale = crate::presale::of_request(
+    let presale = presale_of(
         req.presale_section_ids,
         req.presale_ends_at_unix_ms,
         req.access_codes,
@@ -70,6 +71,36 @@ pub fn event_spec(req: pb::CreateEventRequest) -> Result<EventSpec, Rejection> {
             .map_err(|_| invalid("cancellation_deadline_unix_ms", "a time after 1970"))?,
         transfers_disabled: req.transfers_disabled,
         presale,
+    })
+}
+
+/// The presale of a `CreateEventRequest`: its sections, its end, its codes (each checked, then
+/// only its digest kept). The engine checks the rest against the event's sections.
+fn presale_of(
+    section_ids: Vec<String>,
+    ends_at_unix_ms: i64,
+    codes: Vec<pb::AccessCode>,
+) -> Result<Presale, Rejection> {
+    let time = |field: &str, v: i64| {
+        u64::try_from(v).map_err(|_| Rejection::invalid(field, "a time after 1970 (or 0)"))
+    };
+    let ends_at_ms = time("presale_ends_at_unix_ms", ends_at_unix_ms)?;
+    let mut kept = Vec::with_capacity(codes.len());
+    for (i, c) in codes.into_iter().enumerate() {
+        let field = |f: &str| format!("access_codes[{i}].{f}");
+        check_code(&field("code"), &c.code)?;
+        kept.push(AccessCode::new(
+            &c.code,
+            c.max_uses,
+            time(&field("valid_from_unix_ms"), c.valid_from_unix_ms)?,
+            time(&field("valid_until_unix_ms"), c.valid_until_unix_ms)?,
+            c.section_ids.into_iter().map(SectionId).collect(),
+        ));
+    }
+    Ok(Presale {
+        sections: section_ids.into_iter().map(SectionId).collect(),
+        ends_at_ms,
+        codes: kept,
     })
 }
 
