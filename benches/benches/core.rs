@@ -67,6 +67,7 @@ impl Kind {
                 name: "bench".into(),
                 price_cents: 5_000,
                 layout,
+                price_tiers: Vec::new(),
             },
         )
     }

@@ -41,6 +41,7 @@ async fn env() -> Env {
                     layout: Some(pb::section_spec::Layout::GeneralAdmissionCapacity(
                         1_000_000,
                     )),
+                    price_tiers: Vec::new(),
                 })
                 .collect(),
             hold_ttl_seconds: 86_400,

@@ -153,6 +153,7 @@ fn join_rpc(c: &mut Criterion) {
                 name: "G".into(),
                 price_cents: 1,
                 layout: Some(pb::section_spec::Layout::GeneralAdmissionCapacity(10)),
+                price_tiers: Vec::new(),
             }],
             join_pow_difficulty_bits: bits,
             ..Default::default()

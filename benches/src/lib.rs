@@ -54,6 +54,7 @@ pub fn ga_event(event_id: &EventId, sections: usize, capacity: u32) -> EventSpec
                 section_id,
                 price_cents: 5_000,
                 layout: Layout::GeneralAdmission { capacity },
+                price_tiers: Vec::new(),
             })
             .collect(),
         hold_ttl_ms: HOLD_TTL_MS_MAX,

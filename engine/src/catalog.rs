@@ -327,6 +327,8 @@ impl Catalog {
                 sold: snap.sold,
                 seats,
                 as_of_ms: now,
+                price_tiers: snap.price_tiers.clone(),
+                next_price_cents: snap.next_price_cents,
             });
         }
         if sections.is_empty() {
@@ -413,6 +415,8 @@ fn view_of(e: &EventEntry, codes: &Redemptions) -> EventView {
                 available: snap.available,
                 held: snap.held,
                 sold: snap.sold,
+                price_tiers: snap.price_tiers.clone(),
+                next_price_cents: snap.next_price_cents,
             }
         })
         .collect();
@@ -449,6 +453,12 @@ fn change_of(record: &CatalogRecord, now_ms: u64) -> Change {
             ..
         }
         | CatalogRecord::EventCreatedWithPresale {
+            spec,
+            event_id,
+            created_at_ms,
+            ..
+        }
+        | CatalogRecord::EventCreatedWithPrices {
             spec,
             event_id,
             created_at_ms,

@@ -144,9 +144,78 @@ impl ChangeRecord {
     pub fn changes(&self) -> Result<Vec<Change>, codec::DecodeError> {
         let mut out = Vec::new();
         for part in &self.parts {
-            out.extend(codec::decode::<Vec<Change>>(part)?);
+            let (mut changes, extras): (Vec<Change>, Vec<Extras>) = codec::decode_extended(part)?;
+            for (c, e) in changes.iter_mut().zip(extras) {
+                e.put(&mut c.kind);
+            }
+            out.extend(changes);
         }
         Ok(out)
+    }
+}
+
+/// What a change's views show that their own encoding skips (written after the changes, one
+/// per change, so parts written before it existed decode without): each hold's places' prices
+/// and each order's tickets' prices, in the change's order of views, and a new event's
+/// sections' price tiers.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct Extras {
+    prices: Vec<Vec<u64>>,
+    tiers: Vec<Vec<crate::prices::PriceTier>>,
+}
+
+impl Extras {
+    fn of(kind: &ChangeKind) -> Extras {
+        let tickets = |o: &OrderView| o.tickets.iter().map(|t| t.price_cents).collect();
+        let (prices, tiers) = match kind {
+            ChangeKind::EventCreated { spec, .. } => (
+                Vec::new(),
+                spec.sections
+                    .iter()
+                    .map(|s| s.price_tiers.clone())
+                    .collect(),
+            ),
+            ChangeKind::HoldPlaced(h)
+            | ChangeKind::HoldReleased(h)
+            | ChangeKind::HoldExpired(h) => (vec![h.place_prices_cents.clone()], Vec::new()),
+            ChangeKind::OrderCreated(o) | ChangeKind::TicketsCancelled { order: o, .. } => {
+                (vec![tickets(o)], Vec::new())
+            }
+            ChangeKind::TicketsTransferred { from, to, .. } => {
+                (vec![tickets(from), tickets(to)], Vec::new())
+            }
+            _ => (Vec::new(), Vec::new()),
+        };
+        Extras { prices, tiers }
+    }
+
+    fn put(self, kind: &mut ChangeKind) {
+        let mut prices = self.prices.into_iter();
+        let mut tickets = |o: &mut OrderView| {
+            for (t, p) in o.tickets.iter_mut().zip(prices.next().unwrap_or_default()) {
+                t.price_cents = p;
+            }
+        };
+        match kind {
+            ChangeKind::EventCreated { spec, .. } => {
+                for (s, tiers) in spec.sections.iter_mut().zip(self.tiers) {
+                    s.price_tiers = tiers;
+                }
+            }
+            ChangeKind::HoldPlaced(h)
+            | ChangeKind::HoldReleased(h)
+            | ChangeKind::HoldExpired(h) => {
+                h.place_prices_cents = prices.next().unwrap_or_default();
+            }
+            ChangeKind::OrderCreated(o) | ChangeKind::TicketsCancelled { order: o, .. } => {
+                tickets(o);
+            }
+            ChangeKind::TicketsTransferred { from, to, .. } => {
+                tickets(from);
+                tickets(to);
+            }
+            _ => {}
+        }
     }
 }
 
@@ -155,7 +224,7 @@ impl ChangeRecord {
 pub struct Noted {
     /// The latest time among them.
     pub at_ms: u64,
-    /// `Vec<Change>` encoded by [`codec`].
+    /// `Vec<Change>` encoded by [`codec`], then each change's [`Extras`].
     pub bytes: Vec<u8>,
 }
 
@@ -163,9 +232,10 @@ impl Noted {
     /// `changes` encoded (`None`: there are none).
     pub fn of(changes: &[Change]) -> Option<Noted> {
         let at_ms = changes.iter().map(|c| c.at_ms).max()?;
+        let extras: Vec<Extras> = changes.iter().map(|c| Extras::of(&c.kind)).collect();
         Some(Noted {
             at_ms,
-            bytes: codec::encode(&changes),
+            bytes: codec::encode(&(changes, extras)),
         })
     }
 }

@@ -152,7 +152,7 @@ impl Checkout {
         tag: Option<IdemTag>,
     ) -> Result<OrderView, EngineError> {
         let hold = self.payable_hold(event, section_id, req).await?;
-        let charge = self.charge(event, section_id, &hold, req).await?;
+        let charge = self.charge(&hold, req).await?;
         match self
             .confirm_in_section(
                 event,
@@ -219,22 +219,11 @@ impl Checkout {
         Ok(hold)
     }
 
-    /// Charges the hold's price through the provider, keyed by the hold and the token (so a
-    /// retry finds the same charge instead of making another).
-    async fn charge(
-        &self,
-        event: &EventEntry,
-        section_id: &SectionId,
-        hold: &HoldView,
-        req: &ConfirmRequest,
-    ) -> Result<Charge, EngineError> {
-        let price = event
-            .spec
-            .sections
-            .iter()
-            .find(|s| &s.section_id == section_id)
-            .map_or(0, |s| s.price_cents);
-        let amount = price * u64::from(hold.quantity);
+    /// Charges the hold's price (its places' prices, fixed when it was made: see
+    /// [`crate::prices`]) through the provider, keyed by the hold and the token (so a retry
+    /// finds the same charge instead of making another).
+    async fn charge(&self, hold: &HoldView, req: &ConfirmRequest) -> Result<Charge, EngineError> {
+        let amount = hold.amount_cents();
         let key = format!("{}:{:016x}", req.hold_id, fingerprint(&req.payment_ref));
         let started = Instant::now();
         let charged = self.payments.charge(&key, amount, &req.payment_ref).await;
@@ -311,7 +300,12 @@ impl Checkout {
                 access_code: String::new(),
             })
             .await;
-        if let Ok(new_hold) = again {
+        // The same places at the same price only: the fan was charged the first hold's.
+        if let Ok(new_hold) = again.as_ref()
+            && new_hold.amount_cents() != charge.amount_cents
+        {
+            let _ = self.booking.release(&new_hold.hold_id, &hold.user_id).await;
+        } else if let Ok(new_hold) = again {
             match self
                 .confirm_in_section(
                     event,

@@ -102,6 +102,20 @@ where
     E2: DeserializeOwned + Default,
     E3: DeserializeOwned + Default,
 {
+    decode_extended4::<T, E1, E2, E3, ()>(bytes)
+        .map(|(value, first, second, third, ())| (value, first, second, third))
+}
+
+/// [`decode_extended3`] with a fourth extension, optional as the others are.
+#[allow(clippy::type_complexity)]
+pub fn decode_extended4<T, E1, E2, E3, E4>(bytes: &[u8]) -> Result<(T, E1, E2, E3, E4), DecodeError>
+where
+    T: DeserializeOwned,
+    E1: DeserializeOwned + Default,
+    E2: DeserializeOwned + Default,
+    E3: DeserializeOwned + Default,
+    E4: DeserializeOwned + Default,
+{
     let payload = verify(bytes)?;
     let config = bincode::config::standard();
     let (value, used) = bincode::serde::decode_from_slice(payload, config)
@@ -110,13 +124,14 @@ where
     let first: E1 = next_extension(&mut rest, "extension")?;
     let second: E2 = next_extension(&mut rest, "second extension")?;
     let third: E3 = next_extension(&mut rest, "third extension")?;
+    let fourth: E4 = next_extension(&mut rest, "fourth extension")?;
     if !rest.is_empty() {
         return Err(DecodeError::Payload(format!(
             "{} trailing bytes",
             rest.len()
         )));
     }
-    Ok((value, first, second, third))
+    Ok((value, first, second, third, fourth))
 }
 
 /// The next extension of `rest` (moving past it), or its default where nothing is left.

@@ -44,6 +44,7 @@
 //!             name: "Floor".into(),
 //!             price_cents: 5_000,
 //!             layout: Layout::GeneralAdmission { capacity: 100 },
+//!             price_tiers: Vec::new(),  // none: every place at price_cents
 //!         }],
 //!         hold_ttl_ms: 0,            // 0: the default, 10 minutes
 //!         per_user_limit: 0,         // 0: the default, 4
@@ -111,6 +112,7 @@ pub mod limits;
 mod opening;
 mod orphans;
 pub mod payment;
+pub mod prices;
 pub mod raft;
 pub mod reconcile;
 mod recovery;

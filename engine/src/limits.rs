@@ -23,6 +23,10 @@ pub const ROWS_PER_SECTION_MAX: usize = 1_000;
 pub const SEATS_PER_ROW_MAX: u32 = 1_000;
 /// Most places one section may have (reserved or general admission).
 pub const SECTION_CAPACITY_MAX: u32 = 1_000_000;
+/// Most price tiers one section may have.
+pub const PRICE_TIERS_PER_SECTION_MAX: usize = 16;
+/// Highest price of one place, in cents (one million in whole units).
+pub const PRICE_CENTS_MAX: u64 = 100_000_000;
 /// Highest per-user limit an event may set.
 pub const PER_USER_LIMIT_MAX: u32 = 100;
 /// Most places one hold may take.

@@ -822,6 +822,10 @@ fn placed_change(core: &SectionCore, r: &SectionRecord) -> Option<(u64, ChangeKi
         status: HoldStatus::Held,
         placed_at_ms: p.placed_at_ms,
         expires_at_ms: p.expires_at_ms,
+        place_prices_cents: match p.tiers {
+            [] => vec![core.spec().price_cents; p.quantity as usize],
+            tiers => tiers.iter().map(|&t| core.price_of_tier(t)).collect(),
+        },
     };
     Some((p.placed_at_ms, ChangeKind::HoldPlaced(view)))
 }
@@ -834,9 +838,9 @@ pub(crate) fn changes_of(core: &SectionCore, records: &[SectionRecord]) -> Vec<C
         .iter()
         .filter_map(|r| {
             let (at_ms, kind) = match r {
-                SectionRecord::HoldPlaced { .. } | SectionRecord::HoldPlacedWithCode { .. } => {
-                    placed_change(core, r)?
-                }
+                SectionRecord::HoldPlaced { .. }
+                | SectionRecord::HoldPlacedWithCode { .. }
+                | SectionRecord::HoldPlacedPriced { .. } => placed_change(core, r)?,
                 SectionRecord::HoldConfirmed {
                     order_id: o, at_ms, ..
                 } => (

@@ -88,6 +88,11 @@ pub struct SectionSpec {
     pub price_cents: u64,
     /// General admission or reserved rows.
     pub layout: Layout,
+    /// Prices by quantity, in order, before `price_cents` applies ([`crate::prices`]; empty:
+    /// every place at `price_cents`). Not part of the spec's own encoding: the catalog record
+    /// carries them beside the spec ([`CatalogRecord::EventCreatedWithPrices`]).
+    #[serde(skip)]
+    pub price_tiers: Vec<crate::prices::PriceTier>,
 }
 
 impl SectionSpec {
@@ -114,10 +119,10 @@ impl SectionSpec {
         if self.name.len() > 256 {
             return Err(Rejection::invalid(&field("name"), "at most 256 bytes"));
         }
-        if self.price_cents > 100_000_000 {
+        if self.price_cents > PRICE_CENTS_MAX {
             return Err(Rejection::invalid(
                 &field("price_cents"),
-                "at most 100000000 (one million in whole units)",
+                format!("at most {PRICE_CENTS_MAX} (one million in whole units)"),
             ));
         }
         match &self.layout {
@@ -161,7 +166,11 @@ impl SectionSpec {
                 }
             }
         }
-        Ok(())
+        crate::prices::validate(
+            &self.price_tiers,
+            self.capacity(),
+            &format!("sections[{index}]"),
+        )
     }
 }
 
@@ -453,6 +462,19 @@ pub struct HoldView {
     pub placed_at_ms: u64,
     /// When the hold expires, ms since the Unix epoch.
     pub expires_at_ms: u64,
+    /// Each place's price, cents, in `seat_ids` order, fixed when the hold was made
+    /// ([`crate::prices`]). A view only, not in the encoding: every view is made by its section
+    /// (a keyed hold's answer too: recovery and a new leader rebuild the ledger's answers from
+    /// the sections), and the change stream's from the hold's record.
+    #[serde(skip)]
+    pub place_prices_cents: Vec<u64>,
+}
+
+impl HoldView {
+    /// What confirming the hold charges: the sum of its places' prices.
+    pub fn amount_cents(&self) -> u64 {
+        self.place_prices_cents.iter().sum()
+    }
 }
 
 /// One ticket of an order: one place.
@@ -464,6 +486,10 @@ pub struct TicketView {
     pub section_id: SectionId,
     /// The seat (`None` for general admission).
     pub seat_id: Option<SeatId>,
+    /// What the place cost, cents (its tier's price; 0 in a received order). A view only: not
+    /// in the encoding.
+    #[serde(skip)]
+    pub price_cents: u64,
 }
 
 /// A confirmed order.
@@ -558,6 +584,10 @@ pub struct SectionSnapshot {
     /// includes. Two snapshots with the same version show the same seats and counts; a change
     /// always publishes a higher one (also across a restart of the section's actor).
     pub version: u64,
+    /// The price tiers as they stand (empty: none).
+    pub price_tiers: Vec<crate::prices::TierStatus>,
+    /// The price the next place would be held at, cents.
+    pub next_price_cents: u64,
     /// When the section's actor published this version, Unix ms: the time of the change (for
     /// the version a section starts with, the time its actor started).
     pub changed_at_ms: u64,
@@ -576,6 +606,10 @@ pub struct SectionSummary {
     pub held: u32,
     /// Sold places.
     pub sold: u32,
+    /// The price tiers as they stand (empty: none).
+    pub price_tiers: Vec<crate::prices::TierStatus>,
+    /// The price the next place would be held at, cents.
+    pub next_price_cents: u64,
 }
 
 /// An event as the engine reports it.
@@ -626,6 +660,10 @@ pub struct SectionSeats {
     pub seats: Vec<SeatView>,
     /// When this section's seats and counts were known true.
     pub as_of_ms: u64,
+    /// The price tiers as they stand (empty: none).
+    pub price_tiers: Vec<crate::prices::TierStatus>,
+    /// The price the next place would be held at, cents.
+    pub next_price_cents: u64,
 }
 
 /// A seat map of an event: the latest published snapshots.
@@ -689,12 +727,40 @@ pub(crate) enum CatalogRecord {
         transfers_disabled: bool,
         presale: crate::access::Presale,
     },
+    /// An event with price tiers in a section: every term beyond the spec's own encoding, and
+    /// each section's tiers in the spec's order. After every older variant.
+    EventCreatedWithPrices {
+        spec: EventSpec,
+        event_id: EventId,
+        created_at_ms: u64,
+        join_pow_difficulty_bits: u32,
+        cancellation_deadline_ms: u64,
+        transfers_disabled: bool,
+        presale: crate::access::Presale,
+        price_tiers: Vec<Vec<crate::prices::PriceTier>>,
+    },
 }
 
 impl CatalogRecord {
     /// The record of a new event: [`CatalogRecord::EventCreated`] when it asks for no proof of
     /// work (byte for byte what earlier builds wrote), else [`CatalogRecord::EventCreatedWithPow`].
     pub(crate) fn event_created(spec: EventSpec, event_id: EventId, created_at_ms: u64) -> Self {
+        if spec.sections.iter().any(|s| !s.price_tiers.is_empty()) {
+            return CatalogRecord::EventCreatedWithPrices {
+                join_pow_difficulty_bits: spec.join_pow_difficulty_bits,
+                cancellation_deadline_ms: spec.cancellation_deadline_ms,
+                transfers_disabled: spec.transfers_disabled,
+                presale: spec.presale.clone(),
+                price_tiers: spec
+                    .sections
+                    .iter()
+                    .map(|s| s.price_tiers.clone())
+                    .collect(),
+                spec,
+                event_id,
+                created_at_ms,
+            };
+        }
         if spec.presale != crate::access::Presale::default() {
             return CatalogRecord::EventCreatedWithPresale {
                 join_pow_difficulty_bits: spec.join_pow_difficulty_bits,
@@ -778,6 +844,25 @@ impl CatalogRecord {
                 spec.presale = presale;
                 (event_id, spec, created_at_ms)
             }
+            CatalogRecord::EventCreatedWithPrices {
+                mut spec,
+                event_id,
+                created_at_ms,
+                join_pow_difficulty_bits,
+                cancellation_deadline_ms,
+                transfers_disabled,
+                presale,
+                price_tiers,
+            } => {
+                spec.join_pow_difficulty_bits = join_pow_difficulty_bits;
+                spec.cancellation_deadline_ms = cancellation_deadline_ms;
+                spec.transfers_disabled = transfers_disabled;
+                spec.presale = presale;
+                for (s, tiers) in spec.sections.iter_mut().zip(price_tiers) {
+                    s.price_tiers = tiers;
+                }
+                (event_id, spec, created_at_ms)
+            }
         }
     }
 }
@@ -794,6 +879,7 @@ pub(crate) fn ga_event_spec(id: &str, name: &str, capacity: u32, price_cents: u6
             name: "GA".into(),
             price_cents,
             layout: Layout::GeneralAdmission { capacity },
+            price_tiers: Vec::new(),
         }],
         hold_ttl_ms: 0,
         per_user_limit: 0,
@@ -831,6 +917,7 @@ mod tests {
                         seat_count: 0,
                     }],
                 },
+                price_tiers: Vec::new(),
             }],
             ..spec
         };
@@ -866,6 +953,7 @@ mod tests {
             name: "A".into(),
             price_cents: 100,
             layout: Layout::GeneralAdmission { capacity: 5 },
+            price_tiers: Vec::new(),
         }];
         let old = OldRecord::EventCreated {
             spec: OldSpec {

@@ -50,6 +50,14 @@ pub fn event_spec(req: pb::CreateEventRequest) -> Result<EventSpec, Rejection> {
             name: s.name,
             price_cents: s.price_cents,
             layout,
+            price_tiers: s
+                .price_tiers
+                .into_iter()
+                .map(|t| boxoffice_engine::prices::PriceTier {
+                    places: t.places,
+                    price_cents: t.price_cents,
+                })
+                .collect(),
         });
     }
     let presale = presale_of(
@@ -207,6 +215,7 @@ pub fn ms(v: u64) -> i64 {
 
 /// A hold as the API shows it.
 pub fn hold(h: HoldView) -> pb::Hold {
+    let amount_cents = h.amount_cents();
     pb::Hold {
         hold_id: h.hold_id.0,
         event_id: h.event_id.0,
@@ -221,7 +230,21 @@ pub fn hold(h: HoldView) -> pb::Hold {
             HoldStatus::Expired => pb::HoldStatus::Expired,
         } as i32,
         expires_at_unix_ms: ms(h.expires_at_ms),
+        amount_cents,
+        place_prices_cents: h.place_prices_cents,
     }
+}
+
+/// A section's price tiers as they stand, as the API shows them.
+pub fn price_tiers(tiers: &[boxoffice_engine::prices::TierStatus]) -> Vec<pb::PriceTierStatus> {
+    tiers
+        .iter()
+        .map(|t| pb::PriceTierStatus {
+            places: t.places,
+            price_cents: t.price_cents,
+            remaining: t.remaining,
+        })
+        .collect()
 }
 
 /// An order as the API shows it, each ticket with its signed code (signed with the key of the
@@ -258,6 +281,7 @@ pub fn order_without_codes(o: OrderView) -> pb::Order {
                 section_id: t.section_id.0,
                 seat_id: t.seat_id.map(|s| s.0).unwrap_or_default(),
                 code: String::new(),
+                price_cents: t.price_cents,
             })
             .collect(),
         order_id: o.order_id.0,

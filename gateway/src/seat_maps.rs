@@ -345,6 +345,10 @@ pub struct Built {
     row_ends: Vec<usize>,
     /// The last time the map was known true (its snapshot was the latest), ms.
     true_at_ms: AtomicU64,
+    /// The price tiers as they stood (field 10 of `SectionSeats`).
+    price_tiers: Vec<boxoffice_proto::v1::PriceTierStatus>,
+    /// The price of the next place (field 11).
+    next_price_cents: u64,
 }
 
 impl std::fmt::Debug for Built {
@@ -413,6 +417,8 @@ fn build(spec: &SectionSpec, snap: &SectionSnapshot, seats_len: usize, now: u64)
         seats: buf.freeze(),
         row_ends,
         true_at_ms: AtomicU64::new(now),
+        price_tiers: crate::convert::price_tiers(&snap.price_tiers),
+        next_price_cents: snap.next_price_cents,
     }
 }
 
@@ -428,16 +434,28 @@ const SECTION_SEATS: u32 = 6;
 const SECTION_AS_OF: u32 = 7;
 const SECTION_VERSION: u32 = 8;
 const SECTION_CHANGED_AT: u32 = 9;
+const SECTION_PRICE_TIERS: u32 = 10;
+const SECTION_NEXT_PRICE: u32 = 11;
 const MAP_EVENT_ID: u32 = 1;
 const MAP_AS_OF: u32 = 2;
 const MAP_SECTIONS: u32 = 3;
 const MAP_NEXT_FIRST_ROW: u32 = 4;
 
 /// Most bytes one `sections` entry of a `SeatMap` takes besides its seats: its key and length
-/// (1 + 5), the section id (1 + 1 + 64), four counts (4 x 6), two times (2 x 11) and the
-/// version (1 + 10).
-const SECTION_HEADER_LEN_MAX: usize =
-    1 + 5 + 1 + 1 + boxoffice_engine::limits::ID_LEN_MAX + 4 * 6 + 2 * (1 + 10) + 1 + 10;
+/// (1 + 5), the section id (1 + 1 + 64), four counts (4 x 6), two times (2 x 11), the
+/// version (1 + 10), the price tiers (each: key and length 1 + 1, two counts 2 x 6, a price
+/// 1 + 10) and the next price (1 + 10).
+const SECTION_HEADER_LEN_MAX: usize = 1
+    + 5
+    + 1
+    + 1
+    + boxoffice_engine::limits::ID_LEN_MAX
+    + 4 * 6
+    + 2 * (1 + 10)
+    + 1
+    + 10
+    + boxoffice_engine::limits::PRICE_TIERS_PER_SECTION_MAX * (2 + 2 * 6 + 11)
+    + 11;
 
 fn decimal_len(mut n: u32) -> usize {
     let mut len = 1;
@@ -553,6 +571,13 @@ impl SectionPart {
         if changed != 0 {
             len += 1 + encoded_len_varint(changed as u64);
         }
+        len += prost::encoding::message::encoded_len_repeated(
+            SECTION_PRICE_TIERS,
+            &self.built.price_tiers,
+        );
+        if self.built.next_price_cents != 0 {
+            len += 1 + encoded_len_varint(self.built.next_price_cents);
+        }
         len
     }
 
@@ -577,6 +602,14 @@ impl SectionPart {
         let changed = ms(self.built.changed_at_ms);
         if changed != 0 {
             prost::encoding::int64::encode(SECTION_CHANGED_AT, &changed, buf);
+        }
+        prost::encoding::message::encode_repeated(
+            SECTION_PRICE_TIERS,
+            &self.built.price_tiers,
+            buf,
+        );
+        if self.built.next_price_cents != 0 {
+            prost::encoding::uint64::encode(SECTION_NEXT_PRICE, &self.built.next_price_cents, buf);
         }
     }
 }
@@ -666,6 +699,7 @@ mod tests {
                     })
                     .collect(),
             },
+            price_tiers: Vec::new(),
         }
     }
 
@@ -684,6 +718,8 @@ mod tests {
             seats,
             version,
             changed_at_ms: 0,
+            next_price_cents: 0,
+            price_tiers: Vec::new(),
         }
     }
 
@@ -711,6 +747,39 @@ mod tests {
         map.sections.remove(0)
     }
 
+    /// The largest header a section can have (longest id, every count, time and price at its
+    /// most, every tier) fits the bound the pages are cut by.
+    #[test]
+    fn the_largest_section_header_fits_its_bound() {
+        let mut spec = spec(&[("A", 1)]);
+        spec.section_id =
+            SectionId::from("x".repeat(boxoffice_engine::limits::ID_LEN_MAX).as_str());
+        let mut snap = snapshot(vec![SeatStatus::Available], u64::MAX);
+        (snap.capacity, snap.available, snap.held, snap.sold) =
+            (u32::MAX, u32::MAX, u32::MAX, u32::MAX);
+        snap.changed_at_ms = i64::MAX as u64;
+        let most = boxoffice_engine::prices::TierStatus {
+            places: u32::MAX,
+            price_cents: u64::MAX,
+            remaining: u32::MAX,
+        };
+        snap.price_tiers = vec![most; boxoffice_engine::limits::PRICE_TIERS_PER_SECTION_MAX];
+        snap.next_price_cents = u64::MAX;
+        let built = build(&spec, &snap, seats_len(&spec), 1_000);
+        let seats = built.seats.len();
+        let part = SectionPart {
+            rows: 0..1,
+            built: Arc::new(built),
+            as_of_unix_ms: i64::MAX,
+        };
+        let whole = len_field(part.body_len());
+        assert!(
+            whole - seats <= SECTION_HEADER_LEN_MAX,
+            "{} > {SECTION_HEADER_LEN_MAX}",
+            whole - seats
+        );
+    }
+
     #[test]
     fn the_encoding_is_a_seat_map_and_its_size_is_known_from_the_layout() {
         let spec = spec(&[("A", 3), ("BB", 12), ("C", 1000)]);
@@ -719,6 +788,13 @@ mod tests {
         seats[14] = SeatStatus::Sold;
         let mut snap = snapshot(seats.clone(), 7);
         snap.changed_at_ms = 900;
+        let tier = |places, price_cents, remaining| boxoffice_engine::prices::TierStatus {
+            places,
+            price_cents,
+            remaining,
+        };
+        snap.price_tiers = vec![tier(10, 9_000, 0), tier(20, 12_000, 18)];
+        snap.next_price_cents = 12_000;
         let built = build(&spec, &snap, seats_len(&spec), 1_000);
         assert_eq!(built.seats.len(), seats_len(&spec));
         let s = decode(SectionPart {
@@ -732,6 +808,13 @@ mod tests {
         );
         assert_eq!((s.held, s.sold, s.as_of_unix_ms), (1, 1, 1_000));
         assert_eq!((s.version, s.changed_at_unix_ms), (7, 900));
+        let tiers: Vec<(u32, u64, u32)> = s
+            .price_tiers
+            .iter()
+            .map(|t| (t.places, t.price_cents, t.remaining))
+            .collect();
+        assert_eq!(tiers, [(10, 9_000, 0), (20, 12_000, 18)]);
+        assert_eq!(s.next_price_cents, 12_000);
         assert_eq!(s.seats.len(), 1015);
         let mut i = 0;
         for (row, count) in [("A", 3), ("BB", 12), ("C", 1000)] {

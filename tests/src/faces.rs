@@ -160,12 +160,14 @@ fn create_request(event: &str, key: &str) -> pb::CreateEventRequest {
                         })
                         .collect(),
                 })),
+                price_tiers: Vec::new(),
             },
             pb::SectionSpec {
                 section_id: "ga".into(),
                 name: "Floor".into(),
                 price_cents: 4_000,
                 layout: Some(pb::section_spec::Layout::GeneralAdmissionCapacity(10)),
+                price_tiers: Vec::new(),
             },
         ],
         hold_ttl_seconds: 600,

@@ -54,6 +54,7 @@ pub fn ga(id: &str, capacity: u32, price_cents: u64) -> SectionSpec {
         name: id.to_uppercase(),
         price_cents,
         layout: Layout::GeneralAdmission { capacity },
+        price_tiers: Vec::new(),
     }
 }
 
@@ -71,6 +72,7 @@ pub fn reserved(id: &str, rows: u32, seats: u32, price_cents: u64) -> SectionSpe
                 })
                 .collect(),
         },
+        price_tiers: Vec::new(),
     }
 }
 

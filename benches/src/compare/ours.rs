@@ -146,6 +146,7 @@ async fn create_event(ch: &Channel, w: &Workload) -> anyhow::Result<()> {
                     layout: Some(pb::section_spec::Layout::GeneralAdmissionCapacity(
                         w.section_capacity(s),
                     )),
+                    price_tiers: Vec::new(),
                 })
                 .collect(),
             hold_ttl_seconds: HOLD_TTL_SECONDS,

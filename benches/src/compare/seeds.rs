@@ -365,6 +365,8 @@ impl BookingService for Front {
             quantity,
             status: pb::HoldStatus::Held as i32,
             expires_at_unix_ms: now_ms + HOLD_TTL_MS as i64,
+            // The seeds' script knows no prices.
+            ..Default::default()
         }))
     }
 

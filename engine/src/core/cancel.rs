@@ -158,15 +158,14 @@ impl SectionCore {
             quantity,
             &self.cancelled_of(&hold_id),
         )?;
-        // A received order (`TransferTickets`) was paid for by someone else: nothing to refund.
-        let received = self.holds[&hold_id]
-            .order
-            .as_ref()
-            .is_some_and(|o| o.payment_ref.starts_with(super::TRANSFER_PREFIX));
-        let price = if received { 0 } else { self.spec.price_cents };
+        // Each ticket is refunded what it cost (a received order's cost its recipient nothing).
+        let prices = self.ticket_prices(&hold_id);
         let record = SectionRecord::TicketsCancelled {
             hold_id: hold_id.clone(),
-            refund_cents: price * tickets.len() as u64,
+            refund_cents: tickets
+                .iter()
+                .map(|&t| prices.get(t as usize).copied().unwrap_or(0))
+                .sum(),
             tickets,
             at_ms: now_ms,
             idem: cmd.idem,
@@ -219,6 +218,7 @@ impl SectionCore {
             to_order: None,
         };
         let seats = self.take_tickets(hold_id, tickets, cancellation)?;
+        self.prices.give_back(hold_id, Some(tickets));
         for s in seats {
             self.set_seat(s, SeatStatus::Available);
         }

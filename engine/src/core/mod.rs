@@ -19,6 +19,7 @@
 //! (orders) stay.
 
 mod cancel;
+mod pricing;
 mod records;
 mod seats;
 mod transfer;
@@ -31,6 +32,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Rejection;
 use crate::limits::{FORGET_PER_STEP_MAX, IDEMPOTENCY_WINDOW_MS_DEFAULT};
+use crate::prices::Prices;
 use crate::retention::ForgetIndex;
 use crate::types::{
     EventId, HoldId, HoldStatus, HoldView, Layout, OrderId, SeatId, SeatStatus, SectionSpec, UserId,
@@ -117,6 +119,10 @@ pub struct SectionCore {
     /// tickets given back. Forgotten with the hold.
     #[serde(skip)]
     codes: HashMap<HoldId, u32>,
+    /// The price tiers and each hold's places' tiers ([`crate::prices`]). Not in the core's own
+    /// encoding: a checkpoint carries it after the access codes.
+    #[serde(skip)]
+    prices: Prices,
 }
 
 fn default_window_ms() -> u64 {
@@ -149,6 +155,7 @@ impl SectionCore {
             }
         }
         let capacity = spec.capacity();
+        let prices = Prices::new(spec.price_tiers.clone(), spec.price_cents);
         SectionCore {
             event_id,
             spec,
@@ -170,24 +177,34 @@ impl SectionCore {
             by_user: HashMap::default(),
             returns: Returns::default(),
             codes: HashMap::default(),
+            prices,
         }
     }
 
     /// What a checkpoint of the section holds: the core, then its sale, then the tickets given
-    /// back, then the access codes of holds.
+    /// back, then the access codes of holds, then its prices.
     #[allow(clippy::type_complexity)]
-    pub fn checkpoint(&self) -> (&SectionCore, &SectionSale, &Returns, &HashMap<HoldId, u32>) {
-        (self, &self.sale, self.returns(), &self.codes)
+    pub fn checkpoint(
+        &self,
+    ) -> (
+        &SectionCore,
+        &SectionSale,
+        &Returns,
+        &HashMap<HoldId, u32>,
+        &Prices,
+    ) {
+        (self, &self.sale, self.returns(), &self.codes, &self.prices)
     }
 
     /// A section from a checkpoint's bytes ([`SectionCore::checkpoint`]; one written before
     /// the sale was part of it is an open sale).
     pub fn from_checkpoint(blob: &[u8]) -> Result<SectionCore, crate::codec::DecodeError> {
-        let (mut core, sale, returns, codes): (SectionCore, SectionSale, Returns, _) =
-            crate::codec::decode_extended3(blob)?;
+        let (mut core, sale, returns, codes, prices): (SectionCore, SectionSale, Returns, _, _) =
+            crate::codec::decode_extended4(blob)?;
         core.sale = sale;
         core.returns = returns;
         core.codes = codes;
+        core.set_prices(prices);
         for (order_id, hold_id) in &core.orders {
             if let Some(h) = core.holds.get(hold_id)
                 && let Some(o) = &h.order
@@ -261,7 +278,19 @@ impl SectionCore {
         };
         let (hold_id, user_id, idem) = (cmd.hold_id.clone(), cmd.user_id, cmd.idem);
         let (placed_at_ms, expires_at_ms) = (now_ms, now_ms.saturating_add(cmd.ttl_ms));
+        let tiers = self.prices.pick(quantity);
         let record = match cmd.code {
+            _ if !tiers.is_empty() => SectionRecord::HoldPlacedPriced {
+                hold_id,
+                user_id,
+                seats,
+                quantity,
+                placed_at_ms,
+                expires_at_ms,
+                idem,
+                code: cmd.code,
+                tiers,
+            },
             None => SectionRecord::HoldPlaced {
                 hold_id,
                 user_id,
@@ -432,7 +461,9 @@ impl SectionCore {
     /// error means the record does not fit the state (a damaged or foreign log).
     pub fn apply(&mut self, record: &SectionRecord) -> Result<(), String> {
         match record {
-            SectionRecord::HoldPlaced { .. } | SectionRecord::HoldPlacedWithCode { .. } => {
+            SectionRecord::HoldPlaced { .. }
+            | SectionRecord::HoldPlacedWithCode { .. }
+            | SectionRecord::HoldPlacedPriced { .. } => {
                 self.apply_placed_record(record)?;
             }
             SectionRecord::HoldConfirmed {
@@ -532,6 +563,7 @@ impl SectionCore {
         {
             let gone = self.holds.remove(&hold_id);
             self.codes.remove(&hold_id);
+            self.prices.forget(&hold_id);
             debug_assert!(
                 gone.is_some_and(|h| matches!(
                     h.status,
@@ -555,7 +587,15 @@ impl SectionCore {
             idem: p.idem.cloned(),
             order: None,
         };
-        self.apply_placed(p.hold_id, entry)?;
+        if self.prices.tiered() && p.tiers.len() != p.quantity as usize {
+            return Err(format!("hold {}: tiers and quantity disagree", p.hold_id));
+        }
+        self.prices.take(p.hold_id, p.tiers)?;
+        if let Err(e) = self.apply_placed(p.hold_id, entry) {
+            self.prices.give_back(p.hold_id, None);
+            self.prices.forget(p.hold_id);
+            return Err(e);
+        }
         if let Some(code) = p.code {
             self.codes.insert(p.hold_id.clone(), code);
         }
@@ -775,6 +815,7 @@ impl SectionCore {
         }
         h.status = status;
         let (q, expires, seats) = (h.quantity, h.expires_at_ms, h.seats.clone());
+        self.prices.give_back(hold_id, None);
         self.deadlines.remove(&(expires, hold_id.clone()));
         for s in seats {
             self.set_seat(s, SeatStatus::Available);
@@ -807,6 +848,7 @@ mod tests {
                         })
                         .collect(),
                 },
+                price_tiers: Vec::new(),
             },
         )
     }
@@ -819,6 +861,7 @@ mod tests {
                 name: "Floor".into(),
                 price_cents: 50,
                 layout: Layout::GeneralAdmission { capacity },
+                price_tiers: Vec::new(),
             },
         )
     }

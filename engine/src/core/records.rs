@@ -18,7 +18,7 @@ pub struct IdemTag {
 /// What a section's log stream records. Past tense: each is a fact that happened.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SectionRecord {
-    /// Places were held.
+    /// Places were held (in a section without price tiers, without an access code).
     HoldPlaced {
         /// The new hold.
         hold_id: HoldId,
@@ -148,6 +148,29 @@ pub enum SectionRecord {
         /// The access code's number.
         code: u32,
     },
+    /// Places were held in a section with price tiers ([`crate::prices`]): a
+    /// [`SectionRecord::HoldPlaced`] that names each place's tier (so its prices are fixed),
+    /// and its access code if it used one. After every older variant.
+    HoldPlacedPriced {
+        /// The new hold.
+        hold_id: HoldId,
+        /// The holder.
+        user_id: UserId,
+        /// Seat indices in layout order (empty for general admission).
+        seats: Vec<u32>,
+        /// Number of places.
+        quantity: u32,
+        /// When.
+        placed_at_ms: u64,
+        /// Deadline.
+        expires_at_ms: u64,
+        /// Idempotency key of the hold request, if any.
+        idem: Option<IdemTag>,
+        /// The access code's number, if it was held under one.
+        code: Option<u32>,
+        /// Each place's tier, in ticket order.
+        tiers: Vec<u32>,
+    },
 }
 
 /// What an operator's sale control asks of one section (see [`crate::sale`]).
@@ -200,7 +223,8 @@ impl SectionRecord {
     pub fn at_ms(&self) -> u64 {
         match self {
             SectionRecord::HoldPlaced { placed_at_ms, .. }
-            | SectionRecord::HoldPlacedWithCode { placed_at_ms, .. } => *placed_at_ms,
+            | SectionRecord::HoldPlacedWithCode { placed_at_ms, .. }
+            | SectionRecord::HoldPlacedPriced { placed_at_ms, .. } => *placed_at_ms,
             SectionRecord::HoldConfirmed { at_ms, .. }
             | SectionRecord::HoldReleased { at_ms, .. }
             | SectionRecord::HoldExpired { at_ms, .. }
@@ -233,63 +257,62 @@ pub struct PlacedRef<'a> {
     pub idem: Option<&'a IdemTag>,
     /// The access code's number, if it was held under one.
     pub code: Option<u32>,
+    /// Each place's price tier (empty: the section has none).
+    pub tiers: &'a [u32],
 }
 
 impl SectionRecord {
-    /// The hold a [`SectionRecord::HoldPlaced`] or [`SectionRecord::HoldPlacedWithCode`] places;
-    /// `None` for any other record.
+    /// The hold a [`SectionRecord::HoldPlaced`] (or one of its later forms) places; `None`
+    /// for any other record.
     pub fn as_placed(&self) -> Option<PlacedRef<'_>> {
-        let (hold_id, user_id, seats, quantity, placed_at_ms, expires_at_ms, idem, code) =
-            match self {
-                SectionRecord::HoldPlaced {
-                    hold_id,
-                    user_id,
-                    seats,
-                    quantity,
-                    placed_at_ms,
-                    expires_at_ms,
-                    idem,
-                } => (
-                    hold_id,
-                    user_id,
-                    seats,
-                    quantity,
-                    placed_at_ms,
-                    expires_at_ms,
-                    idem,
-                    None,
-                ),
-                SectionRecord::HoldPlacedWithCode {
-                    hold_id,
-                    user_id,
-                    seats,
-                    quantity,
-                    placed_at_ms,
-                    expires_at_ms,
-                    idem,
-                    code,
-                } => (
-                    hold_id,
-                    user_id,
-                    seats,
-                    quantity,
-                    placed_at_ms,
-                    expires_at_ms,
-                    idem,
-                    Some(*code),
-                ),
-                _ => return None,
-            };
-        Some(PlacedRef {
-            hold_id,
-            user_id,
-            seats,
-            quantity: *quantity,
-            placed_at_ms: *placed_at_ms,
-            expires_at_ms: *expires_at_ms,
-            idem: idem.as_ref(),
-            code,
-        })
+        let (code, tiers): (Option<u32>, &[u32]) = match self {
+            SectionRecord::HoldPlaced { .. } => (None, &[]),
+            SectionRecord::HoldPlacedWithCode { code, .. } => (Some(*code), &[]),
+            SectionRecord::HoldPlacedPriced { code, tiers, .. } => (*code, tiers),
+            _ => return None,
+        };
+        match self {
+            SectionRecord::HoldPlaced {
+                hold_id,
+                user_id,
+                seats,
+                quantity,
+                placed_at_ms,
+                expires_at_ms,
+                idem,
+            }
+            | SectionRecord::HoldPlacedWithCode {
+                hold_id,
+                user_id,
+                seats,
+                quantity,
+                placed_at_ms,
+                expires_at_ms,
+                idem,
+                ..
+            }
+            | SectionRecord::HoldPlacedPriced {
+                hold_id,
+                user_id,
+                seats,
+                quantity,
+                placed_at_ms,
+                expires_at_ms,
+                idem,
+                ..
+            } => Some(PlacedRef {
+                hold_id,
+                user_id,
+                seats,
+                quantity: *quantity,
+                placed_at_ms: *placed_at_ms,
+                expires_at_ms: *expires_at_ms,
+                idem: idem.as_ref(),
+                code,
+                tiers,
+            }),
+            _ => None,
+        }
     }
 }
 

@@ -183,6 +183,7 @@ impl SectionCore {
             to_order: Some(new_order_id.clone()),
         };
         let seats = self.take_tickets(hold_id, tickets, cancellation)?;
+        self.prices.carry(hold_id, tickets, new_hold_id);
         let quantity = u32::try_from(tickets.len()).map_err(|_| "too many tickets")?;
         self.holds.insert(
             new_hold_id.clone(),

@@ -107,6 +107,7 @@ impl SectionCore {
             ));
         }
         self.check_indexes()?;
+        self.check_prices()?;
         if self.is_reserved() {
             self.check_seats(owned)?;
         }
@@ -218,6 +219,7 @@ impl SectionCore {
             status: h.status,
             placed_at_ms: h.placed_at_ms,
             expires_at_ms: h.expires_at_ms,
+            place_prices_cents: self.place_prices(hold_id, h.quantity),
         })
     }
 
@@ -241,10 +243,12 @@ impl SectionCore {
         } else {
             self.cancelled_of(hold_id)
         };
+        let prices = self.ticket_prices(hold_id);
         let ticket = |i: u32| TicketView {
             ticket_id: format!("{order_id}.{}", i + 1),
             section_id: self.spec.section_id.clone(),
             seat_id: h.seats.get(i as usize).map(|&s| self.seat_id(s)),
+            price_cents: prices.get(i as usize).copied().unwrap_or(0),
         };
         let tickets = (0..h.quantity)
             .filter(|i| !gone.contains(i))
@@ -262,10 +266,7 @@ impl SectionCore {
             event_id: self.event_id.clone(),
             user_id: h.user_id.clone(),
             tickets,
-            amount_cents: match &transferred_from {
-                Some(_) => 0,
-                None => self.spec.price_cents * u64::from(h.quantity),
-            },
+            amount_cents: prices.iter().sum(),
             payment_ref: o.payment_ref.clone(),
             created_at_ms: o.created_at_ms,
             refunded_cents: if as_confirmed {
@@ -353,6 +354,7 @@ impl SectionCore {
     /// The availability snapshot the actor publishes, showing every change up to the stream's
     /// record `version`.
     pub fn snapshot(&self, version: u64) -> SectionSnapshot {
+        let (price_tiers, next_price_cents) = self.price_status();
         SectionSnapshot {
             section_id: self.spec.section_id.clone(),
             capacity: self.capacity,
@@ -362,6 +364,8 @@ impl SectionCore {
             seats: self.seats.clone(),
             version,
             changed_at_ms: 0,
+            price_tiers,
+            next_price_cents,
         }
     }
 }

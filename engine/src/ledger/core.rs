@@ -552,6 +552,7 @@ mod tests {
             status: HoldStatus::Held,
             placed_at_ms,
             expires_at_ms: placed_at_ms + 1_000,
+            place_prices_cents: Vec::new(),
         })
     }
 

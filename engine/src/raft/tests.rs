@@ -403,6 +403,7 @@ fn sale_spec(id: &str, ga: u32, row: u32) -> crate::EventSpec {
                 name: "GA".into(),
                 price_cents: 1_000,
                 layout: Layout::GeneralAdmission { capacity: ga },
+                price_tiers: Vec::new(),
             },
             SectionSpec {
                 section_id: SectionId::from("stalls"),
@@ -414,6 +415,7 @@ fn sale_spec(id: &str, ga: u32, row: u32) -> crate::EventSpec {
                         seat_count: row,
                     }],
                 },
+                price_tiers: Vec::new(),
             },
         ],
         hold_ttl_ms: 0,

@@ -165,6 +165,7 @@ async fn create_event(target: &str, key: &str, event_id: &str) -> Result<(), ton
                 name: "G".into(),
                 price_cents: 1,
                 layout: Some(pb::section_spec::Layout::GeneralAdmissionCapacity(10)),
+                price_tiers: Vec::new(),
             }],
             ..Default::default()
         })

@@ -47,6 +47,7 @@ async fn line_before(
                 name: "GA".into(),
                 price_cents: 100,
                 layout: Some(pb::section_spec::Layout::GeneralAdmissionCapacity(10)),
+                price_tiers: Vec::new(),
             }],
             admit_rate_per_second: 1,
             admission_window_seconds: 3_600,
@@ -1259,6 +1260,126 @@ async fn presale_code_uses_survive_the_leaders_death_and_the_cap_still_holds() {
     .await
     .unwrap();
     let _ = held;
+    for n in &mut nodes {
+        n.terminate();
+    }
+}
+
+/// Price tiers on a cluster: the prices each hold was made at, and each tier's count, are the
+/// same on every node after the leader's death; a keyed hold's replay on the new leader shows
+/// its prices (its answer was replicated without them); the new leader sells on from the tiers
+/// as they stood and charges the fixed price.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn price_tiers_and_fixed_prices_survive_the_leaders_death() {
+    let tmp = tempfile::tempdir().unwrap();
+    let lay = layout(tmp.path());
+    let mut nodes = lay.start_ready(3);
+    let l = leader(&nodes).await;
+    let f = (l + 1) % 3;
+    let admin = Bearer::new(ADMIN).unwrap();
+    let clients = common::clients_of(&lay.addrs);
+    let mut event = ga_event("tiers", 10);
+    event.sections[0].price_cents = 15_000;
+    event.sections[0].price_tiers = vec![
+        pb::PriceTier {
+            places: 3,
+            price_cents: 9_000,
+        },
+        pb::PriceTier {
+            places: 3,
+            price_cents: 12_000,
+        },
+    ];
+    Clients::new(&channel(&lay.addrs[f]), &admin)
+        .events
+        .create_event(event)
+        .await
+        .unwrap();
+    let hold = |user: &str, token: &str, quantity: u32, key: &str| pb::HoldRequest {
+        event_id: "tiers".into(),
+        user_id: user.into(),
+        admission_token: token.into(),
+        idempotency_key: key.into(),
+        selection: Some(pb::hold_request::Selection::BestAvailable(
+            pb::BestAvailable {
+                section_id: "ga".into(),
+                quantity,
+            },
+        )),
+        access_code: String::new(),
+    };
+    let mut c = clients[f].clone();
+    let ann = common::admitted(&mut c, "tiers", "ann").await;
+    let first = c
+        .booking
+        .hold(hold("ann", &ann, 2, "ann-1"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(first.place_prices_cents, [9_000, 9_000]);
+    let bob = common::admitted(&mut c, "tiers", "bob").await;
+    let across = c
+        .booking
+        .hold(hold("bob", &bob, 2, ""))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(across.place_prices_cents, [9_000, 12_000]);
+
+    nodes[l].kill9();
+    let retried = AtomicU64::new(0);
+    let live: Vec<usize> = (0..3).filter(|i| *i != l).collect();
+    for &i in &live {
+        let on = [Clients::new(&channel(&lay.addrs[i]), &admin)];
+        let event = retrying(&on, 0, &retried, |mut c| {
+            let req = pb::GetEventRequest {
+                event_id: "tiers".into(),
+            };
+            async move { c.events.get_event(req).await }
+        })
+        .await
+        .unwrap();
+        let remaining: Vec<u32> = event.sections[0]
+            .price_tiers
+            .iter()
+            .map(|t| t.remaining)
+            .collect();
+        assert_eq!(remaining, [0, 2], "node {}", i + 1);
+        assert_eq!(event.sections[0].next_price_cents, 12_000, "node {}", i + 1);
+    }
+    let on = [clients[live[0]].clone()];
+    let ann = common::admitted(&mut on[0].clone(), "tiers", "ann").await;
+    let replayed = retrying(&on, 0, &retried, |mut c| {
+        let req = hold("ann", &ann, 2, "ann-1");
+        async move { c.booking.hold(req).await }
+    })
+    .await
+    .unwrap();
+    assert_eq!(replayed.hold_id, first.hold_id);
+    assert_eq!(replayed.place_prices_cents, [9_000, 9_000]);
+    assert_eq!(replayed.amount_cents, 18_000);
+    let cat = common::admitted(&mut on[0].clone(), "tiers", "cat").await;
+    let next = retrying(&on, 0, &retried, |mut c| {
+        let req = hold("cat", &cat, 2, "");
+        async move { c.booking.hold(req).await }
+    })
+    .await
+    .unwrap();
+    assert_eq!(next.place_prices_cents, [12_000, 12_000]);
+    let order = retrying(&on, 0, &retried, |mut c| {
+        let req = pb::ConfirmRequest {
+            hold_id: across.hold_id.clone(),
+            user_id: "bob".into(),
+            payment_token: "tok_visa".into(),
+            idempotency_key: "bob-pay".into(),
+        };
+        async move { c.booking.confirm(req).await }
+    })
+    .await
+    .unwrap();
+    assert_eq!(order.amount_cents, 21_000);
+    let prices: Vec<u64> = order.tickets.iter().map(|t| t.price_cents).collect();
+    assert_eq!(prices, [9_000, 12_000]);
     for n in &mut nodes {
         n.terminate();
     }

@@ -407,6 +407,7 @@ fn event() -> pb::CreateEventRequest {
                 name: s.to_uppercase(),
                 price_cents: 100,
                 layout: Some(pb::section_spec::Layout::GeneralAdmissionCapacity(CAPACITY)),
+                price_tiers: Vec::new(),
             })
             .collect(),
         hold_ttl_seconds: 3_600,

@@ -506,6 +506,7 @@ impl Rig {
                         })
                         .collect(),
                 })),
+                price_tiers: Vec::new(),
             }],
             hold_ttl_seconds: 86_400,
             per_user_limit: 100,

@@ -99,6 +99,7 @@ async fn serve_with_no_setup_then_drain_on_sigterm() {
                 layout: Some(
                     boxoffice_proto::v1::section_spec::Layout::GeneralAdmissionCapacity(10),
                 ),
+                price_tiers: Vec::new(),
             }],
             ..Default::default()
         })

@@ -22,6 +22,7 @@ pub fn sale_event(seats: u32, ttl_ms: u64, per_user_limit: u32) -> EventSpec {
         layout: Layout::GeneralAdmission {
             capacity: ga.max(1),
         },
+        price_tiers: Vec::new(),
     }];
     for (i, (id, name, price)) in RESERVED_SECTIONS.iter().enumerate() {
         let share = reserved / 3 + u32::from((i as u32) < reserved % 3);
@@ -34,6 +35,7 @@ pub fn sale_event(seats: u32, ttl_ms: u64, per_user_limit: u32) -> EventSpec {
             name: (*name).into(),
             price_cents: *price,
             layout: Layout::Reserved { rows },
+            price_tiers: Vec::new(),
         });
     }
     EventSpec {
@@ -119,6 +121,7 @@ fn section_request(s: &SectionSpec) -> pb::SectionSpec {
                     .collect(),
             }),
         }),
+        price_tiers: Vec::new(),
     }
 }
 

@@ -260,6 +260,7 @@ impl Load {
                         name: format!("S{s}"),
                         price_cents: 100,
                         layout: Some(pb::section_spec::Layout::GeneralAdmissionCapacity(capacity)),
+                        price_tiers: Vec::new(),
                     })
                     .collect(),
                 hold_ttl_seconds: 600,

@@ -373,6 +373,7 @@ fn soak_event(places: u32) -> EventSpec {
             name: "Floor".into(),
             price_cents: 100,
             layout: Layout::GeneralAdmission { capacity: places },
+            price_tiers: Vec::new(),
         }],
         hold_ttl_ms: 0,
         per_user_limit: 1,

@@ -38,6 +38,43 @@ pub struct SectionSpec {
     /// Reserved seating: the rows.
     #[serde(default)]
     pub rows: Option<Vec<RowSpec>>,
+    /// Prices by quantity, in order, before `priceCents` applies (docs/api.md, section 3.7).
+    #[serde(default)]
+    pub price_tiers: Vec<PriceTier>,
+}
+
+/// One price tier of a new section: its first (or next) `places` at `priceCents`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PriceTier {
+    /// Places in the tier (at least 1).
+    pub places: u32,
+    /// Price of each, cents.
+    pub price_cents: u64,
+}
+
+/// A price tier as it stands.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PriceTierStatus {
+    /// Places in the tier.
+    pub places: u32,
+    /// Price of each, cents.
+    pub price_cents: u64,
+    /// Its places neither held nor sold now.
+    pub remaining: u32,
+}
+
+/// The tiers of a section as the API shows them.
+pub fn price_tiers(tiers: Vec<pb::PriceTierStatus>) -> Vec<PriceTierStatus> {
+    tiers
+        .into_iter()
+        .map(|t| PriceTierStatus {
+            places: t.places,
+            price_cents: t.price_cents,
+            remaining: t.remaining,
+        })
+        .collect()
 }
 
 /// `POST /v1/events` (admin key): the `CreateEvent` fields, camelCase.
@@ -198,6 +235,14 @@ impl CreateEventBody {
                     section_id: s.section_id,
                     name: s.name,
                     price_cents: s.price_cents,
+                    price_tiers: s
+                        .price_tiers
+                        .into_iter()
+                        .map(|t| pb::PriceTier {
+                            places: t.places,
+                            price_cents: t.price_cents,
+                        })
+                        .collect(),
                     layout: match (s.capacity, s.rows) {
                         (_, Some(rows)) => {
                             Some(pb::section_spec::Layout::Reserved(pb::ReservedLayout {
@@ -261,10 +306,14 @@ pub struct SectionSummary {
     pub held: u32,
     /// Sold places.
     pub sold: u32,
-    /// Price of one place, cents.
+    /// Price of one place past the price tiers (of every place without tiers), cents.
     pub price_cents: u64,
     /// Whether a hold here needs an access code now (a presale section).
     pub access_code_required: bool,
+    /// The price tiers as they stand (empty: none).
+    pub price_tiers: Vec<PriceTierStatus>,
+    /// The price the next place held here would cost, cents.
+    pub next_price_cents: u64,
 }
 
 /// An event.
@@ -339,6 +388,8 @@ impl From<pb::Event> for Event {
                     sold: s.sold,
                     price_cents: s.price_cents,
                     access_code_required: s.access_code_required,
+                    price_tiers: price_tiers(s.price_tiers),
+                    next_price_cents: s.next_price_cents,
                 })
                 .collect(),
             access_codes: e

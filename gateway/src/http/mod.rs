@@ -67,6 +67,7 @@ pub use api::Backend;
         types::BookRequest, types::HoldBody, types::Hold, types::ConfirmBody, types::OrderBody,
         types::ReleaseBody, types::Ticket, types::Order, event_types::RowSpec, event_types::SectionSpec,
         event_types::CreateEventBody, event_types::UpdateSaleBody, event_types::SectionSummary, event_types::Event, event_types::EventPage, event_types::AccessCodeSpec, event_types::AccessCodeUsage,
+        event_types::PriceTier, event_types::PriceTierStatus,
         types::Seat, types::SectionSeats, types::SeatMap, types::AddNodeBody,
         types::ClusterNode, types::ClusterGroup, types::ClusterStatus, types::TicketKey,
         changes::Change, changes::RefundChange, changes::PlacesWithdrawn, changes::WaitlistOffer,

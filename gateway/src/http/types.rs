@@ -223,6 +223,10 @@ pub struct Hold {
     pub expires_at: String,
     /// The same, Unix ms.
     pub expires_at_unix_ms: i64,
+    /// What confirming it charges, cents: the sum of `placePricesCents`, fixed when it was made.
+    pub amount_cents: u64,
+    /// Each place's price, cents, in `seatIds` order (by the price tier it came from).
+    pub place_prices_cents: Vec<u64>,
 }
 
 impl From<pb::Hold> for Hold {
@@ -237,6 +241,8 @@ impl From<pb::Hold> for Hold {
             seat_ids: h.seat_ids,
             quantity: h.quantity,
             expires_at_unix_ms: h.expires_at_unix_ms,
+            amount_cents: h.amount_cents,
+            place_prices_cents: h.place_prices_cents,
         }
     }
 }
@@ -295,6 +301,8 @@ pub struct Ticket {
     pub seat_id: String,
     /// The signed e-ticket code, verifiable offline (`boxoffice ticket verify`).
     pub code: String,
+    /// What the place cost, cents (its price tier's; 0 in a received order).
+    pub price_cents: u64,
 }
 
 /// A paid order and its tickets.
@@ -349,6 +357,7 @@ impl From<pb::Order> for Order {
                     section_id: t.section_id,
                     seat_id: t.seat_id,
                     code: t.code,
+                    price_cents: t.price_cents,
                 })
                 .collect(),
             order_id: o.order_id,
@@ -416,6 +425,10 @@ pub struct SectionSeats {
     pub as_of_unix_ms: i64,
     /// Seats in row order (empty for general admission).
     pub seats: Vec<Seat>,
+    /// The price tiers as they stand (empty: none).
+    pub price_tiers: Vec<super::event_types::PriceTierStatus>,
+    /// The price the next place held here would cost, cents.
+    pub next_price_cents: u64,
 }
 
 /// A seat map, labelled with the time it was true ("as of"): never a reservation.
@@ -460,6 +473,8 @@ impl From<pb::SeatMap> for SeatMap {
                     sold: s.sold,
                     version: s.version,
                     as_of_unix_ms: s.as_of_unix_ms,
+                    price_tiers: super::event_types::price_tiers(s.price_tiers),
+                    next_price_cents: s.next_price_cents,
                 })
                 .collect(),
             event_id: m.event_id,

@@ -312,16 +312,23 @@ fn event_proto(
         sections: spec
             .sections
             .iter()
-            .map(|s| pb::SectionSummary {
-                section_id: s.section_id.0.clone(),
-                name: s.name.clone(),
-                kind: convert::section_kind(s.kind()),
-                capacity: s.capacity(),
-                available: s.capacity(),
-                held: 0,
-                sold: 0,
-                price_cents: s.price_cents,
-                access_code_required: false,
+            .map(|s| {
+                // A new section: every tier whole.
+                let prices =
+                    boxoffice_engine::prices::Prices::new(s.price_tiers.clone(), s.price_cents);
+                pb::SectionSummary {
+                    section_id: s.section_id.0.clone(),
+                    name: s.name.clone(),
+                    kind: convert::section_kind(s.kind()),
+                    capacity: s.capacity(),
+                    available: s.capacity(),
+                    held: 0,
+                    sold: 0,
+                    price_cents: s.price_cents,
+                    access_code_required: false,
+                    price_tiers: convert::price_tiers(&prices.status()),
+                    next_price_cents: prices.next_price_cents(),
+                }
             })
             .collect(),
         hold_ttl_seconds: u32::try_from(sale.hold_ttl_ms / 1000).unwrap_or(u32::MAX),

@@ -236,6 +236,8 @@ impl Api {
                     sold: s.sold,
                     price_cents: s.spec.price_cents,
                     access_code_required: false,
+                    price_tiers: convert::price_tiers(&s.price_tiers),
+                    next_price_cents: s.next_price_cents,
                 })
                 .collect(),
             hold_ttl_seconds: u32::try_from(e.sale.hold_ttl_ms / 1000).unwrap_or(u32::MAX),

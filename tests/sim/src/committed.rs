@@ -96,6 +96,7 @@ fn spec(section: &str) -> SectionSpec {
                     .collect(),
             }
         },
+        price_tiers: Vec::new(),
     }
 }
 
@@ -137,7 +138,8 @@ fn replay(
             };
             let effect = match &record {
                 SectionRecord::HoldPlaced { hold_id, .. }
-                | SectionRecord::HoldPlacedWithCode { hold_id, .. } => {
+                | SectionRecord::HoldPlacedWithCode { hold_id, .. }
+                | SectionRecord::HoldPlacedPriced { hold_id, .. } => {
                     Some(Effect::Placed(hold_id.to_string()))
                 }
                 SectionRecord::HoldConfirmed { hold_id, .. } => {

@@ -175,6 +175,7 @@ fn event_request() -> pb::CreateEventRequest {
                 layout: Some(pb::section_spec::Layout::GeneralAdmissionCapacity(
                     GA_CAPACITY,
                 )),
+                price_tiers: Vec::new(),
             },
             pb::SectionSpec {
                 section_id: FLOOR.into(),
@@ -189,6 +190,7 @@ fn event_request() -> pb::CreateEventRequest {
                         })
                         .collect(),
                 })),
+                price_tiers: Vec::new(),
             },
         ],
         hold_ttl_seconds: HOLD_TTL_SECONDS,

@@ -222,6 +222,74 @@ async fn paid_after_expiry_is_rescued_or_refunded_never_lost() {
     engine.shutdown().await;
 }
 
+/// Paid, the hold expired meanwhile, and its cheaper place was taken by another fan: the
+/// places free now cost more than was charged, so they are not taken (the fan was charged the
+/// first hold's price): refunded, `HOLD_EXPIRED`. With the cheaper place free again, the same
+/// situation is rescued at the price charged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rescue_only_takes_places_at_the_price_charged() {
+    let dir = tempfile::tempdir().unwrap();
+    let payments_dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let provider = Gated::open(payments_dir.path());
+    let (gate, arrived) = (provider.gate.clone(), provider.arrived.clone());
+    let mut cfg = config(dir.path(), &clock);
+    cfg.payments = Some(provider);
+    let engine = Engine::open(cfg).await.unwrap();
+    let mut floor = ga("floor", 10, 15_000);
+    floor.price_tiers = vec![boxoffice_engine::prices::PriceTier {
+        places: 1,
+        price_cents: 9_000,
+    }];
+    engine
+        .create_event(event("t", vec![floor], 10_000, 4))
+        .await
+        .unwrap();
+    let one = |user: &str| best("t", user, 1);
+    // Expired while paying; bob takes the 90.00 place: the rescue would cost 150.00.
+    let h = engine.hold(one("ann")).await.unwrap();
+    assert_eq!(h.place_prices_cents, [9_000]);
+    let pending = {
+        let (engine, req) = (engine.clone(), pay(&h, "tok_visa", ""));
+        tokio::spawn(async move { engine.confirm(req).await })
+    };
+    arrived.acquire().await.unwrap().forget();
+    clock.advance_ms(10_000);
+    engine.expire_due(100).await.unwrap();
+    let bobs = engine.hold(one("bob")).await.unwrap();
+    assert_eq!(bobs.place_prices_cents, [9_000]);
+    gate.add_permits(1);
+    assert_eq!(pending.await.unwrap(), Err(Rejection::HoldExpired.into()));
+    let all = charges(&engine).await;
+    let anns: Vec<&Charge> = all
+        .iter()
+        .filter(|c| c.key.starts_with(h.hold_id.as_str()))
+        .collect();
+    assert_eq!((anns.len(), anns[0].status), (1, ChargeStatus::Refunded));
+    let section = &engine.event(&EventId::from("t")).unwrap().sections[0];
+    assert_eq!(
+        (section.held, section.sold),
+        (1, 0),
+        "only bob's hold: the dearer rescue hold was given back"
+    );
+    // bob lets go; cat's hold expires while paying with the 90.00 place free: rescued at 90.00.
+    engine.release(&bobs.hold_id, &bobs.user_id).await.unwrap();
+    let h = engine.hold(one("cat")).await.unwrap();
+    let pending = {
+        let (engine, req) = (engine.clone(), pay(&h, "tok_visa", ""));
+        tokio::spawn(async move { engine.confirm(req).await })
+    };
+    arrived.acquire().await.unwrap().forget();
+    clock.advance_ms(10_000);
+    engine.expire_due(100).await.unwrap();
+    gate.add_permits(1);
+    let order = pending.await.unwrap().unwrap();
+    assert_ne!(order.hold_id, h.hold_id, "a new hold");
+    assert_eq!(order.amount_cents, 9_000);
+    assert!(engine.reconcile().await.unwrap().is_empty());
+    engine.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_between_charge_and_order_then_retry_charges_once() {
     let dir = tempfile::tempdir().unwrap();

@@ -21,6 +21,7 @@ pub(crate) fn ga(id: &str, capacity: u32, price: u64) -> pb::SectionSpec {
         name: id.to_uppercase(),
         price_cents: price,
         layout: Some(pb::section_spec::Layout::GeneralAdmissionCapacity(capacity)),
+        price_tiers: Vec::new(),
     }
 }
 
@@ -38,6 +39,7 @@ pub(crate) fn reserved(id: &str, rows: &[(&str, u32)], price: u64) -> pb::Sectio
                 })
                 .collect(),
         })),
+        price_tiers: Vec::new(),
     }
 }
 

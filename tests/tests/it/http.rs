@@ -627,6 +627,9 @@ async fn the_openapi_document_names_every_path() {
     assert!(doc["components"]["schemas"]["Problem"].is_object());
     assert!(doc["components"]["schemas"]["UpdateSaleBody"].is_object());
     assert!(doc["components"]["schemas"]["OrderPage"].is_object());
+    assert!(doc["components"]["schemas"]["PriceTier"].is_object());
+    assert!(doc["components"]["schemas"]["PriceTierStatus"].is_object());
+    assert!(doc["components"]["schemas"]["Hold"]["properties"]["placePricesCents"].is_object());
     assert!(doc["components"]["securitySchemes"]["bearer"].is_object());
     server.shutdown().await;
 }

@@ -32,6 +32,7 @@ mod orders;
 mod owners;
 mod pow;
 mod presale;
+mod prices;
 mod recovery;
 mod refunds;
 mod sale;

@@ -1173,6 +1173,7 @@ pub fn ga_event(id: &str, seats: u32) -> pb::CreateEventRequest {
             name: "GA".into(),
             price_cents: 100,
             layout: Some(pb::section_spec::Layout::GeneralAdmissionCapacity(seats)),
+            price_tiers: Vec::new(),
         }],
         hold_ttl_seconds: 600,
         per_user_limit: 100,

@@ -31,6 +31,7 @@ pub async fn build_on(engine: &Engine, holds: usize, capacity: u32) {
                 name: "Floor".into(),
                 price_cents: 5_000,
                 layout: Layout::GeneralAdmission { capacity },
+                price_tiers: Vec::new(),
             }],
             hold_ttl_ms: 600_000,
             per_user_limit: 4,

@@ -267,6 +267,7 @@ fn race_event(race: &Race, event_id: &str, run: u64) -> pb::CreateEventRequest {
                     seat_count: race.seats,
                 }],
             })),
+            price_tiers: Vec::new(),
         }],
         hold_ttl_seconds: 600,
         per_user_limit: 1,

@@ -92,6 +92,7 @@ pub fn sessions_event(sessions: u32, q: u32) -> EventSpec {
                 name: (*name).into(),
                 price_cents: *price,
                 layout: Layout::Reserved { rows },
+                price_tiers: Vec::new(),
             });
         }
     }
