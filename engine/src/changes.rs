@@ -145,6 +145,12 @@ impl ChangeRecord {
         let mut out = Vec::new();
         for part in &self.parts {
             let (mut changes, extras): (Vec<Change>, Vec<Extras>) = codec::decode_extended(part)?;
+            if extras.is_empty() {
+                // Written before prices were: every place was at its section's one price.
+                changes
+                    .iter_mut()
+                    .for_each(|c| Extras::before_prices(&mut c.kind));
+            }
             for (c, e) in changes.iter_mut().zip(extras) {
                 e.put(&mut c.kind);
             }
@@ -187,6 +193,19 @@ impl Extras {
             _ => (Vec::new(), Vec::new()),
         };
         Extras { prices, tiers }
+    }
+
+    /// What a change written before prices were can show of them: a new order's tickets each
+    /// cost its amount over their number (one price per section then). A hold's places show
+    /// none (its view never had an amount).
+    fn before_prices(kind: &mut ChangeKind) {
+        if let ChangeKind::OrderCreated(o) = kind
+            && let Ok(n) = u64::try_from(o.tickets.len())
+            && n > 0
+        {
+            let each = o.amount_cents / n;
+            o.tickets.iter_mut().for_each(|t| t.price_cents = each);
+        }
     }
 
     fn put(self, kind: &mut ChangeKind) {
@@ -372,5 +391,70 @@ mod tests {
         for bad in ["", "x", "1.", ".1", "1.2.3", "-1", "1.4294967295"] {
             assert!(bad.parse::<Position>().is_err(), "{bad}");
         }
+    }
+    /// A part carries its views' prices, which their own encoding skips; a part written before
+    /// it did reads back with each new order's tickets at the order's one price.
+    #[test]
+    fn prices_survive_the_encoding_and_older_parts_read_at_one_price() {
+        use crate::types::{HoldStatus, OrderId, OrderView, SectionId, TicketView};
+        let e = EventId::from("e");
+        let s = SectionId::from("s");
+        let ticket = |n: u32, price_cents: u64| TicketView {
+            ticket_id: format!("o.{n}"),
+            section_id: s.clone(),
+            seat_id: None,
+            price_cents,
+        };
+        let order = OrderView {
+            order_id: OrderId::generate(&e, &s),
+            hold_id: HoldId::generate(&e, &s),
+            event_id: e.clone(),
+            user_id: UserId::from("u"),
+            tickets: vec![ticket(1, 9_000), ticket(2, 12_000)],
+            amount_cents: 21_000,
+            payment_ref: "p".into(),
+            created_at_ms: 5,
+            refunded_cents: 0,
+            cancelled_ticket_ids: Vec::new(),
+            transferred_from: None,
+        };
+        let hold = HoldView {
+            hold_id: order.hold_id.clone(),
+            event_id: e.clone(),
+            user_id: UserId::from("u"),
+            section_id: s.clone(),
+            seat_ids: Vec::new(),
+            quantity: 2,
+            status: HoldStatus::Held,
+            placed_at_ms: 1,
+            expires_at_ms: 9,
+            place_prices_cents: vec![9_000, 12_000],
+        };
+        let changes = vec![
+            Change {
+                event_id: e.clone(),
+                at_ms: 1,
+                kind: ChangeKind::HoldPlaced(hold),
+            },
+            Change {
+                event_id: e.clone(),
+                at_ms: 5,
+                kind: ChangeKind::OrderCreated(order),
+            },
+        ];
+        let record = |bytes| ChangeRecord {
+            at_ms: 5,
+            parts: vec![bytes],
+        };
+        let read = record(Noted::of(&changes).unwrap().bytes)
+            .changes()
+            .unwrap();
+        assert_eq!(read, changes);
+        let older = record(codec::encode(&changes)).changes().unwrap();
+        let ChangeKind::OrderCreated(o) = &older[1].kind else {
+            panic!("{older:?}")
+        };
+        let prices: Vec<u64> = o.tickets.iter().map(|t| t.price_cents).collect();
+        assert_eq!(prices, [10_500, 10_500]);
     }
 }

@@ -161,6 +161,14 @@ impl Prices {
         if tiers.iter().any(|&t| t as usize > self.tiers.len()) {
             return Err(format!("hold {hold_id}: a tier the section does not have"));
         }
+        for (t, tier) in self.tiers.iter().enumerate() {
+            let more = tiers.iter().filter(|&&x| x as usize == t).count();
+            if self.taken[t] as usize + more > tier.places as usize {
+                return Err(format!(
+                    "hold {hold_id}: more places of tier {t} than it has"
+                ));
+            }
+        }
         self.count(tiers.iter().copied(), true);
         self.of_hold.insert(hold_id.clone(), tiers.to_vec());
         Ok(())

@@ -657,6 +657,10 @@ impl SectionState {
                         .iter()
                         .filter_map(|t| h.seat_ids.get(*t as usize).cloned())
                         .collect();
+                    h.place_prices_cents = tickets
+                        .iter()
+                        .filter_map(|t| h.place_prices_cents.get(*t as usize).copied())
+                        .collect();
                     h
                 });
                 self.commit(

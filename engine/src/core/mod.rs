@@ -587,6 +587,9 @@ impl SectionCore {
             idem: p.idem.cloned(),
             order: None,
         };
+        if self.holds.contains_key(p.hold_id) {
+            return Err(format!("hold {} placed twice", p.hold_id));
+        }
         if self.prices.tiered() && p.tiers.len() != p.quantity as usize {
             return Err(format!("hold {}: tiers and quantity disagree", p.hold_id));
         }

@@ -284,5 +284,23 @@ mod tests {
         }
         fresh.apply(&log[0]).unwrap();
         assert_eq!(remaining(&fresh), [1, 3]);
+        // The same hold placed again is refused, and its first placing keeps its prices.
+        let before = fresh.clone();
+        assert!(fresh.apply(&log[0]).is_err());
+        assert_eq!(fresh, before);
+        fresh.check_invariants().unwrap();
+        // A record taking more of a tier than it has left is refused whole.
+        let mut over = tiered();
+        let mut o = Vec::new();
+        place(&mut over, 2, &mut o);
+        let mut r = o[0].clone();
+        let SectionRecord::HoldPlacedPriced { hold_id, tiers, .. } = &mut r else {
+            unreachable!()
+        };
+        *hold_id = HoldId::generate(&EventId::from("e"), &SectionId::from("floor"));
+        *tiers = vec![0, 0];
+        let before = over.clone();
+        assert!(over.apply(&r).is_err(), "tier 0 has 1 place left");
+        assert_eq!(over, before);
     }
 }

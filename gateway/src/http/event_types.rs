@@ -48,8 +48,10 @@ pub struct SectionSpec {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PriceTier {
     /// Places in the tier (at least 1).
+    #[serde(default)]
     pub places: u32,
     /// Price of each, cents.
+    #[serde(default)]
     pub price_cents: u64,
 }
 

@@ -349,6 +349,26 @@ async fn bad_tiers_are_refused_naming_the_field_and_create_nothing() {
         r.json()["detail"].as_str().unwrap().contains("price_tiers"),
         "{r:?}"
     );
+    // A tier's fields default as over gRPC: the engine's check names the field.
+    let r = http
+        .post(
+            "/v1/events",
+            &[],
+            &serde_json::json!({"eventId": "bad", "name": "Bad", "sections": [
+                {"sectionId": "floor", "name": "Floor", "priceCents": 100, "capacity": 10,
+                 "priceTiers": [{"priceCents": 50}]}]}),
+        )
+        .await;
+    assert_eq!(
+        (r.status.as_u16(), r.reason()),
+        (400, "INVALID_REQUEST".into()),
+        "{r:?}"
+    );
+    assert_eq!(
+        r.json()["field"],
+        "sections[0].price_tiers[0].places",
+        "{r:?}"
+    );
     server.shutdown().await;
 }
 
