@@ -619,10 +619,7 @@ impl StateMachine {
                         }
                         continue;
                     }
-                    let s = self.sink.stream(stream)?;
-                    for (seq, bytes) in entries {
-                        s.append(*seq, bytes)?;
-                    }
+                    self.sink.stream(stream)?.append_batch(entries)?;
                     self.warm.append(stream, entries);
                     super::observe::applied(&super::observe::Applied {
                         index,

@@ -79,6 +79,14 @@ pub trait KvTree: Send + Sync {
     /// The pair with the greatest key.
     fn last(&self) -> Result<Option<Pair>, StorageError>;
 
+    /// The first pair whose key is greater than `key`.
+    fn first_after(&self, key: &[u8]) -> Result<Option<Pair>, StorageError> {
+        Ok(self
+            .range(Bound::Excluded(key), Bound::Unbounded)?
+            .into_iter()
+            .next())
+    }
+
     /// Every pair, in order.
     fn pairs(&self) -> Result<Pairs, StorageError> {
         self.range(Bound::Unbounded, Bound::Unbounded)

@@ -2,7 +2,7 @@
 //!
 //! | tree | key | value |
 //! |---|---|---|
-//! | one per stream (`catalog`, `section/{event}/{section}`, `ledger/{n}`, `waitlist`) | seq (u64 BE) | framed record |
+//! | one per stream (`catalog`, `section/{event}/{section}`, `ledger/{n}`, `waitlist`) | seq (u64 BE) | a framed record, or a chunk of records keyed by its last ([`chunks`](super::chunks)) |
 //! | `checkpoints` | stream name | framed `(seq, state blob)` |
 //! | `sold` | claim key | holder (hold id) |
 //! | `sold_set_aside` | `{claim key}@{holder}` | holder: claims recovery set aside, kept as evidence |
@@ -14,6 +14,7 @@
 use std::ops::Bound;
 use std::sync::Arc;
 
+use super::chunks;
 use super::kv::{Kv, KvTree};
 use super::names;
 use super::sink::{Claim, LogSink, StreamSink};
@@ -50,6 +51,18 @@ struct KvStream {
     tree: Arc<dyn KvTree>,
 }
 
+impl KvStream {
+    fn seq_of(&self, key: &[u8]) -> Result<u64, StorageError> {
+        <[u8; 8]>::try_from(key)
+            .map(u64::from_be_bytes)
+            .map_err(|_| StorageError::Corrupt {
+                stream: self.name.clone(),
+                seq: 0,
+                reason: format!("key of {} bytes is not a sequence number", key.len()),
+            })
+    }
+}
+
 impl StreamSink for KvStream {
     fn name(&self) -> &str {
         &self.name
@@ -59,30 +72,58 @@ impl StreamSink for KvStream {
         self.tree.insert(&seq.to_be_bytes(), bytes)
     }
 
+    fn append_batch(&self, entries: &[(u64, Vec<u8>)]) -> Result<(), StorageError> {
+        for (key, value) in chunks::pack(entries) {
+            self.tree.insert(&key.to_be_bytes(), &value)?;
+        }
+        Ok(())
+    }
+
     fn read_after(&self, after: u64) -> Result<Vec<(u64, Vec<u8>)>, StorageError> {
         self.read_between(after, u64::MAX)
     }
 
+    /// Values are keyed by their last record: those keyed in `(after, upto]`, and the first
+    /// one past `upto` (a chunk may begin at or before it), each unpacked and cut to the range.
     fn read_between(&self, after: u64, upto: u64) -> Result<Vec<(u64, Vec<u8>)>, StorageError> {
-        let (after, upto) = (after.to_be_bytes(), upto.to_be_bytes());
-        self.tree
-            .range(Bound::Excluded(&after[..]), Bound::Included(&upto[..]))?
-            .into_iter()
-            .map(|(key, value)| {
-                let seq = <[u8; 8]>::try_from(key.as_slice())
-                    .map(u64::from_be_bytes)
-                    .map_err(|_| StorageError::Corrupt {
-                        stream: self.name.clone(),
-                        seq: 0,
-                        reason: format!("key of {} bytes is not a sequence number", key.len()),
-                    })?;
-                Ok((seq, value))
-            })
-            .collect()
+        let (from, to) = (after.to_be_bytes(), upto.to_be_bytes());
+        let mut values = self
+            .tree
+            .range(Bound::Excluded(&from[..]), Bound::Included(&to[..]))?;
+        if upto < u64::MAX {
+            values.extend(self.tree.first_after(&to)?);
+        }
+        let mut out = Vec::new();
+        for (key, value) in values {
+            let key = self.seq_of(&key)?;
+            out.extend(
+                chunks::unpack(key, value)
+                    .into_iter()
+                    .filter(|(seq, _)| *seq > after && *seq <= upto),
+            );
+        }
+        Ok(out)
     }
 
+    /// Removes one record: its value, or, in a chunk, the chunk written again without it.
     fn remove(&self, seq: u64) -> Result<(), StorageError> {
-        self.tree.remove(&seq.to_be_bytes())
+        let Some((key, value)) = self
+            .tree
+            .first_after(&seq.saturating_sub(1).to_be_bytes())?
+        else {
+            return Ok(());
+        };
+        let records = chunks::unpack(self.seq_of(&key)?, value);
+        if !records.iter().any(|(s, _)| *s == seq) {
+            return Ok(());
+        }
+        let left: Vec<(u64, Vec<u8>)> = records.into_iter().filter(|(s, _)| *s != seq).collect();
+        let mut changes = vec![(key, None)];
+        for (k, v) in chunks::pack(&left) {
+            changes.retain(|(old, _)| old.as_slice() != k.to_be_bytes());
+            changes.push((k.to_be_bytes().to_vec(), Some(v)));
+        }
+        self.tree.apply(&changes)
     }
 
     fn last_seq(&self) -> Result<u64, StorageError> {
@@ -192,5 +233,54 @@ impl LogSink for KvSink {
 
     fn atomic_records(&self) -> bool {
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(seq: u64) -> Vec<u8> {
+        crate::codec::encode(&vec![seq as u8; 3_000])
+    }
+
+    fn seqs(r: &[(u64, Vec<u8>)]) -> Vec<u64> {
+        r.iter().map(|(s, _)| *s).collect()
+    }
+
+    /// Format 3 beside format 2: records written one by one and in chunks read back alike, by
+    /// any range (chunks that straddle its ends cut to it); a record removed from a chunk
+    /// (a torn tail dropped) leaves the others; compaction removes whole chunks only.
+    #[test]
+    fn chunks_and_lone_records_read_remove_and_compact_alike() {
+        let sink = KvSink::new(Arc::new(super::super::sim_kv::SimKv::new())).unwrap();
+        let s = sink.stream("section/e/s").unwrap();
+        s.append(1, &record(1)).unwrap(); // format 2
+        let batch: Vec<_> = (2..=20).map(|q| (q, record(q))).collect();
+        s.append_batch(&batch).unwrap(); // 3 KB each: chunks of 5
+        let values = sink.store().tree("section/e/s").unwrap().pairs().unwrap();
+        assert_eq!(values.len(), 1 + 4, "one value per chunk");
+        assert_eq!(s.last_seq().unwrap(), 20);
+        let all = s.read_after(0).unwrap();
+        assert_eq!(seqs(&all), (1..=20).collect::<Vec<_>>());
+        assert!(all.iter().all(|(q, b)| *b == record(*q)));
+        assert_eq!(seqs(&s.read_between(3, 8).unwrap()), [4, 5, 6, 7, 8]);
+        assert_eq!(seqs(&s.read_between(19, 25).unwrap()), [20]);
+        assert!(s.read_between(20, 30).unwrap().is_empty());
+        // The last record dropped, then one in the middle of a chunk.
+        s.remove(20).unwrap();
+        assert_eq!(s.last_seq().unwrap(), 19);
+        s.remove(9).unwrap();
+        let left = seqs(&s.read_after(0).unwrap());
+        assert_eq!(left.len(), 18);
+        assert!(!left.contains(&9) && !left.contains(&20));
+        // Compaction: whole values up to the mark; a chunk across it stays, and reads after
+        // the mark see only what is past it.
+        s.remove_upto(12).unwrap();
+        assert!(seqs(&s.read_after(0).unwrap()).iter().all(|q| *q > 10));
+        assert_eq!(
+            seqs(&s.read_after(12).unwrap()),
+            (13..=19).collect::<Vec<_>>()
+        );
     }
 }

@@ -37,6 +37,7 @@ pub(crate) use change_log::ChangeLog;
 
 mod batch;
 mod change_log;
+mod chunks;
 mod fail_stop;
 mod kv;
 mod kv_sink;
@@ -714,9 +715,7 @@ impl Flusher {
                 }
             }
         }
-        for (seq, bytes) in &a.entries {
-            a.stream.append(*seq, bytes)?;
-        }
+        a.stream.append_batch(&a.entries)?;
         if let Some((last, _)) = a.entries.last() {
             self.marks.raise(a.stream.name(), *last);
             self.dirty = true;

@@ -420,6 +420,16 @@ impl KvTree for SimTree {
         Ok(self.read(|t| t.is_none_or(BTreeMap::is_empty)))
     }
 
+    fn first_after(&self, key: &[u8]) -> Result<Option<Pair>, StorageError> {
+        Ok(self.read(|t| {
+            t.and_then(|t| {
+                t.range::<[u8], _>((Bound::Excluded(key), Bound::Unbounded))
+                    .next()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+            })
+        }))
+    }
+
     fn last(&self) -> Result<Option<Pair>, StorageError> {
         Ok(self.read(|t| {
             t.and_then(|t| t.last_key_value())

@@ -44,6 +44,15 @@ pub trait StreamSink: Send + Sync {
     fn name(&self) -> &str;
     /// Writes a record (durable after the next good sync).
     fn append(&self, seq: u64, bytes: &[u8]) -> Result<(), StorageError>;
+    /// Writes a group commit's records of this stream (ascending sequence numbers), in as few
+    /// writes as the store likes (a [`KvSink`](super::KvSink): one value per chunk of about
+    /// 16 KiB). Nothing is durable until the next sync, as with `append`.
+    fn append_batch(&self, entries: &[(u64, Vec<u8>)]) -> Result<(), StorageError> {
+        for (seq, bytes) in entries {
+            self.append(*seq, bytes)?;
+        }
+        Ok(())
+    }
     /// Every record with a sequence number above `after`, in order.
     fn read_after(&self, after: u64) -> Result<Vec<(u64, Vec<u8>)>, StorageError>;
     /// The records numbered above `after` and up to `upto`, in order.

@@ -216,6 +216,15 @@ impl KvTree for SledTree {
         Ok(self.0.is_empty())
     }
 
+    fn first_after(&self, key: &[u8]) -> Result<Option<Pair>, StorageError> {
+        self.0
+            .range::<&[u8], _>((Bound::Excluded(key), Bound::Unbounded))
+            .next()
+            .transpose()
+            .map_err(io)
+            .map(|kv| kv.map(|(k, v)| (k.to_vec(), v.to_vec())))
+    }
+
     fn last(&self) -> Result<Option<Pair>, StorageError> {
         Ok(self
             .0

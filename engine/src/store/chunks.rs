@@ -1,0 +1,179 @@
+//! Log format 3: a group commit's records of one stream as few values (chunks), not one value
+//! per record.
+//!
+//! A stream's tree maps a sequence number to a value, which is either
+//! - one framed record ([`crate::codec`]: it begins with the codec's version byte), keyed by its
+//!   sequence number: every record of format 2, and a chunk of one record in format 3; or
+//! - a **chunk** of several records, keyed by its **last** record's sequence number:
+//!   `[CHUNK_TAG][crc32 of the index: u32 LE][count: u32 LE][index][records]`, the index being
+//!   `count` times `(seq: u64 LE, len: u32 LE)`, the records their framed bytes one after the
+//!   other. Each record keeps its own frame (version and checksum), so damage inside a chunk is
+//!   named record by record; damage to the index is named at the chunk's key (the chunk's
+//!   bytes as one bad record, its other numbers a gap).
+//!
+//! A chunk holds at most [`CHUNK_BYTES`] of records (and a record larger than that alone), so
+//! no value reaches sled's blob threshold (a quarter of its 128 KiB segments) because of the
+//! format. Readers take both kinds of value in any mix: a data dir of format 2 opens as it is
+//! and new commits are written as chunks (a migration in place, record by record as the log
+//! turns over; nothing to run).
+
+/// The first byte of a chunk (never a codec version byte).
+pub const CHUNK_TAG: u8 = 0xC3;
+
+/// The most bytes of records one chunk holds (a single larger record is a chunk of its own).
+pub const CHUNK_BYTES: usize = 16 * 1024;
+
+const HEAD: usize = 1 + 4 + 4;
+const INDEX_ENTRY: usize = 8 + 4;
+
+/// Splits a group commit's entries (ascending) into chunks of at most [`CHUNK_BYTES`] of
+/// records: each `(key, value)` to write, the key the last record's number.
+pub fn pack(entries: &[(u64, Vec<u8>)]) -> Vec<(u64, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    while start < entries.len() {
+        let mut end = start + 1;
+        let mut bytes = entries[start].1.len();
+        while end < entries.len() && bytes + entries[end].1.len() <= CHUNK_BYTES {
+            bytes += entries[end].1.len();
+            end += 1;
+        }
+        out.push(chunk(&entries[start..end]));
+        start = end;
+    }
+    out
+}
+
+/// One value for `entries` (a lone record as it is).
+fn chunk(entries: &[(u64, Vec<u8>)]) -> (u64, Vec<u8>) {
+    let last = entries.last().map_or(0, |(seq, _)| *seq);
+    if let [(seq, bytes)] = entries {
+        return (*seq, bytes.clone());
+    }
+    let records: usize = entries.iter().map(|(_, b)| b.len()).sum();
+    let mut value = Vec::with_capacity(HEAD + entries.len() * INDEX_ENTRY + records);
+    value.push(CHUNK_TAG);
+    value.extend_from_slice(&[0; 4]);
+    value.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+    for (seq, bytes) in entries {
+        value.extend_from_slice(&seq.to_le_bytes());
+        value.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+    }
+    let crc = crc32fast::hash(&value[5..]);
+    value[1..5].copy_from_slice(&crc.to_le_bytes());
+    for (_, bytes) in entries {
+        value.extend_from_slice(bytes);
+    }
+    (last, value)
+}
+
+/// The records a value stored at `key` holds, in order: a lone record as it is; a chunk's
+/// records; a chunk whose index is damaged as one bad record at `key` (its frame fails).
+pub fn unpack(key: u64, value: Vec<u8>) -> Vec<(u64, Vec<u8>)> {
+    if value.first() != Some(&CHUNK_TAG) {
+        return vec![(key, value)];
+    }
+    match index(&value) {
+        Some(index) => {
+            let mut at = HEAD + index.len() * INDEX_ENTRY;
+            index
+                .into_iter()
+                .map(|(seq, len)| {
+                    let record = value[at..at + len].to_vec();
+                    at += len;
+                    (seq, record)
+                })
+                .collect()
+        }
+        None => vec![(key, value)],
+    }
+}
+
+/// A chunk's index, if it is whole: its checksum holds, its numbers ascend, its lengths fill
+/// the value exactly.
+fn index(value: &[u8]) -> Option<Vec<(u64, usize)>> {
+    let head = value.get(..HEAD)?;
+    let crc = u32::from_le_bytes(head[1..5].try_into().ok()?);
+    let count = u32::from_le_bytes(head[5..9].try_into().ok()?) as usize;
+    let end = HEAD.checked_add(count.checked_mul(INDEX_ENTRY)?)?;
+    let raw = value.get(HEAD..end)?;
+    if crc32fast::hash(&value[5..end]) != crc {
+        return None;
+    }
+    let mut index = Vec::with_capacity(count);
+    let mut total = end;
+    for e in raw.chunks_exact(INDEX_ENTRY) {
+        let seq = u64::from_le_bytes(e[..8].try_into().ok()?);
+        let len = u32::from_le_bytes(e[8..].try_into().ok()?) as usize;
+        if index.last().is_some_and(|(prev, _)| *prev >= seq) {
+            return None;
+        }
+        total = total.checked_add(len)?;
+        index.push((seq, len));
+    }
+    (total == value.len()).then_some(index)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn records(n: u64, len: usize) -> Vec<(u64, Vec<u8>)> {
+        (1..=n)
+            .map(|seq| (seq, crate::codec::encode(&vec![seq as u8; len])))
+            .collect()
+    }
+
+    #[test]
+    fn chunks_hold_every_record_in_order_and_stay_under_the_bound() {
+        let entries = records(500, 100);
+        let chunks = pack(&entries);
+        assert!(chunks.len() > 1 && chunks.len() < 10, "{}", chunks.len());
+        let mut back = Vec::new();
+        for (key, value) in chunks {
+            assert!(value.len() <= CHUNK_BYTES + HEAD + 200 * INDEX_ENTRY);
+            let records = unpack(key, value);
+            assert_eq!(
+                records.last().map(|(s, _)| *s),
+                Some(key),
+                "keyed by its last"
+            );
+            back.extend(records);
+        }
+        assert_eq!(back, entries);
+        // One record: written as format 2 wrote it.
+        let one = records(1, 10);
+        assert_eq!(pack(&one), one);
+        // A record over the bound: a chunk of its own.
+        let big = vec![(7, vec![1u8; CHUNK_BYTES + 1]), (8, vec![2u8; 10])];
+        assert_eq!(pack(&big).len(), 2);
+    }
+
+    #[test]
+    fn a_damaged_chunk_is_named_where_it_is() {
+        let entries = records(5, 40);
+        let (key, value) = pack(&entries).remove(0);
+        // A flipped bit in a record: that record fails its own frame, the others read.
+        let mut flipped = value.clone();
+        let last = flipped.len() - 1;
+        flipped[last] ^= 1;
+        let back = unpack(key, flipped);
+        assert_eq!(back.len(), 5);
+        assert!(crate::codec::verify(&back[4].1).is_err());
+        assert!(
+            back[..4]
+                .iter()
+                .all(|(_, b)| crate::codec::verify(b).is_ok())
+        );
+        // A flipped bit in the index: the chunk as one bad record at its key.
+        let mut flipped = value.clone();
+        flipped[HEAD + 3] ^= 1;
+        let back = unpack(key, flipped);
+        assert_eq!(back.len(), 1);
+        assert_eq!(back[0].0, key);
+        assert!(crate::codec::verify(&back[0].1).is_err());
+        // Cut short: the same.
+        let back = unpack(key, value[..value.len() - 3].to_vec());
+        assert_eq!((back.len(), back[0].0), (1, key));
+    }
+}
