@@ -228,7 +228,13 @@ impl Prices {
 
     /// The price the next place would be held at.
     pub fn next_price_cents(&self) -> u64 {
-        self.price_of(self.pick(1).first().copied().unwrap_or(u32::MAX))
+        let first_with_room = self
+            .tiers
+            .iter()
+            .zip(&self.taken)
+            .position(|(tier, &taken)| taken < tier.places)
+            .unwrap_or(self.tiers.len());
+        self.price_of(first_with_room as u32)
     }
 
     /// Counts each tier again from the holds' places still held or sold (`live` says which of

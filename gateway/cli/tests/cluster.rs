@@ -1174,6 +1174,30 @@ async fn tickets_given_back_and_moved_survive_the_leaders_death() {
 /// survive the leader's `kill -9` with their uses. Every live node then shows (to an admin key)
 /// the code's uses as acknowledged, and the cap still holds: a hold past it is
 /// `ACCESS_CODE_EXHAUSTED`, one within it is placed.
+/// A best-available hold of `quantity` places in section `ga` of `event` for an admitted
+/// (user, token), with an idempotency key and an access code (empty: none).
+fn ga_hold(
+    event: &str,
+    (user, token): (&str, &str),
+    quantity: u32,
+    key: &str,
+    code: &str,
+) -> pb::HoldRequest {
+    pb::HoldRequest {
+        event_id: event.into(),
+        user_id: user.into(),
+        admission_token: token.into(),
+        idempotency_key: key.into(),
+        selection: Some(pb::hold_request::Selection::BestAvailable(
+            pb::BestAvailable {
+                section_id: "ga".into(),
+                quantity,
+            },
+        )),
+        access_code: code.into(),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn presale_code_uses_survive_the_leaders_death_and_the_cap_still_holds() {
     let tmp = tempfile::tempdir().unwrap();
@@ -1196,18 +1220,8 @@ async fn presale_code_uses_survive_the_leaders_death_and_the_cap_still_holds() {
         })
         .await
         .unwrap();
-    let hold = |user: &str, token: &str, quantity: u32, code: &str| pb::HoldRequest {
-        event_id: "pre".into(),
-        user_id: user.into(),
-        admission_token: token.into(),
-        idempotency_key: String::new(),
-        selection: Some(pb::hold_request::Selection::BestAvailable(
-            pb::BestAvailable {
-                section_id: "ga".into(),
-                quantity,
-            },
-        )),
-        access_code: code.into(),
+    let hold = |user: &str, token: &str, quantity: u32, code: &str| {
+        ga_hold("pre", (user, token), quantity, "", code)
     };
     let mut c = clients[f].clone();
     let ann = common::admitted(&mut c, "pre", "ann").await;
@@ -1295,18 +1309,8 @@ async fn price_tiers_and_fixed_prices_survive_the_leaders_death() {
         .create_event(event)
         .await
         .unwrap();
-    let hold = |user: &str, token: &str, quantity: u32, key: &str| pb::HoldRequest {
-        event_id: "tiers".into(),
-        user_id: user.into(),
-        admission_token: token.into(),
-        idempotency_key: key.into(),
-        selection: Some(pb::hold_request::Selection::BestAvailable(
-            pb::BestAvailable {
-                section_id: "ga".into(),
-                quantity,
-            },
-        )),
-        access_code: String::new(),
+    let hold = |user: &str, token: &str, quantity: u32, key: &str| {
+        ga_hold("tiers", (user, token), quantity, key, "")
     };
     let mut c = clients[f].clone();
     let ann = common::admitted(&mut c, "tiers", "ann").await;

@@ -77,6 +77,11 @@ async fn tiers_of(
         .collect()
 }
 
+/// A hold that must succeed.
+async fn held(c: &mut boxoffice_tests::Clients, req: pb::HoldRequest) -> pb::Hold {
+    c.booking.hold(req).await.unwrap().into_inner()
+}
+
 async fn charged(server: &TestServer, payment_id: &str) -> u64 {
     let charges = server.engine().payments().charges().await.unwrap();
     charges
@@ -112,23 +117,13 @@ async fn prices_step_up_as_places_sell_and_each_hold_pays_its_own_places_tiers()
     let hold = |user: &str, token: &str, section: &str, q: u32, key: &str| {
         best("tiers", user, token, section, q, key)
     };
-    let a1 = c
-        .booking
-        .hold(hold("ann", &ann, "floor", 2, ""))
-        .await
-        .unwrap()
-        .into_inner();
+    let a1 = held(&mut c, hold("ann", &ann, "floor", 2, "")).await;
     assert_eq!(
         (a1.place_prices_cents.clone(), a1.amount_cents),
         (vec![9_000, 9_000], 18_000)
     );
     // Across the boundary: one place at 90.00, two at 120.00 (never three at 120.00).
-    let b1 = c
-        .booking
-        .hold(hold("bob", &bob, "floor", 3, "bob-1"))
-        .await
-        .unwrap()
-        .into_inner();
+    let b1 = held(&mut c, hold("bob", &bob, "floor", 3, "bob-1")).await;
     assert_eq!(b1.place_prices_cents, [9_000, 12_000, 12_000]);
     assert_eq!(b1.amount_cents, 33_000);
     let now = tiers_of(&mut c, "tiers").await;
@@ -160,43 +155,18 @@ async fn prices_step_up_as_places_sell_and_each_hold_pays_its_own_places_tiers()
         })
         .await
         .unwrap();
-    let c1 = c
-        .booking
-        .hold(hold("cat", &cat, "floor", 4, ""))
-        .await
-        .unwrap()
-        .into_inner();
+    let c1 = held(&mut c, hold("cat", &cat, "floor", 4, "")).await;
     assert_eq!(c1.place_prices_cents, [9_000, 9_000, 12_000, 15_000]);
     // Reserved seats: by quantity too.
-    let a2 = c
-        .booking
-        .hold(hold("ann", &ann, "orch", 3, ""))
-        .await
-        .unwrap()
-        .into_inner();
-    let a3 = c
-        .booking
-        .hold(hold("ann", &ann, "orch", 1, ""))
-        .await
-        .unwrap()
-        .into_inner();
+    let a2 = held(&mut c, hold("ann", &ann, "orch", 3, "")).await;
+    let a3 = held(&mut c, hold("ann", &ann, "orch", 1, "")).await;
     assert_eq!(a2.place_prices_cents, [20_000; 3]);
     assert_eq!(a3.place_prices_cents, [20_000]);
     let d = admitted(&mut c, &clock, "tiers", "dan").await;
-    let d1 = c
-        .booking
-        .hold(hold("dan", &d, "orch", 2, ""))
-        .await
-        .unwrap()
-        .into_inner();
+    let d1 = held(&mut c, hold("dan", &d, "orch", 2, "")).await;
     assert_eq!(d1.place_prices_cents, [30_000, 30_000]);
     // A section without tiers: every place at its price.
-    let p1 = c
-        .booking
-        .hold(hold("dan", &d, "plain", 2, ""))
-        .await
-        .unwrap()
-        .into_inner();
+    let p1 = held(&mut c, hold("dan", &d, "plain", 2, "")).await;
     assert_eq!(
         (p1.place_prices_cents.clone(), p1.amount_cents),
         (vec![5_000; 2], 10_000)
@@ -254,20 +224,10 @@ async fn prices_step_up_as_places_sell_and_each_hold_pays_its_own_places_tiers()
         .into_inner();
     assert_eq!(again.place_prices_cents, c1.place_prices_cents);
     let bob = admitted(&mut c, server.clock(), "tiers", "bob").await;
-    let replayed = c
-        .booking
-        .hold(best("tiers", "bob", &bob, "floor", 3, "bob-1"))
-        .await
-        .unwrap()
-        .into_inner();
+    let replayed = held(&mut c, best("tiers", "bob", &bob, "floor", 3, "bob-1")).await;
     assert_eq!(replayed.hold_id, b1.hold_id);
     assert_eq!(replayed.place_prices_cents, [9_000, 12_000, 12_000]);
-    let next = c
-        .booking
-        .hold(best("tiers", "bob", &bob, "floor", 1, ""))
-        .await
-        .unwrap()
-        .into_inner();
+    let next = held(&mut c, best("tiers", "bob", &bob, "floor", 1, "")).await;
     assert_eq!(
         next.place_prices_cents,
         [12_000],
