@@ -1,9 +1,9 @@
 //! `compare`: boxoffice against the seeds' design (a booking front on Redis + Lua), the same
-//! flash sale played against each, one row after the other on this machine; see
-//! `boxoffice_benches::compare` and `benches/compare.sh`.
+//! sales (the 100:1 flash sale, and a success-heavy one) played against each, one row after the
+//! other on this machine; see `boxoffice_benches::compare` and `benches/compare.sh`.
 //!
 //! ```sh
-//! cargo run --release -p boxoffice-benches --bin compare -- --rows a,b,c --json /tmp/compare.json
+//! cargo run --release -p boxoffice-benches --bin compare -- --rows a,c,d --json /tmp/compare.json
 //! ```
 //!
 //! Exit code 0: every row that ran passed its checks; 1: a row failed (other errors, oversold,
@@ -12,7 +12,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use boxoffice_benches::compare::{self, Options, Row, Workload, seeds};
+use boxoffice_benches::compare::{self, Kind, Options, Row, Workload, seeds};
 use clap::Parser;
 
 /// boxoffice against the seeds' design (Redis + Lua): attempts/s, latency, oversold.
@@ -22,9 +22,14 @@ struct Args {
     /// Contenders (distinct user ids), one attempt for one place each.
     #[arg(long, default_value_t = 100_000)]
     contenders: usize,
-    /// Places for sale (general admission).
+    /// Places for sale in the 100:1 sale (general admission); the success-heavy workload has
+    /// one for every contender.
     #[arg(long, default_value_t = 10_000)]
     seats: u32,
+    /// Workloads to play, each reported on its own: `sale` (the 100:1 flash sale), `success`
+    /// (success-heavy: as many places as contenders), comma-separated.
+    #[arg(long, default_value = "sale,success")]
+    workloads: String,
     /// Holds in flight at once.
     #[arg(long, default_value_t = 128)]
     in_flight: usize,
@@ -37,8 +42,8 @@ struct Args {
     /// Health checks measured for the ceiling (0: none).
     #[arg(long, default_value_t = 100_000)]
     health_calls: usize,
-    /// Rows to run: any of a, b, c, d, comma-separated.
-    #[arg(long, default_value = "a,b,c,d")]
+    /// Rows to run: any of a, b, c, d, e, comma-separated.
+    #[arg(long, default_value = "a,b,c,d,e")]
     rows: String,
     /// Also write the results as JSON here.
     #[arg(long)]
@@ -49,10 +54,10 @@ struct Args {
     /// Contenders admitted at once during the untimed setup of rows a and d.
     #[arg(long, default_value_t = 256)]
     setup_concurrency: usize,
-    /// Send an idempotency key with each attempt of rows a and d (the seeds' design has none;
-    /// with keys, every refusal is also recorded durably as its key's first answer).
+    /// No idempotency keys: rows a to d send none (by default each attempt carries one, as the
+    /// seeds' notes ask; row e's simplified script never takes one).
     #[arg(long)]
-    keys: bool,
+    no_keys: bool,
     /// The redis-server to start (default: the one on PATH).
     #[arg(long)]
     redis_server: Option<PathBuf>,
@@ -64,7 +69,8 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let w = Workload {
+    let base = Workload {
+        kind: Kind::Sale,
         contenders: args.contenders,
         seats: args.seats,
         in_flight: args.in_flight,
@@ -73,9 +79,19 @@ fn main() -> ExitCode {
         health_calls: args.health_calls,
         front_redis_connections: args.front_redis_connections,
         setup_concurrency: args.setup_concurrency,
-        keys: args.keys,
+        keys: !args.no_keys,
     };
-    let rows = match Row::parse_list(&args.rows).and_then(|r| w.check().map(|()| r)) {
+    let parsed = Row::parse_list(&args.rows).and_then(|rows| {
+        let workloads: Vec<Workload> = Kind::parse_list(&args.workloads)?
+            .into_iter()
+            .map(|k| base.as_kind(k))
+            .collect();
+        for w in &workloads {
+            w.check()?;
+        }
+        Ok((rows, workloads))
+    });
+    let (rows, workloads) = match parsed {
         Ok(r) => r,
         Err(e) => {
             eprintln!("compare: {e}");
@@ -84,12 +100,12 @@ fn main() -> ExitCode {
     };
     let redis_server = args.redis_server.clone().or_else(seeds::find_redis_server);
     let require_redis = args.require_redis || boxoffice_engine::tiers::required("redis");
-    if redis_server.is_none() && rows.iter().any(|r| matches!(r, Row::B | Row::C)) {
+    if redis_server.is_none() && rows.iter().any(|r| r.is_redis()) {
         if require_redis {
             eprintln!("compare: redis-server not found on PATH (and Redis is required)");
             return ExitCode::FAILURE;
         }
-        eprintln!("compare: redis-server not found on PATH: rows (b) and (c) are skipped");
+        eprintln!("compare: redis-server not found on PATH: rows (b), (c) and (e) are skipped");
     }
     let client = match compare::runtime("compare-client") {
         Ok(rt) => rt,
@@ -98,7 +114,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let report = match compare::run(&w, &rows, &Options { redis_server }, &client) {
+    let report = match compare::run(&workloads, &rows, &Options { redis_server }, &client) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("compare: {e:#}");
@@ -118,10 +134,11 @@ fn main() -> ExitCode {
             }
         }
     }
-    if report.failures.is_empty() {
+    let failures = report.failures();
+    if failures.is_empty() {
         ExitCode::SUCCESS
     } else {
-        eprintln!("compare: FAILED: {}", report.failures.join("; "));
+        eprintln!("compare: FAILED: {}", failures.join("; "));
         ExitCode::FAILURE
     }
 }

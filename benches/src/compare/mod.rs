@@ -1,20 +1,25 @@
 //! `compare` (`benches/src/bin/compare.rs`): boxoffice against the seeds' design (a booking
-//! front on Redis with a reserve Lua script), the same flash sale on the same machine, one row
-//! after the other:
+//! front on Redis with a reserve Lua script), the same sales on the same machine, one row after
+//! the other:
 //!
 //! - (a) [`ours::row_a`]: `BookingService.Hold` against an embedded boxoffice server
 //!   (`Durability::Sync`), every contender admitted through the waiting room before the clock
 //!   starts;
 //! - (b) [`seeds::row_b`]: the same client against a small tonic front whose `Hold` runs the
-//!   reserve script on a `redis-server` child (EVALSHA over multiplexed connections);
-//! - (c) [`seeds::row_c`]: no front, the client runs the script on Redis itself, pipelined;
-//! - (d) [`ours::row_d`]: `BookingService.HoldBatch` against a fresh embedded server.
+//!   full seeds' script on a `redis-server` child (EVALSHA over multiplexed connections);
+//! - (c) [`seeds::row_c`]: no front, the client runs the full script on Redis itself, pipelined;
+//! - (d) [`ours::row_d`]: `BookingService.HoldBatch` against a fresh embedded server;
+//! - (e) [`seeds::row_e`]: as (c) with the simplified script (a counter and a hold, nothing
+//!   more), labelled so.
 //!
-//! Every contender makes exactly one attempt for one place; the seats sell out, the rest are
-//! answered `SOLD_OUT`. Each row reports attempts/s over the whole timed part (first request to
-//! last answer), p50/p99 latency per attempt, successes, `SOLD_OUT`s, other errors and
-//! oversold places, and checks the server's own count afterwards. The health check of (a)'s
-//! server (an empty RPC through the same client stack) is the ceiling.
+//! Two workloads ([`Kind`]), each reported on its own: the 100:1 sale (most attempts refused
+//! `SOLD_OUT`) and the success-heavy one (a place for every contender). Every attempt carries an
+//! idempotency key by default, on both sides. Every contender makes exactly one attempt for one
+//! place. Each row reports attempts/s over the whole timed part (first request to last answer),
+//! p50/p99 latency per attempt, and the successes and the refusals apart (count, rate,
+//! latency), other errors and oversold places, and checks the server's own count afterwards.
+//! The health check of (a)'s server (an empty RPC through the same client stack) is the
+//! ceiling.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -26,7 +31,7 @@ pub mod seeds;
 mod workload;
 
 pub use workload::{
-    HealthResult, Latency, Row, RowResult, SOLD_OUT, Workload, describe, histogram, runtime,
+    HealthResult, Kind, Latency, Row, RowResult, SOLD_OUT, Workload, describe, histogram, runtime,
 };
 
 /// The machine and code a run measured.
@@ -101,51 +106,90 @@ pub struct Options {
     pub redis_server: Option<PathBuf>,
 }
 
-/// A whole run.
+/// A whole run: every workload asked for.
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
     /// Where it ran.
     pub machine: Machine,
+    /// One per workload, in order.
+    pub runs: Vec<Run>,
+}
+
+impl Report {
+    /// What went wrong in any workload (empty: nothing).
+    pub fn failures(&self) -> Vec<String> {
+        self.runs
+            .iter()
+            .flat_map(|r| {
+                r.failures
+                    .iter()
+                    .map(|f| format!("{}: {f}", r.workload.kind.key()))
+            })
+            .collect()
+    }
+}
+
+/// One workload's rows.
+#[derive(Clone, Debug, Serialize)]
+pub struct Run {
     /// What it played.
     pub workload: Workload,
     /// Its rows, in table order.
     pub rows: Vec<RowResult>,
     /// The ceiling, if measured.
     pub health: Option<HealthResult>,
-    /// `(d)/(c)`, `(a)/(b)`, `(a)/health` of attempts/s (`None`: a side did not run).
+    /// Ratios of attempts/s (`None`: a side did not run).
     pub ratios: Ratios,
     /// What went wrong (empty: nothing).
     pub failures: Vec<String>,
 }
 
-/// The ratios of attempts/s the table ends with.
+/// The ratios of attempts/s a workload's table ends with.
 #[derive(Clone, Debug, Serialize)]
 pub struct Ratios {
-    /// HoldBatch over raw Redis.
+    /// HoldBatch over raw Redis with the full script.
     pub d_over_c: Option<f64>,
+    /// HoldBatch over raw Redis with the simplified script.
+    pub d_over_e: Option<f64>,
     /// Hold over the gRPC front on Redis.
     pub a_over_b: Option<f64>,
     /// Hold over the health check.
     pub a_over_health: Option<f64>,
 }
 
-/// Runs `rows` of workload `w` one after the other, the client on `client` (a runtime of its
-/// own: each server gets another), and reports. Failed rows are reported, not returned as
+/// Runs `rows` of each of `workloads`, one after the other, the client on `client` (a runtime of
+/// its own: each server gets another), and reports. Failed rows are reported, not returned as
 /// errors; a row that cannot run at all (a server that does not start) is an error.
 pub fn run(
-    w: &Workload,
+    workloads: &[Workload],
     rows: &[Row],
     options: &Options,
     client: &tokio::runtime::Runtime,
 ) -> anyhow::Result<Report> {
-    w.check()?;
+    for w in workloads {
+        w.check()?;
+    }
     let machine = Machine::probe(options.redis_server.as_deref());
+    let mut runs = Vec::new();
+    for w in workloads {
+        eprintln!("workload: {}", w.title());
+        runs.push(run_one(w, rows, options, client)?);
+    }
+    Ok(Report { machine, runs })
+}
+
+fn run_one(
+    w: &Workload,
+    rows: &[Row],
+    options: &Options,
+    client: &tokio::runtime::Runtime,
+) -> anyhow::Result<Run> {
     let mut results = Vec::new();
     let mut health = None;
     for &row in rows {
         eprintln!("running {} ...", row.name());
         let result = match (row, &options.redis_server) {
-            (Row::B | Row::C, None) => {
+            (r, None) if r.is_redis() => {
                 let why =
                     "skipped: redis-server not found on PATH (benches/compare.sh installs it \
                            with apt-get when run as root)"
@@ -165,6 +209,8 @@ pub fn run(
             }
             (Row::B, Some(bin)) => seeds::row_b(w, client, bin)?,
             (Row::C, Some(bin)) => seeds::row_c(w, client, bin)?,
+            (Row::E, Some(bin)) => seeds::row_e(w, client, bin)?,
+            (_, None) => unreachable!("every row without redis-server is ours"),
         };
         eprintln!("{}", one_line(&result));
         results.push(result);
@@ -181,6 +227,7 @@ pub fn run(
     };
     let ratios = Ratios {
         d_over_c: ratio(rate(Row::D), rate(Row::C)),
+        d_over_e: ratio(rate(Row::D), rate(Row::E)),
         a_over_b: ratio(rate(Row::A), rate(Row::B)),
         a_over_health: ratio(rate(Row::A), health.as_ref().map(|h| h.calls_per_second)),
     };
@@ -195,8 +242,7 @@ pub fn run(
             h.first_error.as_deref().unwrap_or("?")
         ));
     }
-    Ok(Report {
-        machine,
+    Ok(Run {
         workload: w.clone(),
         rows: results,
         health,
@@ -232,7 +278,6 @@ fn grouped(n: u64) -> String {
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let m = &self.machine;
-        let w = &self.workload;
         writeln!(
             f,
             "boxoffice compare: boxoffice against the seeds' design (Redis + Lua)"
@@ -242,20 +287,42 @@ impl fmt::Display for Report {
             "machine: nproc {}, CPU {}, commit {}, {}, {}",
             m.nproc, m.cpu_model, m.git_commit, m.date, m.redis_server
         )?;
+        for run in &self.runs {
+            writeln!(f)?;
+            write!(f, "{run}")?;
+        }
+        writeln!(f)?;
+        writeln!(f, "notes:")?;
+        for n in NOTES {
+            writeln!(f, "  - {n}")?;
+        }
+        let failures = self.failures();
+        if !failures.is_empty() {
+            writeln!(f)?;
+            writeln!(f, "!!!!!!!! FAILED !!!!!!!!")?;
+            for fail in &failures {
+                writeln!(f, "!!! {fail}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Run {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let w = &self.workload;
+        writeln!(f, "== workload {}: {}", w.kind.key(), w.title())?;
         writeln!(
             f,
-            "workload: {} contenders (distinct users, 1 attempt for 1 place each), {} seats \
-             (general admission), {} holds in flight over {} connections; HoldBatch of {} items; \
-             idempotency keys in (a) and (d): {}",
-            grouped(w.contenders as u64),
-            grouped(u64::from(w.seats)),
+            "{} holds in flight over {} connections; HoldBatch of {} items; an idempotency key \
+             per attempt: {}",
             w.in_flight,
             w.connections,
             w.batch,
             if w.keys {
-                "yes (--keys)"
+                "yes, in (a), (b), (c), (d); never in (e)"
             } else {
-                "no (as the seeds' design)"
+                "no (--no-keys)"
             }
         )?;
         writeln!(f)?;
@@ -303,11 +370,33 @@ impl fmt::Display for Report {
             )?;
         }
         writeln!(f)?;
+        writeln!(f, "successes and refusals apart:")?;
+        writeln!(
+            f,
+            "{:<name_w$}  {:>8}  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}",
+            "row", "held", "held/s", "p50 ms", "p99 ms", "SOLD_OUT", "p50 ms", "p99 ms"
+        )?;
+        for r in self.rows.iter().filter(|r| r.skipped.is_none()) {
+            writeln!(
+                f,
+                "{:<name_w$}  {:>8}  {:>9}  {:>9.2}  {:>9.2}  {:>9}  {:>9.2}  {:>9.2}",
+                r.name,
+                grouped(r.held),
+                grouped(r.held_per_second.round() as u64),
+                r.held_latency.p50_ms,
+                r.held_latency.p99_ms,
+                grouped(r.sold_out),
+                r.sold_out_latency.p50_ms,
+                r.sold_out_latency.p99_ms
+            )?;
+        }
+        writeln!(f)?;
         let x = |r: Option<f64>| r.map_or_else(|| "n/a".to_owned(), |r| format!("{r:.2}x"));
         writeln!(
             f,
-            "ratios of attempts/s: (d)/(c) = {}   (a)/(b) = {}   (a)/health = {}",
+            "ratios of attempts/s: (d)/(c) = {}   (d)/(e) = {}   (a)/(b) = {}   (a)/health = {}",
             x(self.ratios.d_over_c),
+            x(self.ratios.d_over_e),
             x(self.ratios.a_over_b),
             x(self.ratios.a_over_health)
         )?;
@@ -342,18 +431,6 @@ impl fmt::Display for Report {
                 h.seconds
             )?;
         }
-        writeln!(f)?;
-        writeln!(f, "notes:")?;
-        for n in NOTES {
-            writeln!(f, "  - {n}")?;
-        }
-        if !self.failures.is_empty() {
-            writeln!(f)?;
-            writeln!(f, "!!!!!!!! FAILED !!!!!!!!")?;
-            for fail in &self.failures {
-                writeln!(f, "!!! {fail}")?;
-            }
-        }
         Ok(())
     }
 }
@@ -365,20 +442,28 @@ const NOTES: &[&str] = &[
      tokio runtime, each server (boxoffice, or the gRPC front) on another; redis-server is a \
      child process",
     "(a), (d): Durability::Sync (an answer only after the group commit is fsynced); the API key, \
-     the admission token and the per-user limit are checked (and, with --keys, an idempotency \
-     key per attempt, each refusal recorded durably as its key's first answer); contenders are \
-     admitted through the waiting room before the clock starts",
-    "(b): the front checks the API key and validates event, user and quantity, but does NOT check \
-     admission tokens, idempotency keys or a per-user limit, and runs one counter for the event \
-     (the section asked for is ignored): favourable to Redis",
-    "(b), (c): redis-server with --appendonly yes --appendfsync everysec: a hold is answered \
-     before it is on disk (up to about a second of acknowledged holds can be lost on a crash of \
-     the machine), again favourable to Redis",
-    "(c): no gRPC, no API key, nothing validated: the client runs EVALSHA on 16 multiplexed \
-     connections itself, the seeds' design with its front taken away",
+     the admission token and the per-user limit are checked, and each attempt's idempotency key: \
+     every answer, each SOLD_OUT too, is recorded durably as its key's first answer (a log \
+     write and an fsync); contenders are admitted through the waiting room before the clock \
+     starts",
+    "(b), (c): the full seeds' script: the idempotency key's first answer returned if stored; \
+     the section's counter and the per-user limit checked; the counter decremented, the user's \
+     count raised, a hold record (hash) with a TTL, the hold in an expiry index (sorted set); \
+     every answer, SOLD_OUT too, stored under its key for 24 hours",
+    "(b): the front checks the API key and validates event, section, user, quantity and key, \
+     but does NOT check admission tokens: favourable to Redis",
+    "(b), (c), (e): redis-server with --appendonly yes --appendfsync everysec: a hold (and a \
+     stored answer) is acknowledged before it is on disk (up to about a second of them can be \
+     lost on a crash of the machine), again favourable to Redis",
+    "(c), (e): no gRPC, no API key, nothing validated: the client runs EVALSHA on 16 \
+     multiplexed connections itself, the seeds' design with its front taken away",
+    "(e): the SIMPLIFIED script, NOT the seeds' design: one counter for the whole event, a hold \
+     key with a TTL; no per-user limit, no expiry index, no idempotency key (its attempts carry \
+     none); the least work a Redis hold can do, kept as a lower bound",
     "(d): latency per attempt = the latency of the batch call that carried it",
     "oversold = places held beyond the seats; the servers' own counts are checked after each \
-     row (GetEvent for ours; seats_left and the hold:* keys for Redis)",
+     row (GetEvent for ours; for Redis the counters and hold:* keys, and with the full script \
+     the expiry index, the users' counts and the stored answers)",
 ];
 
 #[cfg(test)]
@@ -392,16 +477,17 @@ mod tests {
             seats: 2,
             ..Workload::full()
         };
+
         RowResult::measured(Row::C, &w, outcomes, 1.0, 4, Latency::default())
     }
 
     #[test]
     fn a_clean_row_passes() {
         let o = Outcomes::new(4);
-        o.held(0, "h0".into());
-        o.held(1, "h1".into());
-        o.sold_out();
-        o.sold_out();
+        o.held(0, "h0".into(), 1);
+        o.held(1, "h1".into(), 1);
+        o.sold_out(1);
+        o.sold_out(1);
         let r = row_of(&o);
         assert_eq!((r.held, r.sold_out, r.oversold), (2, 2, 0));
         assert_eq!(r.failure(), None);
@@ -411,34 +497,34 @@ mod tests {
     fn overselling_failing_or_duplicate_holds_are_loud() {
         let o = Outcomes::new(4);
         for i in 0..3 {
-            o.held(i, format!("h{i}"));
+            o.held(i, format!("h{i}"), 1);
         }
-        o.sold_out();
+        o.sold_out(1);
         let r = row_of(&o);
         assert_eq!(r.oversold, 1);
         assert!(r.failure().is_some_and(|f| f.contains("OVERSOLD by 1")));
 
         let o = Outcomes::new(4);
-        o.held(0, "h0".into());
-        o.held(1, "h1".into());
-        o.sold_out();
+        o.held(0, "h0".into(), 1);
+        o.held(1, "h1".into(), 1);
+        o.sold_out(1);
         o.other(1, "Unavailable : boom".into());
         let r = row_of(&o);
         assert_eq!((r.oversold, r.other_errors), (0, 1));
         assert!(r.failure().is_some_and(|f| f.contains("boom")));
 
         let o = Outcomes::new(4);
-        o.held(0, "same".into());
-        o.held(1, "same".into());
-        o.sold_out();
-        o.sold_out();
+        o.held(0, "same".into(), 1);
+        o.held(1, "same".into(), 1);
+        o.sold_out(1);
+        o.sold_out(1);
         let r = row_of(&o);
         assert!(r.failure().is_some_and(|f| f.contains("distinct hold ids")));
 
         let o = Outcomes::new(4);
-        o.held(0, "h0".into());
+        o.held(0, "h0".into(), 1);
         for _ in 0..3 {
-            o.sold_out();
+            o.sold_out(1);
         }
         assert!(row_of(&o).failure().is_some_and(|f| f.contains("expected")));
     }

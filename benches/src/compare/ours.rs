@@ -24,7 +24,7 @@ use tonic::transport::Channel;
 
 use super::workload::{
     HealthResult, Latency, Outcomes, Row, RowResult, SOLD_OUT, Workload, describe, histogram,
-    runtime,
+    micros_since, runtime,
 };
 
 /// The admin key of the embedded servers.
@@ -36,6 +36,10 @@ const TOKEN_SECRET: &[u8] = b"compare-token-secret";
 pub const EVENT_ID: &str = "compare";
 /// Hold TTL of every row: 10 minutes (the seeds' time to pay).
 pub const HOLD_TTL_SECONDS: u32 = 600;
+/// Places one user may hold at once, in every row (each contender holds one).
+pub const PER_USER_LIMIT: u32 = 1;
+/// How long an idempotency key's first answer is kept: boxoffice's default window, 24 hours.
+pub const IDEMPOTENCY_WINDOW_SECONDS: u64 = 24 * 3600;
 /// How long a contender may wait for admission during the setup.
 const ADMIT_WAIT_MAX: Duration = Duration::from_secs(120);
 
@@ -150,7 +154,7 @@ async fn create_event(ch: &Channel, w: &Workload) -> anyhow::Result<()> {
                 })
                 .collect(),
             hold_ttl_seconds: HOLD_TTL_SECONDS,
-            per_user_limit: 1,
+            per_user_limit: PER_USER_LIMIT,
             admit_rate_per_second: 1_000_000,
             admission_window_seconds: 3_600,
             sale_opens_at_unix_ms: 0,
@@ -315,7 +319,7 @@ fn row(
 }
 
 /// Contender `i`'s idempotency key: `k{i}` with [`Workload::keys`], none without.
-fn key_of(w: &Workload, i: usize) -> String {
+pub fn key_of(w: &Workload, i: usize) -> String {
     if w.keys {
         format!("k{i}")
     } else {
@@ -344,8 +348,9 @@ async fn holds(p: &Prepared, w: &Workload) -> RowResult {
         };
         let o = o.clone();
         async move {
+            let started = Instant::now();
             let r = c.hold(req).await.map(|h| h.into_inner().hold_id);
-            o.unary(i, r)
+            o.unary(i, r, micros_since(started))
         }
     })
     .await;
@@ -392,9 +397,7 @@ async fn hold_batches(p: &Prepared, w: &Workload) -> RowResult {
         async move {
             let started = Instant::now();
             let r = c.hold_batch(req).await;
-            let us = u64::try_from(started.elapsed().as_micros())
-                .unwrap_or(u64::MAX)
-                .max(1);
+            let us = micros_since(started);
             if let Ok(mut h) = lat.lock() {
                 let _ = h.record_n(us, range.len() as u64);
             }
@@ -413,9 +416,9 @@ async fn hold_batches(p: &Prepared, w: &Workload) -> RowResult {
             }
             for (i, result) in range.zip(results) {
                 match result.result {
-                    Some(pb::hold_batch_result::Result::Hold(h)) => o.held(i, h.hold_id),
+                    Some(pb::hold_batch_result::Result::Hold(h)) => o.held(i, h.hold_id, us),
                     Some(pb::hold_batch_result::Result::Error(e)) if e.reason == SOLD_OUT => {
-                        o.sold_out();
+                        o.sold_out(us);
                     }
                     Some(pb::hold_batch_result::Result::Error(e)) => o.other(
                         1,

@@ -1,17 +1,27 @@
-//! Rows (b) and (c): the seeds' design (`shared/seeds/flash-sale-design-notes.txt`): the seats
-//! as one Redis counter, each hold one `EVALSHA` of a reserve Lua script that checks, decrements
-//! and writes a hold with a TTL in one atomic step.
+//! Rows (b), (c) and (e): the seeds' design (`shared/seeds/flash-sale-design-notes.txt`): the
+//! places in Redis, each hold one `EVALSHA` of a reserve Lua script that checks and holds in one
+//! atomic step.
 //!
+//! - [`FULL_LUA`], the full seeds' script (rows b and c): the idempotency key's first answer
+//!   returned if there is one; the section's counter checked ("partition the counter per
+//!   section"); the per-user limit checked ("per-user hold limits (e.g. 4 seats)"); then the
+//!   counter decremented, the user's count raised, a hold record written with a TTL, the hold put
+//!   in an expiry index (a sorted set by expiry, for the sweeper of "a cron sweeper releases
+//!   expired holds"), and the answer, refusals too, stored under the idempotency key ("book
+//!   takes an idempotency key") for 24 hours.
+//! - [`SIMPLIFIED_LUA`], the simplified script (row e, labelled so): one counter for the event,
+//!   a hold with a TTL; no per-user limit, no expiry index, no idempotency key.
 //! - (b) [`row_b`]: a tonic `BookingService` front ([`Front`], only `Hold` is real) on its own
-//!   2-worker runtime, calling the script over a few multiplexed Redis connections; the client
-//!   is row (a)'s, sending `Hold`s over 16 HTTP/2 connections.
-//! - (c) [`row_c`]: no front: the client keeps `in_flight` script calls in flight over 16
-//!   multiplexed Redis connections (which pipeline them).
+//!   2-worker runtime, calling the full script over a few multiplexed Redis connections; the
+//!   client is row (a)'s, sending `Hold`s over 16 HTTP/2 connections.
+//! - (c) [`row_c`], (e) [`row_e`]: no front: the client keeps `in_flight` script calls in
+//!   flight over 16 multiplexed Redis connections (which pipeline them).
 //!
 //! Each row starts its own `redis-server` child ([`RedisServer`], killed when dropped) on a
-//! free loopback port and a temporary dir, and checks the counter and the hold keys afterwards.
+//! free loopback port and a temporary dir, and checks the counters, the hold keys and (full
+//! script) the expiry index, the users' counts and the stored answers afterwards.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -32,13 +42,59 @@ use tokio::runtime::Runtime;
 use tonic::{Request, Response, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
-use super::ours::{CLIENT_KEY, EVENT_ID, HOLD_TTL_SECONDS, channels, user_of};
-use super::workload::{Latency, Outcomes, Row, RowResult, Workload, runtime};
+use super::ours::{
+    CLIENT_KEY, EVENT_ID, HOLD_TTL_SECONDS, IDEMPOTENCY_WINDOW_SECONDS, PER_USER_LIMIT, channels,
+    key_of, section_ids, user_of,
+};
+use super::workload::{Latency, Outcomes, Row, RowResult, Workload, micros_since, runtime};
 
-/// The reserve script: check, decrement and hold in one atomic step (the seeds' `reserve.lua`).
-/// `KEYS[1]`: the seats-left counter; `KEYS[2]`: the hold id sequence. `ARGV`: quantity, user
-/// id, hold TTL in ms. Returns the new hold's id, or 0 if fewer places than asked are left.
-pub const RESERVE_LUA: &str = r"
+/// The full seeds' script. `KEYS`: the section's places-left counter, the hold id sequence,
+/// the user's held-places count, the expiry index, the idempotency key (unused when `ARGV[7]`
+/// is `0`). `ARGV`: quantity, user id, section id, hold TTL (ms), now (Unix ms), per-user
+/// limit, `1` if keyed, how long the key's answer is kept (ms). Returns the new hold's id, or
+/// `SOLD_OUT`, or `USER_LIMIT`; with a key already answered, that first answer, changing
+/// nothing.
+pub const FULL_LUA: &str = r"
+local keyed = ARGV[7] == '1'
+if keyed then
+  local first = redis.call('GET', KEYS[5])
+  if first then
+    return first
+  end
+end
+local qty = tonumber(ARGV[1])
+local ttl = tonumber(ARGV[4])
+local expires = tonumber(ARGV[5]) + ttl
+local answer
+local left = tonumber(redis.call('GET', KEYS[1]) or '0')
+local held = tonumber(redis.call('GET', KEYS[3]) or '0')
+if left < qty then
+  answer = 'SOLD_OUT'
+elseif held + qty > tonumber(ARGV[6]) then
+  answer = 'USER_LIMIT'
+else
+  redis.call('DECRBY', KEYS[1], qty)
+  redis.call('INCRBY', KEYS[3], qty)
+  redis.call('PEXPIRE', KEYS[3], ttl)
+  local id = redis.call('INCR', KEYS[2])
+  local hold = 'hold:' .. id
+  redis.call('HSET', hold, 'user', ARGV[2], 'section', ARGV[3], 'qty', qty,
+    'status', 'held', 'expires', expires)
+  redis.call('PEXPIRE', hold, ttl)
+  redis.call('ZADD', KEYS[4], expires, id)
+  answer = tostring(id)
+end
+if keyed then
+  redis.call('SET', KEYS[5], answer, 'PX', ARGV[8])
+end
+return answer
+";
+
+/// The simplified script (row e): check, decrement and hold in one atomic step, nothing more.
+/// `KEYS[1]`: the event's seats-left counter; `KEYS[2]`: the hold id sequence. `ARGV`:
+/// quantity, user id, hold TTL in ms. Returns the new hold's id, or 0 if fewer places than
+/// asked are left.
+pub const SIMPLIFIED_LUA: &str = r"
 local qty = tonumber(ARGV[1])
 local left = tonumber(redis.call('GET', KEYS[1]) or '0')
 if left < qty then
@@ -50,14 +106,53 @@ redis.call('SET', 'hold:' .. id, ARGV[2] .. ' ' .. qty, 'PX', ARGV[3])
 return id
 ";
 
-/// The seats-left counter of the event.
+/// Which script a row runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Design {
+    /// [`FULL_LUA`].
+    Full,
+    /// [`SIMPLIFIED_LUA`].
+    Simplified,
+}
+
+impl Design {
+    /// The script's source.
+    pub fn source(self) -> &'static str {
+        match self {
+            Design::Full => FULL_LUA,
+            Design::Simplified => SIMPLIFIED_LUA,
+        }
+    }
+}
+
+/// The simplified script's one counter of the event.
 pub fn seats_key() -> String {
     format!("event:{EVENT_ID}:seats_left")
+}
+
+/// The full script's places-left counter of section `section_id`.
+pub fn section_key(section_id: &str) -> String {
+    format!("event:{EVENT_ID}:section:{section_id}:left")
 }
 
 /// The hold id sequence of the event.
 pub fn sequence_key() -> String {
     format!("event:{EVENT_ID}:hold_seq")
+}
+
+/// The places `user` holds (full script).
+pub fn user_key(user: &str) -> String {
+    format!("event:{EVENT_ID}:user:{user}:held")
+}
+
+/// The expiry index of the event's holds: hold id by expiry (Unix ms).
+pub fn expiry_key() -> String {
+    format!("event:{EVENT_ID}:holds_by_expiry")
+}
+
+/// Where an idempotency key's first answer is kept.
+pub fn idempotency_key(key: &str) -> String {
+    format!("idem:{EVENT_ID}:{key}")
 }
 
 /// Hold TTL in ms (10 minutes, as rows a and d).
@@ -158,7 +253,7 @@ fn ping(port: u16) -> bool {
 
 /// Multiplexed connections to `url` (made on the current runtime, whose tasks drive them),
 /// answers awaited up to 30 s (the crate's default is 500 ms).
-async fn connections(url: &str, n: usize) -> anyhow::Result<Vec<MultiplexedConnection>> {
+pub async fn connections(url: &str, n: usize) -> anyhow::Result<Vec<MultiplexedConnection>> {
     let client = redis::Client::open(url)?;
     let config = AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(30)));
     let mut out = Vec::with_capacity(n);
@@ -173,98 +268,226 @@ async fn connections(url: &str, n: usize) -> anyhow::Result<Vec<MultiplexedConne
     Ok(out)
 }
 
-/// The sale's starting state: `seats` left, no holds; the script loaded (so every call of the
-/// timed part is one `EVALSHA`).
-async fn seed(con: &mut MultiplexedConnection, seats: u32) -> anyhow::Result<Script> {
+/// The sale's starting state: no holds, the places on the script's counters (one per section
+/// for the full script, one for the event for the simplified one); the script loaded (so every
+/// call of the timed part is one `EVALSHA`).
+pub async fn seed(
+    con: &mut MultiplexedConnection,
+    w: &Workload,
+    design: Design,
+) -> anyhow::Result<Script> {
     redis::cmd("FLUSHALL").query_async::<()>(con).await?;
-    redis::cmd("SET")
-        .arg(seats_key())
-        .arg(seats)
-        .query_async::<()>(con)
-        .await?;
-    let script = Script::new(RESERVE_LUA);
+    match design {
+        Design::Full => {
+            for (s, id) in section_ids(w).iter().enumerate() {
+                redis::cmd("SET")
+                    .arg(section_key(id))
+                    .arg(w.section_capacity(s))
+                    .query_async::<()>(con)
+                    .await?;
+            }
+        }
+        Design::Simplified => {
+            redis::cmd("SET")
+                .arg(seats_key())
+                .arg(w.seats)
+                .query_async::<()>(con)
+                .await?;
+        }
+    }
+    let script = Script::new(design.source());
     script.load_async(con).await.context("SCRIPT LOAD")?;
     Ok(script)
 }
 
-/// One reserve call: the new hold's id, or 0 (sold out).
-async fn reserve(
-    script: &Script,
-    con: &mut MultiplexedConnection,
-    quantity: u32,
-    user: &str,
-) -> redis::RedisResult<i64> {
-    script
-        .key(seats_key())
-        .key(sequence_key())
-        .arg(quantity)
-        .arg(user)
-        .arg(HOLD_TTL_MS)
-        .invoke_async(con)
-        .await
+/// A reserve call's answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// Held, under this hold id.
+    Held(String),
+    /// Fewer places left than asked.
+    SoldOut,
+    /// The user would hold more than the per-user limit (full script).
+    UserLimit,
 }
 
-/// What Redis holds after a row: the counter, and the hold keys (by `SCAN`).
-async fn check_redis(con: &mut MultiplexedConnection, w: &Workload, result: &mut RowResult) {
-    let left: Option<i64> = match redis::cmd("GET").arg(seats_key()).query_async(con).await {
-        Ok(v) => v,
-        Err(e) => {
-            result
-                .failed_checks
-                .push(format!("GET seats_left failed: {e}"));
-            return;
+impl Answer {
+    fn of_full(reply: &str) -> redis::RedisResult<Answer> {
+        match reply {
+            "SOLD_OUT" => Ok(Answer::SoldOut),
+            "USER_LIMIT" => Ok(Answer::UserLimit),
+            id if !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()) => {
+                Ok(Answer::Held(id.to_owned()))
+            }
+            other => Err(redis::RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "unexpected answer of the full script",
+                other.to_owned(),
+            ))),
         }
-    };
-    let mut keys = HashSet::new();
+    }
+}
+
+/// One call of `design`'s script: `quantity` places of section `section_id` for `user`, under
+/// idempotency key `key` (empty: none; the simplified script never takes one).
+pub async fn reserve(
+    design: Design,
+    script: &Script,
+    con: &mut MultiplexedConnection,
+    section_id: &str,
+    quantity: u32,
+    user: &str,
+    key: &str,
+) -> redis::RedisResult<Answer> {
+    match design {
+        Design::Full => {
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            let reply: String = script
+                .key(section_key(section_id))
+                .key(sequence_key())
+                .key(user_key(user))
+                .key(expiry_key())
+                .key(idempotency_key(key))
+                .arg(quantity)
+                .arg(user)
+                .arg(section_id)
+                .arg(HOLD_TTL_MS)
+                .arg(now_ms)
+                .arg(PER_USER_LIMIT)
+                .arg(if key.is_empty() { "0" } else { "1" })
+                .arg(IDEMPOTENCY_WINDOW_SECONDS * 1000)
+                .invoke_async(con)
+                .await?;
+            Answer::of_full(&reply)
+        }
+        Design::Simplified => {
+            let id: i64 = script
+                .key(seats_key())
+                .key(sequence_key())
+                .arg(quantity)
+                .arg(user)
+                .arg(HOLD_TTL_MS)
+                .invoke_async(con)
+                .await?;
+            Ok(if id > 0 {
+                Answer::Held(id.to_string())
+            } else {
+                Answer::SoldOut
+            })
+        }
+    }
+}
+
+/// The keys matching `pattern` (by `SCAN`).
+async fn count_keys(con: &mut MultiplexedConnection, pattern: &str) -> redis::RedisResult<u64> {
+    let mut n = 0u64;
     let mut cursor = 0u64;
     loop {
-        let page: (u64, Vec<String>) = match redis::cmd("SCAN")
+        let (next, page): (u64, Vec<String>) = redis::cmd("SCAN")
             .arg(cursor)
             .arg("MATCH")
-            .arg("hold:*")
+            .arg(pattern)
             .arg("COUNT")
             .arg(1_000)
             .query_async(con)
-            .await
-        {
-            Ok(p) => p,
-            Err(e) => {
-                result.failed_checks.push(format!("SCAN failed: {e}"));
-                return;
-            }
-        };
-        keys.extend(page.1);
-        cursor = page.0;
+            .await?;
+        n += page.len() as u64;
+        cursor = next;
         if cursor == 0 {
-            break;
+            return Ok(n);
         }
     }
-    let Some(left) = left else {
-        result.failed_checks.push("seats_left is gone".into());
-        return;
-    };
-    result.seats_left = Some(left);
-    result.server_count = format!("redis: seats_left = {left}, {} hold keys", keys.len());
-    let expected_left = i64::from(w.seats) - result.held as i64;
-    if left < 0 {
+}
+
+/// What Redis holds after a row: the counters, the hold keys and (full script) the expiry
+/// index, the users' counts and the stored answers, each against the answers the client got.
+async fn check_redis(
+    con: &mut MultiplexedConnection,
+    w: &Workload,
+    design: Design,
+    result: &mut RowResult,
+) {
+    if let Err(e) = try_check_redis(con, w, design, result).await {
         result
             .failed_checks
-            .push(format!("seats_left went NEGATIVE: {left}"));
-        result.oversold = result.oversold.max(left.unsigned_abs());
+            .push(format!("reading Redis after the run failed: {e}"));
     }
+}
+
+async fn try_check_redis(
+    con: &mut MultiplexedConnection,
+    w: &Workload,
+    design: Design,
+    result: &mut RowResult,
+) -> redis::RedisResult<()> {
+    let counters: Vec<String> = match design {
+        Design::Full => section_ids(w).iter().map(|s| section_key(s)).collect(),
+        Design::Simplified => vec![seats_key()],
+    };
+    let mut left = 0i64;
+    for key in &counters {
+        let v: Option<i64> = redis::cmd("GET").arg(key).query_async(con).await?;
+        let Some(v) = v else {
+            result.failed_checks.push(format!("{key} is gone"));
+            continue;
+        };
+        if v < 0 {
+            result
+                .failed_checks
+                .push(format!("{key} went NEGATIVE: {v}"));
+            result.oversold += v.unsigned_abs();
+        }
+        left += v;
+    }
+    let holds = count_keys(con, "hold:*").await?;
+    result.seats_left = Some(left);
+    let mut count = format!("redis: {left} places left, {holds} hold keys");
+    let expected_left = i64::from(w.seats) - result.held as i64;
     if left != expected_left {
         result.failed_checks.push(format!(
-            "seats_left is {left}, {expected_left} expected ({} seats, {} held)",
+            "{left} places left, {expected_left} expected ({} seats, {} held)",
             w.seats, result.held
         ));
     }
-    if keys.len() as u64 != result.held {
+    if holds != result.held {
         result.failed_checks.push(format!(
-            "{} hold keys for {} holds answered",
-            keys.len(),
+            "{holds} hold keys for {} holds answered",
             result.held
         ));
     }
+    if design == Design::Full {
+        let indexed: u64 = redis::cmd("ZCARD")
+            .arg(expiry_key())
+            .query_async(con)
+            .await?;
+        let users = count_keys(con, &user_key("*")).await?;
+        let answers = count_keys(con, &idempotency_key("*")).await?;
+        count.push_str(&format!(
+            ", {indexed} in the expiry index, {users} users holding, {answers} stored answers"
+        ));
+        if indexed != result.held {
+            result.failed_checks.push(format!(
+                "{indexed} holds in the expiry index for {} holds answered",
+                result.held
+            ));
+        }
+        if users != result.held {
+            result.failed_checks.push(format!(
+                "{users} users hold places for {} holds answered (one each)",
+                result.held
+            ));
+        }
+        let expected_answers = if w.keys { result.attempts } else { 0 };
+        if answers != expected_answers {
+            result.failed_checks.push(format!(
+                "{answers} answers stored under idempotency keys, {expected_answers} expected"
+            ));
+        }
+    }
+    result.server_count = count;
+    Ok(())
 }
 
 /// The reason and domain of a sold-out answer, as boxoffice answers it.
@@ -273,6 +496,15 @@ fn sold_out() -> Status {
         tonic::Code::FailedPrecondition,
         "sold out",
         ErrorDetails::with_error_info(super::workload::SOLD_OUT, "boxoffice", HashMap::new()),
+    )
+}
+
+/// The reason of a per-user-limit refusal, as boxoffice answers it.
+fn user_limit() -> Status {
+    Status::with_error_details(
+        tonic::Code::FailedPrecondition,
+        "the user holds as many places as the event allows",
+        ErrorDetails::with_error_info("USER_LIMIT", "boxoffice", HashMap::new()),
     )
 }
 
@@ -289,9 +521,10 @@ fn invalid(field: &str, message: &str) -> Status {
 }
 
 /// The seeds' booking API as a tonic `BookingService`: `Hold` validates its request and runs the
-/// reserve script on one of a few multiplexed connections (round robin); every other method
+/// full script on one of a few multiplexed connections (round robin); every other method
 /// answers `UNIMPLEMENTED`. It checks the API key, not admission tokens.
 pub struct Front {
+    sections: Vec<String>,
     conns: Vec<MultiplexedConnection>,
     next: AtomicUsize,
     script: Script,
@@ -346,18 +579,41 @@ impl BookingService for Front {
         if !(1..=100).contains(&quantity) {
             return Err(invalid("quantity", "quantity must be 1 to 100"));
         }
-        let mut con = self.connection();
-        let id = reserve(&self.script, &mut con, quantity, &req.user_id)
-            .await
-            .map_err(|e| Status::unavailable(format!("redis: {e}")))?;
-        if id <= 0 {
-            return Err(sold_out());
+        if !self.sections.contains(&section_id) {
+            return Err(Status::with_error_details(
+                tonic::Code::NotFound,
+                "no such section",
+                ErrorDetails::with_error_info("SECTION_NOT_FOUND", "boxoffice", HashMap::new()),
+            ));
         }
+        if req.idempotency_key.len() > 128 {
+            return Err(invalid(
+                "idempotency_key",
+                "idempotency_key must be at most 128 bytes",
+            ));
+        }
+        let mut con = self.connection();
+        let answer = reserve(
+            Design::Full,
+            &self.script,
+            &mut con,
+            &section_id,
+            quantity,
+            &req.user_id,
+            &req.idempotency_key,
+        )
+        .await
+        .map_err(|e| Status::unavailable(format!("redis: {e}")))?;
+        let id = match answer {
+            Answer::Held(id) => id,
+            Answer::SoldOut => return Err(sold_out()),
+            Answer::UserLimit => return Err(user_limit()),
+        };
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);
         Ok(Response::new(pb::Hold {
-            hold_id: id.to_string(),
+            hold_id: id,
             event_id: req.event_id,
             user_id: req.user_id,
             section_id,
@@ -437,16 +693,17 @@ pub struct FrontServer {
 }
 
 impl FrontServer {
-    /// Starts a front on `127.0.0.1:0` with `redis_connections` connections to `url`. Call
-    /// from outside any runtime.
-    pub fn start(url: &str, redis_connections: usize) -> anyhow::Result<FrontServer> {
+    /// Starts a front selling `w`'s sections on `127.0.0.1:0`, with `w.front_redis_connections`
+    /// connections to `url`. Call from outside any runtime.
+    pub fn start(url: &str, w: &Workload) -> anyhow::Result<FrontServer> {
         let rt = runtime("redis-front")?;
         let (addr, stop, task) = rt.block_on(async {
-            let conns = connections(url, redis_connections).await?;
+            let conns = connections(url, w.front_redis_connections).await?;
             let front = Front {
+                sections: section_ids(w),
                 conns,
                 next: AtomicUsize::new(0),
-                script: Script::new(RESERVE_LUA),
+                script: Script::new(FULL_LUA),
                 authorization: format!("Bearer {CLIENT_KEY}"),
             };
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -490,17 +747,18 @@ impl Drop for FrontServer {
     }
 }
 
-/// Row (b): `Hold`s over 16 HTTP/2 connections to the front, `in_flight` at once.
+/// Row (b): `Hold`s over 16 HTTP/2 connections to the front (the full script), `in_flight` at
+/// once.
 pub fn row_b(w: &Workload, client: &Runtime, redis_server: &Path) -> anyhow::Result<RowResult> {
     let setup_started = Instant::now();
     let redis = RedisServer::start(redis_server)?;
     let url = redis.url();
     let mut check_con = client.block_on(async {
         let mut con = connections(&url, 1).await?.remove(0);
-        seed(&mut con, w.seats).await?;
+        seed(&mut con, w, Design::Full).await?;
         anyhow::Ok(con)
     })?;
-    let front = FrontServer::start(&url, w.front_redis_connections)?;
+    let front = FrontServer::start(&url, w)?;
     let mut result = client.block_on(async {
         let channels = channels(front.addr, w.connections).await?;
         let key = Bearer::new(CLIENT_KEY)?;
@@ -512,7 +770,7 @@ pub fn row_b(w: &Workload, client: &Runtime, redis_server: &Path) -> anyhow::Res
         );
         let setup = setup_started.elapsed();
         let outcomes = Outcomes::new(w.contenders);
-        let sections: Arc<Vec<String>> = Arc::new(super::ours::section_ids(w));
+        let sections: Arc<Vec<String>> = Arc::new(section_ids(w));
         let (o, wl) = (outcomes.clone(), w.clone());
         let figures = drive("Hold", w.contenders, w.in_flight, move |i| {
             let mut c = booking[i % booking.len()].clone();
@@ -520,7 +778,7 @@ pub fn row_b(w: &Workload, client: &Runtime, redis_server: &Path) -> anyhow::Res
                 event_id: EVENT_ID.into(),
                 user_id: user_of(i),
                 admission_token: String::new(),
-                idempotency_key: format!("k{i}"),
+                idempotency_key: key_of(&wl, i),
                 selection: Some(pb::hold_request::Selection::BestAvailable(
                     pb::BestAvailable {
                         section_id: sections[wl.section_of(i)].clone(),
@@ -531,8 +789,9 @@ pub fn row_b(w: &Workload, client: &Runtime, redis_server: &Path) -> anyhow::Res
             };
             let o = o.clone();
             async move {
+                let started = Instant::now();
                 let r = c.hold(req).await.map(|h| h.into_inner().hold_id);
-                o.unary(i, r)
+                o.unary(i, r, micros_since(started))
             }
         })
         .await;
@@ -548,38 +807,67 @@ pub fn row_b(w: &Workload, client: &Runtime, redis_server: &Path) -> anyhow::Res
         anyhow::Ok(result)
     })?;
     drop(front);
-    client.block_on(check_redis(&mut check_con, w, &mut result));
+    client.block_on(check_redis(&mut check_con, w, Design::Full, &mut result));
     drop(check_con);
     drop(redis);
     Ok(result)
 }
 
-/// Row (c): the client runs the script itself, `in_flight` calls at once over `connections`
-/// multiplexed connections (call `i` on connection `i mod connections`).
+/// Row (c): the client runs the full script itself, `in_flight` calls at once over
+/// `connections` multiplexed connections (call `i` on connection `i mod connections`).
 pub fn row_c(w: &Workload, client: &Runtime, redis_server: &Path) -> anyhow::Result<RowResult> {
+    raw_row(Row::C, Design::Full, w, client, redis_server)
+}
+
+/// Row (e): as (c) with the simplified script.
+pub fn row_e(w: &Workload, client: &Runtime, redis_server: &Path) -> anyhow::Result<RowResult> {
+    raw_row(Row::E, Design::Simplified, w, client, redis_server)
+}
+
+fn raw_row(
+    row: Row,
+    design: Design,
+    w: &Workload,
+    client: &Runtime,
+    redis_server: &Path,
+) -> anyhow::Result<RowResult> {
     let setup_started = Instant::now();
     let redis = RedisServer::start(redis_server)?;
     let url = redis.url();
     let result = client.block_on(async {
         let mut conns = connections(&url, w.connections).await?;
-        let script = Arc::new(seed(&mut conns[0], w.seats).await?);
+        let script = Arc::new(seed(&mut conns[0], w, design).await?);
         let mut check_con = conns[0].clone();
         let conns = Arc::new(conns);
         let setup = setup_started.elapsed();
         let outcomes = Outcomes::new(w.contenders);
-        let o = outcomes.clone();
+        let sections: Arc<Vec<String>> = Arc::new(section_ids(w));
+        let (o, wl) = (outcomes.clone(), w.clone());
         let figures = drive("EVALSHA", w.contenders, w.in_flight, move |i| {
             let mut con = conns[i % conns.len()].clone();
             let (script, o) = (script.clone(), o.clone());
+            let section = sections[wl.section_of(i)].clone();
+            let key = if design == Design::Full {
+                key_of(&wl, i)
+            } else {
+                String::new()
+            };
             async move {
-                match reserve(&script, &mut con, 1, &user_of(i)).await {
-                    Ok(id) if id > 0 => {
-                        o.held(i, id.to_string());
+                let started = Instant::now();
+                let r = reserve(design, &script, &mut con, &section, 1, &user_of(i), &key).await;
+                let us = micros_since(started);
+                match r {
+                    Ok(Answer::Held(id)) => {
+                        o.held(i, id, us);
                         Ok(())
                     }
-                    Ok(_) => {
-                        o.sold_out();
+                    Ok(Answer::SoldOut) => {
+                        o.sold_out(us);
                         Ok(())
+                    }
+                    Ok(Answer::UserLimit) => {
+                        o.other(1, "USER_LIMIT from the script".into());
+                        Err(Status::failed_precondition("USER_LIMIT"))
                     }
                     Err(e) => {
                         // `drive` counts failed calls as tonic statuses.
@@ -591,7 +879,7 @@ pub fn row_c(w: &Workload, client: &Runtime, redis_server: &Path) -> anyhow::Res
         })
         .await;
         let mut result = RowResult::measured(
-            Row::C,
+            row,
             w,
             &outcomes,
             figures.seconds,
@@ -599,7 +887,7 @@ pub fn row_c(w: &Workload, client: &Runtime, redis_server: &Path) -> anyhow::Res
             Latency::of_figures(&figures),
         );
         result.setup_seconds = setup.as_secs_f64();
-        check_redis(&mut check_con, w, &mut result).await;
+        check_redis(&mut check_con, w, design, &mut result).await;
         anyhow::Ok(result)
     })?;
     drop(redis);

@@ -9,9 +9,68 @@ use boxoffice_drill::measure::RpcFigures;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+/// The two sales the comparison plays, each reported on its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kind {
+    /// The 100:1 flash sale: far more contenders than places, most attempts refused
+    /// (`SOLD_OUT`).
+    Sale,
+    /// Success-heavy: as many places as contenders, every attempt can succeed (a durable write
+    /// each).
+    Success,
+}
+
+impl Kind {
+    /// Both, in report order.
+    pub const ALL: [Kind; 2] = [Kind::Sale, Kind::Success];
+
+    /// `sale` or `success`.
+    pub fn key(self) -> &'static str {
+        match self {
+            Kind::Sale => "sale",
+            Kind::Success => "success",
+        }
+    }
+
+    /// Parses `sale,success` (any subset; run in this order).
+    pub fn parse_list(s: &str) -> anyhow::Result<Vec<Kind>> {
+        parse_list(s, &Kind::ALL, Kind::key, "workload")
+    }
+}
+
+/// Parses a comma-separated subset of `all` by `key` (any case, any order, repeats ignored),
+/// in the order of `all`; `what` names an item in errors.
+fn parse_list<T: Copy + PartialEq>(
+    s: &str,
+    all: &[T],
+    key: fn(T) -> &'static str,
+    what: &str,
+) -> anyhow::Result<Vec<T>> {
+    let known = all.iter().map(|&t| key(t)).collect::<Vec<_>>().join(", ");
+    let mut out: Vec<T> = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let item = all
+            .iter()
+            .copied()
+            .find(|&t| key(t).eq_ignore_ascii_case(part))
+            .ok_or_else(|| anyhow::anyhow!("unknown {what} {part:?} ({what}s: {known})"))?;
+        if !out.contains(&item) {
+            out.push(item);
+        }
+    }
+    if out.is_empty() {
+        anyhow::bail!("--{what}s names no {what} ({what}s: {known})");
+    }
+    out.sort_by_key(|t| all.iter().position(|x| x == t));
+    Ok(out)
+}
+
 /// The sale every row plays.
 #[derive(Clone, Debug, Serialize)]
 pub struct Workload {
+    /// Which of the two sales.
+    pub kind: Kind,
     /// Contenders (distinct user ids), one attempt each for one place.
     pub contenders: usize,
     /// Places for sale (general admission).
@@ -28,17 +87,20 @@ pub struct Workload {
     pub front_redis_connections: usize,
     /// Contenders admitted at once during the untimed setup of rows a and d.
     pub setup_concurrency: usize,
-    /// Rows a and d send an idempotency key with each attempt (`k{i}`). Off by default: the
-    /// seeds' design has no keys, so the same workload is without them. With keys, each
-    /// refusal is recorded durably as its key's first answer (a log write the Redis rows do
-    /// not make).
+    /// Each attempt carries an idempotency key (`k{i}`), on by default as the seeds' notes
+    /// ask ("book takes an idempotency key"): rows a and d send it to boxoffice, which records
+    /// each answer durably as the key's first answer, refusals too; rows b and c run the full
+    /// script, which stores each answer under its key. Row e's simplified script never takes
+    /// one.
     pub keys: bool,
 }
 
 impl Workload {
-    /// The default run: 100,000 contenders, 10,000 seats, 128 in flight over 16 connections.
+    /// The default run: 100,000 contenders, 10,000 seats, 128 in flight over 16 connections,
+    /// keys on.
     pub fn full() -> Workload {
         Workload {
+            kind: Kind::Sale,
             contenders: 100_000,
             seats: 10_000,
             in_flight: 128,
@@ -47,7 +109,40 @@ impl Workload {
             health_calls: 100_000,
             front_redis_connections: 4,
             setup_concurrency: 256,
-            keys: false,
+            keys: true,
+        }
+    }
+
+    /// This workload played as `kind`: the sale keeps its seats, the success-heavy one has a
+    /// place for every contender.
+    pub fn as_kind(&self, kind: Kind) -> Workload {
+        let seats = match kind {
+            Kind::Sale => self.seats,
+            Kind::Success => u32::try_from(self.contenders).unwrap_or(u32::MAX),
+        };
+        Workload {
+            kind,
+            seats,
+            ..self.clone()
+        }
+    }
+
+    /// One line saying what is played.
+    pub fn title(&self) -> String {
+        match self.kind {
+            Kind::Sale => format!(
+                "the flash sale ({} contenders for {} places, {} per place: most attempts are \
+                 refused SOLD_OUT)",
+                crate::thousands(self.contenders as u64),
+                crate::thousands(u64::from(self.seats)),
+                (self.contenders as u64).div_ceil(u64::from(self.seats.max(1))),
+            ),
+            Kind::Success => format!(
+                "success-heavy ({} contenders for {} places: every attempt can succeed, each a \
+                 durable write)",
+                crate::thousands(self.contenders as u64),
+                crate::thousands(u64::from(self.seats))
+            ),
         }
     }
 
@@ -61,6 +156,9 @@ impl Workload {
         }
         if !(1..=256).contains(&self.batch) {
             anyhow::bail!("--batch must be 1 to 256 (HoldBatch takes 1 to 256 items)");
+        }
+        if self.kind == Kind::Success && u32::try_from(self.contenders).is_err() {
+            anyhow::bail!("the success-heavy workload needs --contenders below 2^32");
         }
         if self.front_redis_connections == 0 {
             anyhow::bail!("--front-redis-connections must be at least 1");
@@ -102,25 +200,29 @@ impl Workload {
 pub enum Row {
     /// boxoffice `Hold`, unary, durable.
     A,
-    /// The seeds' design: a gRPC front on Redis + Lua.
+    /// The seeds' design: a gRPC front on Redis + the full seeds' script.
     B,
-    /// The seeds' design at its best: raw Redis + Lua, pipelined.
+    /// The seeds' design at its best: raw Redis + the full seeds' script, pipelined.
     C,
     /// boxoffice `HoldBatch`, durable.
     D,
+    /// Raw Redis + the simplified script (one counter, a hold with a TTL; no per-user limit,
+    /// no expiry index, no idempotency key), pipelined.
+    E,
 }
 
 impl Row {
     /// All rows, in order.
-    pub const ALL: [Row; 4] = [Row::A, Row::B, Row::C, Row::D];
+    pub const ALL: [Row; 5] = [Row::A, Row::B, Row::C, Row::D, Row::E];
 
-    /// `a`, `b`, `c` or `d`.
+    /// `a` to `e`.
     pub fn key(self) -> &'static str {
         match self {
             Row::A => "a",
             Row::B => "b",
             Row::C => "c",
             Row::D => "d",
+            Row::E => "e",
         }
     }
 
@@ -128,29 +230,21 @@ impl Row {
     pub fn name(self) -> &'static str {
         match self {
             Row::A => "(a) boxoffice Hold (unary, durable)",
-            Row::B => "(b) original design: gRPC front + Redis Lua",
-            Row::C => "(c) original design at its best: raw Redis + Lua, pipelined",
+            Row::B => "(b) seeds' design: gRPC front + Redis, full script",
+            Row::C => "(c) seeds' design at its best: raw Redis, full script, pipelined",
             Row::D => "(d) boxoffice HoldBatch (durable)",
+            Row::E => "(e) raw Redis, SIMPLIFIED script (counter + hold only), pipelined",
         }
     }
 
-    /// Parses `a,b,c,d` (any subset, any order; the rows run in table order).
+    /// Whether the row runs on Redis.
+    pub fn is_redis(self) -> bool {
+        matches!(self, Row::B | Row::C | Row::E)
+    }
+
+    /// Parses `a,b,c,d,e` (any subset, any order; the rows run in table order).
     pub fn parse_list(s: &str) -> anyhow::Result<Vec<Row>> {
-        let mut rows = Vec::new();
-        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let row = Row::ALL
-                .into_iter()
-                .find(|r| r.key().eq_ignore_ascii_case(part))
-                .ok_or_else(|| anyhow::anyhow!("unknown row {part:?} (rows: a, b, c, d)"))?;
-            if !rows.contains(&row) {
-                rows.push(row);
-            }
-        }
-        if rows.is_empty() {
-            anyhow::bail!("--rows names no row (rows: a, b, c, d)");
-        }
-        rows.sort_by_key(|r| Row::ALL.iter().position(|x| x == r));
-        Ok(rows)
+        parse_list(s, &Row::ALL, Row::key, "row")
     }
 }
 
@@ -217,8 +311,14 @@ pub struct RowResult {
     pub latency: Latency,
     /// Attempts that held a place.
     pub held: u64,
+    /// Successes per second over the timed part.
+    pub held_per_second: f64,
+    /// Latency of the attempts that held a place.
+    pub held_latency: Latency,
     /// Attempts answered `SOLD_OUT`.
     pub sold_out: u64,
+    /// Latency of the attempts answered `SOLD_OUT`.
+    pub sold_out_latency: Latency,
     /// Attempts that failed any other way.
     pub other_errors: u64,
     /// The first of those, `code reason: message`.
@@ -250,7 +350,10 @@ impl RowResult {
             attempts_per_second: 0.0,
             latency: Latency::default(),
             held: 0,
+            held_per_second: 0.0,
+            held_latency: Latency::default(),
             sold_out: 0,
+            sold_out_latency: Latency::default(),
             other_errors: 0,
             first_other_error: None,
             oversold: 0,
@@ -306,7 +409,10 @@ impl RowResult {
             attempts_per_second: attempts as f64 / seconds.max(1e-9),
             latency,
             held,
+            held_per_second: held as f64 / seconds.max(1e-9),
+            held_latency: outcomes.latency_of(true),
             sold_out,
+            sold_out_latency: outcomes.latency_of(false),
             other_errors,
             first_other_error: outcomes.first_other(),
             oversold,
@@ -377,6 +483,9 @@ pub(crate) struct Outcomes {
     first_other: Mutex<Option<String>>,
     /// Attempt `i`'s hold id, if it held.
     ids: Vec<OnceLock<String>>,
+    /// Latency (µs) of the successes, and of the `SOLD_OUT`s.
+    held_us: Mutex<Histogram<u64>>,
+    sold_out_us: Mutex<Histogram<u64>>,
 }
 
 impl Outcomes {
@@ -387,11 +496,34 @@ impl Outcomes {
             other: AtomicU64::new(0),
             first_other: Mutex::new(None),
             ids: (0..attempts).map(|_| OnceLock::new()).collect(),
+            held_us: Mutex::new(histogram()),
+            sold_out_us: Mutex::new(histogram()),
         })
     }
 
-    /// Attempt `i` held a place under `id`.
-    pub(crate) fn held(&self, i: usize, id: String) {
+    /// The latency of the successes (`true`) or of the `SOLD_OUT`s.
+    fn latency_of(&self, held: bool) -> Latency {
+        let h = if held {
+            &self.held_us
+        } else {
+            &self.sold_out_us
+        };
+        h.lock()
+            .ok()
+            .filter(|h| !h.is_empty())
+            .map(|h| Latency::of_histogram(&h))
+            .unwrap_or_default()
+    }
+
+    fn record(h: &Mutex<Histogram<u64>>, us: u64) {
+        if let Ok(mut h) = h.lock() {
+            let _ = h.record(us.max(1));
+        }
+    }
+
+    /// Attempt `i` held a place under `id`, answered after `us` µs.
+    pub(crate) fn held(&self, i: usize, id: String, us: u64) {
+        Self::record(&self.held_us, us);
         self.held.fetch_add(1, Ordering::Relaxed);
         if let Some(slot) = self.ids.get(i)
             && slot.set(id).is_err()
@@ -400,8 +532,9 @@ impl Outcomes {
         }
     }
 
-    /// An attempt was answered `SOLD_OUT`.
-    pub(crate) fn sold_out(&self) {
+    /// An attempt was answered `SOLD_OUT` after `us` µs.
+    pub(crate) fn sold_out(&self, us: u64) {
+        Self::record(&self.sold_out_us, us);
         self.sold_out.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -413,20 +546,21 @@ impl Outcomes {
         }
     }
 
-    /// The answer to unary attempt `i`: its hold id, `SOLD_OUT`, or another failure (given
-    /// back to `drive`, which keeps its own count of failed calls).
+    /// The answer to unary attempt `i`, `us` µs after it was sent: its hold id, `SOLD_OUT`,
+    /// or another failure (given back to `drive`, which keeps its own count of failed calls).
     pub(crate) fn unary(
         &self,
         i: usize,
         r: Result<String, tonic::Status>,
+        us: u64,
     ) -> Result<(), tonic::Status> {
         match r {
             Ok(id) => {
-                self.held(i, id);
+                self.held(i, id, us);
                 Ok(())
             }
             Err(s) if boxoffice_client::reason(&s).as_deref() == Some(SOLD_OUT) => {
-                self.sold_out();
+                self.sold_out(us);
                 Ok(())
             }
             Err(s) => {
@@ -461,6 +595,13 @@ pub fn describe(s: &tonic::Status) -> String {
         boxoffice_client::reason(s).unwrap_or_default(),
         s.message()
     )
+}
+
+/// Microseconds since `started` (at least 1).
+pub(crate) fn micros_since(started: std::time::Instant) -> u64 {
+    u64::try_from(started.elapsed().as_micros())
+        .unwrap_or(u64::MAX)
+        .max(1)
 }
 
 /// A multi-thread tokio runtime of 2 workers (one per core here), threads named `name`.
