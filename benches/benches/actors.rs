@@ -200,5 +200,9 @@ fn actor_holds(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, actor_holds);
+criterion_group! {
+    name = benches;
+    config = boxoffice_benches::criterion();
+    targets = actor_holds
+}
 criterion_main!(benches);

@@ -180,5 +180,9 @@ fn core_holds(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, core_holds);
+criterion_group! {
+    name = benches;
+    config = boxoffice_benches::criterion();
+    targets = core_holds
+}
 criterion_main!(benches);

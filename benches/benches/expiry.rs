@@ -97,6 +97,7 @@ async fn booking_load(engine: Engine, stop: Arc<AtomicBool>, tag: &'static str) 
 }
 
 fn main() {
+    boxoffice_drill::memory::keep_off_huge_pages();
     let n = due();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

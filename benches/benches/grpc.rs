@@ -219,5 +219,9 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench);
+criterion_group! {
+    name = benches;
+    config = boxoffice_benches::criterion();
+    targets = bench
+}
 criterion_main!(benches);

@@ -192,5 +192,9 @@ fn join_rpc(c: &mut Criterion) {
     rt.block_on(server.shutdown()).expect("shutdown");
 }
 
-criterion_group!(benches, solve, hash_and_issue, verify, join_rpc);
+criterion_group! {
+    name = benches;
+    config = boxoffice_benches::criterion();
+    targets = solve, hash_and_issue, verify, join_rpc
+}
 criterion_main!(benches);

@@ -250,5 +250,9 @@ fn restart(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, restart);
+criterion_group! {
+    name = benches;
+    config = boxoffice_benches::criterion();
+    targets = restart
+}
 criterion_main!(benches);

@@ -113,7 +113,7 @@ fn polls_and_joins(c: &mut Criterion) {
 
 criterion_group! {
     name = benches;
-    config = Criterion::default().sample_size(20).measurement_time(std::time::Duration::from_secs(3));
+    config = boxoffice_benches::criterion().sample_size(20).measurement_time(std::time::Duration::from_secs(3));
     targets = memory_per_fan, polls_and_joins
 }
 criterion_main!(benches);

@@ -22,6 +22,15 @@ pub mod compare;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Every criterion bench's configuration: this process kept off transparent huge pages first,
+/// as the `boxoffice` binary keeps itself
+/// ([`keep_off_huge_pages`](boxoffice_drill::memory::keep_off_huge_pages)), then criterion's
+/// defaults.
+pub fn criterion() -> criterion::Criterion {
+    boxoffice_drill::memory::keep_off_huge_pages();
+    criterion::Criterion::default()
+}
+
 use std::path::Path;
 use std::time::Duration;
 

@@ -68,6 +68,8 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    // As the `boxoffice` binary: the servers measured are the ones that ship.
+    boxoffice_drill::memory::keep_off_huge_pages();
     let args = Args::parse();
     let base = Workload {
         kind: Kind::Sale,

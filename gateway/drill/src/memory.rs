@@ -1,5 +1,6 @@
 //! This process's memory and a directory's size, as the reports give them: resident memory from
-//! `/proc/self/status` (Linux; `None` elsewhere), sizes in bytes.
+//! `/proc/self/status` (Linux; `None` elsewhere), sizes in bytes; and the process's
+//! transparent-huge-page switch ([`keep_off_huge_pages`]).
 
 use std::path::Path;
 
@@ -21,6 +22,41 @@ pub fn peak_rss_bytes() -> Option<u64> {
     status_bytes("VmHWM:")
 }
 
+/// Keeps this process's memory off transparent huge pages (`prctl(PR_SET_THP_DISABLE)`, for
+/// the whole process and its children, from now on; Linux only, elsewhere nothing to do).
+/// Returns whether the switch is on.
+///
+/// Why: mimalloc asks the kernel for huge pages on its arenas (`madvise`), and the kernel then
+/// zeroes a whole 2 MiB page on the first touch of any byte of it, again each time mimalloc
+/// gives memory back and takes it again. A durable success-heavy run of `HoldBatch` (the
+/// comparison's row d, 200,000 holds) spent about a quarter of all its CPU samples in the
+/// kernel's `clear_page_erms` under those faults; with the switch on the same run went from
+/// about 39,000 to 65,000 holds/s and its p99 from about 40 ms to 4 ms (BENCHMARKS.md, "Huge
+/// pages"). The binaries call it first thing (`boxoffice`, the benches).
+pub fn keep_off_huge_pages() -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        rustix::thread::disable_transparent_huge_pages(true).is_ok()
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        false
+    }
+}
+
+/// Whether this process's memory is kept off transparent huge pages
+/// ([`keep_off_huge_pages`]).
+pub fn huge_pages_off() -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        rustix::thread::transparent_huge_pages_are_disabled().unwrap_or(false)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        false
+    }
+}
+
 /// The sum of the lengths of every file under `dir` (0 for a directory that does not exist).
 pub fn dir_bytes(dir: &Path) -> u64 {
     boxoffice_engine::store::disk_usage(dir).total
@@ -29,6 +65,29 @@ pub fn dir_bytes(dir: &Path) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn huge_pages_are_kept_off_in_a_child() {
+        // The switch is for the whole process: set it in a child so the test binary's other
+        // tests keep the default.
+        if std::env::var_os("BOXOFFICE_THP_CHILD").is_some() {
+            assert!(keep_off_huge_pages());
+            assert!(huge_pages_off());
+            return;
+        }
+        assert!(!huge_pages_off(), "off before anyone asked");
+        let me = std::env::current_exe().expect("this test binary");
+        let status = std::process::Command::new(me)
+            .args([
+                "--exact",
+                "memory::tests::huge_pages_are_kept_off_in_a_child",
+            ])
+            .env("BOXOFFICE_THP_CHILD", "1")
+            .status()
+            .expect("the child");
+        assert!(status.success());
+    }
 
     #[test]
     fn dir_bytes_adds_up_nested_files() {
