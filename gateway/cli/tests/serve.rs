@@ -106,6 +106,17 @@ async fn serve_with_no_setup_then_drain_on_sigterm() {
         .await
         .unwrap();
 
+    // The process keeps itself off transparent huge pages (docs/operations.md).
+    #[cfg(target_os = "linux")]
+    {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
+        let thp = status
+            .lines()
+            .find_map(|l| l.strip_prefix("THP_enabled:"))
+            .map(str::trim);
+        assert_eq!(thp, Some("0"), "huge pages kept off");
+    }
+
     // SIGTERM: drain, flush, exit 0.
     let status = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
