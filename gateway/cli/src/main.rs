@@ -15,6 +15,8 @@
 //! - `boxoffice check-log` ([`check_log`]): the offline integrity check of a data dir's log.
 //! - `boxoffice soak` ([`soak`]): hold + release cycles against an in-process engine; resident
 //!   memory and the data dir's size, also after a restart.
+//! - `boxoffice completions SHELL`, `boxoffice man` ([`manual`]): the command line for shells
+//!   and for `man`, generated from its own definition.
 //!
 //! One vocabulary across subcommands: the same flag and variable for the same thing (keys as a
 //! value or in a `-file`, `-seconds`/`-ms` flags in the unit of their name), one table of exit
@@ -35,6 +37,7 @@ mod exit;
 mod flash_sale;
 mod links;
 mod loadgen;
+mod manual;
 mod reconcile;
 mod sale;
 mod serve;
@@ -121,6 +124,12 @@ enum Command {
     /// chaos (the naive baseline) and clean (the real engine), with the operations page (/ops)
     /// and the HTTP API on the same port. Runs until Ctrl-C.
     Demo(boxoffice_drill::demo::DemoArgs),
+    /// Print a completion script for a shell (bash, zsh, fish, elvish, powershell), e.g.
+    /// `boxoffice completions bash > /etc/bash_completion.d/boxoffice`.
+    Completions(manual::CompletionsArgs),
+    /// Print the man page (roff), or with `--out-dir DIR` write one page for the command and
+    /// one for every subcommand (`boxoffice-serve.1`, ...); read one with `man -l FILE`.
+    Man(manual::ManArgs),
 }
 
 /// The command line with the exit-code table after every (sub)command's help.
@@ -211,6 +220,8 @@ fn main() -> ExitCode {
         Command::Demo(args) => runtime
             .block_on(boxoffice_drill::demo::run(args))
             .map(|()| Exit::Ok),
+        Command::Completions(args) => manual::completions(&args, command()),
+        Command::Man(args) => manual::man(&args, command()),
     };
     match result {
         Ok(code) => code.into(),

@@ -928,3 +928,145 @@ fn cluster_flags_wrongly_given_are_usage_errors() {
         .unwrap();
     assert_eq!(negative.status.code(), Some(2), "{}", text(&negative));
 }
+
+/// Every subcommand path at every depth, as `--help` lists them (`Commands:`), `help` aside.
+fn subcommand_paths() -> Vec<Vec<String>> {
+    fn children(path: &[String]) -> Vec<String> {
+        let mut args: Vec<&str> = path.iter().map(String::as_str).collect();
+        args.push("--help");
+        let out = boxoffice(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{path:?}: {}", text(&out));
+        let help = String::from_utf8(out.stdout).unwrap();
+        help.lines()
+            .skip_while(|l| *l != "Commands:")
+            .skip(1)
+            .take_while(|l| !l.trim().is_empty())
+            .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+            .filter(|name| name != "help")
+            .collect()
+    }
+    let mut all = Vec::new();
+    let mut todo = vec![Vec::new()];
+    while let Some(path) = todo.pop() {
+        for name in children(&path) {
+            let mut sub = path.clone();
+            sub.push(name);
+            todo.push(sub.clone());
+            all.push(sub);
+        }
+    }
+    all
+}
+
+/// `boxoffice completions SHELL` and `boxoffice man --out-dir`: every subcommand at every depth
+/// is completed (asked of bash itself) and has its page, each parent's page naming its children's.
+#[test]
+fn completions_and_man_pages_cover_every_subcommand() {
+    let paths = subcommand_paths();
+    assert!(paths.len() >= 28, "{paths:?}");
+    for must in [
+        &["completions"][..],
+        &["man"],
+        &["ticket", "verify"],
+        &["sale", "set"],
+    ] {
+        assert!(paths.iter().any(|p| p == must), "{must:?} in {paths:?}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+
+    // bash: what the completion function offers after each parent path is its subcommands.
+    let out = boxoffice(&["completions", "bash"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let script = dir.path().join("boxoffice.bash");
+    std::fs::write(&script, &out.stdout).unwrap();
+    let mut parents: Vec<Vec<String>> = vec![Vec::new()];
+    parents.extend(paths.iter().map(|p| p[..p.len() - 1].to_vec()));
+    parents.sort();
+    parents.dedup();
+    for parent in &parents {
+        let words: Vec<String> = std::iter::once("boxoffice".to_owned())
+            .chain(parent.iter().cloned())
+            .chain([String::new()])
+            .map(|w| format!("'{w}'"))
+            .collect();
+        let prev = parent.last().map_or("boxoffice", String::as_str);
+        let probe = format!(
+            "source '{}'; COMP_WORDS=({}); COMP_CWORD={}; _boxoffice boxoffice '' '{prev}'; \
+             printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+            script.display(),
+            words.join(" "),
+            parent.len() + 1
+        );
+        let out = Command::new("bash").args(["-c", &probe]).output().unwrap();
+        assert!(out.status.success(), "{parent:?}: {}", text(&out));
+        let offered = String::from_utf8(out.stdout).unwrap();
+        let offered: Vec<&str> = offered.lines().collect();
+        for child in paths
+            .iter()
+            .filter(|p| p.len() == parent.len() + 1 && p.starts_with(parent))
+        {
+            let name = child.last().unwrap();
+            assert!(
+                offered.contains(&name.as_str()),
+                "bash after {parent:?} offers {offered:?}, not {name}"
+            );
+        }
+    }
+    // The other shells: every subcommand is named in the script.
+    for shell in ["zsh", "fish", "elvish", "powershell"] {
+        let out = boxoffice(&["completions", shell]).output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{shell}: {}", text(&out));
+        let script = String::from_utf8(out.stdout).unwrap();
+        for p in &paths {
+            assert!(
+                script.contains(p.last().unwrap().as_str()),
+                "{shell}: {p:?}"
+            );
+        }
+    }
+    let out = boxoffice(&["completions", "tcsh"]).output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "an unknown shell is a usage error"
+    );
+
+    // man: one page per path, and no other; each parent's page names its children's pages.
+    let pages = dir.path().join("man1");
+    let out = boxoffice(&["man", "--out-dir", pages.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let page_of = |p: &[String]| {
+        std::iter::once("boxoffice")
+            .chain(p.iter().map(String::as_str))
+            .collect::<Vec<_>>()
+            .join("-")
+    };
+    let mut expected: Vec<String> = parents
+        .iter()
+        .chain(paths.iter())
+        .map(|p| format!("{}.1", page_of(p)))
+        .collect();
+    expected.sort();
+    expected.dedup();
+    let mut written: Vec<String> = std::fs::read_dir(&pages)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    written.sort();
+    assert_eq!(written, expected);
+    for child in &paths {
+        let parent = page_of(&child[..child.len() - 1]);
+        let roff = std::fs::read_to_string(pages.join(format!("{parent}.1"))).unwrap();
+        let named = format!("{}(1)", page_of(child).replace('-', "\\-"));
+        assert!(roff.contains(&named), "{parent}.1 does not name {named}");
+        let own = std::fs::read_to_string(pages.join(format!("{}.1", page_of(child)))).unwrap();
+        assert!(own.contains(".TH"), "{child:?}: not a man page");
+    }
+    // Without --out-dir: the command's page on stdout.
+    let out = boxoffice(&["man"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let page = String::from_utf8(out.stdout).unwrap();
+    assert!(page.contains(".TH boxoffice 1") && page.contains("boxoffice\\-serve(1)"));
+}
