@@ -167,10 +167,15 @@ impl Gate {
 
     /// Whether `authorization` (an `Authorization` header's value) presents an admin key.
     pub fn is_admin(&self, authorization: Option<&str>) -> bool {
+        self.scope_presented(authorization) == Some(Scope::Admin)
+    }
+
+    /// The scope of the key `authorization` (an `Authorization: Bearer` header's value)
+    /// presents, if it is one of ours.
+    pub fn scope_presented(&self, authorization: Option<&str>) -> Option<Scope> {
         authorization
             .and_then(|v| v.strip_prefix("Bearer "))
             .and_then(|key| self.keys.scope_of(key.trim()))
-            == Some(Scope::Admin)
     }
 
     fn authenticate(&self, path: &str, authorization: Option<&str>) -> Result<(), ApiError> {

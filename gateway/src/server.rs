@@ -240,7 +240,8 @@ async fn serve_http(
     Ok((haddr, tx, task))
 }
 
-/// Binds and serves `/metrics` on `addr` (reading the gate's calls in flight at each scrape);
+/// Binds and serves `/metrics` on `addr` (reading the gate's calls in flight at each scrape),
+/// and `/debug/pprof/profile` for the gate's admin keys;
 /// returns the bound address, the stop signal, the task.
 async fn serve_metrics(
     addr: std::net::SocketAddr,
@@ -252,13 +253,14 @@ async fn serve_metrics(
     let maddr = l.local_addr()?;
     let handle = crate::metrics::install();
     crate::metrics::set_in_flight(gate.in_flight(), gate.in_flight_max());
+    let keys = gate.clone();
     let collect = move || crate::metrics::set_in_flight(gate.in_flight(), gate.in_flight_max());
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
         let shutdown = async move {
             let _ = rx.await;
         };
-        if let Err(e) = crate::metrics::serve(l, handle, collect, shutdown).await {
+        if let Err(e) = crate::metrics::serve(l, handle, keys, collect, shutdown).await {
             tracing::error!(error = %e, "metrics endpoint failed");
         }
     });

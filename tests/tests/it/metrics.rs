@@ -452,3 +452,100 @@ async fn holds_past_their_deadline_are_the_sweepers_backlog() {
     assert!(engine.event(&EventId::from("b")).is_ok());
     engine.shutdown().await;
 }
+
+/// `GET path` on the metrics port with `authorization` (a bearer key): status code and body.
+async fn get_raw(addr: std::net::SocketAddr, path: &str, key: Option<&str>) -> (u16, Vec<u8>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n{auth}\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).await.unwrap();
+    let split = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&out[..split]).into_owned();
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, out[split + 4..].to_vec())
+}
+
+/// `/debug/pprof/profile`: admin only, its bounds refused, one at a time, and what it answers
+/// is a CPU profile of the server under load (pprof's gzipped protobuf naming our code).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cpu_profile_is_admin_only_and_names_the_servers_code() {
+    use boxoffice_tests::server::{ADMIN, CLIENT};
+    use pprof::protos::Message;
+
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start_with_metrics(child_bin!(), dir.path())
+        .await
+        .unwrap();
+    let m = server.metrics_addr().unwrap();
+    let path = "/debug/pprof/profile?seconds=1";
+    assert_eq!(get_raw(m, path, None).await.0, 401, "no key");
+    assert_eq!(
+        get_raw(m, path, Some("not-a-key")).await.0,
+        401,
+        "unknown key"
+    );
+    assert_eq!(get_raw(m, path, Some(CLIENT)).await.0, 403, "a client key");
+    for bad in ["seconds=0", "seconds=61", "seconds=x", "seconds=-1"] {
+        let (status, body) = get_raw(m, &format!("/debug/pprof/profile?{bad}"), Some(ADMIN)).await;
+        assert_eq!(status, 400, "{bad}: {}", String::from_utf8_lossy(&body));
+    }
+
+    // Load while the profile is taken: GetEvent of an event that is not there, over and over.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut load = Vec::new();
+    for _ in 0..4 {
+        let (mut c, stop) = (server.admin(), stop.clone());
+        load.push(tokio::spawn(async move {
+            let mut calls = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let r = c
+                    .events
+                    .get_event(pb::GetEventRequest {
+                        event_id: "nowhere".into(),
+                    })
+                    .await;
+                assert_eq!(r.unwrap_err().code(), Code::NotFound);
+                calls += 1;
+            }
+            calls
+        }));
+    }
+    let profiling =
+        tokio::spawn(
+            async move { get_raw(m, "/debug/pprof/profile?seconds=2", Some(ADMIN)).await },
+        );
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let (status, _) = get_raw(m, path, Some(ADMIN)).await;
+    assert_eq!(status, 409, "one profile at a time");
+    let (status, body) = profiling.await.unwrap();
+    // Then another, the load still running: one at a time, not one ever.
+    let (again, _) = get_raw(m, path, Some(ADMIN)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut calls = 0;
+    for l in load {
+        calls += l.await.unwrap();
+    }
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(again, 200);
+    assert!(calls > 0);
+    let mut raw = Vec::new();
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&body[..]), &mut raw).unwrap();
+    let profile = pprof::protos::Profile::decode(&raw[..]).unwrap();
+    assert!(!profile.sample.is_empty(), "no samples under load");
+    assert!(
+        profile
+            .string_table
+            .iter()
+            .any(|s| s.contains("boxoffice_gateway")),
+        "the server's own functions are named"
+    );
+    assert!(
+        profile.duration_nanos >= 1_000_000_000,
+        "{}",
+        profile.duration_nanos
+    );
+}
