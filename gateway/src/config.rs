@@ -16,6 +16,9 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     /// Metrics address (`None`: no metrics endpoint).
     pub metrics_listen: Option<SocketAddr>,
+    /// Serve `/debug/pprof/profile` on a metrics address that is not loopback too (the admin
+    /// key then crosses that network in plain HTTP). On a loopback address it is always served.
+    pub metrics_pprof: bool,
     /// HTTP/JSON API address (`None`, the default: no HTTP API; see [`crate::http`]).
     pub http_listen: Option<SocketAddr>,
     /// More routes on the HTTP port (the demo's page and race), beside the API and `/ops`.
@@ -118,6 +121,7 @@ impl ServerConfig {
         ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
             metrics_listen: Some(SocketAddr::from(([127, 0, 0, 1], 9464))),
+            metrics_pprof: false,
             http_listen: None,
             http_routes: None,
             data_dir: PathBuf::from("boxoffice-data"),

@@ -241,11 +241,12 @@ async fn serve_http(
 }
 
 /// Binds and serves `/metrics` on `addr` (reading the gate's calls in flight at each scrape),
-/// and `/debug/pprof/profile` for the gate's admin keys;
+/// and, with `profiles`, `/debug/pprof/profile` for its admin keys;
 /// returns the bound address, the stop signal, the task.
 async fn serve_metrics(
     addr: std::net::SocketAddr,
     gate: Arc<Gate>,
+    profiles: Option<Arc<Gate>>,
 ) -> anyhow::Result<MetricsServing> {
     let l = tokio::net::TcpListener::bind(addr)
         .await
@@ -253,14 +254,13 @@ async fn serve_metrics(
     let maddr = l.local_addr()?;
     let handle = crate::metrics::install();
     crate::metrics::set_in_flight(gate.in_flight(), gate.in_flight_max());
-    let keys = gate.clone();
     let collect = move || crate::metrics::set_in_flight(gate.in_flight(), gate.in_flight_max());
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
         let shutdown = async move {
             let _ = rx.await;
         };
-        if let Err(e) = crate::metrics::serve(l, handle, keys, collect, shutdown).await {
+        if let Err(e) = crate::metrics::serve(l, handle, profiles, collect, shutdown).await {
             tracing::error!(error = %e, "metrics endpoint failed");
         }
     });
@@ -540,7 +540,13 @@ async fn serve_metrics_of(
     let Some(m) = config.metrics_listen else {
         return Ok((None, None));
     };
-    let (addr, stop, task) = serve_metrics(m, gate.clone()).await?;
+    let profiles = (m.ip().is_loopback() || config.metrics_pprof).then(|| gate.clone());
+    if profiles.is_none() {
+        tracing::info!(
+            "/debug/pprof/profile is off: the metrics port is not on loopback (--metrics-pprof)"
+        );
+    }
+    let (addr, stop, task) = serve_metrics(m, gate.clone(), profiles).await?;
     background.push(task);
     let ready = ready.clone();
     background.push(crate::metrics::spawn_sampler(

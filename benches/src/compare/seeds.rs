@@ -53,7 +53,9 @@ use super::workload::{Latency, Outcomes, Row, RowResult, Workload, micros_since,
 /// is `0`). `ARGV`: quantity, user id, section id, hold TTL (ms), now (Unix ms), per-user
 /// limit, `1` if keyed, how long the key's answer is kept (ms). Returns the new hold's id, or
 /// `SOLD_OUT`, or `USER_LIMIT`; with a key already answered, that first answer, changing
-/// nothing.
+/// nothing. For one Redis server, as the seeds' design has: the hold record's key is made inside
+/// the script (not declared in `KEYS`) and the keys fall in different hash slots, so it would
+/// not run unchanged on Redis Cluster.
 pub const FULL_LUA: &str = r"
 local keyed = ARGV[7] == '1'
 if keyed then

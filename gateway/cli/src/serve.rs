@@ -42,6 +42,11 @@ pub struct ServeArgs {
         default_value = "127.0.0.1:9464"
     )]
     metrics_listen: SocketAddr,
+    /// Serve the CPU profile (`GET /debug/pprof/profile`, admin key) on a metrics address that
+    /// is not loopback too: the admin key then crosses that network in plain HTTP. On loopback
+    /// it is always served.
+    #[arg(long, env = "BOXOFFICE_METRICS_PPROF")]
+    metrics_pprof: bool,
     /// Address of the HTTP/JSON API (the seeds' REST paths, `/v1/openapi.json`); off unless
     /// given.
     #[arg(long, env = "BOXOFFICE_HTTP_LISTEN")]
@@ -367,6 +372,7 @@ fn config(args: ServeArgs) -> Result<ServerConfig, UsageError> {
     let mut config = ServerConfig::new("", "", &secret);
     config.listen = args.listen;
     config.metrics_listen = Some(args.metrics_listen);
+    config.metrics_pprof = args.metrics_pprof;
     config.http_listen = args.http_listen;
     config.data_dir = args.data_dir;
     config.admin_keys = admin_keys;

@@ -32,7 +32,7 @@ pub fn peak_rss_bytes() -> Option<u64> {
 /// comparison's row d, 200,000 holds) spent about a quarter of all its CPU samples in the
 /// kernel's `clear_page_erms` under those faults; with the switch on the same run went from
 /// about 39,000 to 65,000 holds/s and its p99 from about 40 ms to 4 ms (BENCHMARKS.md, "Huge
-/// pages"). The binaries call it first thing (`boxoffice`, the benches).
+/// pages off"). The binaries call it first thing (`boxoffice`, the benches).
 pub fn keep_off_huge_pages() -> bool {
     #[cfg(target_os = "linux")]
     {
@@ -76,7 +76,12 @@ mod tests {
             assert!(huge_pages_off());
             return;
         }
-        assert!(!huge_pages_off(), "off before anyone asked");
+        // A runner that was itself started with the switch on passes it down (it is inherited):
+        // then only the child's own call is checked.
+        let inherited = huge_pages_off();
+        if inherited {
+            eprintln!("huge pages already off in this test process (inherited)");
+        }
         let me = std::env::current_exe().expect("this test binary");
         let status = std::process::Command::new(me)
             .args([

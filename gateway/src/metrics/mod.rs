@@ -270,11 +270,11 @@ pub fn install() -> PrometheusHandle {
 
 /// Serves `GET /metrics` on `listener` until `shutdown` resolves; runs the recorder's upkeep.
 /// Each scrape first reads the process metrics and calls `collect` (for gauges read at scrape
-/// time). Also `GET /debug/pprof/profile` ([`pprof`]), for `gate`'s admin keys.
+/// time). With `profiles`, also `GET /debug/pprof/profile` ([`pprof`]) for its admin keys.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     handle: PrometheusHandle,
-    gate: std::sync::Arc<crate::gate::Gate>,
+    profiles: Option<std::sync::Arc<crate::gate::Gate>>,
     collect: impl Fn() + Send + Sync + 'static,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
@@ -289,17 +289,18 @@ pub async fn serve(
             }
         })
     };
-    let app = Router::new()
-        .route(
-            "/metrics",
-            get(move || {
-                let handle = handle.clone();
-                process().collect();
-                collect.as_ref()();
-                async move { handle.render() }
-            }),
-        )
-        .route("/debug/pprof/profile", get(pprof::profile).with_state(gate));
+    let mut app = Router::new().route(
+        "/metrics",
+        get(move || {
+            let handle = handle.clone();
+            process().collect();
+            collect.as_ref()();
+            async move { handle.render() }
+        }),
+    );
+    if let Some(gate) = profiles {
+        app = app.route("/debug/pprof/profile", get(pprof::profile).with_state(gate));
+    }
     let r = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await;

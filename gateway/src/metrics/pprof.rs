@@ -4,7 +4,9 @@
 //! [`SECONDS_MAX`], default [`SECONDS_DEFAULT`]).
 //!
 //! - Admin only: `Authorization: Bearer <admin key>` (no key or an unknown one: 401; a client or
-//!   stream key: 403).
+//!   stream key: 403), checked before anything else of the request.
+//! - Served only where the key does not cross a network in plain HTTP: on a loopback metrics
+//!   address, or elsewhere with `--metrics-pprof` (`ServerConfig::metrics_pprof`); else 404.
 //! - The answer is pprof's protobuf, gzipped, as Go's `net/http/pprof` serves it, so
 //!   `go tool pprof` (`-top`, or `-http=:` for a flame graph) and the usual viewers read it.
 //!   (pprof-rs's own SVG flame graph is not built in: its inferno is CDDL-1.0 and brought a
@@ -18,6 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -34,6 +37,22 @@ pub const SECONDS_DEFAULT: u64 = 10;
 
 /// One profile at a time: the sampler is the process's.
 static TAKING: AtomicBool = AtomicBool::new(false);
+
+/// The profile being taken: [`TAKING`] is up while it lives.
+struct Taking;
+
+impl Taking {
+    /// Raises the flag, unless a profile is already being taken.
+    fn start() -> Option<Taking> {
+        (!TAKING.swap(true, Ordering::AcqRel)).then_some(Taking)
+    }
+}
+
+impl Drop for Taking {
+    fn drop(&mut self) {
+        TAKING.store(false, Ordering::Release);
+    }
+}
 
 /// The query of `/debug/pprof/profile`.
 #[derive(Debug, Deserialize)]
@@ -54,7 +73,7 @@ fn refuse(status: StatusCode, message: &str) -> Response {
 pub async fn profile(
     State(gate): State<Arc<Gate>>,
     headers: HeaderMap,
-    Query(q): Query<ProfileQuery>,
+    query: Result<Query<ProfileQuery>, QueryRejection>,
 ) -> Response {
     let authorization = headers
         .get(header::AUTHORIZATION)
@@ -64,6 +83,13 @@ pub async fn profile(
         Some(_) => return refuse(StatusCode::FORBIDDEN, "profiles need an admin key"),
         None => return refuse(StatusCode::UNAUTHORIZED, "profiles need an admin key"),
     }
+    // The query only once the key is known good: the key's answer first, whatever is asked.
+    let Ok(Query(q)) = query else {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            &format!("seconds must be 1 to {SECONDS_MAX}"),
+        );
+    };
     let seconds = q.seconds.unwrap_or(SECONDS_DEFAULT);
     if !(1..=SECONDS_MAX).contains(&seconds) {
         return refuse(
@@ -71,13 +97,14 @@ pub async fn profile(
             &format!("seconds must be 1 to {SECONDS_MAX}"),
         );
     }
-    if TAKING.swap(true, Ordering::AcqRel) {
+    let Some(taking) = Taking::start() else {
         return refuse(StatusCode::CONFLICT, "a profile is already being taken");
-    }
+    };
+    // The flag goes down with `taking`, however the blocking task ends (a panic too), and
+    // whether or not anyone still waits for its answer.
     let taken = tokio::task::spawn_blocking(move || {
-        let r = take(Duration::from_secs(seconds));
-        TAKING.store(false, Ordering::Release);
-        r
+        let _taking = taking;
+        take(Duration::from_secs(seconds))
     })
     .await;
     let body = match taken {
@@ -86,10 +113,7 @@ pub async fn profile(
             tracing::warn!(error = %e, "a CPU profile failed");
             return refuse(StatusCode::INTERNAL_SERVER_ERROR, &format!("profile: {e}"));
         }
-        Err(e) => {
-            TAKING.store(false, Ordering::Release);
-            return refuse(StatusCode::INTERNAL_SERVER_ERROR, &format!("profile: {e}"));
-        }
+        Err(e) => return refuse(StatusCode::INTERNAL_SERVER_ERROR, &format!("profile: {e}")),
     };
     (
         [

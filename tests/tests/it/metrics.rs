@@ -489,6 +489,11 @@ async fn a_cpu_profile_is_admin_only_and_names_the_servers_code() {
         "unknown key"
     );
     assert_eq!(get_raw(m, path, Some(CLIENT)).await.0, 403, "a client key");
+    assert_eq!(
+        get_raw(m, "/debug/pprof/profile?seconds=x", None).await.0,
+        401,
+        "the key is checked before the query"
+    );
     for bad in ["seconds=0", "seconds=61", "seconds=x", "seconds=-1"] {
         let (status, body) = get_raw(m, &format!("/debug/pprof/profile?{bad}"), Some(ADMIN)).await;
         assert_eq!(status, 400, "{bad}: {}", String::from_utf8_lossy(&body));
