@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use tonic::transport::Channel;
 
 use crate::http::{Answer, Http};
-use crate::{Bearer, Clients};
+use crate::{Bearer, Clients, best_available as best};
 
 /// One caller on both faces.
 pub struct Face {
@@ -204,23 +204,6 @@ fn create_body(event: &str) -> Value {
 
 fn key(k: &str) -> [(&'static str, &str); 1] {
     [("idempotency-key", k)]
-}
-
-/// A best-available hold request.
-fn best(event: &str, user: &str, token: &str, section: &str, n: u32, key: &str) -> pb::HoldRequest {
-    pb::HoldRequest {
-        event_id: event.into(),
-        user_id: user.into(),
-        admission_token: token.into(),
-        idempotency_key: key.into(),
-        selection: Some(pb::hold_request::Selection::BestAvailable(
-            pb::BestAvailable {
-                section_id: section.into(),
-                quantity: n,
-            },
-        )),
-        access_code: String::new(),
-    }
 }
 
 /// An exact-seats hold request.

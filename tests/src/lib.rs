@@ -104,6 +104,33 @@ pub fn any_section(event: &str, user: &str, q: u32) -> boxoffice_engine::HoldReq
     }
 }
 
+/// The gRPC `Hold` request of `quantity` places, best available in `section` of `event`, for
+/// an admitted (`user`, `token`), under idempotency key `key` (empty: none), without an access
+/// code.
+pub fn best_available(
+    event: &str,
+    user: &str,
+    token: &str,
+    section: &str,
+    quantity: u32,
+    key: &str,
+) -> boxoffice_proto::v1::HoldRequest {
+    use boxoffice_proto::v1 as pb;
+    pb::HoldRequest {
+        event_id: event.into(),
+        user_id: user.into(),
+        admission_token: token.into(),
+        idempotency_key: key.into(),
+        selection: Some(pb::hold_request::Selection::BestAvailable(
+            pb::BestAvailable {
+                section_id: section.into(),
+                quantity,
+            },
+        )),
+        access_code: String::new(),
+    }
+}
+
 /// A confirm of `hold` paid with the simulated provider's good test card, under idempotency
 /// key `key` (empty: none).
 pub fn pay_with_visa(

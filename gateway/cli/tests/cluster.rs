@@ -1170,10 +1170,6 @@ async fn tickets_given_back_and_moved_survive_the_leaders_death() {
     }
 }
 
-/// Presale access codes (issue 29) on a cluster: holds made under a code through a follower
-/// survive the leader's `kill -9` with their uses. Every live node then shows (to an admin key)
-/// the code's uses as acknowledged, and the cap still holds: a hold past it is
-/// `ACCESS_CODE_EXHAUSTED`, one within it is placed.
 /// A best-available hold of `quantity` places in section `ga` of `event` for an admitted
 /// (user, token), with an idempotency key and an access code (empty: none).
 fn ga_hold(
@@ -1184,20 +1180,15 @@ fn ga_hold(
     code: &str,
 ) -> pb::HoldRequest {
     pb::HoldRequest {
-        event_id: event.into(),
-        user_id: user.into(),
-        admission_token: token.into(),
-        idempotency_key: key.into(),
-        selection: Some(pb::hold_request::Selection::BestAvailable(
-            pb::BestAvailable {
-                section_id: "ga".into(),
-                quantity,
-            },
-        )),
         access_code: code.into(),
+        ..boxoffice_tests::best_available(event, user, token, "ga", quantity, key)
     }
 }
 
+/// Presale access codes (issue 29) on a cluster: holds made under a code through a follower
+/// survive the leader's `kill -9` with their uses. Every live node then shows (to an admin key)
+/// the code's uses as acknowledged, and the cap still holds: a hold past it is
+/// `ACCESS_CODE_EXHAUSTED`, one within it is placed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn presale_code_uses_survive_the_leaders_death_and_the_cap_still_holds() {
     let tmp = tempfile::tempdir().unwrap();

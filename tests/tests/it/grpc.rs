@@ -12,6 +12,8 @@ use boxoffice_tests::cases::{case, check_error_cases, expect_err};
 use boxoffice_tests::server::{CLIENT, TestServer, reason};
 use boxoffice_tests::wait::{PATIENCE, periodic_check};
 use boxoffice_tests::{Clients, T0_MS};
+
+pub(crate) use boxoffice_tests::best_available as best;
 use sha2::Digest;
 use tonic::Code;
 
@@ -169,29 +171,6 @@ pub(crate) async fn all_events(c: &mut Clients) -> Vec<pb::Event> {
             return events;
         }
         token = page.next_page_token;
-    }
-}
-
-pub(crate) fn best(
-    event: &str,
-    user: &str,
-    token: &str,
-    section: &str,
-    q: u32,
-    key: &str,
-) -> pb::HoldRequest {
-    pb::HoldRequest {
-        event_id: event.into(),
-        user_id: user.into(),
-        admission_token: token.into(),
-        idempotency_key: key.into(),
-        selection: Some(pb::hold_request::Selection::BestAvailable(
-            pb::BestAvailable {
-                section_id: section.into(),
-                quantity: q,
-            },
-        )),
-        access_code: String::new(),
     }
 }
 
@@ -1248,19 +1227,29 @@ async fn overload_is_shed_at_once_not_queued() {
 
 /// GET /metrics with a bare HTTP/1.0 request.
 pub(crate) async fn scrape(addr: std::net::SocketAddr) -> String {
+    let (status, body) = get_raw(addr, "/metrics", None).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    String::from_utf8(body).unwrap()
+}
+
+/// `GET path` on the metrics port with `authorization` (a bearer key): status code and body.
+pub(crate) async fn get_raw(
+    addr: std::net::SocketAddr,
+    path: &str,
+    key: Option<&str>,
+) -> (u16, Vec<u8>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+    let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n{auth}\r\n").as_bytes())
         .await
         .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    let (head, body) = out.split_once("\r\n\r\n").unwrap();
-    assert!(
-        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
-        "{head}"
-    );
-    body.to_owned()
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).await.unwrap();
+    let split = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&out[..split]).into_owned();
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, out[split + 4..].to_vec())
 }
 
 /// The metric families the endpoint must export.

@@ -20,7 +20,7 @@ use boxoffice_tests::wait::{PATIENCE, periodic_check};
 use boxoffice_tests::{T0_MS, any_section, child_bin};
 use tonic::Code;
 
-use crate::grpc::{admitted_all, best, event, ga, reserved, scrape, seats};
+use crate::grpc::{admitted_all, best, event, ga, get_raw, reserved, scrape, seats};
 
 /// One scrape, parsed: HELP and TYPE by family, and every sample.
 struct Scraped {
@@ -451,22 +451,6 @@ async fn holds_past_their_deadline_are_the_sweepers_backlog() {
     assert_eq!(engine.holds_past_deadline().await, Ok(0), "swept");
     assert!(engine.event(&EventId::from("b")).is_ok());
     engine.shutdown().await;
-}
-
-/// `GET path` on the metrics port with `authorization` (a bearer key): status code and body.
-async fn get_raw(addr: std::net::SocketAddr, path: &str, key: Option<&str>) -> (u16, Vec<u8>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n{auth}\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut out = Vec::new();
-    s.read_to_end(&mut out).await.unwrap();
-    let split = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
-    let head = String::from_utf8_lossy(&out[..split]).into_owned();
-    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    (status, out[split + 4..].to_vec())
 }
 
 /// `/debug/pprof/profile`: admin only, its bounds refused, one at a time, and what it answers
