@@ -6,6 +6,7 @@ use crate::hash::HashMap;
 use std::sync::Arc;
 
 use serde::Serialize;
+use tracing::Instrument;
 
 use crate::catalog::Catalog;
 use crate::codec;
@@ -113,7 +114,9 @@ impl Booking {
     ) -> Vec<Result<HoldView, EngineError>> {
         let n = items.len();
         let booking = self.clone();
-        match crate::kernel::detached(async move { Ok(booking.hold_now(items).await) }).await {
+        let span = tracing::info_span!(target: crate::trace::TARGET, "engine.hold", holds = n);
+        let work = async move { Ok(booking.hold_now(items).await) }.instrument(span);
+        match crate::kernel::detached(work).await {
             Ok(answers) => answers,
             Err(e) => (0..n).map(|_| Err(e.clone())).collect(),
         }
@@ -180,6 +183,10 @@ impl Booking {
             .kernel
             .ledger()
             .begin(plans.iter().map(|(_, p)| p.begin_args(now)).collect())
+            .instrument(
+                tracing::info_span!(target: crate::trace::TARGET, "ledger.begin",
+                requests = plans.len()),
+            )
             .await;
         let mut go = Vec::with_capacity(plans.len());
         for ((i, plan), begin) in plans.into_iter().zip(begun) {
@@ -210,10 +217,14 @@ impl Booking {
                 .iter()
                 .map(|&k| go[k].1.command(section))
                 .collect::<Vec<_>>();
+            let span = section_span(event, section, cmds.len());
             async move {
                 let answers = self
                     .kernel
-                    .ask(event, section, |reply| SectionMsg::Hold(cmds, reply))
+                    .ask(event, section, |reply| {
+                        SectionMsg::Hold(cmds, span.clone(), reply)
+                    })
+                    .instrument(span.clone())
                     .await;
                 (ks, answers)
             }
@@ -350,7 +361,15 @@ impl Booking {
         }
         self.kernel.ledger().settled(settled);
         self.kernel.ledger().refund(refunds);
-        if let Err(e) = self.kernel.ledger().finish(failed).await {
+        let finishing = tracing::info_span!(target: crate::trace::TARGET, "ledger.finish",
+            refusals = failed.len());
+        if let Err(e) = self
+            .kernel
+            .ledger()
+            .finish(failed)
+            .instrument(finishing)
+            .await
+        {
             // A refusal could not be recorded as its key's first answer: its caller hears
             // why instead (as a single hold's would).
             for i in failed_at {
@@ -430,9 +449,13 @@ impl Booking {
                 continue;
             }
             let cmds = vec![plan.command(section)];
+            let span = section_span(&plan.event, section, 1);
             let answer = self
                 .kernel
-                .ask(&plan.event, section, |reply| SectionMsg::Hold(cmds, reply))
+                .ask(&plan.event, section, |reply| {
+                    SectionMsg::Hold(cmds, span.clone(), reply)
+                })
+                .instrument(span.clone())
                 .await
                 .and_then(|mut answers| {
                     answers
@@ -609,6 +632,13 @@ pub(crate) use codec::fingerprint;
 
 /// A hold request's idempotency tag: its key, and a fingerprint of what it asks (its access
 /// code too, if it has one; without, the fingerprint of earlier builds).
+/// The span of one section's part of a hold call ([`crate::trace`]): its queue, the decision
+/// and the wait until the decision is durable.
+fn section_span(event: &EventEntry, section: &SectionId, holds: usize) -> tracing::Span {
+    tracing::info_span!(target: crate::trace::TARGET, "section",
+        event = event.event_id.as_str(), section = section.as_str(), holds)
+}
+
 fn hold_tag(req: &HoldRequest) -> Option<IdemTag> {
     let (key, event, selection) = (&req.idempotency_key, &req.event_id, &req.selection);
     if req.access_code.is_empty() {

@@ -127,6 +127,7 @@ mod share;
 pub mod store;
 mod supervisor;
 pub mod tiers;
+pub mod trace;
 mod transfers;
 pub mod types;
 pub mod waitlist;

@@ -41,12 +41,14 @@ use crate::types::{
 use crate::limits::{DEPTH_GAUGE_EVERY_MESSAGES, SECTION_BATCH_REPLIES_MAX};
 
 type Reply<T> = RpcReplyPort<Result<T, EngineError>>;
+type HoldReply = Reply<Vec<Result<HoldView, Rejection>>>;
 
 /// Messages a section actor takes. Commands are imperative.
 pub(crate) enum SectionMsg {
     /// Holds (a call's holds for this section; one for a unary hold), placed in order and
-    /// answered together once durable.
-    Hold(Vec<PlaceHold>, Reply<Vec<Result<HoldView, Rejection>>>),
+    /// answered together once durable; with the caller's span (the decision's parent in a
+    /// trace, see [`crate::trace`]).
+    Hold(Vec<PlaceHold>, tracing::Span, HoldReply),
     Confirm(ConfirmHold, Reply<OrderView>),
     Release(HoldId, UserId, Reply<HoldView>),
     /// Gives tickets of an order back (`CancelTickets`), answered once durable.
@@ -91,7 +93,7 @@ impl SectionMsg {
     fn refuse_change(self, e: &StorageError) -> Option<SectionMsg> {
         let err = EngineError::from(e.clone());
         match self {
-            SectionMsg::Hold(_, reply) => send(reply, Err(err)),
+            SectionMsg::Hold(_, _, reply) => send(reply, Err(err)),
             SectionMsg::Confirm(_, reply) => send(reply, Err(err)),
             SectionMsg::Release(_, _, reply) => send(reply, Err(err)),
             SectionMsg::Cancel(_, reply) => send(reply, Err(err)),
@@ -157,6 +159,8 @@ struct OpenBatch {
     /// read as each hold ends (the core forgets its code a window later).
     code_returns: Vec<(u32, u32)>,
     replies: Vec<Waiting>,
+    /// The spans of the traced callers among them (their group commit joins their traces).
+    traces: Vec<tracing::Span>,
 }
 
 struct Counters {
@@ -280,6 +284,7 @@ impl SectionState {
         let notices = self.a.notices.clone();
         let sealed_at = self.a.clock.now_ms();
         let (ended, replies, code_returns) = (open.ended, open.replies, open.code_returns);
+        let traces = open.traces;
         // The access code uses of ended holds come back with their quota (see crate::access).
         let redemptions = self.a.redemptions.clone();
         let changes = changes_of(&self.a.core, &open.records);
@@ -319,7 +324,7 @@ impl SectionState {
         );
         let core = &self.a.core;
         self.a.store.submit_with_checkpoint(
-            job,
+            job.traced(traces),
             &mut self.a.stream,
             self.a.checkpoint_every,
             || core.checkpoint(),
@@ -444,7 +449,7 @@ impl Actor for SectionActor {
         };
         match msg {
             None => return Ok(()),
-            Some(SectionMsg::Hold(cmds, reply)) => st.on_hold(cmds, now, reply),
+            Some(SectionMsg::Hold(cmds, span, reply)) => st.on_hold(cmds, &span, now, reply),
             Some(SectionMsg::Seal) => {
                 // Everything handled before it is the batch: sealed now, whatever came after.
                 st.seal_queued = false;
@@ -566,9 +571,12 @@ impl SectionState {
     fn on_hold(
         &mut self,
         cmds: Vec<PlaceHold>,
+        caller: &tracing::Span,
         now: u64,
-        reply: Reply<Vec<Result<HoldView, Rejection>>>,
+        reply: HoldReply,
     ) {
+        let decision = crate::trace::decision(caller, cmds.len());
+        let deciding = decision.enter();
         let mut records = Vec::with_capacity(cmds.len());
         let mut answers = Vec::with_capacity(cmds.len());
         for cmd in cmds {
@@ -583,6 +591,12 @@ impl SectionState {
                     answers.push(Err(r));
                 }
             }
+        }
+        decision.record("placed", records.len());
+        drop(deciding);
+        // The group commit's parent: the caller's span, open until the reply (not the decision).
+        if !caller.is_disabled() && !records.is_empty() {
+            self.open.traces.push(caller.clone());
         }
         self.commit(records, Vec::new(), Vec::new(), after(reply, Ok(answers)));
     }

@@ -23,6 +23,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tonic::body::Body;
 use tower::{Layer, Service};
+use tracing::Instrument;
 
 use crate::status::ApiError;
 
@@ -380,9 +381,10 @@ fn reason_of_details(details: &[u8], headers: &http::HeaderMap) -> &'static str 
 const REASON_MEMO_MAX: usize = 4_096;
 
 /// Counts a finished call and records its latency, by method, code and reason.
-fn record(method: &'static str, res: &http::Response<Body>, started: Instant) {
+fn record(method: &'static str, res: &http::Response<Body>, started: Instant) -> &'static str {
     let (code, reason) = outcome(res);
     observe(method, code, reason, started);
+    code
 }
 
 /// Counts a finished call of either face and records its latency, by method, code and reason.
@@ -507,18 +509,23 @@ where
             req.extensions_mut().insert(AdminCaller);
         }
         let deadline = client_deadline(req.headers());
-        Box::pin(async move {
+        let span = crate::trace::gate_span(method, req.headers());
+        let traced = span.clone();
+        let call = async move {
             let res = match deadline {
                 // A call whose caller has given up is answered DEADLINE_EXCEEDED (tonic's own
                 // timeout would answer CANCELLED a moment later). The call itself runs to its
                 // end on a task of its own, still counted in flight until then: callers who
                 // give up early cannot pile up work past the in-flight bound.
                 Some(d) => {
-                    let mut call = tokio::spawn(async move {
-                        let res = inner.call(req).await;
-                        drop(guard);
-                        res
-                    });
+                    let mut call = tokio::spawn(
+                        async move {
+                            let res = inner.call(req).await;
+                            drop(guard);
+                            res
+                        }
+                        .in_current_span(),
+                    );
                     match tokio::time::timeout(d, &mut call).await {
                         Ok(Ok(res)) => res,
                         Ok(Err(e)) => Ok(
@@ -535,10 +542,12 @@ where
             };
             res.map(|r| {
                 let r = undecodable_as_invalid(r);
-                record(method, &r, started);
+                let code = record(method, &r, started);
+                traced.record("rpc.grpc.status_code", code);
                 r
             })
-        })
+        };
+        Box::pin(call.instrument(span))
     }
 }
 

@@ -52,4 +52,5 @@ pub mod ticket_keys;
 pub mod tickets;
 pub mod tls;
 pub mod tokens;
+pub mod trace;
 pub mod waiting_room;

@@ -227,11 +227,12 @@ impl Local {
             Err(e) => Err(Status::from(e)),
             Ok(in_flight) => {
                 let work = work();
-                let mut call = tokio::spawn(async move {
+                // In the HTTP call's span (crate::trace), on its task of its own.
+                let mut call = tokio::spawn(tracing::Instrument::in_current_span(async move {
                     let answer = work.await;
                     drop(in_flight);
                     answer
-                });
+                }));
                 match tokio::time::timeout(crate::gate::short_of(timeout), &mut call).await {
                     Ok(Ok(answer)) => answer,
                     Ok(Err(e)) => Err(Status::internal(format!("the call failed: {e}"))),

@@ -53,3 +53,21 @@ pub struct Batch {
     #[serde(default)]
     pub term: u64,
 }
+
+impl Batch {
+    /// The batch's first appended record: its stream and number (what names a batch in flight,
+    /// see [`crate::trace`]).
+    pub fn first_record(&self) -> Option<(&str, u64)> {
+        first_record(&self.ops)
+    }
+}
+
+/// The first appended record of `ops`: its stream and number.
+pub(crate) fn first_record(ops: &[Op]) -> Option<(&str, u64)> {
+    ops.iter().find_map(|op| match op {
+        Op::Append {
+            stream, entries, ..
+        } => entries.first().map(|(seq, _)| (stream.as_str(), *seq)),
+        _ => None,
+    })
+}

@@ -29,6 +29,7 @@ use std::time::Instant;
 
 use futures_util::future::BoxFuture;
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
 use crate::changes::Noted;
 use crate::codec;
@@ -148,6 +149,9 @@ pub(crate) struct Append {
     /// What the records change, for the change stream ([`crate::changes`]), encoded.
     pub changes: Option<Noted>,
     pub done: Done,
+    /// The traced requests whose records these are (the section's decisions; empty when
+    /// tracing is off): the group commit's span joins their traces ([`crate::trace`]).
+    pub traces: Vec<tracing::Span>,
 }
 
 pub(crate) enum Job {
@@ -164,6 +168,16 @@ pub(crate) enum Job {
     /// Runs once everything queued before it has been written (and synced, with `Sync`).
     Barrier(Done),
     Stop,
+}
+
+impl Job {
+    /// The job with the spans of the traced requests it carries ([`Append::traces`]).
+    pub(crate) fn traced(mut self, spans: Vec<tracing::Span>) -> Job {
+        if let Job::Append(a) = &mut self {
+            a.traces = spans;
+        }
+        self
+    }
 }
 
 /// The halt flag, shared by the flusher and every writer. Once set it stays set: every later
@@ -397,6 +411,15 @@ struct Ack {
     completions: Vec<(Done, Result<(), StorageError>)>,
     /// A replicated batch: wait for its commit before its completions run.
     commit: Option<Waiter>,
+    /// The group commit's span and its replication's, when a traced request is in the batch.
+    span: Option<Traced>,
+}
+
+/// The spans of a traced group commit ([`crate::trace`]): the commit's own, and while it
+/// replicates, its replication's (kept where the Raft network finds it until the commit ends).
+struct Traced {
+    commit: tracing::Span,
+    replication: Option<(tracing::Span, Option<crate::trace::Replicating>)>,
 }
 
 /// The acker: for each batch in order, writes its marks to the superblock (made durable), then
@@ -412,9 +435,16 @@ async fn acker(
 ) {
     let mut failed: Option<StorageError> = None;
     while let Some(ack) = rx.recv().await {
+        let span = ack.span;
         if let Some(wait) = ack.commit {
             let started = Instant::now();
-            let reason = match wait.await {
+            // The wait for the majority, in the trace of a traced batch; the batch's entry in
+            // the spans in flight goes with it.
+            let answer = match span.as_ref().and_then(|t| t.replication.as_ref()) {
+                Some((replication, _)) => wait.instrument(replication.clone()).await,
+                None => wait.await,
+            };
+            let reason = match answer {
                 Ok(None) => None,
                 Ok(Some(key)) => Some(StorageError::BackstopRefused { key }.to_string()),
                 Err(e) => Some(format!("replication failed: {e}")),
@@ -426,6 +456,11 @@ async fn acker(
                 failed.get_or_insert(StorageError::Halted(reason));
             }
         }
+        let acking = span.as_ref().map(|t| {
+            tracing::info_span!(target: crate::trace::TARGET, parent: &t.commit, "ack",
+                replies = ack.completions.len())
+        });
+        let _acking = acking.as_ref().map(tracing::Span::enter);
         if let (Some(marks), None) = (ack.marks, &failed) {
             let started = Instant::now();
             match sink.put_superblock(&marks) {
@@ -452,6 +487,20 @@ async fn acker(
     }
 }
 
+/// The span of a group commit of `batch` if any of its jobs is traced (their spans taken).
+fn traced(batch: &mut [Job]) -> Option<Traced> {
+    let mut callers = Vec::new();
+    for job in batch.iter_mut() {
+        if let Job::Append(a) = job {
+            callers.append(&mut a.traces);
+        }
+    }
+    crate::trace::group_commit(&callers, batch.len()).map(|commit| Traced {
+        commit,
+        replication: None,
+    })
+}
+
 /// What writing one batch left to do once it is durable.
 #[derive(Default)]
 struct Written {
@@ -476,11 +525,17 @@ impl Flusher {
             }
             let started = Instant::now();
             self.note_changes(&mut batch);
+            let traced = traced(&mut batch);
             if let Some(replicate) = self.replicate.clone() {
-                stop = self.replicate(batch, replicate.as_ref(), started).await;
+                stop = self
+                    .replicate(batch, replicate.as_ref(), started, traced)
+                    .await;
                 continue;
             }
-            let written = self.write(batch);
+            let written = {
+                let _in = traced.as_ref().map(|t| t.commit.enter());
+                self.write(batch)
+            };
             stop = written.stop;
             if let Some(latency) = self.sink.kv().map(|kv| kv.sync_latency())
                 && !latency.is_zero()
@@ -490,8 +545,15 @@ impl Flusher {
             }
             let synced = (self.durability == Durability::Sync || stop)
                 && self.halt.check().is_ok()
-                && (crate::bugs::on(crate::bugs::Bug::ReplyBeforeSync) || self.sync());
-            self.finish(written, started, synced, None).await;
+                && (crate::bugs::on(crate::bugs::Bug::ReplyBeforeSync)
+                    || {
+                        let fsync = traced.as_ref().map(|t| {
+                        tracing::info_span!(target: crate::trace::TARGET, parent: &t.commit, "fsync")
+                    });
+                        let _in = fsync.as_ref().map(tracing::Span::enter);
+                        self.sync()
+                    });
+            self.finish(written, started, synced, None, traced).await;
         }
         // Every batch's replies are out before the store reports closed.
         drop(self.ack.take());
@@ -510,6 +572,7 @@ impl Flusher {
         batch: Vec<Job>,
         replicate: &dyn Replicate,
         started: Instant,
+        mut traced: Option<Traced>,
     ) -> bool {
         let mut w = Written::default();
         let mut ops = Vec::new();
@@ -545,6 +608,12 @@ impl Flusher {
         }
         let mut commit = None;
         if !ops.is_empty() && self.halt.check().is_ok() {
+            if let Some(t) = &mut traced {
+                let span = tracing::info_span!(target: crate::trace::TARGET, parent: &t.commit,
+                    "replication", ops = ops.len());
+                let kept = crate::trace::replicating(batch::first_record(&ops), &span);
+                t.replication = Some((span, kept));
+            }
             // The replicator stamps the term.
             match replicate.submit(Batch { ops, term: 0 }).await {
                 Ok(wait) => commit = Some(wait),
@@ -552,7 +621,7 @@ impl Flusher {
             }
         }
         let stop = w.stop;
-        self.finish(w, started, false, commit).await;
+        self.finish(w, started, false, commit, traced).await;
         stop
     }
 
@@ -591,6 +660,7 @@ impl Flusher {
             claims: Vec::new(),
             changes: None,
             done: Box::new(|_| {}),
+            traces: Vec::new(),
         }));
         if let Some(upto) = trim {
             batch.push(Job::Checkpoint {
@@ -655,6 +725,7 @@ impl Flusher {
         started: Instant,
         mut synced: bool,
         commit: Option<Waiter>,
+        span: Option<Traced>,
     ) {
         let halted = self.halt.check().err();
         if halted.is_none() && !w.compactions.is_empty() {
@@ -675,11 +746,16 @@ impl Flusher {
         metrics::counter!("boxoffice_wal_records_total").increment(w.records as u64);
         metrics::counter!("boxoffice_wal_bytes_total").increment(w.bytes as u64);
         metrics::histogram!("boxoffice_wal_batch_seconds").record(started.elapsed().as_secs_f64());
+        if let Some(t) = &span {
+            t.commit.record("records", w.records);
+            t.commit.record("bytes", w.bytes);
+        }
         let ack = Ack {
             marks,
             halted,
             completions: w.completions,
             commit,
+            span,
         };
         if let Some(tx) = &self.ack
             && let Err(mpsc::error::SendError(ack)) = tx.send(ack).await
@@ -787,6 +863,7 @@ impl StreamWriter {
             claims,
             changes: Noted::of(changes),
             done,
+            traces: Vec::new(),
         })
     }
 

@@ -76,8 +76,37 @@ struct Cli {
         default_value_t = LogFormat::Text
     )]
     log_format: LogFormat,
+    /// Distributed traces.
+    #[command(flatten)]
+    otlp: OtlpArgs,
     #[command(subcommand)]
     command: Command,
+}
+
+/// Distributed traces: each call's way through the gate, forwarding, the ledger, the section,
+/// the group commit, replication and the acker, sent as OpenTelemetry spans over OTLP/gRPC.
+/// Off unless an endpoint is given (here or by OTEL_EXPORTER_OTLP_ENDPOINT); the standard
+/// OTEL_* variables (OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER, OTEL_BSP_*, ...) apply.
+#[derive(clap::Args, Debug)]
+struct OtlpArgs {
+    /// Export traces to this OTLP/gRPC collector, e.g. http://127.0.0.1:4317.
+    #[arg(
+        long,
+        global = true,
+        env = "BOXOFFICE_OTLP_ENDPOINT",
+        value_name = "URL"
+    )]
+    otlp_endpoint: Option<String>,
+    /// Trace this share (0 to 1) of the calls that come without a trace context; a call whose
+    /// caller sent a `traceparent` is traced as its caller decided (parent-based). Default:
+    /// OTEL_TRACES_SAMPLER's choice, by default every call.
+    #[arg(
+        long,
+        global = true,
+        env = "BOXOFFICE_OTLP_SAMPLE_RATIO",
+        value_name = "RATIO"
+    )]
+    otlp_sample_ratio: Option<f64>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -157,16 +186,20 @@ fn about_one_peer(meta: &tracing::Metadata<'_>) -> bool {
 /// Log lines on stderr: `RUST_LOG` levels (default [`DEFAULT_LOG_FILTER`] without openraft's
 /// events about one peer), text or JSON; colour only when stderr is a terminal and `NO_COLOR` is
 /// unset or empty.
-fn init_logging(format: LogFormat) {
+fn init_logging(format: LogFormat, traces: Option<&boxoffice_gateway::trace::Exporter>) {
+    use boxoffice_gateway::trace::is_trace_span;
     use tracing_subscriber::filter::{FilterExt, filter_fn};
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::{EnvFilter, Layer};
     exit::log_as_json(format == LogFormat::Json);
+    // A request's spans go to the traces, never to the log lines.
     let filter = match EnvFilter::try_from_default_env() {
-        Ok(asked) => FilterExt::boxed(asked),
+        Ok(asked) => asked.and(filter_fn(|meta| !is_trace_span(meta))).boxed(),
         Err(_) => EnvFilter::new(DEFAULT_LOG_FILTER)
-            .and(filter_fn(|meta| !about_one_peer(meta)))
+            .and(filter_fn(|meta| {
+                !about_one_peer(meta) && !is_trace_span(meta)
+            }))
             .boxed(),
     };
     let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
@@ -178,7 +211,21 @@ fn init_logging(format: LogFormat) {
     };
     tracing_subscriber::registry()
         .with(layer.with_filter(filter))
+        .with(traces.map(|t| t.layer()))
         .init();
+}
+
+/// What `--otlp-*` ask for; a cluster node names itself by its id (`service.instance.id`).
+fn trace_config(cli: &Cli) -> boxoffice_gateway::trace::TraceConfig {
+    let instance = match &cli.command {
+        Command::Serve(args) => args.node_id().map(|id| id.to_string()),
+        _ => None,
+    };
+    boxoffice_gateway::trace::TraceConfig {
+        endpoint: cli.otlp.otlp_endpoint.clone(),
+        sample_ratio: cli.otlp.otlp_sample_ratio,
+        instance,
+    }
 }
 
 /// Whether to colour: on a terminal, unless `NO_COLOR` is set to anything but empty.
@@ -194,17 +241,31 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
-    init_logging(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
         Ok(rt) => rt,
         Err(e) => {
+            init_logging(cli.log_format, None);
             error(format_args!("cannot start the runtime: {e}"));
             return Exit::Failed.into();
         }
     };
+    // The exporter's gRPC client lives on the runtime.
+    let traces = {
+        let _on = runtime.enter();
+        boxoffice_gateway::trace::Exporter::start(&trace_config(&cli))
+    };
+    let traces = match traces {
+        Ok(traces) => traces,
+        Err(e) => {
+            init_logging(cli.log_format, None);
+            error(format_args!("{e:#}"));
+            return Exit::Usage.into();
+        }
+    };
+    init_logging(cli.log_format, traces.as_ref());
     let result = match cli.command {
         Command::Serve(args) => runtime.block_on(serve::run(*args)),
         Command::FlashSale(args) => runtime.block_on(flash_sale::run(args)),
@@ -223,6 +284,11 @@ fn main() -> ExitCode {
         Command::Completions(args) => manual::completions(&args, command()),
         Command::Man(args) => manual::man(&args, command()),
     };
+    if let Some(traces) = traces {
+        // The spans still buffered are sent before the process ends.
+        let _on = runtime.enter();
+        traces.shutdown();
+    }
     match result {
         Ok(code) => code.into(),
         Err(e) => {

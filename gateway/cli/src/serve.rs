@@ -196,6 +196,13 @@ pub struct ServeArgs {
     cluster: crate::links::ClusterArgs,
 }
 
+impl ServeArgs {
+    /// This node's id in its cluster, if it is a cluster node.
+    pub fn node_id(&self) -> Option<u64> {
+        self.cluster.node_id
+    }
+}
+
 /// Serves until SIGTERM or Ctrl-C, then drains.
 pub async fn run(args: ServeArgs) -> anyhow::Result<Exit> {
     // Keys and flags first: a usage error opens nothing.

@@ -171,6 +171,7 @@ pub fn router(backend: Backend, extra: Option<Router>) -> Router {
         .route("/ops/stats", get(ops::stats))
         .merge(after_the_seeds())
         .layer(DefaultBodyLimit::max(crate::limits::MESSAGE_BYTES_MAX))
+        .layer(axum::middleware::from_fn(crate::trace::http_span))
         .with_state(backend)
         .merge(extra.unwrap_or_default())
 }

@@ -180,6 +180,16 @@ impl Forwarder {
     ) -> Result<http::Response<Body>, tonic::Status> {
         self.mark(req.headers_mut(), g);
         let method = crate::gate::method_label(req.uri().path());
+        // The leader's gate continues the trace from this span (crate::trace).
+        let span = tracing::info_span!(
+            target: crate::trace::TARGET,
+            "forward",
+            otel.kind = "client",
+            rpc.method = method,
+            leader,
+            group = g,
+        );
+        crate::trace::pass_on(&span, req.headers_mut());
         metrics::counter!("boxoffice_cluster_forwarded_total", "method" => method).increment(1);
         // A channel is a buffer: ready first, then called; never longer than FORWARD_TIMEOUT
         // (the caller's own deadline is the gate's).
@@ -192,7 +202,8 @@ impl Forwarder {
             self.peers.watch().failed(leader, why);
             Err(tonic::Status::from(ApiError::NotReady))
         };
-        match tokio::time::timeout(FORWARD_TIMEOUT, send(&mut channel, req)).await {
+        let sent = tokio::time::timeout(FORWARD_TIMEOUT, send(&mut channel, req));
+        match tracing::Instrument::instrument(sent, span).await {
             Ok(Ok(res)) => {
                 self.peers.watch().answered(leader);
                 Ok(res)

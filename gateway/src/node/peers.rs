@@ -235,7 +235,15 @@ impl RaftService for RaftEndpoint {
         let rpc: AppendEntriesRequest<TypeConfig> = decode(req.get_ref())?;
         self.heard(req.get_ref().group);
         guard.saw_append(&rpc);
-        let answer = raft.append_entries(rpc).await;
+        // A traced group commit's append continues its leader's trace (crate::trace).
+        let span = if req.metadata().contains_key(crate::trace::TRACEPARENT) {
+            tracing::info_span!(target: crate::trace::TARGET, "raft.append", otel.kind = "server",
+                group = req.get_ref().group, entries = rpc.entries.len())
+        } else {
+            tracing::Span::none()
+        };
+        crate::trace::continue_from_metadata(&span, req.metadata());
+        let answer = tracing::Instrument::instrument(raft.append_entries(rpc), span).await;
         guard.check(raft);
         Ok(encode(&answer))
     }
@@ -624,6 +632,7 @@ impl PeerClient {
         &mut self,
         rpc: &Q,
         option: &RPCOption,
+        span: &tracing::Span,
         call: impl AsyncFn(
             RaftClient<Channel>,
             Request<RaftMessage>,
@@ -649,6 +658,7 @@ impl PeerClient {
                 .secret
                 .request(payload.clone(), self.group, self.groups);
             req.set_timeout(option.hard_ttl());
+            crate::trace::pass_on_metadata(span, req.metadata_mut());
             req
         };
         let faults = self
@@ -690,8 +700,25 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        self.call(&rpc, &option, async |mut c, r| c.append_entries(r).await)
-            .await
+        // The append of a traced group commit, in its trace (crate::trace).
+        let span = rpc
+            .entries
+            .iter()
+            .find_map(|e| match &e.payload {
+                openraft::EntryPayload::Normal(batch) => {
+                    boxoffice_engine::trace::replication_of(batch.first_record())
+                }
+                _ => None,
+            })
+            .map_or_else(tracing::Span::none, |parent| {
+                tracing::info_span!(target: crate::trace::TARGET, parent: &parent,
+                    "raft.append_entries", otel.kind = "client", peer = self.target,
+                    entries = rpc.entries.len())
+            });
+        let sent = self.call(&rpc, &option, &span, async |mut c, r| {
+            c.append_entries(r).await
+        });
+        tracing::Instrument::instrument(sent, span.clone()).await
     }
 
     async fn install_snapshot(
@@ -702,8 +729,10 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
     > {
-        self.call(&rpc, &option, async |mut c, r| c.install_snapshot(r).await)
-            .await
+        self.call(&rpc, &option, &tracing::Span::none(), async |mut c, r| {
+            c.install_snapshot(r).await
+        })
+        .await
     }
 
     async fn vote(
@@ -711,7 +740,9 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        self.call(&rpc, &option, async |mut c, r| c.vote(r).await)
-            .await
+        self.call(&rpc, &option, &tracing::Span::none(), async |mut c, r| {
+            c.vote(r).await
+        })
+        .await
     }
 }

@@ -203,6 +203,8 @@ pub struct Layout {
     pub logs: Option<PathBuf>,
     /// Flags node `i` starts with besides its own (the peer port's, with [`Layout::on_peer_tls`]).
     pub flags: Vec<Vec<String>>,
+    /// Variables every node starts with besides the test's own (`RUST_LOG`).
+    pub env: Vec<(String, String)>,
 }
 
 /// Three local nodes on free loopback ports, under `root`.
@@ -245,6 +247,7 @@ pub fn layout_at(root: &Path, addrs: Vec<String>, metrics: Vec<String>) -> Layou
         netns,
         logs: None,
         flags,
+        env: Vec::new(),
     }
 }
 
@@ -368,6 +371,7 @@ impl Layout {
             .args(&self.flags[i])
             .args(extra)
             .env("RUST_LOG", "warn")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
             .stderr(stderr)
             .spawn()
