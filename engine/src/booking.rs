@@ -630,8 +630,6 @@ impl Booking {
 
 pub(crate) use codec::fingerprint;
 
-/// A hold request's idempotency tag: its key, and a fingerprint of what it asks (its access
-/// code too, if it has one; without, the fingerprint of earlier builds).
 /// The span of one section's part of a hold call ([`crate::trace`]): its queue, the decision
 /// and the wait until the decision is durable.
 fn section_span(event: &EventEntry, section: &SectionId, holds: usize) -> tracing::Span {
@@ -639,6 +637,8 @@ fn section_span(event: &EventEntry, section: &SectionId, holds: usize) -> tracin
         event = event.event_id.as_str(), section = section.as_str(), holds)
 }
 
+/// A hold request's idempotency tag: its key, and a fingerprint of what it asks (its access
+/// code too, if it has one; without, the fingerprint of earlier builds).
 fn hold_tag(req: &HoldRequest) -> Option<IdemTag> {
     let (key, event, selection) = (&req.idempotency_key, &req.event_id, &req.selection);
     if req.access_code.is_empty() {

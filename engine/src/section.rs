@@ -595,7 +595,7 @@ impl SectionState {
         decision.record("placed", records.len());
         drop(deciding);
         // The group commit's parent: the caller's span, open until the reply (not the decision).
-        if !caller.is_disabled() && !records.is_empty() {
+        if !records.is_empty() && crate::trace::sampled(caller) {
             self.open.traces.push(caller.clone());
         }
         self.commit(records, Vec::new(), Vec::new(), after(reply, Ok(answers)));

@@ -103,6 +103,12 @@ pub struct Local {
 }
 
 impl Local {
+    /// Whether `authorization` (an `Authorization` header's value) presents a key of this
+    /// server, of any scope.
+    pub fn knows(&self, authorization: Option<&str>) -> bool {
+        self.gate.scope_presented(authorization).is_some()
+    }
+
     /// The face of a server with this gate, these groups and (a cluster node) this forwarder.
     pub fn new(gate: Arc<Gate>, groups: Groups, forwarder: Option<Arc<Forwarder>>) -> Local {
         Local {

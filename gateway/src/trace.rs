@@ -86,8 +86,14 @@ impl Exporter {
             .build()
             .map_err(|e| anyhow::anyhow!("cannot start the OTLP exporter: {e}"))?;
         let mut resource = opentelemetry_sdk::Resource::builder();
-        // OTEL_SERVICE_NAME (read by the builder) wins over ours.
-        if std::env::var_os("OTEL_SERVICE_NAME").is_none() {
+        // OTEL_SERVICE_NAME, or a service.name in OTEL_RESOURCE_ATTRIBUTES (both read by the
+        // builder), wins over ours.
+        let named = std::env::var_os("OTEL_SERVICE_NAME").is_some()
+            || std::env::var("OTEL_RESOURCE_ATTRIBUTES").is_ok_and(|a| {
+                a.split(',')
+                    .any(|kv| kv.trim().starts_with("service.name="))
+            });
+        if !named {
             resource = resource.with_service_name("boxoffice");
         }
         if let Some(instance) = &config.instance {
@@ -102,6 +108,11 @@ impl Exporter {
         if let Some(sampler) = sampler {
             provider = provider.with_sampler(sampler);
         }
+        // The engine carries only sampled callers' spans on to its group commits.
+        boxoffice_engine::trace::set_sampler(|span| {
+            use opentelemetry::trace::TraceContextExt;
+            span.context().span().span_context().is_sampled()
+        });
         Ok(Some(Exporter {
             provider: provider.build(),
         }))
@@ -248,29 +259,29 @@ pub fn pass_on_metadata(span: &Span, metadata: &mut tonic::metadata::MetadataMap
     TraceContextPropagator::new().inject_context(&span.context(), &mut MetadataMut(metadata));
 }
 
-/// An HTTP API call's span, continuing its caller's trace: the same role as the gate's span for
-/// gRPC. Axum middleware.
-pub async fn http_span(
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    use tracing::Instrument;
-    let route = req
-        .extensions()
-        .get::<axum::extract::MatchedPath>()
-        .map(|p| p.as_str().to_owned());
+/// An HTTP API call's span: the same role as the gate's span for gRPC. It continues the
+/// caller's trace only for a caller with a key the server knows (`known`, asked only when the
+/// span is traced and the caller sent a context): an anonymous caller
+/// cannot make the server export spans by sending a sampled context. `route` is the path's
+/// pattern (`/v1/holds/{hold_id}`), never the caller's own path.
+pub fn http_span(
+    method: &http::Method,
+    route: Option<&str>,
+    headers: &http::HeaderMap,
+    known: impl FnOnce() -> bool,
+) -> Span {
     let span = tracing::info_span!(
         target: TARGET,
         "http",
         otel.kind = "server",
-        http.request.method = %req.method(),
-        http.route = route.as_deref().unwrap_or_else(|| req.uri().path()),
+        http.request.method = %method,
+        http.route = route.unwrap_or("unmatched"),
         http.response.status_code = tracing::field::Empty,
     );
-    continue_from(&span, req.headers());
-    let res = next.run(req).instrument(span.clone()).await;
-    span.record("http.response.status_code", res.status().as_u16());
-    res
+    if !span.is_disabled() && headers.contains_key(TRACEPARENT) && known() {
+        continue_from(&span, headers);
+    }
+    span
 }
 
 #[cfg(test)]

@@ -17,6 +17,8 @@ pub struct RaftReplicator {
     raft: Raft,
     term: u64,
     fence: Option<Arc<ReadFence>>,
+    /// The node's Raft group (names its traced batches in flight, see [`crate::trace`]).
+    group: u32,
 }
 
 impl RaftReplicator {
@@ -27,7 +29,13 @@ impl RaftReplicator {
             raft,
             term,
             fence: None,
+            group: 0,
         }
+    }
+
+    /// Replicates into Raft group `group` of the node (0 unless it runs several).
+    pub fn of_group(self, group: u32) -> RaftReplicator {
+        RaftReplicator { group, ..self }
     }
 
     /// Tells `fence` of each batch committed in this engine's term (a moment this node led:
@@ -48,6 +56,13 @@ impl crate::store::Replicate for RaftReplicator {
     {
         Box::pin(async move {
             batch.term = self.term;
+            // A traced group commit is submitted in its replication's span: kept where the Raft
+            // network finds it (by the batch's first record) until the commit is answered.
+            let traced = crate::trace::replicating(
+                self.group,
+                batch.first_record(),
+                &tracing::Span::current(),
+            );
             let submitted = tokio::time::Instant::now();
             let fence = self.fence.clone();
             let rx = self
@@ -61,7 +76,9 @@ impl crate::store::Replicate for RaftReplicator {
             // engine that long to stop, while the node led again and could not serve).
             let deadline = tokio::time::Instant::now() + COMMIT_TIMEOUT;
             let wait: crate::store::Waiter = Box::pin(async move {
-                match tokio::time::timeout_at(deadline, rx).await {
+                let answer = tokio::time::timeout_at(deadline, rx).await;
+                drop(traced);
+                match answer {
                     Ok(Ok(Ok(r))) if r.data.stale => Err(crate::error::StorageError::Halted(
                         "this engine's leadership ended (the group moved to a later term)".into(),
                     )),

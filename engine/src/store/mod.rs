@@ -416,10 +416,11 @@ struct Ack {
 }
 
 /// The spans of a traced group commit ([`crate::trace`]): the commit's own, and while it
-/// replicates, its replication's (kept where the Raft network finds it until the commit ends).
+/// replicates, its replication's (the replicator keeps it where the Raft network finds it until
+/// the commit ends).
 struct Traced {
     commit: tracing::Span,
-    replication: Option<(tracing::Span, Option<crate::trace::Replicating>)>,
+    replication: Option<tracing::Span>,
 }
 
 /// The acker: for each batch in order, writes its marks to the superblock (made durable), then
@@ -438,10 +439,9 @@ async fn acker(
         let span = ack.span;
         if let Some(wait) = ack.commit {
             let started = Instant::now();
-            // The wait for the majority, in the trace of a traced batch; the batch's entry in
-            // the spans in flight goes with it.
+            // The wait for the majority, in the trace of a traced batch.
             let answer = match span.as_ref().and_then(|t| t.replication.as_ref()) {
-                Some((replication, _)) => wait.instrument(replication.clone()).await,
+                Some(replication) => wait.instrument(replication.clone()).await,
                 None => wait.await,
             };
             let reason = match answer {
@@ -456,6 +456,9 @@ async fn acker(
                 failed.get_or_insert(StorageError::Halted(reason));
             }
         }
+        // The group commit's span ends when the acker leaves it (its last exit), not when its
+        // slowest follower's append ends.
+        let _commit = span.as_ref().map(|t| t.commit.enter());
         let acking = span.as_ref().map(|t| {
             tracing::info_span!(target: crate::trace::TARGET, parent: &t.commit, "ack",
                 replies = ack.completions.len())
@@ -608,14 +611,16 @@ impl Flusher {
         }
         let mut commit = None;
         if !ops.is_empty() && self.halt.check().is_ok() {
-            if let Some(t) = &mut traced {
+            // Submitted in the replication's span: the replicator keeps it for the Raft network.
+            let replication = traced.as_mut().map_or_else(tracing::Span::none, |t| {
                 let span = tracing::info_span!(target: crate::trace::TARGET, parent: &t.commit,
                     "replication", ops = ops.len());
-                let kept = crate::trace::replicating(batch::first_record(&ops), &span);
-                t.replication = Some((span, kept));
-            }
+                t.replication = Some(span.clone());
+                span
+            });
             // The replicator stamps the term.
-            match replicate.submit(Batch { ops, term: 0 }).await {
+            let submitted = replicate.submit(Batch { ops, term: 0 });
+            match submitted.instrument(replication).await {
                 Ok(wait) => commit = Some(wait),
                 Err(e) => self.halt.set(format!("replication failed: {e}")),
             }

@@ -187,20 +187,42 @@ fn about_one_peer(meta: &tracing::Metadata<'_>) -> bool {
 /// events about one peer), text or JSON; colour only when stderr is a terminal and `NO_COLOR` is
 /// unset or empty.
 fn init_logging(format: LogFormat, traces: Option<&boxoffice_gateway::trace::Exporter>) {
-    use boxoffice_gateway::trace::is_trace_span;
-    use tracing_subscriber::filter::{FilterExt, filter_fn};
-    use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
-    use tracing_subscriber::{EnvFilter, Layer};
     exit::log_as_json(format == LogFormat::Json);
-    // A request's spans go to the traces, never to the log lines.
+    subscriber(format, traces).init();
+}
+
+/// The log lines' subscriber, and the traces' layer if they are exported.
+fn subscriber(
+    format: LogFormat,
+    traces: Option<&boxoffice_gateway::trace::Exporter>,
+) -> Box<dyn tracing::Subscriber + Send + Sync> {
+    use boxoffice_gateway::trace::is_trace_span;
+    use tracing_subscriber::filter::{FilterExt, LevelFilter, filter_fn};
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::{EnvFilter, Layer};
+    // A request's spans go to the traces, never to the log lines. The level's cap is kept (a
+    // filter_fn has none of its own): without traces, a span or event above it is
+    // `Span::none()` after one static check.
     let filter = match EnvFilter::try_from_default_env() {
-        Ok(asked) => asked.and(filter_fn(|meta| !is_trace_span(meta))).boxed(),
-        Err(_) => EnvFilter::new(DEFAULT_LOG_FILTER)
-            .and(filter_fn(|meta| {
-                !about_one_peer(meta) && !is_trace_span(meta)
-            }))
-            .boxed(),
+        Ok(asked) => {
+            let cap = asked.max_level_hint();
+            let not_traces = filter_fn(|meta| !is_trace_span(meta));
+            match cap {
+                Some(cap) => asked.and(not_traces.with_max_level_hint(cap)).boxed(),
+                None => asked.and(not_traces).boxed(),
+            }
+        }
+        Err(_) => {
+            let asked = EnvFilter::new(DEFAULT_LOG_FILTER);
+            let cap = asked.max_level_hint().unwrap_or(LevelFilter::TRACE);
+            asked
+                .and(
+                    filter_fn(|meta| !about_one_peer(meta) && !is_trace_span(meta))
+                        .with_max_level_hint(cap),
+                )
+                .boxed()
+        }
     };
     let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let layer = match format {
@@ -209,10 +231,13 @@ fn init_logging(format: LogFormat, traces: Option<&boxoffice_gateway::trace::Exp
             .boxed(),
         LogFormat::Json => layer.json().with_ansi(false).boxed(),
     };
-    tracing_subscriber::registry()
-        .with(layer.with_filter(filter))
-        .with(traces.map(|t| t.layer()))
-        .init();
+    let logs = tracing_subscriber::registry().with(layer.with_filter(filter));
+    // Two stacks, not an empty layer when off: an absent (`None`) layer would make every
+    // callsite the log leaves out be asked again at each hit.
+    match traces {
+        Some(traces) => Box::new(logs.with(traces.layer())),
+        None => Box::new(logs),
+    }
 }
 
 /// What `--otlp-*` ask for; a cluster node names itself by its id (`service.instance.id`).
@@ -226,6 +251,19 @@ fn trace_config(cli: &Cli) -> boxoffice_gateway::trace::TraceConfig {
         sample_ratio: cli.otlp.otlp_sample_ratio,
         instance,
     }
+}
+
+/// Whether the command runs a server (its own or embedded), whose calls can be traced: only
+/// these start the exporter (a bad OTLP variable cannot stop `completions` or `check-log`).
+fn runs_a_server(command: &Command) -> bool {
+    matches!(
+        command,
+        Command::Serve(_)
+            | Command::FlashSale(_)
+            | Command::Sessions(_)
+            | Command::Demo(_)
+            | Command::Soak(_)
+    )
 }
 
 /// Whether to colour: on a terminal, unless `NO_COLOR` is set to anything but empty.
@@ -253,9 +291,11 @@ fn main() -> ExitCode {
         }
     };
     // The exporter's gRPC client lives on the runtime.
-    let traces = {
+    let traces = if runs_a_server(&cli.command) {
         let _on = runtime.enter();
         boxoffice_gateway::trace::Exporter::start(&trace_config(&cli))
+    } else {
+        Ok(None)
     };
     let traces = match traces {
         Ok(traces) => traces,
@@ -315,6 +355,32 @@ mod tests {
         for line in ["0  ok", "1  findings", "2  usage", "3  a broken promise"] {
             assert!(EXIT_CODES.contains(line), "{line}");
         }
+    }
+
+    #[test]
+    fn without_traces_a_requests_span_is_nothing() {
+        tracing::subscriber::with_default(subscriber(LogFormat::Text, None), || {
+            let span = tracing::info_span!(target: boxoffice_gateway::trace::TARGET, "gate");
+            assert!(span.is_disabled());
+        });
+    }
+
+    #[tokio::test]
+    async fn with_traces_a_requests_span_is_taken_and_other_spans_are_not() {
+        let config = boxoffice_gateway::trace::TraceConfig {
+            // Nothing listens there; nothing is sent in this test.
+            endpoint: Some("http://127.0.0.1:9".into()),
+            ..Default::default()
+        };
+        let traces = boxoffice_gateway::trace::Exporter::start(&config)
+            .unwrap()
+            .unwrap();
+        tracing::subscriber::with_default(subscriber(LogFormat::Text, Some(&traces)), || {
+            let span = tracing::info_span!(target: boxoffice_gateway::trace::TARGET, "gate");
+            assert!(!span.is_disabled());
+            // A span of another target at a level the log leaves out stays nothing.
+            assert!(tracing::trace_span!("elsewhere").is_disabled());
+        });
     }
 
     #[test]

@@ -145,6 +145,11 @@ async fn every_subcommand_exits_as_the_table_says() {
         "--sessions, --events and --concurrency must be at least 1",
     );
     walk.expect(&["soak", "--cycles", "0"], 2, "--cycles");
+    walk.expect(
+        &["serve", "--otlp-sample-ratio", "1.5"],
+        2,
+        "--otlp-sample-ratio must be from 0 to 1, not 1.5",
+    );
 
     // serve: 0 after a drain, 1 when it cannot start, 2 for a data dir another server holds.
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

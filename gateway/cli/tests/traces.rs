@@ -5,8 +5,9 @@
 //! follower's gate and forwarding, the leader's gate, the engine's hold, ledger, section and its
 //! decision, the group commit, its replication, the appends sent to the followers and received
 //! by them, and the acker, each span's parent the one before it. The same over the HTTP API.
-//! The nodes sample at a ratio of 0: a call without a context, or with an unsampled one, sends
-//! no span at all (parent-based sampling).
+//! The nodes run two Raft groups and sample at a ratio of 0: a call without a context, with an
+//! unsampled one, or from a caller without a key, sends no span at all (parent-based sampling).
+//! A single node's trace has the group commit's fsync and the acker inside the group commit.
 //!
 //! `BOXOFFICE_TRACE_DUMP=FILE` writes the gRPC hold's trace as text (docs/traces/).
 
@@ -21,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use boxoffice_client::{Bearer, Clients};
 use boxoffice_proto::v1 as pb;
-use common::{ADMIN, CLIENT, admitted, channel, ga_event, layout, leader};
+use common::{ADMIN, CLIENT, admitted, channel, ga_event, layout, leader_of};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -251,6 +252,8 @@ async fn a_hold_sent_to_a_follower_is_one_trace_across_the_nodes() {
                     "0",
                     "--http-listen",
                     &http[i],
+                    "--groups",
+                    "2",
                 ],
             )
         })
@@ -258,7 +261,10 @@ async fn a_hold_sent_to_a_follower_is_one_trace_across_the_nodes() {
     for n in &nodes {
         n.wait_ready();
     }
-    let l = leader(&nodes).await;
+    // The event's group's leader: traced batches of two groups are in flight at once, their
+    // streams of the same names (`changes`, `ledger/N`, ...).
+    let g = boxoffice_gateway::node::forward::group_of_event("traced", 2);
+    let l = leader_of(&nodes, g).await;
     let f = (l + 1) % 3;
     let (leader_node, follower_node) = ((l + 1).to_string(), (f + 1).to_string());
     let admin = Clients::new(&channel(&lay.addrs[f]), &Bearer::new(ADMIN).unwrap());
@@ -284,6 +290,8 @@ async fn a_hold_sent_to_a_follower_is_one_trace_across_the_nodes() {
         2,
         "traced-hold-0",
     ));
+    // With a deadline: the gate runs the call on a task of its own, in the call's span.
+    req.set_timeout(Duration::from_secs(20));
     req.metadata_mut().insert(
         "traceparent",
         traceparent(trace, caller, true).parse().unwrap(),
@@ -305,6 +313,7 @@ async fn a_hold_sent_to_a_follower_is_one_trace_across_the_nodes() {
     assert_eq!(gate.attributes["rpc.grpc.status_code"], "OK");
     let forward = child(&spans, &follower_node, "forward", &gate.id);
     assert_eq!(forward.attributes["leader"], leader_node);
+    assert_eq!(forward.attributes["group"], g.to_string());
     let lead = child(&spans, &leader_node, "gate", &forward.id);
     let hold = child(&spans, &leader_node, "engine.hold", &lead.id);
     child(&spans, &leader_node, "ledger.begin", &hold.id);
@@ -329,9 +338,8 @@ async fn a_hold_sent_to_a_follower_is_one_trace_across_the_nodes() {
         .collect();
     assert!(!received.is_empty(), "{}", tree(&spans, caller));
     assert!(received.iter().all(|s| s.node != leader_node));
-    // Each span ends within its parent's time (clocks of one machine).
+    // The leader's call lies within the follower's forwarding (clocks of one machine).
     assert!(lead.start_ns >= forward.start_ns && lead.end_ns <= forward.end_ns);
-    assert!(commit.end_ns <= section.end_ns, "{}", tree(&spans, caller));
     let dump = tree(&spans, caller);
     println!("{dump}");
     if let Some(file) = std::env::var_os("BOXOFFICE_TRACE_DUMP") {
@@ -362,6 +370,18 @@ async fn a_hold_sent_to_a_follower_is_one_trace_across_the_nodes() {
     let forward = child(&spans, &follower_node, "forward", &call.id);
     let lead = child(&spans, &leader_node, "gate", &forward.id);
     child(&spans, &leader_node, "engine.hold", &lead.id);
+    assert_eq!(call.attributes["http.response.status_code"], "201");
+    // A read names its route's pattern, not the hold's id.
+    let (trace_read, caller_read) = ("5ea7f2e4c1d24b6c9a0e11d6c0ffee01", "c0ffee0000000001");
+    let parent = traceparent(trace_read, caller_read, true);
+    let path = format!("/v1/holds/{}?userId=fan-0", held.hold_id);
+    let answer = web.get(&path, &[("traceparent", &parent)]).await;
+    assert!(answer.status.is_success(), "{answer:?}");
+    let spans = receiver
+        .until(trace_read, |s| s.iter().any(|s| s.name == "gate"))
+        .await;
+    let call = child(&spans, &follower_node, "http", caller_read);
+    assert_eq!(call.attributes["http.route"], "/v1/holds/{hold_id}");
 
     // 3. Parent-based sampling at a ratio of 0: a call whose caller sent an unsampled context,
     // or none, leaves no span.
@@ -391,6 +411,16 @@ async fn a_hold_sent_to_a_follower_is_one_trace_across_the_nodes() {
         ))
         .await
         .unwrap();
+    // A caller without a key cannot have the server trace its call: its context is ignored.
+    let anonymous = boxoffice_tests::http::Http::new(http[f].parse().unwrap(), None);
+    let forced = "44444444444444444444444444444444";
+    let answer = anonymous
+        .get(
+            "/v1/events/traced",
+            &[("traceparent", &traceparent(forced, caller, true))],
+        )
+        .await;
+    assert_eq!(answer.status.as_u16(), 401, "{answer:?}");
     // A sampled call made after both, whose spans are seen: theirs would have left by then.
     let (last, last_caller) = ("22222222222222222222222222222222", "3333333333333333");
     let mut req = tonic::Request::new(pb::GetEventRequest {
@@ -408,10 +438,63 @@ async fn a_hold_sent_to_a_follower_is_one_trace_across_the_nodes() {
     let strays: Vec<Got> = receiver
         .all()
         .into_iter()
-        .filter(|s| ![trace, trace_http, last].contains(&s.trace.as_str()))
+        .filter(|s| ![trace, trace_http, trace_read, last].contains(&s.trace.as_str()))
         .collect();
     assert!(strays.is_empty(), "spans not sampled: {strays:#?}");
     for n in &mut nodes {
         n.terminate();
     }
+}
+
+/// A single node: the group commit's fsync and the acker, each inside the group commit, which
+/// ends once the acker is done (not when its first part does).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_nodes_hold_shows_its_fsync_and_acker_inside_its_group_commit() {
+    let receiver = Receiver::default();
+    let endpoint = receiver.start().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut lay = layout(tmp.path());
+    lay.env = vec![("OTEL_BSP_SCHEDULE_DELAY".into(), "100".into())];
+    let mut node = lay.start_single_with(0, &["--otlp-endpoint", &endpoint]);
+    node.wait_ready();
+    let admin = Clients::new(&channel(&lay.addrs[0]), &Bearer::new(ADMIN).unwrap());
+    let mut client = Clients::new(&channel(&lay.addrs[0]), &Bearer::new(CLIENT).unwrap());
+    admin
+        .events
+        .clone()
+        .create_event(ga_event("single", 10))
+        .await
+        .unwrap();
+    let token = admitted(&mut client, "single", "fan-0").await;
+    let (trace, caller) = ("6f2b0d8e9a3c4b5d8e7f6a5b4c3d2e1f", "1234567890abcdef");
+    let mut req = tonic::Request::new(boxoffice_tests::best_available(
+        "single",
+        "fan-0",
+        &token,
+        "ga",
+        1,
+        "single-hold",
+    ));
+    req.metadata_mut().insert(
+        "traceparent",
+        traceparent(trace, caller, true).parse().unwrap(),
+    );
+    client.booking.hold(req).await.unwrap();
+    let spans = receiver
+        .until(trace, |s| s.iter().any(|s| s.name == "ack"))
+        .await;
+    let gate = child(&spans, "", "gate", caller);
+    let hold = child(&spans, "", "engine.hold", &gate.id);
+    let section = child(&spans, "", "section", &hold.id);
+    let commit = child(&spans, "", "group_commit", &section.id);
+    let fsync = child(&spans, "", "fsync", &commit.id);
+    let ack = child(&spans, "", "ack", &commit.id);
+    assert!(fsync.end_ns <= ack.start_ns, "{}", tree(&spans, caller));
+    assert!(
+        commit.end_ns >= ack.end_ns && commit.start_ns <= fsync.start_ns,
+        "{}",
+        tree(&spans, caller)
+    );
+    assert!(!spans.iter().any(|s| s.name == "replication"));
+    node.terminate();
 }

@@ -37,6 +37,11 @@ impl Backend {
         Backend { local }
     }
 
+    /// Whether the caller presents a key of this server (`Authorization: Bearer`).
+    pub(crate) fn knows_caller(&self, headers: &HeaderMap) -> bool {
+        self.local.knows(authorization(headers))
+    }
+
     /// Calls `req`'s RPC with the caller's API key (`Authorization: Bearer`).
     pub async fn call<R: Unary>(&self, headers: &HeaderMap, req: R) -> Result<R::Answer, Status> {
         self.local.call(authorization(headers), req).await

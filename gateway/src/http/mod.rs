@@ -171,9 +171,31 @@ pub fn router(backend: Backend, extra: Option<Router>) -> Router {
         .route("/ops/stats", get(ops::stats))
         .merge(after_the_seeds())
         .layer(DefaultBodyLimit::max(crate::limits::MESSAGE_BYTES_MAX))
-        .layer(axum::middleware::from_fn(crate::trace::http_span))
+        .layer(axum::middleware::from_fn_with_state(
+            backend.clone(),
+            traced,
+        ))
         .with_state(backend)
         .merge(extra.unwrap_or_default())
+}
+
+/// Runs an HTTP API call in its span ([`crate::trace::http_span`]), with its answer's status.
+async fn traced(
+    axum::extract::State(backend): axum::extract::State<Backend>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use tracing::Instrument;
+    let route = req.extensions().get::<axum::extract::MatchedPath>();
+    let span = crate::trace::http_span(
+        req.method(),
+        route.map(axum::extract::MatchedPath::as_str),
+        req.headers(),
+        || backend.knows_caller(req.headers()),
+    );
+    let res = next.run(req).instrument(span.clone()).await;
+    span.record("http.response.status_code", res.status().as_u16());
+    res
 }
 
 /// The paths beyond the seeds' REST paths: a fan's orders and their tickets given back, the

@@ -52,7 +52,8 @@ impl Leading {
         let fence = ReadFence::new(self.raft.clone(), term);
         let replicate = Arc::new(
             boxoffice_engine::raft::RaftReplicator::new(self.raft.clone(), term)
-                .fenced(fence.clone()),
+                .fenced(fence.clone())
+                .of_group(self.group),
         );
         // Tickets are signed with the cluster's key ring (group 0's leader makes it if its group
         // has none), never a key of this node's own.

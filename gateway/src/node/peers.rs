@@ -701,15 +701,17 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
         // The append of a traced group commit, in its trace (crate::trace).
-        let span = rpc
-            .entries
-            .iter()
-            .find_map(|e| match &e.payload {
-                openraft::EntryPayload::Normal(batch) => {
-                    boxoffice_engine::trace::replication_of(batch.first_record())
-                }
-                _ => None,
+        let group = self.group;
+        let span = boxoffice_engine::trace::any_in_flight()
+            .then(|| {
+                rpc.entries.iter().find_map(|e| match &e.payload {
+                    openraft::EntryPayload::Normal(batch) => {
+                        boxoffice_engine::trace::replication_of(group, batch.first_record())
+                    }
+                    _ => None,
+                })
             })
+            .flatten()
             .map_or_else(tracing::Span::none, |parent| {
                 tracing::info_span!(target: crate::trace::TARGET, parent: &parent,
                     "raft.append_entries", otel.kind = "client", peer = self.target,

@@ -312,6 +312,11 @@ impl Layout {
     /// Starts a single node (no cluster: the embedded default's `serve`) on node `i`'s
     /// addresses and data dir.
     pub fn start_single(&self, i: usize) -> Node {
+        self.start_single_with(i, &[])
+    }
+
+    /// [`Layout::start_single`] with `extra` flags (and the layout's variables).
+    pub fn start_single_with(&self, i: usize, extra: &[&str]) -> Node {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_boxoffice"));
         cmd.args(["serve", "--listen", &self.addrs[i]])
             .args(["--metrics-listen", &self.metrics[i]])
@@ -319,7 +324,9 @@ impl Layout {
             .arg(&self.dirs[i])
             .args(["--admin-key", ADMIN, "--client-key", CLIENT])
             .args(["--token-secret", "cluster-test-token-secret"])
+            .args(extra)
             .env("RUST_LOG", "warn")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stderr(Stdio::null());
         Node::spawn(i as u64 + 1, &self.metrics[i], &mut cmd)
     }
