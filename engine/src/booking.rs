@@ -114,7 +114,9 @@ impl Booking {
     ) -> Vec<Result<HoldView, EngineError>> {
         let n = items.len();
         let booking = self.clone();
-        let span = tracing::info_span!(target: crate::trace::TARGET, "engine.hold", holds = n);
+        let span = crate::trace::under_current(
+            || tracing::info_span!(target: crate::trace::TARGET, "engine.hold", holds = n),
+        );
         let work = async move { Ok(booking.hold_now(items).await) }.instrument(span);
         match crate::kernel::detached(work).await {
             Ok(answers) => answers,
@@ -183,10 +185,10 @@ impl Booking {
             .kernel
             .ledger()
             .begin(plans.iter().map(|(_, p)| p.begin_args(now)).collect())
-            .instrument(
+            .instrument(crate::trace::under_current(|| {
                 tracing::info_span!(target: crate::trace::TARGET, "ledger.begin",
-                requests = plans.len()),
-            )
+                    requests = plans.len())
+            }))
             .await;
         let mut go = Vec::with_capacity(plans.len());
         for ((i, plan), begin) in plans.into_iter().zip(begun) {
@@ -361,8 +363,10 @@ impl Booking {
         }
         self.kernel.ledger().settled(settled);
         self.kernel.ledger().refund(refunds);
-        let finishing = tracing::info_span!(target: crate::trace::TARGET, "ledger.finish",
-            refusals = failed.len());
+        let finishing = crate::trace::under_current(|| {
+            tracing::info_span!(target: crate::trace::TARGET, "ledger.finish",
+                refusals = failed.len())
+        });
         if let Err(e) = self
             .kernel
             .ledger()
@@ -633,8 +637,10 @@ pub(crate) use codec::fingerprint;
 /// The span of one section's part of a hold call ([`crate::trace`]): its queue, the decision
 /// and the wait until the decision is durable.
 fn section_span(event: &EventEntry, section: &SectionId, holds: usize) -> tracing::Span {
-    tracing::info_span!(target: crate::trace::TARGET, "section",
-        event = event.event_id.as_str(), section = section.as_str(), holds)
+    crate::trace::under_current(|| {
+        tracing::info_span!(target: crate::trace::TARGET, "section",
+            event = event.event_id.as_str(), section = section.as_str(), holds)
+    })
 }
 
 /// A hold request's idempotency tag: its key, and a fingerprint of what it asks (its access

@@ -3,7 +3,8 @@
 //! The engine knows only `tracing`: every span here has the target [`TARGET`], which the binary
 //! sends to OpenTelemetry when `--otlp-endpoint` is given and to nothing otherwise (then no
 //! layer takes it, the log's filter caps the level below it, and each span is `Span::none()`
-//! after the macro's static level check). A span crosses a task or thread as a value: the section
+//! after the macro's static level check). With export on, a call the gate did not sample has no
+//! span, and none is made under it ([`under_current`]). A span crosses a task or thread as a value: the section
 //! actor's hold message carries its caller's span, a log job carries the spans of the sampled
 //! callers it serves ([`sampled`]), the acker gets the group commit's span with the batch. A
 //! group commit serves many callers: its span is a child of the first sampled caller's span and
@@ -36,7 +37,7 @@ pub fn set_sampler(sampled: fn(&Span) -> bool) {
 /// Whether `span` will be exported: not disabled, and sampled. Only a sampled caller's span is
 /// carried on to the group commit, so that an unsampled caller first in a batch cannot leave a
 /// sampled one's group commit unsampled, and unsampled calls cost the log nothing.
-pub(crate) fn sampled(span: &Span) -> bool {
+pub fn sampled(span: &Span) -> bool {
     !span.is_disabled() && SAMPLED.get().is_none_or(|f| f(span))
 }
 
@@ -107,8 +108,21 @@ pub fn replication_of(group: u32, first: Option<(&str, u64)>) -> Option<Span> {
     spans.get(&(group, stream.to_owned(), seq)).cloned()
 }
 
-/// The span of a section's decision on holds asked for under `caller`.
+/// A span made by `make` in the trace of the current span, or none if the current span is
+/// none: the call is not traced (export off, or a gate that did not sample it), and nothing
+/// under it is made either. Off, one static level check.
+pub fn under_current(make: impl FnOnce() -> Span) -> Span {
+    if !tracing::level_enabled!(tracing::Level::INFO) || Span::current().is_disabled() {
+        return Span::none();
+    }
+    make()
+}
+
+/// The span of a section's decision on holds asked for under `caller` (none if it is none).
 pub(crate) fn decision(caller: &Span, holds: usize) -> Span {
+    if caller.is_disabled() {
+        return Span::none();
+    }
     tracing::info_span!(target: TARGET, parent: caller, "section.decide", holds,
         placed = tracing::field::Empty)
 }

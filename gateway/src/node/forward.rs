@@ -181,14 +181,16 @@ impl Forwarder {
         self.mark(req.headers_mut(), g);
         let method = crate::gate::method_label(req.uri().path());
         // The leader's gate continues the trace from this span (crate::trace).
-        let span = tracing::info_span!(
-            target: crate::trace::TARGET,
-            "forward",
-            otel.kind = "client",
-            rpc.method = method,
-            leader,
-            group = g,
-        );
+        let span = boxoffice_engine::trace::under_current(|| {
+            tracing::info_span!(
+                target: crate::trace::TARGET,
+                "forward",
+                otel.kind = "client",
+                rpc.method = method,
+                leader,
+                group = g,
+            )
+        });
         crate::trace::pass_on(&span, req.headers_mut());
         metrics::counter!("boxoffice_cluster_forwarded_total", "method" => method).increment(1);
         // A channel is a buffer: ready first, then called; never longer than FORWARD_TIMEOUT
