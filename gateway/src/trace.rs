@@ -186,12 +186,24 @@ impl Injector for HeadersMut<'_> {
 /// Nothing happens when the span is not traced or the caller sent none (or a malformed one:
 /// the span then starts a trace of its own, as the W3C rules say).
 pub fn continue_from(span: &Span, headers: &http::HeaderMap) {
-    if span.is_disabled() || !headers.contains_key(TRACEPARENT) {
+    if headers.contains_key(TRACEPARENT) {
+        adopt(span, &Headers(headers));
+    }
+}
+
+/// Makes a traced `span` a child of the context `carrier` holds.
+fn adopt(span: &Span, carrier: &dyn Extractor) {
+    if span.is_disabled() {
         return;
     }
-    let parent = TraceContextPropagator::new().extract(&Headers(headers));
+    let parent = TraceContextPropagator::new().extract(carrier);
     // Fails only when the span was entered already (never here) or no layer takes it.
     let _ = span.set_parent(parent);
+}
+
+/// Writes a traced `span`'s context into `carrier`.
+fn inject(span: &Span, carrier: &mut dyn Injector) {
+    TraceContextPropagator::new().inject_context(&span.context(), carrier);
 }
 
 /// Writes `span`'s context into `headers` for a call made on its behalf, replacing whatever
@@ -203,7 +215,7 @@ pub fn pass_on(span: &Span, headers: &mut http::HeaderMap) {
     }
     headers.remove(TRACEPARENT);
     headers.remove("tracestate");
-    TraceContextPropagator::new().inject_context(&span.context(), &mut HeadersMut(headers));
+    inject(span, &mut HeadersMut(headers));
 }
 
 /// A gRPC call's span at the gate, continuing its caller's trace.
@@ -260,19 +272,16 @@ impl Injector for MetadataMut<'_> {
 
 /// [`continue_from`] for a call's gRPC metadata as tonic gives it to a service.
 pub fn continue_from_metadata(span: &Span, metadata: &tonic::metadata::MetadataMap) {
-    if span.is_disabled() || !metadata.contains_key(TRACEPARENT) {
-        return;
+    if metadata.contains_key(TRACEPARENT) {
+        adopt(span, &Metadata(metadata));
     }
-    let parent = TraceContextPropagator::new().extract(&Metadata(metadata));
-    let _ = span.set_parent(parent);
 }
 
 /// [`pass_on`] for the gRPC metadata of a call this node makes.
 pub fn pass_on_metadata(span: &Span, metadata: &mut tonic::metadata::MetadataMap) {
-    if span.is_disabled() {
-        return;
+    if !span.is_disabled() {
+        inject(span, &mut MetadataMut(metadata));
     }
-    TraceContextPropagator::new().inject_context(&span.context(), &mut MetadataMut(metadata));
 }
 
 /// An HTTP API call's span: the same role as the gate's span for gRPC. It continues the

@@ -156,6 +156,12 @@ fn traceparent(trace: &str, parent: &str, sampled: bool) -> String {
     format!("00-{trace}-{parent}-{}", if sampled { "01" } else { "00" })
 }
 
+/// Sends `req` in `trace`, as a child of the caller's span `parent`.
+fn in_trace<T>(req: &mut tonic::Request<T>, trace: &str, parent: &str, sampled: bool) {
+    let value = traceparent(trace, parent, sampled).parse().unwrap();
+    req.metadata_mut().insert("traceparent", value);
+}
+
 /// The one span of `trace` named `name` on `node`, whose parent is `parent`.
 fn child<'a>(spans: &'a [Got], node: &str, name: &str, parent: &str) -> &'a Got {
     let found: Vec<&Got> = spans
@@ -292,10 +298,7 @@ async fn a_hold_sent_to_a_follower_is_one_trace_across_the_nodes() {
     ));
     // With a deadline: the gate runs the call on a task of its own, in the call's span.
     req.set_timeout(Duration::from_secs(20));
-    req.metadata_mut().insert(
-        "traceparent",
-        traceparent(trace, caller, true).parse().unwrap(),
-    );
+    in_trace(&mut req, trace, caller, true);
     let held = client.booking.hold(req).await.unwrap().into_inner();
     assert_eq!(held.quantity, 2);
 
@@ -394,10 +397,7 @@ async fn a_hold_sent_to_a_follower_is_one_trace_across_the_nodes() {
         1,
         "traced-hold-2",
     ));
-    req.metadata_mut().insert(
-        "traceparent",
-        traceparent(unsampled, caller, false).parse().unwrap(),
-    );
+    in_trace(&mut req, unsampled, caller, false);
     client.booking.hold(req).await.unwrap();
     client
         .booking
@@ -426,10 +426,7 @@ async fn a_hold_sent_to_a_follower_is_one_trace_across_the_nodes() {
     let mut req = tonic::Request::new(pb::GetEventRequest {
         event_id: "traced".into(),
     });
-    req.metadata_mut().insert(
-        "traceparent",
-        traceparent(last, last_caller, true).parse().unwrap(),
-    );
+    in_trace(&mut req, last, last_caller, true);
     client.events.get_event(req).await.unwrap();
     receiver
         .until(last, |s| s.iter().any(|s| s.parent == last_caller))
@@ -475,10 +472,7 @@ async fn a_single_nodes_hold_shows_its_fsync_and_acker_inside_its_group_commit()
         1,
         "single-hold",
     ));
-    req.metadata_mut().insert(
-        "traceparent",
-        traceparent(trace, caller, true).parse().unwrap(),
-    );
+    in_trace(&mut req, trace, caller, true);
     client.booking.hold(req).await.unwrap();
     let spans = receiver
         .until(trace, |s| s.iter().any(|s| s.name == "ack"))
