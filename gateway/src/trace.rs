@@ -354,6 +354,30 @@ mod tests {
     }
 
     #[test]
+    fn a_malformed_context_is_ignored_and_the_span_starts_its_own_trace() {
+        traced(|| {
+            for bad in [
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+                "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+                "not a trace context",
+            ] {
+                let mut headers = http::HeaderMap::new();
+                headers.insert(TRACEPARENT, bad.parse().unwrap());
+                let span = tracing::info_span!(target: TARGET, "gate");
+                continue_from(&span, &headers);
+                let cx = span.context();
+                let sc = cx.span().span_context().clone();
+                assert!(sc.is_valid(), "{bad}");
+                assert_ne!(
+                    sc.trace_id().to_string(),
+                    "4bf92f3577b34da6a3ce929d0e0e4736",
+                    "{bad}"
+                );
+            }
+        });
+    }
+
+    #[test]
     fn without_a_layer_nothing_is_read_or_written() {
         let mut headers = http::HeaderMap::new();
         headers.insert(TRACEPARENT, PARENT.parse().unwrap());
