@@ -52,6 +52,13 @@ impl<K: Ord> Default for ForgetIndex<K> {
 }
 
 impl<K: Ord + Clone> ForgetIndex<K> {
+    /// An index of `keys` (each with the time its window starts), built at once.
+    pub fn of(keys: impl IntoIterator<Item = (u64, K)>) -> Self {
+        ForgetIndex {
+            by_time: keys.into_iter().collect(),
+        }
+    }
+
     /// Remembers `key`, whose window starts at `at_ms`.
     pub fn insert(&mut self, at_ms: u64, key: K) {
         self.by_time.insert((at_ms, key));

@@ -98,6 +98,14 @@ enum Entry {
     },
 }
 
+/// What recovery gives a shard ([`ShardState::recover`]): places held or sold by a user, or a
+/// key's answer (with its time).
+#[cfg_attr(test, derive(Clone))]
+pub(crate) enum Settled {
+    Quota(EventId, UserId, u32),
+    Answer(UserId, Rpc, IdemTag, u64, Result<Answer, Rejection>),
+}
+
 /// An idempotency key: per user and RPC.
 type KeyId = (UserId, Rpc, String);
 
@@ -200,6 +208,44 @@ impl ShardState {
                 answer,
             },
         );
+    }
+
+    /// Recovery's bulk form of [`ShardState::add_quota`] and [`ShardState::add_answer`] (the
+    /// same state in the end, the latest answer of a key winning): the keys' map is sized once
+    /// for `hint` more keys and the index of answers to forget is built once, after them all.
+    pub fn recover(&mut self, items: impl IntoIterator<Item = Settled>, hint: usize) {
+        use std::collections::hash_map::Entry as Slot;
+        self.keys.reserve(hint);
+        for item in items {
+            let (key, fingerprint, at_ms, answer) = match item {
+                Settled::Quota(event_id, user_id, places) => {
+                    self.add_quota(event_id, user_id, places);
+                    continue;
+                }
+                Settled::Answer(user_id, rpc, tag, at_ms, answer) => {
+                    ((user_id, rpc, tag.key), tag.fingerprint, at_ms, answer)
+                }
+            };
+            let done = Entry::Done {
+                fingerprint,
+                at_ms,
+                answer,
+            };
+            match self.keys.entry(key) {
+                Slot::Vacant(slot) => {
+                    slot.insert(done);
+                }
+                Slot::Occupied(mut slot) => {
+                    if !matches!(slot.get(), Entry::Done { at_ms: newer, .. } if *newer > at_ms) {
+                        slot.insert(done);
+                    }
+                }
+            }
+        }
+        self.answered = ForgetIndex::of(self.keys.iter().filter_map(|(key, entry)| match entry {
+            Entry::Done { at_ms, .. } => Some((*at_ms, key.clone())),
+            Entry::InFlight(_) => None,
+        }));
     }
 
     /// Sets a key's entry, keeping the index of answers to forget exact.
@@ -568,6 +614,64 @@ mod tests {
 
     fn is_proceed(r: &Result<Begin, EngineError>) -> bool {
         matches!(r, Ok(Begin::Proceed))
+    }
+
+    /// Recovery's bulk load gives the state that adding each item one by one gives: the same
+    /// quotas and keys, a key's latest answer kept (an older one met after it ignored, the
+    /// later of two at the same time kept), and the same answers forgotten at each time.
+    #[test]
+    fn a_bulk_recovery_is_the_same_as_adding_one_by_one() {
+        let tag = |key: &str, fingerprint| IdemTag {
+            key: key.into(),
+            fingerprint,
+        };
+        let items = {
+            let mut items = Vec::new();
+            // Keys repeat every 20 items, at other times: a key's answers meet in any order.
+            for i in 0..40u64 {
+                let user = UserId::from(format!("u{}", i % 5).as_str());
+                items.push(Settled::Quota(EventId::from("e"), user.clone(), 1));
+                let (key, at) = (format!("k{}", i % 4), 1_000 + (i * 7919) % 500);
+                let answer = if i % 3 == 0 {
+                    Err(Rejection::SoldOut)
+                } else {
+                    Ok(held_at(at))
+                };
+                items.push(Settled::Answer(user, Rpc::Hold, tag(&key, i), at, answer));
+            }
+            // The same key at the same time twice: the later one is kept either way.
+            for fingerprint in [1, 2] {
+                let at = 1_200;
+                items.push(Settled::Answer(
+                    UserId::from("u0"),
+                    Rpc::Confirm,
+                    tag("same", fingerprint),
+                    at,
+                    Err(Rejection::SoldOut),
+                ));
+            }
+            items
+        };
+        let mut one_by_one = ShardState::new(WINDOW);
+        for item in items.clone() {
+            match item {
+                Settled::Quota(e, u, q) => one_by_one.add_quota(e, u, q),
+                Settled::Answer(u, rpc, t, at, a) => one_by_one.add_answer(u, rpc, &t, at, a),
+            }
+        }
+        let mut bulk = ShardState::new(WINDOW);
+        bulk.recover(items, 3);
+        assert_eq!(bulk.digest(), one_by_one.digest());
+        assert!(bulk.digest().iter().any(|l| l.contains("fingerprint: 2")));
+        for now in [10_999, 11_100, 11_250, 11_499, 12_000] {
+            assert_eq!(
+                bulk.forget_due(now, usize::MAX),
+                one_by_one.forget_due(now, usize::MAX),
+                "forgotten at {now}"
+            );
+            assert_eq!(bulk.digest(), one_by_one.digest(), "at {now}");
+        }
+        assert_eq!(bulk.keys_len(), 0);
     }
 
     /// A section's `SALE_PAUSED` (or `SALE_ENDED`) is not the key's answer: the retry once the

@@ -29,7 +29,7 @@ mod actor;
 mod core;
 
 pub(crate) use actor::{Count, LedgerMsg, LedgerShard, ShardArgs};
-pub(crate) use core::{Answer, Begin, BeginArgs, LedgerRecord, Rpc, ShardState};
+pub(crate) use core::{Answer, Begin, BeginArgs, LedgerRecord, Rpc, Settled, ShardState};
 
 /// A shard and the items for it, each with its position among all items.
 type ShardItems<T> = (ActorRef<LedgerMsg>, Vec<(usize, T)>);

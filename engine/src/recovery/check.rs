@@ -45,6 +45,45 @@ impl Check {
         }
     }
 
+    /// Lists the log's streams once (a fork shares the list).
+    pub(super) fn list_stored(&mut self, sink: &dyn LogSink) -> Result<(), StorageError> {
+        if self.stored.is_none() {
+            self.stored = Some(sink.stream_names()?.into_iter().collect());
+        }
+        Ok(())
+    }
+
+    /// A check of the same log against the same marks with nothing found yet, for streams
+    /// read beside this one; what it finds is merged back with [`Check::absorb`].
+    pub(super) fn fork(&self) -> Check {
+        Check {
+            marks: self.marks.clone(),
+            mode: self.mode,
+            found: Findings::default(),
+            repairs: Vec::new(),
+            orphans: Vec::new(),
+            accepted_claims: Vec::new(),
+            trusted: self.trusted,
+            stored: self.stored.clone(),
+            changes: Vec::new(),
+        }
+    }
+
+    /// Adds what a [`Check::fork`] found, after what this one found.
+    pub(super) fn absorb(&mut self, fork: Check) {
+        let found = fork.found;
+        self.found.damage.extend(found.damage);
+        self.found.actions.extend(found.actions);
+        self.found.notes.extend(found.notes);
+        self.found.streams.extend(found.streams);
+        self.found.claims += found.claims;
+        self.found.claims_set_aside += found.claims_set_aside;
+        self.repairs.extend(fork.repairs);
+        self.orphans.extend(fork.orphans);
+        self.accepted_claims.extend(fork.accepted_claims);
+        self.changes.extend(fork.changes);
+    }
+
     /// Reads a stream, planning the removal of a torn tail.
     pub(super) fn read<T: serde::de::DeserializeOwned>(
         &mut self,
@@ -63,9 +102,7 @@ impl Check {
         report: &mut RecoveryReport,
         decode: impl Fn(&[u8]) -> Result<T, codec::DecodeError>,
     ) -> Result<crate::integrity::Replay<T>, StorageError> {
-        if self.stored.is_none() {
-            self.stored = Some(sink.stream_names()?.into_iter().collect());
-        }
+        self.list_stored(sink)?;
         let stored = self.stored.as_ref().is_some_and(|s| s.contains(name));
         let replay = read_stream(
             sink,
@@ -207,11 +244,7 @@ pub(super) fn check_unread_streams(
     unread.extend(sink.stream_names()?);
     for name in unread.difference(&read) {
         if name == names::CHANGES {
-            // The change stream: read by `WatchChanges`, each record checked whole here.
-            check.read_with(sink, name, report, |b| {
-                codec::decode::<crate::changes::ChangeRecord>(b)
-                    .and_then(|r| r.changes().map(|_| ()))
-            })?;
+            check_changes(sink, check, report)?;
             continue;
         }
         // Only the frames (version, checksum) of a stream nobody reads can be checked.
@@ -222,5 +255,30 @@ pub(super) fn check_unread_streams(
             ));
         }
     }
+    Ok(())
+}
+
+/// Whether the log has a change stream to check (the superblock or sled knows it).
+pub(super) fn has_changes(check: &Check) -> bool {
+    check.marks.streams.contains_key(names::CHANGES)
+        || check
+            .stored
+            .as_ref()
+            .is_some_and(|s| s.contains(names::CHANGES))
+}
+
+/// The change stream, read by `WatchChanges`: checked here as every stream is (against its
+/// mark, for gaps, and each record's frame: version and checksum), but its changes are not
+/// decoded at start. Damage on disk fails the checksum; a record whose checksum holds but
+/// whose changes do not decode (a bug, not the disk) is named `Corrupt` by the reader that
+/// meets it. Decoding every change took 1.5 s of a 5.8 s start at a million records.
+pub(super) fn check_changes(
+    sink: &dyn LogSink,
+    check: &mut Check,
+    report: &mut RecoveryReport,
+) -> Result<(), StorageError> {
+    check.read_with(sink, names::CHANGES, report, |b| {
+        codec::verify(b).map(|_| ())
+    })?;
     Ok(())
 }

@@ -11,11 +11,15 @@
 
 mod backstop;
 mod check;
+mod parallel;
 mod report;
 
 use crate::hash::HashMap;
 use backstop::{recover_backstop, withdraw_orphans};
-use check::{Check, check_unread_streams, read_marks, refuse_older_format};
+use check::{
+    Check, check_changes, check_unread_streams, has_changes, read_marks, refuse_older_format,
+};
+use parallel::{in_parallel, run_parts};
 pub(crate) use report::RecoverWith;
 pub use report::RecoveryReport;
 use report::{Repair, corrupt};
@@ -25,7 +29,7 @@ use crate::codec;
 use crate::core::{SectionCore, SectionRecord};
 use crate::error::StorageError;
 use crate::integrity::{Damage, Findings, RecoveryMode};
-use crate::ledger::{Answer, LedgerRecord, Rpc, ShardState, shard_index};
+use crate::ledger::{Answer, LedgerRecord, Rpc, Settled, ShardState, shard_index};
 use crate::store::{LogSink, Marks, names};
 use crate::types::{CatalogRecord, EventId, HoldStatus, SectionId, SectionSpec};
 use crate::waitlist::{WaitlistCore, WaitlistRecord};
@@ -66,6 +70,12 @@ pub(crate) struct Replayed {
     pub rooms: HashMap<EventId, (crate::rooms::line::RoomLine, u64)>,
 }
 
+/// A stream read in the parallel part of a start.
+enum Read<'a> {
+    Section(&'a EventId, &'a SectionSpec),
+    Changes,
+}
+
 /// Reads every stream of the log into its pure core, checking each as it is read, then the
 /// sold-seat backstop against the sections: nothing is changed (the repairs are planned in
 /// `check`).
@@ -76,12 +86,40 @@ fn replay(
     report: &mut RecoveryReport,
 ) -> Result<Replayed, StorageError> {
     let (events, catalog_last) = recover_catalog(sink, check, report)?;
+    check.list_stored(sink)?;
+    // The sections' streams and the change stream are read side by side; what each found is
+    // taken in the order a start on one thread would find it.
+    let mut jobs: Vec<Read> = events
+        .iter()
+        .flat_map(|e| {
+            e.spec
+                .sections
+                .iter()
+                .map(|s| Read::Section(&e.event_id, s))
+        })
+        .collect();
+    if has_changes(check) {
+        jobs.push(Read::Changes);
+    }
+    let mut parts = run_parts(check, &jobs, |job, check, report| match job {
+        Read::Section(event_id, s) => {
+            recover_section(sink, event_id, s, window_ms, check, report).map(Some)
+        }
+        Read::Changes => check_changes(sink, check, report).map(|()| None),
+    })
+    .into_iter();
     let mut cores = HashMap::default();
     for CatalogEntry { event_id, spec, .. } in &events {
         for s in &spec.sections {
-            let (core, last_seq) = recover_section(sink, event_id, s, window_ms, check, report)?;
-            report.sections += 1;
-            cores.insert((event_id.clone(), s.section_id.clone()), (core, last_seq));
+            let Some(part) = parts.next() else {
+                unreachable!("a part for each section")
+            };
+            check.absorb(part.check);
+            report.absorb(&part.report);
+            if let Some((core, last_seq)) = part.made? {
+                report.sections += 1;
+                cores.insert((event_id.clone(), s.section_id.clone()), (core, last_seq));
+            }
         }
         report.events += 1;
     }
@@ -92,6 +130,11 @@ fn replay(
         if let Some(room) = recover_room(sink, event_id, check, report)? {
             rooms.insert(event_id.clone(), room);
         }
+    }
+    if let Some(changes) = parts.next() {
+        check.absorb(changes.check);
+        report.absorb(&changes.report);
+        changes.made?;
     }
     check_unread_streams(sink, check, report)?;
     recover_backstop(sink, &cores, check, report)?;
@@ -222,10 +265,10 @@ pub(crate) fn recover_warm(
 /// answers of the sections' holds; answers past the window are forgotten.
 pub(crate) fn settle(replayed: Replayed, with: &RecoverWith, marks: Marks) -> Recovered {
     let shards = with.ledger_shards.max(1);
-    let mut ledger_states: Vec<ShardState> = (0..shards)
-        .map(|_| ShardState::new(with.window_ms))
-        .collect();
     let mut ledger_last = vec![0u64; shards];
+    // Each shard's items: the recorded rejections, then each section's holds, in the order a
+    // start on one thread would add them. Sections are read and shards built side by side.
+    let mut items: Vec<Vec<Vec<Settled>>> = (0..shards).map(|_| vec![Vec::new()]).collect();
     for (name, (staging, last)) in replayed.ledgers {
         if let Some(i) = names::ledger_shard(&name)
             && i < shards
@@ -233,21 +276,26 @@ pub(crate) fn settle(replayed: Replayed, with: &RecoverWith, marks: Marks) -> Re
             ledger_last[i] = last;
         }
         for (user_id, rpc, tag, at_ms, rejection) in staging.into_rejections() {
-            ledger_states[shard_index(&user_id, shards)].add_answer(
-                user_id,
-                rpc,
-                &tag,
-                at_ms,
-                Err(rejection),
-            );
+            let shard = shard_index(&user_id, shards);
+            items[shard][0].push(Settled::Answer(user_id, rpc, tag, at_ms, Err(rejection)));
         }
     }
-    for ((event_id, _), (core, _)) in &replayed.cores {
-        add_section_to_ledgers(core, event_id, &mut ledger_states);
+    let sections: Vec<_> = replayed.cores.iter().collect();
+    let by_section = in_parallel(sections, |((event_id, _), (core, _))| {
+        ledger_items(core, event_id, shards)
+    });
+    for section in by_section {
+        for (shard, list) in section.into_iter().enumerate() {
+            items[shard].push(list);
+        }
     }
-    for state in &mut ledger_states {
+    let ledger_states = in_parallel(items, |lists| {
+        let mut state = ShardState::new(with.window_ms);
+        let hint = lists.iter().map(Vec::len).sum();
+        state.recover(lists.into_iter().flatten(), hint);
         state.forget_due(with.now_ms, usize::MAX);
-    }
+        state
+    });
     let code_uses =
         crate::access::Redemptions::of_counts(replayed.cores.values().flat_map(|(core, _)| {
             let event = core.event_id().clone();
@@ -425,35 +473,45 @@ pub(crate) fn restart_waitlist(
 }
 
 /// Quotas (places held or sold per user) and success answers of idempotency keys, from a
-/// section's holds.
-fn add_section_to_ledgers(core: &SectionCore, event_id: &EventId, ledgers: &mut [ShardState]) {
-    let shards = ledgers.len();
+/// section's holds, by the shard of their user.
+fn ledger_items(core: &SectionCore, event_id: &EventId, shards: usize) -> Vec<Vec<Settled>> {
+    // Up to three items a hold (its quota, its hold's and its confirm's answers): sized once,
+    // not grown (growing these was a quarter of this function's time at a million records).
+    let (holds, _) = core.remembered();
+    let per_shard = (holds * 3).div_ceil(shards);
+    let mut out: Vec<Vec<Settled>> = (0..shards).map(|_| Vec::with_capacity(per_shard)).collect();
     for (view, places, hold_tag, confirm) in core.holds_for_ledger() {
-        let shard = &mut ledgers[shard_index(&view.user_id, shards)];
+        let shard = &mut out[shard_index(&view.user_id, shards)];
         if matches!(view.status, HoldStatus::Held | HoldStatus::Confirmed) {
-            shard.add_quota(event_id.clone(), view.user_id.clone(), places);
+            shard.push(Settled::Quota(
+                event_id.clone(),
+                view.user_id.clone(),
+                places,
+            ));
         }
         if let Some((tag, order)) = confirm {
-            shard.add_answer(
+            shard.push(Settled::Answer(
                 view.user_id.clone(),
                 Rpc::Confirm,
-                tag,
+                tag.clone(),
                 order.created_at_ms,
                 Ok(Answer::Order(Box::new(order))),
-            );
+            ));
         }
         if let Some(tag) = hold_tag {
-            let mut first = view.clone();
+            let (user_id, at_ms) = (view.user_id.clone(), view.placed_at_ms);
+            let mut first = view;
             first.status = HoldStatus::Held;
-            shard.add_answer(
-                view.user_id.clone(),
+            shard.push(Settled::Answer(
+                user_id,
                 Rpc::Hold,
-                tag,
-                view.placed_at_ms,
+                tag.clone(),
+                at_ms,
                 Ok(Answer::Hold(first)),
-            );
+            ));
         }
     }
+    out
 }
 
 /// The ledger streams: recorded rejections. Every ledger stream there is is read (the shard

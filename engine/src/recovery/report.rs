@@ -33,6 +33,19 @@ pub struct RecoveryReport {
     pub warm: bool,
 }
 
+impl RecoveryReport {
+    /// Adds the counts of a part of recovery run beside this one.
+    pub(super) fn absorb(&mut self, part: &RecoveryReport) {
+        self.events += part.events;
+        self.sections += part.sections;
+        self.records_replayed += part.records_replayed;
+        self.checkpoints_loaded += part.checkpoints_loaded;
+        self.torn_tails_dropped += part.torn_tails_dropped;
+        self.claims_set_aside += part.claims_set_aside;
+        self.claims_restored += part.claims_restored;
+    }
+}
+
 /// A change recovery makes once it knows it may (no damage, or damage accepted; never in
 /// `Verify`).
 #[derive(Debug)]
