@@ -61,25 +61,36 @@ impl NodeDb {
     /// file). Runs off the async workers ([`crate::rt::blocking`]), so a slow disk does not
     /// stall them (and with them the heartbeats that keep a leader).
     pub(super) async fn sync(&self) -> std::io::Result<()> {
+        self.sync_then(|| Ok(())).await
+    }
+
+    /// [`NodeDb::sync`], then [`NodeDb::mark`], in one trip off the async workers (an append
+    /// waits for both: one hand-over to a blocking thread fewer per Raft append).
+    pub(super) async fn sync_marked(
+        &self,
+        change: impl FnOnce(&mut super::marks::Held) + Send + 'static,
+    ) -> std::io::Result<()> {
+        let marks = self.marks.clone();
+        self.sync_then(move || marks.write(change)).await
+    }
+
+    /// Syncs the store, then runs `after` (only if the sync succeeded), off the async workers.
+    async fn sync_then(
+        &self,
+        after: impl FnOnce() -> std::io::Result<()> + Send + 'static,
+    ) -> std::io::Result<()> {
         let latency = self.kv.sync_latency();
         if !latency.is_zero() {
             // A simulated disk's time to sync.
             tokio::time::sleep(latency).await;
         }
         let kv = self.kv.clone();
-        crate::rt::blocking(move || kv.sync())
-            .await
-            .map_err(std::io::Error::other)?
-            .map_err(std::io::Error::other)
-    }
-
-    /// [`NodeDb::sync`], then [`NodeDb::mark`].
-    pub(super) async fn sync_marked(
-        &self,
-        change: impl FnOnce(&mut super::marks::Held) + Send + 'static,
-    ) -> std::io::Result<()> {
-        self.sync().await?;
-        self.mark(change).await
+        crate::rt::blocking(move || {
+            kv.sync().map_err(std::io::Error::other)?;
+            after()
+        })
+        .await
+        .map_err(std::io::Error::other)?
     }
 
     /// Records `change` in the marks ([`super::marks`]): what the store must hold from now on,
