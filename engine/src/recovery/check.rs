@@ -2,6 +2,7 @@
 //! every stream read against them ([`crate::integrity`]).
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use super::report::{RecoveryReport, Repair};
 use crate::codec;
@@ -11,7 +12,8 @@ use crate::store::{LogSink, Marks, names};
 
 /// Recovery's working state: what it found, what it will repair, how strict it is.
 pub(crate) struct Check {
-    pub marks: Marks,
+    /// Read only while the log is read: shared with forks, not copied.
+    pub marks: Arc<Marks>,
     pub mode: RecoveryMode,
     pub found: Findings,
     pub(super) repairs: Vec<Repair>,
@@ -23,7 +25,7 @@ pub(crate) struct Check {
     /// all (else no tail may count as torn: [`LogSink::atomic_records`]).
     pub(super) trusted: bool,
     /// The streams the log has, listed once at the first read.
-    pub(super) stored: Option<BTreeSet<String>>,
+    pub(super) stored: Option<Arc<BTreeSet<String>>>,
     /// What accepted damage changed (places withdrawn, holds released for it), for the change
     /// stream.
     pub(super) changes: Vec<crate::changes::Change>,
@@ -33,7 +35,7 @@ impl Check {
     /// A check of `sink` against `marks` (a section restart passes the store's current marks).
     pub fn new(sink: &dyn LogSink, marks: Marks, mode: RecoveryMode) -> Check {
         Check {
-            marks,
+            marks: Arc::new(marks),
             mode,
             found: Findings::default(),
             repairs: Vec::new(),
@@ -48,13 +50,14 @@ impl Check {
     /// Lists the log's streams once (a fork shares the list).
     pub(super) fn list_stored(&mut self, sink: &dyn LogSink) -> Result<(), StorageError> {
         if self.stored.is_none() {
-            self.stored = Some(sink.stream_names()?.into_iter().collect());
+            self.stored = Some(Arc::new(sink.stream_names()?.into_iter().collect()));
         }
         Ok(())
     }
 
     /// A check of the same log against the same marks with nothing found yet, for streams
-    /// read beside this one; what it finds is merged back with [`Check::absorb`].
+    /// read beside this one; what it finds is merged back with [`Check::absorb`]. The marks and
+    /// the list of streams are shared, not copied (a start may read thousands of sections).
     pub(super) fn fork(&self) -> Check {
         Check {
             marks: self.marks.clone(),

@@ -36,9 +36,12 @@ where
     })
 }
 
-/// Runs `run` on each of `jobs` on up to the machine's cores; the results come back in the
-/// jobs' order. In a simulation everything runs on the calling thread: the maps a job builds
-/// must take the simulation's fixed hash keys, which are the simulating thread's.
+/// Runs `run` on each of `jobs` on up to the machine's cores (the calling thread is one of
+/// them; if the OS gives no more threads, it runs them all); the results come back in the
+/// jobs' order. A job that panics does not stop the others; once all are done, the first
+/// panic in the jobs' order goes on with its own message. In a simulation everything runs on
+/// the calling thread: the maps a job builds must take the simulation's fixed hash keys, which
+/// are the simulating thread's.
 pub(super) fn in_parallel<J, T, F>(jobs: Vec<J>, run: F) -> Vec<T>
 where
     J: Send,
@@ -53,24 +56,31 @@ where
     }
     let count = jobs.len();
     let next = Mutex::new(jobs.into_iter().enumerate());
-    let done: Mutex<Vec<(usize, T)>> = Mutex::new(Vec::with_capacity(count));
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| {
-                loop {
-                    let job = next.lock().unwrap_or_else(|p| p.into_inner()).next();
-                    let Some((i, job)) = job else { break };
-                    let made = run(job);
-                    done.lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push((i, made));
-                }
-            });
+    let done: Mutex<Vec<(usize, std::thread::Result<T>)>> = Mutex::new(Vec::with_capacity(count));
+    let work = || {
+        loop {
+            let job = next.lock().unwrap_or_else(|p| p.into_inner()).next();
+            let Some((i, job)) = job else { break };
+            let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(job)));
+            done.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((i, made));
         }
+    };
+    std::thread::scope(|s| {
+        for _ in 1..threads {
+            // No thread to be had: the calling thread below takes what is left.
+            let _ = std::thread::Builder::new()
+                .name("boxoffice-recover".into())
+                .spawn_scoped(s, work);
+        }
+        work();
     });
     let mut done = done.into_inner().unwrap_or_else(|p| p.into_inner());
     done.sort_by_key(|(i, _)| *i);
-    done.into_iter().map(|(_, made)| made).collect()
+    done.into_iter()
+        .map(|(_, made)| made.unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+        .collect()
 }
 
 #[cfg(test)]
@@ -95,6 +105,11 @@ mod tests {
             Ok(job * 2)
         });
         assert_eq!(parts.len(), 64);
+        assert!(
+            parts
+                .iter()
+                .all(|p| std::sync::Arc::ptr_eq(&p.check.marks, &check.marks))
+        );
         for (i, part) in parts.iter().enumerate() {
             let i = i as u64;
             assert_eq!(part.check.found.notes, vec![format!("job {i}")]);
@@ -107,5 +122,28 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A job that panics lets the others finish, then its panic goes on with its own message
+    /// (the first in the jobs' order).
+    #[test]
+    fn the_first_panic_in_the_jobs_order_goes_on_with_its_message() {
+        let finished = std::sync::atomic::AtomicUsize::new(0);
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            in_parallel((0..16u64).collect(), |job| {
+                if job == 5 || job == 11 {
+                    panic!("job {job} broke");
+                }
+                finished.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                job
+            })
+        }));
+        let payload = caught.expect_err("a job panicked");
+        let message = payload
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(message, "job 5 broke");
+        assert_eq!(finished.load(std::sync::atomic::Ordering::Relaxed), 14);
     }
 }
