@@ -327,15 +327,27 @@ mod tests {
         tracing::subscriber::with_default(subscriber, f)
     }
 
+    /// A `gate` span continued from a request whose `traceparent` is `traceparent`: the span,
+    /// the request's headers, and the span's own context.
+    fn gate_with(
+        traceparent: &str,
+    ) -> (
+        tracing::Span,
+        http::HeaderMap,
+        opentelemetry::trace::SpanContext,
+    ) {
+        let mut headers = http::HeaderMap::new();
+        headers.insert(TRACEPARENT, traceparent.parse().unwrap());
+        let span = tracing::info_span!(target: TARGET, "gate");
+        continue_from(&span, &headers);
+        let sc = span.context().span().span_context().clone();
+        (span, headers, sc)
+    }
+
     #[test]
     fn a_span_continues_its_callers_trace_and_passes_its_own_context_on() {
         traced(|| {
-            let mut headers = http::HeaderMap::new();
-            headers.insert(TRACEPARENT, PARENT.parse().unwrap());
-            let span = tracing::info_span!(target: TARGET, "gate");
-            continue_from(&span, &headers);
-            let cx = span.context();
-            let sc = cx.span().span_context().clone();
+            let (span, headers, sc) = gate_with(PARENT);
             assert_eq!(
                 sc.trace_id().to_string(),
                 "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -361,12 +373,7 @@ mod tests {
                 "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
                 "not a trace context",
             ] {
-                let mut headers = http::HeaderMap::new();
-                headers.insert(TRACEPARENT, bad.parse().unwrap());
-                let span = tracing::info_span!(target: TARGET, "gate");
-                continue_from(&span, &headers);
-                let cx = span.context();
-                let sc = cx.span().span_context().clone();
+                let (_, _, sc) = gate_with(bad);
                 assert!(sc.is_valid(), "{bad}");
                 assert_ne!(
                     sc.trace_id().to_string(),
