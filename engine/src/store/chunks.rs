@@ -11,31 +11,50 @@
 //!   named record by record; damage to the index is named at the chunk's key (the chunk's
 //!   bytes as one bad record, its other numbers a gap).
 //!
-//! A chunk holds at most [`CHUNK_BYTES`] of records (and a record larger than that alone), so
-//! no value reaches sled's blob threshold (a quarter of its 128 KiB segments) because of the
-//! format. Readers take both kinds of value in any mix: a data dir of format 2 opens as it is
-//! and new commits are written as chunks (a migration in place, record by record as the log
-//! turns over; nothing to run).
+//! A chunk is at most [`CHUNK_BYTES`] long, head and index counted (a record larger than that
+//! is a value of its own). The bound is set by sled's leaves, not by the values alone: sled
+//! splits a leaf once it holds more than 16 items, whatever their size, and writes a whole
+//! leaf again at each split and consolidation; a message over a quarter of its 512 KiB segment
+//! goes to a file of its own under `blobs/`, which every sync must then fsync with its
+//! directory. So a leaf of 17 full chunks stays under that threshold: with 16 KiB chunks it did
+//! not, and the actor bench lost about a quarter of its durable holds/s to blob files
+//! (BENCHMARKS.md, "The actor row again").
+//!
+//! Readers take both kinds of value in any mix: a data dir of format 2 opens as it is and new
+//! commits are written as chunks (a migration in place, record by record as the log turns
+//! over; nothing to run). Chunks written under another bound read the same.
 
 /// The first byte of a chunk (never a codec version byte).
 pub const CHUNK_TAG: u8 = 0xC3;
 
-/// The most bytes of records one chunk holds (a single larger record is a chunk of its own).
-pub const CHUNK_BYTES: usize = 16 * 1024;
+/// The most bytes one chunk takes, head and index counted (a single larger record is a value
+/// of its own).
+pub const CHUNK_BYTES: usize = 6 * 1024;
+
+/// sled 0.34's leaves split past this many items.
+const SLED_LEAF_ITEMS_MAX: usize = 17;
+
+/// sled 0.34 writes a message over this many bytes (a quarter of its default 512 KiB segment)
+/// as a blob file.
+const SLED_BLOB_THRESHOLD: usize = 512 * 1024 / 4;
+
+// A leaf of full chunks, each item's key and sled's framing generously counted, is no blob:
+// checked when the crate is built.
+const _: () = assert!(SLED_LEAF_ITEMS_MAX * (CHUNK_BYTES + 8 + 64) < SLED_BLOB_THRESHOLD);
 
 const HEAD: usize = 1 + 4 + 4;
 const INDEX_ENTRY: usize = 8 + 4;
 
-/// Splits a group commit's entries (ascending) into chunks of at most [`CHUNK_BYTES`] of
-/// records: each `(key, value)` to write, the key the last record's number.
+/// Splits a group commit's entries (ascending) into chunks of at most [`CHUNK_BYTES`] each,
+/// head and index counted: each `(key, value)` to write, the key the last record's number.
 pub fn pack(entries: &[(u64, Vec<u8>)]) -> Vec<(u64, Vec<u8>)> {
     let mut out = Vec::new();
     let mut start = 0;
     while start < entries.len() {
         let mut end = start + 1;
-        let mut bytes = entries[start].1.len();
-        while end < entries.len() && bytes + entries[end].1.len() <= CHUNK_BYTES {
-            bytes += entries[end].1.len();
+        let mut bytes = HEAD + INDEX_ENTRY + entries[start].1.len();
+        while end < entries.len() && bytes + INDEX_ENTRY + entries[end].1.len() <= CHUNK_BYTES {
+            bytes += INDEX_ENTRY + entries[end].1.len();
             end += 1;
         }
         out.push(chunk(&entries[start..end]));
@@ -128,10 +147,17 @@ mod tests {
     fn chunks_hold_every_record_in_order_and_stay_under_the_bound() {
         let entries = records(500, 100);
         let chunks = pack(&entries);
-        assert!(chunks.len() > 1 && chunks.len() < 10, "{}", chunks.len());
+        // Filled: every chunk but the last would be over the bound with the next record.
+        let bytes: usize = entries.iter().map(|(_, b)| b.len() + INDEX_ENTRY).sum();
+        let least = bytes.div_ceil(CHUNK_BYTES);
+        assert!(
+            chunks.len() >= least && chunks.len() <= least + 1,
+            "{} chunks for {bytes} bytes",
+            chunks.len()
+        );
         let mut back = Vec::new();
         for (key, value) in chunks {
-            assert!(value.len() <= CHUNK_BYTES + HEAD + 200 * INDEX_ENTRY);
+            assert!(value.len() <= CHUNK_BYTES, "{} bytes", value.len());
             let records = unpack(key, value);
             assert_eq!(
                 records.last().map(|(s, _)| *s),
@@ -147,6 +173,19 @@ mod tests {
         // A record over the bound: a chunk of its own.
         let big = vec![(7, vec![1u8; CHUNK_BYTES + 1]), (8, vec![2u8; 10])];
         assert_eq!(pack(&big).len(), 2);
+    }
+
+    /// Tiny records fill a chunk with index entries as much as with bytes: still within the
+    /// bound (the index is counted).
+    #[test]
+    fn a_chunk_of_tiny_records_counts_its_index() {
+        let tiny = records(5_000, 1);
+        let chunks = pack(&tiny);
+        assert!(chunks.iter().all(|(_, v)| v.len() <= CHUNK_BYTES));
+        assert!(
+            chunks.iter().any(|(_, v)| v.len() > CHUNK_BYTES - 64),
+            "chunks are filled"
+        );
     }
 
     #[test]

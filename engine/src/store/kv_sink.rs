@@ -240,8 +240,12 @@ impl LogSink for KvSink {
 mod tests {
     use super::*;
 
+    /// A record of which five fill a chunk (and six do not).
     fn record(seq: u64) -> Vec<u8> {
-        crate::codec::encode(&vec![seq as u8; 3_000])
+        crate::codec::encode(&vec![
+            seq as u8;
+            super::super::chunks::CHUNK_BYTES / 5 - 128
+        ])
     }
 
     fn seqs(r: &[(u64, Vec<u8>)]) -> Vec<u64> {
@@ -257,7 +261,7 @@ mod tests {
         let s = sink.stream("section/e/s").unwrap();
         s.append(1, &record(1)).unwrap(); // format 2
         let batch: Vec<_> = (2..=20).map(|q| (q, record(q))).collect();
-        s.append_batch(&batch).unwrap(); // 3 KB each: chunks of 5
+        s.append_batch(&batch).unwrap(); // chunks of 5
         let values = sink.store().tree("section/e/s").unwrap().pairs().unwrap();
         assert_eq!(values.len(), 1 + 4, "one value per chunk");
         assert_eq!(s.last_seq().unwrap(), 20);
