@@ -24,6 +24,8 @@
 //! commits are written as chunks (a migration in place, record by record as the log turns
 //! over; nothing to run). Chunks written under another bound read the same.
 
+use super::sled_kv::{BLOB_THRESHOLD, LEAF_ITEMS_MAX};
+
 /// The first byte of a chunk (never a codec version byte).
 pub const CHUNK_TAG: u8 = 0xC3;
 
@@ -31,16 +33,9 @@ pub const CHUNK_TAG: u8 = 0xC3;
 /// of its own).
 pub const CHUNK_BYTES: usize = 6 * 1024;
 
-/// sled 0.34's leaves split past this many items.
-const SLED_LEAF_ITEMS_MAX: usize = 17;
-
-/// sled 0.34 writes a message over this many bytes (a quarter of its default 512 KiB segment)
-/// as a blob file.
-const SLED_BLOB_THRESHOLD: usize = 512 * 1024 / 4;
-
 // A leaf of full chunks, each item's key and sled's framing generously counted, is no blob:
 // checked when the crate is built.
-const _: () = assert!(SLED_LEAF_ITEMS_MAX * (CHUNK_BYTES + 8 + 64) < SLED_BLOB_THRESHOLD);
+const _: () = assert!(LEAF_ITEMS_MAX * (CHUNK_BYTES + 8 + 64) < BLOB_THRESHOLD);
 
 const HEAD: usize = 1 + 4 + 4;
 const INDEX_ENTRY: usize = 8 + 4;
@@ -48,13 +43,15 @@ const INDEX_ENTRY: usize = 8 + 4;
 /// Splits a group commit's entries (ascending) into chunks of at most [`CHUNK_BYTES`] each,
 /// head and index counted: each `(key, value)` to write, the key the last record's number.
 pub fn pack(entries: &[(u64, Vec<u8>)]) -> Vec<(u64, Vec<u8>)> {
+    // What a record adds to its chunk: its index entry and its bytes.
+    let cost = |(_, bytes): &(u64, Vec<u8>)| INDEX_ENTRY + bytes.len();
     let mut out = Vec::new();
     let mut start = 0;
     while start < entries.len() {
         let mut end = start + 1;
-        let mut bytes = HEAD + INDEX_ENTRY + entries[start].1.len();
-        while end < entries.len() && bytes + INDEX_ENTRY + entries[end].1.len() <= CHUNK_BYTES {
-            bytes += INDEX_ENTRY + entries[end].1.len();
+        let mut bytes = HEAD + cost(&entries[start]);
+        while end < entries.len() && bytes + cost(&entries[end]) <= CHUNK_BYTES {
+            bytes += cost(&entries[end]);
             end += 1;
         }
         out.push(chunk(&entries[start..end]));

@@ -242,10 +242,7 @@ mod tests {
 
     /// A record of which five fill a chunk (and six do not).
     fn record(seq: u64) -> Vec<u8> {
-        crate::codec::encode(&vec![
-            seq as u8;
-            super::super::chunks::CHUNK_BYTES / 5 - 128
-        ])
+        crate::codec::encode(&vec![seq as u8; chunks::CHUNK_BYTES / 5 - 128])
     }
 
     fn seqs(r: &[(u64, Vec<u8>)]) -> Vec<u64> {

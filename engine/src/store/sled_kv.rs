@@ -41,8 +41,15 @@ pub fn open_db_cached(dir: &Path, cache_bytes: u64) -> Result<sled::Db, StorageE
         })
 }
 
-/// sled 0.34 keeps a value over a quarter of its segment size (128 KiB by default: a big
-/// checkpoint, a large group commit as one Raft entry) in a file of its own under `blobs/`,
+/// sled 0.34 writes a message over this many bytes (a quarter of its default 512 KiB segment)
+/// as a blob file: a value, or a whole leaf written again at a split or consolidation.
+pub(crate) const BLOB_THRESHOLD: usize = 512 * 1024 / 4;
+
+/// The most items a sled 0.34 leaf holds, whatever their size (it splits once past 16).
+pub(crate) const LEAF_ITEMS_MAX: usize = 17;
+
+/// sled 0.34 keeps a message over [`BLOB_THRESHOLD`] (a big checkpoint, a large group commit as
+/// one Raft entry, a leaf of large values) in a file of its own under `blobs/`,
 /// written without an fsync: its flush does not cover them. So a sync also fsyncs every blob
 /// file written since the last sync (by modification time, with a margin for the clock's
 /// granularity), and the `blobs/` directory (for the new names).
@@ -62,7 +69,7 @@ impl BlobSync {
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         let since = last.map(|t| t - Duration::from_secs(2));
         // sled writes a blob once, as a new file: a directory unchanged since the last sync
-        // (its mtime) holds no blob to sync (most syncs: no value over 128 KiB was written).
+        // (its mtime) holds no blob to sync (most syncs: nothing over the threshold was written).
         if let (Some(since), Ok(m)) = (since, blobs.metadata().and_then(|m| m.modified()))
             && m < since
         {
