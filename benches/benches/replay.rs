@@ -8,7 +8,10 @@
 //! tags to rebuild. Then a clean shutdown.
 //!
 //! Two logs are written: one with a checkpoint every `R / 10` records per stream (10,000 by
-//! default, 100,000 in the full run) and one without checkpoints (`u64::MAX`).
+//! default, 100,000 in the full run) and one without checkpoints (`u64::MAX`). With
+//! `BOXOFFICE_BENCH_REPLAY_DIR` set, both are kept under that dir and a later run opens them
+//! instead of writing them again (each dir's `replay-bench-written` marks a log written to the
+//! end; a build that changes what the log holds needs a fresh dir).
 //!
 //! Measured: `Engine::open` on the data dir (sled's own recovery, reading every stream,
 //! replaying the records into the cores, rebuilding ledgers and the sold-seat backstop,
@@ -51,15 +54,70 @@ fn units_for(records: u64) -> u64 {
 
 /// A data dir holding a log of about `records` records, and what it took to write.
 struct Log {
-    dir: tempfile::TempDir,
+    dir: LogDir,
     records: u64,
     checkpoint_every: u64,
 }
 
-async fn write_log(records: u64, checkpoint_every: u64) -> Log {
-    let dir = tempfile::tempdir().expect("a temporary dir");
+/// Where a log is kept: a temporary dir, or one under `BOXOFFICE_BENCH_REPLAY_DIR` that
+/// outlives the run (so profiling the opens does not mean writing the log again).
+enum LogDir {
+    Temporary(tempfile::TempDir),
+    Kept(std::path::PathBuf),
+}
+
+impl LogDir {
+    fn path(&self) -> &std::path::Path {
+        match self {
+            LogDir::Temporary(dir) => dir.path(),
+            LogDir::Kept(path) => path,
+        }
+    }
+}
+
+/// The marker of a kept log written to the end (its record count inside).
+const WRITTEN: &str = "replay-bench-written";
+
+/// The log of `records` records checkpointed every `checkpoint_every`: the one kept under
+/// `BOXOFFICE_BENCH_REPLAY_DIR` if it was written to the end, else a new one (kept there if the
+/// variable is set).
+async fn log_of(records: u64, checkpoint_every: u64) -> Log {
+    let dir = match std::env::var("BOXOFFICE_BENCH_REPLAY_DIR") {
+        Err(_) => LogDir::Temporary(tempfile::tempdir().expect("a temporary dir")),
+        Ok(root) => LogDir::Kept(std::path::Path::new(&root).join(format!(
+            "records_{records}_every_{}",
+            checkpoint_label(checkpoint_every)
+        ))),
+    };
+    let kept = std::fs::read_to_string(dir.path().join(WRITTEN))
+        .ok()
+        .and_then(|n| n.trim().parse::<u64>().ok());
+    let records = match kept {
+        Some(n) => {
+            eprintln!("replay setup: the log kept in {} ({n} records)", dir.path().display());
+            n
+        }
+        None => {
+            if let LogDir::Kept(path) = &dir {
+                let _ = std::fs::remove_dir_all(path);
+                std::fs::create_dir_all(path).expect("the kept log's dir");
+            }
+            let n = write_log(dir.path(), records, checkpoint_every).await;
+            std::fs::write(dir.path().join(WRITTEN), n.to_string()).expect("the log's marker");
+            n
+        }
+    };
+    Log {
+        dir,
+        records,
+        checkpoint_every,
+    }
+}
+
+/// Writes a log of about `records` records into `dir`; returns how many it wrote.
+async fn write_log(dir: &std::path::Path, records: u64, checkpoint_every: u64) -> u64 {
     let engine = open(bench_config(
-        dir.path(),
+        dir,
         Durability::Buffered,
         checkpoint_every,
     ))
@@ -132,13 +190,9 @@ async fn write_log(records: u64, checkpoint_every: u64) -> Log {
         written.as_secs_f64(),
         per_second(records, written),
         checkpoint_label(checkpoint_every),
-        dir_size(dir.path()) / (1 << 20),
+        dir_size(dir) / (1 << 20),
     );
-    Log {
-        dir,
-        records,
-        checkpoint_every,
-    }
+    records
 }
 
 fn checkpoint_label(every: u64) -> String {
@@ -232,7 +286,7 @@ fn restart(c: &mut Criterion) {
     group.sampling_mode(SamplingMode::Flat);
     group.throughput(Throughput::Elements(records));
     for checkpoint_every in [records / 10, u64::MAX] {
-        let log = rt.block_on(write_log(records, checkpoint_every));
+        let log = rt.block_on(log_of(records, checkpoint_every));
         let mut restarts = Restarts::default();
         let id = BenchmarkId::new(
             format!("records_{records}"),

@@ -26,14 +26,28 @@ pub fn value(i: u64) -> Vec<u8> {
 }
 
 /// sled without its background flusher: nothing reaches the disk durably unless the writer
-/// flushes and fsyncs.
+/// flushes and fsyncs. sled releases its file lock from a background thread a little after the
+/// last handle of the previous instance is dropped, so a busy lock is retried for up to
+/// [`LOCK_WAIT`] (as the engine's `SledKv::open` does).
 pub fn open_quiet(dir: &Path) -> sled::Db {
-    sled::Config::new()
-        .path(dir)
-        .flush_every_ms(None)
-        .open()
-        .unwrap_or_else(|e| panic!("sled opens {}: {e}", dir.display()))
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        match sled::Config::new().path(dir).flush_every_ms(None).open() {
+            Err(e)
+                if e.to_string().contains("could not acquire lock")
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            other => {
+                return other.unwrap_or_else(|e| panic!("sled opens {}: {e}", dir.display()));
+            }
+        }
+    }
 }
+
+/// How long [`open_quiet`] waits for a previous instance's lock to go.
+pub const LOCK_WAIT: Duration = Duration::from_secs(10);
 
 /// What the engine does to make sled durable: sled's flush (which ends in `sync_file_range`,
 /// not durable), then an fsync of its data file.
