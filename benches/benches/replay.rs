@@ -94,7 +94,10 @@ async fn log_of(records: u64, checkpoint_every: u64) -> Log {
         .and_then(|n| n.trim().parse::<u64>().ok());
     let records = match kept {
         Some(n) => {
-            eprintln!("replay setup: the log kept in {} ({n} records)", dir.path().display());
+            eprintln!(
+                "replay setup: the log kept in {} ({n} records)",
+                dir.path().display()
+            );
             n
         }
         None => {
@@ -116,12 +119,7 @@ async fn log_of(records: u64, checkpoint_every: u64) -> Log {
 
 /// Writes a log of about `records` records into `dir`; returns how many it wrote.
 async fn write_log(dir: &std::path::Path, records: u64, checkpoint_every: u64) -> u64 {
-    let engine = open(bench_config(
-        dir,
-        Durability::Buffered,
-        checkpoint_every,
-    ))
-    .await;
+    let engine = open(bench_config(dir, Durability::Buffered, checkpoint_every)).await;
     let event_id = EventId::from("replay");
     engine
         .create_event(ga_event(&event_id, SECTIONS, SECTION_CAPACITY_MAX))
