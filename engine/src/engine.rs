@@ -29,7 +29,7 @@ use crate::error::{EngineError, StorageError};
 use crate::events::{EventEntry, EventTerms, LoggedEvent, SectionFeed};
 use crate::expiry::{ExpiredAndOffered, Expiry};
 use crate::kernel::Kernel;
-use crate::opening::{open_payments, open_sink, recover_log};
+use crate::opening::{checked_payments, open_payments, open_sink, recover_log};
 use crate::orphans::Orphans;
 use crate::payment::PaymentProvider;
 use crate::reconcile::Finding;
@@ -132,10 +132,17 @@ impl Engine {
                 StorageError::Io("an engine cannot open a log in verify mode".into()).into(),
             );
         }
-        let (mut recovered, mut report) = recover_log(&config, &sink, window_ms).await?;
+        // The payment record's check runs beside the replay (both read the store, neither
+        // writes what the other reads); its damage is acted on after the log's.
+        let (recovered, payments) = tokio::join!(
+            recover_log(&config, &sink, window_ms),
+            open_payments(&config, sink.as_ref())
+        );
+        let (mut recovered, mut report) = recovered?;
+        let payments = checked_payments(payments?, &config, sink.as_ref())?;
         let events = std::mem::take(&mut recovered.events);
         let cores = std::mem::take(&mut recovered.cores);
-        let engine = Engine::start_actors(config, sink, recovered).await?;
+        let engine = Engine::start_actors(config, sink, recovered, payments).await?;
         engine.start_recovered(events, cores).await?;
         report.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         metrics::gauge!("boxoffice_engine_recovery_seconds").set(started.elapsed().as_secs_f64());
@@ -151,6 +158,7 @@ impl Engine {
         config: EngineConfig,
         sink: Arc<dyn LogSink>,
         recovered: Recovered,
+        payments: Arc<dyn PaymentProvider>,
     ) -> Result<Engine, EngineError> {
         let store = Arc::new(Store::start(
             sink.clone(),
@@ -185,7 +193,6 @@ impl Engine {
         let waitlist =
             spawn_waitlist(list, list_last, &store, &config, &supervisor, &roles).await?;
         let catalog = StreamWriter::open(sink.as_ref(), names::CATALOG, recovered.catalog_last)?;
-        let payments = open_payments(&config, sink.as_ref())?;
         let kernel = Arc::new(Kernel::new(config, store, ledger, recovered.code_uses));
         let supervision = (supervisor, roles, engine_slot);
         let rooms = recovered.rooms;

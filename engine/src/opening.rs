@@ -27,15 +27,17 @@ pub(crate) async fn open_sink(config: &EngineConfig) -> Result<Arc<dyn LogSink>,
 }
 
 /// The payment provider: the configured one, or the simulated one recording beside the log in
-/// its store. A log outside a [`Kv`](crate::store::Kv) store has no durable place for the
-/// simulated provider's record, so it needs a provider configured (charges must outlive a
-/// restart).
-pub(crate) fn open_payments(
+/// its store, with what the check of its record found ([`checked_payments`] acts on it). A log
+/// outside a [`Kv`](crate::store::Kv) store has no durable place for the simulated provider's
+/// record, so it needs a provider configured (charges must outlive a restart). The check reads
+/// the whole record (a table of every charge) off the runtime: [`Engine::open`](crate::Engine::open)
+/// runs it beside the log's replay.
+pub(crate) async fn open_payments(
     config: &EngineConfig,
     sink: &dyn LogSink,
-) -> Result<Arc<dyn PaymentProvider>, EngineError> {
+) -> Result<(Arc<dyn PaymentProvider>, Result<(), String>), EngineError> {
     if let Some(p) = &config.payments {
-        return Ok(p.clone());
+        return Ok((p.clone(), Ok(())));
     }
     let kv = sink.kv().ok_or_else(|| StorageError::Open {
         path: String::new(),
@@ -49,9 +51,23 @@ pub(crate) fn open_payments(
         config.replicate.clone(),
     )
     .map_err(|e| StorageError::Io(format!("payments: {e}")))?;
-    // Its record is part of the data dir: a charge that does not decode is damage, named now
-    // rather than when reconciliation first reads it.
-    if let Err(damage) = provider.check_record() {
+    let checking = provider.clone();
+    let checked = crate::rt::blocking(move || checking.check_record())
+        .await
+        .map_err(|e| StorageError::Io(format!("checking the payment record: {e}")))?;
+    Ok((provider, checked))
+}
+
+/// The provider [`open_payments`] opened, once its record's check is taken into account: its
+/// record is part of the data dir, so a charge that does not decode is damage, named now rather
+/// than when reconciliation first reads it (accepted with `--accept-damage`). Called after the
+/// replay, so the damage it names comes after the log's in what a start reports.
+pub(crate) fn checked_payments(
+    (provider, checked): (Arc<dyn PaymentProvider>, Result<(), String>),
+    config: &EngineConfig,
+    sink: &dyn LogSink,
+) -> Result<Arc<dyn PaymentProvider>, EngineError> {
+    if let Err(damage) = checked {
         if config.recovery_mode == crate::integrity::RecoveryMode::AcceptDamage {
             tracing::error!(%damage, "the payment record is damaged; accepted");
         } else {

@@ -18,18 +18,21 @@ use crate::types::{EventId, HoldId, SectionId};
 /// damage; a claim without a confirm is set aside if every stream is whole (the superblock proves
 /// the confirm was never acknowledged) and damage otherwise (its sale's record may be lost);
 /// fewer claims than the superblock counted is damage; a confirm without its claim gets it back.
+/// `claims`: the table as read; `sold`: each section's sold places' keys
+/// ([`SectionCore::all_sold_keys`]).
 pub(super) fn recover_backstop(
     sink: &dyn LogSink,
-    cores: &HashMap<(EventId, SectionId), (SectionCore, u64)>,
+    claims: Vec<(String, Vec<u8>)>,
+    sold: Vec<Vec<(String, HoldId)>>,
     check: &mut Check,
     report: &mut RecoveryReport,
 ) -> Result<(), StorageError> {
     let whole = check.found.damage.is_empty();
     let mut expected: HashMap<String, HoldId> = HashMap::default();
-    for (core, _) in cores.values() {
-        expected.extend(core.all_sold_keys());
+    expected.reserve(sold.iter().map(Vec::len).sum());
+    for keys in sold {
+        expected.extend(keys);
     }
-    let claims = sink.claims()?;
     check.found.claims = claims.len() as u64;
     check.found.claims_set_aside = sink.claims_set_aside()?.len() as u64;
     if (claims.len() as u64) < check.marks.claims {

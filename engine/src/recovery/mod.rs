@@ -68,27 +68,80 @@ pub(crate) struct Replayed {
     pub waitlist: WaitlistCore,
     pub waitlist_last: u64,
     pub rooms: HashMap<EventId, (crate::rooms::line::RoomLine, u64)>,
+    /// Each section's ledger items by shard ([`ledger_items`]), in the catalog's order, made
+    /// beside its stream's read when a start asked for them: valid only for the cores as read
+    /// (an accepted-damage start withdraws places, and a warm follower applies more, so
+    /// neither asks; [`settle`] makes them then).
+    pub ledger_items: Option<Vec<Vec<Vec<Settled>>>>,
 }
 
-/// A stream read in the parallel part of a start.
+/// A job of the parallel part of a start: a stream read, or the sold-seat table.
 enum Read<'a> {
     Section(&'a EventId, &'a SectionSpec),
     Changes,
+    /// The sold-seat backstop's claims, read for [`recover_backstop`].
+    Claims,
+}
+
+/// What a job of the parallel part made.
+enum Made {
+    Section(Box<SectionRead>),
+    Changes,
+    Claims(Vec<(String, Vec<u8>)>),
+}
+
+/// A section as read: its core and its stream's last sequence number, its ledger items by
+/// shard (if asked for), and the backstop keys of its sold places.
+struct SectionRead {
+    core: SectionCore,
+    last_seq: u64,
+    items: Option<Vec<Vec<Settled>>>,
+    sold: Vec<(String, crate::types::HoldId)>,
+}
+
+/// Runs one job of the parallel part (see [`replay`]).
+fn read_part(
+    sink: &dyn LogSink,
+    job: &Read,
+    (window_ms, items_for): (u64, Option<usize>),
+    check: &mut Check,
+    report: &mut RecoveryReport,
+) -> Result<Made, StorageError> {
+    Ok(match job {
+        Read::Section(event_id, s) => {
+            let (core, last_seq) = recover_section(sink, event_id, s, window_ms, check, report)?;
+            let items = items_for.map(|shards| ledger_items(&core, event_id, shards));
+            let sold = core.all_sold_keys();
+            Made::Section(Box::new(SectionRead {
+                core,
+                last_seq,
+                items,
+                sold,
+            }))
+        }
+        Read::Changes => {
+            check_changes(sink, check, report)?;
+            Made::Changes
+        }
+        Read::Claims => Made::Claims(sink.claims()?),
+    })
 }
 
 /// Reads every stream of the log into its pure core, checking each as it is read, then the
 /// sold-seat backstop against the sections: nothing is changed (the repairs are planned in
-/// `check`).
+/// `check`). `items_for`: the ledger's shard count, to make each section's ledger items as it
+/// is read ([`Replayed::ledger_items`]).
 fn replay(
     sink: &dyn LogSink,
     window_ms: u64,
+    items_for: Option<usize>,
     check: &mut Check,
     report: &mut RecoveryReport,
 ) -> Result<Replayed, StorageError> {
     let (events, catalog_last) = recover_catalog(sink, check, report)?;
     check.list_stored(sink)?;
-    // The sections' streams and the change stream are read side by side; what each found is
-    // taken in the order a start on one thread would find it.
+    // The sections' streams, the change stream and the sold-seat table are read side by side;
+    // what each found is taken in the order a start on one thread would find it.
     let mut jobs: Vec<Read> = events
         .iter()
         .flat_map(|e| {
@@ -98,31 +151,16 @@ fn replay(
                 .map(|s| Read::Section(&e.event_id, s))
         })
         .collect();
-    if has_changes(check) {
+    let changes = has_changes(check);
+    if changes {
         jobs.push(Read::Changes);
     }
-    let mut parts = run_parts(check, &jobs, |job, check, report| match job {
-        Read::Section(event_id, s) => {
-            recover_section(sink, event_id, s, window_ms, check, report).map(Some)
-        }
-        Read::Changes => check_changes(sink, check, report).map(|()| None),
+    jobs.push(Read::Claims);
+    let mut parts = run_parts(check, &jobs, |job, check, report| {
+        read_part(sink, job, (window_ms, items_for), check, report)
     })
     .into_iter();
-    let mut cores = HashMap::default();
-    for CatalogEntry { event_id, spec, .. } in &events {
-        for s in &spec.sections {
-            let Some(part) = parts.next() else {
-                unreachable!("a part for each section")
-            };
-            check.absorb(part.check);
-            report.absorb(&part.report);
-            if let Some((core, last_seq)) = part.made? {
-                report.sections += 1;
-                cores.insert((event_id.clone(), s.section_id.clone()), (core, last_seq));
-            }
-        }
-        report.events += 1;
-    }
+    let sections = take_sections(&events, &mut parts, items_for.is_some(), check, report)?;
     let ledgers = recover_ledgers(sink, check, report)?;
     let (waitlist, waitlist_last) = recover_waitlist(sink, check, report)?;
     let mut rooms = HashMap::default();
@@ -131,21 +169,78 @@ fn replay(
             rooms.insert(event_id.clone(), room);
         }
     }
-    if let Some(changes) = parts.next() {
-        check.absorb(changes.check);
-        report.absorb(&changes.report);
-        changes.made?;
+    let mut claims = Vec::new();
+    for part in parts {
+        check.absorb(part.check);
+        report.absorb(&part.report);
+        if let Made::Claims(read) = part.made? {
+            claims = read;
+        }
     }
     check_unread_streams(sink, check, report)?;
-    recover_backstop(sink, &cores, check, report)?;
+    recover_backstop(sink, claims, sections.sold, check, report)?;
     Ok(Replayed {
         events,
         catalog_last,
-        cores,
+        cores: sections.cores,
         ledgers,
         waitlist,
         waitlist_last,
         rooms,
+        ledger_items: sections.ledger_items,
+    })
+}
+
+/// The sections as the parallel part read them.
+struct Sections {
+    cores: HashMap<(EventId, SectionId), (SectionCore, u64)>,
+    /// See [`Replayed::ledger_items`].
+    ledger_items: Option<Vec<Vec<Vec<Settled>>>>,
+    /// Each section's sold places' backstop keys.
+    sold: Vec<Vec<(String, crate::types::HoldId)>>,
+}
+
+/// The sections read in the parallel part (the first parts, in the catalog's order), each
+/// part's findings taken in that order; their ledger items if `items` asked for them.
+fn take_sections(
+    events: &[CatalogEntry],
+    parts: &mut impl Iterator<Item = parallel::Part<Made>>,
+    items: bool,
+    check: &mut Check,
+    report: &mut RecoveryReport,
+) -> Result<Sections, StorageError> {
+    let mut cores = HashMap::default();
+    let mut ledger_items = items.then(Vec::new);
+    let mut sold = Vec::new();
+    for CatalogEntry { event_id, spec, .. } in events {
+        for s in &spec.sections {
+            let Some(part) = parts.next() else {
+                unreachable!("a part for each section")
+            };
+            check.absorb(part.check);
+            report.absorb(&part.report);
+            let Made::Section(read) = part.made? else {
+                unreachable!("a section's part made a section")
+            };
+            let SectionRead {
+                core,
+                last_seq,
+                items,
+                sold: keys,
+            } = *read;
+            report.sections += 1;
+            cores.insert((event_id.clone(), s.section_id.clone()), (core, last_seq));
+            if let (Some(all), Some(items)) = (ledger_items.as_mut(), items) {
+                all.push(items);
+            }
+            sold.push(keys);
+        }
+        report.events += 1;
+    }
+    Ok(Sections {
+        cores,
+        ledger_items,
+        sold,
     })
 }
 
@@ -161,7 +256,9 @@ pub(crate) fn recover(
     let mut check = Check::new(sink, marks, with.mode);
     check.found = found;
     check.trusted &= trusted;
-    let mut replayed = replay(sink, with.window_ms, &mut check, report)?;
+    // Accepting damage may withdraw places after the read: the ledger's items are made then.
+    let items_for = (with.mode != RecoveryMode::AcceptDamage).then_some(with.ledger_shards.max(1));
+    let mut replayed = replay(sink, with.window_ms, items_for, &mut check, report)?;
     check.refuse_if_damaged()?;
     if with.mode == RecoveryMode::AcceptDamage {
         withdraw_orphans(sink, &mut replayed.cores, &mut check, with.now_ms)?;
@@ -198,7 +295,7 @@ pub(crate) fn replay_for_warmth(
     check.found = found;
     check.trusted &= trusted;
     let report = &mut RecoveryReport::default();
-    let replayed = replay(sink, window_ms, &mut check, report)?;
+    let replayed = replay(sink, window_ms, None, &mut check, report)?;
     if !check.found.damage.is_empty() || !check.repairs.is_empty() {
         return Err(StorageError::Damaged {
             count: check.found.damage.len() + check.repairs.len(),
@@ -280,10 +377,13 @@ pub(crate) fn settle(replayed: Replayed, with: &RecoverWith, marks: Marks) -> Re
             items[shard][0].push(Settled::Answer(user_id, rpc, tag, at_ms, Err(rejection)));
         }
     }
-    let sections: Vec<_> = replayed.cores.iter().collect();
-    let by_section = in_parallel(sections, |((event_id, _), (core, _))| {
-        ledger_items(core, event_id, shards)
-    });
+    let by_section = match replayed.ledger_items {
+        Some(made) => made,
+        None => in_parallel(
+            replayed.cores.iter().collect(),
+            |((event_id, _), (core, _))| ledger_items(core, event_id, shards),
+        ),
+    };
     for section in by_section {
         for (shard, list) in section.into_iter().enumerate() {
             items[shard].push(list);

@@ -459,3 +459,52 @@ async fn an_event_the_catalog_lost_is_named_and_its_streams_are_only_noted() {
         findings.notes
     );
 }
+
+/// A charge of the simulated payment provider's record that no longer decodes (its record is
+/// part of the data dir; its check runs beside the log's replay): the start refuses and names
+/// the table and the charge, changing nothing; an operator's `--accept-damage` start goes on,
+/// with every acknowledged hold and order as it was (the log itself is whole).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_payment_record_refuses_to_start_and_is_accepted_on_request() {
+    use boxoffice_engine::raw::open_db;
+    use boxoffice_engine::store::names::PAYMENTS;
+    let dir = tempfile::tempdir().unwrap();
+    let ack = build(dir.path()).await;
+    let damaged_key = {
+        let db = open_db(dir.path()).unwrap();
+        let table = db.open_tree(PAYMENTS).unwrap();
+        let (key, _) = table.iter().next().unwrap().unwrap();
+        table.insert(&key, &b"not a charge"[..]).unwrap();
+        db.flush().unwrap();
+        String::from_utf8_lossy(&key).into_owned()
+    };
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    for _ in 0..2 {
+        let refused = Engine::open(config(dir.path(), &clock))
+            .await
+            .err()
+            .unwrap();
+        let message = refused.to_string();
+        assert!(
+            matches!(refused, EngineError::Storage(StorageError::Damaged { .. }))
+                && message.contains("table `payments`")
+                && message.contains(&damaged_key),
+            "{message}"
+        );
+    }
+    // Accepted: the start goes on with the log as it was (the charge stays as found).
+    let mut cfg = config(dir.path(), &clock);
+    cfg.recovery_mode = RecoveryMode::AcceptDamage;
+    let what = "a damaged charge accepted";
+    let engine = Engine::open(cfg).await.unwrap();
+    for (hold_id, status) in &ack.holds {
+        let h = engine.get_hold(hold_id).await.unwrap();
+        assert_eq!(h.status, *status, "{what}: hold {hold_id}");
+    }
+    for (order_id, hold_id) in &ack.orders {
+        let order = engine.get_order(order_id).await.unwrap();
+        assert_eq!(&order.hold_id, hold_id, "{what}: order {order_id}");
+    }
+    assert!(engine.invariant_violations().await.unwrap().is_empty());
+    engine.shutdown().await;
+}
