@@ -12,13 +12,11 @@ impl SectionCore {
     /// from the places the holds still hold or own.
     pub(super) fn set_prices(&mut self, prices: Prices) {
         self.spec.price_tiers = prices.tiers().to_vec();
-        self.prices = prices.restored(self.spec.price_cents);
-        let live: crate::hash::HashMap<HoldId, Vec<u32>> = self
-            .holds
-            .keys()
-            .filter_map(|id| Some((id.clone(), self.live_places(id)?)))
-            .collect();
-        self.prices.recount(|h| live.get(h).cloned());
+        // Recounted over the holds the prices know (none in a section without tiers), each
+        // looked up as it comes: no map of every hold's places is built first.
+        let mut prices = prices.restored(self.spec.price_cents);
+        prices.recount(|h| self.live_places(h));
+        self.prices = prices;
     }
 
     /// The places (ticket indexes) a hold still holds or owns: `None` if it ended.

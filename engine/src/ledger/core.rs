@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::core::IdemTag;
 use crate::error::{EngineError, Rejection};
 use crate::limits::{FORGET_PER_STEP_MAX, IDEMPOTENCY_WINDOW_MS_DEFAULT};
-use crate::retention::{ForgetIndex, window_passed};
+use crate::retention::{ForgetBuckets, window_passed};
 use crate::types::{EventId, HoldView, OrderView, UserId};
 
 /// What `begin` decided.
@@ -115,7 +115,7 @@ pub(crate) struct ShardState {
     quotas: HashMap<EventId, HashMap<UserId, u32>>,
     keys: HashMap<KeyId, Entry>,
     /// Settled keys by the time of their answer: the order they are forgotten in.
-    answered: ForgetIndex<KeyId>,
+    answered: ForgetBuckets<KeyId>,
     /// The idempotency window, ms.
     window_ms: u64,
     /// When each user's latest hold of an event expired (for the hold cool-down), as this shard
@@ -144,7 +144,7 @@ impl ShardState {
         ShardState {
             quotas: HashMap::default(),
             keys: HashMap::default(),
-            answered: ForgetIndex::default(),
+            answered: ForgetBuckets::default(),
             window_ms: window_ms.max(1),
             expired: HashMap::default(),
             expired_pruned_at: 0,
@@ -242,10 +242,11 @@ impl ShardState {
                 }
             }
         }
-        self.answered = ForgetIndex::of(self.keys.iter().filter_map(|(key, entry)| match entry {
-            Entry::Done { at_ms, .. } => Some((*at_ms, key.clone())),
-            Entry::InFlight(_) => None,
-        }));
+        self.answered =
+            ForgetBuckets::of(self.keys.iter().filter_map(|(key, entry)| match entry {
+                Entry::Done { at_ms, .. } => Some((*at_ms, key.clone())),
+                Entry::InFlight(_) => None,
+            }));
     }
 
     /// Sets a key's entry, keeping the index of answers to forget exact.
