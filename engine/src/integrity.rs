@@ -318,8 +318,8 @@ fn read_checkpoint(
 ) -> Result<Option<(u64, Vec<u8>)>, StorageError> {
     Ok(match sink.checkpoint(name)? {
         None => None,
-        Some(bytes) => match codec::decode::<(u64, Vec<u8>)>(&bytes) {
-            Ok(c) => Some(c),
+        Some(bytes) => match codec::decode_borrowed::<(u64, &[u8])>(&bytes) {
+            Ok((upto, blob)) => Some((upto, blob.to_vec())),
             Err(e) => {
                 found.checkpoint_damage(marks, name, &bytes, e.to_string());
                 None

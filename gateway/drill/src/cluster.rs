@@ -238,38 +238,57 @@ impl LocalCluster {
         Ok(cluster)
     }
 
-    /// Waits until every node answers health `SERVING` ([`START_TIMEOUT`] each); an error with
-    /// the log of a node that exited or never did.
+    /// Waits until every node answers health `SERVING` (all within [`START_TIMEOUT`]). A node
+    /// that exits while any is starting fails the wait at once, naming it (a group cannot form
+    /// without it); a timeout names every member not serving yet, live or not, each with its
+    /// log's tail (the one that stops the others may not be the first).
     async fn await_started(&self) -> anyhow::Result<()> {
         let deadline = Instant::now() + START_TIMEOUT;
-        for node in self.nodes.iter().filter(|n| n.member()) {
-            let channel = channel(node.addr);
-            loop {
-                if !node.live() {
-                    anyhow::bail!(
-                        "node {} exited while starting; its log ({}) ends with:\n{}",
-                        node.id,
-                        node.log.display(),
-                        node.log_tail()
-                    );
-                }
-                if serving(&channel).await {
-                    break;
-                }
-                if Instant::now() > deadline {
-                    anyhow::bail!(
-                        "node {} did not answer health SERVING within {} s; its log ({}) ends \
-                         with:\n{}",
-                        node.id,
-                        START_TIMEOUT.as_secs(),
-                        node.log.display(),
-                        node.log_tail()
-                    );
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
+        let members: Vec<&Node> = self.nodes.iter().filter(|n| n.member()).collect();
+        let channels: Vec<Channel> = members.iter().map(|n| channel(n.addr)).collect();
+        let mut serving_now = vec![false; members.len()];
+        loop {
+            if let Some(gone) = members.iter().find(|n| !n.live()) {
+                anyhow::bail!(
+                    "node {} exited while the cluster was starting; its log ({}) ends with:\n{}",
+                    gone.id,
+                    gone.log.display(),
+                    gone.log_tail()
+                );
             }
+            for (i, c) in channels.iter().enumerate() {
+                if !serving_now[i] {
+                    serving_now[i] = serving(c).await;
+                }
+            }
+            if serving_now.iter().all(|s| *s) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let waiting: Vec<String> = members
+                    .iter()
+                    .zip(&serving_now)
+                    .filter(|(_, s)| !**s)
+                    .map(|(n, _)| {
+                        format!(
+                            "node {} ({}; log {}) ends with:\n{}",
+                            n.id,
+                            if n.live() { "running" } else { "exited" },
+                            n.log.display(),
+                            n.log_tail()
+                        )
+                    })
+                    .collect();
+                anyhow::bail!(
+                    "{} of {} nodes did not answer health SERVING within {} s:\n{}",
+                    waiting.len(),
+                    members.len(),
+                    START_TIMEOUT.as_secs(),
+                    waiting.join("\n")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        Ok(())
     }
 
     /// How many nodes the cluster started with.
