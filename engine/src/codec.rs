@@ -59,16 +59,7 @@ pub fn verify(bytes: &[u8]) -> Result<&[u8], DecodeError> {
 
 /// Decodes a framed record, checking version and checksum.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
-    let payload = verify(bytes)?;
-    let (value, used) = bincode::serde::decode_from_slice(payload, bincode::config::standard())
-        .map_err(|e| DecodeError::Payload(e.to_string()))?;
-    if used != payload.len() {
-        return Err(DecodeError::Payload(format!(
-            "{} trailing bytes",
-            payload.len() - used
-        )));
-    }
-    Ok(value)
+    decode_borrowed(bytes)
 }
 
 /// Decodes a framed record into a value that may borrow from `bytes` (a `&[u8]` field is the
