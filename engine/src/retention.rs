@@ -51,7 +51,7 @@ impl<K: Ord> Default for ForgetIndex<K> {
     }
 }
 
-impl<K: Ord + Clone> ForgetIndex<K> {
+impl<K: Ord> ForgetIndex<K> {
     /// Remembers `key`, whose window starts at `at_ms`.
     pub fn insert(&mut self, at_ms: u64, key: K) {
         self.by_time.insert((at_ms, key));
