@@ -347,7 +347,9 @@ impl Booking {
             let answer = answer.unwrap_or(Err(EngineError::NotReady));
             match &answer {
                 Ok(_) if plan.tag.is_none() => {}
-                Ok(view) => settled.push((plan.begin_args(now), Answer::Hold(view.clone()))),
+                Ok(view) => {
+                    settled.push((plan.begin_args(now), Answer::Hold(Box::new(view.clone()))))
+                }
                 Err(_) if plan.tag.is_none() => refunds.push((
                     plan.event.event_id.clone(),
                     plan.user_id.clone(),
@@ -696,7 +698,7 @@ pub(crate) fn not_found_as(r: Rejection) -> impl Fn(EngineError) -> EngineError 
 
 pub(crate) fn replayed_hold(answer: Result<Answer, Rejection>) -> Result<HoldView, EngineError> {
     match answer {
-        Ok(Answer::Hold(v)) => Ok(v),
+        Ok(Answer::Hold(v)) => Ok(*v),
         Ok(Answer::Order(_)) => Err(Rejection::IdempotencyKeyReused.into()),
         Err(r) => Err(r.into()),
     }

@@ -229,7 +229,7 @@ impl Waitlist {
             )
             .await?;
         Ok(match found {
-            Some(Ok(Answer::Hold(view))) => Some(view),
+            Some(Ok(Answer::Hold(view))) => Some(*view),
             _ => None,
         })
     }

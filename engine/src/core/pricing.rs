@@ -37,9 +37,14 @@ impl SectionCore {
     /// What each ticket of a confirmed hold cost, cents, in ticket order: its place's price,
     /// or 0 in a received order (`TransferTickets`: paid for in the order it came from).
     pub(super) fn ticket_prices(&self, hold_id: &HoldId) -> Vec<u64> {
-        let Some(h) = self.holds.get(hold_id) else {
-            return Vec::new();
-        };
+        match self.holds.get(hold_id) {
+            Some(h) => self.ticket_prices_of(hold_id, h),
+            None => Vec::new(),
+        }
+    }
+
+    /// [`SectionCore::ticket_prices`] of a hold already found.
+    pub(super) fn ticket_prices_of(&self, hold_id: &HoldId, h: &super::HoldEntry) -> Vec<u64> {
         let received = h
             .order
             .as_ref()

@@ -8,7 +8,7 @@ use crate::types::{
     SectionSnapshot, SectionSpec, TicketView, UserId,
 };
 
-use super::{IdemTag, SectionCore};
+use super::{HoldEntry, IdemTag, SectionCore};
 
 impl SectionCore {
     /// (holds remembered, of which released or expired): live state plus the window's.
@@ -169,9 +169,14 @@ impl SectionCore {
     }
 
     pub(super) fn sold_keys(&self, hold_id: &HoldId) -> Vec<String> {
-        let Some(h) = self.holds.get(hold_id) else {
-            return Vec::new();
-        };
+        match self.holds.get(hold_id) {
+            Some(h) => self.sold_keys_of(hold_id, h),
+            None => Vec::new(),
+        }
+    }
+
+    /// [`SectionCore::sold_keys`] of a hold already found.
+    fn sold_keys_of(&self, hold_id: &HoldId, h: &HoldEntry) -> Vec<String> {
         let prefix = format!("{}/{}", self.event_id, self.spec.section_id);
         if self.is_reserved() {
             h.seats
@@ -200,7 +205,11 @@ impl SectionCore {
             .collect();
         for (id, h) in &self.holds {
             if h.status == HoldStatus::Confirmed {
-                out.extend(self.sold_keys(id).into_iter().map(|k| (k, id.clone())));
+                out.extend(
+                    self.sold_keys_of(id, h)
+                        .into_iter()
+                        .map(|k| (k, id.clone())),
+                );
             }
         }
         out
@@ -208,8 +217,12 @@ impl SectionCore {
 
     /// A hold as the API shows it.
     pub fn hold_view(&self, hold_id: &HoldId) -> Option<HoldView> {
-        let h = self.holds.get(hold_id)?;
-        Some(HoldView {
+        Some(self.hold_view_of(hold_id, self.holds.get(hold_id)?))
+    }
+
+    /// [`SectionCore::hold_view`] of a hold already found.
+    fn hold_view_of(&self, hold_id: &HoldId, h: &HoldEntry) -> HoldView {
+        HoldView {
             hold_id: hold_id.clone(),
             event_id: self.event_id.clone(),
             user_id: h.user_id.clone(),
@@ -220,7 +233,7 @@ impl SectionCore {
             placed_at_ms: h.placed_at_ms,
             expires_at_ms: h.expires_at_ms,
             place_prices_cents: self.place_prices(hold_id, h.quantity),
-        })
+        }
     }
 
     /// An order as the API shows it.
@@ -236,14 +249,24 @@ impl SectionCore {
 
     fn order_view_of(&self, order_id: &OrderId, as_confirmed: bool) -> Option<OrderView> {
         let hold_id = self.orders.get(order_id)?;
-        let h = self.holds.get(hold_id)?;
+        self.order_view_with(order_id, hold_id, self.holds.get(hold_id)?, as_confirmed)
+    }
+
+    /// [`SectionCore::order_view_of`] with its hold already found.
+    fn order_view_with(
+        &self,
+        order_id: &OrderId,
+        hold_id: &HoldId,
+        h: &HoldEntry,
+        as_confirmed: bool,
+    ) -> Option<OrderView> {
         let o = h.order.as_ref()?;
         let gone = if as_confirmed {
             Vec::new()
         } else {
             self.cancelled_of(hold_id)
         };
-        let prices = self.ticket_prices(hold_id);
+        let prices = self.ticket_prices_of(hold_id, h);
         let ticket = |i: u32| TicketView {
             ticket_id: format!("{order_id}.{}", i + 1),
             section_id: self.spec.section_id.clone(),
@@ -340,14 +363,15 @@ impl SectionCore {
             Option<(&IdemTag, OrderView)>,
         ),
     > + '_ {
-        self.holds.iter().filter_map(move |(id, h)| {
-            let view = self.hold_view(id)?;
+        // Each view made from the hold found by the walk (no lookup by id again).
+        self.holds.iter().map(move |(id, h)| {
+            let view = self.hold_view_of(id, h);
             let gone = u32::try_from(self.cancelled_of(id).len()).unwrap_or(u32::MAX);
             let confirm = h.order.as_ref().and_then(|o| {
                 let tag = o.idem.as_ref()?;
-                Some((tag, self.order_as_confirmed(&o.order_id)?))
+                Some((tag, self.order_view_with(&o.order_id, id, h, true)?))
             });
-            Some((view, h.quantity - gone, h.idem.as_ref(), confirm))
+            (view, h.quantity - gone, h.idem.as_ref(), confirm)
         })
     }
 

@@ -53,8 +53,9 @@ pub enum Rpc {
 /// A success answer kept for replays.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Answer {
-    /// The hold as first answered.
-    Hold(HoldView),
+    /// The hold as first answered (boxed: a shard keeps a million answers, most of them
+    /// holds, and moves each as it recovers; the encoding is the view's).
+    Hold(Box<HoldView>),
     /// The order as first answered (boxed: an order is much larger than a hold).
     Order(Box<OrderView>),
 }
@@ -107,7 +108,11 @@ pub(crate) enum Settled {
 }
 
 /// An idempotency key: per user and RPC.
-type KeyId = (UserId, Rpc, String);
+type KeyParts = (UserId, Rpc, String);
+
+/// A key as the shard keeps it: once, shared by its map and its index of answers to forget
+/// (a start rebuilds a million of them). Looked up by its parts.
+type KeyId = std::sync::Arc<KeyParts>;
 
 /// The state of one ledger shard.
 pub(crate) struct ShardState {
@@ -201,7 +206,7 @@ impl ShardState {
             return;
         }
         self.set_entry(
-            key,
+            KeyId::new(key),
             Entry::Done {
                 fingerprint: tag.fingerprint,
                 at_ms,
@@ -216,14 +221,26 @@ impl ShardState {
     pub fn recover(&mut self, items: impl IntoIterator<Item = Settled>, hint: usize) {
         use std::collections::hash_map::Entry as Slot;
         self.keys.reserve(hint);
+        // A section's places come one after another: its event's users are kept at hand.
+        let mut event: Option<(EventId, HashMap<UserId, u32>)> = None;
         for item in items {
             let (key, fingerprint, at_ms, answer) = match item {
                 Settled::Quota(event_id, user_id, places) => {
-                    self.add_quota(event_id, user_id, places);
+                    if !matches!(&event, Some((id, _)) if *id == event_id) {
+                        if let Some((id, users)) = event.take() {
+                            self.quotas.insert(id, users);
+                        }
+                        let users = self.quotas.remove(&event_id).unwrap_or_default();
+                        event = Some((event_id, users));
+                    }
+                    if let Some((_, users)) = &mut event {
+                        *users.entry(user_id).or_default() += places;
+                    }
                     continue;
                 }
                 Settled::Answer(user_id, rpc, tag, at_ms, answer) => {
-                    ((user_id, rpc, tag.key), tag.fingerprint, at_ms, answer)
+                    let key = KeyId::new((user_id, rpc, tag.key));
+                    (key, tag.fingerprint, at_ms, answer)
                 }
             };
             let done = Entry::Done {
@@ -241,6 +258,9 @@ impl ShardState {
                     }
                 }
             }
+        }
+        if let Some((id, users)) = event {
+            self.quotas.insert(id, users);
         }
         self.answered =
             ForgetBuckets::of(self.keys.iter().filter_map(|(key, entry)| match entry {
@@ -260,9 +280,9 @@ impl ShardState {
         self.keys.insert(key, entry);
     }
 
-    fn remove_key(&mut self, key: &KeyId) {
-        if let Some(Entry::Done { at_ms, .. }) = self.keys.remove(key) {
-            self.answered.remove(at_ms, key);
+    fn remove_key(&mut self, key: &KeyParts) {
+        if let Some((key, Entry::Done { at_ms, .. })) = self.keys.remove_entry(key) {
+            self.answered.remove(at_ms, &key);
         }
     }
 
@@ -281,7 +301,7 @@ impl ShardState {
     }
 
     /// The entry of a key, unless it is an answer whose window has passed at `now_ms`.
-    fn live_entry(&self, key: &KeyId, now_ms: u64) -> Option<&Entry> {
+    fn live_entry(&self, key: &KeyParts, now_ms: u64) -> Option<&Entry> {
         match self.keys.get(key) {
             Some(Entry::Done { at_ms, .. }) if window_passed(*at_ms, now_ms, self.window_ms) => {
                 None
@@ -293,12 +313,15 @@ impl ShardState {
     pub(crate) fn checkpoint_state(&self) -> ShardCheckpoint {
         self.keys
             .iter()
-            .filter_map(|((user, rpc, key), e)| match e {
-                Entry::Done {
-                    fingerprint,
-                    at_ms,
-                    answer: Err(r),
-                } => Some((
+            .filter_map(|(k, e)| match (&**k, e) {
+                (
+                    (user, rpc, key),
+                    Entry::Done {
+                        fingerprint,
+                        at_ms,
+                        answer: Err(r),
+                    },
+                ) => Some((
                     user.clone(),
                     *rpc,
                     IdemTag {
@@ -450,7 +473,7 @@ impl ShardState {
         }
         if let Some(tag) = &args.tag {
             self.set_entry(
-                (args.user_id.clone(), args.rpc, tag.key.clone()),
+                KeyId::new((args.user_id.clone(), args.rpc, tag.key.clone())),
                 Entry::InFlight(tag.fingerprint),
             );
         }
@@ -589,7 +612,7 @@ mod tests {
     }
 
     fn held_at(placed_at_ms: u64) -> Answer {
-        Answer::Hold(HoldView {
+        Answer::Hold(Box::new(HoldView {
             hold_id: HoldId::generate(&EventId::from("e"), &SectionId::from("s")),
             event_id: EventId::from("e"),
             user_id: UserId::from("u"),
@@ -600,7 +623,7 @@ mod tests {
             placed_at_ms,
             expires_at_ms: placed_at_ms + 1_000,
             place_prices_cents: Vec::new(),
-        })
+        }))
     }
 
     fn begin(state: &mut ShardState, a: &BeginArgs) -> Result<Begin, EngineError> {
@@ -629,9 +652,11 @@ mod tests {
         let items = {
             let mut items = Vec::new();
             // Keys repeat every 20 items, at other times: a key's answers meet in any order.
+            // Places come in runs of one event, then of another, then of the first again.
             for i in 0..40u64 {
                 let user = UserId::from(format!("u{}", i % 5).as_str());
-                items.push(Settled::Quota(EventId::from("e"), user.clone(), 1));
+                let event = EventId::from(["e", "f"][usize::from((i / 7) % 2 == 1)]);
+                items.push(Settled::Quota(event, user.clone(), 1 + (i % 2) as u32));
                 let (key, at) = (format!("k{}", i % 4), 1_000 + (i * 7919) % 500);
                 let answer = if i % 3 == 0 {
                     Err(Rejection::SoldOut)

@@ -16,24 +16,33 @@ pub(super) struct Part<T> {
     pub made: Result<T, StorageError>,
 }
 
-/// Runs `run` on each of `jobs`, with a fork of `check` each (see [`in_parallel`]); the parts
-/// come back in the jobs' order.
-pub(super) fn run_parts<J, T, F>(check: &Check, jobs: &[J], run: F) -> Vec<Part<T>>
+/// Runs `run` on each of `jobs`, with a fork of `check` each (see [`in_parallel_by`]: jobs of
+/// a lower `rank` are taken first); the parts come back in the jobs' order.
+pub(super) fn run_parts<J, T, F>(
+    check: &Check,
+    jobs: &[J],
+    rank: impl Fn(&J) -> u8,
+    run: F,
+) -> Vec<Part<T>>
 where
     J: Sync,
     T: Send,
     F: Fn(&J, &mut Check, &mut RecoveryReport) -> Result<T, StorageError> + Sync,
 {
-    in_parallel(jobs.iter().collect(), |job| {
-        let mut check = check.fork();
-        let mut report = RecoveryReport::default();
-        let made = run(job, &mut check, &mut report);
-        Part {
-            check,
-            report,
-            made,
-        }
-    })
+    in_parallel_by(
+        jobs.iter().collect(),
+        |job| rank(job),
+        |job| {
+            let mut check = check.fork();
+            let mut report = RecoveryReport::default();
+            let made = run(job, &mut check, &mut report);
+            Part {
+                check,
+                report,
+                made,
+            }
+        },
+    )
 }
 
 /// Runs `run` on each of `jobs` on up to the machine's cores (the calling thread is one of
@@ -48,6 +57,19 @@ where
     T: Send,
     F: Fn(J) -> T + Sync,
 {
+    in_parallel_by(jobs, |_| 0, run)
+}
+
+/// [`in_parallel`], the threads taking the jobs of a lower `rank` first (in the jobs' order
+/// within a rank): a long job ranked first does not run alone at the end while the other
+/// threads wait. The results still come back in the jobs' order, and a simulation still runs
+/// them in that order.
+pub(super) fn in_parallel_by<J, T, F>(jobs: Vec<J>, rank: impl Fn(&J) -> u8, run: F) -> Vec<T>
+where
+    J: Send,
+    T: Send,
+    F: Fn(J) -> T + Sync,
+{
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(jobs.len());
@@ -55,7 +77,9 @@ where
         return jobs.into_iter().map(run).collect();
     }
     let count = jobs.len();
-    let next = Mutex::new(jobs.into_iter().enumerate());
+    let mut ranked: Vec<(usize, J)> = jobs.into_iter().enumerate().collect();
+    ranked.sort_by_key(|(i, job)| (rank(job), *i));
+    let next = Mutex::new(ranked.into_iter());
     let done: Mutex<Vec<(usize, std::thread::Result<T>)>> = Mutex::new(Vec::with_capacity(count));
     let work = || {
         loop {
@@ -94,16 +118,21 @@ mod tests {
         let sink = MemorySink::new();
         let check = Check::new(sink.as_ref(), Marks::default(), RecoveryMode::Strict);
         let jobs: Vec<u64> = (0..64).collect();
-        let parts = run_parts(&check, &jobs, |job, check, report| {
-            // Uneven work, so threads finish out of order.
-            std::thread::sleep(std::time::Duration::from_micros((job * 37) % 500));
-            check.found.notes.push(format!("job {job}"));
-            report.records_replayed = *job;
-            if job % 10 == 9 {
-                return Err(StorageError::Io(format!("job {job} failed")));
-            }
-            Ok(job * 2)
-        });
+        let parts = run_parts(
+            &check,
+            &jobs,
+            |job| (*job % 3) as u8,
+            |job, check, report| {
+                // Uneven work, so threads finish out of order.
+                std::thread::sleep(std::time::Duration::from_micros((job * 37) % 500));
+                check.found.notes.push(format!("job {job}"));
+                report.records_replayed = *job;
+                if job % 10 == 9 {
+                    return Err(StorageError::Io(format!("job {job} failed")));
+                }
+                Ok(job * 2)
+            },
+        );
         assert_eq!(parts.len(), 64);
         assert!(
             parts
@@ -122,6 +151,38 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Jobs of a lower rank are taken first (the jobs' order within a rank), and the results
+    /// still come back in the jobs' order.
+    #[test]
+    fn lower_ranks_are_taken_first_and_results_keep_the_jobs_order() {
+        let taken = Mutex::new(Vec::new());
+        let jobs: Vec<u64> = (0..40).collect();
+        let made = in_parallel_by(
+            jobs,
+            |job| u8::from(job % 4 != 3),
+            |job| {
+                taken.lock().unwrap().push(job);
+                job * 3
+            },
+        );
+        assert_eq!(made, (0..40).map(|j| j * 3).collect::<Vec<_>>());
+        let taken = taken.into_inner().unwrap();
+        // Each thread pushes a job once it has taken it: every job of rank 0 is taken before
+        // any of rank 1, so at most one job per other thread can be pushed out of rank order.
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if threads < 2 {
+            // One thread runs the jobs in their order.
+            assert_eq!(taken, (0..40).collect::<Vec<_>>());
+            return;
+        }
+        let first: Vec<u64> = taken.iter().copied().take(10).collect();
+        let ranked_first = first.iter().filter(|j| *j % 4 == 3).count();
+        assert!(
+            ranked_first + threads > 10,
+            "rank 0 not taken first: {taken:?}"
+        );
     }
 
     /// A job that panics lets the others finish, then its panic goes on with its own message

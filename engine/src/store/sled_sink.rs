@@ -147,12 +147,68 @@ impl LogSink for SledSink {
 
     fn drop_evidence(&self) {
         let dir = self.dir.join(PRE_OPEN);
-        if dir.is_dir()
-            && let Err(e) = std::fs::remove_dir_all(&dir)
-        {
-            tracing::warn!(error = %e, "cannot remove {}", dir.display());
+        if !dir.is_dir() {
+            return;
+        }
+        // Renamed at once (a later start's copy goes to `pre-open/` again), deleted off the
+        // start's path: unlinking a copy of hundreds of MB takes tens of ms.
+        let ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        let dropped = self.dir.join(format!("{PRE_OPEN_DROPPED}{ms}"));
+        match std::fs::rename(&dir, &dropped) {
+            Ok(()) => remove_dropped(vec![dropped]),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot move {} aside", dir.display());
+                if let Err(e) = std::fs::remove_dir_all(&dir) {
+                    tracing::warn!(error = %e, "cannot remove {}", dir.display());
+                }
+            }
         }
     }
+}
+
+/// A copy in `pre-open/` a whole start no longer needs is renamed `pre-open-dropped-<ms>/`,
+/// then deleted in the background (a process that exits first leaves it to the next start).
+const PRE_OPEN_DROPPED: &str = "pre-open-dropped-";
+
+/// Deletes `dirs` on a thread of its own (on the calling thread in a simulation). A dir
+/// already gone is no error; with no thread to be had, the next start deletes them.
+fn remove_dropped(dirs: Vec<std::path::PathBuf>) {
+    let remove = move || {
+        for dir in dirs {
+            match std::fs::remove_dir_all(&dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    tracing::warn!(error = %e, "cannot remove {}", dir.display());
+                }
+                _ => {}
+            }
+        }
+    };
+    if crate::rt::simulated() {
+        return remove();
+    }
+    if let Err(e) = std::thread::Builder::new()
+        .name("boxoffice-rm-copy".into())
+        .spawn(remove)
+    {
+        tracing::warn!(error = %e, "no thread to delete a dropped copy; the next start does");
+    }
+}
+
+/// The copies earlier starts dropped but did not get to delete (the process exited first).
+fn dropped_copies(dir: &Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(PRE_OPEN_DROPPED)
+        })
+        .map(|e| e.path())
+        .collect()
 }
 
 /// Where [`SledSink::open`] copies sled's files before sled opens (and may rewrite) them.
@@ -180,6 +236,10 @@ fn copy_before_open(dir: &Path, deadline: Instant) -> Result<(), StorageError> {
             }
             Err(std::fs::TryLockError::Error(e)) => return Err(fail("locking db", e)),
         }
+    }
+    let leftovers = dropped_copies(dir);
+    if !leftovers.is_empty() {
+        remove_dropped(leftovers);
     }
     let to = dir.join(PRE_OPEN);
     if to.exists() {
@@ -235,11 +295,69 @@ fn copy_sled_files(from: &Path, to: &Path) -> std::io::Result<()> {
         let entry = entry?;
         let name = entry.file_name().to_string_lossy().into_owned();
         if is_sled_file(&name) && entry.file_type()?.is_file() {
-            std::fs::copy(entry.path(), to.join(&name))?;
+            copy_file(&entry.path(), &to.join(&name))?;
         } else if name == SLED_BLOBS_DIR && entry.file_type()?.is_dir() {
             std::fs::create_dir_all(to.join(&name))?;
             copy_sled_files_all(&entry.path(), &to.join(&name))?;
         }
+    }
+    Ok(())
+}
+
+/// Files at least this large are copied in parts, one per core.
+const COPY_IN_PARTS_BYTES: u64 = 64 << 20;
+
+/// Copies `from` to `to` as `std::fs::copy` does; a large file (sled's `db`: hundreds of MB at
+/// a million records, copied before every start while nothing else can run) in parts side by
+/// side, one per core.
+fn copy_file(from: &Path, to: &Path) -> std::io::Result<()> {
+    let len = std::fs::metadata(from)?.len();
+    let parts = std::thread::available_parallelism().map_or(1, |n| n.get().min(8)) as u64;
+    if len < COPY_IN_PARTS_BYTES || parts < 2 || crate::rt::simulated() {
+        return std::fs::copy(from, to).map(|_| ());
+    }
+    copy_in_parts(from, to, len, parts)
+}
+
+/// Copies the first `len` bytes of `from` to a new `to` in `parts` ranges, each on its own
+/// thread.
+fn copy_in_parts(from: &Path, to: &Path, len: u64, parts: u64) -> std::io::Result<()> {
+    let out = std::fs::File::create(to)?;
+    out.set_len(len)?;
+    out.set_permissions(std::fs::metadata(from)?.permissions())?;
+    let part = len.div_ceil(parts);
+    std::thread::scope(|s| {
+        let copies: Vec<_> = (0..parts)
+            .map(|i| {
+                let (start, end) = ((i * part).min(len), ((i + 1) * part).min(len));
+                s.spawn(move || copy_range(from, to, start, end))
+            })
+            .collect();
+        copies.into_iter().try_for_each(|c| {
+            c.join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("a copying thread panicked")))
+        })
+    })
+}
+
+/// Copies bytes `start..end` of `from` to the same place in `to` (which is long enough).
+fn copy_range(from: &Path, to: &Path, start: u64, end: u64) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let src = std::fs::File::open(from)?;
+    let dst = std::fs::OpenOptions::new().write(true).open(to)?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = start;
+    while at < end {
+        let want = usize::try_from(end - at).map_or(buf.len(), |n| n.min(buf.len()));
+        let got = src.read_at(&mut buf[..want], at)?;
+        if got == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!("{} ended at byte {at} while being copied", from.display()),
+            ));
+        }
+        dst.write_all_at(&buf[..got], at)?;
+        at += got as u64;
     }
     Ok(())
 }
@@ -280,5 +398,28 @@ mod tests {
             disk_usage(&dir.path().join("missing")),
             DiskUsage::default()
         );
+    }
+
+    #[test]
+    fn a_file_copied_in_parts_is_the_same_file() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let from = dir.path().join("db");
+        // Not a multiple of the parts or of the copy's buffer.
+        let bytes: Vec<u8> = (0..(3u32 << 20) + 17)
+            .map(|i| (i * 7 + i / 4099) as u8)
+            .collect();
+        std::fs::write(&from, &bytes).expect("write");
+        for parts in [1, 2, 3, 8] {
+            let to = dir.path().join(format!("copy-{parts}"));
+            copy_in_parts(&from, &to, bytes.len() as u64, parts).expect("copied");
+            assert!(std::fs::read(&to).expect("read") == bytes, "{parts} parts");
+        }
+        // A source shorter than it was said to be is an error, not a copy padded with zeros.
+        let to = dir.path().join("copy-short");
+        let err = copy_in_parts(&from, &to, bytes.len() as u64 + 100, 2).expect_err("short");
+        assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof);
+        // The whole path: a small file is copied as it is.
+        copy_file(&from, &dir.path().join("copy-small")).expect("copied");
+        assert!(std::fs::read(dir.path().join("copy-small")).expect("read") == bytes);
     }
 }

@@ -508,3 +508,36 @@ async fn a_damaged_payment_record_refuses_to_start_and_is_accepted_on_request() 
     assert!(engine.invariant_violations().await.unwrap().is_empty());
     engine.shutdown().await;
 }
+
+/// A whole start deletes its copy of sled's files (off the start's path), and a copy an earlier
+/// process dropped but did not get to delete: nothing is left behind but the log itself.
+#[tokio::test]
+async fn a_whole_start_leaves_no_copy_of_the_log_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let ack = build(dir.path()).await;
+    let left = dir.path().join("pre-open-dropped-17");
+    std::fs::create_dir_all(left.join("blobs")).unwrap();
+    std::fs::write(left.join("db"), vec![7u8; 4096]).unwrap();
+    std::fs::write(left.join("blobs").join("3"), b"x").unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let engine = open(dir.path(), &clock).await;
+    for (hold, status) in &ack.holds {
+        assert_eq!(engine.get_hold(hold).await.unwrap().status, *status);
+    }
+    engine.shutdown().await;
+    drop(engine);
+    let copies = || -> Vec<String> {
+        std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("pre-open"))
+            .collect()
+    };
+    // Deleted on a thread of its own: waited for (a bound on a failure, not a time asserted).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !copies().is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(copies(), Vec::<String>::new());
+    assert!(dir.path().join("db").is_file());
+}
