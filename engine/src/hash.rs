@@ -44,12 +44,69 @@ impl BuildHasher for State {
     }
 }
 
+/// A map decoded with room for every entry its encoding counts, made once: serde's own
+/// decoding sizes a map for at most about a thousand entries and grows it from there,
+/// hashing every key again at each growth (a quarter of decoding a section's checkpoint of
+/// 166,667 holds). For `#[serde(deserialize_with = "crate::hash::presized")]`; decodes what the
+/// default decoding decodes (a later duplicate key wins).
+pub(crate) fn presized<'de, D, K, V>(decoder: D) -> Result<HashMap<K, V>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    K: serde::Deserialize<'de> + std::hash::Hash + Eq,
+    V: serde::Deserialize<'de>,
+{
+    /// At most this many entries are made room for up front, whatever a length says.
+    const ROOM_MAX: usize = 1 << 24;
+    struct Entries<K, V>(std::marker::PhantomData<(K, V)>);
+    impl<'de, K, V> serde::de::Visitor<'de> for Entries<K, V>
+    where
+        K: serde::Deserialize<'de> + std::hash::Hash + Eq,
+        V: serde::Deserialize<'de>,
+    {
+        type Value = HashMap<K, V>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a map")
+        }
+
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut access: A,
+        ) -> Result<Self::Value, A::Error> {
+            let room = access.size_hint().unwrap_or(0).min(ROOM_MAX);
+            let mut map = HashMap::with_capacity_and_hasher(room, State::default());
+            while let Some((key, value)) = access.next_entry()? {
+                map.insert(key, value);
+            }
+            Ok(map)
+        }
+    }
+    decoder.deserialize_map(Entries(std::marker::PhantomData))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn order<S: BuildHasher>(map: &std::collections::HashMap<u32, (), S>) -> Vec<u32> {
         map.keys().copied().collect()
+    }
+
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Presized(#[serde(deserialize_with = "presized")] HashMap<String, u64>);
+
+    #[test]
+    fn a_presized_map_decodes_as_the_default_decoding_does() {
+        let map: HashMap<String, u64> = (0..5_000).map(|i| (format!("k{i}"), i * 3)).collect();
+        let bytes = crate::codec::encode(&map);
+        let Presized(decoded) = crate::codec::decode(&bytes).expect("decodes");
+        let default: HashMap<String, u64> = crate::codec::decode(&bytes).expect("decodes");
+        assert_eq!(decoded, map);
+        assert_eq!(decoded, default);
+        // Damage past the entries is refused as the default decoding refuses it.
+        let cut = &bytes[..bytes.len() - 3];
+        assert!(crate::codec::decode::<Presized>(cut).is_err());
+        assert!(crate::codec::decode::<HashMap<String, u64>>(cut).is_err());
     }
 
     #[test]

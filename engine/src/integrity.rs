@@ -343,6 +343,25 @@ fn close_stream(summary: StreamSummary, marks: &Marks, found: &mut Findings) {
     found.streams.push(summary);
 }
 
+/// A record of `name` that does not decode, and is not a torn tail: damage.
+fn bad_record(name: &str, marks: &Marks, found: &mut Findings, seq: u64, e: codec::DecodeError) {
+    let bad = Damage::Record {
+        stream: name.to_owned(),
+        seq,
+        reason: e.to_string(),
+    };
+    found.damage_at(marks, name, seq, seq, bad);
+}
+
+/// The last record of `name`, past its mark, does not decode: torn, never acknowledged.
+fn torn_tail(name: &str, seq: u64, acknowledged: u64, e: codec::DecodeError, found: &mut Findings) {
+    tracing::warn!(stream = name, seq, error = %e, "a torn last record");
+    found.actions.push(format!(
+        "stream `{name}`: dropped the torn last record at sequence {seq} (past the \
+         acknowledged mark {acknowledged}: never acknowledged)"
+    ));
+}
+
 /// Reads and checks a stream: its checkpoint, then every record after it, against the stream's
 /// high-water mark in `marks`. Damage goes to `found` (and the bad record is skipped). A last
 /// record past the mark that does not decode is a torn write (`dropped_tail`: the caller plans
@@ -364,44 +383,41 @@ pub(crate) fn read_stream<T>(
     let acknowledged = marks.of(name);
     let checkpoint = read_checkpoint(sink, name, marks, found)?;
     let after = checkpoint.as_ref().map_or(0, |(s, _)| *s);
-    let stored = if stored {
-        sink.stream(name)?.read_after(after)?
-    } else {
-        Vec::new()
-    };
     let (mut expected, mut read, mut dropped_tail) = (after + 1, 0u64, false);
     let mut records = Vec::new();
-    let mut iter = stored.into_iter().peekable();
-    while let Some((seq, value)) = iter.next() {
-        if seq > expected {
-            let gap = Damage::Gap {
-                stream: name.to_owned(),
-                from: expected,
-                to: seq - 1,
-            };
-            found.damage_at(marks, name, expected, seq - 1, gap);
-        }
-        expected = seq.saturating_add(1);
-        read += 1;
-        match decode(&value) {
-            Ok(r) => records.push((seq, r)),
-            Err(e) if trusted && iter.peek().is_none() && seq > acknowledged => {
-                tracing::warn!(stream = name, seq, error = %e, "a torn last record");
-                found.actions.push(format!(
-                    "stream `{name}`: dropped the torn last record at sequence {seq} (past the \
-                     acknowledged mark {acknowledged}: never acknowledged)"
-                ));
-                dropped_tail = true;
-                expected = seq;
+    // A record that does not decode is damage, unless it is the stream's last (a torn tail,
+    // if past the mark): judged when the next record, or the end, shows which it is.
+    let mut failed: Option<(u64, codec::DecodeError)> = None;
+    if stored {
+        // Each record borrowed from the store as it is read: nothing copied but what decodes.
+        sink.stream(name)?.visit_after(after, &mut |seq, value| {
+            if let Some((bad, e)) = failed.take() {
+                bad_record(name, marks, found, bad, e);
             }
-            Err(e) => {
-                let bad = Damage::Record {
+            if seq > expected {
+                let gap = Damage::Gap {
                     stream: name.to_owned(),
-                    seq,
-                    reason: e.to_string(),
+                    from: expected,
+                    to: seq - 1,
                 };
-                found.damage_at(marks, name, seq, seq, bad);
+                found.damage_at(marks, name, expected, seq - 1, gap);
             }
+            expected = seq.saturating_add(1);
+            read += 1;
+            match decode(value) {
+                Ok(r) => records.push((seq, r)),
+                Err(e) => failed = Some((seq, e)),
+            }
+            Ok(())
+        })?;
+    }
+    if let Some((seq, e)) = failed {
+        if trusted && seq > acknowledged {
+            torn_tail(name, seq, acknowledged, e, found);
+            dropped_tail = true;
+            expected = seq;
+        } else {
+            bad_record(name, marks, found, seq, e);
         }
     }
     let present = expected - 1;

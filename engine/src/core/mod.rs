@@ -88,8 +88,10 @@ pub struct SectionCore {
     available: u32,
     held: u32,
     sold: u32,
+    #[serde(deserialize_with = "crate::hash::presized")]
     holds: HashMap<HoldId, HoldEntry>,
     deadlines: BTreeSet<(u64, HoldId)>,
+    #[serde(deserialize_with = "crate::hash::presized")]
     orders: HashMap<OrderId, HoldId>,
     /// Places withdrawn from sale (counted in `sold`).
     withdrawn: Vec<Withdrawn>,
@@ -205,6 +207,7 @@ impl SectionCore {
         core.returns = returns;
         core.codes = codes;
         core.set_prices(prices);
+        core.by_user.reserve(core.orders.len());
         for (order_id, hold_id) in &core.orders {
             if let Some(h) = core.holds.get(hold_id)
                 && let Some(o) = &h.order

@@ -19,7 +19,7 @@ use backstop::{recover_backstop, withdraw_orphans};
 use check::{
     Check, check_changes, check_unread_streams, has_changes, read_marks, refuse_older_format,
 };
-use parallel::{in_parallel, run_parts};
+use parallel::{beside, in_parallel, run_parts};
 pub(crate) use report::RecoverWith;
 pub use report::RecoveryReport;
 use report::{Repair, corrupt};
@@ -78,7 +78,6 @@ pub(crate) struct Replayed {
 /// A job of the parallel part of a start: a stream read, or the sold-seat table.
 enum Read<'a> {
     Section(&'a EventId, &'a SectionSpec),
-    Changes,
     /// The sold-seat backstop's claims, read for [`recover_backstop`].
     Claims,
 }
@@ -86,7 +85,6 @@ enum Read<'a> {
 /// What a job of the parallel part made.
 enum Made {
     Section(Box<SectionRead>),
-    Changes,
     Claims(Vec<(String, Vec<u8>)>),
 }
 
@@ -119,10 +117,6 @@ fn read_part(
                 sold,
             }))
         }
-        Read::Changes => {
-            check_changes(sink, check, report)?;
-            Made::Changes
-        }
         Read::Claims => Made::Claims(sink.claims()?),
     })
 }
@@ -138,36 +132,17 @@ fn replay(
     check: &mut Check,
     report: &mut RecoveryReport,
 ) -> Result<Replayed, StorageError> {
-    let (events, catalog_last) = recover_catalog(sink, check, report)?;
     check.list_stored(sink)?;
-    // The sections' streams, the change stream and the sold-seat table are read side by side;
-    // what each found is taken in the order a start on one thread would find it.
-    let mut jobs: Vec<Read> = events
-        .iter()
-        .flat_map(|e| {
-            e.spec
-                .sections
-                .iter()
-                .map(|s| Read::Section(&e.event_id, s))
-        })
-        .collect();
-    let changes = has_changes(check);
-    if changes {
-        jobs.push(Read::Changes);
-    }
-    jobs.push(Read::Claims);
-    // The change stream's check (as long as every section's stream together) is taken first,
-    // the claims last.
-    let rank = |job: &Read| match job {
-        Read::Changes => 0,
-        Read::Section(..) => 1,
-        Read::Claims => 2,
-    };
-    let mut parts = run_parts(check, &jobs, rank, |job, check, report| {
-        read_part(sink, job, (window_ms, items_for), check, report)
-    })
-    .into_iter();
-    let sections = take_sections(&events, &mut parts, items_for.is_some(), check, report)?;
+    // The change stream is checked from the start, beside the catalog and the sections' streams
+    // (its check is about as long as theirs together); what each part found is taken in the
+    // order a start on one thread would find it.
+    let changes = has_changes(check).then(|| check.fork());
+    let (changes, read) = beside(
+        changes,
+        |check, report| check_changes(sink, check, report),
+        || read_sections(sink, (window_ms, items_for), check, report),
+    );
+    let (events, catalog_last, sections, claims) = read?;
     let ledgers = recover_ledgers(sink, check, report)?;
     let (waitlist, waitlist_last) = recover_waitlist(sink, check, report)?;
     let mut rooms = HashMap::default();
@@ -176,14 +151,16 @@ fn replay(
             rooms.insert(event_id.clone(), room);
         }
     }
-    let mut claims = Vec::new();
-    for part in parts {
+    if let Some(part) = changes {
         check.absorb(part.check);
         report.absorb(&part.report);
-        if let Made::Claims(read) = part.made? {
-            claims = read;
-        }
+        part.made?;
     }
+    check.absorb(claims.check);
+    report.absorb(&claims.report);
+    let Made::Claims(claims) = claims.made? else {
+        unreachable!("the claims' part made claims")
+    };
     check_unread_streams(sink, check, report)?;
     recover_backstop(sink, claims, sections.sold, check, report)?;
     Ok(Replayed {
@@ -196,6 +173,39 @@ fn replay(
         rooms,
         ledger_items: sections.ledger_items,
     })
+}
+
+/// The catalog, then the sections' streams and the sold-seat table side by side (the claims
+/// taken last): the events, the catalog's last sequence number, the sections, the claims'
+/// part.
+#[allow(clippy::type_complexity)]
+fn read_sections(
+    sink: &dyn LogSink,
+    (window_ms, items_for): (u64, Option<usize>),
+    check: &mut Check,
+    report: &mut RecoveryReport,
+) -> Result<(Vec<CatalogEntry>, u64, Sections, parallel::Part<Made>), StorageError> {
+    let (events, catalog_last) = recover_catalog(sink, check, report)?;
+    let mut jobs: Vec<Read> = events
+        .iter()
+        .flat_map(|e| {
+            e.spec
+                .sections
+                .iter()
+                .map(|s| Read::Section(&e.event_id, s))
+        })
+        .collect();
+    jobs.push(Read::Claims);
+    let rank = |job: &Read| u8::from(matches!(job, Read::Claims));
+    let mut parts = run_parts(check, &jobs, rank, |job, check, report| {
+        read_part(sink, job, (window_ms, items_for), check, report)
+    })
+    .into_iter();
+    let sections = take_sections(&events, &mut parts, items_for.is_some(), check, report)?;
+    let Some(claims) = parts.next() else {
+        unreachable!("a part for the claims")
+    };
+    Ok((events, catalog_last, sections, claims))
 }
 
 /// The sections as the parallel part read them.

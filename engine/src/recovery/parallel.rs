@@ -45,6 +45,52 @@ where
     )
 }
 
+/// Runs `job` with `fork` (a [`Check::fork`]), if there is one, on a thread of its own beside
+/// `rest` on this thread, and gives back both: the job's part (`None` without a fork) and what
+/// `rest` made. On one core, in a simulation, or with no thread to be had, the job runs first
+/// on this thread.
+pub(super) fn beside<T, R>(
+    fork: Option<Check>,
+    job: impl FnOnce(&mut Check, &mut RecoveryReport) -> Result<T, StorageError> + Send,
+    rest: impl FnOnce() -> R,
+) -> (Option<Part<T>>, R)
+where
+    T: Send,
+{
+    let Some(mut check) = fork else {
+        return (None, rest());
+    };
+    let run = Mutex::new(Some(move || {
+        let mut report = RecoveryReport::default();
+        let made = job(&mut check, &mut report);
+        Part {
+            check,
+            report,
+            made,
+        }
+    }));
+    let take = || run.lock().unwrap_or_else(|p| p.into_inner()).take();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cores <= 1 || crate::rt::simulated() {
+        let part = take().map(|run| run());
+        return (part, rest());
+    }
+    std::thread::scope(|s| {
+        let beside = std::thread::Builder::new()
+            .name("boxoffice-recover".into())
+            .spawn_scoped(s, || take().map(|run| run()));
+        let made = rest();
+        let part = match beside {
+            Ok(thread) => thread
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            // No thread to be had: the job runs here, after `rest`.
+            Err(_) => take().map(|run| run()),
+        };
+        (part, made)
+    })
+}
+
 /// Runs `run` on each of `jobs` on up to the machine's cores (the calling thread is one of
 /// them; if the OS gives no more threads, it runs them all); the results come back in the
 /// jobs' order. A job that panics does not stop the others; once all are done, the first
@@ -151,6 +197,36 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A job beside the rest works on its own fork and comes back with it, the rest's result
+    /// beside it; without a fork, only the rest runs.
+    #[test]
+    fn a_job_beside_the_rest_comes_back_with_its_fork() {
+        let sink = MemorySink::new();
+        let mut check = Check::new(sink.as_ref(), Marks::default(), RecoveryMode::Strict);
+        let fork = Some(check.fork());
+        let (part, rest) = beside(
+            fork,
+            |fork, report| {
+                fork.found.notes.push("beside".into());
+                report.records_replayed = 7;
+                Ok(3u8)
+            },
+            || {
+                check.found.notes.push("rest".into());
+                "rest made"
+            },
+        );
+        let part = part.expect("a part for the fork");
+        assert_eq!(part.check.found.notes, ["beside"]);
+        assert_eq!(part.report.records_replayed, 7);
+        assert_eq!(part.made.expect("made"), 3);
+        assert_eq!(rest, "rest made");
+        assert_eq!(check.found.notes, ["rest"]);
+        let (none, rest) = beside(None, |_, _| Ok::<u8, StorageError>(1), || 5);
+        assert!(none.is_none());
+        assert_eq!(rest, 5);
     }
 
     /// Jobs of a lower rank are taken first (the jobs' order within a rank), and the results

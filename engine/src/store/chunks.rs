@@ -89,20 +89,34 @@ pub fn unpack(key: u64, value: Vec<u8>) -> Vec<(u64, Vec<u8>)> {
     if value.first() != Some(&CHUNK_TAG) {
         return vec![(key, value)];
     }
-    match index(&value) {
-        Some(index) => {
-            let mut at = HEAD + index.len() * INDEX_ENTRY;
-            index
-                .into_iter()
-                .map(|(seq, len)| {
-                    let record = value[at..at + len].to_vec();
-                    at += len;
-                    (seq, record)
-                })
-                .collect()
-        }
-        None => vec![(key, value)],
+    let mut records = Vec::new();
+    let unpacked: Result<(), std::convert::Infallible> = unpack_each(key, &value, |seq, record| {
+        records.push((seq, record.to_vec()));
+        Ok(())
+    });
+    match unpacked {
+        Ok(()) => records,
     }
+}
+
+/// [`unpack`] without copying: `each` is given the value's records in order, borrowed; the
+/// first error it returns stops the walk.
+pub fn unpack_each<E>(
+    key: u64,
+    value: &[u8],
+    mut each: impl FnMut(u64, &[u8]) -> Result<(), E>,
+) -> Result<(), E> {
+    if value.first() == Some(&CHUNK_TAG)
+        && let Some(index) = index(value)
+    {
+        let mut at = HEAD + index.len() * INDEX_ENTRY;
+        for (seq, len) in index {
+            each(seq, &value[at..at + len])?;
+            at += len;
+        }
+        return Ok(());
+    }
+    each(key, value)
 }
 
 /// A chunk's index, if it is whole: its checksum holds, its numbers ascend, its lengths fill

@@ -37,6 +37,9 @@ pub struct Change {
     pub value: Option<Vec<u8>>,
 }
 
+/// What [`KvTree::visit_range`] gives each pair to (key, value); an error stops the walk.
+pub type PairVisitor<'a> = dyn FnMut(&[u8], &[u8]) -> Result<(), StorageError> + 'a;
+
 /// A store of named trees; see the module docs.
 pub trait Kv: Send + Sync + 'static {
     /// The tree `name` (created empty if new).
@@ -78,6 +81,20 @@ pub trait KvTree: Send + Sync {
     fn is_empty(&self) -> Result<bool, StorageError>;
     /// The pair with the greatest key.
     fn last(&self) -> Result<Option<Pair>, StorageError>;
+
+    /// Each pair whose key lies between `from` and `to`, in order, given to `each` borrowed (a
+    /// store that can lend its bytes lends them: no pair is copied, none kept).
+    fn visit_range(
+        &self,
+        from: Bound<&[u8]>,
+        to: Bound<&[u8]>,
+        each: &mut PairVisitor<'_>,
+    ) -> Result<(), StorageError> {
+        for (key, value) in self.range(from, to)? {
+            each(&key, &value)?;
+        }
+        Ok(())
+    }
 
     /// The first pair whose key is greater than `key`.
     fn first_after(&self, key: &[u8]) -> Result<Option<Pair>, StorageError> {

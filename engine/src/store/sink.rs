@@ -38,6 +38,10 @@ pub enum Claim {
     Refused(Vec<u8>),
 }
 
+/// What [`StreamSink::visit_after`] gives each record to (sequence number, bytes); an error
+/// stops the walk.
+pub type RecordVisitor<'a> = dyn FnMut(u64, &[u8]) -> Result<(), StorageError> + 'a;
+
 /// One log stream of a [`LogSink`]: records keyed by sequence number, in order.
 pub trait StreamSink: Send + Sync {
     /// The stream's name (see [`names`](super::names)).
@@ -55,6 +59,14 @@ pub trait StreamSink: Send + Sync {
     }
     /// Every record with a sequence number above `after`, in order.
     fn read_after(&self, after: u64) -> Result<Vec<(u64, Vec<u8>)>, StorageError>;
+    /// [`StreamSink::read_after`] record by record, each given to `each` borrowed where the
+    /// store can lend it (recovery checks a stream without copying it).
+    fn visit_after(&self, after: u64, each: &mut RecordVisitor<'_>) -> Result<(), StorageError> {
+        for (seq, bytes) in self.read_after(after)? {
+            each(seq, &bytes)?;
+        }
+        Ok(())
+    }
     /// The records numbered above `after` and up to `upto`, in order.
     fn read_between(&self, after: u64, upto: u64) -> Result<Vec<(u64, Vec<u8>)>, StorageError>;
 

@@ -208,6 +208,19 @@ impl KvTree for SledTree {
             .collect()
     }
 
+    fn visit_range(
+        &self,
+        from: Bound<&[u8]>,
+        to: Bound<&[u8]>,
+        each: &mut super::kv::PairVisitor<'_>,
+    ) -> Result<(), StorageError> {
+        for pair in self.0.range::<sled::IVec, _>((bound(from), bound(to))) {
+            let (key, value) = pair.map_err(io)?;
+            each(&key, &value)?;
+        }
+        Ok(())
+    }
+
     fn apply(&self, changes: &[(Vec<u8>, Option<Vec<u8>>)]) -> Result<(), StorageError> {
         let mut batch = sled::Batch::default();
         for (k, v) in changes {
