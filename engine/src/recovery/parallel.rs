@@ -32,17 +32,33 @@ where
     in_parallel_by(
         jobs.iter().collect(),
         |job| rank(job),
-        |job| {
-            let mut check = check.fork();
-            let mut report = RecoveryReport::default();
-            let made = run(job, &mut check, &mut report);
-            Part {
-                check,
-                report,
-                made,
-            }
-        },
+        |job| part_of(check.fork(), |check, report| run(job, check, report)),
     )
+}
+
+/// What `job` found and made with `check` (a [`Check::fork`]) and a report of its own.
+fn part_of<T>(
+    mut check: Check,
+    job: impl FnOnce(&mut Check, &mut RecoveryReport) -> Result<T, StorageError>,
+) -> Part<T> {
+    let mut report = RecoveryReport::default();
+    let made = job(&mut check, &mut report);
+    Part {
+        check,
+        report,
+        made,
+    }
+}
+
+/// How many threads `jobs` jobs run on: the machine's cores at most, and one in a simulation
+/// (the maps a job builds must take the simulating thread's fixed hash keys).
+fn threads_for(jobs: usize) -> usize {
+    if crate::rt::simulated() {
+        return 1;
+    }
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(jobs)
 }
 
 /// Runs `job` with `fork` (a [`Check::fork`]), if there is one, on a thread of its own beside
@@ -57,21 +73,12 @@ pub(super) fn beside<T, R>(
 where
     T: Send,
 {
-    let Some(mut check) = fork else {
+    let Some(check) = fork else {
         return (None, rest());
     };
-    let run = Mutex::new(Some(move || {
-        let mut report = RecoveryReport::default();
-        let made = job(&mut check, &mut report);
-        Part {
-            check,
-            report,
-            made,
-        }
-    }));
+    let run = Mutex::new(Some(move || part_of(check, job)));
     let take = || run.lock().unwrap_or_else(|p| p.into_inner()).take();
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if cores <= 1 || crate::rt::simulated() {
+    if threads_for(2) <= 1 {
         let part = take().map(|run| run());
         return (part, rest());
     }
@@ -116,10 +123,8 @@ where
     T: Send,
     F: Fn(J) -> T + Sync,
 {
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(jobs.len());
-    if threads <= 1 || crate::rt::simulated() {
+    let threads = threads_for(jobs.len());
+    if threads <= 1 {
         return jobs.into_iter().map(run).collect();
     }
     let count = jobs.len();

@@ -132,10 +132,7 @@ impl LogSink for SledSink {
         if !from.is_dir() {
             return None;
         }
-        let ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis());
-        let to = self.dir.join(format!("damaged-{ms}"));
+        let to = self.dir.join(format!("damaged-{}", unix_ms()));
         match std::fs::rename(&from, &to) {
             Ok(()) => Some(to.display().to_string()),
             Err(e) => {
@@ -152,10 +149,7 @@ impl LogSink for SledSink {
         }
         // Renamed at once (a later start's copy goes to `pre-open/` again), deleted off the
         // start's path: unlinking a copy of hundreds of MB takes tens of ms.
-        let ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis());
-        let dropped = self.dir.join(format!("{PRE_OPEN_DROPPED}{ms}"));
+        let dropped = self.dir.join(format!("{PRE_OPEN_DROPPED}{}", unix_ms()));
         match std::fs::rename(&dir, &dropped) {
             Ok(()) => remove_dropped(vec![dropped]),
             Err(e) => {
@@ -166,6 +160,13 @@ impl LogSink for SledSink {
             }
         }
     }
+}
+
+/// Now, ms since the Unix epoch: what names a kept or dropped copy of the log.
+fn unix_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
 }
 
 /// A copy in `pre-open/` a whole start no longer needs is renamed `pre-open-dropped-<ms>/`,
