@@ -969,7 +969,8 @@ impl<'a> Fan<'a> {
         }
     }
 
-    /// Joins the waitlist (holding instead, at most three times, while places are free):
+    /// Joins the waitlist (holding instead, at most three times, while places are free; told so
+    /// a fourth time, the fan leaves):
     /// the entry, or (`Err`) what the fan ends with: tickets a hold instead bought, or none.
     async fn join_waitlist(
         &mut self,
@@ -1001,13 +1002,18 @@ impl<'a> Fan<'a> {
                 // A fan in line with its queue token is NOT_ADMITTED once places came back (the
                 // line says WAITING again): as PLACES_AVAILABLE.
                 Err(s)
-                    if tries <= 3
-                        && (reason(&s) == "PLACES_AVAILABLE"
-                            || (reason(&s) == "NOT_ADMITTED" && self.in_line.is_some())) =>
+                    if reason(&s) == "PLACES_AVAILABLE"
+                        || (reason(&s) == "NOT_ADMITTED" && self.in_line.is_some()) =>
                 {
                     tally
                         .waitlist_places_available
                         .fetch_add(1, Ordering::Relaxed);
+                    if tries > 3 {
+                        // Places keep coming back and going to faster fans (a join sees the
+                        // place, the hold after it finds it taken): an answer the contract
+                        // gives, not an error. This fan stops chasing them and leaves.
+                        return Err(Vec::new());
+                    }
                     if let Some(queue_token) = self.in_line.clone() {
                         // Told sold out in line, and places came back: back to its place.
                         match self.wait_in_line(&queue_token, Instant::now()).await {
