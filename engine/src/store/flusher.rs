@@ -224,6 +224,14 @@ struct Written {
     stop: bool,
 }
 
+impl Written {
+    /// Counts `entries` among the batch's records and bytes (the metrics').
+    fn count(&mut self, entries: &[(u64, Vec<u8>)]) {
+        self.records += entries.len();
+        self.bytes += entries.iter().map(|(_, v)| v.len() + 8).sum::<usize>();
+    }
+}
+
 /// A stream and records of it (numbered, encoded), in order.
 type StreamRecords = (Arc<dyn StreamSink>, Vec<(u64, Vec<u8>)>);
 
@@ -363,8 +371,7 @@ impl Flusher {
                 Job::Append(a) => {
                     let r = self.halt.check();
                     if r.is_ok() {
-                        w.records += a.entries.len();
-                        w.bytes += a.entries.iter().map(|(_, v)| v.len() + 8).sum::<usize>();
+                        w.count(&a.entries);
                         if a.claims.is_empty() {
                             gathered.add(a.stream, a.entries);
                         } else {
@@ -473,8 +480,7 @@ impl Flusher {
                 Job::Append(a) => {
                     let r = self.halt.check().and_then(|()| self.claim(&a.claims));
                     if r.is_ok() {
-                        w.records += a.entries.len();
-                        w.bytes += a.entries.iter().map(|(_, v)| v.len() + 8).sum::<usize>();
+                        w.count(&a.entries);
                         gathered.add(a.stream, a.entries);
                     }
                     w.completions.push((a.done, r));
@@ -482,9 +488,7 @@ impl Flusher {
                 Job::Checkpoint { stream, upto, blob } => {
                     // Its stream's records first, the others' still gathering.
                     if let Some(records) = gathered.take(stream.name()) {
-                        self.append_gathered(&mut Gathered {
-                            streams: vec![records],
-                        });
+                        self.append_stream(records);
                     }
                     if self.halt.check().is_ok() {
                         match self.checkpoint(stream.name(), upto, &blob) {
@@ -499,7 +503,9 @@ impl Flusher {
                 Job::Stop => w.stop = true,
             }
         }
-        self.append_gathered(&mut gathered);
+        for records in gathered.streams {
+            self.append_stream(records);
+        }
         w
     }
 
@@ -582,22 +588,20 @@ impl Flusher {
         Ok(())
     }
 
-    /// Writes the records gathered so far, stream by stream, and raises the marks; a failure
-    /// halts the store (nothing more is written).
-    fn append_gathered(&mut self, gathered: &mut Gathered) {
-        for (stream, entries) in gathered.streams.drain(..) {
-            if self.halt.check().is_err() {
-                return;
-            }
-            match stream.append_batch(&entries) {
-                Ok(()) => {
-                    if let Some((last, _)) = entries.last() {
-                        self.marks.raise(stream.name(), *last);
-                        self.dirty = true;
-                    }
+    /// Writes one stream's gathered records and raises its mark; after a halt nothing, and a
+    /// failure halts the store (nothing more is written).
+    fn append_stream(&mut self, (stream, entries): StreamRecords) {
+        if self.halt.check().is_err() {
+            return;
+        }
+        match stream.append_batch(&entries) {
+            Ok(()) => {
+                if let Some((last, _)) = entries.last() {
+                    self.marks.raise(stream.name(), *last);
+                    self.dirty = true;
                 }
-                Err(e) => self.halt.set(e.to_string()),
             }
+            Err(e) => self.halt.set(e.to_string()),
         }
     }
 
