@@ -166,11 +166,6 @@ impl Gate {
         self.in_flight_max
     }
 
-    /// Whether `authorization` (an `Authorization` header's value) presents an admin key.
-    pub fn is_admin(&self, authorization: Option<&str>) -> bool {
-        self.scope_presented(authorization) == Some(Scope::Admin)
-    }
-
     /// The scope of the key `authorization` (an `Authorization: Bearer` header's value)
     /// presents, if it is one of ours.
     pub fn scope_presented(&self, authorization: Option<&str>) -> Option<Scope> {
@@ -179,7 +174,7 @@ impl Gate {
             .and_then(|key| self.keys.scope_of(key.trim()))
     }
 
-    fn authenticate(&self, path: &str, authorization: Option<&str>) -> Result<(), ApiError> {
+    fn authenticate(&self, path: &str, authorization: Option<&str>) -> Result<Scope, ApiError> {
         let key = authorization
             .and_then(|v| v.strip_prefix("Bearer "))
             .ok_or(ApiError::Unauthenticated)?;
@@ -190,7 +185,7 @@ impl Gate {
         if !allows(scope, path) {
             return Err(ApiError::PermissionDenied);
         }
-        Ok(())
+        Ok(scope)
     }
 
     /// Admits a call of `path` whose caller presents `authorization` (the `Authorization`
@@ -203,11 +198,11 @@ impl Gate {
         path: &str,
         authorization: Option<&str>,
     ) -> Result<InFlight, ApiError> {
-        self.authenticate(path, authorization)?;
+        let scope = self.authenticate(path, authorization)?;
         // Count the call first, then look at the drain flag: a drain that sees no call in
         // flight can never miss one that is about to start.
         let count = self.in_flight.fetch_add(1, Ordering::SeqCst);
-        let guard = InFlight(self.clone());
+        let guard = InFlight(self.clone(), scope);
         if self.draining.load(Ordering::SeqCst) {
             return Err(ApiError::NotReady);
         }
@@ -256,8 +251,16 @@ pub struct GateService<S> {
     gate: Arc<Gate>,
 }
 
-/// A call counted in flight (see [`Gate::admit`]) until this is dropped.
-pub(crate) struct InFlight(Arc<Gate>);
+/// A call counted in flight (see [`Gate::admit`]) until this is dropped, with the scope of the
+/// key it presented (the key is hashed once per call).
+pub(crate) struct InFlight(Arc<Gate>, Scope);
+
+impl InFlight {
+    /// The scope of the key the call presented.
+    pub(crate) fn scope(&self) -> Scope {
+        self.1
+    }
+}
 
 impl Drop for InFlight {
     fn drop(&mut self) {
@@ -499,13 +502,12 @@ where
             .headers()
             .get(http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
-        let admin = gate.is_admin(authorization);
         let guard = match gate.admit(&path, authorization) {
             Ok(guard) => guard,
             Err(e) => return refuse(e),
         };
         let mut req = req;
-        if admin {
+        if guard.scope() == Scope::Admin {
             req.extensions_mut().insert(AdminCaller);
         }
         let deadline = client_deadline(req.headers());

@@ -24,7 +24,7 @@ use pb::waiting_room_service_server::WaitingRoomService;
 use pb::waitlist_service_server::WaitlistService;
 use tonic::Status;
 
-use crate::gate::Gate;
+use crate::gate::{Gate, Scope};
 use crate::lists::Listing;
 use crate::node::forward::{Forwarder, Place, Route, Routed, group_of_event};
 use crate::services::grpc::{BookingSvc, EventSvc, WaitingRoomSvc, WaitlistSvc};
@@ -126,8 +126,8 @@ impl Local {
     ) -> Result<R::Answer, Status> {
         let (forwarder, groups) = (self.forwarder.clone(), self.groups.clone());
         let key = authorization.map(str::to_owned);
-        let admin = self.gate.is_admin(authorization);
-        self.run(R::PATH, authorization, move || {
+        self.run(R::PATH, authorization, move |scope| {
+            let admin = scope == Scope::Admin;
             Box::pin(async move { serve(forwarder, groups, key, admin, req).await })
         })
         .await
@@ -143,8 +143,8 @@ impl Local {
     ) -> Result<L::Answer, Status> {
         let (forwarder, groups) = (self.forwarder.clone(), self.groups.clone());
         let key = authorization.map(str::to_owned);
-        let admin = self.gate.is_admin(authorization);
-        self.run(<L as Unary>::PATH, authorization, move || {
+        self.run(<L as Unary>::PATH, authorization, move |scope| {
+            let admin = scope == Scope::Admin;
             Box::pin(async move {
                 let f = match forwarder {
                     Some(f) if f.group_count() > 1 && req.route() == Route::All => f,
@@ -180,8 +180,10 @@ impl Local {
         let svc = crate::services::grpc::ClusterSvc(
             self.forwarder.as_ref().map(|f| Arc::new(f.members())),
         );
-        self.run_for(path, authorization, CLUSTER_CALL_TIMEOUT, move || call(svc))
-            .await
+        self.run_for(path, authorization, CLUSTER_CALL_TIMEOUT, move |_| {
+            call(svc)
+        })
+        .await
     }
 
     /// `WatchChanges` as the caller of `authorization` (an admin or stream key): the changes
@@ -194,7 +196,7 @@ impl Local {
     ) -> Result<ChangeReceiver, Status> {
         let feeds = self.groups.feeds().clone();
         let drain = self.gate.draining_signal();
-        self.run(WATCH_CHANGES, authorization, move || {
+        self.run(WATCH_CHANGES, authorization, move |_| {
             Box::pin(async move {
                 let watch = crate::services::changes::Watch::open(
                     &feeds,
@@ -214,7 +216,7 @@ impl Local {
         &self,
         path: &'static str,
         authorization: Option<&str>,
-        work: impl FnOnce() -> BoxFuture<Result<T, Status>>,
+        work: impl FnOnce(Scope) -> BoxFuture<Result<T, Status>>,
     ) -> Result<T, Status> {
         self.run_for(path, authorization, CALL_TIMEOUT, work).await
     }
@@ -225,14 +227,14 @@ impl Local {
         path: &'static str,
         authorization: Option<&str>,
         timeout: Duration,
-        work: impl FnOnce() -> BoxFuture<Result<T, Status>>,
+        work: impl FnOnce(Scope) -> BoxFuture<Result<T, Status>>,
     ) -> Result<T, Status> {
         let method = crate::gate::method_label(path);
         let started = Instant::now();
         let answer = match self.gate.admit(path, authorization) {
             Err(e) => Err(Status::from(e)),
             Ok(in_flight) => {
-                let work = work();
+                let work = work(in_flight.scope());
                 // In the HTTP call's span (crate::trace), on its task of its own.
                 let mut call = tokio::spawn(tracing::Instrument::in_current_span(async move {
                     let answer = work.await;
