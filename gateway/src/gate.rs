@@ -175,12 +175,8 @@ impl Gate {
     }
 
     fn authenticate(&self, path: &str, authorization: Option<&str>) -> Result<Scope, ApiError> {
-        let key = authorization
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .ok_or(ApiError::Unauthenticated)?;
         let scope = self
-            .keys
-            .scope_of(key.trim())
+            .scope_presented(authorization)
             .ok_or(ApiError::Unauthenticated)?;
         if !allows(scope, path) {
             return Err(ApiError::PermissionDenied);
