@@ -6,6 +6,7 @@ use crate::hash::HashMap;
 use std::sync::Arc;
 
 use serde::Serialize;
+use smallvec::SmallVec;
 use tracing::Instrument;
 
 use crate::catalog::Catalog;
@@ -141,22 +142,27 @@ impl Booking {
         //    quota back before the next is checked, and a key given twice gets what a retry
         //    would. Most batches carry one request per user: one round.
         let round_of = rounds_of(&items);
-        let mut rounds: Vec<Vec<(usize, HoldPlan)>> = Vec::new();
-        for ((i, item), round) in items.into_iter().enumerate().zip(round_of) {
+        // Round 0 (every request of most batches, and a unary call's one), then the others.
+        let mut first: Vec<(usize, HoldPlan)> = Vec::with_capacity(n);
+        let mut later: Vec<Vec<(usize, HoldPlan)>> = Vec::new();
+        for (i, item) in items.into_iter().enumerate() {
+            let round = round_of.as_ref().map_or(0, |r| r[i]);
             match item.and_then(|item| self.plan_hold(item)) {
+                Ok(plan) if round == 0 => first.push((i, plan)),
                 Ok(plan) => {
-                    if rounds.len() <= round {
-                        rounds.resize_with(round + 1, Vec::new);
+                    if later.len() < round {
+                        later.resize_with(round, Vec::new);
                     }
-                    rounds[round].push((i, plan));
+                    later[round - 1].push((i, plan));
                 }
                 Err(e) => out[i] = Err(e),
             }
         }
         // A user whose earlier requests failed their own checks may leave a round empty.
-        rounds.retain(|r| !r.is_empty());
-        for plans in rounds {
-            self.hold_round(plans, &mut out).await;
+        for plans in std::iter::once(first).chain(later) {
+            if !plans.is_empty() {
+                self.hold_round(plans, &mut out).await;
+            }
         }
         out
     }
@@ -264,13 +270,13 @@ impl Booking {
     fn skip_sold_out(
         &self,
         go: &[(usize, HoldPlan)],
-        sections: &mut Vec<SectionItems<'_>>,
+        sections: &mut Sections<'_>,
         placed: &mut [Option<Result<HoldView, EngineError>>],
     ) {
         sections.retain_mut(|(event, section, ks)| {
             if let Some((free, sold_out)) = self.durably_free(event, section) {
                 let asked = ks.len();
-                ks.retain(|&k| {
+                ks.retain(|&mut k| {
                     let out = go[k].1.sold_out_at(free);
                     if out {
                         placed[k] = Some(Err(Rejection::SoldOut.into()));
@@ -285,16 +291,21 @@ impl Booking {
 
     /// Takes the access code uses of the items that have a code, before any is placed (see
     /// [`crate::access`]): an item whose code has too few left is answered
-    /// `ACCESS_CODE_EXHAUSTED` in `placed` and is not asked for. Which items took uses.
+    /// `ACCESS_CODE_EXHAUSTED` in `placed` and is not asked for. Which items took uses (empty
+    /// when no item has a code).
     fn take_codes(
         &self,
         go: &[(usize, HoldPlan)],
-        sections: &mut Vec<SectionItems<'_>>,
+        sections: &mut Sections<'_>,
         anywhere: &mut Vec<usize>,
         placed: &mut [Option<Result<HoldView, EngineError>>],
     ) -> Vec<bool> {
         let redemptions = self.kernel.redemptions();
-        let mut taken = vec![false; go.len()];
+        // Empty (nothing taken) unless an item has a code: most sales have none.
+        let mut taken = Vec::new();
+        if go.iter().any(|(_, plan)| plan.code.is_some()) {
+            taken = vec![false; go.len()];
+        }
         let mut take = |k: usize| {
             let plan = &go[k].1;
             let Some((code, max)) = plan.code else {
@@ -307,7 +318,7 @@ impl Booking {
             taken[k]
         };
         sections.retain_mut(|(_, _, ks)| {
-            ks.retain(|&k| take(k));
+            ks.retain(|&mut k| take(k));
             !ks.is_empty()
         });
         anywhere.retain(|&k| take(k));
@@ -352,7 +363,7 @@ impl Booking {
                 }
                 Err(_) if plan.tag.is_none() => refunds.push((
                     plan.event.event_id.clone(),
-                    plan.user_id.clone(),
+                    plan.user_id,
                     plan.quantity,
                     None,
                 )),
@@ -818,24 +829,23 @@ fn hold_plan(
 }
 
 /// The round of each item: a user's first request is in round 0, their second in round 1
-/// (an item that failed its checks takes no round of its user's).
-fn rounds_of(items: &[Result<Item, EngineError>]) -> Vec<usize> {
+/// (an item that failed its checks takes no round of its user's). `None`: all in round 0 (a
+/// batch of one).
+fn rounds_of(items: &[Result<Item, EngineError>]) -> Option<Vec<usize>> {
     if items.len() == 1 {
-        return vec![0];
+        return None;
     }
     let mut seen: HashMap<&str, usize> =
         HashMap::with_capacity_and_hasher(items.len(), Default::default());
-    items
-        .iter()
-        .map(|item| match item {
-            Ok(item) => {
-                let k = seen.entry(item.req.user_id.as_str()).or_insert(0);
-                *k += 1;
-                *k - 1
-            }
-            Err(_) => 0,
-        })
-        .collect()
+    let rounds = items.iter().map(|item| match item {
+        Ok(item) => {
+            let k = seen.entry(item.req.user_id.as_str()).or_insert(0);
+            *k += 1;
+            *k - 1
+        }
+        Err(_) => 0,
+    });
+    Some(rounds.collect())
 }
 
 /// A hold request whose caller fields are checked, with its event if the caller read it
@@ -858,13 +868,17 @@ impl Item {
     }
 }
 
-/// The items of a round for one section: the event, the section, their places in the round.
-type SectionItems<'a> = (&'a EventEntry, &'a SectionId, Vec<usize>);
+/// The items of a round for one section: the event, the section, their places in the round
+/// (kept inline: most rounds have one section, and a unary call one item).
+type SectionItems<'a> = (&'a EventEntry, &'a SectionId, SmallVec<[usize; 4]>);
+
+/// A round's sections, kept inline for the one section of most rounds.
+type Sections<'a> = SmallVec<[SectionItems<'a>; 1]>;
 
 /// The plans of a round for exactly one section, grouped by section (in the order first
 /// named), and the places of those for any section.
-fn by_section(go: &[(usize, HoldPlan)]) -> (Vec<SectionItems<'_>>, Vec<usize>) {
-    let mut by_section: Vec<SectionItems<'_>> = Vec::new();
+fn by_section(go: &[(usize, HoldPlan)]) -> (Sections<'_>, Vec<usize>) {
+    let mut by_section = Sections::new();
     let mut anywhere = Vec::new();
     for (k, (_, plan)) in go.iter().enumerate() {
         if let [section] = plan.candidates.as_slice() {
@@ -873,7 +887,7 @@ fn by_section(go: &[(usize, HoldPlan)]) -> (Vec<SectionItems<'_>>, Vec<usize>) {
                 .find(|(e, s, _)| e.event_id == plan.event.event_id && *s == section)
             {
                 Some((_, _, ks)) => ks.push(k),
-                None => by_section.push((&plan.event, section, vec![k])),
+                None => by_section.push((&plan.event, section, smallvec::smallvec![k])),
             }
         } else {
             anywhere.push(k);

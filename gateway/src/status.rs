@@ -90,7 +90,7 @@ impl From<Rejection> for ApiError {
 /// encoded details (as the status's source), so that nothing here decodes what it just encoded:
 /// the gate labels the answer by its kept reason, the HTTP API makes its problem from them.
 /// Only statuses this process made have them: a leader's forwarded answer is read from its
-/// details.
+/// details. The message is not kept twice: these parts' is empty, the status's own is the one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Kept(ErrorParts);
 
@@ -102,17 +102,25 @@ impl std::fmt::Display for Kept {
 
 impl std::error::Error for Kept {}
 
-/// The parts a status made by this process was made of (see [`Kept`]); `None` for one made
-/// elsewhere.
-pub fn parts_kept(s: &Status) -> Option<&ErrorParts> {
+/// The parts kept beside `s` (their message empty); `None` for a status made elsewhere.
+fn kept(s: &Status) -> Option<&ErrorParts> {
     use std::error::Error;
     s.source()?.downcast_ref::<Kept>().map(|k| &k.0)
+}
+
+/// The parts a status made by this process was made of (see [`Kept`]); `None` for one made
+/// elsewhere.
+pub fn parts_kept(s: &Status) -> Option<ErrorParts> {
+    Some(ErrorParts {
+        message: s.message().to_owned(),
+        ..kept(s)?.clone()
+    })
 }
 
 /// The reason a status made by this process carries (see [`Kept`]); `None` for one made
 /// elsewhere, or one without a reason.
 pub fn reason_kept(s: &Status) -> Option<&'static str> {
-    parts_kept(s)?.reason
+    kept(s)?.reason
 }
 
 /// What an error's answer carries, as [`ApiError::parts`] makes it.
@@ -176,52 +184,68 @@ impl ErrorParts {
     /// The gRPC status: `ErrorInfo` (domain `boxoffice`), and `RetryInfo` and `BadRequest`
     /// where the parts have them, with the parts kept beside it (see [`Kept`]).
     pub fn into_status(self) -> Status {
-        let kept = std::sync::Arc::new(Kept(self.clone()));
-        let mut s = match self.reason {
-            None => Status::new(self.code, self.message),
-            Some(reason)
-                if self.metadata.is_empty()
-                    && self.retry_delay.is_none()
-                    && self.violation.is_none() =>
-            {
-                plain_status(self.code, reason, self.message)
+        let ErrorParts {
+            code,
+            reason,
+            message,
+            metadata,
+            retry_delay,
+            violation,
+        } = self;
+        let kept = Kept(ErrorParts {
+            code,
+            reason,
+            message: String::new(),
+            metadata: metadata.clone(),
+            retry_delay,
+            violation: violation.clone(),
+        });
+        let mut s = match reason {
+            None => Status::new(code, message),
+            Some(reason) if metadata.is_empty() && retry_delay.is_none() && violation.is_none() => {
+                plain_status(code, reason, message)
             }
             Some(reason) => {
-                let mut details = ErrorDetails::with_error_info(reason, DOMAIN, self.metadata);
-                if let Some(delay) = self.retry_delay {
+                let mut details = ErrorDetails::with_error_info(reason, DOMAIN, metadata);
+                if let Some(delay) = retry_delay {
                     details.set_retry_info(Some(delay));
                 }
-                if let Some((field, why)) = self.violation {
+                if let Some((field, why)) = violation {
                     details.add_bad_request_violation(field, why);
                 }
-                Status::with_error_details(self.code, self.message, details)
+                Status::with_error_details(code, message, details)
             }
         };
-        s.set_source(kept);
+        s.set_source(std::sync::Arc::new(kept));
         s
     }
 }
 
 /// A status whose `ErrorInfo` has no metadata: the same refusal (`SOLD_OUT`, most answers of a
 /// sale) is the same bytes every time, so its encoded details are made once and shared (up to
-/// [`PLAIN_MEMO_MAX`] distinct ones; past it each is encoded as usual).
-fn plain_status(code: Code, reason: &str, message: String) -> Status {
-    static MEMO: std::sync::LazyLock<dashmap::DashMap<(i32, String, String), bytes::Bytes>> =
-        std::sync::LazyLock::new(dashmap::DashMap::new);
-    let key = (code as i32, reason.to_owned(), message);
-    if let Some(details) = MEMO.get(&key) {
-        return Status::with_details(code, key.2.clone(), details.clone());
+/// [`PLAIN_MESSAGES_MAX`] distinct messages for one code and reason; past them each is encoded
+/// as usual). A known one costs no copy of its reason or message.
+fn plain_status(code: Code, reason: &'static str, message: String) -> Status {
+    type Memo = dashmap::DashMap<(i32, &'static str), Vec<(String, bytes::Bytes)>>;
+    static MEMO: std::sync::LazyLock<Memo> = std::sync::LazyLock::new(Memo::default);
+    let key = (code as i32, reason);
+    if let Some(known) = MEMO.get(&key)
+        && let Some((_, details)) = known.iter().find(|(m, _)| *m == message)
+    {
+        return Status::with_details(code, message, details.clone());
     }
     let details = ErrorDetails::with_error_info(reason, DOMAIN, HashMap::new());
-    let s = Status::with_error_details(code, key.2.clone(), details);
-    if MEMO.len() < PLAIN_MEMO_MAX {
-        MEMO.insert(key, s.details().to_vec().into());
+    let s = Status::with_error_details(code, message, details);
+    let mut known = MEMO.entry(key).or_default();
+    if known.len() < PLAIN_MESSAGES_MAX && !known.iter().any(|(m, _)| m == s.message()) {
+        known.push((s.message().to_owned(), s.details().to_vec().into()));
     }
     s
 }
 
-/// Most distinct metadata-free statuses [`plain_status`] keeps encoded.
-const PLAIN_MEMO_MAX: usize = 256;
+/// Most distinct messages of one code and reason whose metadata-free status [`plain_status`]
+/// keeps encoded (a message naming the request's own ids is never the same twice).
+const PLAIN_MESSAGES_MAX: usize = 16;
 
 /// What the status of a rejection carries: its code, `ErrorInfo` reason and metadata, and its
 /// message (for an `INVALID_REQUEST` the `BadRequest` adds the field's violation).
@@ -593,6 +617,45 @@ mod tests {
             read.as_ref().and_then(reason_of).as_deref(),
             Some("SOLD_OUT")
         );
+    }
+
+    #[test]
+    fn the_parts_kept_beside_a_status_are_those_it_was_made_of() {
+        // Twice each: the second of a plain status is the memo's, and must be the same answer.
+        for e in every_error().into_iter().chain(every_error()) {
+            let s = Status::from(e.clone());
+            let again = e.parts().into_status();
+            assert_eq!(parts_kept(&s), Some(e.parts()), "{e:?}");
+            assert_eq!(s.message(), e.parts().message, "{e:?}");
+            let answer = |s: &Status| {
+                let d = s.get_error_details();
+                let info = d
+                    .error_info()
+                    .map(|i| (i.reason.clone(), i.metadata.clone()));
+                let delay = d.retry_info().map(|r| r.retry_delay);
+                let violations = d.bad_request().map(|b| {
+                    let v = b.field_violations.iter();
+                    v.map(|v| (v.field.clone(), v.description.clone()))
+                        .collect::<Vec<_>>()
+                });
+                (s.code(), s.message().to_owned(), info, delay, violations)
+            };
+            assert_eq!(answer(&s), answer(&again), "{e:?}");
+        }
+    }
+
+    #[test]
+    fn a_plain_status_from_the_memo_is_the_one_encoded_afresh() {
+        // One reason, many messages: each keeps its own details (they carry the message).
+        for _ in 0..2 {
+            for size in 0..(PLAIN_MESSAGES_MAX + 4) {
+                let message = format!("message {size}");
+                let s = plain_status(Code::ResourceExhausted, "MEMO_TEST", message.clone());
+                let details = ErrorDetails::with_error_info("MEMO_TEST", DOMAIN, HashMap::new());
+                let fresh = Status::with_error_details(Code::ResourceExhausted, &message, details);
+                assert_eq!((s.message(), s.details()), (&*message, fresh.details()));
+            }
+        }
     }
 
     #[test]

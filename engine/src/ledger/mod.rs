@@ -181,14 +181,15 @@ impl Ledger {
     }
 
     /// Items grouped by their user's shard, as [`Ledger::by_shard`] groups them, without their
-    /// positions; items of one shard stay in the vector they came in.
+    /// positions; items of one shard stay in the vector they came in (and the one group is
+    /// kept inline).
     fn groups<T>(
         &self,
         many: Vec<T>,
         user: impl Fn(&T) -> &UserId,
-    ) -> Vec<(ActorRef<LedgerMsg>, Vec<T>)> {
+    ) -> smallvec::SmallVec<[(ActorRef<LedgerMsg>, Vec<T>); 1]> {
         if let Some(shard) = self.one_shard(&many, &user) {
-            return vec![(shard.clone(), many)];
+            return smallvec::smallvec![(shard.clone(), many)];
         }
         self.by_shard(many, user)
             .into_iter()

@@ -94,7 +94,7 @@ impl Problem {
     /// (nothing decoded), else from its details (a leader's answer, passed on).
     pub fn from_status(status: &tonic::Status) -> Problem {
         match crate::status::parts_kept(status) {
-            Some(parts) => Problem::from_parts(parts),
+            Some(parts) => Problem::from_parts(&parts),
             None => Problem::from_details(status),
         }
     }

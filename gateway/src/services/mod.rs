@@ -330,33 +330,32 @@ impl Api {
         items: Vec<Result<(CheckedHold, String), ApiError>>,
     ) -> Vec<Result<HoldView, ApiError>> {
         let n = items.len();
-        let mut answers: Vec<Option<Result<HoldView, ApiError>>> = (0..n).map(|_| None).collect();
-        let (mut holds, mut at) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        // The items answered here (a replay, a refusal), by position; the rest go to the engine.
+        let mut early: Vec<(usize, Result<HoldView, ApiError>)> = Vec::new();
+        let mut holds = Vec::with_capacity(n);
         for (i, item) in items.into_iter().enumerate() {
             let admitted = match item {
                 Ok((hold, token)) => self.admitted(hold, &token, event).await,
                 Err(e) => Err(e),
             };
             match admitted {
-                Ok(Admitted::Hold(hold)) => {
-                    holds.push(hold);
-                    at.push(i);
-                }
-                Ok(Admitted::Replayed(first)) => answers[i] = Some(Ok(first)),
-                Err(e) => answers[i] = Some(Err(e)),
+                Ok(Admitted::Hold(hold)) => holds.push(hold),
+                Ok(Admitted::Replayed(first)) => early.push((i, Ok(first))),
+                Err(e) => early.push((i, Err(e))),
             }
         }
-        if !holds.is_empty() {
-            for (i, answer) in at
-                .into_iter()
-                .zip(self.engine.hold_checked(event, holds).await)
-            {
-                answers[i] = Some(answer.map_err(ApiError::from));
-            }
-        }
-        answers
-            .into_iter()
-            .map(|a| a.unwrap_or(Err(ApiError::NotReady)))
+        let placed = if holds.is_empty() {
+            Vec::new()
+        } else {
+            self.engine.hold_checked(event, holds).await
+        };
+        let mut placed = placed.into_iter().map(|a| a.map_err(ApiError::from));
+        let mut early = early.into_iter().peekable();
+        (0..n)
+            .map(|i| match early.next_if(|(at, _)| *at == i) {
+                Some((_, answer)) => answer,
+                None => placed.next().unwrap_or(Err(ApiError::NotReady)),
+            })
             .collect()
     }
 
