@@ -229,16 +229,23 @@ fn plain_status(code: Code, reason: &'static str, message: String) -> Status {
     type Memo = dashmap::DashMap<(i32, &'static str), Vec<(String, bytes::Bytes)>>;
     static MEMO: std::sync::LazyLock<Memo> = std::sync::LazyLock::new(Memo::default);
     let key = (code as i32, reason);
-    if let Some(known) = MEMO.get(&key)
-        && let Some((_, details)) = known.iter().find(|(m, _)| *m == message)
-    {
-        return Status::with_details(code, message, details.clone());
-    }
+    let full = match MEMO.get(&key) {
+        Some(known) => {
+            if let Some((_, details)) = known.iter().find(|(m, _)| *m == message) {
+                return Status::with_details(code, message, details.clone());
+            }
+            known.len() >= PLAIN_MESSAGES_MAX
+        }
+        None => false,
+    };
     let details = ErrorDetails::with_error_info(reason, DOMAIN, HashMap::new());
     let s = Status::with_error_details(code, message, details);
-    let mut known = MEMO.entry(key).or_default();
-    if known.len() < PLAIN_MESSAGES_MAX && !known.iter().any(|(m, _)| m == s.message()) {
-        known.push((s.message().to_owned(), s.details().to_vec().into()));
+    // A full list is not written to (nor locked for writing) again.
+    if !full {
+        let mut known = MEMO.entry(key).or_default();
+        if known.len() < PLAIN_MESSAGES_MAX && !known.iter().any(|(m, _)| m == s.message()) {
+            known.push((s.message().to_owned(), s.details().to_vec().into()));
+        }
     }
     s
 }
