@@ -628,7 +628,8 @@ mod tests {
 
     #[test]
     fn the_parts_kept_beside_a_status_are_those_it_was_made_of() {
-        // Twice each: the second of a plain status is the memo's, and must be the same answer.
+        // Twice each: the second of a plain status is the memo's, and must carry the same code,
+        // message and decoded details (the detail bytes are compared in the test below).
         for e in every_error().into_iter().chain(every_error()) {
             let s = Status::from(e.clone());
             let again = e.parts().into_status();
