@@ -135,6 +135,8 @@ pub struct SuperblockFiles {
 
 struct Copies {
     files: [Option<File>; 2],
+    /// Each copy's length on disk, once known (`None`: unknown, so set at the next write).
+    lens: [Option<u64>; 2],
     sequence: u64,
 }
 
@@ -184,6 +186,7 @@ impl SuperblockFiles {
             names,
             state: Mutex::new(Copies {
                 files: [None, None],
+                lens: [None, None],
                 sequence,
             }),
         };
@@ -211,14 +214,21 @@ impl SuperblockFiles {
                 .map_err(|e| StorageError::Io(format!("fsync of the data dir: {e}")))?;
             st.files[slot] = Some(file);
         }
+        // The length is set only when it changes: a new length makes `fdatasync` write the
+        // file's inode as well (a second write to the disk, about half as much again).
+        let known = st.lens[slot].take();
         let Some(file) = st.files[slot].as_ref() else {
             unreachable!("opened above")
         };
         let name = self.names[slot];
         let io = |e: std::io::Error| StorageError::Io(format!("superblock {name}: {e}"));
+        let len = bytes.len() as u64;
         file.write_all_at(&bytes, 0).map_err(io)?;
-        file.set_len(bytes.len() as u64).map_err(io)?;
+        if known != Some(len) {
+            file.set_len(len).map_err(io)?;
+        }
         file.sync_data().map_err(io)?;
+        st.lens[slot] = Some(len);
         st.sequence = sequence;
         Ok(())
     }
@@ -301,5 +311,28 @@ mod tests {
             Some(marks(3)),
             "sequence 4 went to the older slot"
         );
+    }
+
+    #[test]
+    fn a_copy_shorter_than_the_last_is_cut_to_its_length() {
+        let dir = tempfile::tempdir().unwrap();
+        let (files, _) = SuperblockFiles::open(dir.path()).unwrap();
+        let mut long = marks(1);
+        for i in 0..40 {
+            long.raise(&format!("section/e/s{i}"), 7);
+        }
+        // Both copies long, then both short, then both of one length again (set once, kept).
+        for m in [&long, &long, &marks(2), &marks(3), &marks(4), &marks(5)] {
+            files.write(m).unwrap();
+        }
+        let short = std::fs::metadata(dir.path().join(FILES[0])).unwrap().len();
+        assert_eq!(
+            short,
+            std::fs::metadata(dir.path().join(FILES[1])).unwrap().len()
+        );
+        assert_eq!(short, encode(5, &marks(5)).len() as u64);
+        let (_, read) = SuperblockFiles::open(dir.path()).unwrap();
+        assert_eq!(read.marks, Some(marks(5)));
+        assert!(read.damaged_copies.is_empty(), "{:?}", read.damaged_copies);
     }
 }
