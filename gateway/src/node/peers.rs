@@ -463,6 +463,12 @@ pub struct Peers {
     group: u32,
     groups: u32,
     net: crate::net::Net,
+    /// The channel to each node and the address it was made for, shared by every client
+    /// openraft asks for (and by every clone): openraft 0.9 asks for a new client for each
+    /// read-index round (`ensure_linearizable`, behind the read fence) and each election, and a
+    /// channel of its own would open a connection each time (a TCP and HTTP/2 handshake on
+    /// both nodes, then a teardown). One HTTP/2 connection carries a node's calls to a peer.
+    channels: Arc<std::sync::Mutex<BTreeMap<NodeId, (String, Channel)>>>,
 }
 
 impl Peers {
@@ -478,6 +484,7 @@ impl Peers {
             group: 0,
             groups: 1,
             net: None,
+            channels: Arc::default(),
         }
     }
 
@@ -515,12 +522,14 @@ impl Peers {
     /// The same peers, reached over `net` (a simulation's network; `None`: the OS's).
     pub fn over(mut self, net: crate::net::Net) -> Peers {
         self.net = net;
+        self.channels = Arc::default();
         self
     }
 
     /// The same peers, reached over mutual TLS with `tls` (`None`: plaintext).
     pub fn with_tls(mut self, tls: Option<Arc<crate::tls::PeerTls>>) -> Peers {
         self.tls = tls;
+        self.channels = Arc::default();
         self
     }
 
@@ -539,13 +548,18 @@ impl Peers {
     /// dead (nothing comes back, no reset) is noticed in seconds and opened again, instead of
     /// failing every call until TCP gives up.
     pub(crate) fn endpoint(&self, node: NodeId) -> Option<Endpoint> {
-        let addr = self
-            .addrs
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&node)?
-            .clone();
-        let endpoint = crate::tls::peer_endpoint(&addr, self.tls.as_deref())
+        self.endpoint_at(node, &self.addr(node)?)
+    }
+
+    /// Node `node`'s address, if it has one.
+    fn addr(&self, node: NodeId) -> Option<String> {
+        let addrs = self.addrs.read().unwrap_or_else(|p| p.into_inner());
+        addrs.get(&node).cloned()
+    }
+
+    /// [`Peers::endpoint`] of node `node` at `addr`.
+    fn endpoint_at(&self, node: NodeId, addr: &str) -> Option<Endpoint> {
+        let endpoint = crate::tls::peer_endpoint(addr, self.tls.as_deref())
             .map_err(|e| tracing::warn!(node, %addr, error = %e, "no endpoint for a peer"))
             .ok()?;
         Some(
@@ -556,6 +570,21 @@ impl Peers {
                 .keep_alive_while_idle(true)
                 .tcp_nodelay(true),
         )
+    }
+
+    /// The channel to node `node` (none without an address): the one made for its address
+    /// before, or a new one (connected on first use).
+    fn shared_channel(&self, node: NodeId) -> Option<Channel> {
+        let addr = self.addr(node)?;
+        let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((made_for, channel)) = channels.get(&node)
+            && *made_for == addr
+        {
+            return Some(channel.clone());
+        }
+        let channel = crate::net::channel_lazy(&self.net, self.endpoint_at(node, &addr)?);
+        channels.insert(node, (addr, channel.clone()));
+        Some(channel)
     }
 
     /// The same peers, their links told by `watch` (one for all of a node's groups).
@@ -577,9 +606,7 @@ impl RaftNetworkFactory<TypeConfig> for Peers {
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
         self.learn(target, &node.addr);
-        let channel = self
-            .endpoint(target)
-            .map(|e| crate::net::channel_lazy(&self.net, e));
+        let channel = self.shared_channel(target);
         PeerClient {
             target,
             channel,
@@ -746,5 +773,57 @@ impl RaftNetwork<TypeConfig> for PeerClient {
             c.vote(r).await
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use futures_util::StreamExt;
+
+    use super::*;
+
+    /// openraft 0.9 asks the factory for a new client for each read-index round and each
+    /// election: they must share one connection to a peer, not open one each.
+    #[tokio::test]
+    async fn clients_of_a_peer_share_one_connection() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counted = accepted.clone();
+        let incoming =
+            tokio_stream::wrappers::TcpListenerStream::new(listener).inspect(move |_| {
+                counted.fetch_add(1, Ordering::SeqCst);
+            });
+        // A server with no service: every call is answered UNIMPLEMENTED, over a connection.
+        let server = tonic::transport::Server::builder()
+            .add_optional_service(None::<RaftServer<RaftEndpoint>>)
+            .serve_with_incoming(incoming);
+        let served = tokio::spawn(server);
+        let mut peers = Peers::new(
+            BTreeMap::from([(1, "127.0.0.1:1".to_owned()), (2, addr.clone())]),
+            ClusterSecret::new("a-secret-for-the-test").unwrap(),
+        );
+        let node = BasicNode { addr: addr.clone() };
+        for _ in 0..5 {
+            let mut client = peers.new_client(2, &node).await;
+            let answer = client
+                .vote(
+                    VoteRequest::new(openraft::Vote::new(1, 1), None),
+                    RPCOption::new(Duration::from_secs(5)),
+                )
+                .await;
+            assert!(
+                matches!(answer, Err(RPCError::Network(_))),
+                "the server has no Raft service: {answer:?}"
+            );
+        }
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "one connection for five clients"
+        );
+        served.abort();
     }
 }
