@@ -330,7 +330,7 @@ mod tests {
             short,
             std::fs::metadata(dir.path().join(FILES[1])).unwrap().len()
         );
-        assert_eq!(short, encode(5, &marks(5)).len() as u64);
+        assert_eq!(short, encode(6, &marks(5)).len() as u64);
         let (_, read) = SuperblockFiles::open(dir.path()).unwrap();
         assert_eq!(read.marks, Some(marks(5)));
         assert!(read.damaged_copies.is_empty(), "{:?}", read.damaged_copies);

@@ -463,11 +463,14 @@ pub struct Peers {
     group: u32,
     groups: u32,
     net: crate::net::Net,
-    /// The channel to each node and the address it was made for, shared by every client
-    /// openraft asks for (and by every clone): openraft 0.9 asks for a new client for each
-    /// read-index round (`ensure_linearizable`, behind the read fence) and each election, and a
-    /// channel of its own would open a connection each time (a TCP and HTTP/2 handshake on
-    /// both nodes, then a teardown). One HTTP/2 connection carries a node's calls to a peer.
+    /// The channel of the small Raft calls to each node (votes, and appends without entries:
+    /// heartbeats and read-index rounds) and the address it was made for, shared by every
+    /// client openraft asks for, in every group (every clone shares it): openraft 0.9 asks for
+    /// a new client for each read-index round (`ensure_linearizable`, behind the read fence)
+    /// and each election, and a channel of its own would open a connection each time (a TCP and
+    /// HTTP/2 handshake on both nodes, then a teardown). Appends with entries and snapshot
+    /// chunks go over a client's own channel ([`PeerClient`]), so no bulk transfer holds up a
+    /// heartbeat, a vote or a read.
     channels: Arc<std::sync::Mutex<BTreeMap<NodeId, (String, Channel)>>>,
 }
 
@@ -572,8 +575,8 @@ impl Peers {
         )
     }
 
-    /// The channel to node `node` (none without an address): the one made for its address
-    /// before, or a new one (connected on first use).
+    /// The channel of the small calls to node `node` (none without an address): the one made
+    /// for its address before, or a new one (connected on first use).
     fn shared_channel(&self, node: NodeId) -> Option<Channel> {
         let addr = self.addr(node)?;
         let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
@@ -606,10 +609,11 @@ impl RaftNetworkFactory<TypeConfig> for Peers {
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
         self.learn(target, &node.addr);
-        let channel = self.shared_channel(target);
         PeerClient {
             target,
-            channel,
+            shared: self.shared_channel(target),
+            own: None,
+            endpoint: self.endpoint(target),
             watch: self.watch.clone(),
             secret: self.secret.clone(),
             group: self.group,
@@ -641,10 +645,16 @@ impl std::fmt::Display for Failure<'_> {
     }
 }
 
-/// A connection to one peer.
+/// A client of one peer: its small calls over the channel shared by the node's clients of that
+/// peer, its appends with entries and snapshot chunks over a channel of its own.
 pub struct PeerClient {
     target: NodeId,
-    channel: Option<Channel>,
+    /// The node's channel of small calls to the peer ([`Peers`]).
+    shared: Option<Channel>,
+    /// This client's own channel (made at its first bulk call: a replication stream's appends,
+    /// a snapshot's chunks), and the peer's endpoint to make it from.
+    own: Option<Channel>,
+    endpoint: Option<Endpoint>,
     watch: Arc<PeerWatch>,
     secret: ClusterSecret,
     group: u32,
@@ -655,8 +665,11 @@ pub struct PeerClient {
 
 impl PeerClient {
     /// Sends `rpc` with `call`, and decodes the peer's answer (its result or openraft's error).
+    /// `bulk`: over this client's own channel (entries or a snapshot chunk), else over the
+    /// shared one.
     async fn call<Q, A, E>(
         &mut self,
+        bulk: bool,
         rpc: &Q,
         option: &RPCOption,
         span: &tracing::Span,
@@ -671,7 +684,14 @@ impl PeerClient {
         E: std::error::Error + DeserializeOwned,
         RaftError<NodeId, E>: DeserializeOwned,
     {
-        let Some(channel) = self.channel.clone() else {
+        if bulk && self.own.is_none() {
+            self.own = self
+                .endpoint
+                .clone()
+                .map(|e| crate::net::channel_lazy(&self.net, e));
+        }
+        let channel = if bulk { &self.own } else { &self.shared };
+        let Some(channel) = channel.clone() else {
             return Err(RPCError::Unreachable(openraft::error::Unreachable::new(
                 &AnyError::error(format!("no address for node {}", self.target)),
             )));
@@ -744,7 +764,8 @@ impl RaftNetwork<TypeConfig> for PeerClient {
                     "raft.append_entries", otel.kind = "client", peer = self.target,
                     entries = rpc.entries.len())
             });
-        let sent = self.call(&rpc, &option, &span, async |mut c, r| {
+        let bulk = !rpc.entries.is_empty();
+        let sent = self.call(bulk, &rpc, &option, &span, async |mut c, r| {
             c.append_entries(r).await
         });
         tracing::Instrument::instrument(sent, span.clone()).await
@@ -758,9 +779,13 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
     > {
-        self.call(&rpc, &option, &tracing::Span::none(), async |mut c, r| {
-            c.install_snapshot(r).await
-        })
+        self.call(
+            true,
+            &rpc,
+            &option,
+            &tracing::Span::none(),
+            async |mut c, r| c.install_snapshot(r).await,
+        )
         .await
     }
 
@@ -769,9 +794,13 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        self.call(&rpc, &option, &tracing::Span::none(), async |mut c, r| {
-            c.vote(r).await
-        })
+        self.call(
+            false,
+            &rpc,
+            &option,
+            &tracing::Span::none(),
+            async |mut c, r| c.vote(r).await,
+        )
         .await
     }
 }
@@ -785,7 +814,8 @@ mod tests {
     use super::*;
 
     /// openraft 0.9 asks the factory for a new client for each read-index round and each
-    /// election: they must share one connection to a peer, not open one each.
+    /// election: their calls must share one connection to a peer, not open one each; bulk calls
+    /// (appends with entries) keep a connection of their client's own.
     #[tokio::test]
     async fn clients_of_a_peer_share_one_connection() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -824,6 +854,27 @@ mod tests {
             1,
             "one connection for five clients"
         );
+        // A replication stream's appends with entries go over a connection of its own (made
+        // once), its heartbeats (appends without entries) over the shared one.
+        let mut stream = peers.new_client(2, &node).await;
+        let append = |entries| AppendEntriesRequest::<TypeConfig> {
+            vote: openraft::Vote::new(1, 1),
+            prev_log_id: None,
+            entries,
+            leader_commit: None,
+        };
+        let entry = openraft::Entry::<TypeConfig> {
+            log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), 1),
+            payload: openraft::EntryPayload::Blank,
+        };
+        for (entries, connections) in [(vec![entry.clone()], 2), (vec![entry], 2), (Vec::new(), 2)]
+        {
+            let answer = stream
+                .append_entries(append(entries), RPCOption::new(Duration::from_secs(5)))
+                .await;
+            assert!(matches!(answer, Err(RPCError::Network(_))), "{answer:?}");
+            assert_eq!(accepted.load(Ordering::SeqCst), connections);
+        }
         served.abort();
     }
 }
