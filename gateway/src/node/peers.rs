@@ -664,6 +664,21 @@ pub struct PeerClient {
 }
 
 impl PeerClient {
+    /// The channel of a bulk call (this client's own, made now if need be) or of a small one
+    /// (the shared one); `None` without an address.
+    fn channel(&mut self, bulk: bool) -> Option<Channel> {
+        if !bulk {
+            return self.shared.clone();
+        }
+        if self.own.is_none() {
+            self.own = self
+                .endpoint
+                .clone()
+                .map(|e| crate::net::channel_lazy(&self.net, e));
+        }
+        self.own.clone()
+    }
+
     /// Sends `rpc` with `call`, and decodes the peer's answer (its result or openraft's error).
     /// `bulk`: over this client's own channel (entries or a snapshot chunk), else over the
     /// shared one.
@@ -684,14 +699,7 @@ impl PeerClient {
         E: std::error::Error + DeserializeOwned,
         RaftError<NodeId, E>: DeserializeOwned,
     {
-        if bulk && self.own.is_none() {
-            self.own = self
-                .endpoint
-                .clone()
-                .map(|e| crate::net::channel_lazy(&self.net, e));
-        }
-        let channel = if bulk { &self.own } else { &self.shared };
-        let Some(channel) = channel.clone() else {
+        let Some(channel) = self.channel(bulk) else {
             return Err(RPCError::Unreachable(openraft::error::Unreachable::new(
                 &AnyError::error(format!("no address for node {}", self.target)),
             )));
