@@ -102,6 +102,28 @@ where
         .map_err(|e| e.to_string())
 }
 
+/// Runs `f`, which blocks, off the runtime's workers without waiting for it to end (work
+/// nobody waits on: a purge's removals behind a snapshot); in a simulation, on the spot, so a
+/// run still replays from its seed. A panic in `f` is logged.
+pub fn detach<F>(what: &'static str, f: F)
+where
+    F: FnOnce() + Send + 'static,
+{
+    if simulated() {
+        f();
+        return;
+    }
+    tokio::task::spawn_blocking(move || {
+        if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+            tracing::error!(
+                what,
+                panic = panic_message(p.as_ref()),
+                "background work panicked"
+            );
+        }
+    });
+}
+
 fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     p.downcast_ref::<&str>()
         .map(|s| (*s).to_owned())

@@ -1,343 +1,22 @@
-//! The Raft log and the state machine of a node, in its store ([`Kv`]: sled in the data dir,
-//! or a simulated disk).
+//! The state machine of a node: committed batches applied to its copy of the engine's log,
+//! and the snapshots built from that copy and installed over it.
 
-use std::fmt::Debug;
 use std::io::Cursor;
-use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
 
-use openraft::storage::{LogFlushed, LogState, RaftLogStorage, RaftStateMachine, Snapshot};
+use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{
-    AnyError, Entry, EntryPayload, LogId, OptionalSend, RaftLogReader, RaftSnapshotBuilder,
-    SnapshotMeta, StorageError, StorageIOError, StoredMembership, Vote,
+    AnyError, Entry, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, SnapshotMeta,
+    StorageError, StorageIOError, StoredMembership,
 };
 use serde::{Deserialize, Serialize};
 
-use super::node_db::NodeDb;
-use super::types::{Applied, TypeConfig};
+use super::{Node, NodeId, Result, decode_err, get_in, io, put_in};
 use crate::codec;
+use crate::raft::node_db::NodeDb;
+use crate::raft::types::{Applied, TypeConfig};
 use crate::store::{Batch, Op};
 use crate::store::{Change, Claim, Kv, KvSink, KvTree, LogSink, names};
-
-type NodeId = u64;
-type Node = openraft::BasicNode;
-type Result<T> = std::result::Result<T, StorageError<NodeId>>;
-
-fn io<E: std::error::Error + 'static>(
-    make: fn(AnyError) -> StorageIOError<NodeId>,
-) -> impl Fn(E) -> StorageError<NodeId> {
-    move |e| make(AnyError::new(&e)).into()
-}
-
-fn decode_err(
-    make: fn(AnyError) -> StorageIOError<NodeId>,
-    e: codec::DecodeError,
-) -> StorageError<NodeId> {
-    make(AnyError::error(e.to_string())).into()
-}
-
-/// A tree of small serialized values by key, whose errors read as `read`/`write` say.
-fn get_in<T: for<'de> Deserialize<'de>>(
-    tree: &dyn KvTree,
-    key: &[u8],
-    read: fn(AnyError) -> StorageIOError<NodeId>,
-) -> Result<Option<T>> {
-    match tree.get(key).map_err(io(read))? {
-        None => Ok(None),
-        Some(v) => codec::decode(&v).map(Some).map_err(|e| decode_err(read, e)),
-    }
-}
-
-fn put_in<T: Serialize>(
-    tree: &dyn KvTree,
-    key: &[u8],
-    value: &T,
-    write: fn(AnyError) -> StorageIOError<NodeId>,
-) -> Result<()> {
-    tree.insert(key, &codec::encode(value)).map_err(io(write))
-}
-
-/// The Raft log, vote and commit index (trees `raft_log`, `raft_meta`).
-#[derive(Clone)]
-pub struct LogStore {
-    node: NodeDb,
-    log: Arc<dyn KvTree>,
-    meta: Arc<dyn KvTree>,
-    /// A purge openraft asked for before a stored snapshot covered it: done at the next append
-    /// that finds it covered ([`LogStore::purge_covered`]).
-    deferred: Arc<std::sync::Mutex<Option<LogId<NodeId>>>>,
-}
-
-const VOTE: &[u8] = b"vote";
-
-/// The last log index forming a group writes: the membership (0) and the first leader's blank
-/// entry (1). Every batch of an engine's comes after.
-const FORMED_INDEX: u64 = 1;
-const COMMITTED: &[u8] = b"committed";
-const PURGED: &[u8] = b"last_purged";
-
-impl LogStore {
-    /// The log store of `node`.
-    pub fn open(node: &NodeDb) -> std::io::Result<LogStore> {
-        Ok(LogStore {
-            node: node.clone(),
-            log: node.tree(&format!("{}log", names::RAFT_TREES_PREFIX))?,
-            meta: node.tree(&format!("{}meta", names::RAFT_TREES_PREFIX))?,
-            deferred: Arc::default(),
-        })
-    }
-
-    fn get_meta<T: for<'de> Deserialize<'de>>(&self, key: &[u8]) -> Result<Option<T>> {
-        get_in(self.meta.as_ref(), key, StorageIOError::read_logs)
-    }
-
-    /// Purges the entries up to `upto` if a stored snapshot covers them (its mark is written
-    /// after it, on the same disk: a cut that keeps this purge keeps the snapshot) and they are
-    /// not purged yet. Whether they are purged now.
-    fn purge_covered(&self, upto: LogId<NodeId>) -> Result<bool> {
-        if self.snapshot_at()?.is_none_or(|at| at.index < upto.index) {
-            return Ok(false);
-        }
-        let purged: Option<LogId<NodeId>> = self.get_meta(PURGED)?;
-        if purged.is_some_and(|p| p.index >= upto.index) {
-            return Ok(true);
-        }
-        self.put_meta(PURGED, &upto)?;
-        self.log
-            .remove_upto(&upto.index.to_be_bytes())
-            .map_err(io(StorageIOError::write_logs))?;
-        Ok(true)
-    }
-
-    /// A deferred purge, if a stored snapshot covers it now.
-    fn purge_deferred(&self) -> Result<()> {
-        let due = *self.deferred.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(upto) = due
-            && self.purge_covered(upto)?
-        {
-            let mut deferred = self.deferred.lock().unwrap_or_else(|p| p.into_inner());
-            if *deferred == Some(upto) {
-                *deferred = None;
-            }
-        }
-        Ok(())
-    }
-
-    /// The last log id the state machine's stored snapshot covers (written so far).
-    fn snapshot_at(&self) -> Result<Option<LogId<NodeId>>> {
-        let sm = self
-            .node
-            .tree(&format!("{}sm", names::RAFT_TREES_PREFIX))
-            .map_err(io(StorageIOError::read_logs))?;
-        if let Some(at) =
-            get_in::<Option<LogId<NodeId>>>(sm.as_ref(), SNAPSHOT_AT, StorageIOError::read_logs)?
-        {
-            return Ok(at);
-        }
-        // A snapshot stored before its mark was kept apart.
-        let stored: Option<(SnapshotMeta<NodeId, Node>, Vec<u8>)> =
-            get_in(sm.as_ref(), SNAPSHOT, StorageIOError::read_logs)?;
-        Ok(stored.and_then(|(meta, _)| meta.last_log_id))
-    }
-
-    fn put_meta<T: Serialize>(&self, key: &[u8], value: &T) -> Result<()> {
-        put_in(self.meta.as_ref(), key, value, StorageIOError::write_logs)
-    }
-
-    /// Checks the store at start ([`super::marks::check_log`]): `Err` names the damage.
-    pub(super) fn check_marks(&self) -> std::result::Result<(), String> {
-        let damaged = |e: StorageError<NodeId>| format!("reading the log: {e}");
-        let purged: Option<LogId<NodeId>> = self.get_meta(PURGED).map_err(damaged)?;
-        let covered = self.snapshot_at().map_err(damaged)?;
-        let vote: Option<Vote<NodeId>> = self.get_meta(VOTE).map_err(damaged)?;
-        let behind = [purged, covered]
-            .into_iter()
-            .flatten()
-            .map(|l| l.index)
-            .max();
-        super::marks::check_log(self.log.as_ref(), behind, vote.as_ref(), &self.node.marks)
-    }
-}
-
-impl RaftLogReader<TypeConfig> for LogStore {
-    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
-        &mut self,
-        range: RB,
-    ) -> Result<Vec<Entry<TypeConfig>>> {
-        let start = match range.start_bound() {
-            Bound::Included(i) => *i,
-            Bound::Excluded(i) => i.saturating_add(1),
-            Bound::Unbounded => 0,
-        };
-        let from = start.to_be_bytes();
-        let end = match range.end_bound() {
-            Bound::Included(i) => Bound::Included(i.to_be_bytes()),
-            Bound::Excluded(i) => Bound::Excluded(i.to_be_bytes()),
-            Bound::Unbounded => Bound::Unbounded,
-        };
-        let to = match &end {
-            Bound::Included(k) => Bound::Included(&k[..]),
-            Bound::Excluded(k) => Bound::Excluded(&k[..]),
-            Bound::Unbounded => Bound::Unbounded,
-        };
-        let mut out = Vec::new();
-        for (k, v) in self
-            .log
-            .range(Bound::Included(&from[..]), to)
-            .map_err(io(StorageIOError::read_logs))?
-        {
-            let index = u64::from_be_bytes(k.as_slice().try_into().unwrap_or([0xff; 8]));
-            if !range.contains(&index) {
-                break;
-            }
-            out.push(codec::decode(&v).map_err(|e| decode_err(StorageIOError::read_logs, e))?);
-        }
-        Ok(out)
-    }
-}
-
-impl RaftLogStorage<TypeConfig> for LogStore {
-    type LogReader = LogStore;
-
-    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>> {
-        // A purge deferred before a power cut (or never asked again): entries the stored
-        // snapshot covers go now, so the log holds no gap below what comes after the snapshot.
-        if let Some(at) = self.snapshot_at()? {
-            self.purge_covered(at)?;
-        }
-        let last_purged: Option<LogId<NodeId>> = self.get_meta(PURGED)?;
-        let last = match self.log.last().map_err(io(StorageIOError::read_logs))? {
-            Some((_, v)) => {
-                let e: Entry<TypeConfig> =
-                    codec::decode(&v).map_err(|e| decode_err(StorageIOError::read_logs, e))?;
-                Some(e.log_id)
-            }
-            None => last_purged,
-        };
-        Ok(LogState {
-            last_purged_log_id: last_purged,
-            last_log_id: last,
-        })
-    }
-
-    async fn get_log_reader(&mut self) -> Self::LogReader {
-        self.clone()
-    }
-
-    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<()> {
-        self.put_meta(VOTE, vote)?;
-        if crate::bugs::on(crate::bugs::Bug::VoteBeforeDurable) {
-            return Ok(());
-        }
-        // Marked before the vote leaves: a start that finds an older one knows it was lost.
-        let vote = Some(*vote);
-        self.node
-            .sync_marked(move |h| h.vote = vote)
-            .await
-            .map_err(io(StorageIOError::write_vote))
-    }
-
-    /// The saved vote, never as committed: a node that led before its restart must win an
-    /// election in a new term before it leads again. openraft 0.9 restores a node whose saved
-    /// vote is its own and committed as the leader at once, in the same term, with no new
-    /// entry of its own: its engine would open on a copy that has not yet applied what the
-    /// group committed before the restart (entries of that term still to be applied), then
-    /// write over those records; and after a coordinated power cut the log it resumes with may
-    /// lack a tail its followers committed. A new term begins with a blank entry, committed
-    /// and applied only after everything before it, which the engine waits for.
-    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>> {
-        // A log that holds no more than forming the group wrote has no batch of an engine's to
-        // lose or write over: its leader resumes (the other nodes, new, vote only in the
-        // group's first election, and could elect it no more).
-        let formed_only = self
-            .log
-            .last()
-            .map_err(io(StorageIOError::read_vote))?
-            .is_none_or(|(k, _)| k.as_slice() <= FORMED_INDEX.to_be_bytes().as_slice());
-        let resume = formed_only || crate::bugs::on(crate::bugs::Bug::LeaderResumesTerm);
-        Ok(self.get_meta::<Vote<NodeId>>(VOTE)?.map(|v| Vote {
-            committed: v.committed && resume,
-            ..v
-        }))
-    }
-
-    async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<()> {
-        // Not synced: a lost commit index is found again from the log and the leader.
-        self.put_meta(COMMITTED, &committed)
-    }
-
-    async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>> {
-        Ok(self.get_meta::<Option<LogId<NodeId>>>(COMMITTED)?.flatten())
-    }
-
-    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<()>
-    where
-        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
-        I::IntoIter: OptionalSend,
-    {
-        self.purge_deferred()?;
-        let changes: Vec<_> = entries
-            .into_iter()
-            .map(|e| {
-                (
-                    e.log_id.index.to_be_bytes().to_vec(),
-                    Some(codec::encode(&e)),
-                )
-            })
-            .collect();
-        self.log
-            .apply(&changes)
-            .map_err(io(StorageIOError::write_logs))?;
-        if crate::bugs::on(crate::bugs::Bug::ReplyBeforeSync) {
-            callback.log_io_completed(Ok(()));
-            return Ok(());
-        }
-        // Durable before openraft may count this node in a majority, and marked so: a start
-        // that finds a shorter log knows its store lost entries it may have acknowledged.
-        let last: Option<[u8; 8]> = changes
-            .last()
-            .and_then(|(k, _)| k.as_slice().try_into().ok());
-        let last = last.map(u64::from_be_bytes);
-        let mark = move |h: &mut super::marks::Held| h.last_index = last.or(h.last_index);
-        callback.log_io_completed(self.node.sync_marked(mark).await);
-        Ok(())
-    }
-
-    async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<()> {
-        // The entries removed were never committed: the log may end before them now. Marked
-        // first: a power cut between the two leaves a mark below the log, never above it.
-        let below = log_id.index.checked_sub(1);
-        (self.node.mark(move |h| h.last_index = below).await)
-            .map_err(io(StorageIOError::write_logs))?;
-        self.log
-            .remove_from(&log_id.index.to_be_bytes())
-            .map_err(io(StorageIOError::write_logs))?;
-        self.node
-            .sync()
-            .await
-            .map_err(io(StorageIOError::write_logs))
-    }
-
-    async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<()> {
-        // openraft purges the entries a snapshot covers, and may ask before the state machine
-        // has stored that snapshot (a follower's install runs on the state machine's task). A
-        // power cut then would leave a log purged past its snapshot: the node could not start
-        // again ("purge_upto > snapshot_last_log_id", or entries to re-apply missing). So the
-        // entries go only once a stored snapshot covers them; until then the purge waits for
-        // the next append (an install is stored before the entries after it come).
-        if !self.purge_covered(log_id)? {
-            tracing::debug!(
-                upto = log_id.index,
-                "purge deferred: no stored snapshot covers it yet"
-            );
-            let mut deferred = self.deferred.lock().unwrap_or_else(|p| p.into_inner());
-            if deferred.is_none_or(|d| d.index < log_id.index) {
-                *deferred = Some(log_id);
-            }
-        }
-        Ok(())
-    }
-}
 
 /// A tree's `(key, value)` pairs.
 type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
@@ -366,6 +45,9 @@ pub struct StateMachine {
     /// where the log stands: the last applied log id and membership, with how many entries
     /// were applied since they were last recorded.
     turn: Arc<tokio::sync::Mutex<Position>>,
+    /// Held while the stored snapshot is replaced: by an install (inside the turn) and by a
+    /// build's store (outside it, so no apply waits on a big snapshot's write).
+    stored: Arc<tokio::sync::Mutex<()>>,
     /// The state this node's engine would start from, kept warm by every batch applied here
     /// ([`crate::warm`]).
     warm: Arc<crate::warm::Warm>,
@@ -390,10 +72,10 @@ const RECORD_APPLIED_EVERY: u64 = 256;
 
 const LAST_APPLIED: &[u8] = b"last_applied";
 const MEMBERSHIP: &[u8] = b"membership";
-const SNAPSHOT: &[u8] = b"snapshot";
+pub(super) const SNAPSHOT: &[u8] = b"snapshot";
 /// The last log id the stored snapshot covers, written after (or with) the snapshot itself: the
 /// log store reads it before it purges.
-const SNAPSHOT_AT: &[u8] = b"snapshot_at";
+pub(super) const SNAPSHOT_AT: &[u8] = b"snapshot_at";
 
 fn sm_err(e: impl std::fmt::Display) -> StorageError<NodeId> {
     StorageIOError::write_state_machine(AnyError::error(e.to_string())).into()
@@ -448,6 +130,7 @@ impl StateMachine {
                 .unwrap_or_default(),
                 since_recorded: 0,
             })),
+            stored: Arc::default(),
             warm: Arc::new(crate::warm::Warm::new()),
             check_snapshots: true,
         })
@@ -621,7 +304,7 @@ impl StateMachine {
                     }
                     self.sink.stream(stream)?.append_batch(entries)?;
                     self.warm.append(stream, entries);
-                    super::observe::applied(&super::observe::Applied {
+                    crate::raft::observe::applied(&crate::raft::observe::Applied {
                         index,
                         op: at,
                         stream,
@@ -645,46 +328,77 @@ impl StateMachine {
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>> {
-        let mut at = self.turn.lock().await;
-        let content = self.content(&at)?;
+        // Only the read of one consistent state and its record hold the turn: every apply (so
+        // every commit's answer) waits while it is held. The check, the encoding and the store
+        // run after, while the log goes on.
+        let content = {
+            let mut at = self.turn.lock().await;
+            let content = self.content(&at)?;
+            // The log up to this snapshot may be purged once it is built: what it holds must
+            // be on disk first (applies are not synced one by one), and recorded as applied.
+            self.record(&mut at).await?;
+            content
+        };
         // A copy with damage (a bit flipped at rest) is never handed on: a follower that
         // installed it would be damaged too, and in time every node. The build fails, this
         // node's Raft stops, and it leaves its group until it is wiped and catches up.
         let check = self.check_snapshots;
-        let (content, checked) = crate::rt::blocking(move || {
+        let (content, checked, bytes) = crate::rt::blocking(move || {
             let checked = if check {
                 check_content(&content)
             } else {
                 Ok(())
             };
-            (content, checked)
+            let bytes = checked.is_ok().then(|| codec::encode(&content));
+            (content, checked, bytes)
         })
         .await
         .map_err(|e| sm_err(format!("checking the snapshot: {e}")))?;
-        match checked {
-            Ok(()) => {}
-            Err(damage) => {
-                tracing::error!(%damage, "this node's copy is damaged: no snapshot is built from it");
-                return Err(sm_err(format!(
-                    "this node's copy is damaged, so no snapshot is built from it: {damage}"
-                )));
-            }
+        if let Err(damage) = checked {
+            tracing::error!(%damage, "this node's copy is damaged: no snapshot is built from it");
+            return Err(sm_err(format!(
+                "this node's copy is damaged, so no snapshot is built from it: {damage}"
+            )));
         }
-        // The log up to this snapshot may be purged once it is built: what it holds must be on
-        // disk first (applies are not synced one by one), and recorded as applied.
-        self.record(&mut at).await?;
         let meta = SnapshotMeta {
             last_log_id: content.last_applied,
             last_membership: content.membership.clone(),
             snapshot_id: format!("{}", content.last_applied.map_or(0, |l| l.index)),
         };
-        let bytes = codec::encode(&content);
-        self.put(SNAPSHOT, &(meta.clone(), bytes.clone()))?;
-        self.put(SNAPSHOT_AT, &meta.last_log_id)?;
+        let (_, bytes) = self.keep_snapshot(&meta, bytes.unwrap_or_default()).await?;
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(bytes)),
         })
+    }
+}
+
+impl StateMachine {
+    /// Stores a snapshot this node built, unless one stored meanwhile (a leader's, installed
+    /// while this one was checked and encoded) covers more of the log: the stored snapshot
+    /// never goes back. `false`: not stored.
+    async fn keep_snapshot(
+        &self,
+        meta: &SnapshotMeta<NodeId, Node>,
+        bytes: Vec<u8>,
+    ) -> Result<(bool, Vec<u8>)> {
+        let _stored = self.stored.lock().await;
+        let at: Option<Option<LogId<NodeId>>> = self.get(SNAPSHOT_AT)?;
+        if at.is_some_and(|at| at >= meta.last_log_id) {
+            return Ok((false, bytes));
+        }
+        // Tens of megabytes to encode and write: off the runtime's workers.
+        let (this, meta) = (self.clone(), meta.clone());
+        let (stored, bytes) = crate::rt::blocking(move || {
+            let stored = this
+                .put(SNAPSHOT, &(&meta, &bytes))
+                .and_then(|()| this.put(SNAPSHOT_AT, &meta.last_log_id));
+            (stored, bytes)
+        })
+        .await
+        .map_err(|e| sm_err(format!("storing the snapshot: {e}")))?;
+        stored?;
+        Ok((true, bytes))
     }
 }
 
@@ -767,6 +481,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let content: SnapshotContent = codec::decode(&bytes)
             .map_err(|e| decode_err(StorageIOError::write_state_machine, e))?;
         let mut at = self.turn.lock().await;
+        let _stored = self.stored.lock().await;
         self.warm
             .drop_state("a snapshot from the leader replaced this node's copy");
         let mut changes = self.replaced_by(&content)?;
@@ -869,31 +584,58 @@ impl StateMachine {
 mod tests {
     use super::*;
 
+    /// A snapshot this node built is stored only if none stored meanwhile covers more of the
+    /// log (its check and encoding run while applies and installs go on).
     #[tokio::test]
-    async fn a_start_makes_what_it_reads_durable_before_reading_it() {
+    async fn a_snapshot_built_before_an_install_never_replaces_it() {
         let disk = crate::store::SimKv::new();
-        let vote = Vote::new(3, 2);
-        {
-            // The last run stopped inside the fsync of its vote: written, never synced.
-            let node = NodeDb::new(Arc::new(disk.clone()));
-            LogStore::open(&node)
+        let node = NodeDb::new(Arc::new(disk));
+        let mut sm = StateMachine::open(&node).unwrap();
+        let at = |index| Some(LogId::new(openraft::CommittedLeaderId::new(1, 1), index));
+        let meta = |index| SnapshotMeta {
+            last_log_id: at(index),
+            last_membership: StoredMembership::default(),
+            snapshot_id: format!("{index}"),
+        };
+        let content = SnapshotContent {
+            last_applied: at(20),
+            membership: StoredMembership::default(),
+            trees: Vec::new(),
+        };
+        sm.install_snapshot(&meta(20), Box::new(Cursor::new(codec::encode(&content))))
+            .await
+            .unwrap();
+        let stored = |sm: &mut StateMachine| {
+            let mut sm = sm.clone();
+            async move {
+                let s = sm.get_current_snapshot().await.unwrap().unwrap();
+                (s.meta.last_log_id, s.snapshot.into_inner())
+            }
+        };
+        let installed = stored(&mut sm).await;
+        assert_eq!(installed.0, at(20));
+        // Built at 10, before the leader's snapshot at 20 was installed: not stored.
+        assert!(
+            !sm.keep_snapshot(&meta(10), b"older".to_vec())
+                .await
                 .unwrap()
-                .put_meta(VOTE, &vote)
-                .unwrap();
-        }
-        assert!(disk.unsynced_writes() > 0);
-        // The next start reads that vote and acts on it ...
-        let node = NodeDb::new(Arc::new(disk.clone()));
-        let (_, mut log, _) = crate::raft::open_for_start(&node).await.unwrap();
-        assert_eq!(log.read_vote().await.unwrap(), Some(vote));
-        // ... so a power cut after it must not take it back.
-        disk.crash(0);
-        let node = NodeDb::new(Arc::new(disk.clone()));
-        let mut log = LogStore::open(&node).unwrap();
-        assert_eq!(
-            log.read_vote().await.unwrap(),
-            Some(vote),
-            "a vote the start read was lost to a later power cut"
+                .0
         );
+        assert_eq!(stored(&mut sm).await, installed);
+        assert!(
+            !sm.keep_snapshot(&meta(20), b"same".to_vec())
+                .await
+                .unwrap()
+                .0
+        );
+        assert_eq!(stored(&mut sm).await, installed);
+        // A newer one is.
+        assert!(
+            sm.keep_snapshot(&meta(30), b"newer".to_vec())
+                .await
+                .unwrap()
+                .0
+        );
+        assert_eq!(stored(&mut sm).await, (at(30), b"newer".to_vec()));
     }
 }
