@@ -60,6 +60,28 @@ fn put_in<T: Serialize>(
     tree.insert(key, &codec::encode(value)).map_err(io(write))
 }
 
+/// Removes every key of `tree` up to and including `upto`, lowest first, [`PURGE_STEP`] keys a
+/// write.
+fn remove_in_steps(
+    tree: &dyn KvTree,
+    upto: &[u8],
+) -> std::result::Result<(), crate::error::StorageError> {
+    let mut keys = Vec::new();
+    tree.visit_range(Bound::Unbounded, Bound::Included(upto), &mut |k, _| {
+        keys.push(k.to_vec());
+        Ok(())
+    })?;
+    for step in keys.chunks(PURGE_STEP) {
+        let changes: Vec<_> = step.iter().map(|k| (k.clone(), None)).collect();
+        tree.apply(&changes)?;
+    }
+    Ok(())
+}
+
+/// Keys removed in one write by a purge off openraft's core (each write holds the lock of
+/// every sled tree of the process for its length).
+const PURGE_STEP: usize = 256;
+
 /// The Raft log, vote and commit index (trees `raft_log`, `raft_meta`).
 #[derive(Clone)]
 pub struct LogStore {
@@ -106,13 +128,25 @@ impl LogStore {
             return Ok(true);
         }
         self.put_meta(PURGED, &upto)?;
-        // The entries go off openraft's core, which waits on a purge before it appends or
-        // commits anything more (10,000 entries took 60 to 180 ms): no entry at or below a
-        // purge is read again, an append or a truncation never reaches that far down, and a
-        // crash before they are gone leaves them below the mark, removed by the next purge.
+        let key = upto.index.to_be_bytes();
+        let last = self.log.last().map_err(io(StorageIOError::write_logs))?;
+        if last.is_none_or(|(k, _)| k.as_slice() <= key.as_slice()) {
+            // Nothing after the purge (a follower that installed a snapshot past its log): the
+            // entries go now, before anything is appended after them. A crash that kept a later
+            // append without this removal would leave a log with a gap, which a start refuses.
+            self.log
+                .remove_upto(&key)
+                .map_err(io(StorageIOError::write_logs))?;
+            return Ok(true);
+        }
+        // Entries follow the purge: they go off openraft's core, which appends and commits
+        // nothing while a purge runs (10,000 entries took 60 to 310 ms), in small writes, each
+        // holding sled's lock briefly. Removed in order, what a crash leaves is still one run
+        // of entries from below the mark on; no entry at or below a purge is read again, and
+        // the next purge removes what is left.
         let log = self.log.clone();
         crate::rt::detach("purging the Raft log", move || {
-            if let Err(e) = log.remove_upto(&upto.index.to_be_bytes()) {
+            if let Err(e) = remove_in_steps(log.as_ref(), &key) {
                 tracing::warn!(upto = upto.index, error = %e, "purging the Raft log failed: the next purge removes what is left");
             }
         });
@@ -379,5 +413,57 @@ mod tests {
             Some(vote),
             "a vote the start read was lost to a later power cut"
         );
+    }
+
+    /// A purge's entries go off openraft's core only while entries follow them (what a crash
+    /// leaves is one run of entries then); a purge at or past the log's end (a follower that
+    /// installed a snapshot past its log) removes them before it returns, so no later append
+    /// can reach the disk without it and leave a gap.
+    #[tokio::test]
+    async fn a_purge_past_the_logs_end_removes_its_entries_before_it_returns() {
+        let node = NodeDb::new(Arc::new(crate::store::SimKv::new()));
+        let mut store = LogStore::open(&node).unwrap();
+        let log_id = |index| LogId::new(openraft::CommittedLeaderId::new(1, 1), index);
+        let sm = node
+            .tree(&format!("{}sm", names::RAFT_TREES_PREFIX))
+            .unwrap();
+        let indexes = |store: &LogStore| -> Vec<u64> {
+            store
+                .log
+                .pairs()
+                .unwrap()
+                .iter()
+                .map(|(k, _)| u64::from_be_bytes(k.as_slice().try_into().unwrap()))
+                .collect()
+        };
+        for index in 1..=600u64 {
+            store.log.insert(&index.to_be_bytes(), b"entry").unwrap();
+        }
+        // Inside the log: the entries up to 500 go (maybe after the call returns), the rest stay.
+        put_in(
+            sm.as_ref(),
+            SNAPSHOT_AT,
+            &Some(log_id(500)),
+            StorageIOError::write_state_machine,
+        )
+        .unwrap();
+        store.purge(log_id(500)).await.unwrap();
+        for _ in 0..1000 {
+            if indexes(&store).first() == Some(&501) {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert_eq!(indexes(&store), (501..=600).collect::<Vec<_>>());
+        // Past its end: gone when the call returns.
+        put_in(
+            sm.as_ref(),
+            SNAPSHOT_AT,
+            &Some(log_id(900)),
+            StorageIOError::write_state_machine,
+        )
+        .unwrap();
+        store.purge(log_id(900)).await.unwrap();
+        assert_eq!(indexes(&store), Vec::<u64>::new());
     }
 }
