@@ -112,9 +112,19 @@ pub trait KvTree: Send + Sync {
     /// Removes every key up to and including `upto` (in writes of at most 10,000 keys each);
     /// returns how many went.
     fn remove_upto(&self, upto: &[u8]) -> Result<usize, StorageError> {
-        let keys = self.range(Bound::Unbounded, Bound::Included(upto))?;
-        for chunk in keys.chunks(10_000) {
-            let changes: Vec<_> = chunk.iter().map(|(k, _)| (k.clone(), None)).collect();
+        self.remove_upto_in_steps(upto, 10_000)
+    }
+
+    /// Removes every key up to and including `upto`, lowest first, in writes of at most `step`
+    /// keys each (what a crash leaves is the keys above some point); returns how many went.
+    fn remove_upto_in_steps(&self, upto: &[u8], step: usize) -> Result<usize, StorageError> {
+        let mut keys = Vec::new();
+        self.visit_range(Bound::Unbounded, Bound::Included(upto), &mut |k, _| {
+            keys.push(k.to_vec());
+            Ok(())
+        })?;
+        for chunk in keys.chunks(step.max(1)) {
+            let changes: Vec<_> = chunk.iter().map(|k| (k.clone(), None)).collect();
             self.apply(&changes)?;
         }
         Ok(keys.len())

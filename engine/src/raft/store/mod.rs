@@ -60,24 +60,6 @@ fn put_in<T: Serialize>(
     tree.insert(key, &codec::encode(value)).map_err(io(write))
 }
 
-/// Removes every key of `tree` up to and including `upto`, lowest first, [`PURGE_STEP`] keys a
-/// write.
-fn remove_in_steps(
-    tree: &dyn KvTree,
-    upto: &[u8],
-) -> std::result::Result<(), crate::error::StorageError> {
-    let mut keys = Vec::new();
-    tree.visit_range(Bound::Unbounded, Bound::Included(upto), &mut |k, _| {
-        keys.push(k.to_vec());
-        Ok(())
-    })?;
-    for step in keys.chunks(PURGE_STEP) {
-        let changes: Vec<_> = step.iter().map(|k| (k.clone(), None)).collect();
-        tree.apply(&changes)?;
-    }
-    Ok(())
-}
-
 /// Keys removed in one write by a purge off openraft's core (each write holds the lock of
 /// every sled tree of the process for its length).
 const PURGE_STEP: usize = 256;
@@ -146,7 +128,7 @@ impl LogStore {
         // the next purge removes what is left.
         let log = self.log.clone();
         crate::rt::detach("purging the Raft log", move || {
-            if let Err(e) = remove_in_steps(log.as_ref(), &key) {
+            if let Err(e) = log.remove_upto_in_steps(&key, PURGE_STEP) {
                 tracing::warn!(upto = upto.index, error = %e, "purging the Raft log failed: the next purge removes what is left");
             }
         });
@@ -436,18 +418,22 @@ mod tests {
                 .map(|(k, _)| u64::from_be_bytes(k.as_slice().try_into().unwrap()))
                 .collect()
         };
+        // A stored snapshot covers `index`, then openraft purges up to it.
+        let covered_then_purged = async |store: &mut LogStore, index| {
+            put_in(
+                sm.as_ref(),
+                SNAPSHOT_AT,
+                &Some(log_id(index)),
+                StorageIOError::write_state_machine,
+            )
+            .unwrap();
+            store.purge(log_id(index)).await.unwrap();
+        };
         for index in 1..=600u64 {
             store.log.insert(&index.to_be_bytes(), b"entry").unwrap();
         }
         // Inside the log: the entries up to 500 go (maybe after the call returns), the rest stay.
-        put_in(
-            sm.as_ref(),
-            SNAPSHOT_AT,
-            &Some(log_id(500)),
-            StorageIOError::write_state_machine,
-        )
-        .unwrap();
-        store.purge(log_id(500)).await.unwrap();
+        covered_then_purged(&mut store, 500).await;
         for _ in 0..1000 {
             if indexes(&store).first() == Some(&501) {
                 break;
@@ -456,14 +442,7 @@ mod tests {
         }
         assert_eq!(indexes(&store), (501..=600).collect::<Vec<_>>());
         // Past its end: gone when the call returns.
-        put_in(
-            sm.as_ref(),
-            SNAPSHOT_AT,
-            &Some(log_id(900)),
-            StorageIOError::write_state_machine,
-        )
-        .unwrap();
-        store.purge(log_id(900)).await.unwrap();
+        covered_then_purged(&mut store, 900).await;
         assert_eq!(indexes(&store), Vec::<u64>::new());
     }
 }

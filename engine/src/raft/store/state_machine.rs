@@ -343,29 +343,32 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
         // installed it would be damaged too, and in time every node. The build fails, this
         // node's Raft stops, and it leaves its group until it is wiped and catches up.
         let check = self.check_snapshots;
-        let (content, checked, bytes) = crate::rt::blocking(move || {
+        let (content, encoded) = crate::rt::blocking(move || {
             let checked = if check {
                 check_content(&content)
             } else {
                 Ok(())
             };
-            let bytes = checked.is_ok().then(|| codec::encode(&content));
-            (content, checked, bytes)
+            let encoded = checked.map(|()| codec::encode(&content));
+            (content, encoded)
         })
         .await
         .map_err(|e| sm_err(format!("checking the snapshot: {e}")))?;
-        if let Err(damage) = checked {
-            tracing::error!(%damage, "this node's copy is damaged: no snapshot is built from it");
-            return Err(sm_err(format!(
-                "this node's copy is damaged, so no snapshot is built from it: {damage}"
-            )));
-        }
+        let bytes = match encoded {
+            Ok(bytes) => bytes,
+            Err(damage) => {
+                tracing::error!(%damage, "this node's copy is damaged: no snapshot is built from it");
+                return Err(sm_err(format!(
+                    "this node's copy is damaged, so no snapshot is built from it: {damage}"
+                )));
+            }
+        };
         let meta = SnapshotMeta {
             last_log_id: content.last_applied,
             last_membership: content.membership.clone(),
             snapshot_id: format!("{}", content.last_applied.map_or(0, |l| l.index)),
         };
-        let (_, bytes) = self.keep_snapshot(&meta, bytes.unwrap_or_default()).await?;
+        let (_, bytes) = self.keep_snapshot(&meta, bytes).await?;
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(bytes)),
