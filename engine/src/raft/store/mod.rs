@@ -302,28 +302,25 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         self.purge_deferred()?;
-        let changes: Vec<_> = entries
-            .into_iter()
-            .map(|e| {
-                (
-                    e.log_id.index.to_be_bytes().to_vec(),
-                    Some(codec::encode(&e)),
-                )
-            })
-            .collect();
-        self.log
-            .apply(&changes)
-            .map_err(io(StorageIOError::write_logs))?;
+        // One write per entry, lowest index first, not one batch of them: sled rolls its IO
+        // buffer before and after a batch (two more writes to disk, each waking every thread of
+        // its IO pool). Nothing here needs the batch's all-or-none: sled recovers a prefix of
+        // its writes, so a crash before the sync below leaves a log that ends sooner, without a
+        // gap, and none of these entries was acknowledged yet.
+        let mut last = None;
+        for e in entries {
+            let index = e.log_id.index;
+            self.log
+                .insert(&index.to_be_bytes(), &codec::encode(&e))
+                .map_err(io(StorageIOError::write_logs))?;
+            last = Some(index);
+        }
         if crate::bugs::on(crate::bugs::Bug::ReplyBeforeSync) {
             callback.log_io_completed(Ok(()));
             return Ok(());
         }
         // Durable before openraft may count this node in a majority, and marked so: a start
         // that finds a shorter log knows its store lost entries it may have acknowledged.
-        let last: Option<[u8; 8]> = changes
-            .last()
-            .and_then(|(k, _)| k.as_slice().try_into().ok());
-        let last = last.map(u64::from_be_bytes);
         let mark = move |h: &mut super::marks::Held| h.last_index = last.or(h.last_index);
         callback.log_io_completed(self.node.sync_marked(mark).await);
         Ok(())
