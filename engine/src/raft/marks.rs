@@ -11,7 +11,15 @@
 //! vote. A start compares the store with them ([`RaftMarks::check`]); a store that holds less is
 //! damage, named, and the node does not start on it.
 //!
-//! A simulated store (no data dir) keeps no marks: it never loses a synced write.
+//! A gap in the log, or an entry that fails its checksum, **above** the last index marked is a
+//! tail torn by a crash before its sync: no entry there was ever acknowledged (the mark moves
+//! only once an append is synced, before openraft hears of it). sled does not promise a clean
+//! prefix after a power cut (a value it keeps as a file of its own under `blobs/` may be lost
+//! while a later one survives), so such a tail is cut ([`check_log`] says from where), not
+//! refused. The same at or below the mark is damage.
+//!
+//! A simulated store (no data dir) keeps no marks: it never loses a synced write, and a gap in
+//! it is damage (nothing tells what was acknowledged).
 
 use std::ops::Bound;
 use std::sync::{Arc, Mutex};
@@ -137,6 +145,15 @@ impl RaftMarks {
         Ok(())
     }
 
+    /// The last log index marked at start, if this store keeps marks: entries above it were
+    /// never acknowledged. `None`: a simulated store (nothing tells), `Some(None)`: no entry was
+    /// marked yet.
+    fn marked_upto(&self) -> Option<Option<u64>> {
+        self.files
+            .as_ref()
+            .map(|_| self.read.as_ref().and_then(|h| h.last_index))
+    }
+
     /// Records, durably, that the store now holds `change` applied to what it held.
     pub(super) fn write(&self, change: impl FnOnce(&mut Held)) -> std::io::Result<()> {
         let Some(files) = &self.files else {
@@ -153,14 +170,24 @@ impl RaftMarks {
 /// Checks a node's store at start: its Raft log's entries follow each other from `behind` (the
 /// last index purged, or covered by the stored snapshot) on, each passes its checksum, and the
 /// store holds what `marks` say was made durable (the log up to its last index, the vote).
-/// `Err` names the damage.
+/// `Err` names the damage. `Ok(Some(i))`: the log is whole up to `i - 1`, and from `i` on holds a
+/// tail torn by a crash before its sync (a gap or a damaged entry above the last index marked,
+/// never acknowledged), which the caller cuts.
 pub(super) fn check_log(
     log: &dyn KvTree,
     behind: Option<u64>,
     vote: Option<&Vote<NodeId>>,
     marks: &RaftMarks,
-) -> Result<(), String> {
+) -> Result<Option<u64>, String> {
     let (mut first, mut last): (Option<u64>, Option<u64>) = (None, None);
+    let mut torn = None;
+    // A fault at `index` above the last index marked tears the tail there; at or below it, or
+    // in a store that keeps no marks, it is damage.
+    let tears = |index: u64| {
+        marks
+            .marked_upto()
+            .is_some_and(|m| m.is_none_or(|m| index > m))
+    };
     for (k, v) in log
         .range(Bound::Unbounded, Bound::Unbounded)
         .map_err(|e| format!("reading the log: {e}"))?
@@ -173,12 +200,21 @@ pub(super) fn check_log(
         if let Some(l) = last
             && index != l + 1
         {
+            if tears(l + 1) {
+                torn = Some(l + 1);
+                break;
+            }
             return Err(format!(
                 "its Raft log jumps from index {l} to {index}: the entries between are lost"
             ));
         }
-        crate::codec::verify(&v)
-            .map_err(|e| format!("its Raft log's entry {index} is damaged: {e}"))?;
+        if let Err(e) = crate::codec::verify(&v) {
+            if tears(index) {
+                torn = Some(index);
+                break;
+            }
+            return Err(format!("its Raft log's entry {index} is damaged: {e}"));
+        }
         first.get_or_insert(index);
         last = Some(index);
     }
@@ -186,12 +222,16 @@ pub(super) fn check_log(
     if let Some(first) = first
         && first > start
     {
-        return Err(format!(
-            "its Raft log begins at index {first}, but nothing was purged past index {start}: \
-             the entries before are lost"
-        ));
+        if !tears(start) {
+            return Err(format!(
+                "its Raft log begins at index {first}, but nothing was purged past index \
+                 {start}: the entries before are lost"
+            ));
+        }
+        (torn, last) = (Some(start), None);
     }
-    marks.check(last.max(behind), vote)
+    marks.check(last.max(behind), vote)?;
+    Ok(torn)
 }
 
 #[cfg(test)]
@@ -225,6 +265,54 @@ mod tests {
         assert!(marks.check(Some(41), Some(&Vote::new(3, 1))).is_err());
         let e = marks.check(Some(41), None).unwrap_err();
         assert!(e.contains("saved vote is none"), "{e}");
+    }
+
+    /// A gap or a damaged entry above the last index marked is a torn tail, cut from there;
+    /// at or below it, or in a store that keeps no marks, it is damage.
+    #[test]
+    fn a_fault_above_the_marks_tears_the_tail_and_below_them_is_damage() {
+        use crate::store::Kv;
+        let dir = tempfile::tempdir().unwrap();
+        let log_of = |indexes: &[u64], damaged: Option<u64>| {
+            let tree = crate::store::SimKv::new().tree("log").unwrap();
+            for &i in indexes {
+                let value = if damaged == Some(i) {
+                    b"garbage".to_vec()
+                } else {
+                    crate::codec::encode(&i)
+                };
+                tree.insert(&i.to_be_bytes(), &value).unwrap();
+            }
+            tree
+        };
+        let marked = |last: Option<u64>| {
+            let marks = RaftMarks::open(dir.path()).unwrap();
+            marks.write(|h| h.last_index = last).unwrap();
+            RaftMarks::open(dir.path()).unwrap()
+        };
+        let check = |log: &Arc<dyn KvTree>, m: &RaftMarks| check_log(log.as_ref(), None, None, m);
+        // A gap: 4 is missing.
+        let gap = log_of(&[0, 1, 2, 3, 5, 6], None);
+        assert_eq!(check(&gap, &marked(Some(3))), Ok(Some(4)));
+        let e = check(&gap, &marked(Some(4))).unwrap_err();
+        assert!(e.contains("jumps from index 3 to 5"), "{e}");
+        assert!(
+            check(&gap, &RaftMarks::default()).is_err(),
+            "no marks: damage"
+        );
+        // Entry 5 fails its checksum.
+        let bad = log_of(&[0, 1, 2, 3, 4, 5, 6], Some(5));
+        assert_eq!(check(&bad, &marked(Some(4))), Ok(Some(5)));
+        let e = check(&bad, &marked(Some(5))).unwrap_err();
+        assert!(e.contains("entry 5 is damaged"), "{e}");
+        // The log's first entries are missing: all of it is torn when none was marked.
+        let late = log_of(&[2, 3], None);
+        assert_eq!(check(&late, &marked(None)), Ok(Some(0)));
+        assert!(check(&late, &marked(Some(0))).is_err());
+        // Whole logs pass as before.
+        let whole = log_of(&[0, 1, 2], None);
+        assert_eq!(check(&whole, &marked(Some(2))), Ok(None));
+        assert!(check(&whole, &marked(Some(3))).is_err());
     }
 
     #[test]

@@ -10,12 +10,24 @@ use super::store::{LogStore, StateMachine};
 ///
 /// A store that holds less than its marks say was made durable (a log that lost its tail, an
 /// older vote: sled's file was damaged or cut) is refused, naming the damage: the node must not
-/// vote or lead with it ([`super::marks`]).
+/// vote or lead with it ([`super::marks`]). A tail torn by a crash before its sync (a gap or a
+/// damaged entry above the last index marked: never acknowledged) is cut, synced and logged.
 pub async fn open_for_start(node: &NodeDb) -> std::io::Result<(StateMachine, LogStore, VoteGuard)> {
     node.make_durable().await?;
     let log = LogStore::open(node)?;
-    log.check_marks()
+    let torn = log
+        .check_marks()
         .map_err(|damage| std::io::Error::other(damaged_store(&damage)))?;
+    if let Some(from) = torn {
+        let cut = log.cut_torn_tail(from)?;
+        node.make_durable().await?;
+        tracing::warn!(
+            from,
+            entries = cut,
+            "this node's Raft log held a tail torn by a crash before its sync (never \
+             acknowledged): cut"
+        );
+    }
     Ok((StateMachine::open(node)?, log, VoteGuard::open(node)?))
 }
 

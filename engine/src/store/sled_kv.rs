@@ -295,8 +295,11 @@ impl Kv for SledKv {
 
     fn sync(&self) -> Result<(), StorageError> {
         self.db.flush().map_err(io)?;
-        // The large values first: the data file points to them, and a cut between the two
-        // syncs must never leave a durable pointer to a blob that is not.
+        // The large values first: the data file points to them. This narrows, but does not
+        // close, the window for a durable pointer to a blob that is not: sled's flush has
+        // already pushed the data file's pages out (`sync_file_range`), so a power cut before
+        // the blob's fsync can keep the pointer and lose the blob (sled then skips that write
+        // and keeps later ones; a Raft start cuts such a tail, `raft::marks`).
         self.blobs
             .sync(&self.dir)
             .map_err(|e| StorageError::Io(format!("fsync of the log's large values: {e}")))?;

@@ -170,8 +170,10 @@ impl LogStore {
         put_in(self.meta.as_ref(), key, value, StorageIOError::write_logs)
     }
 
-    /// Checks the store at start ([`super::marks::check_log`]): `Err` names the damage.
-    pub(super) fn check_marks(&self) -> std::result::Result<(), String> {
+    /// Checks the store at start ([`super::marks::check_log`]): `Err` names the damage;
+    /// `Ok(Some(i))`: from index `i` on, the log holds a tail torn by a crash before its sync,
+    /// never acknowledged, to cut ([`LogStore::cut_torn_tail`]).
+    pub(super) fn check_marks(&self) -> std::result::Result<Option<u64>, String> {
         let damaged = |e: StorageError<NodeId>| format!("reading the log: {e}");
         let purged: Option<LogId<NodeId>> = self.get_meta(PURGED).map_err(damaged)?;
         let covered = self.snapshot_at().map_err(damaged)?;
@@ -182,6 +184,15 @@ impl LogStore {
             .map(|l| l.index)
             .max();
         super::marks::check_log(self.log.as_ref(), behind, vote.as_ref(), &self.node.marks)
+    }
+
+    /// Removes the log's entries from index `from` on (a torn tail found at start: what is left
+    /// ends at `from - 1`, without a gap). Durable once the caller syncs. Returns how many
+    /// entries went.
+    pub(super) fn cut_torn_tail(&self, from: u64) -> std::io::Result<usize> {
+        self.log
+            .remove_from(&from.to_be_bytes())
+            .map_err(std::io::Error::other)
     }
 }
 
@@ -304,9 +315,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.purge_deferred()?;
         // One write per entry, lowest index first, not one batch of them: sled rolls its IO
         // buffer before and after a batch (two more writes to disk, each waking every thread of
-        // its IO pool). Nothing here needs the batch's all-or-none: sled recovers a prefix of
-        // its writes, so a crash before the sync below leaves a log that ends sooner, without a
-        // gap, and none of these entries was acknowledged yet.
+        // its IO pool). Nothing here needs the batch's all-or-none, which did not hold after a
+        // power cut anyway: none of these entries is acknowledged before the sync below. After
+        // a process crash sled recovers a prefix of its writes (a log that ends sooner); after
+        // a power cut it may keep a later entry and lose an earlier one (a value of its own
+        // under `blobs/` whose file was not synced yet), a tail above the marks that the next
+        // start cuts (`marks::check_log`).
         let mut last = None;
         for e in entries {
             let index = e.log_id.index;
@@ -392,6 +406,54 @@ mod tests {
             Some(vote),
             "a vote the start read was lost to a later power cut"
         );
+    }
+
+    /// A start cuts a tail torn by a crash before its sync (a gap above the last index marked:
+    /// sled may keep a later write and lose an earlier one, a value of its own under `blobs/`),
+    /// and refuses the same gap at or below the mark (entries it may have acknowledged).
+    #[tokio::test]
+    async fn a_start_cuts_a_torn_tail_above_the_marks_and_refuses_one_below() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |indexes: &[u64], marked: u64| {
+            let node = super::super::node_db::open_node_db(dir.path()).unwrap();
+            let store = LogStore::open(&node).unwrap();
+            store.log.remove_from(&0u64.to_be_bytes()).unwrap();
+            for &index in indexes {
+                let entry = Entry::<TypeConfig> {
+                    log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+                    payload: openraft::EntryPayload::Blank,
+                };
+                store
+                    .log
+                    .insert(&index.to_be_bytes(), &codec::encode(&entry))
+                    .unwrap();
+            }
+            node.marks.write(|h| h.last_index = Some(marked)).unwrap();
+            crate::store::Kv::sync(node.store().as_ref()).unwrap();
+        };
+        let indexes = |node: &NodeDb| -> Vec<u64> {
+            LogStore::open(node)
+                .unwrap()
+                .log
+                .pairs()
+                .unwrap()
+                .iter()
+                .map(|(k, _)| u64::from_be_bytes(k.as_slice().try_into().unwrap()))
+                .collect()
+        };
+        // Entries 0 to 3 were synced and marked; 5 and 6 reached the disk without 4.
+        write(&[0, 1, 2, 3, 5, 6], 3);
+        let node = super::super::node_db::open_node_db(dir.path()).unwrap();
+        crate::raft::open_for_start(&node).await.unwrap();
+        assert_eq!(indexes(&node), vec![0, 1, 2, 3], "the torn tail stays");
+        drop(node);
+        // Entry 4 was marked (maybe acknowledged) and is gone: damage, and nothing is cut.
+        write(&[0, 1, 2, 3, 5, 6], 4);
+        let node = super::super::node_db::open_node_db(dir.path()).unwrap();
+        let e = crate::raft::open_for_start(&node).await.err().unwrap();
+        assert!(crate::raft::is_damaged_store(&e), "{e}");
+        assert!(e.to_string().contains("jumps from index 3 to 5"), "{e}");
+        assert_eq!(indexes(&node), vec![0, 1, 2, 3, 5, 6]);
     }
 
     /// A purge's entries go off openraft's core only while entries follow them (what a crash
