@@ -380,6 +380,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 mod tests {
     use super::*;
 
+    /// The indexes of the entries in `store`'s log, in order.
+    fn log_indexes(store: &LogStore) -> Vec<u64> {
+        store
+            .log
+            .pairs()
+            .unwrap()
+            .iter()
+            .map(|(k, _)| u64::from_be_bytes(k.as_slice().try_into().unwrap()))
+            .collect()
+    }
+
     #[tokio::test]
     async fn a_start_makes_what_it_reads_durable_before_reading_it() {
         let disk = crate::store::SimKv::new();
@@ -431,16 +442,7 @@ mod tests {
             node.marks.write(|h| h.last_index = Some(marked)).unwrap();
             crate::store::Kv::sync(node.store().as_ref()).unwrap();
         };
-        let indexes = |node: &NodeDb| -> Vec<u64> {
-            LogStore::open(node)
-                .unwrap()
-                .log
-                .pairs()
-                .unwrap()
-                .iter()
-                .map(|(k, _)| u64::from_be_bytes(k.as_slice().try_into().unwrap()))
-                .collect()
-        };
+        let indexes = |node: &NodeDb| log_indexes(&LogStore::open(node).unwrap());
         // Entries 0 to 3 were synced and marked; 5 and 6 reached the disk without 4.
         write(&[0, 1, 2, 3, 5, 6], 3);
         let node = super::super::node_db::open_node_db(dir.path()).unwrap();
@@ -468,15 +470,7 @@ mod tests {
         let sm = node
             .tree(&format!("{}sm", names::RAFT_TREES_PREFIX))
             .unwrap();
-        let indexes = |store: &LogStore| -> Vec<u64> {
-            store
-                .log
-                .pairs()
-                .unwrap()
-                .iter()
-                .map(|(k, _)| u64::from_be_bytes(k.as_slice().try_into().unwrap()))
-                .collect()
-        };
+        let indexes = log_indexes;
         // A stored snapshot covers `index`, then openraft purges up to it.
         let covered_then_purged = async |store: &mut LogStore, index| {
             put_in(
