@@ -1,4 +1,5 @@
-//! [`FailStopKv`]: a [`Kv`] that stops for good after its first failed sync.
+//! [`FailStopKv`]: a [`Kv`] that stops for good after its first failed sync (the fsync, or a
+//! write the sync had to finish first, such as one that found the disk full).
 //!
 //! A sync that fails promises nothing about any write since the last good one, and a later
 //! sync that succeeds does not bring those writes back: Linux may drop the dirty pages of a
@@ -39,8 +40,9 @@ impl FailStopKv {
 fn check(failed: &AtomicBool) -> Result<(), StorageError> {
     if failed.load(Ordering::SeqCst) {
         return Err(StorageError::Halted(
-            "an fsync of this store failed: writes since the last good one may be lost, so \
-             nothing is read or written until the process starts again"
+            "a sync of this store failed (a write it had to make durable, or the fsync): writes \
+             since the last good one may be lost, so nothing is read or written until the \
+             process starts again"
                 .into(),
         ));
     }
@@ -70,7 +72,11 @@ impl Kv for FailStopKv {
         check(&self.failed)?;
         self.inner.sync().inspect_err(|e| {
             if !self.failed.swap(true, Ordering::SeqCst) {
-                tracing::error!(error = %e, "an fsync failed: this store stops until a restart");
+                tracing::error!(
+                    error = %e,
+                    "a sync of this store failed (a write it had to make durable, or the \
+                     fsync): this store stops until a restart"
+                );
             }
         })
     }

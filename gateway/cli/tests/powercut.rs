@@ -35,12 +35,22 @@
 //!   added back after the restart (`AddNode`).
 //!   `BOXOFFICE_POWERCUT_CLUSTER_CUTS` cuts (default 3; 50 with `BOXOFFICE_SLOW=1`).
 //!
+//! - `a_single_node_stops_visibly_on_a_full_disk_or_failed_fsync_and_loses_nothing` and
+//!   `a_leader_whose_disk_fails_stops_and_its_group_loses_nothing`: mid-burst, one node's disk
+//!   (the single node's, or the cluster's leader's) fills up, then in the next cycle fails every
+//!   fsync, then fills up again. The node must show it within 60 s while the fans keep calling:
+//!   a single node halts its store (`boxoffice_store_halted` 1) and exits non-zero on SIGTERM;
+//!   a cluster node exits non-zero by itself and the other two go on acknowledging calls. Then
+//!   the fault is lifted, the node's disk loses what was not synced (a power cut: a failed sync
+//!   may have dropped writes), the node starts again on it without a word of damage, and every
+//!   promise is checked as after a cut.
+//!
 //! `BOXOFFICE_POWERCUT_SEED=N` fixes the seed of the cuts, of when they come and of the disks'
 //! slowness (printed at the start; failures name it, with the cycle and the cuts). It replays
 //! each cut's choices for the same history; the history itself (which calls were in flight at
 //! the kill) depends on timing. The offline checks at the end: `boxoffice check-log` and
 //! `reconcile` of the single node's dir, `check_copy` of each cluster node's.
-//! Both tests skip without FUSE, unless `BOXOFFICE_REQUIRE_FUSE=1`.
+//! Every test here skips without FUSE, unless `BOXOFFICE_REQUIRE_FUSE=1`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a failed unwrap is a failed test
 
@@ -561,21 +571,13 @@ impl Rig {
         tokens
     }
 
-    /// One cycle: a burst of `fans` fans, every node killed with SIGKILL after
-    /// [`calls_before_cut`] acknowledged calls, every disk cut, every node started again;
-    /// the answers the cut took are asked for again; everything is checked. Returns what was
-    /// acknowledged before the cut and what each disk's cut did.
-    async fn cycle(&mut self, cycle: usize, fans: usize) -> (u64, Vec<CutReport>) {
+    /// Admits `fans` fans of `cycle` and sets them going.
+    async fn burst(&self, cycle: usize, fans: usize) -> Burst {
         let users: Vec<String> = (0..fans).map(|w| format!("c{cycle}-fan{w}")).collect();
         let tokens = self.admit(&users).await;
         let count = Arc::new(AtomicU64::new(0));
         let cut_started = Arc::new(AtomicBool::new(false));
-        // Slow disks during the burst: the kill more often finds writes not synced yet.
-        let delay = disk_delay(self.seed, cycle);
-        for d in &self.disks {
-            d.set_op_delay(delay);
-        }
-        let load: Vec<_> = users
+        let load = users
             .into_iter()
             .zip(tokens)
             .enumerate()
@@ -596,6 +598,28 @@ impl Rig {
                 )
             })
             .collect();
+        Burst {
+            load,
+            count,
+            cut_started,
+        }
+    }
+
+    /// One cycle: a burst of `fans` fans, every node killed with SIGKILL after
+    /// [`calls_before_cut`] acknowledged calls, every disk cut, every node started again;
+    /// the answers the cut took are asked for again; everything is checked. Returns what was
+    /// acknowledged before the cut and what each disk's cut did.
+    async fn cycle(&mut self, cycle: usize, fans: usize) -> (u64, Vec<CutReport>) {
+        // Slow disks during the burst: the kill more often finds writes not synced yet.
+        let delay = disk_delay(self.seed, cycle);
+        for d in &self.disks {
+            d.set_op_delay(delay);
+        }
+        let Burst {
+            load,
+            count,
+            cut_started,
+        } = self.burst(cycle, fans).await;
         let before_cut = calls_before_cut(self.seed, cycle);
         let removed = match &self.kind {
             Kind::Cluster(_) => removed_in(self.seed, cycle),
@@ -644,16 +668,7 @@ impl Rig {
             n.kill9();
         }
         let acked = count.load(Ordering::Relaxed);
-        for t in &load {
-            t.abort();
-        }
-        for t in load {
-            if let Err(e) = t.await
-                && e.is_panic()
-            {
-                std::panic::resume_unwind(e.into_panic());
-            }
-        }
+        stop_fans(load).await;
         let reports: Vec<CutReport> = self
             .disks
             .iter()
@@ -926,6 +941,212 @@ impl Rig {
             holds.iter().filter(|h| h.after_cut).count(),
             orders.iter().filter(|o| o.after_cut).count(),
         )
+    }
+}
+
+/// A burst of fans under way (see [`Rig::burst`]).
+struct Burst {
+    load: Vec<tokio::task::JoinHandle<()>>,
+    /// Calls acknowledged so far.
+    count: Arc<AtomicU64>,
+    /// Set once failures are expected: a fan's call that fails for good after it is not a
+    /// problem (its key is sent again later).
+    cut_started: Arc<AtomicBool>,
+}
+
+/// Stops the fans' tasks (a panic in one is the test's).
+async fn stop_fans(load: Vec<tokio::task::JoinHandle<()>>) {
+    for t in &load {
+        t.abort();
+    }
+    for t in load {
+        if let Err(e) = t.await
+            && e.is_panic()
+        {
+            std::panic::resume_unwind(e.into_panic());
+        }
+    }
+}
+
+/// A fault of one node's disk while it serves.
+#[derive(Clone, Copy, Debug)]
+enum DiskFault {
+    /// The disk is full: a write that would grow a file answers `ENOSPC`.
+    Full,
+    /// Every `fsync` and `fdatasync` answers `EIO` and makes nothing durable.
+    FsyncFails,
+}
+
+impl DiskFault {
+    fn set(self, disk: &PowerCutDisk, on: bool) {
+        match self {
+            DiskFault::Full => {
+                // Full from now on: no file may grow past what the disk holds now.
+                let used = on.then(|| used_bytes(disk.path()));
+                disk.set_capacity(used);
+            }
+            DiskFault::FsyncFails => disk.set_fsync_fails(on),
+        }
+    }
+}
+
+/// The sum of the sizes of the files under `dir`.
+fn used_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let meta = e.metadata().unwrap();
+            if meta.is_dir() {
+                used_bytes(&e.path())
+            } else {
+                meta.len()
+            }
+        })
+        .sum()
+}
+
+/// How long a node whose disk failed may take to show it (its store halted, or its process
+/// gone), while fans keep calling.
+const FAULT_SHOWN_WITHIN: Duration = Duration::from_secs(60);
+
+impl Rig {
+    /// One cycle with a disk fault: a burst of `fans` fans; after [`calls_before_cut`]
+    /// acknowledged calls node `x`'s disk develops `fault`. Node `x` must stop visibly within
+    /// [`FAULT_SHOWN_WITHIN`]: a single node halts its store (`boxoffice_store_halted` 1) and
+    /// exits non-zero on SIGTERM; a cluster node exits non-zero by itself, and the others go
+    /// on acknowledging the fans' calls. Then the fault is lifted, node `x`'s disk loses what
+    /// it did not sync (a power cut: a failed sync may have dropped writes), node `x` starts
+    /// again on it without a word of damage, and every promise is checked as after a cut.
+    /// Returns what happened, for the test's output.
+    async fn fault_cycle(
+        &mut self,
+        cycle: usize,
+        fans: usize,
+        x: usize,
+        fault: DiskFault,
+    ) -> String {
+        let ctx = format!(
+            "{}: cycle {cycle}, {fault:?} on node {}, BOXOFFICE_POWERCUT_SEED={}",
+            self.name,
+            x + 1,
+            self.seed
+        );
+        let burst = self.burst(cycle, fans).await;
+        let before = calls_before_cut(self.seed, cycle);
+        if let Err(why) = Caught(Box::pin(until_grown(&burst.count, before))).await {
+            let mut problems = vec![why];
+            problems.append(&mut self.book.lock().unwrap().errors);
+            fail_if_any(&format!("{ctx}: the burst"), &problems);
+        }
+        let at_fault = burst.count.load(Ordering::Relaxed);
+        burst.cut_started.store(true, Ordering::SeqCst);
+        fault.set(&self.disks[x], true);
+        let faulted = Instant::now();
+        let cluster = matches!(self.kind, Kind::Cluster(_));
+        let shown = loop {
+            if let Some(status) = self.nodes[x].exited() {
+                break format!("exited ({status})");
+            }
+            if !cluster && self.nodes[x].metric("boxoffice_store_halted").await == Some(1.0) {
+                break "halted its store".to_owned();
+            }
+            if faulted.elapsed() > FAULT_SHOWN_WITHIN {
+                let log = self.new_log(x);
+                panic!(
+                    "{ctx}: node {} neither halted its store nor exited within \
+                     {FAULT_SHOWN_WITHIN:?} of the fault (calls acknowledged: {} at the fault, \
+                     {} now); its stderr:\n{}",
+                    x + 1,
+                    at_fault,
+                    burst.count.load(Ordering::Relaxed),
+                    tail(&log, 40)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let took = faulted.elapsed();
+        let mut said = format!("node {} {shown} {took:?} after the fault", x + 1);
+        if cluster {
+            // The others go on: more calls are acknowledged without node x.
+            let more = Caught(Box::pin(until_grown(&burst.count, 20))).await;
+            if let Err(why) = more {
+                fail_if_any(
+                    &format!("{ctx}: the group after node {}'s stop", x + 1),
+                    &[why],
+                );
+            }
+            let status = self.nodes[x].exited().expect("exited above");
+            assert!(
+                !status.success(),
+                "{ctx}: node {} exited with {status}",
+                x + 1
+            );
+        } else {
+            let child = self.nodes[x].child.take().expect("a running node");
+            let status = stop_within(child, Duration::from_secs(30));
+            assert!(
+                !status.success(),
+                "{ctx}: the halted node's SIGTERM ended in success ({status}): a halted store \
+                 must show in its exit"
+            );
+            said.push_str(&format!("; on SIGTERM it exited ({status})"));
+        }
+        let acked = burst.count.load(Ordering::Relaxed);
+        stop_fans(burst.load).await;
+        let log = self.new_log(x);
+        said.push_str(&format!(
+            "; {at_fault} calls acknowledged before the fault, {acked} in all; it logged: {:?}",
+            log.lines()
+                .filter(|l| l.contains("ERROR") || l.contains("error"))
+                .take(2)
+                .collect::<Vec<_>>()
+        ));
+        fault.set(&self.disks[x], false);
+        self.nodes[x].kill9();
+        let cut = self.disks[x]
+            .power_cut(Cut::DropUnsynced)
+            .unwrap_or_else(|e| panic!("{ctx}: the cut: {e}"));
+        let ctx = format!("{ctx}; the cut after it did {}", describe_cut(&cut));
+        self.nodes[x] = self.start(x);
+        if let Err(e) = self.nodes[x].ready_or_exit(READY_WITHIN) {
+            let log = self.new_log(x);
+            panic!(
+                "{ctx}: node {} did not start again: {e}; its stderr:\n{}",
+                x + 1,
+                tail(&log, 40)
+            );
+        }
+        if cluster {
+            let all: Vec<usize> = (0..self.nodes.len()).collect();
+            if let Err(why) = Caught(Box::pin(until_applied(&self.nodes, &all))).await {
+                fail_if_any(&format!("{ctx}: after the restart"), &[why]);
+            }
+        }
+        let mut problems = std::mem::take(&mut self.book.lock().unwrap().errors);
+        problems.extend(self.resolve(cycle).await);
+        problems.extend(self.check(cycle, false).await);
+        problems.extend(self.all_well());
+        fail_if_any(&ctx, &problems);
+        said
+    }
+}
+
+/// Sends SIGTERM to `child` and waits (`within` at most) for its exit.
+fn stop_within(mut child: std::process::Child, within: Duration) -> std::process::ExitStatus {
+    let pid = child.id().to_string();
+    let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(sent.success());
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("process {pid} did not exit within {within:?} of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -1503,4 +1724,65 @@ async fn coordinated_power_cut_of_a_cluster_loses_nothing_acknowledged() {
     for dir in rig.dirs() {
         check_copy(&dir, EVENT, &acked).await;
     }
+}
+
+/// A full disk, then fsyncs that fail, under one `serve` process and under a cluster's
+/// leader, while fans hold and confirm: the node stops visibly, nothing acknowledged is lost,
+/// and once the disk is mended (and has lost what it did not sync) the node starts again.
+async fn disk_faults(name: &'static str, nodes: usize) {
+    if !fuse_or_skip(name) {
+        return;
+    }
+    let seed = base_seed();
+    let fans = 8;
+    println!("{name}: {nodes} node(s); BOXOFFICE_POWERCUT_SEED={seed}");
+    let mut rig = Rig::new(name, nodes, seed);
+    rig.create_event(4 * fans * HOLDS_PER_FAN).await;
+    for (cycle, fault) in [DiskFault::Full, DiskFault::FsyncFails, DiskFault::Full]
+        .into_iter()
+        .enumerate()
+    {
+        let x = if nodes == 1 {
+            0
+        } else {
+            leader(&rig.nodes).await
+        };
+        let said = rig.fault_cycle(cycle, fans, x, fault).await;
+        let (holds, orders, h_after, o_after) = rig.totals();
+        println!(
+            "{name}: cycle {cycle}: {fault:?}: {said}; checked; now {holds} holds and {orders} \
+             orders acknowledged ({h_after} and {o_after} answered to a replay)"
+        );
+    }
+    let problems = rig.check(3, true).await;
+    fail_if_any(&format!("{name}: at the end"), &problems);
+    let acked = rig.acked();
+    for n in &mut rig.nodes {
+        n.terminate();
+    }
+    if nodes > 1 {
+        for dir in rig.dirs() {
+            check_copy(&dir, EVENT, &acked).await;
+        }
+    }
+}
+
+/// One `serve` process whose disk fills up, then fails its fsyncs, mid-burst.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_node_stops_visibly_on_a_full_disk_or_failed_fsync_and_loses_nothing() {
+    disk_faults(
+        "a_single_node_stops_visibly_on_a_full_disk_or_failed_fsync_and_loses_nothing",
+        1,
+    )
+    .await;
+}
+
+/// A cluster whose leader's disk fills up, then (the next leader's) fails its fsyncs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_disk_fails_stops_and_its_group_loses_nothing() {
+    disk_faults(
+        "a_leader_whose_disk_fails_stops_and_its_group_loses_nothing",
+        3,
+    )
+    .await;
 }
