@@ -4,6 +4,8 @@
 //! neither flushes the drive's write cache nor the file's metadata, sled#1452) followed by our
 //! own `fdatasync` of sled's data file, and an fsync of every file sled wrote under `blobs/`
 //! since the last sync: so a sync survives a power cut and not only a `kill -9`.
+//!
+//! A database that failed once (a write, a read or a sync) is never closed ([`KeptOpen`]).
 
 use std::ops::Bound;
 use std::path::Path;
@@ -13,8 +15,47 @@ use std::time::Duration;
 use super::kv::{Change, Kv, KvTree, Pair, Pairs};
 use crate::error::StorageError;
 
-fn io(e: sled::Error) -> StorageError {
-    StorageError::Io(e.to_string())
+/// Keeps a sled database from ever closing once one of its calls failed. sled 0.34 flushes
+/// again when it closes (the last handle of a tree, then of the database, dropped), and that
+/// flush never returns after a failed write of a large value (the failed blob file keeps its
+/// place in sled's IO buffer, so every later flush waits for it: a `serve` whose disk filled
+/// up hung at its exit), while the close's fsync panics after a failed one. The first error
+/// leaks one handle of the database, so it stays open, unflushed, until the process exits:
+/// nothing more is written to a store that failed (the store halts, and the process is
+/// restarted to recover from what is durable).
+struct KeptOpen {
+    db: sled::Db,
+    once: std::sync::Once,
+}
+
+impl KeptOpen {
+    /// `e` as a storage error, the database kept open from now on.
+    fn failed(&self, e: impl std::fmt::Display) -> StorageError {
+        self.keep();
+        StorageError::Io(e.to_string())
+    }
+
+    /// Refuses a sync once a call has failed: sled 0.34's flush may never return then.
+    fn check(&self) -> Result<(), StorageError> {
+        if self.once.is_completed() {
+            return Err(StorageError::Io(
+                "an earlier call to this sled database failed: it is not synced again (its \
+                 flush may never return)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn keep(&self) {
+        self.once.call_once(|| {
+            std::mem::forget(self.db.clone());
+            tracing::warn!(
+                "a call to the sled database failed: it stays open, unflushed, until the \
+                 process exits (closing it would flush it again)"
+            );
+        });
+    }
 }
 
 /// The file sled 0.34 keeps its log and pages in, under the database's directory.
@@ -112,6 +153,8 @@ pub(crate) const SLED_BLOBS_DIR: &str = "blobs";
 /// A sled database as a [`Kv`]; see the module docs.
 pub struct SledKv {
     db: sled::Db,
+    /// The database kept open after a failure (see [`KeptOpen`]).
+    open: Arc<KeptOpen>,
     /// sled's data file (`{dir}/db`), synced after every flush.
     data_file: std::fs::File,
     dir: std::path::PathBuf,
@@ -128,6 +171,10 @@ impl SledKv {
             reason: e.to_string(),
         })?;
         Ok(SledKv {
+            open: Arc::new(KeptOpen {
+                db: db.clone(),
+                once: std::sync::Once::new(),
+            }),
             db,
             data_file,
             dir: dir.to_owned(),
@@ -165,7 +212,10 @@ impl SledKv {
     }
 }
 
-struct SledTree(sled::Tree);
+struct SledTree {
+    tree: sled::Tree,
+    open: Arc<KeptOpen>,
+}
 
 fn bound(b: Bound<&[u8]>) -> Bound<sled::IVec> {
     match b {
@@ -177,24 +227,30 @@ fn bound(b: Bound<&[u8]>) -> Bound<sled::IVec> {
 
 impl KvTree for SledTree {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
-        Ok(self.0.get(key).map_err(io)?.map(|v| v.to_vec()))
+        Ok(self
+            .tree
+            .get(key)
+            .map_err(|e| self.open.failed(e))?
+            .map(|v| v.to_vec()))
     }
 
     fn insert(&self, key: &[u8], value: &[u8]) -> Result<(), StorageError> {
-        self.0.insert(key, value).map_err(io)?;
+        self.tree
+            .insert(key, value)
+            .map_err(|e| self.open.failed(e))?;
         Ok(())
     }
 
     fn remove(&self, key: &[u8]) -> Result<(), StorageError> {
-        self.0.remove(key).map_err(io)?;
+        self.tree.remove(key).map_err(|e| self.open.failed(e))?;
         Ok(())
     }
 
     fn insert_if_absent(&self, key: &[u8], value: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
         match self
-            .0
+            .tree
             .compare_and_swap(key, None::<&[u8]>, Some(value))
-            .map_err(io)?
+            .map_err(|e| self.open.failed(e))?
         {
             Ok(()) => Ok(None),
             Err(cas) => Ok(Some(cas.current.map(|v| v.to_vec()).unwrap_or_default())),
@@ -202,9 +258,12 @@ impl KvTree for SledTree {
     }
 
     fn range(&self, from: Bound<&[u8]>, to: Bound<&[u8]>) -> Result<Pairs, StorageError> {
-        self.0
+        self.tree
             .range::<sled::IVec, _>((bound(from), bound(to)))
-            .map(|kv| kv.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(io))
+            .map(|kv| {
+                kv.map(|(k, v)| (k.to_vec(), v.to_vec()))
+                    .map_err(|e| self.open.failed(e))
+            })
             .collect()
     }
 
@@ -214,8 +273,8 @@ impl KvTree for SledTree {
         to: Bound<&[u8]>,
         each: &mut super::kv::PairVisitor<'_>,
     ) -> Result<(), StorageError> {
-        for pair in self.0.range::<sled::IVec, _>((bound(from), bound(to))) {
-            let (key, value) = pair.map_err(io)?;
+        for pair in self.tree.range::<sled::IVec, _>((bound(from), bound(to))) {
+            let (key, value) = pair.map_err(|e| self.open.failed(e))?;
             each(&key, &value)?;
         }
         Ok(())
@@ -229,34 +288,39 @@ impl KvTree for SledTree {
                 None => batch.remove(k.as_slice()),
             }
         }
-        self.0.apply_batch(batch).map_err(io)
+        self.tree
+            .apply_batch(batch)
+            .map_err(|e| self.open.failed(e))
     }
 
     fn is_empty(&self) -> Result<bool, StorageError> {
-        Ok(self.0.is_empty())
+        Ok(self.tree.is_empty())
     }
 
     fn first_after(&self, key: &[u8]) -> Result<Option<Pair>, StorageError> {
-        self.0
+        self.tree
             .range::<&[u8], _>((Bound::Excluded(key), Bound::Unbounded))
             .next()
             .transpose()
-            .map_err(io)
+            .map_err(|e| self.open.failed(e))
             .map(|kv| kv.map(|(k, v)| (k.to_vec(), v.to_vec())))
     }
 
     fn last(&self) -> Result<Option<Pair>, StorageError> {
         Ok(self
-            .0
+            .tree
             .last()
-            .map_err(io)?
+            .map_err(|e| self.open.failed(e))?
             .map(|(k, v)| (k.to_vec(), v.to_vec())))
     }
 }
 
 impl Kv for SledKv {
     fn tree(&self, name: &str) -> Result<Arc<dyn KvTree>, StorageError> {
-        Ok(Arc::new(SledTree(self.db.open_tree(name).map_err(io)?)))
+        Ok(Arc::new(SledTree {
+            tree: self.db.open_tree(name).map_err(|e| self.open.failed(e))?,
+            open: self.open.clone(),
+        }))
     }
 
     fn tree_names(&self) -> Result<Vec<String>, StorageError> {
@@ -276,7 +340,7 @@ impl Kv for SledKv {
         names.dedup();
         let trees = names
             .iter()
-            .map(|n| self.db.open_tree(n).map_err(io))
+            .map(|n| self.db.open_tree(n).map_err(|e| self.open.failed(e)))
             .collect::<Result<Vec<_>, _>>()?;
         trees
             .as_slice()
@@ -290,22 +354,24 @@ impl Kv for SledKv {
                 }
                 Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
             })
-            .map_err(|e| StorageError::Io(format!("transaction: {e:?}")))
+            .map_err(|e| self.open.failed(format!("transaction: {e:?}")))
     }
 
     fn sync(&self) -> Result<(), StorageError> {
-        self.db.flush().map_err(io)?;
+        self.open.check()?;
+        self.db.flush().map_err(|e| self.open.failed(e))?;
         // The large values first: the data file points to them. This narrows, but does not
         // close, the window for a durable pointer to a blob that is not: sled's flush has
         // already pushed the data file's pages out (`sync_file_range`), so a power cut before
         // the blob's fsync can keep the pointer and lose the blob (sled then skips that write
         // and keeps later ones; a Raft start cuts such a tail, `raft::marks`).
-        self.blobs
-            .sync(&self.dir)
-            .map_err(|e| StorageError::Io(format!("fsync of the log's large values: {e}")))?;
+        self.blobs.sync(&self.dir).map_err(|e| {
+            self.open
+                .failed(format!("fsync of the log's large values: {e}"))
+        })?;
         self.data_file
             .sync_data()
-            .map_err(|e| StorageError::Io(format!("fdatasync of the log: {e}")))?;
+            .map_err(|e| self.open.failed(format!("fdatasync of the log: {e}")))?;
         Ok(())
     }
 

@@ -271,6 +271,9 @@ fn colour(terminal: bool) -> bool {
     terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
+/// How long the end of the process waits for blocking tasks still running (see `main`).
+const RUNTIME_SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 fn main() -> ExitCode {
     // Before the runtime and the engine allocate: mimalloc's arenas on transparent huge pages
     // cost a success-heavy sale about 40% of its throughput in page zeroing (see the function).
@@ -329,6 +332,11 @@ fn main() -> ExitCode {
         let _on = runtime.enter();
         traces.shutdown();
     }
+    // The server's work is done (its engine stopped, its log synced or its store halted); a
+    // blocking task still running is one the disk never answered (after a failed write of a
+    // large value sled's every later flush waits forever): the process ends all the same,
+    // where a plain drop of the runtime would wait for it for good.
+    runtime.shutdown_timeout(RUNTIME_SHUTDOWN_WAIT);
     match result {
         Ok(code) => code.into(),
         Err(e) => {

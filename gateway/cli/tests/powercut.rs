@@ -975,6 +975,10 @@ enum DiskFault {
     Full,
     /// Every `fsync` and `fdatasync` answers `EIO` and makes nothing durable.
     FsyncFails,
+    /// The disk has 64 KiB left when an admin makes an event of 4,000 access codes: its
+    /// record (over 128 KiB) is too large for sled's log and goes to a file of its own under
+    /// `blobs/`, which finds the disk full (sled 0.34 never flushes again after that).
+    FullAtALargeWrite,
 }
 
 impl DiskFault {
@@ -985,8 +989,42 @@ impl DiskFault {
                 let used = on.then(|| used_bytes(disk.path()));
                 disk.set_capacity(used);
             }
+            DiskFault::FullAtALargeWrite => {
+                let left = on.then(|| used_bytes(disk.path()) + 64 * 1024);
+                disk.set_capacity(left);
+            }
             DiskFault::FsyncFails => disk.set_fsync_fails(on),
         }
+    }
+}
+
+/// An event whose record is over 128 KiB (a request just under the 256 KiB limit): 4,000
+/// presale access codes.
+fn large_event(cycle: usize) -> pb::CreateEventRequest {
+    pb::CreateEventRequest {
+        event_id: format!("large-{cycle}"),
+        name: "a large presale".into(),
+        sections: vec![pb::SectionSpec {
+            section_id: "ga".into(),
+            name: "GA".into(),
+            price_cents: 100,
+            layout: Some(pb::section_spec::Layout::GeneralAdmissionCapacity(1_000)),
+            price_tiers: Vec::new(),
+        }],
+        presale_section_ids: vec!["ga".into()],
+        access_codes: (0..4_000)
+            .map(|i| pb::AccessCode {
+                code: format!("LARGE-{cycle}-{i:06}-0123456789abcdef0123456789"),
+                max_uses: 4,
+                ..Default::default()
+            })
+            .collect(),
+        hold_ttl_seconds: 600,
+        per_user_limit: 4,
+        admit_rate_per_second: 1_000,
+        admission_window_seconds: 600,
+        idempotency_key: format!("large-event-{cycle}"),
+        ..Default::default()
     }
 }
 
@@ -1043,6 +1081,10 @@ impl Rig {
         burst.cut_started.store(true, Ordering::SeqCst);
         fault.set(&self.disks[x], true);
         let faulted = Instant::now();
+        let large = matches!(fault, DiskFault::FullAtALargeWrite).then(|| {
+            let mut admin = self.admin[x].clone();
+            tokio::spawn(async move { admin.events.create_event(large_event(cycle)).await })
+        });
         let cluster = matches!(self.kind, Kind::Cluster(_));
         let shown = loop {
             if let Some(status) = self.nodes[x].exited() {
@@ -1077,30 +1119,45 @@ impl Rig {
                 );
             }
             let status = self.nodes[x].exited().expect("exited above");
-            assert!(
-                !status.success(),
-                "{ctx}: node {} exited with {status}",
-                x + 1
+            let log = self.new_log(x);
+            assert_eq!(
+                status.code(),
+                Some(1),
+                "{ctx}: node {} exited with {status}, not 1 (an error while running); its \
+                 stderr:\n{}",
+                x + 1,
+                tail(&log, 40)
             );
+            said.push_str(&log_errors(&log));
         } else {
             let child = self.nodes[x].child.take().expect("a running node");
+            let asked = Instant::now();
             let status = stop_within(child, Duration::from_secs(30));
-            assert!(
-                !status.success(),
-                "{ctx}: the halted node's SIGTERM ended in success ({status}): a halted store \
-                 must show in its exit"
+            let exit_took = asked.elapsed();
+            let log = self.new_log(x);
+            assert_eq!(
+                status.code(),
+                Some(1),
+                "{ctx}: the halted node's SIGTERM ended with {status}, not 1 (an error while \
+                 running: the store's failure); its stderr:\n{}",
+                tail(&log, 40)
             );
-            said.push_str(&format!("; on SIGTERM it exited ({status})"));
+            said.push_str(&format!(
+                "; on SIGTERM it exited ({status}) {exit_took:?} later"
+            ));
+            said.push_str(&log_errors(&log));
         }
         let acked = burst.count.load(Ordering::Relaxed);
         stop_fans(burst.load).await;
-        let log = self.new_log(x);
+        if let Some(large) = large {
+            let answer = large.await.unwrap();
+            said.push_str(&format!(
+                "; the large event: {}",
+                answer.map_or_else(|s| self::said(&s), |_| "created".into())
+            ));
+        }
         said.push_str(&format!(
-            "; {at_fault} calls acknowledged before the fault, {acked} in all; it logged: {:?}",
-            log.lines()
-                .filter(|l| l.contains("ERROR") || l.contains("error"))
-                .take(2)
-                .collect::<Vec<_>>()
+            "; {at_fault} calls acknowledged before the fault, {acked} in all"
         ));
         fault.set(&self.disks[x], false);
         self.nodes[x].kill9();
@@ -1130,6 +1187,16 @@ impl Rig {
         fail_if_any(&ctx, &problems);
         said
     }
+}
+
+/// The first errors a node's stderr shows, for the test's output.
+fn log_errors(log: &str) -> String {
+    let errors: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("ERROR") || l.starts_with("error"))
+        .take(3)
+        .collect();
+    format!("; it logged: {errors:?}")
 }
 
 /// Sends SIGTERM to `child` and waits (`within` at most) for its exit.
@@ -1738,9 +1805,13 @@ async fn disk_faults(name: &'static str, nodes: usize) {
     println!("{name}: {nodes} node(s); BOXOFFICE_POWERCUT_SEED={seed}");
     let mut rig = Rig::new(name, nodes, seed);
     rig.create_event(4 * fans * HOLDS_PER_FAN).await;
-    for (cycle, fault) in [DiskFault::Full, DiskFault::FsyncFails, DiskFault::Full]
-        .into_iter()
-        .enumerate()
+    for (cycle, fault) in [
+        DiskFault::Full,
+        DiskFault::FsyncFails,
+        DiskFault::FullAtALargeWrite,
+    ]
+    .into_iter()
+    .enumerate()
     {
         let x = if nodes == 1 {
             0
