@@ -5,7 +5,8 @@
 //! own `fdatasync` of sled's data file, and an fsync of every file sled wrote under `blobs/`
 //! since the last sync: so a sync survives a power cut and not only a `kill -9`.
 //!
-//! A database that failed once (a write, a read or a sync) is never closed ([`KeptOpen`]).
+//! Once a write or sync of a database failed, no sled database of the process is closed
+//! ([`KeptOpen`]).
 
 use std::ops::Bound;
 use std::path::Path;
@@ -15,32 +16,37 @@ use std::time::Duration;
 use super::kv::{Change, Kv, KvTree, Pair, Pairs};
 use crate::error::StorageError;
 
-/// Keeps a sled database from ever closing once one of its calls failed. sled 0.34 flushes
-/// again when it closes (the last handle of a tree, then of the database, dropped), and that
-/// flush never returns after a failed write of a large value (the failed blob file keeps its
-/// place in sled's IO buffer, so every later flush waits for it: a `serve` whose disk filled
-/// up hung at its exit), while the close's fsync panics after a failed one. The first error
-/// leaks one handle of the database, so it stays open, unflushed, until the process exits:
-/// nothing more is written to a store that failed (the store halts, and the process is
-/// restarted to recover from what is durable).
+/// Keeps sled databases from ever closing once a write or sync of one failed. sled 0.34
+/// flushes again when it closes (the last handle of a tree, then of the database, dropped):
+/// that flush never returns after a failed write of a large value (the failed blob file keeps
+/// its place in sled's IO buffer, so every later flush waits for it: a `serve` whose disk
+/// filled up hung at its exit), and the close's own fsync panics on a disk whose fsyncs fail.
+/// So the first failed write or sync leaks one handle of its database, and from then on every
+/// [`SledKv`] of the process (another group's, on the same disk) leaks one as it is dropped:
+/// each stays open until the process exits, and the process (whose store halts) is restarted
+/// to recover from what is durable. This process syncs a failed database no more; sled's own
+/// background flusher may still try to. A failed read poisons nothing: it writes nothing.
 struct KeptOpen {
     db: sled::Db,
     once: std::sync::Once,
 }
 
+/// Whether a write or sync of any sled database of this process failed (see [`KeptOpen`]).
+static ANY_FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 impl KeptOpen {
-    /// `e` as a storage error, the database kept open from now on.
+    /// `e` of a write or sync as a storage error, the database kept open from now on.
     fn failed(&self, e: impl std::fmt::Display) -> StorageError {
         self.keep();
         StorageError::Io(e.to_string())
     }
 
-    /// Refuses a sync once a call has failed: sled 0.34's flush may never return then.
+    /// Refuses a sync once a write or sync has failed: sled 0.34's flush may never return then.
     fn check(&self) -> Result<(), StorageError> {
         if self.once.is_completed() {
             return Err(StorageError::Io(
-                "an earlier call to this sled database failed: it is not synced again (its \
-                 flush may never return)"
+                "an earlier write or sync of this sled database failed: it is not synced again \
+                 (its flush may never return)"
                     .into(),
             ));
         }
@@ -49,13 +55,25 @@ impl KeptOpen {
 
     fn keep(&self) {
         self.once.call_once(|| {
+            ANY_FAILED.store(true, std::sync::atomic::Ordering::SeqCst);
             std::mem::forget(self.db.clone());
             tracing::warn!(
-                "a call to the sled database failed: it stays open, unflushed, until the \
-                 process exits (closing it would flush it again)"
+                "a write or sync of the sled database failed: it stays open until the process \
+                 exits (closing it would flush it again)"
             );
         });
     }
+}
+
+/// From now on no sled database of this process is closed: a write or fsync of another file
+/// on its disk failed (the superblock, the Raft marks; see [`KeptOpen`]).
+pub(crate) fn keep_every_db_open() {
+    ANY_FAILED.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// A failed read, or a tree's open (an error that wrote nothing), as a storage error.
+fn read_err(e: sled::Error) -> StorageError {
+    StorageError::Io(e.to_string())
 }
 
 /// The file sled 0.34 keeps its log and pages in, under the database's directory.
@@ -227,11 +245,7 @@ fn bound(b: Bound<&[u8]>) -> Bound<sled::IVec> {
 
 impl KvTree for SledTree {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
-        Ok(self
-            .tree
-            .get(key)
-            .map_err(|e| self.open.failed(e))?
-            .map(|v| v.to_vec()))
+        Ok(self.tree.get(key).map_err(read_err)?.map(|v| v.to_vec()))
     }
 
     fn insert(&self, key: &[u8], value: &[u8]) -> Result<(), StorageError> {
@@ -260,10 +274,7 @@ impl KvTree for SledTree {
     fn range(&self, from: Bound<&[u8]>, to: Bound<&[u8]>) -> Result<Pairs, StorageError> {
         self.tree
             .range::<sled::IVec, _>((bound(from), bound(to)))
-            .map(|kv| {
-                kv.map(|(k, v)| (k.to_vec(), v.to_vec()))
-                    .map_err(|e| self.open.failed(e))
-            })
+            .map(|kv| kv.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(read_err))
             .collect()
     }
 
@@ -274,7 +285,7 @@ impl KvTree for SledTree {
         each: &mut super::kv::PairVisitor<'_>,
     ) -> Result<(), StorageError> {
         for pair in self.tree.range::<sled::IVec, _>((bound(from), bound(to))) {
-            let (key, value) = pair.map_err(|e| self.open.failed(e))?;
+            let (key, value) = pair.map_err(read_err)?;
             each(&key, &value)?;
         }
         Ok(())
@@ -302,7 +313,7 @@ impl KvTree for SledTree {
             .range::<&[u8], _>((Bound::Excluded(key), Bound::Unbounded))
             .next()
             .transpose()
-            .map_err(|e| self.open.failed(e))
+            .map_err(read_err)
             .map(|kv| kv.map(|(k, v)| (k.to_vec(), v.to_vec())))
     }
 
@@ -310,15 +321,25 @@ impl KvTree for SledTree {
         Ok(self
             .tree
             .last()
-            .map_err(|e| self.open.failed(e))?
+            .map_err(read_err)?
             .map(|(k, v)| (k.to_vec(), v.to_vec())))
+    }
+}
+
+impl Drop for SledKv {
+    fn drop(&mut self) {
+        // Another database of this process failed: this one is not closed either (its close's
+        // fsync would panic on a disk whose fsyncs fail; see [`KeptOpen`]).
+        if ANY_FAILED.load(std::sync::atomic::Ordering::SeqCst) {
+            std::mem::forget(self.db.clone());
+        }
     }
 }
 
 impl Kv for SledKv {
     fn tree(&self, name: &str) -> Result<Arc<dyn KvTree>, StorageError> {
         Ok(Arc::new(SledTree {
-            tree: self.db.open_tree(name).map_err(|e| self.open.failed(e))?,
+            tree: self.db.open_tree(name).map_err(read_err)?,
             open: self.open.clone(),
         }))
     }
@@ -340,7 +361,7 @@ impl Kv for SledKv {
         names.dedup();
         let trees = names
             .iter()
-            .map(|n| self.db.open_tree(n).map_err(|e| self.open.failed(e)))
+            .map(|n| self.db.open_tree(n).map_err(read_err))
             .collect::<Result<Vec<_>, _>>()?;
         trees
             .as_slice()

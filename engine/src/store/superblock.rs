@@ -193,8 +193,15 @@ impl SuperblockFiles {
         Ok((files, read))
     }
 
-    /// Writes `marks` over the older copy and makes it durable (`fdatasync`).
+    /// Writes `marks` over the older copy and makes it durable (`fdatasync`). A failure means
+    /// a disk that fails its writes or fsyncs: the process's sled databases are then never
+    /// closed (see `sled_kv::KeptOpen`).
     pub fn write(&self, marks: &Marks) -> Result<(), StorageError> {
+        self.write_copy(marks)
+            .inspect_err(|_| super::sled_kv::keep_every_db_open())
+    }
+
+    fn write_copy(&self, marks: &Marks) -> Result<(), StorageError> {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let sequence = st.sequence + 1;
         let slot = (sequence % 2) as usize;

@@ -987,11 +987,11 @@ impl DiskFault {
         match self {
             DiskFault::Full => {
                 // Full from now on: no file may grow past what the disk holds now.
-                let used = on.then(|| used_bytes(disk.path()));
+                let used = on.then(|| disk.stats().used_bytes);
                 disk.set_capacity(used);
             }
             DiskFault::FullAtALargeWrite => {
-                let left = on.then(|| used_bytes(disk.path()) + 64 * 1024);
+                let left = on.then(|| disk.stats().used_bytes + 64 * 1024);
                 disk.set_capacity(left);
             }
             DiskFault::FsyncFails => disk.set_fsync_fails(on),
@@ -1029,20 +1029,21 @@ fn large_event(cycle: usize) -> pb::CreateEventRequest {
     }
 }
 
-/// The sum of the sizes of the files under `dir`.
-fn used_bytes(dir: &std::path::Path) -> u64 {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| {
-            let e = e.unwrap();
-            let meta = e.metadata().unwrap();
-            if meta.is_dir() {
-                used_bytes(&e.path())
-            } else {
-                meta.len()
-            }
-        })
-        .sum()
+/// The files under a `blobs/` directory below `dir` (sled's large values) shorter than sled
+/// writes one (128 KiB): a large value whose write found the disk full.
+fn short_blobs(dir: &std::path::Path) -> Vec<(PathBuf, u64)> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let (path, Ok(meta)) = (e.path(), e.metadata()) else {
+            continue;
+        };
+        if meta.is_dir() {
+            found.extend(short_blobs(&path));
+        } else if meta.len() < 128 * 1024 && path.parent().is_some_and(|p| p.ends_with("blobs")) {
+            found.push((path, meta.len()));
+        }
+    }
+    found
 }
 
 /// How long a node whose disk failed may take to show it (its store halted, or its process
@@ -1133,7 +1134,7 @@ impl Rig {
         } else {
             let child = self.nodes[x].child.take().expect("a running node");
             let asked = Instant::now();
-            let status = stop_within(child, Duration::from_secs(30));
+            let status = stop_within(child, Duration::from_secs(60));
             let exit_took = asked.elapsed();
             let log = self.new_log(x);
             assert_eq!(
@@ -1151,10 +1152,15 @@ impl Rig {
         let acked = burst.count.load(Ordering::Relaxed);
         stop_fans(burst.load).await;
         if let Some(large) = large {
-            let answer = large.await.unwrap();
+            // The large event is refused, and its record's write is what found the disk full.
+            let refused = large
+                .await
+                .unwrap()
+                .expect_err("the large event made on a full disk");
+            let blobs = short_blobs(self.disks[x].path());
             said.push_str(&format!(
-                "; the large event: {}",
-                answer.map_or_else(|s| self::said(&s), |_| "created".into())
+                "; the large event: {}; blob files cut short: {blobs:?}",
+                self::said(&refused)
             ));
         }
         said.push_str(&format!(
