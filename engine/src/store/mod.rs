@@ -49,6 +49,7 @@ mod sim_kv;
 mod sink;
 mod sled_kv;
 mod sled_sink;
+mod stall;
 pub mod superblock;
 
 pub use batch::{Batch, Op};
@@ -61,6 +62,7 @@ pub use sim_kv::SimKv;
 pub use sink::{Claim, LogSink, StreamSink};
 pub use sled_kv::{SLED_CACHE_BYTES, SledKv, open_db, open_db_cached};
 pub use sled_sink::{DiskUsage, SledSink, disk_usage};
+pub use stall::watch_disk_stalls;
 pub use superblock::{Marks, SuperblockRead};
 
 /// When an acknowledged write is durable.

@@ -380,6 +380,7 @@ impl Kv for SledKv {
 
     fn sync(&self) -> Result<(), StorageError> {
         self.open.check()?;
+        let _timed = super::stall::syncing();
         self.db.flush().map_err(|e| self.open.failed(e))?;
         // The large values first: the data file points to them. This narrows, but does not
         // close, the window for a durable pointer to a blob that is not: sled's flush has

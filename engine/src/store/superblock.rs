@@ -197,6 +197,7 @@ impl SuperblockFiles {
     /// a disk that fails its writes or fsyncs: the process's sled databases are then never
     /// closed (see `sled_kv::KeptOpen`).
     pub fn write(&self, marks: &Marks) -> Result<(), StorageError> {
+        let _timed = super::stall::syncing();
         self.write_copy(marks)
             .inspect_err(|_| super::sled_kv::keep_every_db_open())
     }

@@ -157,6 +157,10 @@ pub struct ServeArgs {
         value_parser = clap::value_parser!(u64).range(1..=86_400)
     )]
     join_challenge_ttl_seconds: u64,
+    /// Seconds a sync of the log may run before the disk counts as stalled and the process
+    /// exits 1, to be restarted (a cluster's other nodes go on without it); 0: never.
+    #[arg(long, env = "BOXOFFICE_DISK_STALL_SECONDS", default_value_t = 20)]
+    disk_stall_seconds: u64,
     /// Seconds a shutdown (SIGTERM, Ctrl-C) waits for calls in flight.
     #[arg(long, env = "BOXOFFICE_GRACE_SECONDS", default_value_t = 10)]
     grace_seconds: u64,
@@ -207,7 +211,21 @@ impl ServeArgs {
 pub async fn run(args: ServeArgs) -> anyhow::Result<Exit> {
     // Keys and flags first: a usage error opens nothing.
     let accept_damage = args.accept_damage.clone();
+    let stall = args.disk_stall_seconds;
     let config = config(args)?;
+    if stall > 0 {
+        // Before the first read of the log: a start can stall as well.
+        boxoffice_engine::store::watch_disk_stalls(Duration::from_secs(stall), move |age| {
+            let what = format!(
+                "the disk stalled: a sync of the log has not returned in {:.1} s \
+                 (--disk-stall-seconds {stall}); exiting, nothing it held was acknowledged",
+                age.as_secs_f64()
+            );
+            tracing::error!("{what}");
+            eprintln!("error: {what}");
+            std::process::exit(1);
+        });
+    }
     // A data dir another process holds: said at once, naming it (not after the log's wait).
     boxoffice_drill::held::refuse_if_held(&config.data_dir)?;
     if let Some(path) = &accept_damage {

@@ -38,11 +38,14 @@
 //! - `a_single_node_stops_visibly_on_a_full_disk_or_failed_fsync_and_loses_nothing` and
 //!   `a_cluster_node_whose_disk_fails_stops_and_its_group_loses_nothing`: mid-burst, one node's
 //!   disk fails: it fills up, then fails every fsync, then has 64 KiB left when an admin makes
-//!   an event whose record is over sled's 128 KiB blob threshold (on a cluster the leader's
-//!   disk and a follower's in turn, and a follower's fsyncs fail once more). The node must show
-//!   it within 60 s while the fans keep calling: a single node halts its store
-//!   (`boxoffice_store_halted` 1) and exits 1 on SIGTERM; a cluster node exits 1 by itself and
-//!   the other two go on acknowledging calls. Then the fault is lifted, the node's disk loses
+//!   an event whose record is over sled's 128 KiB blob threshold, then stalls (every write and
+//!   fsync takes an hour; the nodes run with `--disk-stall-seconds 5`); on a cluster the
+//!   leader's disk and a follower's in turn, and a follower's fsyncs fail once more. The node
+//!   must show it within 60 s while the fans keep calling: a single node halts its store
+//!   (`boxoffice_store_halted` 1) and exits 1 on SIGTERM, or exits 1 by itself; a cluster node
+//!   exits 1 by itself and the other two go on acknowledging calls; on a stalled disk the node
+//!   says `the disk stalled` (its exit ends once the disk is mended: closing its files waits for
+//!   the disk). Then the fault is lifted, the node's disk loses
 //!   what was not synced (a power cut: a failed sync may have dropped writes), the node starts
 //!   again on it without a word of damage, and every promise is checked as after a cut.
 //!
@@ -367,6 +370,8 @@ impl Rig {
         } else {
             let mut lay = layout(root);
             lay.logs = Some(logs_dir.clone());
+            lay.env
+                .push(("BOXOFFICE_DISK_STALL_SECONDS".into(), STALL_SECONDS.into()));
             // The nodes replicate over their peer ports' mutual TLS.
             lay.on_peer_tls(&root.join("certs"));
             let logs = (1..=3)
@@ -432,6 +437,7 @@ impl Rig {
                     .arg(dir)
                     .args(["--admin-key", ADMIN, "--client-key", CLIENT])
                     .args(["--token-secret", "powercut-test-token-secret"])
+                    .args(["--disk-stall-seconds", STALL_SECONDS])
                     .env("RUST_LOG", "warn")
                     .stderr(Stdio::from(stderr));
                 Node::spawn(1, metrics, &mut cmd)
@@ -980,7 +986,13 @@ enum DiskFault {
     /// record (over 128 KiB) is too large for sled's log and goes to a file of its own under
     /// `blobs/`, which finds the disk full (sled 0.34 never flushes again after that).
     FullAtALargeWrite,
+    /// Every write and fsync takes an hour: the disk stalls (the nodes run with
+    /// `--disk-stall-seconds` [`STALL_SECONDS`]).
+    Stalled,
 }
+
+/// The nodes' `--disk-stall-seconds`.
+const STALL_SECONDS: &str = "5";
 
 impl DiskFault {
     fn set(self, disk: &PowerCutDisk, on: bool) {
@@ -995,6 +1007,11 @@ impl DiskFault {
                 disk.set_capacity(left);
             }
             DiskFault::FsyncFails => disk.set_fsync_fails(on),
+            DiskFault::Stalled => disk.set_op_delay(if on {
+                Duration::from_secs(3600)
+            } else {
+                Duration::ZERO
+            }),
         }
     }
 }
@@ -1088,9 +1105,16 @@ impl Rig {
             tokio::spawn(async move { admin.events.create_event(large_event(cycle)).await })
         });
         let cluster = matches!(self.kind, Kind::Cluster(_));
+        let stalled = matches!(fault, DiskFault::Stalled);
         let shown = loop {
             if let Some(status) = self.nodes[x].exited() {
                 break format!("exited ({status})");
+            }
+            if stalled
+                && std::fs::read_to_string(&self.logs[x].0)
+                    .is_ok_and(|log| log[self.logs[x].1 as usize..].contains("the disk stalled"))
+            {
+                break "said the disk stalled and exits".to_owned();
             }
             if !cluster && self.nodes[x].metric("boxoffice_store_halted").await == Some(1.0) {
                 break "halted its store".to_owned();
@@ -1110,6 +1134,20 @@ impl Rig {
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
         let took = faulted.elapsed();
+        if stalled {
+            // Its exit closes files on the stalled disk, which waits for the disk: mend it, and
+            // the exit ends.
+            fault.set(&self.disks[x], false);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while self.nodes[x].exited().is_none() {
+                assert!(
+                    Instant::now() < deadline,
+                    "{ctx}: node {} said the disk stalled but did not exit",
+                    x + 1
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
         let mut said = format!("node {} {shown} {took:?} after the fault", x + 1);
         if cluster {
             // The others go on: more calls are acknowledged without node x.
@@ -1128,6 +1166,16 @@ impl Rig {
                 "{ctx}: node {} exited with {status}, not 1 (an error while running); its \
                  stderr:\n{}",
                 x + 1,
+                tail(&log, 40)
+            );
+            said.push_str(&log_errors(&log));
+        } else if let Some(status) = self.nodes[x].exited() {
+            // It ended itself (a stalled disk).
+            let log = self.new_log(x);
+            assert_eq!(
+                status.code(),
+                Some(1),
+                "{ctx}: node 1 exited with {status}, not 1; its stderr:\n{}",
                 tail(&log, 40)
             );
             said.push_str(&log_errors(&log));
@@ -1811,16 +1859,20 @@ async fn disk_faults(name: &'static str, nodes: usize) {
     let fans = 8;
     println!("{name}: {nodes} node(s); BOXOFFICE_POWERCUT_SEED={seed}");
     let mut rig = Rig::new(name, nodes, seed);
-    rig.create_event(5 * fans * HOLDS_PER_FAN).await;
+    rig.create_event(6 * fans * HOLDS_PER_FAN).await;
     // On a cluster the leader's disk fails, then a follower's, in turn.
     let faults = [
         DiskFault::Full,
         DiskFault::FsyncFails,
         DiskFault::FullAtALargeWrite,
         DiskFault::FsyncFails,
+        DiskFault::Stalled,
     ];
-    let cycles = if nodes == 1 { 3 } else { faults.len() };
-    for (cycle, fault) in faults.into_iter().take(cycles).enumerate() {
+    for (cycle, fault) in faults.into_iter().enumerate() {
+        if nodes == 1 && cycle == 3 {
+            // A single node has no followers: its disk fails three ways, then stalls.
+            continue;
+        }
         let x = if nodes == 1 {
             0
         } else {
@@ -1834,7 +1886,7 @@ async fn disk_faults(name: &'static str, nodes: usize) {
              orders acknowledged ({h_after} and {o_after} answered to a replay)"
         );
     }
-    let problems = rig.check(cycles, true).await;
+    let problems = rig.check(faults.len(), true).await;
     fail_if_any(&format!("{name}: at the end"), &problems);
     let acked = rig.acked();
     for n in &mut rig.nodes {

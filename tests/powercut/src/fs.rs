@@ -61,11 +61,17 @@ impl Shared {
         self.op_delay_nanos.store(nanos, Ordering::SeqCst);
     }
 
-    /// Sleeps for the configured delay (a slow disk), outside the state lock.
+    /// Sleeps for the configured delay (a slow disk), outside the state lock. The delay is read
+    /// again every 20 ms at most, so lowering it (a stalled disk mended) ends a wait early.
     fn delay(&self) {
-        let nanos = self.op_delay_nanos.load(Ordering::SeqCst);
-        if nanos > 0 {
-            std::thread::sleep(Duration::from_nanos(nanos));
+        let started = std::time::Instant::now();
+        loop {
+            let nanos = self.op_delay_nanos.load(Ordering::SeqCst);
+            let left = Duration::from_nanos(nanos).saturating_sub(started.elapsed());
+            if left.is_zero() {
+                return;
+            }
+            std::thread::sleep(left.min(Duration::from_millis(20)));
         }
     }
 }

@@ -190,7 +190,9 @@ impl PowerCutDisk {
     }
 
     /// Makes every write, fsync and directory fsync take at least `delay` (zero: no delay). The
-    /// disk serves one request at a time, so the requests behind a slow one wait too.
+    /// disk serves one request at a time, so the requests behind a slow one wait too. A long
+    /// delay is a stalled disk; lowering it ends the waits under way (each waits for the delay
+    /// as it is now).
     pub fn set_op_delay(&self, delay: Duration) {
         self.shared.set_op_delay(delay);
     }
