@@ -21,14 +21,17 @@ use crate::error::StorageError;
 /// that flush never returns after a failed write of a large value (the failed blob file keeps
 /// its place in sled's IO buffer, so every later flush waits for it: a `serve` whose disk
 /// filled up hung at its exit), and the close's own fsync panics on a disk whose fsyncs fail.
-/// So the first failed write or sync leaks one handle of its database, and from then on every
-/// [`SledKv`] of the process (another group's, on the same disk) leaks one as it is dropped:
-/// each stays open until the process exits, and the process (whose store halts) is restarted
-/// to recover from what is durable. This process syncs a failed database no more; sled's own
-/// background flusher may still try to. A failed read poisons nothing: it writes nothing.
+/// Every [`SledKv`] and its trees share one of these, holding a handle of the database; when
+/// the last of them goes after any write or sync of the process failed (this database's,
+/// another group's, the superblock's or the Raft marks'), that handle is leaked instead of
+/// dropped, so the database stays open until the process exits, and the process (whose store
+/// halts) is restarted to recover from what is durable. This process syncs a failed database
+/// no more; sled's own background flusher may still try to. A failed read poisons nothing: it
+/// writes nothing.
 struct KeptOpen {
     db: sled::Db,
-    once: std::sync::Once,
+    /// A write or sync of this database failed.
+    failed: std::sync::atomic::AtomicBool,
 }
 
 /// Whether a write or sync of any sled database of this process failed (see [`KeptOpen`]).
@@ -37,13 +40,19 @@ static ANY_FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool
 impl KeptOpen {
     /// `e` of a write or sync as a storage error, the database kept open from now on.
     fn failed(&self, e: impl std::fmt::Display) -> StorageError {
-        self.keep();
+        keep_every_db_open();
+        if !self.failed.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            tracing::warn!(
+                "a write or sync of the sled database failed: it stays open until the process \
+                 exits (closing it would flush it again)"
+            );
+        }
         StorageError::Io(e.to_string())
     }
 
     /// Refuses a sync once a write or sync has failed: sled 0.34's flush may never return then.
     fn check(&self) -> Result<(), StorageError> {
-        if self.once.is_completed() {
+        if self.failed.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(StorageError::Io(
                 "an earlier write or sync of this sled database failed: it is not synced again \
                  (its flush may never return)"
@@ -52,21 +61,18 @@ impl KeptOpen {
         }
         Ok(())
     }
+}
 
-    fn keep(&self) {
-        self.once.call_once(|| {
-            ANY_FAILED.store(true, std::sync::atomic::Ordering::SeqCst);
+impl Drop for KeptOpen {
+    fn drop(&mut self) {
+        if ANY_FAILED.load(std::sync::atomic::Ordering::SeqCst) {
             std::mem::forget(self.db.clone());
-            tracing::warn!(
-                "a write or sync of the sled database failed: it stays open until the process \
-                 exits (closing it would flush it again)"
-            );
-        });
+        }
     }
 }
 
-/// From now on no sled database of this process is closed: a write or fsync of another file
-/// on its disk failed (the superblock, the Raft marks; see [`KeptOpen`]).
+/// From now on no sled database of this process is closed: a write or fsync on its disk failed
+/// (see [`KeptOpen`]).
 pub(crate) fn keep_every_db_open() {
     ANY_FAILED.store(true, std::sync::atomic::Ordering::SeqCst);
 }
@@ -171,7 +177,7 @@ pub(crate) const SLED_BLOBS_DIR: &str = "blobs";
 /// A sled database as a [`Kv`]; see the module docs.
 pub struct SledKv {
     db: sled::Db,
-    /// The database kept open after a failure (see [`KeptOpen`]).
+    /// Shared with its trees: keeps the database open after a failure (see [`KeptOpen`]).
     open: Arc<KeptOpen>,
     /// sled's data file (`{dir}/db`), synced after every flush.
     data_file: std::fs::File,
@@ -191,7 +197,7 @@ impl SledKv {
         Ok(SledKv {
             open: Arc::new(KeptOpen {
                 db: db.clone(),
-                once: std::sync::Once::new(),
+                failed: std::sync::atomic::AtomicBool::new(false),
             }),
             db,
             data_file,
@@ -323,16 +329,6 @@ impl KvTree for SledTree {
             .last()
             .map_err(read_err)?
             .map(|(k, v)| (k.to_vec(), v.to_vec())))
-    }
-}
-
-impl Drop for SledKv {
-    fn drop(&mut self) {
-        // Another database of this process failed: this one is not closed either (its close's
-        // fsync would panic on a disk whose fsyncs fail; see [`KeptOpen`]).
-        if ANY_FAILED.load(std::sync::atomic::Ordering::SeqCst) {
-            std::mem::forget(self.db.clone());
-        }
     }
 }
 

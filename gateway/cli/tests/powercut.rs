@@ -75,8 +75,8 @@ use boxoffice_gateway::tickets::{KeyRing, PublicKey};
 use boxoffice_powercut::{Cut, CutReport, PowerCutDisk, fuse_or_skip};
 use boxoffice_proto::v1 as pb;
 use common::{
-    ADMIN, Acked, CLIENT, Layout, Node, Patience, channel, check_copy, free_port, layout, leader,
-    retrying, retrying_on, until_applied, until_grown,
+    ADMIN, Acked, CLIENT, Layout, Node, Patience, channel, check_copy, free_port, ga_event, layout,
+    leader, retrying, retrying_on, until_applied, until_grown,
 };
 
 const EVENT: &str = "pc";
@@ -1020,15 +1020,6 @@ impl DiskFault {
 /// presale access codes.
 fn large_event(cycle: usize) -> pb::CreateEventRequest {
     pb::CreateEventRequest {
-        event_id: format!("large-{cycle}"),
-        name: "a large presale".into(),
-        sections: vec![pb::SectionSpec {
-            section_id: "ga".into(),
-            name: "GA".into(),
-            price_cents: 100,
-            layout: Some(pb::section_spec::Layout::GeneralAdmissionCapacity(1_000)),
-            price_tiers: Vec::new(),
-        }],
         presale_section_ids: vec!["ga".into()],
         access_codes: (0..4_000)
             .map(|i| pb::AccessCode {
@@ -1037,12 +1028,8 @@ fn large_event(cycle: usize) -> pb::CreateEventRequest {
                 ..Default::default()
             })
             .collect(),
-        hold_ttl_seconds: 600,
-        per_user_limit: 4,
-        admit_rate_per_second: 1_000,
-        admission_window_seconds: 600,
         idempotency_key: format!("large-event-{cycle}"),
-        ..Default::default()
+        ..ga_event(&format!("large-{cycle}"), 1_000)
     }
 }
 
